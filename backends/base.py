@@ -1,0 +1,122 @@
+"""The one interface every allreduce backend implements.
+
+A backend module holds one family ("nccl", "p2p", ...) and exposes a ``FACTORY`` that turns a
+variant spec (the text after ``family:``) into backend objects. The harness owns timing,
+checking, voting and watchdogs; a backend only sets itself up, says when it cannot run and
+why, and reduces.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+
+if TYPE_CHECKING:
+    from commbench.context import RunContext
+    from commbench.workload import Workload
+
+ALL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+class BackendUnavailable(Exception):
+    """Raised by setup() with a reason a user can act on ("flashinfer not installed", ...)."""
+
+
+class BackendTimeout(RuntimeError):
+    """Raised by a call whose bounded wait gave up (a peer never arrived): recorded as a hang."""
+
+
+class Backend(ABC):
+    """One backend variant, e.g. ``nccl:proto=LL,algo=Ring`` or ``p2p:oneshot``.
+
+    Lifecycle per sweep: check() -> setup(dtype) [-> setup(other dtype) ...] -> close().
+    setup() may be called again with another dtype before close(); close() must release
+    everything, also after a failed setup().
+    """
+
+    name: str = ""
+    family: str = ""
+    graph_capturable: bool = True
+    node_local: bool = False        # needs every rank in one node (CUDA IPC, P2P)
+    op: str = "allreduce"           # what one call computes; see commbench.workload
+    dtypes: tuple[torch.dtype, ...] = ALL_DTYPES
+    min_world_size: int = 1
+    max_world_size: int | None = None
+
+    def world_size_reason(self, world_size: int, nodes: int) -> str | None:
+        """Static rule: can this backend ever run at this world size? None = yes."""
+        if world_size < self.min_world_size:
+            return f"needs at least {self.min_world_size} ranks, this run has {world_size}"
+        if self.max_world_size is not None and world_size > self.max_world_size:
+            return f"supports at most {self.max_world_size} ranks, this run has {world_size}"
+        if self.node_local and nodes > 1:
+            return f"node-local backend: this run spans {nodes} nodes (P2P/IPC only works within one node)"
+        return None
+
+    def check(self, ctx: "RunContext") -> str | None:
+        """Can this rank run the backend at all? None = yes, else the reason (no side effects)."""
+        return self.world_size_reason(ctx.world_size, ctx.nodes)
+
+    def supports(self, message_bytes: int, dtype: torch.dtype) -> str | None:
+        """Per-shape rule. None = this size and dtype can run, else the reason."""
+        if dtype not in self.dtypes:
+            return f"dtype {str(dtype).replace('torch.', '')} not supported"
+        return None
+
+    @abstractmethod
+    def setup(self, ctx: "RunContext", max_bytes: int, dtype: torch.dtype) -> None:
+        """Allocate and connect. Raise BackendUnavailable (or anything) to be voted out."""
+
+    @abstractmethod
+    def allreduce(self, x: torch.Tensor) -> torch.Tensor:
+        """Sum of x over all ranks. May work in place; returns the result tensor."""
+
+    def close(self) -> None:
+        """Release everything (buffers, groups, IPC handles)."""
+
+    def make_workload(self, ctx: "RunContext", count: int, dtype: torch.dtype,
+                      shape: tuple[int, int] | None) -> "Workload":
+        """The inputs, one call and the check for one row. Plain allreduce by default."""
+        from commbench.workload import AllreduceWorkload
+
+        return AllreduceWorkload(self, ctx, count, dtype)
+
+    def row_fields(self) -> dict[str, Any]:
+        """Fields recorded on every row of this variant (Measurement attributes or 'extra')."""
+        return {}
+
+    def observed_fields(self, message_bytes: int) -> dict[str, Any]:
+        """Fields known only after calls of this size ran (e.g. what NCCL reported it used).
+        Called on every rank after each row; rank 0's answer is recorded."""
+        return {}
+
+
+@dataclass
+class BackendFactory:
+    """How a family turns specs into variants.
+
+    make(variant, options) -> list of backends; variant is the text after ``family:`` or None
+    for the family's default variants. options carries sweep flags (nccl_proto, nccl_algo, ...).
+    """
+
+    family: str
+    make: Callable[[str | None, dict[str, Any]], list[Backend]]
+    on_gpu_by_default: bool = True
+    on_cpu_by_default: bool = False
+    summary: str = ""
+    variants_help: list[str] = field(default_factory=list)
+
+
+def parse_variant_options(variant: str | None) -> dict[str, str]:
+    """'proto=LL,algo=Ring' -> {'proto': 'LL', 'algo': 'Ring'}; a bare word maps to itself."""
+    out: dict[str, str] = {}
+    for part in (variant or "").split(","):
+        part = part.strip()
+        if not part:
+            continue
+        key, _, value = part.partition("=")
+        out[key.strip()] = value.strip() if value else key.strip()
+    return out

@@ -1,0 +1,251 @@
+"""MSCCL++ allreduce (optional; not on PyPI: build it from source, see the README).
+
+Two ways in (facts from backends.md §5, microsoft/mscclpp 0.9.0):
+
+- the Python API: ``CommGroup`` bootstrapped over the gloo control group, the default
+  allreduce algorithms from ``ext.AlgorithmCollectionBuilder().build_default_algorithms``, one
+  ``algorithm.execute`` per call. ``mscclpp:auto`` picks the algorithm per size with the rule
+  MSCCL++'s own NCCL shim uses on one node without NVLS (``src/ext/nccl/algorithm_selector.cc``:
+  <= 16 KiB allpair_packet, <= 1 MiB packet, else fullmesh); ``mscclpp:algo=NAME`` forces one.
+  The algorithm that ran is recorded on every row.
+- ``mscclpp:shim``: NCCL's API served by ``libmscclpp_nccl.so``, preloaded into a child
+  torchrun (``--mscclpp-nccl-lib PATH``); the shim chooses its algorithm internally.
+
+NVLS (multicast) algorithms stay off unless multicast is allowed: MSCCLPP_FORCE_DISABLE_NVLS=1
+is set before MSCCL++ is imported, and NVLS algorithm names are refused.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from importlib import metadata
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+
+from commbench.backends.base import Backend, BackendFactory, parse_variant_options
+from commbench.backends.symm_mem import raise_unless_all_ranks_ok
+
+if TYPE_CHECKING:
+    from commbench.context import RunContext
+
+BUILD_HINT = "mscclpp not installed: build it from source (README: 'MSCCL++')"
+DISABLE_NVLS_ENV = "MSCCLPP_FORCE_DISABLE_NVLS"
+SCRATCH_BYTES = 1 << 27          # scratch for the packet algorithms, as SGLang sizes it
+# (upper bound in bytes, algorithm) for one node without NVLS, from algorithm_selector.cc.
+AUTO_RULE: tuple[tuple[int, str], ...] = (
+    (1 << 14, "default_allreduce_allpair_packet"),
+    (1 << 20, "default_allreduce_packet"),
+)
+AUTO_LARGE = "default_allreduce_fullmesh"
+SHIM_LIB_OPTION = "mscclpp_nccl_lib"
+MSCCLPP_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
+
+
+def versions() -> dict[str, str | None]:
+    """Installed mscclpp version for run.json (None when not installed)."""
+    try:
+        return {"mscclpp": metadata.version("mscclpp")}
+    except metadata.PackageNotFoundError:
+        return {"mscclpp": None}
+
+
+def auto_algorithm(message_bytes: int) -> str:
+    for limit, name in AUTO_RULE:
+        if message_bytes <= limit:
+            return name
+    return AUTO_LARGE
+
+
+def import_mscclpp(allow_multicast: bool) -> Any:
+    if not allow_multicast:
+        # Read when MSCCL++ initialises: set before the first import.
+        os.environ[DISABLE_NVLS_ENV] = "1"
+    return importlib.import_module("mscclpp")
+
+
+class MscclppAllreduce(Backend):
+    family = "mscclpp"
+    node_local = True
+    min_world_size = 2
+
+    def __init__(self, algorithm: str | None):
+        self.algorithm = algorithm          # None = auto
+        self.name = "mscclpp:auto" if algorithm is None else f"mscclpp:algo={algorithm}"
+        self._mscclpp: Any = None
+        self._comm: Any = None
+        self._scratch: Any = None
+        self._algorithms: dict[str, Any] = {}
+        self._output: torch.Tensor | None = None
+        self._dtype: Any = None
+        self._last_algorithm: str | None = None
+
+    def check(self, ctx: "RunContext") -> str | None:
+        reason = super().check(ctx)
+        if reason:
+            return reason
+        if self.algorithm and "nvls" in self.algorithm and ctx.multicast_reason:
+            return f"{self.algorithm} uses NVLink multicast (NVLS): {ctx.multicast_reason}"
+        try:
+            import_mscclpp(ctx.multicast_reason is None)
+        except ModuleNotFoundError as exc:
+            if exc.name and exc.name.split(".")[0] == "mscclpp":
+                return BUILD_HINT
+            return f"mscclpp is installed but does not import: {exc}"
+        except Exception as exc:
+            return f"mscclpp is installed but does not import: {type(exc).__name__}: {exc}"
+        if not ctx.is_cuda:
+            return "needs CUDA GPUs"
+        return None
+
+    def setup(self, ctx: "RunContext", max_bytes: int, dtype: torch.dtype) -> None:
+        self._output = None
+        mscclpp = import_mscclpp(ctx.multicast_reason is None)
+        self._mscclpp = mscclpp
+        self._dtype = getattr(mscclpp.DataType, MSCCLPP_DTYPES[dtype])
+        if self._comm is None:
+            # CommGroup bootstraps over TCP and broadcasts its id as a CPU tensor: the gloo group.
+            self._comm = mscclpp.CommGroup(torch_group=ctx.control_group)
+            self._scratch = mscclpp.RawGpuBuffer(SCRATCH_BYTES)
+            collection = importlib.import_module("mscclpp.ext").AlgorithmCollectionBuilder() \
+                .build_default_algorithms(scratch_buffer=self._scratch.data(),
+                                          scratch_buffer_size=SCRATCH_BYTES, rank=ctx.rank)
+            self._algorithms = {a.name: a for a in collection if a.collective == "allreduce"}
+        wanted = {self.algorithm} if self.algorithm else {name for _, name in AUTO_RULE} | {AUTO_LARGE}
+        missing = sorted(wanted - set(self._algorithms))
+        error = f"no default allreduce algorithm {', '.join(missing)} (has: {', '.join(sorted(self._algorithms))})" \
+            if missing else None
+        raise_unless_all_ranks_ok(ctx, error, "MSCCL++ algorithm lookup")
+        self._output = torch.empty(-(-max_bytes // dtype.itemsize), dtype=dtype, device=ctx.device)
+
+    def _pick(self, message_bytes: int) -> str:
+        return self.algorithm or auto_algorithm(message_bytes)
+
+    def supports(self, message_bytes: int, dtype: torch.dtype) -> str | None:
+        reason = super().supports(message_bytes, dtype)
+        if reason or not self._algorithms:
+            return reason
+        low, high = self._algorithms[self._pick(message_bytes)].message_size_range
+        if not low <= message_bytes <= high:
+            return f"{self._pick(message_bytes)} handles {low}..{high} bytes"
+        return None
+
+    def allreduce(self, x: torch.Tensor) -> torch.Tensor:
+        assert self._output is not None, "setup() first"
+        nbytes = x.numel() * x.element_size()
+        name = self._pick(nbytes)
+        out = self._output[: x.numel()]
+        result = self._algorithms[name].execute(
+            self._comm.communicator, x.data_ptr(), out.data_ptr(), nbytes, nbytes, self._dtype,
+            op=self._mscclpp.ReduceOp.SUM, stream=torch.cuda.current_stream().cuda_stream)
+        if int(result) != 0:
+            raise RuntimeError(f"MSCCL++ {name} returned {result}")
+        self._last_algorithm = name
+        return out
+
+    def row_fields(self) -> dict[str, Any]:
+        return {"extra": {"mscclpp_algorithm": self._last_algorithm or self.algorithm or "auto",
+                          "mscclpp_auto_rule": None if self.algorithm else "algorithm_selector.cc, one node, no NVLS"}}
+
+    def close(self) -> None:
+        self._output = None
+        self._algorithms = {}
+        self._comm = None
+        self._scratch = None
+
+
+def shim_preloaded(path: str) -> bool:
+    """Is libmscclpp_nccl.so mapped into this process (i.e. this is the child torchrun)?"""
+    real = os.path.realpath(path)
+    try:
+        with open("/proc/self/maps", encoding="utf-8") as maps:
+            return any(line.rstrip().endswith(real) for line in maps)
+    except OSError:
+        return False
+
+
+class MscclppShim(Backend):
+    """NCCL's API from libmscclpp_nccl.so. In the parent process check() says that the sweep's
+    driver has to start a child torchrun with ``process_env``; in that child (the library is
+    preloaded) it reduces through a new NCCL group, which the shim serves."""
+
+    family = "mscclpp"
+    name = "mscclpp:shim"
+    node_local = True
+    min_world_size = 2
+
+    def __init__(self, library: str | None):
+        self.library = library
+        self._group: Any = None
+
+    def process_env(self, ctx: "RunContext") -> dict[str, str]:
+        """Environment of the child torchrun that loads the shim in place of NCCL."""
+        assert self.library
+        env = {"LD_PRELOAD": os.path.realpath(self.library)}
+        if ctx.multicast_reason:
+            env[DISABLE_NVLS_ENV] = "1"
+        return env
+
+    def check(self, ctx: "RunContext") -> str | None:
+        reason = super().check(ctx)
+        if reason:
+            return reason
+        if not self.library:
+            return "needs the MSCCL++ NCCL shim: pass --mscclpp-nccl-lib PATH (build/lib/libmscclpp_nccl.so)"
+        if not os.path.isfile(self.library):
+            return f"--mscclpp-nccl-lib {self.library}: no such file"
+        if not ctx.is_cuda:
+            return "needs CUDA GPUs"
+        if ctx.shares_gpus:
+            return "runs NCCL's API (served by MSCCL++), which refuses two ranks on one GPU"
+        if not shim_preloaded(self.library):
+            env = " ".join(f"{k}={v}" for k, v in self.process_env(ctx).items())
+            return f"runs in a child torchrun with {env} (started by the sweep's driver)"
+        return None
+
+    def setup(self, ctx: "RunContext", max_bytes: int, dtype: torch.dtype) -> None:
+        if self._group is None:
+            self._group = dist.new_group(ranks=list(range(ctx.world_size)), backend="nccl")
+
+    def allreduce(self, x: torch.Tensor) -> torch.Tensor:
+        dist.all_reduce(x, group=self._group)
+        return x
+
+    def row_fields(self) -> dict[str, Any]:
+        return {"extra": {"mscclpp_nccl_lib": self.library,
+                          "mscclpp_algorithm": "chosen inside libmscclpp_nccl.so (not reported by the shim)"}}
+
+    def close(self) -> None:
+        if self._group is not None:
+            dist.destroy_process_group(self._group)
+            self._group = None
+
+
+def make(variant: str | None, options: dict[str, Any]) -> list[Backend]:
+    library = options.get(SHIM_LIB_OPTION)
+    if variant is None:
+        return [MscclppAllreduce(None), MscclppShim(library)]
+    opts = parse_variant_options(variant)
+    if variant == "auto":
+        return [MscclppAllreduce(None)]
+    if variant == "shim":
+        return [MscclppShim(library)]
+    if set(opts) == {"algo"} and opts["algo"] != "algo":
+        return [MscclppAllreduce(opts["algo"])]
+    from commbench.errors import UsageError
+
+    raise UsageError(f"mscclpp: unknown variant {variant!r}; choose auto, shim or algo=NAME")
+
+
+FACTORY = BackendFactory(
+    family="mscclpp",
+    make=make,
+    summary="MSCCL++ default allreduce algorithms (Python API) and its NCCL shim (optional, built from source)",
+    variants_help=[
+        "mscclpp:auto        per size: allpair_packet <= 16K, packet <= 1M, else fullmesh (no NVLS)",
+        "mscclpp:algo=NAME   one default algorithm, e.g. algo=default_allreduce_packet",
+        "mscclpp:shim        libmscclpp_nccl.so in place of NCCL (--mscclpp-nccl-lib PATH)",
+    ],
+)

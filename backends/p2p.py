@@ -1,0 +1,592 @@
+"""p2p: commbench's own CUDA-IPC allreduce (one-shot push, one-shot pull, two-shot, auto).
+
+The kernels (p2p_allreduce.cu beside this file) are compiled at run time by NVRTC through
+CuPy, once per process, device, dtype and world size, and launched on torch's current
+stream, so they are captured by CUDA graphs like any torch kernel.
+
+Design (ideas from backends.md §1.2, our own code):
+
+* One device allocation per rank holds the flags and data areas; its CUDA-IPC handle goes to
+  every rank over the gloo control group and each rank opens its peers' allocations.
+* Flags carry an epoch, the call's sequence number. Every call is collective, so all ranks
+  agree on it. It is kept in device memory and advanced by the kernel itself, because a
+  graph replay re-launches with the arguments fixed at capture time. Data areas alternate by
+  epoch parity, so a peer that runs one call ahead never overwrites what this rank still
+  reads, and no end-of-call barrier is needed. Only plain stores and loads cross the
+  fabric; PCIe systems often lack peer atomics.
+* Staging happens inside the kernel, in eager and graph mode alike: the first step of every
+  call copies the caller's input into the IPC buffers (push variants write it straight into
+  the peers' receive areas, so there the copy is the transfer itself). We do not register
+  captured input addresses: that needs IPC handles for blocks of torch's caching allocator
+  or graph pool (wrong or impossible for expandable segments and cuMem pools) and a
+  collective after every capture, which the sweep's capture does not make. The fused copy
+  costs no extra launch or graph node, and one local read and write of the message.
+* Push is the default: every byte crosses the fabric as a posted write. Reads of peer
+  memory are the pattern that never completes on some PCIe systems, and such a read cannot
+  be bounded by a timeout, so the pull variant (``p2p:oneshot_pull``) runs only when asked
+  for, and ``p2p:auto`` and two-shot never read peer memory.
+* Waits are bounded: a peer missing for ``p2p_timeout_ms`` makes the kernel give up, record
+  the peer in host-mapped memory and mark this rank's state broken; every later call returns
+  at once on the GPU and raises ``P2PTimeoutError`` on the host.
+* ``p2p:auto`` picks one-shot or two-shot by size. The crossover is measured at setup: both
+  kernels are graph-replayed at a few sizes on every rank, the slowest rank's time counts,
+  and every rank applies the same rule to the same gathered numbers. ``p2p_crossover_bytes``
+  in the options skips the measurement.
+
+World size 1 runs only ``p2p:oneshot``: the kernel with no peers, as the launch-and-copy
+floor of our kernel (rows carry ``extra.p2p_kernel_floor``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import statistics
+import warnings
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy
+import torch
+
+from commbench.backends.base import ALL_DTYPES, Backend, BackendFactory, BackendUnavailable
+from commbench.backends.symm_mem import raise_unless_all_ranks_ok
+from commbench.errors import UsageError
+from commbench.units import format_bytes, parse_bytes
+
+if TYPE_CHECKING:
+    from commbench.context import RunContext
+
+KERNEL_SOURCE = Path(__file__).with_name("p2p_allreduce.cu")
+
+# These mirror P2P_MAX_RANKS / P2P_MAX_BLOCKS and the Layout struct in p2p_allreduce.cu.
+MAX_RANKS = 8
+MAX_BLOCKS = 64
+FLAG_PHASES = 2
+FLAG_AREA_BYTES = FLAG_PHASES * MAX_BLOCKS * MAX_RANKS * 4
+LAYOUT_WORDS = 4 * MAX_RANKS + 6
+THREADS_PER_BLOCK = 512
+VECTOR_BYTES = 16                      # every thread moves 16-byte vectors
+AREA_ALIGN_BYTES = 4096
+PARITIES = 2
+
+DEFAULT_MAX_BYTES = 8 << 20
+# Far above any scheduling or host delay between healthy ranks (ranks sharing one GPU
+# included), far below a frozen job.
+DEFAULT_TIMEOUT_MS = 5000.0
+
+DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+
+ONESHOT_PUSH, ONESHOT_PULL, TWOSHOT = "oneshot_push", "oneshot_pull", "twoshot_push"
+KERNEL_NAMES = {ONESHOT_PUSH: "p2p_oneshot_push", ONESHOT_PULL: "p2p_oneshot_pull",
+                TWOSHOT: "p2p_twoshot_push"}
+# variant -> kernels it may launch
+VARIANTS: dict[str, tuple[str, ...]] = {
+    "oneshot": (ONESHOT_PUSH,),
+    "oneshot_pull": (ONESHOT_PULL,),
+    "twoshot": (TWOSHOT,),
+    "auto": (ONESHOT_PUSH, TWOSHOT),
+}
+DEFAULT_VARIANTS = ("oneshot", "twoshot", "auto")
+
+# Crossover calibration: graph-replayed kernel time at these sizes (up to the buffer size).
+CALIBRATION_SIZES = tuple(4096 << (2 * k) for k in range(6))   # 4 KiB ... 4 MiB
+CALIBRATION_CALLS_PER_GRAPH = 20
+CALIBRATION_REPLAYS = 4           # the first absorbs the ranks' start skew and is dropped
+# Two-shot must beat one-shot by this fraction to count as faster: ties stay one-shot,
+# which has one barrier fewer.
+TWO_SHOT_MARGIN = 0.03
+
+HOST_ALLOC_PORTABLE_MAPPED = 0x01 | 0x02   # cudaHostAllocPortable | cudaHostAllocMapped
+PHASE_NAMES = ("first barrier", "second barrier")
+
+
+class P2PTimeoutError(RuntimeError):
+    """A peer never reached a barrier; this rank's p2p state is broken until setup() again."""
+
+
+# ---------------------------------------------------------------------------------------
+# Rules that need no GPU
+
+
+@dataclass(frozen=True)
+class P2POptions:
+    max_bytes: int = DEFAULT_MAX_BYTES
+    crossover_bytes: int | None = None      # None: measure at setup
+    timeout_ms: float = DEFAULT_TIMEOUT_MS
+
+    @classmethod
+    def from_options(cls, options: dict[str, Any]) -> "P2POptions":
+        max_bytes = _as_bytes(options.get("p2p_max_bytes"), "p2p_max_bytes", DEFAULT_MAX_BYTES)
+        if max_bytes % VECTOR_BYTES:
+            raise UsageError(f"p2p_max_bytes {max_bytes} is not a multiple of {VECTOR_BYTES} bytes")
+        crossover = options.get("p2p_crossover_bytes")
+        crossover_bytes = None if crossover is None else _as_bytes(crossover, "p2p_crossover_bytes", 0)
+        timeout = options.get("p2p_timeout_ms")
+        timeout_ms = DEFAULT_TIMEOUT_MS if timeout is None else float(timeout)
+        if timeout_ms <= 0:
+            raise UsageError(f"p2p_timeout_ms must be positive, got {timeout!r}")
+        return cls(max_bytes, crossover_bytes, timeout_ms)
+
+
+def _as_bytes(value: Any, key: str, default: int) -> int:
+    if value is None:
+        return default
+    if isinstance(value, str):
+        return parse_bytes(value)
+    if isinstance(value, int) and value > 0:
+        return value
+    raise UsageError(f"{key} must be a positive number of bytes, got {value!r}")
+
+
+def size_reason(message_bytes: int, max_bytes: int) -> str | None:
+    """Why the kernels cannot take a message of this size; None when they can."""
+    if message_bytes < VECTOR_BYTES:
+        return f"p2p needs at least {VECTOR_BYTES} bytes, got {message_bytes}"
+    if message_bytes % VECTOR_BYTES:
+        return f"p2p moves {VECTOR_BYTES}-byte vectors: {message_bytes} B is not a multiple of {VECTOR_BYTES}"
+    if message_bytes > max_bytes:
+        return (f"{format_bytes(message_bytes)} exceeds the p2p buffer of {format_bytes(max_bytes)} "
+                "(raise p2p_max_bytes)")
+    return None
+
+
+def grid_blocks(algorithm: str, units: int, nranks: int) -> int:
+    """Blocks per launch; the same on every rank, since it depends only on size and world."""
+    work_units = -(-units // nranks) if algorithm == TWOSHOT else units
+    return max(1, min(MAX_BLOCKS, -(-work_units // THREADS_PER_BLOCK)))
+
+
+@dataclass(frozen=True)
+class AreaPlan:
+    """Byte offsets of the areas in one rank's IPC allocation (None: not allocated)."""
+
+    slot_bytes: int
+    recv: int | None
+    gather: int | None
+    stage: int | None
+    total_bytes: int
+
+
+def plan_areas(algorithms: tuple[str, ...], nranks: int, slot_bytes: int) -> AreaPlan:
+    """Flags first, then only the data areas the variant's kernels use."""
+    offset = FLAG_AREA_BYTES
+
+    def take(nbytes: int) -> int:
+        nonlocal offset
+        start = -(-offset // AREA_ALIGN_BYTES) * AREA_ALIGN_BYTES
+        offset = start + nbytes
+        return start
+
+    push = any(a in (ONESHOT_PUSH, TWOSHOT) for a in algorithms)
+    recv = take(PARITIES * nranks * slot_bytes) if push else None
+    gather = take(PARITIES * slot_bytes) if TWOSHOT in algorithms else None
+    stage = take(PARITIES * slot_bytes) if ONESHOT_PULL in algorithms else None
+    return AreaPlan(slot_bytes, recv, gather, stage, offset)
+
+
+def choose_crossover(sizes: list[int], oneshot_us: list[float], twoshot_us: list[float],
+                     margin: float = TWO_SHOT_MARGIN) -> int | None:
+    """The smallest measured size from which two-shot is faster (by `margin`) at every larger
+    measured size; None when one-shot is as fast at the largest size. Messages of at least
+    the crossover use two-shot."""
+    if not (len(sizes) == len(oneshot_us) == len(twoshot_us)):
+        raise ValueError("one time per size and kernel expected")
+    crossover = None
+    for size, one, two in sorted(zip(sizes, oneshot_us, twoshot_us), reverse=True):
+        if two * (1 + margin) < one:
+            crossover = size
+        else:
+            break
+    return crossover
+
+
+def slowest_rank_times(per_rank: list[dict[str, list[float]]]) -> dict[str, list[float]]:
+    """Per kernel and size, the slowest rank's time: a collective is as fast as its last rank."""
+    return {algo: [max(rank_times[algo][i] for rank_times in per_rank)
+                   for i in range(len(per_rank[0][algo]))]
+            for algo in per_rank[0]}
+
+
+def quick_p2p_reason(local_world_size: int) -> str | None:
+    """Without probe verdicts: can every pair of the GPUs this node's ranks use reach each other?"""
+    count = torch.cuda.device_count()
+    devices = sorted({rank % count for rank in range(local_world_size)})
+    for a in devices:
+        for b in devices:
+            if a != b and not torch.cuda.can_device_access_peer(a, b):
+                return f"no peer access from cuda:{a} to cuda:{b} (CUDA reports no P2P between them)"
+    return None
+
+
+@lru_cache(maxsize=1)
+def _cupy() -> Any:
+    """The cupy module, or None when it is not installed (imported only when needed)."""
+    try:
+        import cupy
+    except ImportError:
+        return None
+    return cupy
+
+
+# ---------------------------------------------------------------------------------------
+# Kernels and the shared area (GPU only)
+
+_FUNCTIONS: dict[tuple[int, int, int], dict[str, Any]] = {}
+
+
+def kernel_functions(device_index: int, dtype: torch.dtype, nranks: int) -> dict[str, Any]:
+    """Compiled kernels for one device, dtype and world size; cached for the process."""
+    key = (device_index, DTYPE_CODES[dtype], nranks)
+    if key not in _FUNCTIONS:
+        cupy = _cupy()
+        names = {algo: f"{name}<{key[1]}, {nranks}>" for algo, name in KERNEL_NAMES.items()}
+        with cupy.cuda.Device(device_index):
+            module = cupy.RawModule(code=KERNEL_SOURCE.read_text(), options=("--std=c++17",),
+                                    name_expressions=list(names.values()))
+            _FUNCTIONS[key] = {algo: module.get_function(name).kernel for algo, name in names.items()}
+    return _FUNCTIONS[key]
+
+
+class _SharedArea:
+    """One rank's IPC allocation, its peers' opened allocations, the kernels' Layout table,
+    the private Ctrl words and the host-mapped timeout report."""
+
+    def __init__(self, ctx: "RunContext", plan: AreaPlan, timeout_ms: float):
+        self.ctx = ctx
+        self.plan = plan
+        self.timeout_ms = timeout_ms
+        self.base = 0
+        self.report = 0
+        self.opened: list[int] = []
+        self.exchanged = False
+        self.layout: torch.Tensor | None = None
+        self.ctrl: torch.Tensor | None = None
+
+    def allocate(self) -> bytes | None:
+        """Local step: allocate and zero; returns the IPC handle to share (None at world size 1)."""
+        runtime = _cupy().cuda.runtime
+        self.base = runtime.malloc(self.plan.total_bytes)
+        runtime.memset(self.base, 0, self.plan.total_bytes)
+        self.report = runtime.hostAlloc(16, HOST_ALLOC_PORTABLE_MAPPED)
+        ctypes.memset(self.report, 0, 16)
+        self.ctrl = torch.zeros(4, dtype=torch.int32, device=self.ctx.device)
+        # Peers may write into this memory as soon as they hold the handle.
+        runtime.deviceSynchronize()
+        return runtime.ipcGetMemHandle(self.base) if self.ctx.world_size > 1 else None
+
+    def connect(self, handles: list[bytes | None]) -> None:
+        """Local step: open every peer's allocation and write the kernels' Layout table."""
+        runtime = _cupy().cuda.runtime
+        self.exchanged = True
+        bases = []
+        for rank, handle in enumerate(handles):
+            if rank == self.ctx.rank:
+                bases.append(self.base)
+            else:
+                self.opened.append(runtime.ipcOpenMemHandle(handle))
+                bases.append(self.opened[-1])
+        plan = self.plan
+        words = [0] * LAYOUT_WORDS
+        for rank, base in enumerate(bases):
+            words[rank] = base
+            for area, offset in enumerate((plan.recv, plan.gather, plan.stage), start=1):
+                words[area * MAX_RANKS + rank] = base + offset if offset is not None else 0
+        words[4 * MAX_RANKS:] = [plan.slot_bytes, int(self.timeout_ms * 1e6), self.ctrl.data_ptr(),
+                                 self.report, self.ctx.rank, self.ctx.world_size]
+        # Every pointer fits in 63 bits, so int64 holds the uint64 words unchanged.
+        self.layout = torch.tensor(words, dtype=torch.int64, device=self.ctx.device)
+
+    def timeout_error(self) -> P2PTimeoutError | None:
+        """The error the kernels recorded, read from host-mapped memory without a sync."""
+        if not self.report:
+            return None
+        code, peer, epoch, phase = (ctypes.c_uint32 * 4).from_address(self.report)
+        if not code:
+            return None
+        return P2PTimeoutError(
+            f"p2p: peer rank {peer} did not arrive within {self.timeout_ms:g} ms "
+            f"(rank {self.ctx.rank}, call {epoch}, {PHASE_NAMES[min(phase, 1)]}); "
+            "p2p is unusable until it is set up again")
+
+    def release(self) -> None:
+        """Collective: no peer may still touch this memory when it is freed."""
+        runtime = _cupy().cuda.runtime
+        torch.cuda.synchronize(self.ctx.device)   # our kernels are bounded, so this returns
+        if self.exchanged and self.ctx.world_size > 1:
+            self.ctx.barrier()
+        for ptr in self.opened:
+            runtime.ipcCloseMemHandle(ptr)
+        self.opened = []
+        if self.base:
+            runtime.free(self.base)
+            self.base = 0
+        if self.report:
+            runtime.freeHost(self.report)
+            self.report = 0
+        self.layout = self.ctrl = None
+
+
+def _error_text(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+# ---------------------------------------------------------------------------------------
+# The backend
+
+
+@dataclass
+class _Calibration:
+    sizes: list[int] = field(default_factory=list)
+    oneshot_us: list[float] = field(default_factory=list)
+    twoshot_us: list[float] = field(default_factory=list)
+    crossover_bytes: int | None = None
+
+
+class P2PAllreduce(Backend):
+    family = "p2p"
+    node_local = True
+    graph_capturable = True
+    dtypes = ALL_DTYPES
+    max_world_size = MAX_RANKS
+
+    def __init__(self, variant: str, options: P2POptions):
+        self.variant = variant
+        self.name = f"p2p:{variant}"
+        self.algorithms = VARIANTS[variant]
+        self.options = options
+        # World size 1 is the kernel-only floor, measured with the plain one-shot kernel.
+        self.min_world_size = 1 if variant == "oneshot" else 2
+        self._ctx: RunContext | None = None
+        self._area: _SharedArea | None = None
+        self._functions: dict[torch.dtype, dict[str, Any]] = {}
+        self._calibrations: dict[torch.dtype, _Calibration] = {}
+        self._dtype: torch.dtype | None = None
+        self._streams: dict[int, Any] = {}
+
+    # -- eligibility --------------------------------------------------------------------
+
+    def check(self, ctx: "RunContext") -> str | None:
+        reason = super().check(ctx)
+        if reason:
+            return reason
+        if not ctx.is_cuda:
+            return "needs CUDA GPUs (CUDA-IPC buffers and CUDA kernels)"
+        if _cupy() is None:
+            return "cupy not installed (pip install cupy-cuda12x or cupy-cuda13x)"
+        for key in (self.name, self.family):
+            if key in ctx.verdicts:
+                return ctx.verdicts[key]
+        return quick_p2p_reason(ctx.local_world_size)
+
+    def supports(self, message_bytes: int, dtype: torch.dtype) -> str | None:
+        return super().supports(message_bytes, dtype) or size_reason(message_bytes, self.options.max_bytes)
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    def setup(self, ctx: "RunContext", max_bytes: int, dtype: torch.dtype) -> None:
+        if _cupy() is None:
+            raise BackendUnavailable("cupy not installed")
+        self._ctx = ctx
+        self._dtype = dtype
+        slot_bytes = -(-min(max_bytes, self.options.max_bytes) // VECTOR_BYTES) * VECTOR_BYTES
+        slot_bytes = max(slot_bytes, VECTOR_BYTES)
+        area = self._area
+        local_rebuild = (area is None or area.plan.slot_bytes < slot_bytes
+                         or area.timeout_error() is not None)
+        # Every rank takes the same path, so no rank waits in an exchange another skips.
+        if any(ctx.all_gather_objects(local_rebuild)):
+            self._release()
+            self._connect(ctx, slot_bytes, dtype)
+        else:
+            error = None
+            try:
+                self._functions[dtype] = kernel_functions(ctx.device.index, dtype, ctx.world_size)
+            except Exception as exc:  # the vote turns it into every rank's reason
+                error = _error_text(exc)
+            raise_unless_all_ranks_ok(ctx, error, "p2p kernel compilation")
+        if len(self.algorithms) > 1 and dtype not in self._calibrations:
+            self._calibrations[dtype] = self._calibrate(dtype)
+
+    def _connect(self, ctx: "RunContext", slot_bytes: int, dtype: torch.dtype) -> None:
+        _cupy().cuda.Device(ctx.device.index).use()
+        area = _SharedArea(ctx, plan_areas(self.algorithms, ctx.world_size, slot_bytes),
+                           self.options.timeout_ms)
+        self._area = area
+        error, handle = None, None
+        try:
+            self._functions[dtype] = kernel_functions(ctx.device.index, dtype, ctx.world_size)
+            handle = area.allocate()
+        except Exception as exc:
+            error = _error_text(exc)
+        gathered = ctx.all_gather_objects((error, handle))
+        raise_unless_all_ranks_ok(ctx, error, "p2p buffer allocation")
+        # The vote above already raised everywhere if any rank failed: all handles are here.
+        error = None
+        try:
+            area.connect([h for _, h in gathered])
+        except Exception as exc:
+            error = _error_text(exc)
+        raise_unless_all_ranks_ok(ctx, error, "opening peers' p2p buffers (CUDA IPC)")
+
+    def _release(self) -> None:
+        if self._area is not None:
+            area, self._area = self._area, None
+            area.release()
+
+    def close(self) -> None:
+        self._release()
+        self._calibrations.clear()
+
+    # -- calls --------------------------------------------------------------------------
+
+    def raise_if_failed(self) -> None:
+        """Raise the timeout the kernels recorded, if any (cheap: reads host-mapped memory).
+        allreduce() calls it first; a harness may call it after synchronising."""
+        error = self._area.timeout_error() if self._area is not None else None
+        if error is not None:
+            raise error
+
+    def algorithm_for(self, message_bytes: int, dtype: torch.dtype) -> str:
+        if len(self.algorithms) == 1:
+            return self.algorithms[0]
+        crossover = self._crossover(dtype)
+        return TWOSHOT if crossover is not None and message_bytes >= crossover else ONESHOT_PUSH
+
+    def _crossover(self, dtype: torch.dtype) -> int | None:
+        if self.options.crossover_bytes is not None:
+            return self.options.crossover_bytes
+        return self._calibrations[dtype].crossover_bytes
+
+    def allreduce(self, x: torch.Tensor) -> torch.Tensor:
+        if self._area is None:
+            raise RuntimeError(f"{self.name}: setup() first")
+        self.raise_if_failed()
+        message_bytes = x.numel() * x.element_size()
+        # The buffer may be smaller than p2p_max_bytes when the sweep's largest size is.
+        reason = super().supports(message_bytes, x.dtype) or size_reason(message_bytes, self._area.plan.slot_bytes)
+        if reason:
+            raise ValueError(f"{self.name}: {reason}")
+        if x.dtype not in self._functions:
+            raise RuntimeError(f"{self.name}: not set up for {x.dtype}")
+        x = x.contiguous()
+        out = torch.empty_like(x)
+        self._launch(self.algorithm_for(message_bytes, x.dtype), x, out)
+        return out
+
+    def _launch(self, algorithm: str, x: torch.Tensor, out: torch.Tensor) -> None:
+        units = x.numel() * x.element_size() // VECTOR_BYTES
+        blocks = grid_blocks(algorithm, units, self._ctx.world_size)
+        function = self._functions[x.dtype][algorithm]
+        function((blocks,), (THREADS_PER_BLOCK,),
+                 (numpy.uint64(self._area.layout.data_ptr()), numpy.uint64(x.data_ptr()),
+                  numpy.uint64(out.data_ptr()), numpy.uint32(units)),
+                 stream=self._stream())
+
+    def _stream(self) -> Any:
+        """torch's current stream as a CuPy stream, so launches are ordered with (and captured
+        along with) torch's work."""
+        ptr = torch.cuda.current_stream(self._ctx.device).cuda_stream
+        stream = self._streams.get(ptr)
+        if stream is None:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)   # deprecated name in cupy 14
+                stream = _cupy().cuda.ExternalStream(ptr, self._ctx.device.index)
+            self._streams[ptr] = stream
+        return stream
+
+    # -- crossover calibration ------------------------------------------------------------
+
+    def _calibrate(self, dtype: torch.dtype) -> _Calibration:
+        """Collective: graph-replay both kernels at a few sizes on every rank; every rank then
+        applies choose_crossover() to the same gathered numbers, so all pick the same."""
+        ctx, area = self._ctx, self._area
+        sizes = [s for s in CALIBRATION_SIZES if s <= area.plan.slot_bytes]
+        times: dict[str, list[float]] = {ONESHOT_PUSH: [], TWOSHOT: []}
+        error = None
+        try:
+            x = torch.ones(area.plan.slot_bytes // dtype.itemsize, dtype=dtype, device=ctx.device)
+            out = torch.empty_like(x)
+            for size in sizes:
+                count = size // dtype.itemsize
+                for algorithm in times:
+                    times[algorithm].append(self._graph_time_us(algorithm, x[:count], out[:count]))
+            failure = area.timeout_error()
+            error = str(failure) if failure else None
+        except Exception as exc:
+            error = _error_text(exc)
+        gathered = ctx.all_gather_objects((error, times))
+        raise_unless_all_ranks_ok(ctx, error, "p2p crossover calibration")
+        slowest = slowest_rank_times([t for _, t in gathered])
+        return _Calibration(sizes, slowest[ONESHOT_PUSH], slowest[TWOSHOT],
+                            choose_crossover(sizes, slowest[ONESHOT_PUSH], slowest[TWOSHOT]))
+
+    def _graph_time_us(self, algorithm: str, x: torch.Tensor, out: torch.Tensor) -> float:
+        # One eager call first: CuPy sets up its per-thread context state on a first launch,
+        # which must not happen inside a capture.
+        self._launch(algorithm, x, out)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(CALIBRATION_CALLS_PER_GRAPH):
+                self._launch(algorithm, x, out)
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                  for _ in range(CALIBRATION_REPLAYS)]
+        torch.cuda.synchronize(self._ctx.device)
+        self._ctx.barrier()
+        for start, end in events:
+            start.record()
+            graph.replay()
+            end.record()
+        torch.cuda.synchronize(self._ctx.device)
+        replay_ms = [start.elapsed_time(end) for start, end in events[1:]]
+        return statistics.median(replay_ms) * 1000.0 / CALIBRATION_CALLS_PER_GRAPH
+
+    # -- what rows record -------------------------------------------------------------------
+
+    def row_fields(self) -> dict[str, Any]:
+        extra: dict[str, Any] = {
+            "p2p_kernels": list(self.algorithms),
+            "p2p_max_bytes": self.options.max_bytes,
+            "p2p_timeout_ms": self.options.timeout_ms,
+            "p2p_staging": "in-kernel",
+        }
+        if self._ctx is not None and self._ctx.world_size == 1:
+            extra["p2p_kernel_floor"] = True
+        if len(self.algorithms) > 1 and self._dtype is not None:
+            extra["p2p_crossover_bytes"] = self._crossover(self._dtype)
+            calibration = self._calibrations.get(self._dtype)
+            if self.options.crossover_bytes is not None or calibration is None:
+                extra["p2p_crossover_source"] = "option"
+            else:
+                extra["p2p_crossover_source"] = "measured"
+                extra["p2p_calibration"] = {"sizes": calibration.sizes,
+                                            "oneshot_us": [round(t, 3) for t in calibration.oneshot_us],
+                                            "twoshot_us": [round(t, 3) for t in calibration.twoshot_us]}
+        return {"extra": extra}
+
+
+def make(variant: str | None, options: dict[str, Any]) -> list[Backend]:
+    opts = P2POptions.from_options(options)
+    names = DEFAULT_VARIANTS if variant is None else (variant.strip(),)
+    for name in names:
+        if name not in VARIANTS:
+            raise UsageError(f"unknown p2p variant {name!r}: choose from {', '.join(VARIANTS)}")
+    return [P2PAllreduce(name, opts) for name in names]
+
+
+FACTORY = BackendFactory(
+    family="p2p",
+    make=make,
+    on_gpu_by_default=True,
+    on_cpu_by_default=False,
+    summary="commbench's own CUDA-IPC allreduce kernels (NVRTC via CuPy), graph-capturable, "
+            "timeout-bounded",
+    variants_help=[
+        "p2p:oneshot       one-shot, push: every rank writes its input into every peer, reduces locally",
+        "p2p:oneshot_pull  one-shot, pull: every rank reads every peer's staged input (never by default)",
+        "p2p:twoshot       two-shot, push: reduce-scatter then all-gather, writes only",
+        "p2p:auto          one-shot below a crossover measured at setup, two-shot above "
+        "(options p2p_crossover_bytes, p2p_max_bytes, p2p_timeout_ms)",
+    ],
+)

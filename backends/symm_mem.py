@@ -1,0 +1,185 @@
+"""torch symmetric memory allreduce, called through the torch ops directly.
+
+Serving engines wrap these ops in communicators that switch themselves off when the buffer
+has no multicast address, even for two-shot, which needs none (backends.md §0b, vLLM
+issue 50179). Here one_shot and two_shot run on plain P2P mappings; multimem runs only
+where multicast is allowed by policy and supported by the device.
+
+Facts used (backends.md §4): buffers come from ``symm_mem.empty`` and are rendezvoused on a
+named process group; the ops need sizes that are a multiple of max(4, element size) bytes
+and dispatch bf16 and fp32 only; one group's signal pad must not see concurrent launches from
+two streams, so every variant gets its own group and runs on the caller's stream only.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from commbench.backends.base import Backend, BackendFactory, BackendUnavailable, parse_variant_options
+
+if TYPE_CHECKING:
+    from commbench.context import RunContext
+
+# The symm_mem kernels are instantiated for these dtypes only (AT_DISPATCH_FLOAT_AND_BFLOAT16).
+SYMM_MEM_DTYPES = (torch.bfloat16, torch.float32)
+# Lets several ranks map one GPU (correctness runs on a shared GPU only).
+ALLOW_OVERLAP_ENV = "TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES"
+CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED = 132
+
+ALGOS = ("one_shot", "two_shot", "multimem")
+# op name in torch.ops.symm_mem for each variant
+TORCH_OPS = {"one_shot": "one_shot_all_reduce_out", "two_shot": "two_shot_all_reduce_",
+             "multimem": "multimem_all_reduce_"}
+
+
+def raise_unless_all_ranks_ok(ctx: "RunContext", local_error: str | None, what: str) -> None:
+    """Vote on a local step before the next collective one: every rank raises, naming the first
+    rank that failed, so no rank is left waiting in a rendezvous that a failed peer never joins."""
+    errors = ctx.all_gather_objects(local_error)
+    failed = [(rank, err) for rank, err in enumerate(errors) if err is not None]
+    if failed:
+        rank, err = failed[0]
+        others = f" (and {len(failed) - 1} more ranks)" if len(failed) > 1 else ""
+        raise BackendUnavailable(f"{what} failed on rank {rank}{others}: {err}")
+
+
+def device_multicast_supported(device_index: int) -> bool:
+    """CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED, read from the driver (a read, creates nothing)."""
+    libcuda = ctypes.CDLL("libcuda.so.1")
+    device = ctypes.c_int()
+    value = ctypes.c_int()
+    if libcuda.cuInit(0) != 0 or libcuda.cuDeviceGet(ctypes.byref(device), device_index) != 0:
+        return False
+    if libcuda.cuDeviceGetAttribute(ctypes.byref(value), CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED, device) != 0:
+        return False
+    return value.value == 1
+
+
+def _symm_mem_module() -> Any:
+    import torch.distributed._symmetric_memory as symm_mem
+
+    return symm_mem
+
+
+class SymmMemAllreduce(Backend):
+    family = "symm_mem"
+    node_local = True
+    min_world_size = 2
+    dtypes = SYMM_MEM_DTYPES
+
+    def __init__(self, algo: str):
+        self.algo = algo
+        self.name = f"symm_mem:{algo}"
+        self._group: Any = None
+        self._buffer: torch.Tensor | None = None
+        self._out: torch.Tensor | None = None
+        self._call: Callable[[torch.Tensor], torch.Tensor] | None = None
+
+    def check(self, ctx: "RunContext") -> str | None:
+        reason = super().check(ctx)
+        if reason:
+            return reason
+        if self.algo == "multimem" and ctx.multicast_reason:
+            return f"multimem needs NVLink multicast: {ctx.multicast_reason}"
+        if not ctx.is_cuda:
+            return "needs CUDA GPUs (torch symmetric memory maps peer GPU memory)"
+        op = TORCH_OPS[self.algo]
+        if not hasattr(torch.ops, "symm_mem") or not hasattr(torch.ops.symm_mem, op):
+            return f"torch {torch.__version__} has no torch.ops.symm_mem.{op} (one/two-shot need torch >= 2.6)"
+        if self.algo == "multimem":
+            if ctx.shares_gpus:
+                return "multimem needs one GPU per rank (multicast across ranks sharing a GPU is meaningless)"
+            if not device_multicast_supported(ctx.device.index or 0):
+                return "multimem needs NVLink multicast: CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED is 0 on this GPU"
+        return None
+
+    def supports(self, message_bytes: int, dtype: torch.dtype) -> str | None:
+        if dtype not in SYMM_MEM_DTYPES:
+            return "torch symm_mem kernels are built for bf16 and fp32 only"
+        alignment = max(4, dtype.itemsize)
+        if message_bytes % alignment:
+            return f"torch symm_mem needs sizes that are a multiple of {alignment} bytes"
+        return None
+
+    def setup(self, ctx: "RunContext", max_bytes: int, dtype: torch.dtype) -> None:
+        self._release_buffers()
+        if ctx.shares_gpus:
+            # Without it rendezvous refuses peers whose buffers sit on the same device.
+            os.environ[ALLOW_OVERLAP_ENV] = "1"
+        symm_mem = _symm_mem_module()
+        elements = max(1, -(-max_bytes // dtype.itemsize))
+        error = None
+        try:
+            buffer = symm_mem.empty(elements, dtype=dtype, device=ctx.device)
+        except Exception as exc:  # the vote below turns it into every rank's reason
+            error = f"symm_mem.empty({elements} x {dtype}): {type(exc).__name__}: {exc}"
+        raise_unless_all_ranks_ok(ctx, error, "symmetric memory allocation")
+        if self._group is None:
+            # A group of its own: its name keys the rendezvous and its signal pad is not shared
+            # with any other variant. gloo, because rendezvous only needs the group's store and
+            # NCCL refuses two ranks on one GPU.
+            self._group = dist.new_group(ranks=list(range(ctx.world_size)), backend="gloo")
+        handle = symm_mem.rendezvous(buffer, self._group.group_name)
+        if self.algo == "multimem" and not handle.multicast_ptr:
+            raise BackendUnavailable("rendezvous gave no multicast address (multicast unavailable on this group)")
+        self._buffer = buffer
+        self._out = torch.empty(elements, dtype=dtype, device=ctx.device)
+        self._call = self._make_call(self._group.group_name)
+
+    def _make_call(self, group_name: str) -> Callable[[torch.Tensor], torch.Tensor]:
+        ops = torch.ops.symm_mem
+        if self.algo == "one_shot":
+            return lambda view: ops.one_shot_all_reduce_out(view, "sum", group_name, self._out[: view.numel()])
+        if self.algo == "two_shot":
+            return lambda view: ops.two_shot_all_reduce_(view, "sum", group_name)
+        return lambda view: ops.multimem_all_reduce_(view, "sum", group_name)
+
+    def allreduce(self, x: torch.Tensor) -> torch.Tensor:
+        assert self._buffer is not None and self._call is not None, "setup() first"
+        view = self._buffer[: x.numel()]
+        # The ops read peers' copies of this buffer: the input has to be staged into it.
+        view.copy_(x.reshape(-1))
+        return self._call(view)
+
+    def row_fields(self) -> dict[str, Any]:
+        return {"extra": {"torch_op": f"torch.ops.symm_mem.{TORCH_OPS[self.algo]}"}}
+
+    def _release_buffers(self) -> None:
+        self._buffer = None
+        self._out = None
+        self._call = None
+
+    def close(self) -> None:
+        self._release_buffers()
+        if self._group is not None:
+            dist.destroy_process_group(self._group)
+            self._group = None
+
+
+def make(variant: str | None, options: dict[str, Any]) -> list[Backend]:
+    if variant is None:
+        return [SymmMemAllreduce(algo) for algo in ALGOS]
+    names = list(parse_variant_options(variant))
+    unknown = [n for n in names if n not in ALGOS]
+    if unknown:
+        from commbench.errors import UsageError
+
+        raise UsageError(f"symm_mem: unknown variant {', '.join(unknown)}; choose from {', '.join(ALGOS)}")
+    return [SymmMemAllreduce(name) for name in names]
+
+
+FACTORY = BackendFactory(
+    family="symm_mem",
+    make=make,
+    summary="torch symmetric memory one-shot / two-shot (P2P) and multimem (multicast) allreduce",
+    variants_help=[
+        "symm_mem:one_shot   torch.ops.symm_mem.one_shot_all_reduce_out (every rank reads all peers)",
+        "symm_mem:two_shot   torch.ops.symm_mem.two_shot_all_reduce_ (reduce-scatter + all-gather)",
+        "symm_mem:multimem   torch.ops.symm_mem.multimem_all_reduce_ (needs --allow-multicast)",
+    ],
+)

@@ -1,0 +1,123 @@
+"""The unfused baseline of allreduce + residual add + RMSNorm.
+
+``unfused:best`` does the same work as a fused kernel the way a serving engine does without
+fusion: the fastest plain allreduce measured earlier in this run at that message size and
+dtype (``ctx.measured``; the sweep runs plain allreduce variants first), then torch's residual
+add and RMSNorm. In graph mode all three are captured in the same CUDA graph, so the
+comparison with a fused kernel is call for call. Which allreduce backend it used, and that
+backend's own time, are recorded on every row.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from commbench.backends.base import Backend, BackendFactory, BackendUnavailable
+from commbench.fusion import RMS_EPS, FusedBackend, best_allreduce_rows, residual_rmsnorm
+from commbench.results import Measurement
+from commbench.units import dtype_name
+
+if TYPE_CHECKING:
+    from commbench.context import RunContext
+    from commbench.workload import Workload
+
+
+def rebuild_backend(name: str, options: dict[str, Any]) -> Backend:
+    """The backend object behind a measured row's name, built the way the sweep built it."""
+    from commbench.backends import factory
+
+    family, _, variant = name.partition(":")
+    for backend in factory(family).make(variant or None, options):
+        if backend.name == name:
+            return backend
+    raise BackendUnavailable(f"cannot rebuild allreduce backend {name!r} for the unfused baseline")
+
+
+class UnfusedBest(FusedBackend):
+    family = "unfused"
+    name = "unfused:best"
+
+    def __init__(self, options: dict[str, Any]):
+        self._options = options
+        self._inner: dict[str, Backend] = {}
+        self._best: dict[int, Measurement] = {}
+        self._current: Measurement | None = None
+
+    def setup(self, ctx: "RunContext", max_bytes: int, dtype: torch.dtype) -> None:
+        measured: list[Measurement] = getattr(ctx, "measured", [])
+        best = best_allreduce_rows(measured, dtype_name(dtype), ctx.world_size)
+        self._best = {size: row for size, row in best.items() if size <= max_bytes}
+        if not self._best:
+            raise BackendUnavailable(
+                f"no plain allreduce was measured correct at {dtype_name(dtype)} on {ctx.world_size} ranks "
+                "in this run: nothing to build the unfused baseline from (run allreduce variants too)")
+        # Every rank sees the same ctx.measured, so every rank sets up the same backends in
+        # the same order (their setups are collective).
+        for name in sorted({row.backend for row in self._best.values()}):
+            backend = self._inner.get(name) or rebuild_backend(name, self._options)
+            reason = backend.check(ctx)
+            if reason:
+                raise BackendUnavailable(f"allreduce backend {name} of the baseline cannot run: {reason}")
+            backend.setup(ctx, max_bytes, dtype)
+            self._inner[name] = backend
+        self.graph_capturable = all(b.graph_capturable for b in self._inner.values())
+
+    def make_workload(self, ctx: "RunContext", count: int, dtype: torch.dtype,
+                      shape: tuple[int, int] | None) -> "Workload":
+        message_bytes = count * dtype.itemsize
+        row = self._best.get(message_bytes)
+        if row is None:
+            raise BackendUnavailable(
+                f"no plain allreduce was measured correct at {message_bytes} bytes {dtype_name(dtype)}: "
+                "run the allreduce variants on the same shapes")
+        self._current = row
+        return super().make_workload(ctx, count, dtype, shape)
+
+    def _allreduce_backend(self) -> Backend:
+        assert self._current is not None, "make_workload() first"
+        return self._inner[self._current.backend]
+
+    def allreduce(self, x: torch.Tensor) -> torch.Tensor:
+        return self._allreduce_backend().allreduce(x)
+
+    def allreduce_residual_rmsnorm(self, x: torch.Tensor, residual_in: torch.Tensor, gamma: torch.Tensor,
+                                   residual_out: torch.Tensor, norm_out: torch.Tensor) -> None:
+        summed = self._allreduce_backend().allreduce(x).reshape(x.shape)
+        residual_rmsnorm(summed, residual_in, gamma, RMS_EPS, residual_out, norm_out)
+
+    def row_fields(self) -> dict[str, Any]:
+        """Describes the row of the latest make_workload(): the allreduce used and its own time."""
+        if self._current is None:
+            return {}
+        return {"extra": {"allreduce_backend": self._current.backend,
+                          "allreduce_mode": self._current.mode,
+                          "allreduce_p50_us": self._current.latency_p50_us}}
+
+    def close(self) -> None:
+        for backend in self._inner.values():
+            backend.close()
+        self._inner.clear()
+        self._best.clear()
+        self._current = None
+
+
+def make(variant: str | None, options: dict[str, Any]) -> list[Backend]:
+    if variant is None:
+        # Only model-shape sweeps have fused work to compare against.
+        return [UnfusedBest(options)] if options.get("hidden") else []
+    if variant != "best":
+        from commbench.errors import UsageError
+
+        raise UsageError(f"unfused: unknown variant {variant!r}; choose 'best'")
+    return [UnfusedBest(options)]
+
+
+FACTORY = BackendFactory(
+    family="unfused",
+    make=make,
+    on_gpu_by_default=True,
+    summary="unfused baseline of allreduce + residual add + RMSNorm (best measured allreduce, then torch)",
+    variants_help=["unfused:best   fastest plain allreduce measured in this run + torch add + rms_norm"],
+)

@@ -1,0 +1,60 @@
+"""`commbench <subcommand>`: one module per subcommand, each with HELP, add_arguments, main."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+from commbench.errors import USAGE_EXIT, UsageError
+
+SUBCOMMANDS: dict[str, str] = {
+    "probe": "commbench.probe",
+    "sweep": "commbench.sweep",
+    "report": "commbench.report",
+    "floor": "commbench.floor",
+    "recommend": "commbench.recommend",
+    "qualify": "commbench.qualify",
+    "compare": "commbench.compare",
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports bad input as one line and exit status 2 (its default status)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        sys.stderr.write(f"commbench {self.prog.split()[-1]}: error: {message}\n")
+        raise SystemExit(USAGE_EXIT)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="commbench", description=(
+        "GPU allreduce benchmark for tensor-parallel inference: probe the fabric, sweep backends, "
+        "and turn the curves into a per-token floor, a backend choice and a qualification."))
+    sub = parser.add_subparsers(dest="command", metavar="SUBCOMMAND", parser_class=_Parser)
+    for name, module_name in SUBCOMMANDS.items():
+        module = importlib.import_module(module_name)
+        sp = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        module.add_arguments(sp)
+        sp.set_defaults(_module=module)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    args = parser.parse_args(argv)
+    args._argv = argv[1:]  # the subcommand's own arguments, for the sweep driver's children
+    if not getattr(args, "command", None):
+        parser.print_help()
+        return USAGE_EXIT
+    try:
+        return int(args._module.main(args) or 0)
+    except UsageError as exc:
+        if os.environ.get("RANK", "0") == "0":  # under torchrun every rank fails alike: say it once
+            print(f"commbench {args.command}: error: {exc}", file=sys.stderr)
+        return USAGE_EXIT
+    except KeyboardInterrupt:
+        print(f"commbench {args.command}: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,124 @@
+"""`commbench compare RUN_A RUN_B`: what changed between two runs, per backend and size.
+
+For every (backend variant, mode, dtype, op) and size both runs measured: the change in p50 and
+p99, and whether the p50 change is larger than the p10-p90 spread of both runs (smaller changes
+are noise the runs themselves show). Plus a plot of both curves and their ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from commbench import plots
+from commbench.curves import Curve, build_curves, exceeds_spread, run_world_size
+from commbench.errors import UsageError
+from commbench.results import Run, load_run
+from commbench.tables import fmt_pct, fmt_us, render
+from commbench.units import format_bytes
+
+HELP = "per backend and size: p50/p99 change between two runs and whether it beats their spread"
+
+
+@dataclass
+class Change:
+    curve: str
+    message_bytes: int
+    p50_a_us: float
+    p50_b_us: float
+    p50_change_pct: float
+    p99_a_us: float | None
+    p99_b_us: float | None
+    p99_change_pct: float | None
+    beyond_spread: bool | None     # None: a run recorded no p10/p90
+
+    @property
+    def verdict(self) -> str:
+        if self.beyond_spread is None:
+            return "spread unknown"
+        if not self.beyond_spread:
+            return "same (within spread)"
+        return "B slower" if self.p50_b_us > self.p50_a_us else "B faster"
+
+
+def changes(a: list[Curve], b: list[Curve]) -> list[Change]:
+    by_key = {c.key: c for c in b}
+    out = []
+    for before in a:
+        after = by_key.get(before.key)
+        if after is None:
+            continue
+        for size in before.sizes():
+            pa, pb = before.point(size), after.point(size)
+            if pa is None or pb is None:
+                continue
+            p99 = (100.0 * (pb.p99_us - pa.p99_us) / pa.p99_us
+                   if pa.p99_us is not None and pb.p99_us is not None and pa.p99_us > 0 else None)
+            out.append(Change(before.label, size, pa.p50_us, pb.p50_us, 100.0 * (pb.p50_us - pa.p50_us) / pa.p50_us,
+                              pa.p99_us, pb.p99_us, p99, exceeds_spread(pb.p50_us - pa.p50_us, pa, pb)))
+    return out
+
+
+def _name(run: Run) -> str:
+    return str(run.info.get("run_id", run.path.name))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_a", help="the earlier / reference results dir (A)")
+    parser.add_argument("run_b", help="the results dir to compare with it (B)")
+    parser.add_argument("--out", type=Path, help="where to write the plot (default: RUN_B)")
+    parser.add_argument("--json", metavar="FILE", help="also write the changes as JSON ('-' for stdout)")
+
+
+def main(args: argparse.Namespace) -> int:
+    run_a, run_b = load_run(args.run_a), load_run(args.run_b)
+    curves_a, curves_b = build_curves(run_a.rows), build_curves(run_b.rows)
+    if not curves_a or not curves_b:
+        empty = run_a if not curves_a else run_b
+        raise UsageError(f"{empty.path}: no trusted (status ok, #wrong 0) rows to compare")
+    rows = changes(curves_a, curves_b)
+    name_a, name_b = _name(run_a), _name(run_b)
+    world_a, world_b = run_world_size(run_a), run_world_size(run_b)
+
+    print(f"A = {name_a} ({run_a.path}), B = {name_b} ({run_b.path})")
+    if world_a != world_b:
+        print(f"note: A ran {world_a} ranks, B ran {world_b}: latencies are not comparable like for like")
+    only_a = sorted({c.label for c in curves_a} - {c.label for c in curves_b})
+    only_b = sorted({c.label for c in curves_b} - {c.label for c in curves_a})
+    if only_a:
+        print(f"only in A: {', '.join(only_a)}")
+    if only_b:
+        print(f"only in B: {', '.join(only_b)}")
+    if not rows:
+        raise UsageError("the two runs share no backend, mode, dtype and size to compare")
+    print("'beyond spread' = the p50 change is larger than the p10-p90 spread of both runs\n")
+    print(render(["backend", "size", "p50 A us", "p50 B us", "p50 change", "p99 A us", "p99 B us", "p99 change",
+                  "verdict"],
+                 [[c.curve, format_bytes(c.message_bytes), fmt_us(c.p50_a_us), fmt_us(c.p50_b_us),
+                   fmt_pct(c.p50_change_pct), fmt_us(c.p99_a_us), fmt_us(c.p99_b_us), fmt_pct(c.p99_change_pct),
+                   c.verdict] for c in rows], right=(1, 2, 3, 4, 5, 6, 7)))
+    slower = [c for c in rows if c.verdict == "B slower"]
+    faster = [c for c in rows if c.verdict == "B faster"]
+    print(f"\n{len(slower)} slower and {len(faster)} faster beyond spread, "
+          f"{len(rows) - len(slower) - len(faster)} within spread or unknown, of {len(rows)} points")
+
+    out = args.out or run_b.path
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"{out}: cannot create ({exc.strerror})") from None
+    stem = out / f"compare_{run_a.path.resolve().name}_vs_{run_b.path.resolve().name}"
+    fig = plots.compare_figure(curves_a, curves_b, name_a, name_b, f"allreduce p50: A = {name_a} vs B = {name_b}")
+    for path in plots.save(fig, stem):
+        print(f"wrote {path}")
+    if args.json:
+        text = json.dumps({"a": name_a, "b": name_b, "changes": [{**asdict(c), "verdict": c.verdict} for c in rows]},
+                          indent=2)
+        if args.json == "-":
+            sys.stdout.write(text + "\n")
+        else:
+            Path(args.json).write_text(text + "\n", encoding="utf-8")
+    return 0

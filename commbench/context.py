@@ -1,0 +1,145 @@
+"""The run context: who am I under torchrun, which device, which groups, what policy.
+
+One process per GPU; the device comes from LOCAL_RANK. Without CUDA every rank runs on
+the CPU with gloo. Without torchrun the process is a world of one.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+# Variables that forbid NVLink multicast on a host (DESIGN.md "Safety on shared machines").
+MULTICAST_POLICY_VARS = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
+
+
+def multicast_forbidden_by() -> list[str]:
+    """Names of the policy variables that are set to forbid multicast."""
+    return [f"{k}={os.environ[k]}" for k, v in MULTICAST_POLICY_VARS.items() if os.environ.get(k) == v]
+
+
+def multicast_policy_reason(allow_multicast: bool) -> str | None:
+    """None when multicast objects may be created; otherwise the reason they may not."""
+    forbidden = multicast_forbidden_by()
+    if forbidden:
+        return "disabled by policy (" + ", ".join(forbidden) + ")"
+    if not allow_multicast:
+        return "not tested: pass --allow-multicast"
+    return None
+
+
+@dataclass
+class RunContext:
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    device: torch.device
+    control_group: Any                 # gloo group for votes, gathers and barriers
+    allow_multicast: bool = False
+    shares_gpus: bool = False          # several ranks on one GPU (correctness runs only)
+    snapshot: dict[str, Any] | None = None   # probe snapshot (topology), when taken
+    verdicts: dict[str, str | None] = field(default_factory=dict)  # backend name -> reason or None
+    measured: list[Any] = field(default_factory=list)  # rows measured so far, identical on every rank
+    hostname: str = field(default_factory=socket.gethostname)
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    @property
+    def nodes(self) -> int:
+        return max(1, self.world_size // max(1, self.local_world_size))
+
+    @property
+    def single_node(self) -> bool:
+        return self.nodes == 1
+
+    @property
+    def multicast_reason(self) -> str | None:
+        return multicast_policy_reason(self.allow_multicast)
+
+    def barrier(self) -> None:
+        dist.barrier(group=self.control_group)
+
+    def all_gather_objects(self, obj: Any) -> list[Any]:
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, obj, group=self.control_group)
+        return out
+
+    def broadcast_object(self, obj: Any, src: int = 0) -> Any:
+        box = [obj]
+        dist.broadcast_object_list(box, src=src, group=self.control_group)
+        return box[0]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def torchrun_env() -> tuple[int, int, int, int]:
+    """RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE; a world of one without torchrun."""
+    rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", str(rank)))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+    return rank, world, local_rank, local_world
+
+
+def under_torchrun() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def init_context(allow_multicast: bool = False, force_cpu: bool = False, share_gpus: bool = False,
+                 timeout_s: float = 600.0) -> tuple[RunContext, str | None]:
+    """Initialise the default (gloo) process group and pick the device.
+
+    Returns the context and, when CUDA is not usable, the one line that says so.
+    share_gpus maps several ranks onto one GPU (LOCAL_RANK modulo the device count): for
+    correctness checks of IPC backends on a one-GPU machine; such timings mean nothing.
+    The default group is gloo on purpose: it carries the harness's own votes and gathers,
+    and every NCCL variant gets its own new group, created after its env is set.
+    """
+    rank, world, local_rank, local_world = torchrun_env()
+    if not under_torchrun():
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
+    note = None
+    if not force_cpu and torch.cuda.is_available():
+        count = torch.cuda.device_count()
+        if local_rank >= count and not share_gpus:
+            raise RuntimeError(f"LOCAL_RANK {local_rank} but only {count} CUDA devices are visible "
+                               "(--share-gpus runs several ranks on one GPU, for correctness only)")
+        index = local_rank % count
+        torch.cuda.set_device(index)
+        device = torch.device("cuda", index)
+        if local_rank >= count:
+            note = f"{local_world} ranks share {count} GPU(s): results are checked, timings mean nothing"
+    else:
+        device = torch.device("cpu")
+        note = ("no CUDA device: running on the CPU with gloo" if not force_cpu
+                else "running on the CPU with gloo (--cpu)")
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s))
+    ctx = RunContext(rank=rank, world_size=world, local_rank=local_rank, local_world_size=local_world,
+                     device=device, control_group=dist.group.WORLD, allow_multicast=allow_multicast,
+                     shares_gpus=device.type == "cuda" and local_world > torch.cuda.device_count())
+    return ctx, note
+
+
+def shutdown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()

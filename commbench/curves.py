@@ -1,0 +1,307 @@
+"""Latency curves from a results dir: which rows count, interpolation, winners per size.
+
+Every analysis command goes through here so that they agree on three rules:
+- a row is *trusted* only when its status is "ok" and it has no wrong elements; only trusted
+  rows make curve points, so a backend that returned wrong data or hung never wins;
+- between measured sizes, latency is interpolated linearly in log(bytes)-log(us) space, and a
+  size outside the measured range is reported as out of range, never extrapolated;
+- a difference is "beyond the spread" when it is larger than the p10-p90 width of either
+  side (the iteration-to-iteration spread each run measured for itself).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from commbench.errors import UsageError
+from commbench.results import HANG, OK, WRONG, Measurement, Run
+from commbench.units import format_bytes
+
+DEFAULT_BASELINE = "nccl"
+# When a run has no NCCL rows (a CPU run), speedups are shown over this backend instead.
+FALLBACK_BASELINE = "gloo"
+
+
+def is_trusted(row: Measurement) -> bool:
+    return row.status == OK and not (row.wrong_elements or 0) > 0
+
+
+def is_failed_check(row: Measurement) -> bool:
+    """Rows a reader must see in red: wrong data or a hang."""
+    return row.status in (WRONG, HANG) or (row.wrong_elements or 0) > 0
+
+
+def variant_label(row: Measurement) -> str:
+    """Backend name plus the process-level settings it ran under, e.g. 'nccl[NCCL_NTHREADS=256]'."""
+    if not row.env_setting:
+        return row.backend
+    knobs = ",".join(f"{k}={v}" for k, v in sorted(row.env_setting.items()))
+    return f"{row.backend}[{knobs}]"
+
+
+@dataclass(frozen=True)
+class Point:
+    message_bytes: int
+    p50_us: float
+    p10_us: float | None = None
+    p90_us: float | None = None
+    p99_us: float | None = None
+    busbw_gbps: float | None = None
+
+    @property
+    def spread_us(self) -> float | None:
+        if self.p10_us is None or self.p90_us is None:
+            return None
+        return self.p90_us - self.p10_us
+
+
+@dataclass(frozen=True)
+class CurveKey:
+    variant: str       # variant_label()
+    mode: str          # eager | graph
+    dtype: str
+    op: str
+
+    @property
+    def label(self) -> str:
+        op = "" if self.op == "allreduce" else f" {self.op}"
+        if not self.mode:   # a latency table: no mode to tell apart
+            return self.variant
+        return f"{self.variant} ({self.mode}{op})"
+
+
+@dataclass
+class Curve:
+    key: CurveKey
+    backend: str
+    env_setting: dict[str, str]
+    points: list[Point] = field(default_factory=list)   # sorted by message_bytes, one per size
+    # Sizes where this variant returned wrong data or hung: never interpolated across.
+    failed_sizes: frozenset[int] = frozenset()
+
+    @property
+    def label(self) -> str:
+        return self.key.label
+
+    def sizes(self) -> list[int]:
+        return [p.message_bytes for p in self.points]
+
+    def point(self, message_bytes: int) -> Point | None:
+        for p in self.points:
+            if p.message_bytes == message_bytes:
+                return p
+        return None
+
+    def covers(self, message_bytes: int) -> bool:
+        return bool(self.points) and self.points[0].message_bytes <= message_bytes <= self.points[-1].message_bytes
+
+    def at(self, message_bytes: int) -> Point | None:
+        """Measured or log-log interpolated point; None when outside the measured range."""
+        exact = self.point(message_bytes)
+        if exact is not None:
+            return exact
+        if not self.covers(message_bytes):
+            return None
+        for lo, hi in zip(self.points, self.points[1:]):
+            if lo.message_bytes < message_bytes < hi.message_bytes:
+                if any(lo.message_bytes < f < hi.message_bytes for f in self.failed_sizes):
+                    return None
+                def interp(a: float | None, b: float | None) -> float | None:
+                    if a is None or b is None:
+                        return None
+                    return loglog_interpolate(lo.message_bytes, a, hi.message_bytes, b, message_bytes)
+                return Point(message_bytes, interp(lo.p50_us, hi.p50_us),  # type: ignore[arg-type]
+                             interp(lo.p10_us, hi.p10_us), interp(lo.p90_us, hi.p90_us),
+                             interp(lo.p99_us, hi.p99_us), interp(lo.busbw_gbps, hi.busbw_gbps))
+        return None
+
+    def range_text(self) -> str:
+        if not self.points:
+            return "no points"
+        return f"{format_bytes(self.points[0].message_bytes)}-{format_bytes(self.points[-1].message_bytes)}"
+
+
+def loglog_interpolate(x0: float, y0: float, x1: float, y1: float, x: float) -> float:
+    """y at x on the straight line through (x0, y0) and (x1, y1) in log-log space."""
+    if not (x0 > 0 and x1 > 0 and x > 0 and y0 > 0 and y1 > 0):
+        # A zero or negative value has no logarithm: fall back to a straight line.
+        return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    t = (math.log(x) - math.log(x0)) / (math.log(x1) - math.log(x0))
+    return math.exp(math.log(y0) + t * (math.log(y1) - math.log(y0)))
+
+
+def point_of(row: Measurement) -> Point:
+    assert row.latency_p50_us is not None
+    return Point(row.message_bytes, row.latency_p50_us, row.latency_p10_us, row.latency_p90_us,
+                 row.latency_p99_us, row.busbw_gbps)
+
+
+def key_of(row: Measurement) -> CurveKey:
+    return CurveKey(variant_label(row), row.mode, row.dtype, row.op)
+
+
+def build_curves(rows: Iterable[Measurement]) -> list[Curve]:
+    """One curve per (variant, mode, dtype, op) from trusted rows; the last row of a size wins
+    (a resumed or repeated sweep appends a newer measurement of the same point)."""
+    by_key: dict[CurveKey, tuple[Measurement, dict[int, Point]]] = {}
+    failed: dict[CurveKey, set[int]] = {}
+    for row in rows:
+        if is_failed_check(row):
+            failed.setdefault(key_of(row), set()).add(row.message_bytes)
+        if not is_trusted(row) or row.latency_p50_us is None:
+            continue
+        key = key_of(row)
+        first, points = by_key.setdefault(key, (row, {}))
+        points[row.message_bytes] = point_of(row)
+    curves = []
+    for key, (first, points) in by_key.items():
+        bad = frozenset(failed.get(key, set()))
+        curves.append(Curve(key, first.backend, dict(first.env_setting),
+                            [points[b] for b in sorted(points) if b not in bad], bad))
+    curves.sort(key=lambda c: (c.key.dtype, c.key.mode, c.key.variant, c.key.op))
+    return curves
+
+
+def select(curves: Iterable[Curve], dtype: str | None = None, mode: str | None = None,
+           op: str | None = None) -> list[Curve]:
+    return [c for c in curves
+            if (dtype is None or c.key.dtype == dtype)
+            and (mode is None or c.key.mode == mode)
+            and (op is None or c.key.op == op)]
+
+
+def prefer_graph(curves: Iterable[Curve]) -> list[Curve]:
+    """One curve per variant and op: its graph curve when measured, else its eager one.
+    Decode runs in CUDA graphs, so graph numbers are the ones that matter where they exist."""
+    chosen: dict[tuple[str, str, str], Curve] = {}
+    for curve in curves:
+        slot = (curve.key.variant, curve.key.dtype, curve.key.op)
+        current = chosen.get(slot)
+        if current is None or (curve.key.mode == "graph" and current.key.mode != "graph"):
+            chosen[slot] = curve
+    return sorted(chosen.values(), key=lambda c: c.label)
+
+
+def pick_mode(curves: list[Curve], mode: str) -> list[Curve]:
+    """mode 'auto' = prefer_graph; 'graph' / 'eager' = only that mode."""
+    if mode == "auto":
+        return prefer_graph(curves)
+    return select(curves, mode=mode)
+
+
+def baseline_name(curves: Iterable[Curve], requested: str | None) -> str | None:
+    """The backend speedups and margins are measured against.
+
+    An explicit request must exist in the run; otherwise NCCL's default, or gloo on a CPU run.
+    """
+    names = {c.backend for c in curves if not c.env_setting}
+    if requested is not None:
+        if requested not in names:
+            raise UsageError(f"baseline {requested!r} has no trusted rows in this run "
+                             f"(backends: {', '.join(sorted(names)) or 'none'})")
+        return requested
+    for name in (DEFAULT_BASELINE, FALLBACK_BASELINE):
+        if name in names:
+            return name
+    return None
+
+
+def baseline_curve(curves: Iterable[Curve], name: str | None, like: Curve) -> Curve | None:
+    """The baseline's curve in the same mode, dtype and plain-allreduce op as `like`."""
+    if name is None:
+        return None
+    for curve in curves:
+        if (curve.backend == name and not curve.env_setting and curve.key.mode == like.key.mode
+                and curve.key.dtype == like.key.dtype and curve.key.op == "allreduce"):
+            return curve
+    return None
+
+
+@dataclass(frozen=True)
+class Candidate:
+    curve: Curve
+    point: Point
+    interpolated: bool
+
+
+def ranking(curves: Iterable[Curve], message_bytes: int) -> list[Candidate]:
+    """Every curve that covers the size, fastest p50 first."""
+    out = []
+    for curve in curves:
+        point = curve.at(message_bytes)
+        if point is not None:
+            out.append(Candidate(curve, point, curve.point(message_bytes) is None))
+    out.sort(key=lambda c: (c.point.p50_us, c.curve.label))
+    return out
+
+
+def exceeds_spread(delta_us: float, a: Point, b: Point) -> bool | None:
+    """Is |delta| larger than the p10-p90 spread of both a and b? None when a spread is unknown."""
+    if a.spread_us is None or b.spread_us is None:
+        return None
+    return abs(delta_us) > max(a.spread_us, b.spread_us)
+
+
+@dataclass(frozen=True)
+class Crossover:
+    first_bytes: int
+    last_bytes: int
+    winner: str
+    sizes: int          # measured sizes in this range
+
+
+def crossovers(curves: list[Curve]) -> list[Crossover]:
+    """Size ranges with one winner, over every size any curve measured (same dtype and mode)."""
+    sizes = sorted({p.message_bytes for c in curves for p in c.points})
+    out: list[Crossover] = []
+    for size in sizes:
+        ranked = ranking(curves, size)
+        if not ranked:
+            continue
+        winner = ranked[0].curve.label
+        if out and out[-1].winner == winner:
+            last = out[-1]
+            out[-1] = Crossover(last.first_bytes, size, winner, last.sizes + 1)
+        else:
+            out.append(Crossover(size, size, winner, 1))
+    return out
+
+
+def groups(curves: list[Curve]) -> list[tuple[str, str]]:
+    """(dtype, mode) pairs present, graph first: winners are only compared within one pair."""
+    pairs = {(c.key.dtype, c.key.mode) for c in curves}
+    return sorted(pairs, key=lambda p: (p[0], p[1] != "graph"))
+
+
+def run_world_size(run: Run) -> int | None:
+    """The run's world size: run.json's, else the rows' (a run has one)."""
+    if run.info.get("world_size"):
+        return int(run.info["world_size"])
+    sizes = {r.world_size for r in run.rows}
+    return sizes.pop() if len(sizes) == 1 else None
+
+
+def decode_curves(run: Run, tp: int | None, dtype: str, mode: str) -> list[Curve]:
+    """Trusted curves of one run for a decode question: the TP size must be the run's world
+    size (latency at 4 ranks says little about 8), the dtype the model's activation dtype."""
+    world = run_world_size(run)
+    if tp is not None and world is not None and tp != world:
+        raise UsageError(f"{run.path}: measured at world size {world}, not TP {tp}; "
+                         f"sweep with torchrun --nproc-per-node {tp} for that answer")
+    rows = [r for r in run.rows if tp is None or r.world_size == tp]
+    curves = build_curves(rows)
+    if not curves:
+        statuses = sorted({r.status for r in run.rows})
+        raise UsageError(f"{run.path}: no trusted (status ok, #wrong 0) rows to build a curve from "
+                         f"(row statuses: {', '.join(statuses) or 'no rows'})")
+    typed = select(curves, dtype=dtype)
+    if not typed:
+        have = sorted({c.key.dtype for c in curves})
+        raise UsageError(f"{run.path}: no {dtype} rows (the run has {', '.join(have)}); "
+                         f"pass --dtype {have[0]} to use that curve")
+    chosen = pick_mode(typed, mode)
+    if not chosen:
+        raise UsageError(f"{run.path}: no {mode}-mode rows for {dtype}; use --mode auto")
+    return chosen

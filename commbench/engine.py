@@ -1,0 +1,251 @@
+"""The sweep engine: per backend variant, vote -> setup (voted) -> per row warm-up, time, check.
+
+Every rank runs the same plan in the same order. Each row is measured inside a watchdog, the
+per-iteration samples and check results of all ranks are gathered over the gloo control group,
+and every rank builds the same row (so later decisions, like the unfused baseline's choice of
+backend, agree everywhere). Rank 0 appends the row to measurements.jsonl before the next starts.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from dataclasses import fields
+from typing import Any, Callable
+
+import torch
+
+from commbench.backends.base import Backend, BackendTimeout
+from commbench.context import RunContext
+from commbench.plan import Shape, SweepPlan
+from commbench.results import ERROR, HANG, NO_WORK, OK, SKIPPED, WRONG, Measurement, ResultsWriter, row_key
+from commbench.table import LiveTable
+from commbench.timing import (bandwidths_gbps, capture_graph, count_work_nodes, latency_stats, max_over_ranks,
+                              time_eager, time_graph)
+from commbench.units import dtype_name, format_bytes
+from commbench.watchdog import Watchdog
+
+# Epochs of the exact input pattern: the timed loop uses one, each check a later one, so a
+# stale result (the timed loop's answer) is told apart from a wrong one.
+TIMED_EPOCH, EAGER_CHECK_EPOCH, GRAPH_CHECK_EPOCH = 1, 2, 3
+MEASUREMENT_FIELDS = {f.name for f in fields(Measurement)}
+
+
+class Engine:
+    def __init__(self, ctx: RunContext, plan: SweepPlan, writer: ResultsWriter | None, table: LiveTable,
+                 done_keys: set[tuple], hung_backends: dict[str, str], env_setting: dict[str, str],
+                 on_hang_flush: Callable[[], None]):
+        self.ctx = ctx
+        self.plan = plan
+        self.writer = writer
+        self.table = table
+        self.done_keys = done_keys
+        self.hung_backends = hung_backends
+        self.env_setting = env_setting
+        self.on_hang_flush = on_hang_flush
+
+    # ---- bookkeeping -------------------------------------------------------------------
+
+    def cells(self, backend: Backend) -> list[tuple[torch.dtype, Shape, str]]:
+        return [(dtype, shape, mode) for dtype in self.plan.dtypes for shape in self.plan.sizes_for(dtype)
+                for mode in self.plan.modes]
+
+    def _key(self, backend: Backend, dtype: torch.dtype, shape: Shape, mode: str) -> tuple:
+        return row_key(backend.name, mode, dtype_name(dtype), shape.message_bytes, self.env_setting,
+                       shape.tokens, shape.hidden, backend.op)
+
+    def _base_row(self, backend: Backend, dtype: torch.dtype, shape: Shape, mode: str, status: str,
+                  **extra_fields: Any) -> Measurement:
+        item = torch.tensor([], dtype=dtype).element_size()
+        row = Measurement(backend=backend.name, mode=mode, dtype=dtype_name(dtype),
+                          message_bytes=shape.message_bytes, world_size=self.ctx.world_size, status=status,
+                          count=shape.message_bytes // item, nodes=self.ctx.nodes, op=backend.op,
+                          tokens=shape.tokens, hidden=shape.hidden, env_setting=dict(self.env_setting),
+                          timestamp=time.time())
+        self._apply_fields(row, backend.row_fields())
+        self._apply_fields(row, extra_fields)
+        return row
+
+    @staticmethod
+    def _apply_fields(row: Measurement, values: dict[str, Any]) -> None:
+        for name, value in values.items():
+            if name in MEASUREMENT_FIELDS and name != "extra":
+                setattr(row, name, value)
+            else:
+                row.extra[name] = value
+
+    def emit(self, row: Measurement) -> None:
+        self.ctx.measured.append(row)
+        self.done_keys.add(row.key())
+        if self.writer is not None:
+            self.writer.append(row)
+        self.table.row(row)
+
+    def _skip_all(self, backend: Backend, cells: list, reason: str, failed_rank: int | None = None) -> None:
+        """One row per planned cell, so every cell of the plan has an answer; one line printed."""
+        self.table.line(f"# {backend.name}: skipped: {reason}")
+        for dtype, shape, mode in cells:
+            row = self._base_row(backend, dtype, shape, mode, SKIPPED, reason=reason, failed_rank=failed_rank)
+            self.ctx.measured.append(row)
+            self.done_keys.add(row.key())
+            if self.writer is not None:
+                self.writer.append(row)
+        self.table.advance(len(cells))
+
+    def _vote(self, local_reason: str | None) -> tuple[int | None, str | None]:
+        """All ranks learn the first failing rank and its reason (None, None when all agree)."""
+        reasons = self.ctx.all_gather_objects(local_reason)
+        for rank, reason in enumerate(reasons):
+            if reason:
+                return rank, reason
+        return None, None
+
+    def _watchdog(self, backend: Backend, what: str, cell: tuple[torch.dtype, Shape, str]) -> Watchdog:
+        dtype, shape, mode = cell
+
+        def on_hang(reason: str) -> None:
+            if self.writer is not None:
+                row = self._base_row(backend, dtype, shape, mode, HANG, reason=reason)
+                self.writer.append(row)
+                self.table.row(row)
+                self.on_hang_flush()
+
+        return Watchdog(self.plan.timeout_s, what, on_hang)
+
+    # ---- the sweep -----------------------------------------------------------------------
+
+    def run_backend(self, backend: Backend) -> None:
+        cells = [c for c in self.cells(backend) if self._key(backend, *c) not in self.done_keys]
+        if not cells:
+            return
+        if backend.name in self.hung_backends:
+            self._skip_all(backend, cells, self.hung_backends[backend.name])
+            return
+        local = self.ctx.verdicts.get(backend.name) or backend.check(self.ctx)
+        rank, reason = self._vote(local)
+        if reason:
+            self._skip_all(backend, cells, f"rank {rank}: {reason}" if self.ctx.world_size > 1 else reason, rank)
+            return
+        try:
+            for dtype in self.plan.dtypes:
+                dtype_cells = [c for c in cells if c[0] == dtype]
+                if dtype_cells and self._setup(backend, dtype, dtype_cells):
+                    for cell in dtype_cells:
+                        self._run_cell(backend, cell)
+        finally:
+            try:
+                backend.close()
+            except Exception as exc:  # a failing close must not lose the rows already written
+                self.table.line(f"# {backend.name}: close failed: {exc}")
+
+    def _setup(self, backend: Backend, dtype: torch.dtype, cells: list) -> bool:
+        max_bytes = max(shape.message_bytes for _, shape, _ in cells)
+        local: str | None = None
+        with self._watchdog(backend, f"setup of {backend.name} ({dtype_name(dtype)})", cells[0]):
+            try:
+                backend.setup(self.ctx, max_bytes, dtype)
+            except Exception as exc:
+                local = f"setup failed: {_describe(exc)}"
+            rank, reason = self._vote(local)
+        if reason:
+            self._skip_all(backend, cells, f"rank {rank}: {reason}" if self.ctx.world_size > 1 else reason, rank)
+            return False
+        return True
+
+    def _run_cell(self, backend: Backend, cell: tuple[torch.dtype, Shape, str]) -> None:
+        dtype, shape, mode = cell
+        unsupported = backend.supports(shape.message_bytes, dtype)
+        if unsupported is None and mode == "graph" and not backend.graph_capturable:
+            unsupported = "not CUDA-graph capturable"
+        if unsupported:
+            self.emit(self._base_row(backend, dtype, shape, mode, SKIPPED, reason=unsupported))
+            return
+        what = f"{backend.name} {format_bytes(shape.message_bytes)} {dtype_name(dtype)} {mode}"
+        with self._watchdog(backend, what, cell):
+            local = self._measure_local(backend, dtype, shape, mode)
+            gathered = self.ctx.all_gather_objects(local)
+        self.emit(self._build_row(backend, cell, gathered))
+
+    def _measure_local(self, backend: Backend, dtype: torch.dtype, shape: Shape, mode: str) -> dict[str, Any]:
+        """This rank's samples and check; errors are caught so every rank reaches the gather."""
+        out: dict[str, Any] = {}
+        try:
+            item = torch.tensor([], dtype=dtype).element_size()
+            two_d = (shape.tokens, shape.hidden) if shape.tokens else None
+            workload = backend.make_workload(self.ctx, shape.message_bytes // item, dtype, two_d)
+            iterations = self.plan.iterations_for(shape.message_bytes)
+            workload.prepare(TIMED_EPOCH)
+            if mode == "eager":
+                out["samples"] = time_eager(self.ctx, workload.run, iterations, self.plan.warmup)
+                workload.prepare(EAGER_CHECK_EPOCH)
+                workload.run()
+                check_epoch = EAGER_CHECK_EPOCH
+            else:
+                # Eager calls first: communicators, JIT kernels and IPC buffers exist before capture.
+                for _ in range(max(1, self.plan.warmup)):
+                    workload.run()
+                timed = capture_graph(workload.run, self.plan.graph_ops)
+                # Captured last, so the workload's output is this graph's output.
+                check = capture_graph(workload.run, 1)
+                out["work_nodes"] = count_work_nodes(timed)
+                workload.prepare(TIMED_EPOCH)
+                out["samples"] = time_graph(self.ctx, timed, self.plan.graph_ops, iterations, self.plan.warmup)
+                workload.prepare(GRAPH_CHECK_EPOCH)
+                check.replay()
+                check_epoch = GRAPH_CHECK_EPOCH
+            if self.ctx.is_cuda:
+                torch.cuda.synchronize()
+            result = workload.verify(check_epoch, TIMED_EPOCH)
+            out["wrong"] = result.wrong_elements
+            out["wrong_kind"] = result.wrong_kind
+            out["iterations"] = iterations
+        except BackendTimeout as exc:
+            out = {"error": _describe(exc), "timeout": True}
+        except Exception as exc:
+            out = {"error": _describe(exc)}
+        try:
+            out["observed"] = backend.observed_fields(shape.message_bytes)
+        except Exception as exc:  # observations are extras: never lose the row for them
+            out["observed"] = {"observe_error": _describe(exc)}
+        return out
+
+    def _build_row(self, backend: Backend, cell: tuple[torch.dtype, Shape, str],
+                   gathered: list[dict[str, Any]]) -> Measurement:
+        dtype, shape, mode = cell
+        row = self._base_row(backend, dtype, shape, mode, OK)
+        self._apply_fields(row, gathered[0].get("observed") or {})
+        failures = [(rank, g) for rank, g in enumerate(gathered) if g.get("error")]
+        if failures:
+            rank, failure = failures[0]
+            row.status = HANG if any(g.get("timeout") for _, g in failures) else ERROR
+            row.failed_rank = rank
+            row.reason = f"rank {rank}: {failure['error']}" if self.ctx.world_size > 1 else failure["error"]
+            return row
+        samples = max_over_ranks([g["samples"] for g in gathered])
+        row.iterations = gathered[0]["iterations"]
+        row.ops_per_graph = self.plan.graph_ops if mode == "graph" else 1
+        row.wrong_elements = sum(g["wrong"] for g in gathered)
+        row.wrong_kind = next((g["wrong_kind"] for g in gathered if g["wrong_kind"]), None)
+        work_nodes = [g.get("work_nodes") for g in gathered]
+        empty_graph = mode == "graph" and any(n == 0 for n in work_nodes)
+        if not empty_graph:
+            self._apply_fields(row, latency_stats(samples))
+            row.algbw_gbps, row.busbw_gbps = bandwidths_gbps(shape.message_bytes, row.latency_p50_us,
+                                                             self.ctx.world_size)
+        if row.wrong_elements:
+            row.status = WRONG
+        elif empty_graph:
+            row.status = NO_WORK
+            row.reason = "the CUDA graph captured no work (nothing to time)"
+        elif self.ctx.world_size == 1:
+            row.status = NO_WORK
+            row.reason = "world size 1: nothing is communicated; the time is the local call alone"
+        return row
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    first = text[0] if text else ""
+    where = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
+    location = f" [{where.filename.rsplit('/', 1)[-1]}:{where.lineno}]" if where else ""
+    return f"{type(exc).__name__}: {first}{location}"

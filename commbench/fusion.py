@@ -1,0 +1,213 @@
+"""Allreduce + residual add + RMSNorm: the fused pattern, its checks and its bookkeeping.
+
+A decoder layer ends with ``residual = allreduce(x) + residual; y = rmsnorm(residual) * gamma``.
+A fused backend (FlashInfer's TRT-LLM kernels) does all three in one kernel; the unfused
+baseline (backends/unfused.py) runs the best plain allreduce measured on this box followed by
+torch's add and RMSNorm. Both are timed on the same (tokens x hidden) shapes, and
+``summarize`` pairs their rows into fused time, unfused time and the saving per call.
+
+Correctness: inputs are small integers (commbench.workload), so the summed residual is exact
+in every dtype and must match bit for bit; the normalized output is compared with an fp32
+reference within ``TOLERANCE[dtype]`` (|y - y_ref| <= tol + tol * |y_ref|): two units in the
+last place of the dtype at 1.0 for bf16/fp16, and 1e-4 for fp32, because the kernels use
+fast-math reciprocal square roots.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from commbench.backends.base import Backend, BackendUnavailable
+from commbench.results import OK, Measurement
+from commbench.workload import CheckResult, Workload, exact_pattern
+
+if TYPE_CHECKING:
+    from commbench.context import RunContext
+
+FUSED_OP = "allreduce_residual_rmsnorm"
+RMS_EPS = 1e-6
+TOLERANCE: dict[torch.dtype, float] = {torch.bfloat16: 2.0 ** -6, torch.float16: 2.0 ** -9, torch.float32: 1e-4}
+
+
+def residual_rmsnorm(summed: torch.Tensor, residual_in: torch.Tensor, gamma: torch.Tensor, eps: float,
+                     residual_out: torch.Tensor, norm_out: torch.Tensor) -> None:
+    """The unfused tail of the pattern in torch: residual add, then RMSNorm (any device)."""
+    torch.add(summed, residual_in, out=residual_out)
+    norm_out.copy_(torch.nn.functional.rms_norm(residual_out, (residual_out.shape[-1],), gamma, eps))
+
+
+def reference_residual_rmsnorm(summed: torch.Tensor, residual_in: torch.Tensor, gamma: torch.Tensor,
+                               eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 reference: (residual, normalized output)."""
+    residual = summed.float() + residual_in.float()
+    inv_rms = torch.rsqrt(residual.pow(2).mean(dim=-1, keepdim=True) + eps)
+    return residual, residual * inv_rms * gamma.float()
+
+
+def rms_gamma(hidden: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """Norm weights in [0.5, 1.25], multiples of 1/8: exact in every dtype, not all equal."""
+    return (0.5 + (torch.arange(hidden, device=device) % 7).to(torch.float32) / 8).to(dtype)
+
+
+class FusedBackend(Backend):
+    """A backend whose timed call is the whole pattern, on a (tokens x hidden) shape."""
+
+    op = FUSED_OP
+
+    @abstractmethod
+    def allreduce_residual_rmsnorm(self, x: torch.Tensor, residual_in: torch.Tensor, gamma: torch.Tensor,
+                                   residual_out: torch.Tensor, norm_out: torch.Tensor) -> None:
+        """residual_out = sum over ranks of x + residual_in; norm_out = rmsnorm(residual_out) * gamma."""
+
+    def shape_reason(self, world_size: int, tokens: int, hidden: int, dtype: torch.dtype) -> str | None:
+        """Per-shape rule on top of supports(). None = this shape can run."""
+        return None
+
+    def make_workload(self, ctx: "RunContext", count: int, dtype: torch.dtype,
+                      shape: tuple[int, int] | None) -> Workload:
+        if shape is None:
+            raise BackendUnavailable("the fused allreduce+residual+RMSNorm pattern runs on model shapes: "
+                                     "pass --tokens T --hidden H")
+        tokens, hidden = shape
+        reason = self.shape_reason(ctx.world_size, tokens, hidden, dtype)
+        if reason:
+            raise BackendUnavailable(reason)
+        return FusedResidualRMSNormWorkload(self, ctx, tokens, hidden, dtype)
+
+
+class FusedResidualRMSNormWorkload(Workload):
+    """Static inputs (x per rank, residual and gamma shared), separate outputs: every call of a
+    graph computes the same answer, so K calls back to back stay checkable."""
+
+    def __init__(self, backend: FusedBackend, ctx: "RunContext", tokens: int, hidden: int, dtype: torch.dtype):
+        self.backend = backend
+        self.ctx = ctx
+        self.tokens = tokens
+        self.hidden = hidden
+        self.count = tokens * hidden
+        self.dtype = dtype
+        shape = (tokens, hidden)
+        self.x = torch.empty(shape, device=ctx.device, dtype=dtype)
+        self.residual_in = torch.empty(shape, device=ctx.device, dtype=dtype)
+        self.residual_out = torch.empty(shape, device=ctx.device, dtype=dtype)
+        self.norm_out = torch.empty(shape, device=ctx.device, dtype=dtype)
+        self.gamma = rms_gamma(hidden, ctx.device, dtype)
+
+    def _pattern(self, rank: int, epoch: int) -> torch.Tensor:
+        # world_size + 1 terms are summed (every rank's x and the residual): keep their sum exact.
+        return exact_pattern(rank, epoch, self.count, self.ctx.world_size + 1, self.ctx.device,
+                             torch.float32).reshape(self.tokens, self.hidden)
+
+    def _expected(self, epoch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        summed = sum(self._pattern(rank, epoch) for rank in range(self.ctx.world_size))
+        return reference_residual_rmsnorm(summed, self._pattern(self.ctx.world_size, epoch),
+                                          self.gamma, RMS_EPS)
+
+    def prepare(self, epoch: int) -> None:
+        self.x.copy_(self._pattern(self.ctx.rank, epoch))
+        # The residual stream is the same on every rank in tensor parallelism.
+        self.residual_in.copy_(self._pattern(self.ctx.world_size, epoch))
+        self.residual_out.fill_(float("nan"))
+        self.norm_out.fill_(float("nan"))
+
+    def run(self) -> None:
+        self.backend.allreduce_residual_rmsnorm(self.x, self.residual_in, self.gamma,
+                                                self.residual_out, self.norm_out)
+
+    def verify(self, epoch: int, previous_epoch: int | None) -> CheckResult:
+        return check_fused(self.residual_out, self.norm_out, self._expected(epoch),
+                           self._expected(previous_epoch) if previous_epoch is not None else None,
+                           local_residual=self.x.float() + self.residual_in.float(), dtype=self.dtype)
+
+
+def _wrong_mask(residual_out: torch.Tensor, norm_out: torch.Tensor,
+                expected: tuple[torch.Tensor, torch.Tensor], tol: float) -> torch.Tensor:
+    residual_ref, norm_ref = expected
+    residual_wrong = residual_out.float() != residual_ref
+    # NaN never passes the comparison, so an unwritten output counts as wrong.
+    norm_ok = (norm_out.float() - norm_ref).abs() <= tol + tol * norm_ref.abs()
+    return residual_wrong | ~norm_ok
+
+
+def check_fused(residual_out: torch.Tensor, norm_out: torch.Tensor, expected: tuple[torch.Tensor, torch.Tensor],
+                previous: tuple[torch.Tensor, torch.Tensor] | None, local_residual: torch.Tensor,
+                dtype: torch.dtype) -> CheckResult:
+    """Wrong elements of one call (a position counts once even if both outputs are off), and
+    what kind: 'noop' = the residual holds this rank's x alone (nothing was reduced), 'stale' =
+    both outputs hold an earlier epoch's answer, else 'values'."""
+    tol = TOLERANCE[dtype]
+    wrong = int(_wrong_mask(residual_out, norm_out, expected, tol).sum().item())
+    if wrong == 0:
+        return CheckResult(0)
+    reduced_differs = local_residual != expected[0]
+    if bool(reduced_differs.any()) and bool((residual_out.float() == local_residual)[reduced_differs].all()):
+        return CheckResult(wrong, "noop")
+    if previous is not None and not bool(_wrong_mask(residual_out, norm_out, previous, tol).any()):
+        return CheckResult(wrong, "stale")
+    return CheckResult(wrong, "values")
+
+
+def _family(backend_name: str) -> str:
+    return backend_name.partition(":")[0]
+
+
+def summarize(rows: list[Measurement]) -> list[dict[str, Any]]:
+    """Pair every measured fused row with the unfused baseline of the same work.
+
+    Same work = same op, mode, dtype, world size, tokens, hidden and process-level env. The
+    time compared is the p50 latency per call; saving_us > 0 means fusion is faster.
+    Fused rows without a measured baseline appear with unfused_us None, so nothing is dropped.
+    """
+    def work(row: Measurement) -> tuple:
+        return (row.op, row.mode, row.dtype, row.world_size, row.tokens, row.hidden,
+                tuple(sorted(row.env_setting.items())))
+
+    baselines: dict[tuple, Measurement] = {}
+    for row in rows:
+        if row.op == FUSED_OP and _family(row.backend) == "unfused" and row.status == OK:
+            best = baselines.get(work(row))
+            if best is None or (row.latency_p50_us or float("inf")) < (best.latency_p50_us or float("inf")):
+                baselines[work(row)] = row
+    out: list[dict[str, Any]] = []
+    for row in rows:
+        if row.op != FUSED_OP or _family(row.backend) == "unfused" or row.status != OK:
+            continue
+        base = baselines.get(work(row))
+        fused_us = row.latency_p50_us
+        unfused_us = base.latency_p50_us if base is not None else None
+        saving = (unfused_us - fused_us) if (unfused_us is not None and fused_us is not None) else None
+        out.append({
+            "op": row.op, "mode": row.mode, "dtype": row.dtype, "world_size": row.world_size,
+            "tokens": row.tokens, "hidden": row.hidden, "message_bytes": row.message_bytes,
+            "fused_backend": row.backend, "fused_us": fused_us,
+            "unfused_backend": base.backend if base is not None else None,
+            "unfused_allreduce": base.extra.get("allreduce_backend") if base is not None else None,
+            "unfused_us": unfused_us,
+            "saving_us": saving,
+            "saving_pct": (100.0 * saving / unfused_us) if saving is not None and unfused_us else None,
+        })
+    out.sort(key=lambda d: (d["mode"], d["dtype"], d["tokens"] or 0, d["hidden"] or 0, d["fused_backend"]))
+    return out
+
+
+def best_allreduce_rows(rows: list[Measurement], dtype: str, world_size: int) -> dict[int, Measurement]:
+    """message_bytes -> the fastest correct plain allreduce row measured in this process.
+
+    Graph-mode rows when there are any (decode runs in graphs), else eager rows. Rows measured
+    under another process-level env (a driver run) cannot be rebuilt here and are left out.
+    """
+    candidates = [r for r in rows if r.op == "allreduce" and r.status == OK and r.dtype == dtype
+                  and r.world_size == world_size and not r.env_setting and r.latency_p50_us is not None
+                  and _family(r.backend) != "unfused"]
+    graph = [r for r in candidates if r.mode == "graph"]
+    chosen = graph or candidates
+    best: dict[int, Measurement] = {}
+    for row in chosen:
+        current = best.get(row.message_bytes)
+        if current is None or row.latency_p50_us < current.latency_p50_us:  # type: ignore[operator]
+            best[row.message_bytes] = row
+    return best
+

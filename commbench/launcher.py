@@ -1,0 +1,149 @@
+"""The driver outside torchrun: `commbench sweep --nproc N [--env NAME=V1,V2 ...]`.
+
+Process-level NCCL knobs (NCCL_NTHREADS, NCCL_BUFFSIZE, NCCL_MAX_CTAS, NCCL_P2P_LEVEL, ...) are
+read once per process, so each setting needs its own torchrun. The driver launches one per
+setting (all combinations of the --env flags), each with a time limit; a child that hangs is
+killed; a child whose watchdog recorded a hang is resumed without the backend that hung; all
+children append to one results dir, each row tagged with its env_setting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from commbench.context import MULTICAST_POLICY_VARS, multicast_forbidden_by
+from commbench.errors import UsageError
+from commbench.results import HANG, Measurement, ResultsWriter, read_rows, write_csv, write_run_info
+
+_NAME_RE = re.compile(r"^[A-Z_][A-Z0-9_]*$")
+# Flags the driver consumes; everything else is passed to each child unchanged.
+_DRIVER_FLAGS = {"--nproc": True, "--env": True, "--child-timeout": True, "--resume": True}
+MAX_RESUMES_PER_SETTING = 3
+
+
+def parse_env_settings(specs: list[str], allow_multicast: bool) -> list[dict[str, str]]:
+    """['NCCL_MAX_CTAS=8,16', 'NCCL_NTHREADS=256'] -> every combination as a dict."""
+    axes: list[list[tuple[str, str]]] = []
+    for spec in specs:
+        name, sep, values_text = spec.partition("=")
+        name = name.strip()
+        values = [v.strip() for v in values_text.split(",") if v.strip()]
+        if not sep or not _NAME_RE.match(name) or not values:
+            raise UsageError(f"malformed --env {spec!r}: use NAME=VALUE1,VALUE2")
+        if name in MULTICAST_POLICY_VARS and any(v != MULTICAST_POLICY_VARS[name] for v in values):
+            if not allow_multicast or multicast_forbidden_by():
+                raise UsageError(f"--env {name}={values_text} would enable NVLink multicast: "
+                                 "needs --allow-multicast and no policy variable forbidding it")
+        axes.append([(name, v) for v in values])
+    return [dict(combo) for combo in itertools.product(*axes)] if axes else []
+
+
+def child_arguments(argv: list[str]) -> list[str]:
+    """The sweep's own arguments minus the driver's flags (both `--flag V` and `--flag=V`)."""
+    out: list[str] = []
+    skip_next = False
+    for token in argv:
+        if skip_next:
+            skip_next = False
+            continue
+        flag = token.split("=", 1)[0]
+        if flag in _DRIVER_FLAGS:
+            skip_next = "=" not in token
+            continue
+        out.append(token)
+    return out
+
+
+def _new_run_dir(args: argparse.Namespace) -> Path:
+    if args.resume:
+        return Path(args.resume).resolve()
+    run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + socket.gethostname().split(".")[0]
+    path = Path(args.out) / run_id
+    suffix = 1
+    while path.exists():
+        path = Path(args.out) / f"{run_id}-{suffix}"
+        suffix += 1
+    path.mkdir(parents=True)
+    write_run_info(path, {"run_id": path.name, "started": time.time(), "driver": {
+        "nproc": args.nproc, "env": args.env, "child_timeout_s": args.child_timeout}})
+    return path.resolve()
+
+
+def _hang_count(run_dir: Path) -> int:
+    return sum(1 for row in read_rows(run_dir) if row.status == HANG)
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=10)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def drive(args: argparse.Namespace, env_settings: list[dict[str, str]]) -> int:
+    if args.nproc is None:
+        raise UsageError("--env needs --nproc N: the driver launches one torchrun per setting")
+    if args.nproc < 1:
+        raise UsageError(f"--nproc must be at least 1 (got {args.nproc})")
+    run_dir = _new_run_dir(args)
+    # --standalone: a private rendezvous on a free local port for each child.
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+               str(args.nproc), "-m", "commbench", "sweep", *child_arguments(getattr(args, "_argv", [])),
+               "--run-dir", str(run_dir)]
+    failures = 0
+    for setting in env_settings or [{}]:
+        label = " ".join(f"{k}={v}" for k, v in setting.items()) or "default environment"
+        for attempt in range(MAX_RESUMES_PER_SETTING + 1):
+            hangs_before = _hang_count(run_dir)
+            env = {**os.environ, **setting, "COMMBENCH_ENV_SETTING": json.dumps(setting, sort_keys=True)}
+            print(f"# driver: torchrun x{args.nproc} with {label}" + (f" (resume {attempt})" if attempt else ""),
+                  flush=True)
+            proc = subprocess.Popen(command, env=env, start_new_session=True)
+            try:
+                rc = proc.wait(timeout=args.child_timeout)
+            except subprocess.TimeoutExpired:
+                _kill(proc)
+                _record_child_timeout(run_dir, args, setting)
+                failures += 1
+                break
+            except KeyboardInterrupt:
+                _kill(proc)
+                write_csv(run_dir)
+                raise
+            if rc == 0:
+                break
+            if _hang_count(run_dir) > hangs_before and attempt < MAX_RESUMES_PER_SETTING:
+                continue  # the watchdog wrote a hang row: resume without that backend
+            print(f"# driver: child with {label} exited with status {rc}", flush=True)
+            failures += 1
+            break
+    write_csv(run_dir)
+    print(f"# results: {run_dir}/measurements.jsonl (+ .csv, run.json)")
+    return 1 if failures else 0
+
+
+def _record_child_timeout(run_dir: Path, args: argparse.Namespace, setting: dict[str, str]) -> None:
+    writer = ResultsWriter(run_dir)
+    try:
+        writer.append(Measurement(backend="(torchrun child)", mode="-", dtype="-", message_bytes=0,
+                                  world_size=args.nproc, status=HANG, env_setting=dict(setting),
+                                  reason=f"child torchrun exceeded --child-timeout {args.child_timeout:g} s "
+                                         "and was killed", timestamp=time.time()))
+    finally:
+        writer.close()

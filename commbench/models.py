@@ -1,0 +1,129 @@
+"""Model shapes for the decode floor: presets from data/models.toml or a custom model."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+from commbench.errors import UsageError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+_FIELDS = {"name", "aliases", "layers", "hidden", "ar_per_layer", "dtype", "source", "note"}
+
+
+@dataclass(frozen=True)
+class Model:
+    key: str
+    name: str
+    layers: int
+    hidden: int
+    ar_per_layer: int
+    dtype: str
+    source: str
+    note: str = ""
+
+    @property
+    def allreduces_per_token(self) -> int:
+        return self.layers * self.ar_per_layer
+
+    def message_bytes(self, concurrency: int) -> int:
+        """One decode step reduces [concurrency tokens x hidden] in the activation dtype."""
+        return concurrency * self.hidden * DTYPE_BYTES[self.dtype]
+
+    def describe(self) -> str:
+        return (f"{self.name}: {self.layers} layers x {self.ar_per_layer} allreduces = "
+                f"{self.allreduces_per_token} per token, hidden {self.hidden}, {self.dtype}")
+
+
+def _validated(key: str, data: dict[str, Any]) -> Model:
+    unknown = set(data) - _FIELDS
+    if unknown:
+        raise UsageError(f"models.toml [{key}]: unknown key {sorted(unknown)[0]!r}")
+    try:
+        model = Model(key=key, name=str(data["name"]), layers=int(data["layers"]), hidden=int(data["hidden"]),
+                      ar_per_layer=int(data["ar_per_layer"]), dtype=str(data["dtype"]),
+                      source=str(data["source"]), note=str(data.get("note", "")))
+    except KeyError as exc:
+        raise UsageError(f"models.toml [{key}]: missing key {exc.args[0]!r}") from None
+    if model.dtype not in DTYPE_BYTES:
+        raise UsageError(f"models.toml [{key}]: dtype must be one of {', '.join(DTYPE_BYTES)}")
+    return model
+
+
+def presets() -> dict[str, Model]:
+    text = resources.files("commbench").joinpath("data/models.toml").read_text(encoding="utf-8")
+    return {key: _validated(key, value) for key, value in tomllib.loads(text).items()}
+
+
+def _aliases() -> dict[str, str]:
+    text = resources.files("commbench").joinpath("data/models.toml").read_text(encoding="utf-8")
+    out = {}
+    for key, value in tomllib.loads(text).items():
+        out[key] = key
+        for alias in value.get("aliases", []):
+            out[str(alias).lower()] = key
+    return out
+
+
+def lookup(name: str) -> Model:
+    key = _aliases().get(name.strip().lower())
+    if key is None:
+        raise UsageError(f"unknown model {name!r}: choose from {', '.join(presets())} "
+                         "or give --layers, --hidden and --ar-per-layer")
+    return presets()[key]
+
+
+def custom(layers: int, hidden: int, ar_per_layer: int, dtype: str) -> Model:
+    if min(layers, hidden, ar_per_layer) <= 0:
+        raise UsageError("--layers, --hidden and --ar-per-layer must be positive")
+    if dtype not in DTYPE_BYTES:
+        raise UsageError(f"unknown dtype {dtype!r}: choose from {', '.join(DTYPE_BYTES)}")
+    return Model(key="custom", name=f"custom ({layers} layers, hidden {hidden})", layers=layers,
+                 hidden=hidden, ar_per_layer=ar_per_layer, dtype=dtype, source="command line")
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("model (a preset or a custom shape)")
+    group.add_argument("--model", help="preset name, e.g. glm-5, deepseek-v3, llama-3.1-70b (see --list-models)")
+    group.add_argument("--layers", type=int, help="custom model: decoder layers")
+    group.add_argument("--hidden", type=int, help="custom model: hidden size")
+    group.add_argument("--ar-per-layer", type=int, default=None, help="custom model: allreduces per layer (2 under plain TP)")
+    group.add_argument("--dtype", default=None, help="activation dtype: bf16 (default), fp16, fp32")
+    group.add_argument("--list-models", action="store_true", help="print the presets with their sources and exit")
+
+
+def from_args(args: argparse.Namespace) -> Model:
+    custom_given = [v is not None for v in (args.layers, args.hidden, args.ar_per_layer)]
+    if args.model and any(custom_given):
+        raise UsageError("give either --model or --layers/--hidden/--ar-per-layer, not both")
+    if args.model:
+        model = lookup(args.model)
+        if args.dtype and args.dtype != model.dtype:
+            if args.dtype not in DTYPE_BYTES:
+                raise UsageError(f"unknown dtype {args.dtype!r}: choose from {', '.join(DTYPE_BYTES)}")
+            model = Model(model.key, model.name, model.layers, model.hidden, model.ar_per_layer,
+                          args.dtype, model.source, model.note)
+        return model
+    if all(custom_given):
+        return custom(args.layers, args.hidden, args.ar_per_layer, args.dtype or "bf16")
+    if any(custom_given):
+        raise UsageError("a custom model needs all of --layers, --hidden and --ar-per-layer")
+    raise UsageError("which model? give --model NAME (see --list-models) or --layers, --hidden and --ar-per-layer")
+
+
+def listing() -> str:
+    lines = []
+    for model in presets().values():
+        lines.append(f"{model.key:18s} {model.describe()}")
+        lines.append(f"{'':18s} source: {model.source}")
+        if model.note:
+            lines.append(f"{'':18s} note: {model.note}")
+    return "\n".join(lines)

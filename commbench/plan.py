@@ -1,0 +1,125 @@
+"""The sweep plan: message sizes, dtypes, modes and iteration counts, validated up front.
+
+Everything here is checked before any process group exists, so bad input costs nothing and
+writes nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+
+import torch
+
+from commbench.errors import UsageError
+from commbench.units import format_bytes, parse_bytes, parse_dtypes, parse_int_list
+
+MODES = ("eager", "graph")
+
+# Defaults: decode to prefill on GPUs; a short sweep on CPUs so a laptop run takes seconds.
+GPU_MIN_BYTES, GPU_MAX_BYTES = 4 << 10, 256 << 20
+CPU_MIN_BYTES, CPU_MAX_BYTES = 1 << 10, 256 << 10
+GPU_ITERATIONS, CPU_ITERATIONS = (20, 200), (5, 20)  # (at the largest size, at small sizes)
+ITERATION_BYTES_BUDGET = 256 << 20   # iterations = budget / size, clamped to the range above
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One planned message: bytes per rank, and the (tokens, hidden) it came from, if any."""
+
+    message_bytes: int
+    tokens: int | None = None
+    hidden: int | None = None
+
+
+@dataclass
+class SweepPlan:
+    shapes: list[Shape]
+    dtypes: list[torch.dtype]
+    modes: list[str]
+    warmup: int
+    iterations: int | None        # None: scale with size
+    min_iterations: int
+    max_iterations: int
+    graph_ops: int
+    timeout_s: float
+    notes: list[str] = field(default_factory=list)
+
+    def sizes_for(self, dtype: torch.dtype) -> list[Shape]:
+        """Shapes whose byte count is a whole number of elements of dtype."""
+        item = torch.tensor([], dtype=dtype).element_size()
+        return [s for s in self.shapes if s.message_bytes % item == 0]
+
+    def iterations_for(self, message_bytes: int) -> int:
+        if self.iterations is not None:
+            return self.iterations
+        scaled = ITERATION_BYTES_BUDGET // max(1, message_bytes)
+        return int(min(self.max_iterations, max(self.min_iterations, scaled)))
+
+    @property
+    def max_bytes(self) -> int:
+        return max(s.message_bytes for s in self.shapes)
+
+
+def geometric_sizes(min_bytes: int, max_bytes: int, factor: int) -> list[int]:
+    if min_bytes > max_bytes:
+        raise UsageError(f"min size {format_bytes(min_bytes)} is larger than max size {format_bytes(max_bytes)}")
+    if factor < 2:
+        raise UsageError(f"step factor must be an integer >= 2 (got {factor})")
+    sizes = []
+    size = min_bytes
+    while size <= max_bytes:
+        sizes.append(size)
+        size *= factor
+    return sizes
+
+
+def build_plan(args: argparse.Namespace, on_gpu: bool) -> SweepPlan:
+    dtype_text = args.dtype or ("bf16" if on_gpu else "fp32")
+    dtypes = parse_dtypes(dtype_text)
+    modes = [m.strip() for m in (args.mode or ("eager,graph" if on_gpu else "eager")).split(",") if m.strip()]
+    for mode in modes:
+        if mode not in MODES:
+            raise UsageError(f"unknown mode {mode!r}: choose from {', '.join(MODES)}")
+    if "graph" in modes and not on_gpu:
+        raise UsageError("graph mode needs CUDA GPUs; on the CPU use --mode eager")
+
+    shapes = _shapes(args, on_gpu, dtypes)
+    low, high = GPU_ITERATIONS if on_gpu else CPU_ITERATIONS
+    for name in ("iters", "warmup", "graph_ops"):
+        value = getattr(args, name)
+        if value is not None and value < (0 if name == "warmup" else 1):
+            raise UsageError(f"--{name.replace('_', '-')} must be positive (got {value})")
+    if args.timeout <= 0:
+        raise UsageError(f"--timeout must be positive seconds (got {args.timeout})")
+    return SweepPlan(shapes=shapes, dtypes=dtypes, modes=modes,
+                     warmup=args.warmup if args.warmup is not None else (5 if on_gpu else 2),
+                     iterations=args.iters, min_iterations=low, max_iterations=high,
+                     graph_ops=args.graph_ops or 10, timeout_s=args.timeout)
+
+
+def _shapes(args: argparse.Namespace, on_gpu: bool, dtypes: list[torch.dtype]) -> list[Shape]:
+    chosen = [name for name, value in (("--sizes", args.sizes), ("--tokens", args.tokens)) if value]
+    if (args.min_bytes or args.max_bytes) and chosen:
+        raise UsageError(f"-b/-e and {chosen[0]} choose sizes in two ways: use one")
+    if len(chosen) == 2:
+        raise UsageError("--sizes and --tokens choose sizes in two ways: use one")
+    if args.tokens or args.hidden:
+        if not (args.tokens and args.hidden):
+            raise UsageError("model shapes need both --tokens and --hidden")
+        if len(dtypes) != 1:
+            raise UsageError("model shapes (--tokens/--hidden) take one --dtype")
+        item = torch.tensor([], dtype=dtypes[0]).element_size()
+        hidden = parse_int_list(str(args.hidden), "hidden")
+        if len(hidden) != 1:
+            raise UsageError("--hidden takes one value")
+        return [Shape(t * hidden[0] * item, t, hidden[0]) for t in parse_int_list(args.tokens, "tokens")]
+    if args.sizes:
+        sizes = sorted({parse_bytes(s) for s in args.sizes.split(",") if s.strip()})
+        if not sizes:
+            raise UsageError("--sizes is empty")
+        return [Shape(s) for s in sizes]
+    min_bytes = parse_bytes(args.min_bytes) if args.min_bytes else (GPU_MIN_BYTES if on_gpu else CPU_MIN_BYTES)
+    max_bytes = parse_bytes(args.max_bytes) if args.max_bytes else (GPU_MAX_BYTES if on_gpu else CPU_MAX_BYTES)
+    factor = args.step_factor if args.step_factor is not None else (2 if on_gpu else 4)
+    return [Shape(s) for s in geometric_sizes(min_bytes, max_bytes, factor)]

@@ -1,0 +1,198 @@
+"""Matplotlib figures for report and compare (Agg backend: no display needed).
+
+Conventions every figure follows: message size on a log2 axis labelled 4K/1M/...; one colour
+per backend variant, the same in every figure; CUDA-graph timings solid, eager dashed; the
+p10-p90 band shaded; measurements that failed their check marked with a red x.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Iterable
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.axes import Axes  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullLocator  # noqa: E402
+
+from commbench.curves import Curve, baseline_curve  # noqa: E402
+from commbench.results import Measurement  # noqa: E402
+from commbench.units import format_bytes  # noqa: E402
+
+FAILED_COLOR = "#d62728"
+_PALETTE = [c for c in plt.get_cmap("tab10").colors if c != plt.get_cmap("tab10").colors[3]]  # red is for failures
+_PALETTE += list(plt.get_cmap("Dark2").colors)
+
+
+def colors_for(variants: Iterable[str]) -> dict[str, tuple]:
+    return {v: _PALETTE[i % len(_PALETTE)] for i, v in enumerate(sorted(set(variants)))}
+
+
+def _style(curve: Curve) -> str:
+    return "-" if curve.key.mode == "graph" else "--"
+
+
+def _size_axis(ax: Axes, sizes: Iterable[int]) -> None:
+    sizes = sorted(set(sizes))
+    ax.set_xscale("log", base=2)
+    if sizes:
+        lo, hi = int(math.log2(sizes[0])), int(math.ceil(math.log2(sizes[-1])))
+        step = max(1, math.ceil((hi - lo + 1) / 10))
+        ax.xaxis.set_major_locator(FixedLocator([2.0 ** e for e in range(lo, hi + 1, step)]))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: format_bytes(int(round(x)))))
+    ax.set_xlabel("message size (bytes each rank contributes)")
+    ax.grid(True, which="major", alpha=0.3)
+
+
+def _log_y(ax: Axes) -> None:
+    """Log y axis with plain numbers at 1, 2, 5 of every decade (a few decades at most here)."""
+    ax.set_yscale("log")
+    plain = FuncFormatter(lambda y, _: f"{y:g}")
+    ax.yaxis.set_major_locator(LogLocator(base=10))
+    ax.yaxis.set_minor_locator(LogLocator(base=10, subs=(2.0, 5.0)))
+    ax.yaxis.set_major_formatter(plain)
+    ax.yaxis.set_minor_formatter(plain)
+    ax.tick_params(axis="y", which="minor", labelsize=8)
+
+
+_RATIO_TICKS = [1 / 16, 1 / 8, 1 / 4, 1 / 2, 2 / 3, 1, 1.5, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64]
+
+
+def _ratio_y(ax: Axes) -> None:
+    ax.set_yscale("log", base=2)
+    ax.yaxis.set_major_locator(FixedLocator(_RATIO_TICKS))
+    ax.yaxis.set_minor_locator(NullLocator())
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:.2g}x"))
+
+
+def _legend(ax: Axes) -> None:
+    handles, labels = ax.get_legend_handles_labels()
+    if handles:
+        ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+
+
+def _new(title: str, height: float = 4.8) -> tuple[Figure, Axes]:
+    fig, ax = plt.subplots(figsize=(10.5, height), layout="constrained")
+    ax.set_title(title, fontsize=11)
+    return fig, ax
+
+
+def _mark_failed(ax: Axes, failed: list[Measurement]) -> None:
+    """Red x at the measured latency of a wrong row; hangs (no latency) along the top edge."""
+    wrong = [(r.message_bytes, r.latency_p50_us) for r in failed if r.latency_p50_us]
+    hung = [r.message_bytes for r in failed if not r.latency_p50_us]
+    if wrong:
+        ax.scatter([w[0] for w in wrong], [w[1] for w in wrong], marker="x", s=70, color=FAILED_COLOR,
+                   linewidths=2, zorder=5, label="failed check (#wrong > 0)")
+    if hung:
+        ax.scatter(hung, [0.97] * len(hung), marker="x", s=70, color=FAILED_COLOR, linewidths=2, zorder=5,
+                   transform=ax.get_xaxis_transform(), clip_on=False, label="hang (no latency, drawn at top)")
+    # Name the backend next to each mark: a red x alone does not say whose result failed.
+    for row in failed:
+        if row.latency_p50_us:
+            ax.annotate(row.backend, (row.message_bytes, row.latency_p50_us), xytext=(6, -10),
+                        textcoords="offset points", fontsize=7, color=FAILED_COLOR)
+        else:   # hangs sit side by side along the top: run their names downwards
+            ax.annotate(row.backend, (row.message_bytes, 0.95), xycoords=ax.get_xaxis_transform(),
+                        xytext=(5, 0), textcoords="offset points", fontsize=7, color=FAILED_COLOR,
+                        rotation=90, va="top")
+
+
+def latency_figure(curves: list[Curve], failed: list[Measurement], title: str) -> Figure:
+    fig, ax = _new(title)
+    colors = colors_for(c.key.variant for c in curves)
+    for curve in curves:
+        xs = curve.sizes()
+        color = colors[curve.key.variant]
+        ax.plot(xs, [p.p50_us for p in curve.points], _style(curve), marker="o", markersize=3,
+                color=color, label=curve.label)
+        if all(p.p10_us is not None and p.p90_us is not None for p in curve.points):
+            ax.fill_between(xs, [p.p10_us for p in curve.points], [p.p90_us for p in curve.points],
+                            color=color, alpha=0.15, linewidth=0)
+    _mark_failed(ax, failed)
+    _log_y(ax)
+    ax.set_ylabel("latency p50 (us), band p10-p90")
+    _size_axis(ax, [s for c in curves for s in c.sizes()] + [r.message_bytes for r in failed])
+    _legend(ax)
+    return fig
+
+
+def busbw_figure(curves: list[Curve], title: str) -> Figure:
+    fig, ax = _new(title)
+    colors = colors_for(c.key.variant for c in curves)
+    for curve in curves:
+        pts = [p for p in curve.points if p.busbw_gbps]
+        if pts:
+            ax.plot([p.message_bytes for p in pts], [p.busbw_gbps for p in pts], _style(curve), marker="o",
+                    markersize=3, color=colors[curve.key.variant], label=curve.label)
+    _log_y(ax)
+    ax.set_ylabel("bus bandwidth (GB/s, nccl-tests definition)")
+    _size_axis(ax, [s for c in curves for s in c.sizes()])
+    _legend(ax)
+    return fig
+
+
+def speedup_figure(curves: list[Curve], baseline: str, title: str) -> Figure:
+    """baseline p50 / variant p50 at sizes both measured: above 1 means faster than the baseline."""
+    fig, ax = _new(title)
+    colors = colors_for(c.key.variant for c in curves)
+    ax.axhline(1.0, color="black", linewidth=1)
+    for curve in curves:
+        base = baseline_curve(curves, baseline, curve)
+        if base is None or base is curve:
+            continue
+        pairs = [(p.message_bytes, base.point(p.message_bytes)) for p in curve.points]
+        pts = [(size, b.p50_us / curve.point(size).p50_us) for size, b in pairs if b is not None]  # type: ignore[union-attr]
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], _style(curve), marker="o", markersize=3,
+                    color=colors[curve.key.variant], label=curve.label)
+    _ratio_y(ax)
+    ax.set_ylabel(f"speedup over {baseline} (same mode)")
+    _size_axis(ax, [s for c in curves for s in c.sizes()])
+    _legend(ax)
+    return fig
+
+
+def compare_figure(before: list[Curve], after: list[Curve], name_a: str, name_b: str, title: str) -> Figure:
+    """Top: both runs' p50 (A dashed and faint, B solid). Bottom: B/A per size."""
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(10.5, 7.2), sharex=True, layout="constrained",
+                                      gridspec_kw={"height_ratios": [3, 2]})
+    top.set_title(title, fontsize=11)
+    # One colour per curve (eager and graph apart): the line style already tells A from B here.
+    colors = colors_for([c.label for c in before] + [c.label for c in after])
+    b_by_key = {c.key: c for c in after}
+    for curve in before:
+        color = colors[curve.label]
+        top.plot(curve.sizes(), [p.p50_us for p in curve.points], "--", color=color, alpha=0.6,
+                 label=f"{curve.label} A")
+        other = b_by_key.get(curve.key)
+        if other is None:
+            continue
+        top.plot(other.sizes(), [p.p50_us for p in other.points], "-", marker="o", markersize=3, color=color,
+                 label=f"{curve.label} B")
+        shared = [(s, curve.point(s), other.point(s)) for s in curve.sizes() if other.point(s) is not None]
+        bottom.plot([s for s, _, _ in shared], [b.p50_us / a.p50_us for _, a, b in shared],  # type: ignore[union-attr]
+                    "-", marker="o", markersize=3, color=color, label=curve.label)
+    _log_y(top)
+    top.set_ylabel("latency p50 (us)")
+    _legend(top)
+    top.grid(True, alpha=0.3)
+    bottom.axhline(1.0, color="black", linewidth=1)
+    _ratio_y(bottom)
+    bottom.set_ylabel(f"p50 B / A  (above 1: B slower)\nA = {name_a}, B = {name_b}", fontsize=8)
+    _size_axis(bottom, [s for c in before + after for s in c.sizes()])
+    return fig
+
+
+def save(fig: Figure, stem: Path) -> list[Path]:
+    """Write stem.png and stem.svg and free the figure."""
+    paths = [stem.with_suffix(".png"), stem.with_suffix(".svg")]
+    fig.savefig(paths[0], dpi=110)
+    fig.savefig(paths[1])
+    plt.close(fig)
+    return paths

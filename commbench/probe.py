@@ -1,0 +1,88 @@
+"""`commbench probe`: what works between these GPUs, proven by functional checks, and why not.
+
+Single process (sees every GPU) or under torchrun (each rank probes its own GPU, rank 0 merges
+and prints). --from re-renders a saved snapshot offline (table, verdicts, plot), no GPU needed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from commbench.errors import UsageError
+
+HELP = "probe the GPUs and the fabric between them: links, P2P, IPC, VMM, multicast, host facts, verdicts"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", metavar="FILE", help="save the snapshot as JSON")
+    parser.add_argument("--bandwidth", action="store_true",
+                        help="also measure copy-engine bandwidth and small-copy latency per directed pair")
+    parser.add_argument("--plot", metavar="FILE.png", help="draw the topology (and bandwidth heatmaps) to a PNG")
+    parser.add_argument("--from", dest="from_file", metavar="SNAPSHOT.json",
+                        help="re-render a saved snapshot instead of probing")
+    parser.add_argument("--allow-multicast", action="store_true",
+                        help="allow creating a multicast object (only if no policy variable forbids it)")
+    parser.add_argument("--share-gpus", action="store_true",
+                        help="under torchrun, let several ranks share one GPU (functional checks only)")
+    parser.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+                        help="time limit for each child-process check (default 20)")
+    parser.add_argument("--world-size", type=int, default=None, metavar="N",
+                        help="verdicts and explain for a run of N ranks (default: this run's, or every GPU)")
+
+
+def _world_size(args: argparse.Namespace, snapshot: dict) -> int:
+    if args.world_size is not None:
+        return args.world_size
+    if snapshot.get("mode") == "torchrun":
+        return int(snapshot.get("world_size") or 1)
+    return max(1, len(snapshot.get("gpus") or []))
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    if args.timeout is not None and args.timeout <= 0:
+        raise UsageError(f"--timeout must be a positive number of seconds, got {args.timeout:g}")
+    if args.world_size is not None and args.world_size < 1:
+        raise UsageError(f"--world-size must be at least 1, got {args.world_size}")
+    if args.plot and not args.plot.lower().endswith(".png"):
+        raise UsageError(f"--plot writes a PNG: give a file name ending in .png, got {args.plot}")
+    if args.from_file and args.bandwidth:
+        raise UsageError("--bandwidth measures; it cannot be combined with --from (which re-renders a file)")
+
+
+def main(args: argparse.Namespace) -> int:
+    _check_args(args)
+    from commbench.topology.snapshot import DEFAULT_TIMEOUT_S, load_snapshot, take_snapshot, write_snapshot
+
+    ctx = None
+    if args.from_file:
+        snapshot = load_snapshot(args.from_file)
+    else:
+        from commbench.context import init_context, shutdown, under_torchrun
+
+        if under_torchrun():
+            ctx, _note = init_context(allow_multicast=args.allow_multicast, share_gpus=args.share_gpus)
+        try:
+            snapshot = take_snapshot(ctx, bandwidth=args.bandwidth, allow_multicast=args.allow_multicast,
+                                     timeout_s=args.timeout or DEFAULT_TIMEOUT_S)
+        finally:
+            if ctx is not None:
+                shutdown()
+        if ctx is not None and ctx.rank != 0:
+            return 0
+    from commbench.topology.render import render
+
+    render(snapshot, _world_size(args, snapshot), args.allow_multicast)
+    if args.json and not args.from_file:
+        write_snapshot(snapshot, args.json)
+        print(f"snapshot written to {args.json}")
+    elif args.json:
+        with open(args.json, "w") as fh:
+            json.dump(snapshot, fh, indent=1)
+        print(f"snapshot copied to {args.json}")
+    if args.plot:
+        from commbench.topology.plot import plot_snapshot
+
+        plot_snapshot(snapshot, args.plot)
+        print(f"plot written to {args.plot}")
+    return 0

@@ -1,0 +1,414 @@
+"""`commbench qualify --spec SPEC.toml RUN_DIR`: PASS / WARN / FAIL per check, exit 1 on any FAIL.
+
+A spec names the machine class and its limits (see commbench/specs/*.toml). Fabric checks read
+the probe snapshot stored in run.json; anything the probe did not record is a WARN "not probed",
+never a silent PASS. Measurement checks read trusted rows only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import sys
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from commbench.curves import Curve, build_curves, exceeds_spread, is_failed_check, pick_mode, run_world_size, select
+from commbench.errors import UsageError
+from commbench.results import ERROR, HANG, Run, load_run
+from commbench.tables import render
+from commbench.units import format_bytes, parse_bytes
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+HELP = "PASS/WARN/FAIL a results dir against a machine-class spec (exit 1 on FAIL, JUnit XML on request)"
+PASS, WARN, FAIL = "PASS", "WARN", "FAIL"
+
+_SPEC_KEYS = {"name", "description", "world_size", "dtype", "mode", "backend"}
+_CHECK_KEYS = {"p2p_all_pairs", "pcie_link_at_max", "no_acs_redirect", "zero_wrong", "no_hangs"}
+_LATENCY_KEYS = {"size", "max_us", "warn_us", "backend", "source"}
+_BUSBW_KEYS = {"size", "min_gbps", "warn_gbps", "backend", "source"}
+_REFERENCE_KEYS = {"run", "max_slowdown_pct", "warn_slowdown_pct", "sizes", "backends", "source"}
+_TOP_KEYS = {"spec", "checks", "latency", "busbw", "reference"}
+P2P_CHECK = "functional P2P on every pair"
+LINK_CHECK = "PCIe link width and generation at max"
+ACS_CHECK = "no ACS redirect between GPUs"
+
+
+@dataclass
+class Limit:
+    """One latency (upper) or busbw (lower) threshold at one message size."""
+
+    message_bytes: int
+    fail_at: float
+    warn_at: float | None
+    backend: str
+    source: str
+
+
+@dataclass
+class ReferenceSpec:
+    run: Path
+    max_slowdown_pct: float
+    warn_slowdown_pct: float | None
+    sizes: list[int] | None
+    backends: list[str] | None
+    source: str
+
+
+@dataclass
+class Spec:
+    path: Path
+    name: str
+    world_size: int | None
+    dtype: str
+    mode: str
+    checks: dict[str, bool]
+    latency: list[Limit] = field(default_factory=list)
+    busbw: list[Limit] = field(default_factory=list)
+    reference: ReferenceSpec | None = None
+
+
+@dataclass
+class Result:
+    group: str
+    name: str
+    status: str
+    detail: str
+    source: str = ""
+
+
+# ---------------------------------------------------------------- spec parsing
+
+def _unknown(path: Path, where: str, data: dict[str, Any], known: set[str]) -> None:
+    for key in data:
+        if key not in known:
+            hint = difflib.get_close_matches(key, sorted(known), n=1)
+            suggestion = f" (did you mean {hint[0]!r}?)" if hint else f" (known: {', '.join(sorted(known))})"
+            raise UsageError(f"{path}: unknown key {key!r} in {where}{suggestion}")
+
+
+def _number(path: Path, where: str, data: dict[str, Any], key: str, required: bool = True) -> float | None:
+    if key not in data:
+        if required:
+            raise UsageError(f"{path}: {where} needs {key!r}")
+        return None
+    value = data[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise UsageError(f"{path}: {where} {key} must be a non-negative number, got {value!r}")
+    return float(value)
+
+
+def _size(path: Path, where: str, value: Any) -> int:
+    try:
+        return parse_bytes(str(value))
+    except UsageError as exc:
+        raise UsageError(f"{path}: {where}: {exc}") from None
+
+
+def _limits(path: Path, table: str, entries: Any, keys: set[str], fail_key: str, warn_key: str,
+            default_backend: str) -> list[Limit]:
+    if not isinstance(entries, list):
+        raise UsageError(f"{path}: [[{table}]] must be an array of tables")
+    out = []
+    for i, entry in enumerate(entries, start=1):
+        where = f"[[{table}]] #{i}"
+        _unknown(path, where, entry, keys)
+        if "size" not in entry:
+            raise UsageError(f"{path}: {where} needs 'size'")
+        out.append(Limit(_size(path, where, entry["size"]), _number(path, where, entry, fail_key),  # type: ignore[arg-type]
+                         _number(path, where, entry, warn_key, required=False),
+                         str(entry.get("backend", default_backend)), str(entry.get("source", ""))))
+    return out
+
+
+def load_spec(path: Path) -> Spec:
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UsageError(f"{path}: no such spec file") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"{path}: not valid TOML ({exc})") from None
+    _unknown(path, "the spec", data, _TOP_KEYS)
+    head = data.get("spec", {})
+    _unknown(path, "[spec]", head, _SPEC_KEYS)
+    mode = str(head.get("mode", "graph"))
+    if mode not in ("graph", "eager", "any"):
+        raise UsageError(f"{path}: [spec] mode must be graph, eager or any, got {mode!r}")
+    checks = data.get("checks", {})
+    _unknown(path, "[checks]", checks, _CHECK_KEYS)
+    for key, value in checks.items():
+        if not isinstance(value, bool):
+            raise UsageError(f"{path}: [checks] {key} must be true or false")
+    backend = str(head.get("backend", "nccl"))
+    world = head.get("world_size")
+    spec = Spec(path, str(head.get("name", path.stem)), int(world) if world is not None else None,
+                str(head.get("dtype", "bf16")), "auto" if mode == "any" else mode, dict(checks),
+                _limits(path, "latency", data.get("latency", []), _LATENCY_KEYS, "max_us", "warn_us", backend),
+                _limits(path, "busbw", data.get("busbw", []), _BUSBW_KEYS, "min_gbps", "warn_gbps", backend))
+    if "reference" in data:
+        ref = data["reference"]
+        _unknown(path, "[reference]", ref, _REFERENCE_KEYS)
+        if "run" not in ref:
+            raise UsageError(f"{path}: [reference] needs 'run' (a results dir, relative to the spec)")
+        spec.reference = ReferenceSpec(
+            (path.parent / str(ref["run"])), _number(path, "[reference]", ref, "max_slowdown_pct"),  # type: ignore[arg-type]
+            _number(path, "[reference]", ref, "warn_slowdown_pct", required=False),
+            [_size(path, "[reference] sizes", s) for s in ref["sizes"]] if "sizes" in ref else None,
+            [str(b) for b in ref["backends"]] if "backends" in ref else None, str(ref.get("source", "")))
+    return spec
+
+
+# ---------------------------------------------------------------- fabric checks (probe snapshot)
+
+def check_p2p(snapshot: dict[str, Any]) -> Result:
+    pairs = snapshot.get("p2p")
+    if pairs is None:
+        return Result("fabric", P2P_CHECK, WARN, "not probed: the snapshot has no P2P results")
+    if not pairs:
+        return Result("fabric", P2P_CHECK, WARN, "not probed: fewer than two GPUs")
+    bad, unknown = [], []
+    for p in pairs:
+        verify = p.get("write_verify")
+        if not isinstance(verify, dict) or verify.get("status") in (None, "not_run"):
+            unknown.append(f"{p.get('src')}->{p.get('dst')}")
+        elif verify.get("status") != "ok":
+            bad.append(f"{p.get('src')}->{p.get('dst')} {verify.get('status')}")
+    if bad:
+        return Result("fabric", P2P_CHECK, FAIL,
+                      f"{len(bad)} of {len(pairs)} directed pairs failed write-and-verify: {', '.join(bad[:8])}")
+    if unknown:
+        return Result("fabric", P2P_CHECK, WARN,
+                      f"not probed on {len(unknown)} of {len(pairs)} pairs: {', '.join(unknown[:8])}")
+    return Result("fabric", P2P_CHECK, PASS, f"write-and-verify ok on all {len(pairs)} directed pairs")
+
+
+def check_links(snapshot: dict[str, Any]) -> Result:
+    name = LINK_CHECK
+    gpus = snapshot.get("gpus")
+    if not gpus:
+        return Result("fabric", name, WARN, "not probed: the snapshot lists no GPUs")
+    narrow, slow, unknown = [], [], []
+    for gpu in gpus:
+        link = gpu.get("pcie") or {}
+        idx = gpu.get("index", "?")
+        if link.get("width_current") is None or link.get("width_max") is None:
+            unknown.append(str(idx))
+            continue
+        if link["width_current"] < link["width_max"]:
+            narrow.append(f"GPU {idx} x{link['width_current']} of x{link['width_max']}")
+        if None not in (link.get("gen_current"), link.get("gen_max")) and link["gen_current"] < link["gen_max"]:
+            slow.append(f"GPU {idx} Gen{link['gen_current']} of Gen{link['gen_max']}")
+    if narrow:
+        return Result("fabric", name, FAIL, "link trained narrower than it can: " + ", ".join(narrow))
+    if unknown:
+        return Result("fabric", name, WARN, f"not probed for GPU {', '.join(unknown)} (NVML link facts missing)")
+    if slow:
+        # Idle GPUs drop their PCIe generation to save power; only a loaded link must run at max.
+        return Result("fabric", name, WARN, "below max generation (normal when idle: re-probe under load): "
+                      + ", ".join(slow))
+    return Result("fabric", name, PASS, f"all {len(gpus)} GPUs at max width and generation")
+
+
+def check_acs(snapshot: dict[str, Any]) -> Result:
+    name = ACS_CHECK
+    paths = snapshot.get("pcie_paths")
+    if paths is None:
+        return Result("fabric", name, WARN, "not probed: the snapshot has no PCIe paths")
+    redirect, unreadable = set(), set()
+    for path in paths:
+        if path.get("error"):
+            unreadable.add(f"GPU {path.get('a')}-{path.get('b')}: {path['error']}")
+        for bridge in path.get("bridges") or []:
+            if bridge.get("error"):
+                unreadable.add(f"{bridge.get('bdf')}: {bridge['error']}")
+            elif bridge.get("req_redir") or bridge.get("cmplt_redir"):
+                redirect.add(f"{bridge.get('bdf')} (ACSCtl {bridge.get('acs_ctl')}) on GPU {path.get('a')}-{path.get('b')}")
+    if redirect:
+        return Result("fabric", name, FAIL, "P2P is redirected through the root complex / IOMMU at "
+                      + "; ".join(sorted(redirect)[:6]) + " (fix with BIOS ACS off or pci=noacs; commbench never "
+                      "writes config space)")
+    if unreadable:
+        return Result("fabric", name, WARN, "not probed: " + "; ".join(sorted(unreadable)[:4]))
+    if not paths:
+        return Result("fabric", name, WARN, "not probed: no GPU pairs on a PCIe path")
+    return Result("fabric", name, PASS, f"no redirect bits on the bridges of {len(paths)} GPU pairs")
+
+
+# ---------------------------------------------------------------- measurement checks
+
+def check_wrong(run: Run) -> Result:
+    bad = [r for r in run.rows if is_failed_check(r) and r.status != HANG]
+    if bad:
+        listed = ", ".join(sorted({f"{r.backend} {r.mode} {format_bytes(r.message_bytes)} "
+                                   f"#wrong {r.wrong_elements}" for r in bad})[:6])
+        return Result("correctness", "zero #wrong", FAIL, f"{len(bad)} row(s) with wrong results: {listed}")
+    checked = sum(1 for r in run.rows if r.wrong_elements is not None)
+    return Result("correctness", "zero #wrong", PASS, f"{checked} checked rows, none wrong")
+
+
+def check_hangs(run: Run) -> Result:
+    hung = [r for r in run.rows if r.status == HANG]
+    errors = [r for r in run.rows if r.status == ERROR]
+    if hung:
+        listed = ", ".join(sorted({f"{r.backend} {format_bytes(r.message_bytes)}" for r in hung})[:6])
+        return Result("correctness", "no hangs", FAIL, f"{len(hung)} hang(s): {listed}")
+    if errors:
+        return Result("correctness", "no hangs", WARN, f"no hangs, but {len(errors)} row(s) raised errors: "
+                      + ", ".join(sorted({f'{r.backend}: {r.reason}' for r in errors})[:3]))
+    return Result("correctness", "no hangs", PASS, f"{len(run.rows)} rows, no hangs")
+
+
+def _curve(curves: list[Curve], backend: str) -> Curve | None:
+    hits = [c for c in curves if c.key.variant == backend and c.key.op == "allreduce"]
+    return hits[0] if hits else None
+
+
+def check_limit(curves: list[Curve], limit: Limit, kind: str, where: str) -> Result:
+    upper = kind == "latency"
+    name = f"{limit.backend} {kind} at {format_bytes(limit.message_bytes)}"
+    curve = _curve(curves, limit.backend)
+    if curve is None:
+        have = ", ".join(sorted({c.key.variant for c in curves})) or "none"
+        return Result(kind, name, FAIL, f"no trusted {where} rows of {limit.backend} (have: {have})", limit.source)
+    point = curve.at(limit.message_bytes)
+    if point is None:
+        return Result(kind, name, FAIL, f"size not measured: {curve.label} covers {curve.range_text()}", limit.source)
+    value = point.p50_us if upper else point.busbw_gbps
+    if value is None:
+        return Result(kind, name, FAIL, "no bus bandwidth recorded at this size", limit.source)
+    how = "interpolated " if curve.point(limit.message_bytes) is None else ""
+    unit = "us" if upper else "GB/s"
+    shown = f"{how}{'p50' if upper else 'busbw'} {value:.3g} {unit} ({curve.label})"
+    failed = value > limit.fail_at if upper else value < limit.fail_at
+    warned = limit.warn_at is not None and (value > limit.warn_at if upper else value < limit.warn_at)
+    word = "limit" if upper else "floor"
+    if failed:
+        return Result(kind, name, FAIL, f"{shown} vs {word} {limit.fail_at:g} {unit}", limit.source)
+    if warned:
+        return Result(kind, name, WARN, f"{shown} vs warning {limit.warn_at:g} {unit}", limit.source)
+    return Result(kind, name, PASS, f"{shown}, {word} {limit.fail_at:g} {unit}", limit.source)
+
+
+def check_reference(run_curves: list[Curve], ref_run: Run, ref: ReferenceSpec, dtype: str, mode: str) -> list[Result]:
+    ref_curves = pick_mode(select(build_curves(ref_run.rows), dtype=dtype), mode)
+    ref_by_key = {c.key: c for c in ref_curves}
+    out = []
+    for curve in run_curves:
+        base = ref_by_key.get(curve.key)
+        if base is None or (ref.backends is not None and curve.key.variant not in ref.backends):
+            continue
+        worst: tuple[float, int, bool | None] | None = None
+        for size in (ref.sizes or curve.sizes()):
+            now, then = curve.point(size), base.point(size)
+            if now is None or then is None:
+                continue
+            pct = 100.0 * (now.p50_us - then.p50_us) / then.p50_us
+            if worst is None or pct > worst[0]:
+                worst = (pct, size, exceeds_spread(now.p50_us - then.p50_us, now, then))
+        if worst is None:
+            continue
+        pct, size, beyond = worst
+        detail = (f"worst {pct:+.1f}% p50 at {format_bytes(size)} vs {ref_run.info.get('run_id', ref_run.path.name)}"
+                  + ("" if beyond is None else (" (beyond spread)" if beyond else " (within spread)")))
+        status = FAIL if pct > ref.max_slowdown_pct else (
+            WARN if ref.warn_slowdown_pct is not None and pct > ref.warn_slowdown_pct else PASS)
+        out.append(Result("reference", f"{curve.label} within {ref.max_slowdown_pct:g}% of reference",
+                          status, detail, ref.source))
+    if not out:
+        out.append(Result("reference", "within reference run", FAIL,
+                          f"no backend and size in common with {ref_run.path}", ref.source))
+    return out
+
+
+def qualify(spec: Spec, run: Run, reference: Run | None) -> list[Result]:
+    results: list[Result] = []
+    world = run_world_size(run)
+    if spec.world_size is not None:
+        status = PASS if world == spec.world_size else FAIL
+        results.append(Result("run", "world size", status, f"run has {world} ranks, spec wants {spec.world_size}"))
+    fabric = [("p2p_all_pairs", P2P_CHECK, check_p2p), ("pcie_link_at_max", LINK_CHECK, check_links),
+              ("no_acs_redirect", ACS_CHECK, check_acs)]
+    snapshot = run.info.get("snapshot")
+    for key, name, check in fabric:
+        if not spec.checks.get(key, True):
+            continue
+        if not isinstance(snapshot, dict):
+            results.append(Result("fabric", name, WARN, "not probed: run.json has no probe snapshot"))
+        else:
+            results.append(check(snapshot))
+    if spec.checks.get("zero_wrong", True):
+        results.append(check_wrong(run))
+    if spec.checks.get("no_hangs", True):
+        results.append(check_hangs(run))
+    curves = pick_mode(select(build_curves(run.rows), dtype=spec.dtype), spec.mode)
+    where = f"{spec.dtype} {spec.mode if spec.mode != 'auto' else 'graph-or-eager'}"
+    results.extend(check_limit(curves, limit, "latency", where) for limit in spec.latency)
+    results.extend(check_limit(curves, limit, "busbw", where) for limit in spec.busbw)
+    if reference is not None and spec.reference is not None:
+        results.extend(check_reference(curves, reference, spec.reference, spec.dtype, spec.mode))
+    return results
+
+
+# ---------------------------------------------------------------- output
+
+def junit_xml(spec: Spec, run: Run, results: list[Result]) -> str:
+    suite = ET.Element("testsuite", name=f"commbench qualify: {spec.name}", tests=str(len(results)),
+                       failures=str(sum(r.status == FAIL for r in results)), errors="0", skipped="0")
+    ET.SubElement(ET.SubElement(suite, "properties"), "property", name="run",
+                  value=str(run.info.get("run_id", run.path)))
+    for r in results:
+        case = ET.SubElement(suite, "testcase", classname=f"commbench.qualify.{r.group}", name=r.name)
+        text = r.detail + (f" [source: {r.source}]" if r.source else "")
+        if r.status == FAIL:
+            ET.SubElement(case, "failure", message=r.detail, type="FAIL").text = text
+        else:
+            ET.SubElement(case, "system-out").text = f"{r.status}: {text}"
+    root = ET.Element("testsuites")
+    root.append(suite)
+    ET.indent(root)
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_dir", help="results dir written by commbench sweep")
+    parser.add_argument("--spec", required=True, type=Path,
+                        help="machine-class spec (TOML), e.g. commbench/specs/pcie-8x.toml")
+    parser.add_argument("--reference", type=Path, help="reference run of the same machine class "
+                        "(overrides [reference] run in the spec)")
+    parser.add_argument("--max-slowdown-pct", type=float, help="with --reference: FAIL above this p50 slowdown (default 10)")
+    parser.add_argument("--junit", type=Path, metavar="FILE", help="also write JUnit XML for CI")
+
+
+def main(args: argparse.Namespace) -> int:
+    spec = load_spec(args.spec)
+    run = load_run(args.run_dir)
+    if args.reference is not None:
+        base = spec.reference or ReferenceSpec(args.reference, 10.0, None, None, None, "command line")
+        spec.reference = ReferenceSpec(args.reference, args.max_slowdown_pct or base.max_slowdown_pct,
+                                       base.warn_slowdown_pct, base.sizes, base.backends, base.source)
+    reference = load_run(spec.reference.run) if spec.reference is not None else None
+    results = qualify(spec, run, reference)
+
+    print(f"qualify {run.info.get('run_id', run.path.name)} against {spec.name} ({spec.path})\n")
+    print(render(["status", "group", "check", "detail"], [[r.status, r.group, r.name, r.detail] for r in results]))
+    sources = [(r.name, r.source) for r in results if r.source]
+    if sources:
+        print("\nwhere the thresholds come from:")
+        for name, source in sources:
+            print(f"  {name}: {source}")
+    counts = {s: sum(r.status == s for r in results) for s in (PASS, WARN, FAIL)}
+    verdict = FAIL if counts[FAIL] else PASS
+    print(f"\n{counts[PASS]} PASS, {counts[WARN]} WARN, {counts[FAIL]} FAIL -> {verdict}")
+    if args.junit:
+        try:
+            args.junit.write_text(junit_xml(spec, run, results), encoding="utf-8")
+        except OSError as exc:
+            raise UsageError(f"{args.junit}: cannot write ({exc.strerror})") from None
+        print(f"wrote {args.junit}")
+    return 1 if counts[FAIL] else 0

@@ -1,0 +1,165 @@
+"""`commbench recommend`: which allreduce backend to run for a model, TP size and concurrency range.
+
+For each decode batch size the message is concurrency x hidden x dtype bytes; the fastest trusted
+curve there wins. Its margin over the runner-up and over NCCL's default is only worth acting on
+when it is larger than the p10-p90 spread both sides measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from commbench import models, settings
+from commbench.curves import (Candidate, Curve, baseline_curve, baseline_name, decode_curves, exceeds_spread,
+                              is_failed_check, ranking, run_world_size)
+from commbench.errors import UsageError
+from commbench.models import Model
+from commbench.results import Run, load_run
+from commbench.tables import fmt_us, render
+from commbench.units import format_bytes, parse_int_list
+
+HELP = "backend per message size for a model, TP size and concurrency range, with engine settings"
+DEFAULT_CONCURRENCIES = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+
+
+@dataclass
+class Margin:
+    other: str
+    delta_us: float
+    ratio: float                # other p50 / winner p50
+    beyond_spread: bool | None  # None: a spread is unknown
+
+
+@dataclass
+class Choice:
+    concurrency: int
+    message_bytes: int
+    backend: str | None          # None: no trusted curve covers this size
+    p50_us: float | None
+    runner_up: Margin | None
+    vs_baseline: Margin | None
+    note: str = ""
+
+
+def _margin(win: Candidate, other: Curve, point) -> Margin:
+    delta = point.p50_us - win.point.p50_us
+    return Margin(other.label, delta, point.p50_us / win.point.p50_us, exceeds_spread(delta, win.point, point))
+
+
+def choose(model: Model, curves: list[Curve], concurrency: int, baseline: str | None) -> Choice:
+    size = model.message_bytes(concurrency)
+    ranked = ranking(curves, size)
+    if not ranked:
+        spans = ", ".join(sorted({c.range_text() for c in curves}))
+        return Choice(concurrency, size, None, None, None, None, f"not measured (curves cover {spans})")
+    win = ranked[0]
+    runner = _margin(win, ranked[1].curve, ranked[1].point) if len(ranked) > 1 else None
+    base = baseline_curve(curves, baseline, win.curve)
+    base_point = base.at(size) if base is not None else None
+    versus = _margin(win, base, base_point) if base is not None and base_point is not None and base is not win.curve else None
+    note = "interpolated" if win.interpolated else ""
+    return Choice(concurrency, size, win.curve.label, win.point.p50_us, runner, versus, note)
+
+
+def _beyond(m: Margin | None) -> str:
+    if m is None:
+        return "-"
+    return {True: "yes", False: "no", None: "unknown"}[m.beyond_spread]
+
+
+def _margin_text(m: Margin | None) -> str:
+    return "-" if m is None else f"+{fmt_us(m.delta_us)} us {m.ratio:.2f}x"
+
+
+def cautions(run: Run, chosen: list[Curve]) -> list[str]:
+    """A winner that returned wrong data or hung at some other size is a risk at every size."""
+    out = []
+    for curve in chosen:
+        bad = sorted({(r.message_bytes, r.status) for r in run.rows if is_failed_check(r)
+                      and r.backend == curve.backend and r.env_setting == curve.env_setting})
+        if bad:
+            where = ", ".join(f"{format_bytes(b)} {status}" for b, status in bad)
+            out.append(f"{curve.key.variant} failed its check at {where}: enable it only if the engine "
+                       f"never sends messages of those sizes through it")
+    return out
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_dir", help="results dir written by commbench sweep")
+    models.add_model_arguments(parser)
+    parser.add_argument("--tp", type=int, help="tensor-parallel size (default: the run's world size)")
+    parser.add_argument("--concurrency", help="decode batch sizes, e.g. 1,8,64 (default 1,2,4,...,256)")
+    parser.add_argument("--mode", choices=("auto", "graph", "eager"), default="auto",
+                        help="which timings: auto = CUDA-graph where measured, else eager")
+    parser.add_argument("--json", metavar="FILE", help="also write the choices as JSON ('-' for stdout)")
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.list_models:
+        print(models.listing())
+        return 0
+    model = models.from_args(args)
+    concurrencies = parse_int_list(args.concurrency, "concurrency") if args.concurrency else DEFAULT_CONCURRENCIES
+    run = load_run(args.run_dir)
+    curves = decode_curves(run, args.tp, model.dtype, args.mode)
+    baseline = baseline_name(curves, None)
+    tp = args.tp or run_world_size(run)
+    choices = [choose(model, curves, c, baseline) for c in concurrencies]
+
+    print(f"{model.describe()}; TP {tp}; run {run.info.get('run_id', run.path.name)}")
+    print("margins are p50 differences; 'beyond spread' = larger than the p10-p90 spread of both sides\n")
+    print(render(["concurrency", "message", "use", "p50 us", "runner-up", "margin", "beyond spread",
+                  f"vs {baseline or 'baseline'}", "beyond spread", "note"],
+                 [[str(c.concurrency), format_bytes(c.message_bytes), c.backend or "-", fmt_us(c.p50_us),
+                   c.runner_up.other if c.runner_up else "-", _margin_text(c.runner_up), _beyond(c.runner_up),
+                   _margin_text(c.vs_baseline), _beyond(c.vs_baseline), c.note] for c in choices],
+                 right=(0, 1, 3, 5, 7)))
+
+    winners: dict[str, list[Choice]] = {}
+    for c in choices:
+        if c.backend is not None:
+            winners.setdefault(c.backend, []).append(c)
+    by_label = {curve.label: curve for curve in curves}
+    print()
+    if not winners:
+        print("no trusted measurement covers these message sizes: sweep them first")
+    elif len(winners) > 1:
+        print("different backends win at different concurrencies; engines switch paths by size themselves, "
+              "so set up the one for the concurrency you serve most:")
+    for label, won in winners.items():
+        curve = by_label[label]
+        span = "concurrency " + ", ".join(str(c.concurrency) for c in won)
+        vs = [c.vs_baseline for c in won if c.vs_baseline is not None]
+        if curve.backend == baseline and not curve.env_setting:
+            verdict = f"{baseline} default is fastest here: nothing to change"
+        elif vs and not any(m.beyond_spread for m in vs):
+            verdict = f"within the measured spread of {baseline}: keep the default unless an end-to-end run agrees"
+        else:
+            verdict = "faster than the default beyond the measured spread"
+        print(f"\n## {label} wins {span} ({verdict})")
+        print(settings.render(settings.settings_for(curve.backend, curve.env_setting, tp), tp))
+    for line in cautions(run, [by_label[label] for label in winners]):
+        print(f"\ncaution: {line}")
+    print("\nA microbenchmark win is a hypothesis: confirm it with an end-to-end decode run at your concurrency "
+          "(a faster allreduce lost end to end for Kimi TP8 at high concurrency, reference/user-pain.md G1).")
+
+    if args.json:
+        payload = {"model": asdict(model), "tp": tp, "baseline": baseline,
+                   "choices": [asdict(c) for c in choices],
+                   "settings": [asdict(settings.settings_for(by_label[label].backend, by_label[label].env_setting, tp))
+                                for label in winners],
+                   "engine_versions": {"vllm": settings.VLLM_VERSION, "sglang": settings.SGLANG_VERSION,
+                                       "nccl": settings.NCCL_VERSION}}
+        text = json.dumps(payload, indent=2)
+        if args.json == "-":
+            sys.stdout.write(text + "\n")
+        else:
+            try:
+                Path(args.json).write_text(text + "\n", encoding="utf-8")
+            except OSError as exc:
+                raise UsageError(f"{args.json}: cannot write ({exc.strerror})") from None
+    return 0

@@ -1,0 +1,335 @@
+"""`commbench report RUN_DIR`: plots, a crossover table and one self-contained report.html."""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import datetime
+import html
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from commbench import plots
+from commbench.curves import (Crossover, Curve, baseline_curve, baseline_name, build_curves, crossovers, groups,
+                              is_failed_check, ranking, run_world_size, select)
+from commbench.errors import UsageError
+from commbench.results import OK, Measurement, Run, load_run
+from commbench.tables import fmt_num, fmt_us, render
+from commbench.units import format_bytes
+
+HELP = "plots, crossover table and a self-contained report.html for one results dir"
+
+
+@dataclass
+class RangeRow:
+    """One line of the crossover table: who wins a size range, by how much."""
+
+    crossover: Crossover
+    p50_first_us: float
+    p50_last_us: float
+    runner_up: str | None
+    margin_x: tuple[float, float] | None      # runner-up p50 / winner p50, min and max over the range
+    vs_baseline_x: tuple[float, float] | None  # baseline p50 / winner p50
+
+
+def _span(values: list[float]) -> tuple[float, float] | None:
+    return (min(values), max(values)) if values else None
+
+
+def range_rows(curves: list[Curve], baseline: str | None) -> list[RangeRow]:
+    out = []
+    for cross in crossovers(curves):
+        sizes = sorted({s for c in curves for s in c.sizes() if cross.first_bytes <= s <= cross.last_bytes})
+        margins, versus, runner = [], [], None
+        firsts: list[float] = []
+        for size in sizes:
+            ranked = ranking(curves, size)
+            win = ranked[0]
+            firsts.append(win.point.p50_us)
+            if len(ranked) > 1:
+                runner = runner or ranked[1].curve.label
+                margins.append(ranked[1].point.p50_us / win.point.p50_us)
+            base = baseline_curve(curves, baseline, win.curve)
+            base_point = base.at(size) if base is not None else None
+            if base_point is not None:
+                versus.append(base_point.p50_us / win.point.p50_us)
+        out.append(RangeRow(cross, firsts[0], firsts[-1], runner, _span(margins), _span(versus)))
+    return out
+
+
+def _x(span: tuple[float, float] | None) -> str:
+    if span is None:
+        return "-"
+    lo, hi = span
+    return f"{lo:.2f}x" if abs(hi - lo) < 0.005 else f"{lo:.2f}-{hi:.2f}x"
+
+
+def _range_text(c: Crossover) -> str:
+    if c.first_bytes == c.last_bytes:
+        return format_bytes(c.first_bytes)
+    return f"{format_bytes(c.first_bytes)}-{format_bytes(c.last_bytes)}"
+
+
+# ---------------------------------------------------------------- HTML
+
+_CSS = """
+body { font-family: system-ui, -apple-system, Segoe UI, sans-serif; margin: 2em auto; max-width: 1250px;
+       color: #222; line-height: 1.4; padding: 0 1em; }
+h1 { font-size: 1.5em; margin-bottom: 0.2em; } h2 { margin-top: 1.6em; border-bottom: 1px solid #ddd; }
+table { border-collapse: collapse; margin: 0.6em 0; font-size: 0.86em; }
+th, td { border: 1px solid #ddd; padding: 3px 8px; text-align: left; vertical-align: top; }
+th { background: #f4f4f4; position: sticky; top: 0; }
+td.n { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
+.wide { overflow-x: auto; } .wide td:last-child { min-width: 22em; }
+tr.bad td { background: #fde2e1; color: #a40000; font-weight: 600; }
+tr.muted td { color: #888; }
+.meta { color: #555; } .note { color: #555; font-size: 0.9em; }
+img { max-width: 100%; border: 1px solid #eee; margin: 0.5em 0; }
+code, pre { background: #f6f6f6; padding: 1px 4px; } pre { padding: 0.6em; overflow-x: auto; font-size: 0.8em; }
+"""
+
+
+def _esc(value: Any) -> str:
+    return html.escape("" if value is None else str(value))
+
+
+def _table(headers: list[str] | None, rows: list[list[str]], classes: list[str] | None = None,
+           numeric: tuple[int, ...] = ()) -> str:
+    """Cells are already escaped by the caller; headers None = a key/value table without a header."""
+    head = "".join(f"<th>{_esc(h)}</th>" for h in headers) if headers else ""
+    body = []
+    for i, row in enumerate(rows):
+        cls = f' class="{classes[i]}"' if classes and classes[i] else ""
+        cells = "".join(f'<td class="n">{c}</td>' if j in numeric else f"<td>{c}</td>" for j, c in enumerate(row))
+        body.append(f"<tr{cls}>{cells}</tr>")
+    thead = f"<thead><tr>{head}</tr></thead>" if head else ""
+    return f"<table>{thead}<tbody>{''.join(body)}</tbody></table>"
+
+
+def _img(png: Path, alt: str) -> str:
+    data = base64.b64encode(png.read_bytes()).decode("ascii")
+    svg = png.with_suffix(".svg").name
+    return (f'<img alt="{_esc(alt)}" src="data:image/png;base64,{data}">'
+            f'<div class="note">vector version: <code>plots/{_esc(svg)}</code></div>')
+
+
+def _row_class(row: Measurement) -> str:
+    if is_failed_check(row):
+        return "bad"
+    return "" if row.status == OK else "muted"
+
+
+def measurement_table(rows: list[Measurement]) -> str:
+    ordered = sorted(rows, key=lambda r: (r.dtype, r.mode, r.backend, sorted(r.env_setting.items()), r.op,
+                                          r.message_bytes))
+    # Columns that say the same thing on every row only take width from the reasons.
+    show_env = any(r.env_setting for r in ordered)
+    show_op = len({r.op for r in ordered}) > 1
+    headers = (["backend"] + (["settings"] if show_env else []) + (["op"] if show_op else [])
+               + ["mode", "dtype", "size", "status", "p50 us", "p10-p90 us", "p99 us", "busbw GB/s", "#wrong",
+                  "reason / note"])
+    first_number = headers.index("size")
+    cells = []
+    for r in ordered:
+        band = (f"{fmt_us(r.latency_p10_us)}-{fmt_us(r.latency_p90_us)}"
+                if r.latency_p10_us is not None and r.latency_p90_us is not None else "-")
+        wrong = "-" if r.wrong_elements is None else f"{r.wrong_elements}" + (f" ({r.wrong_kind})" if r.wrong_kind else "")
+        notes = [r.reason] if r.reason else []
+        if r.setting_applied is False:
+            notes.append(f"NCCL used {r.nccl_proto_used}/{r.nccl_algo_used}, not the requested "
+                         f"{r.nccl_proto_requested}/{r.nccl_algo_requested}")
+        if r.unsafe:
+            notes.append(f"unsafe: {r.unsafe}")
+        row = [r.backend]
+        if show_env:
+            row.append(" ".join(f"{k}={v}" for k, v in sorted(r.env_setting.items())))
+        if show_op:
+            row.append(r.op)
+        row += [r.mode, r.dtype, format_bytes(r.message_bytes), r.status, fmt_us(r.latency_p50_us), band,
+                fmt_us(r.latency_p99_us), fmt_num(r.busbw_gbps), wrong, "; ".join(notes)]
+        cells.append([_esc(c) for c in row])
+    numeric = (first_number, first_number + 2, first_number + 3, first_number + 4, first_number + 5)
+    return _table(headers, cells, [_row_class(r) for r in ordered], numeric=numeric)
+
+
+def verdict_table(run: Run) -> str:
+    verdicts: dict[str, Any] = run.info.get("verdicts") or {}
+    statuses: dict[str, set[str]] = {}
+    for r in run.rows:
+        statuses.setdefault(r.backend, set()).add(r.status)
+    names = sorted(set(verdicts) | set(statuses))
+    if not names:
+        return '<p class="note">run.json holds no probe verdicts and the run has no rows.</p>'
+    rows, classes = [], []
+    for name in names:
+        reason = verdicts.get(name)
+        verdict = ("eligible" if reason is None else reason) if name in verdicts else "not in run.json"
+        seen = ", ".join(sorted(statuses.get(name, set()))) or "no rows"
+        rows.append([_esc(name), _esc(verdict), _esc(seen)])
+        classes.append("bad" if statuses.get(name, set()) & {"wrong", "hang"} else
+                       ("muted" if reason is not None else ""))
+    return _table(["backend", "probe verdict", "row statuses"], rows, classes)
+
+
+def _when(value: Any) -> Any:
+    """run.json times are epoch seconds (or already text): show them as UTC."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return datetime.datetime.fromtimestamp(value, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return value
+
+
+def _command(info: dict[str, Any]) -> str | None:
+    command = info.get("command")
+    if isinstance(command, list) and command:
+        # The first word is the interpreter's path to __main__.py: show what a user types instead.
+        return "commbench " + " ".join(map(str, command[1:]))
+    return None if command is None else str(command)
+
+
+def run_summary(run: Run) -> str:
+    info = run.info
+    gpu_names: dict[str, int] = {}
+    for gpu in info.get("gpus") or []:
+        name = (gpu.get("name") or gpu.get("device") or "?") if isinstance(gpu, dict) else str(gpu)
+        gpu_names[str(name)] = gpu_names.get(str(name), 0) + 1
+    items = [
+        ("run id", info.get("run_id", run.path.name)), ("host", info.get("host")),
+        ("devices", ", ".join(f"{n}x {name}" for name, n in gpu_names.items()) or "none recorded"),
+        ("world size", run_world_size(run)), ("nodes", info.get("nodes")),
+        ("started", _when(info.get("started"))),
+        ("finished", _when(info.get("finished")) or "not finished (partial run)"),
+        ("command", _command(info)),
+    ]
+    items += [("note", note) for note in ([info["note"]] if info.get("note") else []) + list(info.get("notes") or [])]
+    rows = [[_esc(k), _esc(v)] for k, v in items if v is not None]
+    for section in ("versions", "env"):
+        values = info.get(section) or {}
+        if isinstance(values, dict) and values:
+            rows.append([_esc(section), _esc(", ".join(f"{k}={v}" for k, v in sorted(values.items())))])
+    out = _table(None, rows)
+    for section, title in (("args", "sweep arguments"), ("plan", "sweep plan"), ("snapshot", "probe snapshot")):
+        if info.get(section):
+            text = json.dumps(info[section], indent=2, sort_keys=True, default=str)
+            out += f"<details><summary>{title} (JSON)</summary><pre>{_esc(text)}</pre></details>"
+    if not info.get("snapshot"):
+        out += '<p class="note">No probe snapshot in run.json (run <code>commbench probe</code> on the machine).</p>'
+    return out
+
+
+def status_counts(rows: list[Measurement]) -> str:
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r.status] = counts.get(r.status, 0) + 1
+    return ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "no rows"
+
+
+@dataclass
+class Section:
+    dtype: str
+    mode: str
+    curves: list[Curve]
+    ranges: list[RangeRow]
+
+
+def crossover_html(section: Section, baseline: str | None) -> str:
+    rows = [[_esc(_range_text(r.crossover)), _esc(r.crossover.winner), _esc(str(r.crossover.sizes)),
+             _esc(f"{fmt_us(r.p50_first_us)}-{fmt_us(r.p50_last_us)}"), _esc(r.runner_up or "-"),
+             _esc(_x(r.margin_x)), _esc(_x(r.vs_baseline_x))] for r in section.ranges]
+    return _table(["sizes", "winner", "measured sizes", "winner p50 us", "runner-up (first size)",
+                   "margin over runner-up", f"vs {baseline or 'baseline'}"], rows, numeric=(2, 3, 5, 6))
+
+
+def write_html(run: Run, sections: list[Section], images: dict[str, list[tuple[Path, str]]],
+               baseline: str | None, path: Path) -> None:
+    failed = [r for r in run.rows if is_failed_check(r)]
+    parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>commbench report: "
+             f"{_esc(run.info.get('run_id', run.path.name))}</title><style>{_CSS}</style></head><body>",
+             f"<h1>commbench report: {_esc(run.info.get('run_id', run.path.name))}</h1>",
+             f"<p class='meta'>{_esc(run.info.get('host', ''))} &middot; world size {_esc(run_world_size(run))} "
+             f"&middot; rows: {_esc(status_counts(run.rows))}</p>"]
+    if failed:
+        names = sorted({r.backend for r in failed})
+        parts.append(f"<p><b style='color:#a40000'>{len(failed)} measurement(s) failed their check "
+                     f"(wrong data or hang): {_esc(', '.join(names))}.</b> They are red below and never "
+                     f"count as winners.</p>")
+    parts.append("<p class='note'>Winners are chosen on p50 latency among rows with status ok and #wrong 0, "
+                 "within one dtype and one timing mode (CUDA graph solid, eager dashed in the plots). "
+                 f"Speedups are over {_esc(baseline or 'no baseline (neither nccl nor gloo ran)')}.</p>")
+    for section in sections:
+        parts.append(f"<h2>{_esc(section.dtype)}, {_esc(section.mode)} mode: which backend wins where</h2>")
+        parts.append(crossover_html(section, baseline) if section.ranges else "<p>No trusted rows.</p>")
+    for title, imgs in images.items():
+        parts.append(f"<h2>Plots: {_esc(title)}</h2>")
+        parts.extend(_img(png, alt) for png, alt in imgs)
+    parts.append("<h2>Backends and probe verdicts</h2>")
+    parts.append(verdict_table(run))
+    parts.append("<h2>All measurements</h2>")
+    parts.append("<p class='note'>Red: wrong data or hang. Grey: skipped, error or no work.</p>")
+    parts.append(f"<div class='wide'>{measurement_table(run.rows)}</div>")
+    parts.append("<h2>Run</h2>")
+    parts.append(run_summary(run))
+    parts.append("</body></html>")
+    path.write_text("\n".join(parts), encoding="utf-8")
+
+
+# ---------------------------------------------------------------- command
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_dir", help="results dir written by commbench sweep")
+    parser.add_argument("--out", type=Path, help="where to write report.html and plots/ (default: the run dir)")
+    parser.add_argument("--baseline", help="backend speedups are measured against (default: nccl, else gloo)")
+
+
+def main(args: argparse.Namespace) -> int:
+    run = load_run(args.run_dir)
+    if not run.rows:
+        raise UsageError(f"{run.path}: no measurements yet (measurements.jsonl is empty or missing)")
+    out = args.out or run.path
+    plot_dir = out / "plots"
+    try:
+        plot_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"{plot_dir}: cannot create ({exc.strerror})") from None
+    curves = build_curves(run.rows)
+    baseline = baseline_name(curves, args.baseline)
+    world = run_world_size(run)
+    sections = [Section(dtype, mode, select(curves, dtype=dtype, mode=mode),
+                        range_rows(select(curves, dtype=dtype, mode=mode), baseline))
+                for dtype, mode in groups(curves)]
+
+    images: dict[str, list[tuple[Path, str]]] = {}
+    written: list[Path] = []
+    for dtype in sorted({c.key.dtype for c in curves} | {r.dtype for r in run.rows if is_failed_check(r)}):
+        typed = select(curves, dtype=dtype)
+        failed = [r for r in run.rows if is_failed_check(r) and r.dtype == dtype]
+        where = f"{dtype}, {world} ranks, {run.info.get('host', run.path.name)}"
+        figs = [("latency", plots.latency_figure(typed, failed, f"allreduce latency vs size ({where})"))]
+        if any(p.busbw_gbps for c in typed for p in c.points):
+            figs.append(("busbw", plots.busbw_figure(typed, f"allreduce bus bandwidth ({where})")))
+        if baseline and len({c.key.variant for c in typed}) > 1:
+            figs.append(("speedup", plots.speedup_figure(typed, baseline, f"speedup over {baseline} ({where})")))
+        for name, fig in figs:
+            paths = plots.save(fig, plot_dir / f"{name}_{dtype}")
+            written.extend(paths)
+            images.setdefault(dtype, []).append((paths[0], f"{name} {dtype}"))
+    html_path = out / "report.html"
+    write_html(run, sections, images, baseline, html_path)
+
+    print(f"run {run.info.get('run_id', run.path.name)}: {status_counts(run.rows)}")
+    for section in sections:
+        print(f"\n{section.dtype}, {section.mode} mode: winner per size range "
+              f"(trusted rows only; margins are p50 ratios)")
+        print(render(["sizes", "winner", "p50 us", "runner-up", "margin", f"vs {baseline or '-'}"],
+                     [[_range_text(r.crossover), r.crossover.winner,
+                       f"{fmt_us(r.p50_first_us)}-{fmt_us(r.p50_last_us)}", r.runner_up or "-",
+                       _x(r.margin_x), _x(r.vs_baseline_x)] for r in section.ranges], right=(2, 4, 5)))
+    failed_rows = [r for r in run.rows if is_failed_check(r)]
+    if failed_rows:
+        print(f"\n{len(failed_rows)} row(s) failed their check (wrong data or hang), excluded from winners: "
+              + ", ".join(sorted({f'{r.backend} {format_bytes(r.message_bytes)} {r.status}' for r in failed_rows})))
+    print(f"\nwrote {html_path}")
+    for path in written:
+        print(f"wrote {path}")
+    return 0

@@ -1,0 +1,295 @@
+"""`commbench sweep`: allreduce latency and bandwidth over sizes, dtypes, modes and backends.
+
+Runs under torchrun (one process per GPU; gloo on the CPU without CUDA), as a single process,
+or launches torchrun itself with --nproc N (and one torchrun per --env setting).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from commbench import backends, launcher
+from commbench.context import RunContext, init_context, shutdown, torchrun_env, under_torchrun
+from commbench.engine import Engine
+from commbench.errors import UsageError
+from commbench.nccl_log import NcclLogReader, configure_logging
+from commbench.plan import SweepPlan, build_plan
+from commbench.results import (HANG, ResultsWriter, read_rows, read_run_info, write_csv, write_run_info)
+from commbench.table import HEADER, LiveTable
+from commbench.units import dtype_name, format_bytes, parse_bytes
+from commbench.versions import local_device_info, relevant_env, software_versions
+
+HELP = "sweep allreduce sizes x dtypes x eager/graph over every backend that can run here"
+ENV_SETTING_VAR = "COMMBENCH_ENV_SETTING"   # set by the driver for each child torchrun
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    sizes = p.add_argument_group("sizes (nccl-tests style, K/M/G = 2^10/2^20/2^30)")
+    sizes.add_argument("-b", "--min-bytes", help="smallest message (default 4K on GPU, 1K on CPU)")
+    sizes.add_argument("-e", "--max-bytes", help="largest message (default 256M on GPU, 256K on CPU)")
+    sizes.add_argument("-f", "--step-factor", type=int, help="multiply the size by this each step (default 2 on GPU, 4 on CPU)")
+    sizes.add_argument("--sizes", help="explicit list, e.g. 8K,12K,1M")
+    sizes.add_argument("--tokens", help="model shapes: token counts, e.g. 1,2,4,...,256 (with --hidden)")
+    sizes.add_argument("--hidden", help="model shapes: hidden size; bytes = tokens x hidden x dtype size")
+    what = p.add_argument_group("what to run")
+    what.add_argument("--backends", help="comma list of backend specs (default: every backend for this machine); "
+                      "see --list-backends")
+    what.add_argument("--list-backends", action="store_true", help="list backend families and example variants")
+    what.add_argument("--dtype", help="bf16,fp16,fp32 (default bf16 on GPU, fp32 on CPU)")
+    what.add_argument("--mode", help="eager,graph (default both on GPU; eager on CPU)")
+    what.add_argument("--nccl-proto", help="sweep NCCL protocols, e.g. LL,LL128,Simple (one group per variant)")
+    what.add_argument("--nccl-algo", help="sweep NCCL algorithms, e.g. Ring,Tree")
+    what.add_argument("--p2p-max-bytes", help="largest message for the p2p backends (default 8M)")
+    what.add_argument("--p2p-crossover", help="force p2p:auto's one-shot/two-shot crossover (default: measured)")
+    what.add_argument("--mscclpp-nccl-lib", help="path to libmscclpp_nccl.so for the mscclpp:shim backend")
+    timing = p.add_argument_group("timing")
+    timing.add_argument("--iters", type=int, help="timed iterations per row (default: scales down with size)")
+    timing.add_argument("--warmup", type=int, help="warm-up calls per row (default 5 on GPU, 2 on CPU)")
+    timing.add_argument("--graph-ops", type=int, help="calls captured per CUDA graph (default 10)")
+    timing.add_argument("--timeout", type=float, default=120.0, help="watchdog seconds per row (default 120)")
+    out = p.add_argument_group("results")
+    out.add_argument("--out", default="results", help="results root (default results/)")
+    out.add_argument("--resume", metavar="DIR", help="continue the run in DIR: finished rows are skipped")
+    out.add_argument("--run-dir", help=argparse.SUPPRESS)   # the driver's children append here
+    env = p.add_argument_group("machine and safety")
+    env.add_argument("--cpu", action="store_true", help="run on the CPU with gloo even if CUDA is present")
+    env.add_argument("--share-gpus", action="store_true",
+                     help="let several ranks share one GPU (correctness runs only; timings mean nothing)")
+    env.add_argument("--allow-multicast", action="store_true",
+                     help="allow backends that create NVLink multicast objects (never with a policy variable set)")
+    env.add_argument("--no-probe", action="store_true", help="skip the topology probe at start-up")
+    env.add_argument("--no-nccl-log", action="store_true",
+                     help="do not ask NCCL to log the algorithm/protocol it used (saves host time in eager rows)")
+    drv = p.add_argument_group("driver (outside torchrun)")
+    drv.add_argument("--nproc", type=int, help="launch torchrun with this many processes per node yourself")
+    drv.add_argument("--env", action="append", default=[], metavar="NAME=V1,V2",
+                     help="process-level setting to sweep, one torchrun per value (repeatable: all combinations)")
+    drv.add_argument("--child-timeout", type=float, default=3600.0,
+                     help="seconds before the driver kills a child torchrun (default 3600)")
+
+
+def backend_options(args: argparse.Namespace, log: NcclLogReader | None) -> dict[str, Any]:
+    split = lambda text: [v.strip() for v in text.split(",") if v.strip()] if text else []  # noqa: E731
+    return {
+        "nccl_proto": split(args.nccl_proto),
+        "nccl_algo": split(args.nccl_algo),
+        "nccl_log": log,
+        "p2p_max_bytes": parse_bytes(args.p2p_max_bytes) if args.p2p_max_bytes else None,
+        "p2p_crossover_bytes": parse_bytes(args.p2p_crossover) if args.p2p_crossover else None,
+        "mscclpp_nccl_lib": args.mscclpp_nccl_lib,
+        "allow_multicast": args.allow_multicast,
+    }
+
+
+def _list_backends() -> int:
+    for family in backends.families():
+        fac = backends.factory(family)
+        print(f"{family:<11} {fac.summary}")
+        for example in fac.variants_help:
+            print(f"{'':<11}   {example}")
+    return 0
+
+
+def _check_out_writable(path: Path) -> None:
+    """Fail before measuring anything if results could not be written (root ignores mode bits,
+    so this tries a real write in the nearest existing folder)."""
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"--out {path}: exists and is not a directory")
+    probe = path
+    while not probe.exists():
+        probe = probe.parent
+    try:
+        with tempfile.TemporaryFile(dir=probe):
+            pass
+    except OSError as exc:
+        raise UsageError(f"--out {path}: not writable ({exc.strerror})") from None
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.list_backends:
+        return _list_backends()
+    on_gpu = torch.cuda.is_available() and not args.cpu
+    plan = build_plan(args, on_gpu)
+    env_settings = launcher.parse_env_settings(args.env, args.allow_multicast)
+    if args.resume and not (Path(args.resume) / "run.json").exists():
+        raise UsageError(f"--resume {args.resume}: not a commbench results dir (no run.json)")
+    _check_out_writable(Path(args.out))
+    # Building the variants validates backend names and options before anything runs.
+    specs = backends.split_specs(args.backends) if args.backends else None
+    variants = backends.expand(specs, backend_options(args, None), on_gpu)
+    if args.nproc is not None or env_settings:
+        if under_torchrun():
+            raise UsageError("--nproc/--env launch torchrun themselves: run them outside torchrun")
+        return launcher.drive(args, env_settings)
+    _, world, _, _ = torchrun_env()
+    if specs is not None:
+        # A world size a backend can never use is bad input; spanning nodes is a fact of this
+        # machine, answered with skipped rows by the backend's check().
+        for backend in variants:
+            reason = backend.world_size_reason(world, nodes=1)
+            if reason:
+                raise UsageError(f"backend {backend.name} cannot run with {world} rank(s): {reason}")
+    return _run(args, plan, specs, on_gpu)
+
+
+def _run(args: argparse.Namespace, plan: SweepPlan, specs: list[str] | None, on_gpu: bool) -> int:
+    log_dir = None
+    run_dir_arg = args.run_dir or args.resume
+    ctx, note = init_context(allow_multicast=args.allow_multicast, force_cpu=args.cpu,
+                             share_gpus=args.share_gpus)
+    try:
+        run_dir = _prepare_run_dir(ctx, args, run_dir_arg)
+        if ctx.is_cuda and not args.no_nccl_log:
+            log_dir = configure_logging(run_dir / "nccl-logs")
+        variants = backends.expand(specs, backend_options(args, NcclLogReader(log_dir)), ctx.is_cuda)
+        # Plain allreduce first: fused ops and baselines build on what was measured before them.
+        variants.sort(key=lambda b: b.op != "allreduce")
+        return _sweep(ctx, args, plan, variants, run_dir, note)
+    finally:
+        shutdown()
+
+
+def _prepare_run_dir(ctx: RunContext, args: argparse.Namespace, existing: str | None) -> Path:
+    path = None
+    if ctx.rank == 0:
+        if existing:
+            path = Path(existing)
+        else:
+            run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + socket.gethostname().split(".")[0]
+            path = Path(args.out) / run_id
+            suffix = 1
+            while path.exists():
+                path = Path(args.out) / f"{run_id}-{suffix}"
+                suffix += 1
+            path.mkdir(parents=True)
+        path = str(path.resolve())
+    return Path(ctx.broadcast_object(path))
+
+
+def _probe(ctx: RunContext, args: argparse.Namespace, variants: list) -> list[str]:
+    """Take the topology snapshot and the per-backend verdicts; never fatal."""
+    if args.no_probe:
+        return ["probe skipped (--no-probe)"]
+    try:
+        from commbench.topology.snapshot import take_snapshot
+        from commbench.topology.verdicts import reason_for
+    except ImportError as exc:
+        return [f"probe unavailable: {exc}"]
+    try:
+        ctx.snapshot = take_snapshot(ctx, bandwidth=False, allow_multicast=args.allow_multicast)
+    except Exception as exc:  # a broken probe must not stop the sweep; the reason is recorded
+        ctx.snapshot = {"error": f"{type(exc).__name__}: {exc}"}
+        return [f"probe failed: {exc}"]
+    ctx.verdicts = {b.name: reason_for(b.name, ctx.snapshot, ctx.world_size, args.allow_multicast)
+                    for b in variants}
+    return []
+
+
+def _sweep(ctx: RunContext, args: argparse.Namespace, plan: SweepPlan, variants: list, run_dir: Path,
+           note: str | None) -> int:
+    rank0 = ctx.rank == 0
+    env_setting = json.loads(os.environ.get(ENV_SETTING_VAR, "{}"))
+    previous = ctx.broadcast_object(read_rows(run_dir) if rank0 else None)
+    done_keys = {row.key() for row in previous}
+    hung = {row.backend: f"hung earlier in this run ({format_bytes(row.message_bytes)} {row.mode}): {row.reason}"
+            for row in previous if row.status == HANG and row.env_setting == env_setting}
+    ctx.measured.extend(previous)
+    notes = ([note] if note else []) + _probe(ctx, args, variants)
+    gpus = ctx.all_gather_objects(local_device_info(ctx.device))
+    if rank0:
+        _write_run_json(ctx, args, plan, variants, run_dir, gpus, notes, env_setting)
+    writer = ResultsWriter(run_dir) if rank0 else None
+    total = len(variants) * sum(len(plan.sizes_for(d)) for d in plan.dtypes) * len(plan.modes)
+    table = LiveTable(enabled=rank0, total_rows=total)
+    try:
+        with table:
+            for line in notes:
+                table.line(f"# {line}")
+            table.line(f"# commbench sweep: {ctx.world_size} rank(s) on {ctx.nodes} node(s), "
+                       f"{'CUDA' if ctx.is_cuda else 'CPU/gloo'}; results in {run_dir}")
+            table.line("#" + HEADER[1:])
+            engine = Engine(ctx, plan, writer, table, done_keys, hung, env_setting,
+                            on_hang_flush=lambda: write_csv(run_dir))
+            for backend in variants:
+                engine.run_backend(backend)
+            _fusion_summary(ctx, run_dir, table)
+    finally:
+        if writer is not None:
+            writer.close()
+            write_csv(run_dir)
+            _finish_run_json(run_dir)
+    if rank0:
+        print(f"# results: {run_dir}/measurements.jsonl (+ .csv, run.json)")
+    return 0
+
+
+def _fusion_summary(ctx: RunContext, run_dir: Path, table: LiveTable) -> None:
+    fused = [r for r in ctx.measured if r.op != "allreduce"]
+    if not fused:
+        return
+    from commbench.fusion import summarize
+
+    summary = summarize(ctx.measured)
+    if ctx.rank == 0:
+        (run_dir / "fusion.json").write_text(json.dumps(summary, indent=2, sort_keys=True), encoding="utf-8")
+        for item in summary:
+            table.line("# fusion: " + ", ".join(f"{k}={v}" for k, v in item.items()))
+
+
+def _write_run_json(ctx: RunContext, args: argparse.Namespace, plan: SweepPlan, variants: list, run_dir: Path,
+                    gpus: list, notes: list[str], env_setting: dict[str, str]) -> None:
+    try:
+        info = read_run_info(run_dir)
+    except UsageError:
+        info = {"run_id": run_dir.name, "started": time.time(), "resumed": []}
+    else:
+        info.setdefault("resumed", []).append(time.time())
+    args_record = {k: v for k, v in vars(args).items() if not k.startswith("_")}
+    info.update({
+        "command": sys.argv,
+        "args": args_record,
+        "versions": software_versions(),
+        "env": relevant_env(),
+        "host": ctx.hostname,
+        "gpus": gpus,
+        "device_type": ctx.device.type,
+        "world_size": ctx.world_size,
+        "local_world_size": ctx.local_world_size,
+        "nodes": ctx.nodes,
+        "shares_gpus": ctx.shares_gpus,
+        "snapshot": ctx.snapshot,
+        "verdicts": ctx.verdicts,
+        "backends": [b.name for b in variants],
+        "plan": {"message_bytes": [s.message_bytes for s in plan.shapes],
+                 "shapes": [[s.tokens, s.hidden] for s in plan.shapes if s.tokens],
+                 "dtypes": [dtype_name(d) for d in plan.dtypes], "modes": plan.modes,
+                 "warmup": plan.warmup, "iterations": plan.iterations, "graph_ops": plan.graph_ops,
+                 "timeout_s": plan.timeout_s},
+        "notes": notes,
+    })
+    if env_setting:
+        settings = info.setdefault("env_settings", [])
+        if env_setting not in settings:
+            settings.append(env_setting)
+    info.pop("finished", None)
+    write_run_info(run_dir, info)
+
+
+def _finish_run_json(run_dir: Path) -> None:
+    try:
+        info = read_run_info(run_dir)
+    except UsageError:
+        return
+    info["finished"] = time.time()
+    info.pop("schema", None)
+    write_run_info(run_dir, info)

@@ -1,0 +1,82 @@
+"""What ran: versions, the relevant environment, host and GPUs, for run.json."""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+from importlib import metadata
+from typing import Any
+
+import torch
+
+ENV_PREFIXES = ("NCCL_", "TORCH_", "MSCCLPP_", "CUDA_", "NVSHMEM_", "COMMBENCH_", "FLASHINFER_")
+PACKAGES = ("torch", "rich", "matplotlib", "cupy-cuda13x", "cupy-cuda12x", "cupy", "cuda-python",
+            "cuda-bindings", "nvidia-ml-py", "flashinfer-python", "mscclpp", "nvidia-nccl-cu12",
+            "nvidia-nccl-cu13", "commbench")
+
+
+def package_versions() -> dict[str, str]:
+    out = {}
+    for name in PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return out
+
+
+def _driver_version() -> str | None:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            version = pynvml.nvmlSystemGetDriverVersion()
+            return version.decode() if isinstance(version, bytes) else version
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # NVML missing or not loadable: the field stays unknown
+        return None
+
+
+def software_versions() -> dict[str, Any]:
+    nccl = None
+    if torch.cuda.is_available():
+        try:
+            nccl = ".".join(str(v) for v in torch.cuda.nccl.version())
+        except Exception:  # a torch build without NCCL
+            nccl = None
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda_runtime": torch.version.cuda,
+        "nccl": nccl,
+        "driver": _driver_version(),
+        "packages": package_versions(),
+    }
+
+
+def relevant_env() -> dict[str, str]:
+    return {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)}
+
+
+def local_device_info(device: torch.device) -> dict[str, Any]:
+    """This rank's host and device, gathered by rank 0 into run.json's `gpus`."""
+    info: dict[str, Any] = {"host": socket.gethostname(), "pid": os.getpid(), "device": str(device)}
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        info.update(name=props.name, memory_bytes=props.total_memory,
+                    compute_capability=f"{props.major}.{props.minor}",
+                    sm_count=props.multi_processor_count, uuid=str(getattr(props, "uuid", "")),
+                    pci_bus_id=_pci_bus_id(device))
+    return info
+
+
+def _pci_bus_id(device: torch.device) -> str | None:
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.deviceGetPCIBusId(device.index)
+    except Exception:  # cupy missing: the bus id is also in the probe snapshot
+        return None

@@ -1,0 +1,13 @@
+"""GPU tests: skipped on machines without CUDA (CI), run by tests/gpu/run.sh on a GPU machine."""
+
+import pytest
+import torch
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (run tests/gpu/run.sh on a GPU machine)")
+    for item in items:
+        if "tests/gpu/" in str(item.fspath).replace("\\", "/"):
+            item.add_marker(skip)

@@ -1,0 +1,342 @@
+"""GPU checks of the p2p backend on one machine; several ranks may share one GPU (CUDA IPC
+works between processes on one device).
+
+  python3 tests/gpu/p2p_check.py exact --world 4     exact sums: every variant, dtype and size, eager and graph,
+                                                      plus bit-identical fp32-accumulated sums of random data
+  python3 tests/gpu/p2p_check.py long --world 2 --calls 10000 --replays 1000 [--budget-s 60]
+                                                      back-to-back eager calls and graph replays, every result checked
+  python3 tests/gpu/p2p_check.py timeout              rank 1 never arrives: rank 0 must get P2PTimeoutError
+  python3 tests/gpu/p2p_check.py calibrate --world 2  p2p:auto measures its crossover and all ranks agree
+  python3 tests/gpu/p2p_check.py floor                world size 1: graph-replayed one-shot kernel, 1 KiB - 1 MiB
+
+The last line printed is a JSON summary (tests/gpu/test_p2p_gpu.py reads it). Timings from
+ranks that share a GPU mean nothing: only the world-size-1 floor prints times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.multiprocessing as mp
+
+from commbench.backends.p2p import P2PTimeoutError, make
+from commbench.context import RunContext, init_context, shutdown
+from commbench.workload import exact_pattern, expected_sum
+
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+MAX_BYTES = 8 << 20
+# 16 B up to the maximum, with odd sizes: one vector, fewer vectors than ranks, partial
+# blocks, two-shot slices of unequal length, the largest buffer.
+EXACT_SIZES = (16, 48, 1040, 4096, 65536 + 16, 262144, 1 << 20, (3 << 20) + 48, MAX_BYTES)
+RANDOM_SIZES = (1040, 65536 + 16)
+VARIANTS = ("oneshot", "oneshot_pull", "twoshot", "auto")
+# auto switches to two-shot here in exact/long runs, so both kernels run inside one variant.
+TEST_CROSSOVER_BYTES = 65536
+LONG_SIZES = (16, 4096, 65536 + 16, 262144)    # consecutive calls change grid and kernel
+LONG_EPOCHS = 3                                 # coprime with len(LONG_SIZES): every pair occurs
+LONG_CHUNK = 500
+TIMEOUT_MS = 300.0
+FLOOR_SIZES = tuple(1024 << k for k in range(11))   # 1 KiB ... 1 MiB
+FLOOR_CALLS_PER_GRAPH = 100
+FLOOR_REPLAYS = 20
+
+
+# ---------------------------------------------------------------------------------------
+# process plumbing
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _rank_main(rank: int, world: int, port: int, fn_name: str, args: argparse.Namespace, out_path: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
+    ctx, _ = init_context(share_gpus=True, timeout_s=120.0)
+    try:
+        result = WORKERS[fn_name](ctx, args)
+        if rank == 0:
+            Path(out_path).write_text(json.dumps(result))
+    finally:
+        shutdown()
+
+
+def spawn(fn_name: str, world: int, args: argparse.Namespace) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        out_path = os.path.join(tmp, "summary.json")
+        mp.start_processes(_rank_main, args=(world, _free_port(), fn_name, args, out_path), nprocs=world,
+                           start_method="spawn")
+        return json.loads(Path(out_path).read_text())
+
+
+def _device_sum(values: list[torch.Tensor]) -> int:
+    return int(torch.stack(values).sum().item()) if values else 0
+
+
+def _backend(variant: str, options: dict[str, Any], ctx: RunContext):
+    backend = make(variant, options)[0]
+    reason = backend.check(ctx)
+    if reason is not None:
+        raise RuntimeError(f"{backend.name}: check() says {reason}")
+    return backend
+
+
+# ---------------------------------------------------------------------------------------
+# exact: every variant, dtype, size and mode
+
+
+def _fp32_rank_order_sum(inputs: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+    acc = inputs[0].float()
+    for x in inputs[1:]:
+        acc = acc + x.float()
+    return acc.to(dtype)
+
+
+def _random_inputs(world: int, count: int, dtype: torch.dtype, device: torch.device, seed: int) -> list[torch.Tensor]:
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed)
+    return [torch.randn(count, generator=gen, device=device).to(dtype) for _ in range(world)]
+
+
+def exact_worker(ctx: RunContext, args: argparse.Namespace) -> dict[str, Any]:
+    world, dev = ctx.world_size, ctx.device
+    cases: list[tuple[str, str, int, str, int]] = []
+    wrong: list[torch.Tensor] = []
+    random_mismatch: list[str] = []
+    for variant in VARIANTS:
+        backend = _backend(variant, {"p2p_crossover_bytes": TEST_CROSSOVER_BYTES, "p2p_max_bytes": MAX_BYTES}, ctx)
+        try:
+            for dtype in DTYPES:
+                backend.setup(ctx, MAX_BYTES, dtype)
+                for size in EXACT_SIZES:
+                    count = size // dtype.itemsize
+                    for epoch in (1, 2):       # eager, back to back
+                        out = backend.allreduce(exact_pattern(ctx.rank, epoch, count, world, dev, dtype))
+                        wrong.append((out != expected_sum(epoch, count, world, dev, dtype)).sum())
+                        cases.append((variant, str(dtype), size, "eager", epoch))
+                    static = torch.empty(count, dtype=dtype, device=dev)
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph):
+                        graph_out = backend.allreduce(static)
+                    for epoch in (3, 4):       # new inputs in the static buffer, poisoned output
+                        static.copy_(exact_pattern(ctx.rank, epoch, count, world, dev, dtype))
+                        graph_out.fill_(float("nan"))
+                        graph.replay()
+                        wrong.append((graph_out != expected_sum(epoch, count, world, dev, dtype)).sum())
+                        cases.append((variant, str(dtype), size, "graph", epoch))
+                for size in RANDOM_SIZES:
+                    count = size // dtype.itemsize
+                    inputs = _random_inputs(world, count, dtype, dev, seed=size)
+                    out = backend.allreduce(inputs[ctx.rank])
+                    reference = _fp32_rank_order_sum(inputs, dtype)
+                    same_bits = bool(torch.equal(out.view(torch.uint8), reference.view(torch.uint8)))
+                    digests = ctx.all_gather_objects(out.view(torch.uint8).cpu().numpy().tobytes())
+                    if not same_bits or len(set(digests)) != 1:
+                        random_mismatch.append(f"{variant} {dtype} {size}B: matches fp32 reference: {same_bits}, "
+                                               f"identical on all ranks: {len(set(digests)) == 1}")
+        finally:
+            backend.close()
+    counts = torch.stack(wrong).tolist()
+    failed = [f"{c} wrong={n}" for c, n in zip(cases, counts) if n]
+    per_rank = ctx.all_gather_objects({"failed": failed, "random_mismatch": random_mismatch,
+                                       "wrong": int(sum(counts))})
+    return {"world": world, "checked_cases": len(cases), "random_cases": len(VARIANTS) * len(DTYPES) * len(RANDOM_SIZES),
+            "wrong": sum(r["wrong"] for r in per_rank),
+            "failed": [f"rank {i}: {f}" for i, r in enumerate(per_rank) for f in r["failed"]][:20],
+            "random_mismatch": [f"rank {i}: {m}" for i, r in enumerate(per_rank) for m in r["random_mismatch"]][:20]}
+
+
+# ---------------------------------------------------------------------------------------
+# long: many back-to-back calls and graph replays, every result checked on the device
+
+
+def _chunks(ctx: RunContext, total: int, deadline: float) -> Any:
+    """Chunk sizes until `total` or the deadline; rank 0 decides so every rank makes the same calls."""
+    done = 0
+    while done < total:
+        if not ctx.broadcast_object(time.monotonic() < deadline):
+            return
+        step = min(LONG_CHUNK, total - done)
+        yield step
+        done += step
+
+
+def long_worker(ctx: RunContext, args: argparse.Namespace) -> dict[str, Any]:
+    world, dev, dtype = ctx.world_size, ctx.device, torch.bfloat16
+    backend = _backend(args.variant, {"p2p_crossover_bytes": TEST_CROSSOVER_BYTES}, ctx)
+    counts = [size // dtype.itemsize for size in LONG_SIZES]
+    inputs = [[exact_pattern(ctx.rank, e, n, world, dev, dtype) for n in counts] for e in range(LONG_EPOCHS)]
+    expected = [[expected_sum(e, n, world, dev, dtype) for n in counts] for e in range(LONG_EPOCHS)]
+    try:
+        backend.setup(ctx, MAX_BYTES, dtype)
+        deadline = time.monotonic() + args.budget_s
+        eager_wrong = torch.zeros((), dtype=torch.int64, device=dev)
+        calls = 0
+        for step in _chunks(ctx, args.calls, deadline):
+            for k in range(calls, calls + step):
+                i, e = k % len(LONG_SIZES), k % LONG_EPOCHS
+                eager_wrong += (backend.allreduce(inputs[e][i]) != expected[e][i]).sum()
+            calls += step
+        static = [torch.empty(n, dtype=dtype, device=dev) for n in counts]
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            outs = [backend.allreduce(s) for s in static]
+        deadline = time.monotonic() + args.budget_s
+        graph_wrong = torch.zeros((), dtype=torch.int64, device=dev)
+        replays = 0
+        for step in _chunks(ctx, args.replays, deadline):
+            for r in range(replays, replays + step):
+                e = r % LONG_EPOCHS
+                for s, x in zip(static, inputs[e]):
+                    s.copy_(x)
+                graph.replay()
+                for o, ex in zip(outs, expected[e]):
+                    graph_wrong += (o != ex).sum()
+            replays += step
+        torch.cuda.synchronize()
+        backend.raise_if_failed()
+    finally:
+        backend.close()
+    per_rank = ctx.all_gather_objects((int(eager_wrong.item()), int(graph_wrong.item())))
+    return {"world": world, "variant": backend.name, "eager_calls": calls, "graph_replays": replays,
+            "calls_per_replay": len(LONG_SIZES),
+            "eager_wrong": sum(r[0] for r in per_rank), "graph_wrong": sum(r[1] for r in per_rank)}
+
+
+# ---------------------------------------------------------------------------------------
+# timeout: a peer that never arrives
+
+
+def timeout_worker(ctx: RunContext, args: argparse.Namespace) -> dict[str, Any]:
+    dev, dtype, count = ctx.device, torch.bfloat16, 4096
+    backend = _backend("oneshot", {"p2p_timeout_ms": TIMEOUT_MS}, ctx)
+    result: dict[str, Any] = {"world": ctx.world_size}
+    try:
+        backend.setup(ctx, 1 << 20, dtype)
+        out = backend.allreduce(exact_pattern(ctx.rank, 1, count, ctx.world_size, dev, dtype))
+        result["healthy_call_wrong"] = int((out != expected_sum(1, count, ctx.world_size, dev, dtype)).sum().item())
+        ctx.barrier()
+        if ctx.rank == 0:              # rank 1 stays in the barrier below: it never arrives
+            start = time.perf_counter()
+            backend.allreduce(exact_pattern(0, 2, count, ctx.world_size, dev, dtype))
+            torch.cuda.synchronize()
+            result["kernel_returned_after_s"] = round(time.perf_counter() - start, 3)
+            for attempt in ("raise_if_failed", "next_allreduce"):
+                try:
+                    if attempt == "raise_if_failed":
+                        backend.raise_if_failed()
+                    else:
+                        backend.allreduce(exact_pattern(0, 3, count, ctx.world_size, dev, dtype))
+                    result[attempt] = None
+                except P2PTimeoutError as exc:
+                    result[attempt] = str(exc)
+        ctx.barrier()
+    finally:
+        backend.close()
+    return result
+
+
+# ---------------------------------------------------------------------------------------
+# calibrate: p2p:auto measures its crossover (numbers from a shared GPU mean nothing)
+
+
+def calibrate_worker(ctx: RunContext, args: argparse.Namespace) -> dict[str, Any]:
+    backend = _backend("auto", {}, ctx)
+    try:
+        backend.setup(ctx, MAX_BYTES, torch.bfloat16)
+        extra = backend.row_fields()["extra"]
+        count = 65536
+        out = backend.allreduce(exact_pattern(ctx.rank, 1, count, ctx.world_size, ctx.device, torch.bfloat16))
+        wrong = int((out != expected_sum(1, count, ctx.world_size, ctx.device, torch.bfloat16)).sum().item())
+    finally:
+        backend.close()
+    crossovers = ctx.all_gather_objects(extra["p2p_crossover_bytes"])
+    return {"world": ctx.world_size, "crossover_per_rank": crossovers, "source": extra["p2p_crossover_source"],
+            "calibrated_sizes": extra["p2p_calibration"]["sizes"], "wrong": wrong}
+
+
+# ---------------------------------------------------------------------------------------
+# floor: world size 1, the kernel alone (no peers), graph-replayed
+
+
+def _graph_us_per_call(call: Callable[[], None]) -> float:
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(FLOOR_CALLS_PER_GRAPH):
+            call()
+    for _ in range(3):
+        graph.replay()
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+              for _ in range(FLOOR_REPLAYS)]
+    for start, end in events:
+        start.record()
+        graph.replay()
+        end.record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in events) * 1000.0 / FLOOR_CALLS_PER_GRAPH
+
+
+def floor_main() -> dict[str, Any]:
+    ctx, _ = init_context()
+    dtype = torch.bfloat16
+    backend = _backend("oneshot", {}, ctx)
+    rows = []
+    try:
+        backend.setup(ctx, max(FLOOR_SIZES), dtype)
+        for size in FLOOR_SIZES:
+            count = size // dtype.itemsize
+            x = exact_pattern(0, 1, count, 1, ctx.device, dtype)
+            exact = bool(torch.equal(backend.allreduce(x), x))
+            y = torch.empty_like(x)
+            rows.append({"bytes": size, "p2p_oneshot_us": round(_graph_us_per_call(lambda: backend.allreduce(x)), 3),
+                         "torch_copy_us": round(_graph_us_per_call(lambda: y.copy_(x)), 3), "exact": exact})
+        backend.raise_if_failed()
+    finally:
+        backend.close()
+        shutdown()
+    print(f"{'bytes':>8}  {'p2p:oneshot us':>14}  {'torch copy_ us':>14}  exact")
+    for row in rows:
+        print(f"{row['bytes']:>8}  {row['p2p_oneshot_us']:>14.3f}  {row['torch_copy_us']:>14.3f}  {row['exact']}")
+    return {"device": torch.cuda.get_device_name(0), "dtype": "bf16", "calls_per_graph": FLOOR_CALLS_PER_GRAPH,
+            "replays": FLOOR_REPLAYS, "rows": rows}
+
+
+WORKERS: dict[str, Callable[[RunContext, argparse.Namespace], dict[str, Any]]] = {
+    "exact": exact_worker, "long": long_worker, "timeout": timeout_worker, "calibrate": calibrate_worker}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("mode", choices=[*WORKERS, "floor"])
+    parser.add_argument("--world", type=int, default=2)
+    parser.add_argument("--variant", default="auto")
+    parser.add_argument("--calls", type=int, default=10_000)
+    parser.add_argument("--replays", type=int, default=1_000)
+    parser.add_argument("--budget-s", type=float, default=60.0,
+                        help="long mode: stop eager calls (and, separately, replays) after this long")
+    args = parser.parse_args(argv)
+    started = time.monotonic()
+    if args.mode == "floor":
+        summary = floor_main()
+    else:
+        summary = spawn(args.mode, 2 if args.mode == "timeout" else args.world, args)
+    summary["mode"] = args.mode
+    summary["wall_s"] = round(time.monotonic() - started, 1)
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

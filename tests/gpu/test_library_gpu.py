@@ -1,0 +1,193 @@
+"""Library backends on a GPU: several processes share the visible GPU(s) (share_gpus=True).
+
+Each variant is checked exact (plain allreduce) or within the stated tolerance (fused),
+eager and as K calls captured in one CUDA graph. Timings from a shared GPU mean nothing, so
+none are taken. A variant that cannot run here must say why: its reason is part of the
+result (written to $OUT/library_gpu_<n>.json when $OUT is set) and printed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import traceback
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from commbench.backends.base import Backend
+
+GRAPH_CALLS = 3
+PLAIN_BYTES = (8 << 10, 96 << 10, 1 << 20)        # 4K..512K bf16 elements
+SHAPES = ((1, 4096), (16, 4096), (64, 5120))       # (tokens, hidden)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _variants() -> list[Backend]:
+    from commbench.backends import factory
+
+    specs = ["symm_mem:one_shot", "symm_mem:two_shot", "symm_mem:multimem",
+             "flashinfer:trtllm_oneshot", "flashinfer:trtllm_twoshot",
+             "flashinfer:fused_oneshot", "flashinfer:fused_twoshot",
+             "flashinfer:pcie_ipc", "flashinfer:mnnvl", "mscclpp:auto", "mscclpp:shim"]
+    # COMMBENCH_GPU_TEST_FAMILIES=symm_mem,flashinfer runs a subset (the test then checks only those).
+    families = os.environ.get("COMMBENCH_GPU_TEST_FAMILIES")
+    if families:
+        specs = [s for s in specs if s.partition(":")[0] in families.split(",")]
+    out: list[Backend] = []
+    for spec in specs:
+        family, _, variant = spec.partition(":")
+        out.extend(factory(family).make(variant, {"hidden": 4096}))
+    return out
+
+
+def _check_calls(workload, graph: bool, epoch: int) -> tuple[int, str | None]:
+    workload.prepare(epoch)
+    if graph:
+        g = torch.cuda.CUDAGraph()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            workload.run()                          # warm-up outside capture
+        torch.cuda.current_stream().wait_stream(stream)
+        torch.cuda.synchronize()
+        with torch.cuda.graph(g):
+            for _ in range(GRAPH_CALLS):
+                workload.run()
+        workload.prepare(epoch + 1)
+        g.replay()
+        epoch += 1
+    else:
+        for _ in range(GRAPH_CALLS):
+            workload.run()
+    torch.cuda.synchronize()
+    result = workload.verify(epoch, None)
+    return result.wrong_elements, result.wrong_kind
+
+
+def _run_variant(ctx, backend: Backend, dtype: torch.dtype) -> dict:
+    from commbench.fusion import FUSED_OP
+
+    reason = backend.check(ctx)
+    if reason:
+        return {"status": "skipped", "reason": reason}
+    if backend.op == FUSED_OP:
+        cases = [(t * h, (t, h)) for t, h in SHAPES]
+    else:
+        cases = [(b // dtype.itemsize, None) for b in PLAIN_BYTES]
+    max_bytes = max(count for count, _ in cases) * dtype.itemsize
+    try:
+        backend.setup(ctx, max_bytes, dtype)
+    except Exception as exc:
+        return {"status": "setup_failed", "reason": f"{type(exc).__name__}: {exc}"}
+    rows = []
+    try:
+        for count, shape in cases:
+            size_reason = backend.supports(count * dtype.itemsize, dtype)
+            if size_reason:
+                rows.append({"count": count, "shape": shape, "status": "unsupported", "reason": size_reason})
+                continue
+            try:
+                workload = backend.make_workload(ctx, count, dtype, shape)
+            except Exception as exc:
+                rows.append({"count": count, "shape": shape, "status": "unsupported", "reason": str(exc)})
+                continue
+            for graph in ([False, True] if backend.graph_capturable else [False]):
+                try:
+                    wrong, kind = _check_calls(workload, graph, epoch=3)
+                    rows.append({"count": count, "shape": shape, "graph": graph, "wrong": wrong, "kind": kind,
+                                 "status": "ok" if wrong == 0 else "wrong", **backend.row_fields()})
+                except Exception as exc:
+                    rows.append({"count": count, "shape": shape, "graph": graph, "status": "error",
+                                 "reason": f"{type(exc).__name__}: {exc}"})
+    finally:
+        backend.close()
+    return {"status": "ran", "rows": rows}
+
+
+def _worker(rank: int, world: int, port: int, results) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                      LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    from commbench.context import init_context, shutdown
+
+    try:
+        ctx, _ = init_context(share_gpus=True, timeout_s=240)
+        out = {}
+        for backend in _variants():
+            out[backend.name] = _run_variant(ctx, backend, torch.bfloat16)
+            if rank == 0:
+                print(f"[{world} ranks] {backend.name}: {json.dumps(out[backend.name], default=str)[:400]}",
+                      flush=True)
+            ctx.barrier()
+        # fp16 shows whether this torch's symm_mem kernels take it (their dispatch says bf16/fp32).
+        from commbench.backends.symm_mem import SymmMemAllreduce
+
+        out["symm_mem:one_shot(fp16 op)"] = _fp16_probe(ctx, SymmMemAllreduce("one_shot"))
+        results.put((rank, out))
+        ctx.barrier()
+        shutdown()
+    except Exception:
+        results.put((rank, {"crash": traceback.format_exc()}))
+
+
+def _fp16_probe(ctx, backend) -> dict:
+    try:
+        backend.setup(ctx, 4096, torch.float16)
+        x = torch.ones(1024, dtype=torch.float16, device=ctx.device)
+        y = backend.allreduce(x)
+        torch.cuda.synchronize()
+        return {"status": "ran", "ok": bool((y == ctx.world_size).all())}
+    except Exception as exc:
+        return {"status": "refused", "reason": f"{type(exc).__name__}: {str(exc).splitlines()[0]}"}
+    finally:
+        backend.close()
+
+
+def _run_world(world: int) -> dict:
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_worker, args=(r, world, port, results)) for r in range(world)]
+    for p in procs:
+        p.start()
+    gathered = dict(results.get(timeout=600) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+    if os.environ.get("OUT"):
+        with open(os.path.join(os.environ["OUT"], f"library_gpu_{world}.json"), "w") as f:
+            json.dump(gathered, f, indent=1, default=str)
+    return gathered
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_library_backends_on_shared_gpu(world: int) -> None:
+    gathered = _run_world(world)
+    crashes = {r: v["crash"] for r, v in gathered.items() if "crash" in v}
+    assert not crashes, crashes
+    report = gathered[0]
+    for name, result in report.items():
+        print(f"[{world} ranks] {name}: {json.dumps(result, default=str)[:600]}")
+    # Whatever ran must be exact on every rank.
+    for rank, out in gathered.items():
+        for name, result in out.items():
+            for row in result.get("rows", []):
+                assert row["status"] in ("ok", "unsupported"), (rank, name, row)
+    # torch symmetric memory one/two-shot must run on a shared GPU.
+    for name in ("symm_mem:one_shot", "symm_mem:two_shot"):
+        if name in report:
+            assert report[name]["status"] == "ran", (name, report[name])
+            assert any(r["status"] == "ok" for r in report[name]["rows"]), report[name]
+    # Multicast stays off here (tests/gpu/run.sh keeps the policy variables set).
+    for name in ("symm_mem:multimem", "flashinfer:mnnvl"):
+        if name in report:
+            assert report[name]["status"] == "skipped", (name, report[name])
+    # Every variant either ran or says why not.
+    for name, result in report.items():
+        assert result["status"] == "ran" or result.get("reason"), (name, result)

@@ -1,0 +1,77 @@
+"""p2p backend on a GPU machine: exactness, long runs, the timeout, the crossover vote, the
+world-size-1 floor. Ranks share one GPU where there is one (CUDA IPC works between processes
+on one device); timings from such runs mean nothing and nothing here asserts a speed.
+
+Each test runs tests/gpu/p2p_check.py in a fresh process tree and reads its JSON summary.
+With $OUT set (the device tool), every summary is also appended to $OUT/p2p_gpu.log.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+SCRIPT = Path(__file__).with_name("p2p_check.py")
+# Several ranks on one GPU take turns on it, so a long run is bounded by time and must still
+# reach these counts at world size 2; larger worlds must reach at least the minimums.
+LONG_TARGET_CALLS, LONG_TARGET_REPLAYS = 10_000, 1_000
+LONG_MIN_CALLS, LONG_MIN_REPLAYS = 1_000, 100
+
+
+def _run(args: list[str], timeout_s: float) -> dict[str, Any]:
+    proc = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout_s)
+    out_dir = os.environ.get("OUT")
+    if out_dir:
+        with open(os.path.join(out_dir, "p2p_gpu.log"), "a") as log:
+            log.write(f"$ p2p_check.py {' '.join(args)}  (exit {proc.returncode})\n{proc.stdout}")
+            if proc.returncode:
+                log.write(proc.stderr[-6000:])
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_exact_sums_every_variant_dtype_size_and_mode(world: int) -> None:
+    summary = _run(["exact", "--world", str(world)], timeout_s=150)
+    assert summary["checked_cases"] == 4 * 3 * 9 * 4
+    assert summary["wrong"] == 0, summary["failed"]
+    assert summary["random_mismatch"] == []
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_back_to_back_calls_and_graph_replays_stay_exact(world: int) -> None:
+    budget_s = 45 if world == 2 else 15
+    summary = _run(["long", "--world", str(world), "--budget-s", str(budget_s)], timeout_s=4 * budget_s + 60)
+    assert summary["eager_wrong"] == 0 and summary["graph_wrong"] == 0, summary
+    if world == 2:
+        assert (summary["eager_calls"], summary["graph_replays"]) == (LONG_TARGET_CALLS, LONG_TARGET_REPLAYS)
+    else:
+        assert summary["eager_calls"] >= LONG_MIN_CALLS and summary["graph_replays"] >= LONG_MIN_REPLAYS, summary
+
+
+def test_absent_peer_times_out_with_a_clear_error() -> None:
+    summary = _run(["timeout"], timeout_s=120)
+    assert summary["healthy_call_wrong"] == 0
+    expected = "p2p: peer rank 1 did not arrive within 300 ms"
+    assert summary["raise_if_failed"] is not None and summary["raise_if_failed"].startswith(expected), summary
+    assert summary["next_allreduce"] is not None and summary["next_allreduce"].startswith(expected), summary
+    assert summary["kernel_returned_after_s"] < 5.0
+
+
+def test_auto_measures_one_crossover_for_all_ranks() -> None:
+    summary = _run(["calibrate", "--world", "2"], timeout_s=150)
+    assert summary["source"] == "measured"
+    assert len(set(summary["crossover_per_rank"])) == 1
+    assert summary["calibrated_sizes"] and summary["wrong"] == 0
+
+
+def test_world_size_one_kernel_floor_runs_and_is_exact() -> None:
+    summary = _run(["floor"], timeout_s=120)
+    assert [row["bytes"] for row in summary["rows"]] == [1024 << k for k in range(11)]
+    assert all(row["exact"] and row["p2p_oneshot_us"] > 0 for row in summary["rows"])

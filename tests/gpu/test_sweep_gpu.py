@@ -1,0 +1,56 @@
+"""The sweep on a CUDA machine: NCCL in eager and graph mode, what NCCL reports it used,
+and the world-size-1 cases that must not be reported as latencies."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from commbench.timing import capture_graph, count_work_nodes
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _sweep(tmp_path: Path, *args: str, nproc: int | None = None) -> list[dict]:
+    launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
+                if nproc else [sys.executable])
+    result = subprocess.run([*launcher, "-m", "commbench", "sweep", "--out", str(tmp_path), *args],
+                            capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    print(result.stdout)
+    (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    return [json.loads(line) for line in (run_dir / "measurements.jsonl").read_text().splitlines()]
+
+
+def test_graph_node_count_tells_work_from_no_work() -> None:
+    x = torch.ones(1024, device="cuda")
+    assert count_work_nodes(capture_graph(lambda: x.mul_(1.0), 3)) == 3
+    assert count_work_nodes(capture_graph(lambda: None, 3)) == 0
+
+
+def test_world_size_one_nccl_is_flagged_not_timed(tmp_path: Path) -> None:
+    rows = _sweep(tmp_path, "--backends", "nccl", "-b", "4K", "-e", "1M", "-f", "16", "--iters", "20")
+    assert {r["mode"] for r in rows} == {"eager", "graph"}
+    for row in rows:
+        assert row["status"] == "no_work" and row["wrong_elements"] == 0, row
+    graph = [r for r in rows if r["mode"] == "graph"]
+    assert all("captured no work" in r["reason"] and r["latency_p50_us"] is None for r in graph)
+    eager = [r for r in rows if r["mode"] == "eager"]
+    assert all("world size 1" in r["reason"] and r["latency_p50_us"] > 0 for r in eager)
+
+
+def test_multi_gpu_nccl_protocol_matrix_is_exact_and_reported(tmp_path: Path) -> None:
+    if torch.cuda.device_count() < 2:
+        import pytest
+
+        pytest.skip("needs 2 GPUs: NCCL refuses two ranks on one GPU")
+    rows = _sweep(tmp_path, "--backends", "nccl", "--nccl-proto", "LL,Simple", "--nccl-algo", "Ring",
+                  "-b", "4K", "-e", "4M", "-f", "32", "--iters", "20", nproc=torch.cuda.device_count())
+    assert all(r["status"] == "ok" and r["wrong_elements"] == 0 for r in rows), rows
+    forced = [r for r in rows if r["nccl_proto_requested"]]
+    assert forced and all(r["nccl_proto_used"] == r["nccl_proto_requested"] for r in forced), forced
+    assert all(r["setting_applied"] for r in forced)

@@ -1,0 +1,79 @@
+"""Faulty backends for commbench's tests, loaded through the `commbench.backends` entry-point group
+(tests put this folder on PYTHONPATH; the dist-info beside it declares the entry point).
+
+Each variant is built on gloo so it runs on the CPU, and each fails in one specific way that the
+harness must catch: returning its input, one wrong element, a stale answer, a rank that never
+arrives, a setup failure on one rank, a node-local backend across nodes.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from commbench.backends.base import Backend, BackendFactory, BackendUnavailable
+from commbench.errors import UsageError
+
+VARIANTS = ("exact", "noop", "one_wrong", "stale", "hang_rank1", "setup_fails_rank1", "nodelocal", "solo")
+
+
+class FaultyBackend(Backend):
+    family = "testfaults"
+    graph_capturable = False
+
+    def __init__(self, fault: str, hang_from_bytes: int):
+        self.fault = fault
+        self.name = f"testfaults:{fault}"
+        self.node_local = fault == "nodelocal"
+        self.max_world_size = 1 if fault == "solo" else None
+        self.hang_from_bytes = hang_from_bytes
+        self.group: Any = None
+        self.rank = 0
+        self._first: torch.Tensor | None = None
+
+    def setup(self, ctx, max_bytes: int, dtype: torch.dtype) -> None:
+        self.rank = ctx.rank
+        if self.group is None:
+            self.group = dist.new_group(backend="gloo")  # collective: every rank reaches it
+        if self.fault == "setup_fails_rank1" and ctx.rank == 1:
+            raise BackendUnavailable("this rank's workspace allocation failed (deliberate)")
+
+    def allreduce(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fault == "noop":
+            return x.clone()
+        if self.fault == "hang_rank1" and self.rank == 1 and x.numel() * x.element_size() >= self.hang_from_bytes:
+            while True:  # never arrives: only the watchdog ends this
+                time.sleep(1)
+        out = x.clone()
+        dist.all_reduce(out, group=self.group)
+        if self.fault == "one_wrong" and self.rank == 0:
+            out[out.numel() // 2] += 1
+        if self.fault == "stale":
+            if self._first is None or self._first.numel() != out.numel():
+                self._first = out
+            return self._first
+        return out
+
+    def row_fields(self) -> dict[str, Any]:
+        # Shows that a driver's --env setting reached this child process.
+        return {"test_knob": os.environ.get("COMMBENCH_TEST_KNOB")}
+
+    def close(self) -> None:
+        if self.group is not None:
+            dist.destroy_process_group(self.group)
+            self.group = None
+
+
+def make(variant: str | None, options: dict[str, Any]) -> list[Backend]:
+    fault, _, hang_from = (variant or "exact").partition("@")
+    if fault not in VARIANTS:
+        raise UsageError(f"unknown testfaults variant {fault!r}")
+    return [FaultyBackend(fault, int(hang_from) if hang_from else 0)]
+
+
+FACTORY = BackendFactory(family="testfaults", make=make, on_gpu_by_default=False, on_cpu_by_default=False,
+                         summary="deliberately faulty test backends", variants_help=list(VARIANTS))

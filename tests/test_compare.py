@@ -1,0 +1,71 @@
+"""commbench compare: p50/p99 change per backend and size, judged against both runs' spread."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from commbench.cli import main as cli
+from commbench.compare import changes
+from commbench.curves import build_curves
+from commbench.results import ROWS_FILE, load_run
+
+RUNS = Path(__file__).parent / "data" / "runs"
+SYNTHETIC = RUNS / "synthetic-pcie-8gpu"
+CPU_A, CPU_B = RUNS / "cpu-gloo-4rank-a", RUNS / "cpu-gloo-4rank-b"
+
+
+def _slowed(tmp_path: Path, backend: str, factor: float) -> Path:
+    """A copy of the synthetic run where one backend's latencies are multiplied by factor."""
+    run = tmp_path / "slowed"
+    shutil.copytree(SYNTHETIC, run)
+    lines = []
+    for line in (run / ROWS_FILE).read_text().splitlines():
+        row = json.loads(line)
+        if row["backend"] == backend and not row["env_setting"]:
+            for key in ("latency_p10_us", "latency_p50_us", "latency_p90_us", "latency_p99_us"):
+                if row[key] is not None:
+                    row[key] *= factor
+        lines.append(json.dumps(row))
+    (run / ROWS_FILE).write_text("\n".join(lines) + "\n")
+    return run
+
+
+def test_a_real_slowdown_is_beyond_spread_and_the_rest_is_not(tmp_path):
+    a = build_curves(load_run(SYNTHETIC).rows)
+    b = build_curves(load_run(_slowed(tmp_path, "nccl", 1.5)).rows)
+    rows = changes(a, b)
+    nccl = [c for c in rows if c.curve.startswith("nccl (")]
+    assert len(nccl) == 22                                         # graph and eager, 11 sizes each
+    assert all(c.p50_change_pct == pytest.approx(50.0) and c.verdict == "B slower" for c in nccl)
+    assert all(c.p99_change_pct == pytest.approx(50.0) for c in nccl)
+    others = [c for c in rows if not c.curve.startswith("nccl (")]
+    assert others and all(c.p50_change_pct == 0 and c.verdict == "same (within spread)" for c in others)
+
+
+def test_a_change_smaller_than_the_spread_is_noise(tmp_path):
+    # the fixture's p10-p90 band is 11% of p50 wide: a 5% shift stays inside it
+    rows = changes(build_curves(load_run(SYNTHETIC).rows),
+                   build_curves(load_run(_slowed(tmp_path, "symm_mem:two_shot", 1.05)).rows))
+    shifted = [c for c in rows if c.curve.startswith("symm_mem")]
+    assert all(c.p50_change_pct == pytest.approx(5.0) and c.beyond_spread is False for c in shifted)
+
+
+def test_cli_on_two_cpu_sweeps(tmp_path, capsys):
+    out = tmp_path / "cmp.json"
+    assert cli(["compare", str(CPU_A), str(CPU_B), "--out", str(tmp_path), "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert len(data["changes"]) == 22                              # bf16 and fp32 x 11 sizes of gloo
+    assert {c["curve"] for c in data["changes"]} == {"gloo (eager)"}
+    pngs = list(tmp_path.glob("compare_*.png"))
+    assert len(pngs) == 1 and pngs[0].stat().st_size > 10_000 and pngs[0].with_suffix(".svg").exists()
+    assert "A = 20261129-133158-vm" in capsys.readouterr().out
+
+
+def test_runs_with_nothing_in_common_exit_2(tmp_path, capsys):
+    assert cli(["compare", str(CPU_A), str(SYNTHETIC), "--out", str(tmp_path)]) == 2
+    assert "share no backend" in capsys.readouterr().err
+    assert cli(["compare", str(CPU_A), "/no/such/run"]) == 2

@@ -1,0 +1,113 @@
+"""commbench floor: the arithmetic, log-log interpolation, out-of-range sizes, the what-if."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from commbench import models
+from commbench.cli import main as cli
+from commbench.curves import decode_curves
+from commbench.floor import floor_row, table_curve, what_if
+from commbench.results import load_run
+
+RUNS = Path(__file__).parent / "data" / "runs"
+SYNTHETIC = RUNS / "synthetic-pcie-8gpu"
+CPU_A = RUNS / "cpu-gloo-4rank-a"
+
+
+def _table(tmp_path: Path, rows: str) -> Path:
+    path = tmp_path / "latency.csv"
+    path.write_text("bytes,latency_us\n" + rows, encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("latency_us, floor_ms", [(60.0, 9.36), (70.0, 10.92)])
+def test_users_78_layer_moe_spends_9_to_11_ms_of_a_17_ms_token(tmp_path, latency_us, floor_ms):
+    # DESIGN.md: 78 layers, TP8, 156 allreduces of 12 KB at 60-70 us -> 9-11 ms of a 17.28 ms token.
+    model = models.custom(layers=78, hidden=6144, ar_per_layer=2, dtype="bf16")
+    curve = table_curve(_table(tmp_path, f"8K,{latency_us}\n12K,{latency_us}\n16K,{latency_us}\n"))
+    row = floor_row(model, curve, concurrency=1)
+    assert row.message_bytes == 12 * 1024
+    assert row.allreduces_per_token == 156
+    assert row.floor_ms_per_token == pytest.approx(floor_ms)
+    assert row.max_tokens_per_s == pytest.approx(1000.0 / floor_ms)
+    split = what_if(model, [curve], curve, concurrency=1, step_ms=17.28)
+    assert split.rest_ms == pytest.approx(17.28 - floor_ms)
+    assert 9.0 <= split.current.floor_ms_per_token <= 11.0
+
+
+def test_glm5_preset_is_the_users_model():
+    glm = models.lookup("GLM-5")
+    assert (glm.layers, glm.hidden, glm.allreduces_per_token) == (78, 6144, 156)
+    assert glm.message_bytes(1) == 12 * 1024 and glm.message_bytes(256) == 3 * 1024 * 1024
+    assert models.lookup("deepseek-r1").key == "deepseek-v3"
+
+
+def test_every_preset_names_its_source():
+    presets = models.presets()
+    for key in ("deepseek-v3", "deepseek-v4-flash", "glm-5", "kimi-k2.5", "minimax-m2.5", "qwen3-235b-a22b",
+                "llama-3.1-70b", "llama-3.1-405b"):
+        assert presets[key].source and presets[key].layers > 0 and presets[key].hidden > 0
+    assert presets["llama-3.1-405b"].allreduces_per_token == 252
+
+
+def test_interpolation_is_linear_in_log_log_space(tmp_path):
+    curve = table_curve(_table(tmp_path, "8K,40\n32K,160\n4K,30\n"))
+    assert curve.at(16 * 1024).p50_us == pytest.approx(80.0)           # slope 1 between 8K and 32K
+    expected = math.exp(math.log(30) + 0.5 * (math.log(40) - math.log(30)))  # halfway in log(bytes)
+    assert curve.at(int(4096 * math.sqrt(2))).p50_us == pytest.approx(expected, rel=1e-4)
+    assert curve.at(8 * 1024).p50_us == 40.0                           # measured sizes are exact
+
+
+def test_sizes_outside_the_curve_are_flagged_not_extrapolated(tmp_path):
+    model = models.lookup("glm-5")
+    curve = table_curve(_table(tmp_path, "8K,55\n16K,75\n"))
+    inside, outside = floor_row(model, curve, 1), floor_row(model, curve, 2)
+    assert inside.latency_source == "interpolated" and inside.latency_us is not None
+    assert outside.latency_us is None and outside.floor_ms_per_token is None
+    assert outside.latency_source == "out of range 8K-16K"
+
+
+def test_what_if_swaps_in_the_fastest_trusted_backend():
+    model = models.lookup("glm-5")
+    curves = decode_curves(load_run(SYNTHETIC), tp=8, dtype="bf16", mode="auto")
+    nccl = next(c for c in curves if c.label == "nccl (graph)")
+    w = what_if(model, curves, nccl, concurrency=1, step_ms=17.28)
+    # nccl graph: 50 us at 8K, 68 us at 16K -> 12K interpolated in log-log space
+    nccl_us = 50 * (68 / 50) ** (math.log(1.5) / math.log(2))
+    oneshot_us = 9.5 * (13 / 9.5) ** (math.log(1.5) / math.log(2))
+    assert w.current.floor_ms_per_token == pytest.approx(156 * nccl_us / 1000)
+    assert w.best.backend == "p2p:oneshot (graph)"
+    assert w.new_step_ms == pytest.approx(17.28 - 156 * (nccl_us - oneshot_us) / 1000)
+    assert w.tokens_per_s_new == pytest.approx(1000 / w.new_step_ms)
+
+
+def test_cli_json_rows(tmp_path, capsys):
+    out = tmp_path / "floor.json"
+    assert cli(["floor", str(SYNTHETIC), "--model", "llama-3.1-70b", "--concurrency", "1,8",
+                "--backend", "nccl", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["concurrency"] for r in rows] == [1, 8]
+    assert set(rows[0]) >= {"concurrency", "message_bytes", "allreduces_per_token", "backend", "latency_us",
+                            "floor_ms_per_token", "max_tokens_per_s"}
+    # 80 layers x 2, 16 KiB at concurrency 1: nccl graph measured 68 us
+    assert rows[0]["floor_ms_per_token"] == pytest.approx(160 * 68 / 1000)
+    assert "Llama-3.1-70B" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["floor", str(SYNTHETIC), "--model", "gpt-9"], "unknown model 'gpt-9'"),
+    (["floor", str(SYNTHETIC), "--model", "glm-5", "--tp", "4"], "measured at world size 8, not TP 4"),
+    (["floor", str(CPU_A), "--layers", "10", "--hidden", "1024"], "needs all of --layers, --hidden and --ar-per-layer"),
+    (["floor", "/no/such/run", "--model", "glm-5"], "no such results directory"),
+    (["floor", str(SYNTHETIC), "--model", "glm-5", "--dtype", "fp32"], "no fp32 rows"),
+    (["floor", str(SYNTHETIC), "--model", "glm-5", "--step-ms", "17", "--concurrency", "1,2"], "one measured step"),
+])
+def test_bad_input_is_one_line_and_exit_2(argv, message, capsys):
+    assert cli(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err

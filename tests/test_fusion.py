@@ -1,0 +1,219 @@
+"""Fused vs unfused allreduce + residual + RMSNorm: the math, the checks and the bookkeeping.
+
+The distributed test runs ``unfused:best`` for real on gloo processes: its allreduce is a
+plain gloo allreduce backend (registered here as the family ``cpugloo``) picked from measured
+rows, followed by torch's residual add and RMSNorm on the CPU.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from commbench.backends.base import Backend, BackendFactory, BackendUnavailable
+from commbench.fusion import (FUSED_OP, RMS_EPS, TOLERANCE, best_allreduce_rows, check_fused,
+                              reference_residual_rmsnorm, residual_rmsnorm, rms_gamma, summarize)
+from commbench.results import Measurement
+
+
+class CpuGlooAllreduce(Backend):
+    """Out-of-place gloo allreduce, the plain baseline the measured rows name."""
+
+    family = "cpugloo"
+    graph_capturable = False
+
+    def __init__(self, noop: bool = False):
+        self.noop = noop
+        self.name = "cpugloo:noop" if noop else "cpugloo:plain"
+        self._group: Any = None
+
+    def setup(self, ctx, max_bytes: int, dtype: torch.dtype) -> None:
+        self._group = ctx.control_group
+
+    def allreduce(self, x: torch.Tensor) -> torch.Tensor:
+        out = x.clone()
+        if not self.noop:
+            dist.all_reduce(out, group=self._group)
+        return out
+
+
+FACTORY = BackendFactory(family="cpugloo", make=lambda variant, options: [CpuGlooAllreduce(variant == "noop")])
+
+
+def row(backend: str, us: float | None, *, op: str = "allreduce", mode: str = "graph", dtype: str = "bf16",
+        nbytes: int = 8192, tokens: int | None = None, hidden: int | None = None, status: str = "ok",
+        extra: dict | None = None, env: dict | None = None, world: int = 2) -> Measurement:
+    return Measurement(backend=backend, mode=mode, dtype=dtype, message_bytes=nbytes, world_size=world,
+                       status=status, op=op, tokens=tokens, hidden=hidden, latency_p50_us=us,
+                       extra=extra or {}, env_setting=env or {})
+
+
+# --- math ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_torch_unfused_tail_matches_the_fp32_reference_within_tolerance(dtype):
+    torch.manual_seed(0)
+    summed = torch.randint(-8, 9, (16, 512)).to(dtype)
+    residual = torch.randint(-4, 5, (16, 512)).to(dtype)
+    gamma = rms_gamma(512, torch.device("cpu"), dtype)
+    residual_out, norm_out = torch.empty_like(summed), torch.empty_like(summed)
+    residual_rmsnorm(summed, residual, gamma, RMS_EPS, residual_out, norm_out)
+    expected_residual, expected_norm = reference_residual_rmsnorm(summed, residual, gamma, RMS_EPS)
+    assert torch.equal(residual_out.float(), expected_residual)
+    tol = TOLERANCE[dtype]
+    assert bool(((norm_out.float() - expected_norm).abs() <= tol + tol * expected_norm.abs()).all())
+    # The reference really normalizes: unit RMS before gamma.
+    rms = (expected_norm / gamma.float()).pow(2).mean(dim=-1).sqrt()
+    nonzero = expected_residual.abs().sum(dim=-1) > 0
+    assert torch.allclose(rms[nonzero], torch.ones_like(rms[nonzero]), atol=1e-4)
+
+
+def test_check_fused_names_noop_stale_and_values():
+    dtype = torch.bfloat16
+    gamma = rms_gamma(64, torch.device("cpu"), dtype)
+    x_local = torch.full((4, 64), 1.0)
+    residual_in = torch.arange(64.0).repeat(4, 1) % 5
+    summed_now, summed_before = x_local * 3, x_local * 2
+    now = reference_residual_rmsnorm(summed_now, residual_in, gamma, RMS_EPS)
+    before = reference_residual_rmsnorm(summed_before, residual_in, gamma, RMS_EPS)
+    local = x_local + residual_in
+
+    def check(residual_out: torch.Tensor, norm_out: torch.Tensor):
+        return check_fused(residual_out.to(dtype), norm_out.to(dtype), now, before, local, dtype)
+
+    assert check(*now).wrong_elements == 0
+    assert check(*before).wrong_kind == "stale"
+    assert check(*before).wrong_elements == 4 * 64
+    noop_norm = reference_residual_rmsnorm(x_local, residual_in, gamma, RMS_EPS)[1]
+    assert check(local, noop_norm).wrong_kind == "noop"
+    off_norm = now[1].clone()
+    off_norm[1, 3] += 0.5
+    result = check(now[0], off_norm)
+    assert (result.wrong_elements, result.wrong_kind) == (1, "values")
+    assert check(now[0], torch.full_like(now[1], float("nan"))).wrong_elements == 4 * 64
+
+
+# --- picking the baseline and pairing the rows ---------------------------------------------
+
+def test_best_allreduce_rows_prefers_graph_and_correct_reproducible_rows():
+    rows = [
+        row("gloo:plain", 40.0, mode="eager"),
+        row("nccl:default", 30.0),
+        row("symm_mem:one_shot", 9.0),
+        row("symm_mem:one_shot", 5.0, dtype="fp16"),
+        row("p2p:oneshot", 3.0, status="wrong"),
+        row("nccl:proto=LL", 2.0, env={"NCCL_NTHREADS": "64"}),
+        row("flashinfer:fused_oneshot", 1.0, op=FUSED_OP),
+        row("nccl:default", 50.0, nbytes=16384),
+        row("symm_mem:two_shot", 45.0, nbytes=16384, world=4),
+    ]
+    best = best_allreduce_rows(rows, "bf16", 2)
+    assert {size: r.backend for size, r in best.items()} == {8192: "symm_mem:one_shot", 16384: "nccl:default"}
+    # Without graph rows (a CPU run), eager rows are the baseline.
+    assert best_allreduce_rows([rows[0]], "bf16", 2)[8192].backend == "gloo:plain"
+
+
+def test_summarize_pairs_fused_with_the_unfused_baseline_of_the_same_work():
+    shape = {"tokens": 4, "hidden": 1024, "nbytes": 8192}
+    rows = [
+        row("gloo:plain", 30.0, mode="eager"),
+        row("unfused:best", 42.0, op=FUSED_OP, mode="eager", extra={"allreduce_backend": "gloo:plain"}, **shape),
+        row("unfused:best", 12.0, op=FUSED_OP, extra={"allreduce_backend": "nccl:default"}, **shape),
+        row("flashinfer:fused_oneshot", 8.0, op=FUSED_OP, **shape),
+        row("flashinfer:fused_twoshot", 15.0, op=FUSED_OP, **shape),
+        row("flashinfer:fused_oneshot", 30.0, op=FUSED_OP, mode="eager", **shape),
+        row("flashinfer:fused_oneshot", 7.0, op=FUSED_OP, tokens=8, hidden=1024, nbytes=16384),
+        row("flashinfer:fused_twoshot", None, op=FUSED_OP, status="skipped", **shape),
+    ]
+    out = summarize(rows)
+    by_key = {(d["mode"], d["fused_backend"], d["tokens"]): d for d in out}
+    assert len(out) == 4
+    one = by_key[("graph", "flashinfer:fused_oneshot", 4)]
+    assert (one["fused_us"], one["unfused_us"], one["saving_us"]) == (8.0, 12.0, 4.0)
+    assert one["unfused_allreduce"] == "nccl:default"
+    assert one["saving_pct"] == pytest.approx(100 * 4.0 / 12.0)
+    assert by_key[("graph", "flashinfer:fused_twoshot", 4)]["saving_us"] == -3.0
+    eager = by_key[("eager", "flashinfer:fused_oneshot", 4)]
+    assert (eager["unfused_us"], eager["saving_us"], eager["unfused_allreduce"]) == (42.0, 12.0, "gloo:plain")
+    lonely = by_key[("graph", "flashinfer:fused_oneshot", 8)]
+    assert (lonely["unfused_us"], lonely["saving_us"]) == (None, None)
+    assert summarize([r for r in rows if r.op == "allreduce"]) == []
+
+
+# --- unfused:best for real, on gloo processes ----------------------------------------------
+
+def _unfused_worker(rank: int, world: int, port: int, baseline: str, results) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                      LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    from commbench import backends
+    from commbench.backends.unfused import UnfusedBest
+    from commbench.context import init_context, shutdown
+
+    backends.BUILTIN["cpugloo"] = "test_fusion"
+    ctx, _ = init_context(force_cpu=True, timeout_s=60)
+    tokens, hidden, dtype = 6, 256, torch.bfloat16
+    nbytes = tokens * hidden * dtype.itemsize
+    ctx.measured = [row("cpugloo:plain", 50.0, mode="eager", nbytes=nbytes, world=world),
+                    row(baseline, 20.0, mode="eager", nbytes=nbytes, world=world)]
+    out: dict[str, Any] = {}
+    backend = UnfusedBest({})
+    try:
+        assert backend.check(ctx) is None
+        backend.setup(ctx, nbytes, dtype)
+        out["graph_capturable"] = backend.graph_capturable
+        try:
+            backend.make_workload(ctx, tokens * hidden * 2, dtype, (tokens * 2, hidden))
+        except BackendUnavailable as exc:
+            out["other_size"] = str(exc)
+        workload = backend.make_workload(ctx, tokens * hidden, dtype, (tokens, hidden))
+        out["fields"] = backend.row_fields()
+        results_by_epoch = []
+        for epoch in (1, 2):
+            workload.prepare(epoch)
+            workload.run()
+            workload.run()       # back-to-back calls on static inputs give the same answer
+            check = workload.verify(epoch, epoch - 1)
+            results_by_epoch.append((check.wrong_elements, check.wrong_kind))
+        out["checks"] = results_by_epoch
+    finally:
+        backend.close()
+    results.put((rank, out))
+    shutdown()
+
+
+def _run_unfused(baseline: str) -> dict[int, dict]:
+    from commbench.context import _free_port
+
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_unfused_worker, args=(r, 2, port, baseline, results)) for r in range(2)]
+    for p in procs:
+        p.start()
+    got = dict(results.get(timeout=120) for _ in procs)
+    for p in procs:
+        p.join(timeout=30)
+    return got
+
+
+def test_unfused_best_runs_the_fastest_measured_allreduce_then_torch_norm():
+    got = _run_unfused("cpugloo:plain")   # the same backend twice: the faster row wins
+    for rank, out in got.items():
+        assert out["checks"] == [(0, None), (0, None)], rank
+        assert out["fields"] == {"extra": {"allreduce_backend": "cpugloo:plain", "allreduce_mode": "eager",
+                                           "allreduce_p50_us": 20.0}}
+        assert out["graph_capturable"] is False
+        assert out["other_size"] == ("no plain allreduce was measured correct at 6144 bytes bf16: "
+                                     "run the allreduce variants on the same shapes")
+
+
+def test_unfused_check_catches_an_allreduce_that_does_nothing():
+    got = _run_unfused("cpugloo:noop")
+    for rank, out in got.items():
+        assert out["fields"]["extra"]["allreduce_backend"] == "cpugloo:noop"
+        assert [kind for _, kind in out["checks"]] == ["noop", "noop"], rank

@@ -1,0 +1,151 @@
+"""The pieces of the sweep harness that need no processes: sizes, plan, patterns, statistics,
+NCCL log parsing, backend spec parsing and the driver's argument handling."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+import torch
+
+from commbench import backends
+from commbench.errors import UsageError
+from commbench.launcher import child_arguments, parse_env_settings
+from commbench.nccl_log import used_algo_proto
+from commbench.plan import Shape, build_plan
+from commbench.sweep import add_arguments
+from commbench.timing import bandwidths_gbps, latency_stats, max_over_ranks, percentile
+from commbench.units import format_bytes, parse_bytes, parse_dtypes
+from commbench.workload import classify, exact_pattern, expected_sum, pattern_amplitude
+
+
+def sweep_args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+@pytest.mark.parametrize("text, value", [("8", 8), ("8K", 8192), ("12k", 12288), ("1.5M", 1572864),
+                                         ("2G", 2 << 30), ("64KiB", 65536)])
+def test_sizes_parse_like_nccl_tests(text: str, value: int) -> None:
+    assert parse_bytes(text) == value
+
+
+@pytest.mark.parametrize("text", ["", "K", "12Q", "-4K", "0", "1.3"])
+def test_malformed_sizes_are_usage_errors(text: str) -> None:
+    with pytest.raises(UsageError):
+        parse_bytes(text)
+
+
+def test_format_bytes_round_trips_powers_of_two() -> None:
+    assert [format_bytes(n) for n in (512, 4096, 1 << 20, 3 << 30)] == ["512B", "4K", "1M", "3G"]
+
+
+def test_default_plans_gpu_decode_to_prefill_and_short_cpu() -> None:
+    gpu = build_plan(sweep_args(), on_gpu=True)
+    assert gpu.shapes[0].message_bytes == 4 << 10 and gpu.shapes[-1].message_bytes == 256 << 20
+    assert len(gpu.shapes) == 17 and gpu.modes == ["eager", "graph"] and gpu.dtypes == [torch.bfloat16]
+    cpu = build_plan(sweep_args(), on_gpu=False)
+    assert [s.message_bytes for s in cpu.shapes] == [1024, 4096, 16384, 65536, 262144]
+    assert cpu.modes == ["eager"] and cpu.dtypes == [torch.float32]
+
+
+def test_iterations_scale_down_with_size_within_bounds() -> None:
+    plan = build_plan(sweep_args(), on_gpu=True)
+    counts = [plan.iterations_for(s.message_bytes) for s in plan.shapes]
+    assert counts[0] == 200 and counts[-1] == 20 and counts == sorted(counts, reverse=True)
+    assert build_plan(sweep_args("--iters", "7"), on_gpu=True).iterations_for(1 << 30) == 7
+
+
+def test_model_shapes_and_explicit_lists() -> None:
+    plan = build_plan(sweep_args("--tokens", "1,8", "--hidden", "7168"), on_gpu=True)
+    assert plan.shapes == [Shape(14336, 1, 7168), Shape(8 * 14336, 8, 7168)]
+    plan = build_plan(sweep_args("--sizes", "12K,8K,8K", "--dtype", "fp16,fp32"), on_gpu=True)
+    assert [s.message_bytes for s in plan.shapes] == [8192, 12288]
+    assert plan.sizes_for(torch.float32) == plan.shapes
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["-b", "4K", "--sizes", "8K"], "two ways"),
+    (["--hidden", "4096"], "need both"),
+    (["--tokens", "1", "--hidden", "4096", "--dtype", "bf16,fp32"], "one --dtype"),
+    (["--mode", "fast"], "unknown mode"),
+    (["-f", "1"], "step factor"),
+    (["--timeout", "0"], "--timeout"),
+])
+def test_plan_rejects_contradictions(argv: list[str], message: str) -> None:
+    with pytest.raises(UsageError, match=message):
+        build_plan(sweep_args(*argv), on_gpu=True)
+
+
+def test_parse_dtypes_accepts_aliases_and_rejects_unknown() -> None:
+    assert parse_dtypes("bf16,half,float32") == [torch.bfloat16, torch.float16, torch.float32]
+    with pytest.raises(UsageError, match="fp8"):
+        parse_dtypes("fp8")
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 8, 64, 128])
+def test_pattern_sums_are_exact_in_bf16(world_size: int) -> None:
+    amp = pattern_amplitude(world_size)
+    assert amp * world_size <= 256
+    exact = expected_sum(3, 4099, world_size, torch.device("cpu"), torch.int64)
+    in_bf16 = expected_sum(3, 4099, world_size, torch.device("cpu"), torch.bfloat16)
+    assert torch.equal(in_bf16.to(torch.int64), exact)
+    ranks = [exact_pattern(r, 3, 64, world_size, torch.device("cpu"), torch.int64) for r in range(min(world_size, 4))]
+    assert all(not torch.equal(ranks[0], other) for other in ranks[1:])
+
+
+def test_classify_tells_noop_stale_and_wrong_values_apart() -> None:
+    cpu = torch.device("cpu")
+    local = exact_pattern(0, 2, 100, 4, cpu, torch.float32)
+    expected = expected_sum(2, 100, 4, cpu, torch.float32)
+    previous = expected_sum(1, 100, 4, cpu, torch.float32)
+    assert classify(expected.clone(), expected, local, previous).wrong_elements == 0
+    noop = classify(local.clone(), expected, local, previous)
+    assert noop.wrong_kind == "noop" and noop.wrong_elements == int((local != expected).sum())
+    assert classify(previous.clone(), expected, local, previous).wrong_kind == "stale"
+    one = expected.clone()
+    one[57] += 1
+    assert (classify(one, expected, local, previous).wrong_elements, classify(one, expected, local, previous).wrong_kind) == (1, "values")
+
+
+def test_statistics_take_the_slowest_rank_per_iteration() -> None:
+    assert max_over_ranks([[1.0, 5.0, 2.0], [3.0, 1.0, 2.5]]) == [3.0, 5.0, 2.5]
+    assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
+    stats = latency_stats([4.0, 1.0, 3.0, 2.0, 100.0])
+    assert stats["latency_p50_us"] == 3.0 and stats["latency_min_us"] == 1.0 and stats["latency_max_us"] == 100.0
+    algbw, busbw = bandwidths_gbps(1 << 20, 10.0, 8)
+    assert algbw == pytest.approx(104.8576) and busbw == pytest.approx(104.8576 * 14 / 8)
+
+
+def test_nccl_tuning_lines_name_the_algorithm_and_protocol_used() -> None:
+    lines = ["host:1:2 [0] NCCL INFO AllReduce: 4096 Bytes -> Algo RING proto LL channel{Lo..Hi}={0..1}",
+             "host:1:2 [0] NCCL INFO AllReduce: 4096 Bytes -> Algo RING proto LL channel{Lo..Hi}={0..1}",
+             "host:1:2 [0] NCCL INFO AllReduce: 16 Bytes -> Algo Tree proto Simple channel{Lo..Hi}={0..0}",
+             "host:1:2 [0] NCCL INFO NCCL_PROTO set by environment to LL"]
+    assert used_algo_proto(lines, 4096) == ("Ring", "LL")
+    assert used_algo_proto(lines, 16) == ("Tree", "Simple")
+    assert used_algo_proto(lines, 8192) == (None, None)
+
+
+def test_backend_specs_keep_their_options_together() -> None:
+    assert backends.split_specs("nccl:proto=LL,algo=Ring,gloo, nccl") == ["nccl:proto=LL,algo=Ring", "gloo", "nccl"]
+    names = [b.name for b in backends.expand(["nccl"], {"nccl_proto": ["ll", "Simple"], "nccl_algo": ["ring"]}, True)]
+    assert names == ["nccl", "nccl:proto=LL,algo=Ring", "nccl:proto=Simple,algo=Ring"]
+    with pytest.raises(UsageError, match="unknown backend"):
+        backends.expand(["warp"], {}, True)
+
+
+def test_driver_splits_its_own_flags_from_the_childrens() -> None:
+    argv = ["--nproc", "8", "--env=NCCL_MAX_CTAS=8,16", "-b", "4K", "--env", "NCCL_NTHREADS=256",
+            "--child-timeout", "60", "--resume=x", "--backends", "nccl"]
+    assert child_arguments(argv) == ["-b", "4K", "--backends", "nccl"]
+    settings = parse_env_settings(["NCCL_MAX_CTAS=8,16", "NCCL_NTHREADS=256"], allow_multicast=False)
+    assert settings == [{"NCCL_MAX_CTAS": "8", "NCCL_NTHREADS": "256"}, {"NCCL_MAX_CTAS": "16", "NCCL_NTHREADS": "256"}]
+
+
+def test_driver_never_turns_multicast_on_under_a_policy(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")
+    with pytest.raises(UsageError, match="multicast"):
+        parse_env_settings(["NCCL_NVLS_ENABLE=1"], allow_multicast=True)
+    assert parse_env_settings(["NCCL_NVLS_ENABLE=0"], allow_multicast=False) == [{"NCCL_NVLS_ENABLE": "0"}]

@@ -1,0 +1,225 @@
+"""Library backends on a machine without them: every "cannot run here" path says why."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from commbench.backends import factory
+from commbench.backends import flashinfer as fi
+from commbench.backends import mscclpp as mp_backend
+from commbench.backends import symm_mem
+from commbench.backends.base import BackendUnavailable
+from commbench.context import MULTICAST_POLICY_VARS, RunContext
+from commbench.errors import UsageError
+
+
+@pytest.fixture
+def no_policy(monkeypatch):
+    for name in MULTICAST_POLICY_VARS:
+        monkeypatch.delenv(name, raising=False)
+
+
+def cpu_ctx(world_size: int = 2, allow_multicast: bool = False, local_world_size: int | None = None) -> RunContext:
+    return RunContext(rank=0, world_size=world_size, local_rank=0,
+                      local_world_size=local_world_size or world_size, device=torch.device("cpu"),
+                      control_group=None, allow_multicast=allow_multicast)
+
+
+def names(family: str, variant: str | None, options: dict | None = None) -> list[str]:
+    return [b.name for b in factory(family).make(variant, options or {})]
+
+
+# --- variants -------------------------------------------------------------------------------
+
+def test_default_variants_leave_fused_work_to_model_shape_sweeps():
+    assert names("flashinfer", None) == ["flashinfer:trtllm_oneshot", "flashinfer:trtllm_twoshot",
+                                         "flashinfer:pcie_ipc", "flashinfer:mnnvl"]
+    assert "flashinfer:fused_oneshot" in names("flashinfer", None, {"hidden": 4096})
+    assert names("unfused", None) == []
+    assert names("unfused", None, {"hidden": 4096}) == ["unfused:best"]
+    assert names("symm_mem", None) == ["symm_mem:one_shot", "symm_mem:two_shot", "symm_mem:multimem"]
+    assert names("mscclpp", None) == ["mscclpp:auto", "mscclpp:shim"]
+    assert names("mscclpp", "algo=default_allreduce_packet") == ["mscclpp:algo=default_allreduce_packet"]
+
+
+@pytest.mark.parametrize("family,variant", [("symm_mem", "three_shot"), ("flashinfer", "auto"),
+                                            ("mscclpp", "fast"), ("unfused", "worst")])
+def test_unknown_variant_is_a_usage_error(family, variant):
+    with pytest.raises(UsageError, match="unknown variant"):
+        factory(family).make(variant, {})
+
+
+# --- package missing / too old / broken -------------------------------------------------------
+
+def test_flashinfer_missing_says_how_to_install():
+    assert fi.import_reason() == "flashinfer-python not installed (pip install 'commbench[flashinfer]')"
+    backend = factory("flashinfer").make("fused_oneshot", {})[0]
+    assert backend.check(cpu_ctx()) == fi.import_reason()
+    assert fi.versions() == {"flashinfer": None}
+
+
+def test_flashinfer_too_old_and_broken(monkeypatch):
+    monkeypatch.setattr(fi.metadata, "version", lambda dist: "0.5.3")
+    assert fi.import_reason() == ("flashinfer-python 0.5.3 is too old: needs >= 0.6 "
+                                  "(create_allreduce_fusion_workspace)")
+    monkeypatch.setattr(fi.metadata, "version", lambda dist: "0.7.2.post1")
+
+    def broken(name):
+        raise ModuleNotFoundError("No module named 'tvm_ffi'", name="tvm_ffi")
+
+    monkeypatch.setattr(fi.importlib, "import_module", broken)
+    assert fi.import_reason() == ("flashinfer-python 0.7.2.post1 is installed but does not import: "
+                                  "ModuleNotFoundError: No module named 'tvm_ffi'")
+
+
+def test_mscclpp_missing_says_build_from_source():
+    backend = factory("mscclpp").make("auto", {})[0]
+    assert backend.check(cpu_ctx()) == "mscclpp not installed: build it from source (README: 'MSCCL++')"
+    assert mp_backend.versions() == {"mscclpp": None}
+    # Importing sets the NVLS switch off first: MSCCL++ reads it at initialisation.
+    assert os.environ.get("MSCCLPP_FORCE_DISABLE_NVLS") == "1"
+
+
+def test_mscclpp_shim_needs_a_library_path(tmp_path):
+    assert factory("mscclpp").make("shim", {})[0].check(cpu_ctx()) == \
+        "needs the MSCCL++ NCCL shim: pass --mscclpp-nccl-lib PATH (build/lib/libmscclpp_nccl.so)"
+    missing = tmp_path / "libmscclpp_nccl.so"
+    shim = factory("mscclpp").make("shim", {"mscclpp_nccl_lib": str(missing)})[0]
+    assert shim.check(cpu_ctx()) == f"--mscclpp-nccl-lib {missing}: no such file"
+    missing.write_bytes(b"")
+    assert shim.process_env(cpu_ctx()) == {"LD_PRELOAD": str(missing.resolve()), "MSCCLPP_FORCE_DISABLE_NVLS": "1"}
+    assert not mp_backend.shim_preloaded(str(missing))
+
+
+def test_mscclpp_auto_rule_follows_the_shim_selector():
+    assert mp_backend.auto_algorithm(16 << 10) == "default_allreduce_allpair_packet"
+    assert mp_backend.auto_algorithm((16 << 10) + 2) == "default_allreduce_packet"
+    assert mp_backend.auto_algorithm(1 << 20) == "default_allreduce_packet"
+    assert mp_backend.auto_algorithm((1 << 20) + 2) == "default_allreduce_fullmesh"
+
+
+# --- policy -------------------------------------------------------------------------------------
+
+def test_multicast_variants_need_permission(no_policy):
+    multimem = symm_mem.SymmMemAllreduce("multimem")
+    mnnvl = factory("flashinfer").make("mnnvl", {})[0]
+    for backend, prefix in ((multimem, "multimem"), (mnnvl, "MNNVL")):
+        assert backend.check(cpu_ctx()) == f"{prefix} needs NVLink multicast: not tested: pass --allow-multicast"
+
+
+def test_multicast_policy_variables_win_over_permission(monkeypatch, no_policy):
+    monkeypatch.setenv("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+    ctx = cpu_ctx(allow_multicast=True)
+    assert symm_mem.SymmMemAllreduce("multimem").check(ctx) == \
+        "multimem needs NVLink multicast: disabled by policy (TORCH_SYMM_MEM_DISABLE_MULTICAST=1)"
+    nvls = factory("mscclpp").make("algo=default_allreduce_nvls_packet", {})[0]
+    assert nvls.check(ctx) == ("default_allreduce_nvls_packet uses NVLink multicast (NVLS): "
+                               "disabled by policy (TORCH_SYMM_MEM_DISABLE_MULTICAST=1)")
+
+
+def test_p2p_symm_mem_variants_need_no_multicast(no_policy):
+    for algo in ("one_shot", "two_shot"):
+        assert symm_mem.SymmMemAllreduce(algo).check(cpu_ctx()) == \
+            "needs CUDA GPUs (torch symmetric memory maps peer GPU memory)"
+
+
+# --- world size, nodes, dtype, shape ----------------------------------------------------------
+
+@pytest.mark.parametrize("world,reason", [
+    (1, "needs at least 2 ranks, this run has 1"),
+    (3, "world size 3 not supported (needs one of 2, 4, 8, 16)"),
+    (32, "world size 32 not supported (needs one of 2, 4, 8, 16)"),
+])
+def test_flashinfer_world_sizes(world, reason):
+    assert factory("flashinfer").make("trtllm_twoshot", {})[0].check(cpu_ctx(world)) == reason
+
+
+def test_pcie_ipc_world_sizes_and_dtypes():
+    backend = factory("flashinfer").make("pcie_ipc", {})[0]
+    assert backend.check(cpu_ctx(16)) == "world size 16 not supported (needs one of 2, 4, 8)"
+    assert backend.supports(4096, torch.float32) == "PCIe IPC allreduce takes bf16 and fp16 only"
+    assert backend.supports(4096, torch.bfloat16) is None
+    assert backend.graph_capturable is False
+
+
+def test_node_local_backends_refuse_several_nodes():
+    ctx = cpu_ctx(world_size=8, local_world_size=4)
+    for spec in ("symm_mem:one_shot", "flashinfer:trtllm_oneshot", "mscclpp:auto"):
+        family, _, variant = spec.partition(":")
+        reason = factory(family).make(variant, {})[0].check(ctx)
+        assert reason == "node-local backend: this run spans 2 nodes (P2P/IPC only works within one node)", spec
+
+
+def test_symm_mem_dtype_and_alignment():
+    backend = symm_mem.SymmMemAllreduce("two_shot")
+    assert backend.supports(4096, torch.float16) == "torch symm_mem kernels are built for bf16 and fp32 only"
+    assert backend.supports(4098, torch.bfloat16) == "torch symm_mem needs sizes that are a multiple of 4 bytes"
+    assert backend.supports(4096, torch.bfloat16) is None
+    assert backend.supports(4100, torch.float32) is None
+
+
+@pytest.mark.parametrize("world,tokens,hidden,dtype,oneshot,reason", [
+    (4, 16, 4100, torch.bfloat16, True, "hidden 4100 is not a multiple of 8 (the kernels move 16 bytes per access)"),
+    (4, 16, 4098, torch.float32, True, "hidden 4098 is not a multiple of 4 (the kernels move 16 bytes per access)"),
+    (4, 4, 4096, torch.bfloat16, False,
+     "two-shot splits tokens across ranks: needs tokens > world size (4 <= 4)"),
+    (4, 5, 4096, torch.bfloat16, False, None),
+    (4, 4, 4096, torch.bfloat16, True, None),
+    (8, 1 << 15, 8192, torch.bfloat16, True,
+     "one-shot needs tokens*hidden*world size*2 B <= 2145386496 B (FlashInfer would run two-shot instead); "
+     "this shape needs 4294967296 B"),
+])
+def test_trtllm_shape_rules(world, tokens, hidden, dtype, oneshot, reason):
+    assert fi.trtllm_shape_reason(world, tokens, hidden, dtype, oneshot) == reason
+
+
+def test_plain_sizes_reshape_into_tokens():
+    assert fi.plain_shape(4096 * 3) == (3, 4096)
+    assert fi.plain_shape(2048) == (1, 2048)
+    assert fi.plain_shape(6000) == (1, 6000)
+
+
+def test_fused_needs_a_model_shape_and_a_fitting_one():
+    backend = factory("flashinfer").make("fused_twoshot", {})[0]
+    ctx = cpu_ctx(4)
+    with pytest.raises(BackendUnavailable, match="pass --tokens T --hidden H"):
+        backend.make_workload(ctx, 4096, torch.bfloat16, None)
+    with pytest.raises(BackendUnavailable, match=r"needs tokens > world size \(2 <= 4\)"):
+        backend.make_workload(ctx, 2 * 4096, torch.bfloat16, (2, 4096))
+
+
+# --- the vote before a collective step ------------------------------------------------------------
+
+def _vote_worker(rank: int, world: int, port: int, failing_rank: int, results) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                      LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    from commbench.context import init_context, shutdown
+
+    ctx, _ = init_context(force_cpu=True, timeout_s=60)
+    error = "cuMemCreate of 2097152 bytes failed: CUDA_ERROR_OUT_OF_MEMORY" if rank == failing_rank else None
+    try:
+        symm_mem.raise_unless_all_ranks_ok(ctx, error, "workspace probe")
+        results.put((rank, None))
+    except BackendUnavailable as exc:
+        results.put((rank, str(exc)))
+    shutdown()
+
+
+def test_one_failing_rank_fails_every_rank_with_its_reason():
+    from commbench.context import _free_port
+
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_vote_worker, args=(r, 3, port, 2, results)) for r in range(3)]
+    for p in procs:
+        p.start()
+    got = dict(results.get(timeout=120) for _ in procs)
+    for p in procs:
+        p.join(timeout=30)
+    expected = "workspace probe failed on rank 2: cuMemCreate of 2097152 bytes failed: CUDA_ERROR_OUT_OF_MEMORY"
+    assert got == {0: expected, 1: expected, 2: expected}

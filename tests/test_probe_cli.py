@@ -1,0 +1,96 @@
+"""`commbench probe` end to end on this (GPU-less) machine, --from re-rendering, --plot, and bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SNAPSHOTS = Path(__file__).parent / "fixtures" / "snapshots"
+ENV = {**os.environ, "COLUMNS": "200"}
+
+
+def probe(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "commbench", "probe", *args], capture_output=True, text=True,
+                          env=ENV, cwd=cwd, timeout=120)
+
+
+def has_nvidia_driver() -> bool:
+    import ctypes
+
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(has_nvidia_driver(), reason="this machine has an NVIDIA driver")
+def test_probe_without_gpu_reports_host_facts_and_exits_0(tmp_path):
+    out_json, out_png = tmp_path / "snap.json", tmp_path / "topo.png"
+    done = probe("--json", str(out_json), "--plot", str(out_png))
+    assert done.returncode == 0, done.stderr
+    assert "no CUDA GPU: libcuda.so.1 not found" in done.stdout
+    assert "IOMMU" in done.stdout and "Backend verdicts" in done.stdout
+    assert "│ gloo" in done.stdout and "skip: no CUDA GPU" in done.stdout
+    snap = json.loads(out_json.read_text())
+    assert snap["gpus"] == [] and snap["kind"] == "commbench-topology-snapshot"
+    assert list(snap["hosts"].values())[0]["kernel"]
+    assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in SNAPSHOTS.glob("*.json")))
+def test_from_rerenders_every_fixture_with_a_plot(name, tmp_path):
+    png = tmp_path / "x.png"
+    done = probe("--from", str(SNAPSHOTS / name), "--plot", str(png), "--world-size", "4")
+    assert done.returncode == 0, done.stderr
+    assert "Backend verdicts at world size 4" in done.stdout and "Explain" in done.stdout
+    assert "P2P per directed pair" in done.stdout
+    assert png.stat().st_size > 10_000
+
+
+def test_from_shows_bandwidth_and_copies_json(tmp_path):
+    copy = tmp_path / "copy.json"
+    done = probe("--from", str(SNAPSHOTS / "pcie-2x4-numa.json"), "--json", str(copy))
+    assert done.returncode == 0, done.stderr
+    assert "Copy-engine bandwidth" in done.stdout and "52.6 / 2.90" in done.stdout
+    assert "rank 5 (GPU 5)" in done.stdout
+    assert json.loads(copy.read_text()) == json.loads((SNAPSHOTS / "pcie-2x4-numa.json").read_text())
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--from", "/nonexistent/snap.json"], "snapshot file not found: /nonexistent/snap.json"),
+    (["--timeout", "0"], "--timeout must be a positive number of seconds, got 0"),
+    (["--world-size", "0"], "--world-size must be at least 1, got 0"),
+    (["--plot", "out.svg"], "--plot writes a PNG"),
+    (["--bandwidth", "--from", "x.json"], "cannot be combined with --from"),
+])
+def test_bad_input_is_one_line_and_exit_2(args, message):
+    done = probe(*args)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("commbench probe: error: ") and message in lines[0]
+
+
+def test_broken_and_foreign_json_are_usage_errors(tmp_path):
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"kind": "commbench-topology-snapshot", ')
+    done = probe("--from", str(broken))
+    assert done.returncode == 2 and "is not valid JSON (line 1" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+    other = tmp_path / "other.json"
+    other.write_text('{"hello": 1}')
+    done = probe("--from", str(other))
+    assert done.returncode == 2 and "is not a commbench topology snapshot" in done.stderr
+    newer = tmp_path / "newer.json"
+    newer.write_text('{"kind": "commbench-topology-snapshot", "schema": 99}')
+    assert "snapshot schema 99" in probe("--from", str(newer)).stderr
+
+
+def test_unwritable_plot_is_a_usage_error(tmp_path):
+    done = probe("--from", str(SNAPSHOTS / "pcie-switch-4x-acs.json"), "--plot", str(tmp_path / "no" / "x.png"))
+    assert done.returncode == 2 and "cannot write" in done.stderr

@@ -1,0 +1,180 @@
+"""Backend verdicts, the LL128 warning and explain, over the recorded and hand-made snapshots."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from commbench.context import MULTICAST_POLICY_VARS
+from commbench.topology.verdicts import KNOWN_BACKENDS, NO_GPU, backend_verdicts, explain, nccl_unsafe_reason, \
+    reason_for
+
+SNAPSHOTS = Path(__file__).parent / "fixtures" / "snapshots"
+
+
+def load(name: str) -> dict:
+    return json.loads((SNAPSHOTS / name).read_text())
+
+
+@pytest.fixture(autouse=True)
+def no_policy(monkeypatch):
+    """Verdicts read the multicast policy from the environment: start every test without it."""
+    for name in MULTICAST_POLICY_VARS:
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture
+def pcie8():
+    return load("pcie-2x4-numa.json")
+
+
+@pytest.fixture
+def hgx():
+    return load("nvswitch-8x-h100.json")
+
+
+@pytest.fixture
+def acs4():
+    return load("pcie-switch-4x-acs.json")
+
+
+def test_every_known_backend_gets_a_verdict(hgx):
+    verdicts = backend_verdicts(hgx, 8, allow_multicast=True)
+    assert set(verdicts) == set(KNOWN_BACKENDS)
+    assert all(v is None for v in verdicts.values()), {k: v for k, v in verdicts.items() if v}
+
+
+def test_no_gpu_snapshot_skips_every_gpu_backend(hgx):
+    empty = {**hgx, "gpus": [], "p2p": [], "participants": []}
+    verdicts = backend_verdicts(empty, 2, allow_multicast=True)
+    assert verdicts.pop("gloo") is None
+    assert set(verdicts.values()) == {NO_GPU}
+
+
+def test_pcie_islands_p2p_inside_a_numa_node_only(pcie8):
+    # TP4 on GPUs 0-3 (one NUMA node): P2P and IPC work, but rank 5 is not in it -> VMM fine too
+    assert reason_for("p2p:oneshot", pcie8, 4, False) is None
+    assert reason_for("mscclpp", pcie8, 4, False) is None
+    assert reason_for("flashinfer:pcie_ipc", pcie8, 4, False) is None
+    assert reason_for("symm_mem:two_shot", pcie8, 4, False) is None
+    # TP8 crosses the SYS link: no functional P2P on the cross-socket pairs
+    reason = reason_for("p2p:twoshot", pcie8, 8, False)
+    assert reason.startswith("no functional P2P: GPU 0 -> GPU 4 NOT_RUN") and "more)" in reason
+    assert reason_for("nccl:proto=LL", pcie8, 8, False) is None
+
+
+def test_pcie_vmm_import_failure_names_the_rank(pcie8):
+    # Only GPUs 4-7 would work for P2P; rank 5's cuMemCreate import fails there
+    sub = {**pcie8, "participants": pcie8["participants"][4:] + pcie8["participants"][:4]}
+    reason = reason_for("flashinfer:trtllm_oneshot", sub, 4, False)
+    assert "rank 5 (GPU 5)" in reason and "cuMemImportFromShareableHandle" in reason
+    assert reason_for("p2p:oneshot", sub, 4, False) is None   # legacy IPC does not use cuMemCreate
+
+
+def test_multicast_backends(pcie8, hgx, monkeypatch):
+    assert reason_for("symm_mem:multimem", pcie8, 4, True).startswith("no multicast: GPU 0 reports")
+    assert reason_for("symm_mem:multimem", hgx, 8, False) == "multicast not tested: pass --allow-multicast"
+    assert reason_for("flashinfer:mnnvl", hgx, 8, True) is None
+    assert reason_for("nccl:proto=Simple,algo=NVLS", hgx, 8, True) is None
+    assert reason_for("nccl:proto=Simple,algo=Ring", hgx, 8, False) is None
+    monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")
+    assert reason_for("nccl:proto=LL128,algo=NVLSTree", hgx, 8, True) == \
+        "multicast disabled by policy (NCCL_NVLS_ENABLE=0)"
+    assert reason_for("symm_mem:two_shot", hgx, 8, True) is None
+
+
+def test_failed_multicast_setup_is_a_skip(hgx):
+    hgx["multicast"]["functional"] = {"status": "fail", "detail": "process 3 on GPU 3: cuMulticastBindMem failed"}
+    assert "cuMulticastBindMem" in reason_for("symm_mem:multimem", hgx, 8, True)
+
+
+def test_broken_p2p_behind_acs(acs4):
+    assert reason_for("p2p:oneshot", acs4, 2, False).startswith("no functional P2P: GPU 0 -> GPU 1 WRONG")
+    assert "HANGS" in reason_for("p2p:oneshot", acs4, 4, False) or "WRONG" in reason_for("p2p:oneshot", acs4, 4, False)
+    assert reason_for("nccl", acs4, 4, False) is None
+
+
+def test_ipc_wrong_data_is_a_skip(acs4):
+    # Pretend P2P passed: the legacy IPC pair 1 -> 0 still returned wrong data.
+    for e in acs4["p2p"]:
+        e["write_verify"] = {"status": "ok"}
+    reason = reason_for("p2p:oneshot", acs4, 2, False)
+    assert reason.startswith("CUDA IPC (cudaIpcGetMemHandle/OpenMemHandle) failed: WRONG")
+    assert reason_for("symm_mem:two_shot", acs4, 4, False).startswith("CUDA IPC")
+    assert reason_for("p2p:oneshot", acs4, 1, False) is None
+
+
+def test_missing_vmm_attribute(acs4):
+    for e in acs4["p2p"]:
+        e["write_verify"] = {"status": "ok"}
+    acs4["ipc"]["pairs"] = [dict(p, status="ok", detail=None) for p in acs4["ipc"]["pairs"]]
+    acs4["gpus"][1]["attributes"]["vmm"] = 0
+    assert "VIRTUAL_MEMORY_MANAGEMENT" in reason_for("flashinfer:trtllm_twoshot", acs4, 2, False)
+    assert reason_for("flashinfer:pcie_ipc", acs4, 2, False) is None
+
+
+def test_multi_node_and_shared_gpus(hgx):
+    two_hosts = json.loads(json.dumps(hgx))
+    for g in two_hosts["gpus"][4:]:
+        g["host"] = "other"
+    assert reason_for("p2p:oneshot", two_hosts, 8, False) == "node-local backend: the ranks span 2 hosts"
+    one = {**hgx, "gpus": hgx["gpus"][:1]}
+    assert reason_for("nccl", one, 2, False) == "ranks share a GPU: NCCL refuses two ranks on one device"
+
+
+def test_unknown_family_and_gloo(acs4):
+    assert reason_for("someonesbackend:fast", acs4, 4, False) is None
+    assert reason_for("gloo", {"gpus": []}, 4, False) is None
+
+
+def test_ll128_without_nvlink_is_flagged_not_skipped(pcie8, hgx):
+    assert nccl_unsafe_reason("nccl:proto=LL128", pcie8) == "LL128 forced without NVLink: may corrupt data"
+    assert nccl_unsafe_reason("nccl:proto=LL128,algo=Ring", pcie8) is not None
+    assert reason_for("nccl:proto=LL128", pcie8, 4, False) is None
+    assert nccl_unsafe_reason("nccl:proto=LL128", hgx) is None
+    assert nccl_unsafe_reason("nccl:proto=LL", pcie8) is None
+    assert nccl_unsafe_reason("p2p:oneshot", pcie8) is None
+
+
+def test_explain_pcie_gates_custom_allreduce(pcie8):
+    text = "\n".join(explain(pcie8, 4))
+    assert "vLLM 0.33.0 custom allreduce (CUDA IPC): off: 'not supported on more than two PCIe-only GPUs'" in text
+    assert "no multicast on these GPUs" in text
+    assert "SGLang 0.5.23" in text
+    tp2 = "\n".join(explain(pcie8, 2))
+    assert "custom allreduce (CUDA IPC): on: always 1-stage at TP2" in tp2
+    tp8 = "\n".join(explain(pcie8, 8))
+    assert "FlashInfer allreduce (VLLM_ALLREDUCE_USE_FLASHINFER=1 default): off" in tp8
+    assert "needs SM90 or SM10x, this is compute capability 12.0" in tp8
+
+
+def test_explain_nvswitch(hgx, monkeypatch):
+    text = "\n".join(explain(hgx, 8))
+    assert "1-stage below 256 KiB, 2-stage above (full NVLink)" in text
+    assert "on (multimem)" in text
+    assert "resolves to mnnvl" in text and "trtllm (SM90, single node)" in text
+    monkeypatch.setenv("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+    text = "\n".join(explain(hgx, 4))
+    assert "1-stage below 512 KiB" in text
+    assert "multicast_ptr == 0" in text and "VLLM_FLASHINFER_ALLREDUCE_BACKEND=trtllm" in text
+
+
+def test_explain_warns_when_vllm_trusts_a_broken_capability(acs4):
+    text = "\n".join(explain(acs4, 2))
+    assert "WARNING: vLLM trusts cudaDeviceCanAccessPeer" in text
+    assert explain(acs4, 1)[0].startswith("World size 1")
+    assert "compute capability 8.9" in "\n".join(explain(acs4, 4))
+
+
+def test_explain_sm90_vmm_failure_turns_flashinfer_fusion_off(hgx):
+    for p in hgx["vmm"]["pairs"]:
+        if p["writer"] == 2:
+            p.update(status="fail", detail="process 2 on GPU 2 writing to process 0 on GPU 0: "
+                                           "cuMemImportFromShareableHandle failed: CUDA_ERROR_INVALID_VALUE (1)")
+    text = "\n".join(explain(hgx, 4))
+    assert "SGLang 0.5.23 FlashInfer allreduce fusion (fused AR+residual+RMSNorm models): off: its cuMemCreate " \
+           "preflight would fail on at least one rank" in text
+    assert "process 2 on GPU 2" in text
+    assert reason_for("symm_mem:two_shot", hgx, 4, False).startswith("cuMemCreate -> POSIX FD export")

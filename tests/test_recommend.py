@@ -1,0 +1,78 @@
+"""commbench recommend: winner per concurrency, margins against spread, engine settings."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from commbench import models, settings
+from commbench.cli import main as cli
+from commbench.curves import decode_curves
+from commbench.recommend import cautions, choose
+from commbench.results import load_run
+
+RUNS = Path(__file__).parent / "data" / "runs"
+SYNTHETIC = RUNS / "synthetic-pcie-8gpu"
+
+
+@pytest.fixture(scope="module")
+def curves():
+    return decode_curves(load_run(SYNTHETIC), tp=8, dtype="bf16", mode="auto")
+
+
+def test_small_batches_pick_the_one_shot_kernel_with_a_real_margin(curves):
+    # Llama-3.1-70B at concurrency 1 sends 16 KiB: measured 13 us p2p, 23 us two-shot, 68 us nccl.
+    c = choose(models.lookup("llama-3.1-70b"), curves, 1, "nccl")
+    assert (c.message_bytes, c.backend, c.p50_us) == (16 * 1024, "p2p:oneshot (graph)", 13.0)
+    assert c.runner_up.other == "symm_mem:two_shot (graph)" and c.runner_up.delta_us == pytest.approx(10.0)
+    assert c.vs_baseline.ratio == pytest.approx(68 / 13) and c.vs_baseline.beyond_spread is True
+
+
+def test_a_margin_inside_the_spread_is_called_so(curves):
+    # 4 MiB (concurrency 256): NCCL_MIN_NCHANNELS=8 2300 us vs nccl 2500 us, whose p10-p90 is 2400-2675.
+    c = choose(models.lookup("llama-3.1-70b"), curves, 256, "nccl")
+    assert c.backend == "nccl[NCCL_MIN_NCHANNELS=8] (graph)"
+    assert c.vs_baseline.delta_us == pytest.approx(200.0)
+    assert c.vs_baseline.beyond_spread is False
+    # 2 MiB: 1150 vs 1300 us, nccl's spread 1248-1391 = 143 us < 150 us: beyond it
+    assert choose(models.lookup("llama-3.1-70b"), curves, 128, "nccl").vs_baseline.beyond_spread is True
+
+
+def test_the_wrong_size_is_never_chosen_and_is_cautioned(curves):
+    # concurrency 64 of Llama-3.1-70B = 1 MiB, where p2p:oneshot was fastest but stale.
+    c = choose(models.lookup("llama-3.1-70b"), curves, 64, "nccl")
+    assert c.backend == "symm_mem:two_shot (graph)"
+    oneshot = [x for x in curves if x.key.variant == "p2p:oneshot"]
+    (line,) = cautions(load_run(SYNTHETIC), oneshot)
+    assert "1M wrong" in line and "2M hang" in line
+
+
+def test_settings_select_the_path():
+    ll = settings.settings_for("nccl:proto=LL,algo=Ring", {}, 8)
+    assert ll.nccl_env == {"NCCL_PROTO": "LL", "NCCL_ALGO": "Ring"}
+    assert "--disable-custom-all-reduce" in ll.vllm_flags and ll.vllm_env["VLLM_ALLREDUCE_USE_FLASHINFER"] == "0"
+    text = settings.render(ll, 8)
+    assert "export NCCL_PROTO=LL" in text and "vLLM 0.33.0" in text and "SGLang 0.5.23" in text
+    assert "--tensor-parallel-size 8" in text and "--tp 8" in text
+    fi = settings.settings_for("flashinfer:fused_oneshot", {}, 8)
+    assert fi.vllm_env["VLLM_FLASHINFER_ALLREDUCE_BACKEND"] == "trtllm"
+    assert fi.sglang_flags == ["--flashinfer-allreduce-fusion-backend", "trtllm"]
+    assert not settings.settings_for("mscclpp:auto", {}, 8).vllm_supported
+    assert settings.settings_for("nccl", {"NCCL_MIN_NCHANNELS": "8"}, 8).nccl_env == {"NCCL_MIN_NCHANNELS": "8"}
+
+
+def test_cli_json(tmp_path, capsys):
+    out = tmp_path / "rec.json"
+    assert cli(["recommend", str(SYNTHETIC), "--model", "glm-5", "--concurrency", "1,16", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert [c["backend"] for c in data["choices"]] == ["p2p:oneshot (graph)", "symm_mem:two_shot (graph)"]
+    assert data["engine_versions"] == {"vllm": "0.33.0", "sglang": "0.5.23", "nccl": "2.30.7"}
+    text = capsys.readouterr().out
+    assert "--enable-torch-symm-mem" in text and "caution: p2p:oneshot failed its check" in text
+
+
+def test_unknown_model_exits_2(capsys):
+    assert cli(["recommend", str(SYNTHETIC), "--model", "llama-5"]) == 2
+    assert "unknown model 'llama-5'" in capsys.readouterr().err

@@ -1,0 +1,105 @@
+"""commbench report and the curve rules under it: trusted rows only, winners, crossovers, HTML."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from commbench.cli import main as cli
+from commbench.curves import baseline_name, build_curves, crossovers, ranking, select
+from commbench.report import range_rows
+from commbench.results import Measurement, load_run
+
+RUNS = Path(__file__).parent / "data" / "runs"
+SYNTHETIC = RUNS / "synthetic-pcie-8gpu"
+CPU_A = RUNS / "cpu-gloo-4rank-a"
+K = 1024
+
+
+def _graph_bf16():
+    return select(build_curves(load_run(SYNTHETIC).rows), dtype="bf16", mode="graph")
+
+
+def test_a_wrong_row_never_wins_even_when_fastest():
+    # p2p:oneshot returned stale data at 1M in 150 us, faster than symm_mem:two_shot's 220 us.
+    ranked = ranking(_graph_bf16(), 1 << 20)
+    assert ranked[0].curve.label == "symm_mem:two_shot (graph)"
+    assert ranked[0].point.p50_us == 220
+    assert all(c.curve.key.variant != "p2p:oneshot" for c in ranked)
+
+
+def test_crossover_table():
+    cuts = [(c.first_bytes, c.last_bytes, c.winner) for c in crossovers(_graph_bf16())]
+    assert cuts == [(4 * K, 64 * K, "p2p:oneshot (graph)"),
+                    (128 * K, 1 << 20, "symm_mem:two_shot (graph)"),
+                    (2 << 20, 4 << 20, "nccl[NCCL_MIN_NCHANNELS=8] (graph)")]
+    first = range_rows(_graph_bf16(), "nccl")[0]
+    assert first.runner_up == "symm_mem:two_shot (graph)"
+    assert first.margin_x == pytest.approx((33 / 27, 20 / 8))      # runner-up / winner p50 at 64K and 4K
+    assert first.vs_baseline_x == pytest.approx((120 / 27, 50 / 9.5))  # nccl / p2p:oneshot at 64K and 8K
+
+
+def test_no_interpolation_across_a_size_that_failed():
+    def row(size, status, p50=None, wrong=0):
+        return Measurement(backend="p2p:oneshot", mode="graph", dtype="bf16", message_bytes=size, world_size=8,
+                           status=status, latency_p50_us=p50, wrong_elements=wrong)
+    curve = build_curves([row(8 * K, "ok", 10.0), row(16 * K, "wrong", 5.0, 12), row(32 * K, "ok", 20.0),
+                          row(64 * K, "ok", 40.0)])[0]
+    assert curve.sizes() == [8 * K, 32 * K, 64 * K]
+    assert curve.at(12 * K) is None and curve.at(24 * K) is None      # 16K lies between 8K and 32K
+    assert curve.at(48 * K).p50_us == pytest.approx(30.0, rel=0.01)   # sqrt(20*40) in log-log: 28.3
+    assert curve.at(48 * K).p50_us == pytest.approx(20 * 2 ** 0.585, rel=1e-3)
+
+
+def test_ok_status_with_wrong_elements_is_not_trusted():
+    rows = [Measurement(backend="x", mode="eager", dtype="fp32", message_bytes=1024, world_size=2, status="ok",
+                        latency_p50_us=1.0, wrong_elements=3)]
+    assert build_curves(rows) == []
+
+
+def test_baseline_is_nccl_else_gloo():
+    assert baseline_name(_graph_bf16(), None) == "nccl"
+    assert baseline_name(build_curves(load_run(CPU_A).rows), None) == "gloo"
+
+
+def test_report_writes_self_contained_html_with_red_rows(tmp_path, capsys):
+    assert cli(["report", str(SYNTHETIC), "--out", str(tmp_path)]) == 0
+    page = (tmp_path / "report.html").read_text()
+    for name in ("latency_bf16", "busbw_bf16", "speedup_bf16"):
+        assert (tmp_path / "plots" / f"{name}.png").stat().st_size > 10_000
+        assert (tmp_path / "plots" / f"{name}.svg").exists()
+    assert page.count("data:image/png;base64,") == 3
+    assert not re.search(r'src="(?!data:)', page)                       # nothing loaded from outside
+    bad = re.findall(r'<tr class="bad">(.*?)</tr>', page)
+    assert sum("p2p:oneshot" in r and "<td>wrong</td>" in r for r in bad) == 1
+    assert sum("p2p:oneshot" in r and "<td>hang</td>" in r for r in bad) == 2
+    assert "cuMemCreate probe failed on rank 3" in page                   # probe verdicts
+    out = capsys.readouterr().out
+    assert "2M-4M    nccl[NCCL_MIN_NCHANNELS=8] (graph)" in out
+
+
+def test_report_of_a_cpu_sweep_into_the_run_dir(tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(CPU_A, run)
+    assert cli(["report", str(run)]) == 0
+    page = (run / "report.html").read_text()
+    assert "gloo (eager)" in page and "commbench sweep -b 1K -e 1M" in page
+    assert sorted(p.name for p in (run / "plots").glob("*.png")) == [
+        "busbw_bf16.png", "busbw_fp32.png", "latency_bf16.png", "latency_fp32.png"]
+
+
+def test_other_schema_version_and_missing_dir_exit_2(tmp_path, capsys):
+    run = tmp_path / "old"
+    shutil.copytree(CPU_A, run)
+    info = json.loads((run / "run.json").read_text())
+    (run / "run.json").write_text(json.dumps({**info, "schema": 2}))
+    assert cli(["report", str(run)]) == 2
+    assert "schema version 2" in capsys.readouterr().err
+    assert cli(["report", str(tmp_path / "nope")]) == 2
+    assert "no such results directory" in capsys.readouterr().err
+    assert cli(["report", str(SYNTHETIC), "--baseline", "mscclpp"]) == 2
+    assert "baseline 'mscclpp' has no trusted rows" in capsys.readouterr().err

@@ -1,0 +1,192 @@
+"""The sweep end to end on the CPU: real torchrun, real gloo process groups, real files."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers import child_env, only_run_dir, rows, run_cli, run_torchrun
+
+
+def by_backend(all_rows: list[dict]) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    for row in all_rows:
+        out.setdefault(row["backend"], []).append(row)
+    return out
+
+
+def test_default_torchrun_sweep_writes_rows_table_csv_and_run_json(tmp_path: Path) -> None:
+    result = run_torchrun(4, ["sweep", "--out", str(tmp_path)], env={"COMMBENCH_TEST_KNOB": "recorded"})
+    assert result.returncode == 0, result.stderr
+    assert "no CUDA device: running on the CPU with gloo" in result.stdout
+    assert "#wrong" in result.stdout and "busbw" in result.stdout
+    run_dir = only_run_dir(tmp_path)
+    got = rows(run_dir)
+    # CPU default: 1K..256K by factor 4 = 5 sizes, fp32, eager, gloo.
+    assert [r["message_bytes"] for r in got] == [1024, 4096, 16384, 65536, 262144]
+    for row in got:
+        assert row["status"] == "ok" and row["wrong_elements"] == 0 and row["world_size"] == 4
+        assert row["latency_min_us"] <= row["latency_p50_us"] <= row["latency_p99_us"] <= row["latency_max_us"]
+        assert row["busbw_gbps"] == pytest.approx(row["algbw_gbps"] * 2 * 3 / 4)
+        assert row["algbw_gbps"] == pytest.approx(row["message_bytes"] / row["latency_p50_us"] / 1e3)
+    csv_lines = (run_dir / "measurements.csv").read_text().splitlines()
+    assert len(csv_lines) == 1 + len(got) and csv_lines[0].startswith("backend,")
+    info = json.loads((run_dir / "run.json").read_text())
+    assert info["schema"] == 1 and info["world_size"] == 4 and len(info["gpus"]) == 4
+    assert info["versions"]["torch"] and "finished" in info
+    assert info["args"]["out"] == str(tmp_path)
+    assert info["env"]["COMMBENCH_TEST_KNOB"] == "recorded" and "OMP_NUM_THREADS" not in info["env"]
+
+
+def test_single_process_world_of_one_says_nothing_is_communicated(tmp_path: Path) -> None:
+    result = run_cli(["sweep", "--sizes", "4K", "--iters", "3", "--out", str(tmp_path)])
+    assert result.returncode == 0, result.stderr
+    (row,) = rows(only_run_dir(tmp_path))
+    assert row["status"] == "no_work" and "world size 1" in row["reason"]
+    assert row["wrong_elements"] == 0
+
+
+def test_faulty_backends_are_caught_not_averaged_away(tmp_path: Path) -> None:
+    specs = ",".join(f"testfaults:{v}" for v in ("exact", "noop", "one_wrong", "stale", "setup_fails_rank1"))
+    result = run_torchrun(2, ["sweep", "--backends", specs, "--sizes", "4K,16K", "--iters", "3",
+                              "--out", str(tmp_path)])
+    assert result.returncode == 0, result.stderr
+    got = by_backend(rows(only_run_dir(tmp_path)))
+    assert all(r["status"] == "ok" and r["wrong_elements"] == 0 for r in got["testfaults:exact"])
+    for row in got["testfaults:noop"]:
+        assert row["status"] == "wrong" and row["wrong_kind"] == "noop" and row["wrong_elements"] > 0
+    for row in got["testfaults:one_wrong"]:
+        assert row["status"] == "wrong" and row["wrong_elements"] == 1 and row["wrong_kind"] == "values"
+    for row in got["testfaults:stale"]:
+        assert row["status"] == "wrong" and row["wrong_kind"] == "stale"
+    for row in got["testfaults:setup_fails_rank1"]:
+        assert row["status"] == "skipped" and row["failed_rank"] == 1
+        assert row["reason"].startswith("rank 1: setup failed: BackendUnavailable")
+    assert "testfaults:one_wrong" in result.stdout and "wrong: values" in result.stdout
+
+
+def test_plugin_env_setting_reaches_child_and_nccl_explains_itself_on_cpu(tmp_path: Path) -> None:
+    result = run_cli(["sweep", "--nproc", "2", "--env", "COMMBENCH_TEST_KNOB=a,b", "--backends",
+                      "testfaults:exact,nccl", "--sizes", "4K", "--iters", "2", "--out", str(tmp_path)], timeout=240)
+    assert result.returncode == 0, result.stdout + result.stderr
+    run_dir = only_run_dir(tmp_path)
+    got = rows(run_dir)
+    exact = [r for r in got if r["backend"] == "testfaults:exact"]
+    assert sorted((r["env_setting"]["COMMBENCH_TEST_KNOB"], r["extra"]["test_knob"]) for r in exact) == \
+        [("a", "a"), ("b", "b")]
+    nccl = [r for r in got if r["backend"] == "nccl"]
+    assert len(nccl) == 2 and all(r["status"] == "skipped" and "CUDA" in r["reason"] for r in nccl)
+    info = json.loads((run_dir / "run.json").read_text())
+    assert info["env_settings"] == [{"COMMBENCH_TEST_KNOB": "a"}, {"COMMBENCH_TEST_KNOB": "b"}]
+    assert info["driver"]["nproc"] == 2
+
+
+def test_hang_becomes_a_row_and_resume_continues_without_that_backend(tmp_path: Path) -> None:
+    args = ["sweep", "--backends", "testfaults:hang_rank1@16384,testfaults:exact", "--sizes", "4K,16K,64K",
+            "--iters", "2", "--timeout", "3", "--out", str(tmp_path)]
+    first = run_torchrun(2, args)
+    assert first.returncode != 0
+    run_dir = only_run_dir(tmp_path)
+    got = by_backend(rows(run_dir))
+    hang = got["testfaults:hang_rank1"]
+    assert [r["status"] for r in hang] == ["ok", "hang"]
+    assert "no progress within 3 s" in hang[1]["reason"] and hang[1]["message_bytes"] == 16384
+    assert (run_dir / "measurements.csv").exists()
+    second = run_torchrun(2, args + ["--resume", str(run_dir)])
+    assert second.returncode == 0, second.stderr
+    got = by_backend(rows(run_dir))
+    assert [r["status"] for r in got["testfaults:hang_rank1"]] == ["ok", "hang", "skipped"]
+    assert "hung earlier in this run" in got["testfaults:hang_rank1"][2]["reason"]
+    assert [r["status"] for r in got["testfaults:exact"]] == ["ok"] * 3
+
+
+def test_driver_resumes_after_a_hang_and_kills_a_child_past_its_limit(tmp_path: Path) -> None:
+    resumed = run_cli(["sweep", "--nproc", "2", "--backends", "testfaults:hang_rank1@16384", "--sizes",
+                       "4K,16K,64K", "--iters", "2", "--timeout", "3", "--out", str(tmp_path / "a")], timeout=240)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert [r["status"] for r in rows(only_run_dir(tmp_path / "a"))] == ["ok", "hang", "skipped"]
+    killed = run_cli(["sweep", "--nproc", "2", "--backends", "testfaults:hang_rank1@4096", "--sizes", "4K",
+                      "--timeout", "600", "--child-timeout", "8", "--out", str(tmp_path / "b")], timeout=240)
+    assert killed.returncode == 1
+    (row,) = rows(only_run_dir(tmp_path / "b"))
+    assert row["status"] == "hang" and "child-timeout" in row["reason"]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_two_torchrun_agents_as_two_nodes(tmp_path: Path) -> None:
+    port = str(_free_port())
+    common = ["--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", port]
+    args = ["sweep", "--backends", "gloo,testfaults:nodelocal", "--sizes", "4K", "--iters", "2", "--out", str(tmp_path)]
+    agents = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *common, "--node-rank", str(node),
+                                "--nproc-per-node", "1", "-m", "commbench", *args],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env())
+              for node in (0, 1)]
+    outputs = [agent.communicate(timeout=180) for agent in agents]
+    assert [agent.returncode for agent in agents] == [0, 0], outputs
+    got = by_backend(rows(only_run_dir(tmp_path)))
+    (gloo,) = got["gloo"]
+    assert gloo["status"] == "ok" and gloo["world_size"] == 2 and gloo["nodes"] == 2
+    (local,) = got["testfaults:nodelocal"]
+    assert local["status"] == "skipped" and "spans 2 nodes" in local["reason"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--backends", "warpdrive"], "unknown backend 'warpdrive'"),
+    (["--dtype", "fp8"], "unknown dtype 'fp8'"),
+    (["-b", "12Q"], "malformed size '12Q'"),
+    (["-b", "1M", "-e", "4K"], "larger than max size"),
+    (["--mode", "graph"], "graph mode needs CUDA"),
+    (["--tokens", "1,2"], "need both --tokens and --hidden"),
+    (["--env", "lower=1"], "malformed --env"),
+    (["--env", "NCCL_NVLS_ENABLE=1", "--nproc", "2"], "would enable NVLink multicast"),
+    (["--backends", "nccl:proto=LL129"], "unknown NCCL protocol 'LL129'"),
+    (["--resume", "/nonexistent/run"], "not a commbench results dir"),
+])
+def test_bad_input_is_one_line_and_exit_2_with_nothing_written(tmp_path: Path, args: list[str], message: str) -> None:
+    out = tmp_path / "out"
+    result = run_cli(["sweep", *args, "--out", str(out)])
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], result.stderr
+    assert not out.exists()
+
+
+def test_unwritable_out_and_unusable_world_size_exit_2(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a dir")
+    result = run_cli(["sweep", "--out", str(blocker / "sub")])
+    assert result.returncode == 2 and "not writable" in result.stderr and len(result.stderr.splitlines()) == 1
+    result = run_torchrun(2, ["sweep", "--backends", "testfaults:solo", "--out", str(tmp_path / "o")])
+    assert "supports at most 1 ranks" in result.stderr
+    assert "commbench/cli.py" not in result.stderr and not (tmp_path / "o").exists()  # no traceback of ours
+
+
+def test_ctrl_c_keeps_every_finished_row(tmp_path: Path) -> None:
+    proc = subprocess.Popen([sys.executable, "-m", "commbench", "sweep", "--backends", "testfaults:exact",
+                             "-b", "1K", "-e", "1G", "-f", "2", "--iters", "20", "--out", str(tmp_path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env())
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        runs = [p for p in tmp_path.iterdir() if p.is_dir()]
+        if runs and (runs[0] / "measurements.jsonl").exists() and len(rows(runs[0])) >= 2:
+            break
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    run_dir = only_run_dir(tmp_path)
+    kept = rows(run_dir)
+    assert len(kept) >= 2 and all(r["status"] == "no_work" for r in kept)
+    assert len((run_dir / "measurements.csv").read_text().splitlines()) == 1 + len(kept)
