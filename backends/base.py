@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
+import torch.distributed as dist
 
 if TYPE_CHECKING:
     from commbench.context import RunContext
@@ -84,6 +85,11 @@ class Backend(ABC):
 
         return AllreduceWorkload(self, ctx, count, dtype)
 
+    def process_env(self, allow_multicast: bool) -> dict[str, str] | None:
+        """Environment this backend needs in a child torchrun of its own (e.g. a preloaded
+        library); None when it runs in any process. The sweep's driver (--nproc) starts it."""
+        return None
+
     def row_fields(self) -> dict[str, Any]:
         """Fields recorded on every row of this variant (Measurement attributes or 'extra')."""
         return {}
@@ -92,6 +98,32 @@ class Backend(ABC):
         """Fields known only after calls of this size ran (e.g. what NCCL reported it used).
         Called on every rank after each row; rank 0's answer is recorded."""
         return {}
+
+
+def raise_unless_all_ranks_ok(ctx: "RunContext", local_error: str | None, what: str) -> None:
+    """Vote on a local step before the next collective one: every rank raises, naming the first
+    rank that failed, so no rank is left waiting in a rendezvous that a failed peer never joins."""
+    errors = ctx.all_gather_objects(local_error)
+    failed = [(rank, err) for rank, err in enumerate(errors) if err is not None]
+    if failed:
+        rank, err = failed[0]
+        others = f" (and {len(failed) - 1} more ranks)" if len(failed) > 1 else ""
+        raise BackendUnavailable(f"{what} failed on rank {rank}{others}: {err}")
+
+
+class ProcessGroupBackend(Backend):
+    """A backend that is one torch.distributed group: all_reduce in place, destroy on close."""
+
+    group: Any = None
+
+    def allreduce(self, x: torch.Tensor) -> torch.Tensor:
+        dist.all_reduce(x, group=self.group)
+        return x
+
+    def close(self) -> None:
+        if self.group is not None:
+            dist.destroy_process_group(self.group)
+            self.group = None
 
 
 @dataclass

@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from commbench.backends.base import Backend, BackendFactory
-from commbench.backends.symm_mem import device_multicast_supported, raise_unless_all_ranks_ok
+from commbench.backends.base import Backend, BackendFactory, raise_unless_all_ranks_ok
+from commbench.topology.cudadrv import multicast_supported
 from commbench.fusion import RMS_EPS, TOLERANCE, FusedBackend
 
 if TYPE_CHECKING:
@@ -289,7 +289,7 @@ class MnnvlAllreduce(_TrtllmWorkspaceBackend):
             return reason
         if ctx.shares_gpus:
             return "MNNVL needs one GPU per rank (multicast across ranks sharing a GPU is meaningless)"
-        if not device_multicast_supported(ctx.device.index or 0):
+        if not multicast_supported(ctx.device.index or 0):
             return "MNNVL needs NVLink multicast: CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED is 0 on this GPU"
         return None
 

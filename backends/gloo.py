@@ -7,31 +7,19 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from commbench.backends.base import Backend, BackendFactory, parse_variant_options
+from commbench.backends.base import Backend, BackendFactory, ProcessGroupBackend, parse_variant_options
 from commbench.context import RunContext
 from commbench.errors import UsageError
 
 
-class GlooBackend(Backend):
+class GlooBackend(ProcessGroupBackend):
     name = "gloo"
     family = "gloo"
     graph_capturable = False
 
-    def __init__(self) -> None:
-        self.group: Any = None
-
     def setup(self, ctx: RunContext, max_bytes: int, dtype: torch.dtype) -> None:
         if self.group is None:
             self.group = dist.new_group(backend="gloo")
-
-    def allreduce(self, x: torch.Tensor) -> torch.Tensor:
-        dist.all_reduce(x, group=self.group)
-        return x
-
-    def close(self) -> None:
-        if self.group is not None:
-            dist.destroy_process_group(self.group)
-            self.group = None
 
 
 def make(variant: str | None, options: dict[str, Any]) -> list[Backend]:

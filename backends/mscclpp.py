@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from commbench.backends.base import Backend, BackendFactory, parse_variant_options
-from commbench.backends.symm_mem import raise_unless_all_ranks_ok
+from commbench.backends.base import Backend, BackendFactory, parse_variant_options, raise_unless_all_ranks_ok
+from commbench.context import multicast_policy_reason
 
 if TYPE_CHECKING:
     from commbench.context import RunContext
@@ -180,11 +180,12 @@ class MscclppShim(Backend):
         self.library = library
         self._group: Any = None
 
-    def process_env(self, ctx: "RunContext") -> dict[str, str]:
+    def process_env(self, allow_multicast: bool) -> dict[str, str] | None:
         """Environment of the child torchrun that loads the shim in place of NCCL."""
-        assert self.library
+        if not self.library:
+            return None
         env = {"LD_PRELOAD": os.path.realpath(self.library)}
-        if ctx.multicast_reason:
+        if multicast_policy_reason(allow_multicast):
             env[DISABLE_NVLS_ENV] = "1"
         return env
 
@@ -201,7 +202,7 @@ class MscclppShim(Backend):
         if ctx.shares_gpus:
             return "runs NCCL's API (served by MSCCL++), which refuses two ranks on one GPU"
         if not shim_preloaded(self.library):
-            env = " ".join(f"{k}={v}" for k, v in self.process_env(ctx).items())
+            env = " ".join(f"{k}={v}" for k, v in (self.process_env(ctx.allow_multicast) or {}).items())
             return f"runs in a child torchrun with {env} (started by the sweep's driver)"
         return None
 

@@ -9,12 +9,14 @@ once per process: those are swept by the driver (`commbench sweep --nproc N --en
 from __future__ import annotations
 
 import os
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 import torch
 import torch.distributed as dist
 
-from commbench.backends.base import Backend, BackendFactory, BackendUnavailable, parse_variant_options
+from commbench.backends.base import (Backend, BackendFactory, BackendUnavailable, ProcessGroupBackend,
+                                     parse_variant_options)
 from commbench.context import RunContext
 from commbench.errors import UsageError
 from commbench.nccl_log import NcclLogReader, canonical_algo, canonical_proto, used_algo_proto
@@ -34,7 +36,7 @@ def _normalise(values: list[str], allowed: tuple[str, ...], what: str) -> list[s
     return out
 
 
-class NcclBackend(Backend):
+class NcclBackend(ProcessGroupBackend):
     family = "nccl"
     graph_capturable = True
 
@@ -45,7 +47,6 @@ class NcclBackend(Backend):
         variant = ",".join(p for p in parts if p)
         self.name = f"nccl:{variant}" if variant else "nccl"
         self.log = log
-        self.group: Any = None
         self.unsafe: str | None = None
         self._log_lines: list[str] = []
 
@@ -62,38 +63,15 @@ class NcclBackend(Backend):
         if self.group is not None:
             return  # one communicator serves every dtype
         self.unsafe = _unsafe_reason(self.name, ctx)
-        requested = {"NCCL_PROTO": self.proto, "NCCL_ALGO": self.algo}
-        saved = {k: os.environ.get(k) for k in requested}
-        try:
-            for key, value in requested.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
+        with _environment({"NCCL_PROTO": self.proto, "NCCL_ALGO": self.algo}):
             self.group = dist.new_group(backend="nccl")
             # The communicator is created lazily at the first collective: do one now, while
             # the variant's environment is in place.
             probe = torch.ones(4, device=ctx.device)
             dist.all_reduce(probe, group=self.group)
             torch.cuda.synchronize()
-            if float(probe[0]) != ctx.world_size:
-                raise BackendUnavailable(f"first NCCL allreduce returned {float(probe[0])}, "
-                                         f"expected {ctx.world_size}")
-        finally:
-            for key, value in saved.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
-
-    def allreduce(self, x: torch.Tensor) -> torch.Tensor:
-        dist.all_reduce(x, group=self.group)
-        return x
-
-    def close(self) -> None:
-        if self.group is not None:
-            dist.destroy_process_group(self.group)
-            self.group = None
+        if float(probe[0]) != ctx.world_size:
+            raise BackendUnavailable(f"first NCCL allreduce returned {float(probe[0])}, expected {ctx.world_size}")
 
     def row_fields(self) -> dict[str, Any]:
         return {"nccl_proto_requested": self.proto, "nccl_algo_requested": self.algo, "unsafe": self.unsafe}
@@ -109,6 +87,25 @@ class NcclBackend(Backend):
         applied = ((self.proto is None or canonical_proto(self.proto) == proto)
                    and (self.algo is None or canonical_algo(self.algo) == algo))
         return {"nccl_algo_used": algo, "nccl_proto_used": proto, "setting_applied": applied}
+
+
+@contextmanager
+def _environment(values: dict[str, str | None]) -> Iterator[None]:
+    """Set (or, for None, unset) variables for the duration of the block, then restore them."""
+    saved = {key: os.environ.get(key) for key in values}
+
+    def apply(settings: dict[str, str | None]) -> None:
+        for key, value in settings.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+    apply(values)
+    try:
+        yield
+    finally:
+        apply(saved)
 
 
 def _unsafe_reason(name: str, ctx: RunContext) -> str | None:

@@ -50,10 +50,11 @@ from typing import TYPE_CHECKING, Any
 import numpy
 import torch
 
-from commbench.backends.base import ALL_DTYPES, Backend, BackendFactory, BackendUnavailable
-from commbench.backends.symm_mem import raise_unless_all_ranks_ok
+from commbench.backends.base import (ALL_DTYPES, Backend, BackendFactory, BackendTimeout, BackendUnavailable,
+                                     raise_unless_all_ranks_ok)
 from commbench.errors import UsageError
 from commbench.units import format_bytes, parse_bytes
+from commbench.workload import AllreduceWorkload, CheckResult
 
 if TYPE_CHECKING:
     from commbench.context import RunContext
@@ -102,7 +103,7 @@ HOST_ALLOC_PORTABLE_MAPPED = 0x01 | 0x02   # cudaHostAllocPortable | cudaHostAll
 PHASE_NAMES = ("first barrier", "second barrier")
 
 
-class P2PTimeoutError(RuntimeError):
+class P2PTimeoutError(BackendTimeout):
     """A peer never reached a barrier; this rank's p2p state is broken until setup() again."""
 
 
@@ -406,7 +407,7 @@ class P2PAllreduce(Backend):
             except Exception as exc:  # the vote turns it into every rank's reason
                 error = _error_text(exc)
             raise_unless_all_ranks_ok(ctx, error, "p2p kernel compilation")
-        if len(self.algorithms) > 1 and dtype not in self._calibrations:
+        if len(self.algorithms) > 1 and self.options.crossover_bytes is None and dtype not in self._calibrations:
             self._calibrations[dtype] = self._calibrate(dtype)
 
     def _connect(self, ctx: "RunContext", slot_bytes: int, dtype: torch.dtype) -> None:
@@ -431,13 +432,14 @@ class P2PAllreduce(Backend):
         raise_unless_all_ranks_ok(ctx, error, "opening peers' p2p buffers (CUDA IPC)")
 
     def _release(self) -> None:
+        # A new buffer may allow larger calibration sizes: measure again after a rebuild.
+        self._calibrations.clear()
         if self._area is not None:
             area, self._area = self._area, None
             area.release()
 
     def close(self) -> None:
         self._release()
-        self._calibrations.clear()
 
     # -- calls --------------------------------------------------------------------------
 
@@ -542,6 +544,10 @@ class P2PAllreduce(Backend):
         replay_ms = [start.elapsed_time(end) for start, end in events[1:]]
         return statistics.median(replay_ms) * 1000.0 / CALIBRATION_CALLS_PER_GRAPH
 
+    def make_workload(self, ctx: "RunContext", count: int, dtype: torch.dtype,
+                      shape: tuple[int, int] | None) -> AllreduceWorkload:
+        return _P2PWorkload(self, ctx, count, dtype)
+
     # -- what rows record -------------------------------------------------------------------
 
     def row_fields(self) -> dict[str, Any]:
@@ -564,6 +570,19 @@ class P2PAllreduce(Backend):
                                             "oneshot_us": [round(t, 3) for t in calibration.oneshot_us],
                                             "twoshot_us": [round(t, 3) for t in calibration.twoshot_us]}
         return {"extra": extra}
+
+
+class _P2PWorkload(AllreduceWorkload):
+    """The plain allreduce workload plus the timeout check. The harness calls verify() after
+    it synchronised, so a wait that gave up anywhere in the row (graph replays included,
+    which never pass through allreduce()) becomes BackendTimeout, a hang row, rather than
+    a count of wrong values."""
+
+    backend: P2PAllreduce
+
+    def verify(self, epoch: int, previous_epoch: int | None) -> CheckResult:
+        self.backend.raise_if_failed()
+        return super().verify(epoch, previous_epoch)
 
 
 def make(variant: str | None, options: dict[str, Any]) -> list[Backend]:

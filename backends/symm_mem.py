@@ -13,14 +13,15 @@ two streams, so every variant gets its own group and runs on the caller's stream
 
 from __future__ import annotations
 
-import ctypes
 import os
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 import torch.distributed as dist
 
-from commbench.backends.base import Backend, BackendFactory, BackendUnavailable, parse_variant_options
+from commbench.backends.base import (Backend, BackendFactory, BackendUnavailable, parse_variant_options,
+                                     raise_unless_all_ranks_ok)
+from commbench.topology.cudadrv import multicast_supported
 
 if TYPE_CHECKING:
     from commbench.context import RunContext
@@ -29,35 +30,11 @@ if TYPE_CHECKING:
 SYMM_MEM_DTYPES = (torch.bfloat16, torch.float32)
 # Lets several ranks map one GPU (correctness runs on a shared GPU only).
 ALLOW_OVERLAP_ENV = "TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES"
-CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED = 132
 
 ALGOS = ("one_shot", "two_shot", "multimem")
 # op name in torch.ops.symm_mem for each variant
 TORCH_OPS = {"one_shot": "one_shot_all_reduce_out", "two_shot": "two_shot_all_reduce_",
              "multimem": "multimem_all_reduce_"}
-
-
-def raise_unless_all_ranks_ok(ctx: "RunContext", local_error: str | None, what: str) -> None:
-    """Vote on a local step before the next collective one: every rank raises, naming the first
-    rank that failed, so no rank is left waiting in a rendezvous that a failed peer never joins."""
-    errors = ctx.all_gather_objects(local_error)
-    failed = [(rank, err) for rank, err in enumerate(errors) if err is not None]
-    if failed:
-        rank, err = failed[0]
-        others = f" (and {len(failed) - 1} more ranks)" if len(failed) > 1 else ""
-        raise BackendUnavailable(f"{what} failed on rank {rank}{others}: {err}")
-
-
-def device_multicast_supported(device_index: int) -> bool:
-    """CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED, read from the driver (a read, creates nothing)."""
-    libcuda = ctypes.CDLL("libcuda.so.1")
-    device = ctypes.c_int()
-    value = ctypes.c_int()
-    if libcuda.cuInit(0) != 0 or libcuda.cuDeviceGet(ctypes.byref(device), device_index) != 0:
-        return False
-    if libcuda.cuDeviceGetAttribute(ctypes.byref(value), CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED, device) != 0:
-        return False
-    return value.value == 1
 
 
 def _symm_mem_module() -> Any:
@@ -94,7 +71,7 @@ class SymmMemAllreduce(Backend):
         if self.algo == "multimem":
             if ctx.shares_gpus:
                 return "multimem needs one GPU per rank (multicast across ranks sharing a GPU is meaningless)"
-            if not device_multicast_supported(ctx.device.index or 0):
+            if not multicast_supported(ctx.device.index or 0):
                 return "multimem needs NVLink multicast: CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED is 0 on this GPU"
         return None
 

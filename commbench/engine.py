@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import torch
 
-from commbench.backends.base import Backend, BackendTimeout
+from commbench.backends.base import Backend, BackendTimeout, BackendUnavailable
 from commbench.context import RunContext
 from commbench.plan import Shape, SweepPlan
 from commbench.results import ERROR, HANG, NO_WORK, OK, SKIPPED, WRONG, Measurement, ResultsWriter, row_key
@@ -69,7 +69,9 @@ class Engine:
     @staticmethod
     def _apply_fields(row: Measurement, values: dict[str, Any]) -> None:
         for name, value in values.items():
-            if name in MEASUREMENT_FIELDS and name != "extra":
+            if name == "extra":
+                row.extra.update(value)
+            elif name in MEASUREMENT_FIELDS:
                 setattr(row, name, value)
             else:
                 row.extra[name] = value
@@ -129,9 +131,16 @@ class Engine:
         try:
             for dtype in self.plan.dtypes:
                 dtype_cells = [c for c in cells if c[0] == dtype]
-                if dtype_cells and self._setup(backend, dtype, dtype_cells):
-                    for cell in dtype_cells:
-                        self._run_cell(backend, cell)
+                if not dtype_cells or not self._setup(backend, dtype, dtype_cells):
+                    continue
+                for cell in dtype_cells:
+                    row = self._run_cell(backend, cell)
+                    if row.status == HANG:
+                        # A backend whose bounded wait gave up is not trusted for the rest.
+                        rest = [c for c in cells if self._key(backend, *c) not in self.done_keys]
+                        self._skip_all(backend, rest, f"hung earlier in this run "
+                                       f"({format_bytes(row.message_bytes)} {row.mode}): {row.reason}")
+                        return
         finally:
             try:
                 backend.close()
@@ -152,19 +161,21 @@ class Engine:
             return False
         return True
 
-    def _run_cell(self, backend: Backend, cell: tuple[torch.dtype, Shape, str]) -> None:
+    def _run_cell(self, backend: Backend, cell: tuple[torch.dtype, Shape, str]) -> Measurement:
         dtype, shape, mode = cell
         unsupported = backend.supports(shape.message_bytes, dtype)
         if unsupported is None and mode == "graph" and not backend.graph_capturable:
             unsupported = "not CUDA-graph capturable"
         if unsupported:
-            self.emit(self._base_row(backend, dtype, shape, mode, SKIPPED, reason=unsupported))
-            return
-        what = f"{backend.name} {format_bytes(shape.message_bytes)} {dtype_name(dtype)} {mode}"
-        with self._watchdog(backend, what, cell):
-            local = self._measure_local(backend, dtype, shape, mode)
-            gathered = self.ctx.all_gather_objects(local)
-        self.emit(self._build_row(backend, cell, gathered))
+            row = self._base_row(backend, dtype, shape, mode, SKIPPED, reason=unsupported)
+        else:
+            what = f"{backend.name} {format_bytes(shape.message_bytes)} {dtype_name(dtype)} {mode}"
+            with self._watchdog(backend, what, cell):
+                local = self._measure_local(backend, dtype, shape, mode)
+                gathered = self.ctx.all_gather_objects(local)
+            row = self._build_row(backend, cell, gathered)
+        self.emit(row)
+        return row
 
     def _measure_local(self, backend: Backend, dtype: torch.dtype, shape: Shape, mode: str) -> dict[str, Any]:
         """This rank's samples and check; errors are caught so every rank reaches the gather."""
@@ -199,6 +210,8 @@ class Engine:
             out["wrong"] = result.wrong_elements
             out["wrong_kind"] = result.wrong_kind
             out["iterations"] = iterations
+        except BackendUnavailable as exc:  # this shape cannot run (e.g. tokens <= world size)
+            out = {"skip": str(exc)}
         except BackendTimeout as exc:
             out = {"error": _describe(exc), "timeout": True}
         except Exception as exc:
@@ -214,6 +227,11 @@ class Engine:
         dtype, shape, mode = cell
         row = self._base_row(backend, dtype, shape, mode, OK)
         self._apply_fields(row, gathered[0].get("observed") or {})
+        skips = [(rank, g["skip"]) for rank, g in enumerate(gathered) if g.get("skip")]
+        if skips:
+            row.status = SKIPPED
+            row.reason = skips[0][1]
+            return row
         failures = [(rank, g) for rank, g in enumerate(gathered) if g.get("error")]
         if failures:
             rank, failure = failures[0]

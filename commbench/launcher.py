@@ -4,7 +4,9 @@ Process-level NCCL knobs (NCCL_NTHREADS, NCCL_BUFFSIZE, NCCL_MAX_CTAS, NCCL_P2P_
 read once per process, so each setting needs its own torchrun. The driver launches one per
 setting (all combinations of the --env flags), each with a time limit; a child that hangs is
 killed; a child whose watchdog recorded a hang is resumed without the backend that hung; all
-children append to one results dir, each row tagged with its env_setting.
+children append to one results dir, each row tagged with its env_setting. A backend that must
+run in a process of its own (the MSCCL++ NCCL shim, preloaded in place of NCCL) gets one more
+child with its environment.
 """
 
 from __future__ import annotations
@@ -15,19 +17,19 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from commbench.backends.base import Backend
 from commbench.context import MULTICAST_POLICY_VARS, multicast_forbidden_by
 from commbench.errors import UsageError
-from commbench.results import HANG, Measurement, ResultsWriter, read_rows, write_csv, write_run_info
+from commbench.results import HANG, Measurement, ResultsWriter, new_run_dir, read_rows, write_csv, write_run_info
 
 _NAME_RE = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 # Flags the driver consumes; everything else is passed to each child unchanged.
-_DRIVER_FLAGS = {"--nproc": True, "--env": True, "--child-timeout": True, "--resume": True}
+_DRIVER_FLAGS = {"--nproc", "--env", "--child-timeout", "--resume", "--qualify", "--junit"}
 MAX_RESUMES_PER_SETTING = 3
 
 
@@ -48,7 +50,7 @@ def parse_env_settings(specs: list[str], allow_multicast: bool) -> list[dict[str
     return [dict(combo) for combo in itertools.product(*axes)] if axes else []
 
 
-def child_arguments(argv: list[str]) -> list[str]:
+def child_arguments(argv: list[str], also_drop: frozenset[str] = frozenset()) -> list[str]:
     """The sweep's own arguments minus the driver's flags (both `--flag V` and `--flag=V`)."""
     out: list[str] = []
     skip_next = False
@@ -57,7 +59,7 @@ def child_arguments(argv: list[str]) -> list[str]:
             skip_next = False
             continue
         flag = token.split("=", 1)[0]
-        if flag in _DRIVER_FLAGS:
+        if flag in _DRIVER_FLAGS or flag in also_drop:
             skip_next = "=" not in token
             continue
         out.append(token)
@@ -67,16 +69,10 @@ def child_arguments(argv: list[str]) -> list[str]:
 def _new_run_dir(args: argparse.Namespace) -> Path:
     if args.resume:
         return Path(args.resume).resolve()
-    run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + socket.gethostname().split(".")[0]
-    path = Path(args.out) / run_id
-    suffix = 1
-    while path.exists():
-        path = Path(args.out) / f"{run_id}-{suffix}"
-        suffix += 1
-    path.mkdir(parents=True)
+    path = new_run_dir(Path(args.out))
     write_run_info(path, {"run_id": path.name, "started": time.time(), "driver": {
         "nproc": args.nproc, "env": args.env, "child_timeout_s": args.child_timeout}})
-    return path.resolve()
+    return path
 
 
 def _hang_count(run_dir: Path) -> int:
@@ -96,18 +92,31 @@ def _kill(proc: subprocess.Popen) -> None:
             continue
 
 
-def drive(args: argparse.Namespace, env_settings: list[dict[str, str]]) -> int:
+def child_runs(argv: list[str], env_settings: list[dict[str, str]], variants: list[Backend],
+               allow_multicast: bool) -> list[tuple[dict[str, str], list[str]]]:
+    """(environment, sweep arguments) of every child torchrun: one per --env setting, plus one
+    for each backend that needs a process of its own (e.g. a preloaded NCCL replacement)."""
+    runs = [(setting, child_arguments(argv)) for setting in env_settings or [{}]]
+    for backend in variants:
+        env = backend.process_env(allow_multicast)
+        if env:
+            runs.append((env, child_arguments(argv, frozenset({"--backends"})) + ["--backends", backend.name]))
+    return runs
+
+
+def drive(args: argparse.Namespace, env_settings: list[dict[str, str]], variants: list[Backend]) -> tuple[int, Path]:
+    """Run every child; returns the exit status (1 if any child failed) and the results dir."""
     if args.nproc is None:
         raise UsageError("--env needs --nproc N: the driver launches one torchrun per setting")
     if args.nproc < 1:
         raise UsageError(f"--nproc must be at least 1 (got {args.nproc})")
     run_dir = _new_run_dir(args)
     # --standalone: a private rendezvous on a free local port for each child.
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-               str(args.nproc), "-m", "commbench", "sweep", *child_arguments(getattr(args, "_argv", [])),
-               "--run-dir", str(run_dir)]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(args.nproc),
+                "-m", "commbench", "sweep"]
     failures = 0
-    for setting in env_settings or [{}]:
+    for setting, sweep_args in child_runs(getattr(args, "_argv", []), env_settings, variants, args.allow_multicast):
+        command = [*torchrun, *sweep_args, "--run-dir", str(run_dir)]
         label = " ".join(f"{k}={v}" for k, v in setting.items()) or "default environment"
         for attempt in range(MAX_RESUMES_PER_SETTING + 1):
             hangs_before = _hang_count(run_dir)
@@ -135,7 +144,7 @@ def drive(args: argparse.Namespace, env_settings: list[dict[str, str]]) -> int:
             break
     write_csv(run_dir)
     print(f"# results: {run_dir}/measurements.jsonl (+ .csv, run.json)")
-    return 1 if failures else 0
+    return (1 if failures else 0), run_dir
 
 
 def _record_child_timeout(run_dir: Path, args: argparse.Namespace, setting: dict[str, str]) -> None:

@@ -10,6 +10,8 @@ import csv
 import dataclasses
 import json
 import os
+import socket
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -146,6 +148,18 @@ def write_csv(run_dir: Path, rows: Iterable[Measurement] | None = None) -> Path:
             writer.writerow(data)
     tmp.replace(path)
     return path
+
+
+def new_run_dir(root: Path) -> Path:
+    """results/<YYYYmmdd-HHMMSS-host>[-N]/, created; never reuses an existing folder."""
+    run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + socket.gethostname().split(".")[0]
+    path = Path(root) / run_id
+    suffix = 1
+    while path.exists():
+        path = Path(root) / f"{run_id}-{suffix}"
+        suffix += 1
+    path.mkdir(parents=True)
+    return path.resolve()
 
 
 def write_run_info(run_dir: Path, info: dict[str, Any]) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import sys
 import tempfile
 import time
@@ -24,7 +23,7 @@ from commbench.engine import Engine
 from commbench.errors import UsageError
 from commbench.nccl_log import NcclLogReader, configure_logging
 from commbench.plan import SweepPlan, build_plan
-from commbench.results import (HANG, ResultsWriter, read_rows, read_run_info, write_csv, write_run_info)
+from commbench.results import HANG, ResultsWriter, new_run_dir, read_rows, read_run_info, write_csv, write_run_info
 from commbench.table import HEADER, LiveTable
 from commbench.units import dtype_name, format_bytes, parse_bytes
 from commbench.versions import local_device_info, relevant_env, software_versions
@@ -61,6 +60,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     out.add_argument("--out", default="results", help="results root (default results/)")
     out.add_argument("--resume", metavar="DIR", help="continue the run in DIR: finished rows are skipped")
     out.add_argument("--run-dir", help=argparse.SUPPRESS)   # the driver's children append here
+    out.add_argument("--qualify", type=Path, metavar="SPEC.toml",
+                     help="after the sweep, run `commbench qualify --spec SPEC.toml` on its results "
+                          "(the exit status is qualify's)")
+    out.add_argument("--junit", type=Path, metavar="FILE", help="with --qualify: also write JUnit XML")
     env = p.add_argument_group("machine and safety")
     env.add_argument("--cpu", action="store_true", help="run on the CPU with gloo even if CUDA is present")
     env.add_argument("--share-gpus", action="store_true",
@@ -87,6 +90,7 @@ def backend_options(args: argparse.Namespace, log: NcclLogReader | None) -> dict
         "p2p_max_bytes": parse_bytes(args.p2p_max_bytes) if args.p2p_max_bytes else None,
         "p2p_crossover_bytes": parse_bytes(args.p2p_crossover) if args.p2p_crossover else None,
         "mscclpp_nccl_lib": args.mscclpp_nccl_lib,
+        "hidden": int(args.hidden) if args.hidden and str(args.hidden).isdigit() else None,
         "allow_multicast": args.allow_multicast,
     }
 
@@ -127,10 +131,15 @@ def main(args: argparse.Namespace) -> int:
     # Building the variants validates backend names and options before anything runs.
     specs = backends.split_specs(args.backends) if args.backends else None
     variants = backends.expand(specs, backend_options(args, None), on_gpu)
+    if args.qualify is not None:
+        from commbench.qualify import load_spec
+
+        load_spec(args.qualify)  # a broken spec is bad input: say so before measuring anything
     if args.nproc is not None or env_settings:
         if under_torchrun():
             raise UsageError("--nproc/--env launch torchrun themselves: run them outside torchrun")
-        return launcher.drive(args, env_settings)
+        status, run_dir = launcher.drive(args, env_settings, variants)
+        return _qualify(args, run_dir) if status == 0 and args.qualify is not None else status
     _, world, _, _ = torchrun_env()
     if specs is not None:
         # A world size a backend can never use is bad input; spanning nodes is a fact of this
@@ -139,10 +148,20 @@ def main(args: argparse.Namespace) -> int:
             reason = backend.world_size_reason(world, nodes=1)
             if reason:
                 raise UsageError(f"backend {backend.name} cannot run with {world} rank(s): {reason}")
-    return _run(args, plan, specs, on_gpu)
+    status, run_dir = _run(args, plan, specs, on_gpu)
+    if status == 0 and args.qualify is not None and int(os.environ.get("RANK", "0")) == 0:
+        return _qualify(args, run_dir)
+    return status
 
 
-def _run(args: argparse.Namespace, plan: SweepPlan, specs: list[str] | None, on_gpu: bool) -> int:
+def _qualify(args: argparse.Namespace, run_dir: Path) -> int:
+    from commbench import qualify
+
+    return qualify.main(argparse.Namespace(run_dir=run_dir, spec=args.qualify, reference=None,
+                                           max_slowdown_pct=None, junit=args.junit))
+
+
+def _run(args: argparse.Namespace, plan: SweepPlan, specs: list[str] | None, on_gpu: bool) -> tuple[int, Path]:
     log_dir = None
     run_dir_arg = args.run_dir or args.resume
     ctx, note = init_context(allow_multicast=args.allow_multicast, force_cpu=args.cpu,
@@ -154,7 +173,7 @@ def _run(args: argparse.Namespace, plan: SweepPlan, specs: list[str] | None, on_
         variants = backends.expand(specs, backend_options(args, NcclLogReader(log_dir)), ctx.is_cuda)
         # Plain allreduce first: fused ops and baselines build on what was measured before them.
         variants.sort(key=lambda b: b.op != "allreduce")
-        return _sweep(ctx, args, plan, variants, run_dir, note)
+        return _sweep(ctx, args, plan, variants, run_dir, note), run_dir
     finally:
         shutdown()
 
@@ -162,17 +181,7 @@ def _run(args: argparse.Namespace, plan: SweepPlan, specs: list[str] | None, on_
 def _prepare_run_dir(ctx: RunContext, args: argparse.Namespace, existing: str | None) -> Path:
     path = None
     if ctx.rank == 0:
-        if existing:
-            path = Path(existing)
-        else:
-            run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + socket.gethostname().split(".")[0]
-            path = Path(args.out) / run_id
-            suffix = 1
-            while path.exists():
-                path = Path(args.out) / f"{run_id}-{suffix}"
-                suffix += 1
-            path.mkdir(parents=True)
-        path = str(path.resolve())
+        path = str(Path(existing).resolve() if existing else new_run_dir(Path(args.out)))
     return Path(ctx.broadcast_object(path))
 
 
@@ -185,14 +194,19 @@ def _probe(ctx: RunContext, args: argparse.Namespace, variants: list) -> list[st
         from commbench.topology.verdicts import reason_for
     except ImportError as exc:
         return [f"probe unavailable: {exc}"]
+    notes: list[str] = []
     try:
-        ctx.snapshot = take_snapshot(ctx, bandwidth=False, allow_multicast=args.allow_multicast)
+        snapshot = take_snapshot(ctx, bandwidth=False, allow_multicast=args.allow_multicast)
     except Exception as exc:  # a broken probe must not stop the sweep; the reason is recorded
-        ctx.snapshot = {"error": f"{type(exc).__name__}: {exc}"}
-        return [f"probe failed: {exc}"]
-    ctx.verdicts = {b.name: reason_for(b.name, ctx.snapshot, ctx.world_size, args.allow_multicast)
-                    for b in variants}
-    return []
+        snapshot = {"error": f"{type(exc).__name__}: {exc}"}
+        notes.append(f"probe failed on rank {ctx.rank}: {exc}")
+    # Rank 0 holds the merged snapshot; every rank decides skips from the same verdicts.
+    if ctx.rank == 0 and "error" not in snapshot:
+        verdicts = {b.name: reason_for(b.name, snapshot, ctx.world_size, args.allow_multicast) for b in variants}
+    else:
+        verdicts = {}
+    ctx.snapshot, ctx.verdicts = ctx.broadcast_object((snapshot, verdicts) if ctx.rank == 0 else None)
+    return notes
 
 
 def _sweep(ctx: RunContext, args: argparse.Namespace, plan: SweepPlan, variants: list, run_dir: Path,

@@ -32,10 +32,12 @@ def parse_bytes(text: str) -> int:
 
 
 def format_bytes(n: int) -> str:
+    """4096 -> '4K', 1572864 -> '1.5M', 12000 -> '11.7K'."""
     for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if n >= scale and n % scale == 0:
-            return f"{n // scale}{unit}"
-    return f"{n}B" if n < 1024 else f"{n / 1024:.1f}K"
+        if n >= scale:
+            value = n / scale
+            return f"{value:.0f}{unit}" if n % scale == 0 else f"{value:.1f}{unit}"
+    return f"{n}B"
 
 
 def parse_int_list(text: str, what: str) -> list[int]:

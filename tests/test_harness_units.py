@@ -149,3 +149,18 @@ def test_driver_never_turns_multicast_on_under_a_policy(monkeypatch: pytest.Monk
     with pytest.raises(UsageError, match="multicast"):
         parse_env_settings(["NCCL_NVLS_ENABLE=1"], allow_multicast=True)
     assert parse_env_settings(["NCCL_NVLS_ENABLE=0"], allow_multicast=False) == [{"NCCL_NVLS_ENABLE": "0"}]
+
+
+def test_driver_gives_a_preloaded_nccl_replacement_its_own_child(tmp_path) -> None:
+    from commbench.launcher import child_runs
+
+    library = tmp_path / "libmscclpp_nccl.so"
+    library.write_bytes(b"")
+    variants = backends.expand(["nccl", "mscclpp:shim"], {"mscclpp_nccl_lib": str(library)}, True)
+    argv = ["--nproc", "8", "--backends", "nccl,mscclpp:shim", "-b", "4K", "--mscclpp-nccl-lib", str(library)]
+    runs = child_runs(argv, [], variants, allow_multicast=False)
+    assert runs[0] == ({}, ["--backends", "nccl,mscclpp:shim", "-b", "4K", "--mscclpp-nccl-lib", str(library)])
+    env, args = runs[1]
+    assert env == {"LD_PRELOAD": str(library.resolve()), "MSCCLPP_FORCE_DISABLE_NVLS": "1"}
+    assert args == ["-b", "4K", "--mscclpp-nccl-lib", str(library), "--backends", "mscclpp:shim"]
+    assert len(runs) == 2

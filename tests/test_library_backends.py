@@ -12,7 +12,7 @@ from commbench.backends import factory
 from commbench.backends import flashinfer as fi
 from commbench.backends import mscclpp as mp_backend
 from commbench.backends import symm_mem
-from commbench.backends.base import BackendUnavailable
+from commbench.backends.base import BackendUnavailable, raise_unless_all_ranks_ok
 from commbench.context import MULTICAST_POLICY_VARS, RunContext
 from commbench.errors import UsageError
 
@@ -91,7 +91,7 @@ def test_mscclpp_shim_needs_a_library_path(tmp_path):
     shim = factory("mscclpp").make("shim", {"mscclpp_nccl_lib": str(missing)})[0]
     assert shim.check(cpu_ctx()) == f"--mscclpp-nccl-lib {missing}: no such file"
     missing.write_bytes(b"")
-    assert shim.process_env(cpu_ctx()) == {"LD_PRELOAD": str(missing.resolve()), "MSCCLPP_FORCE_DISABLE_NVLS": "1"}
+    assert shim.process_env(allow_multicast=False) == {"LD_PRELOAD": str(missing.resolve()), "MSCCLPP_FORCE_DISABLE_NVLS": "1"}
     assert not mp_backend.shim_preloaded(str(missing))
 
 
@@ -202,7 +202,7 @@ def _vote_worker(rank: int, world: int, port: int, failing_rank: int, results) -
     ctx, _ = init_context(force_cpu=True, timeout_s=60)
     error = "cuMemCreate of 2097152 bytes failed: CUDA_ERROR_OUT_OF_MEMORY" if rank == failing_rank else None
     try:
-        symm_mem.raise_unless_all_ranks_ok(ctx, error, "workspace probe")
+        raise_unless_all_ranks_ok(ctx, error, "workspace probe")
         results.put((rank, None))
     except BackendUnavailable as exc:
         results.put((rank, str(exc)))

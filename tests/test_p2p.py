@@ -12,6 +12,7 @@ import torch
 
 from commbench.backends import factory
 from commbench.backends import p2p
+from commbench.backends.base import BackendTimeout
 from commbench.context import RunContext
 from commbench.errors import UsageError
 
@@ -230,6 +231,10 @@ def test_a_recorded_timeout_becomes_a_clear_error_before_any_launch():
         b.raise_if_failed()
     with pytest.raises(p2p.P2PTimeoutError, match=expected):
         b.allreduce(torch.zeros(8))
+    # The sweep verifies after it synchronised: a timeout inside graph replays surfaces there.
+    workload = b.make_workload(ctx_for(4, device="cpu"), 8, torch.float32, None)
+    with pytest.raises(BackendTimeout, match=expected):
+        workload.verify(1, None)
     report[0] = 0
     b.raise_if_failed()           # nothing recorded: no error
     area.report = 0               # keep release() away from this fake report

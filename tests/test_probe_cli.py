@@ -1,4 +1,7 @@
-"""`commbench probe` end to end on this (GPU-less) machine, --from re-rendering, --plot, and bad input."""
+"""`commbench probe` end to end on this (GPU-less) machine, --from re-rendering, --plot, and bad input.
+
+One test runs the real subprocess (`python -m commbench probe`); the rest call the CLI entry
+point in-process, which is the same code path without paying a Python start per case."""
 
 from __future__ import annotations
 
@@ -14,9 +17,27 @@ SNAPSHOTS = Path(__file__).parent / "fixtures" / "snapshots"
 ENV = {**os.environ, "COLUMNS": "200"}
 
 
-def probe(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+def probe_subprocess(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "commbench", "probe", *args], capture_output=True, text=True,
-                          env=ENV, cwd=cwd, timeout=120)
+                          env=ENV, timeout=120)
+
+
+@pytest.fixture
+def probe(capsys, monkeypatch):
+    """Run `commbench probe ARGS` in-process; returns (exit status, stdout, stderr)."""
+    monkeypatch.setenv("COLUMNS", "200")
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        from commbench.cli import main
+
+        try:
+            code = main(["probe", *args])
+        except SystemExit as exc:   # argparse errors
+            code = int(exc.code or 0)
+        out = capsys.readouterr()
+        return subprocess.CompletedProcess(args, code, out.out, out.err)
+
+    return run
 
 
 def has_nvidia_driver() -> bool:
@@ -32,7 +53,7 @@ def has_nvidia_driver() -> bool:
 @pytest.mark.skipif(has_nvidia_driver(), reason="this machine has an NVIDIA driver")
 def test_probe_without_gpu_reports_host_facts_and_exits_0(tmp_path):
     out_json, out_png = tmp_path / "snap.json", tmp_path / "topo.png"
-    done = probe("--json", str(out_json), "--plot", str(out_png))
+    done = probe_subprocess("--json", str(out_json), "--plot", str(out_png))
     assert done.returncode == 0, done.stderr
     assert "no CUDA GPU: libcuda.so.1 not found" in done.stdout
     assert "IOMMU" in done.stdout and "Backend verdicts" in done.stdout
@@ -44,7 +65,7 @@ def test_probe_without_gpu_reports_host_facts_and_exits_0(tmp_path):
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in SNAPSHOTS.glob("*.json")))
-def test_from_rerenders_every_fixture_with_a_plot(name, tmp_path):
+def test_from_rerenders_every_fixture_with_a_plot(name, tmp_path, probe):
     png = tmp_path / "x.png"
     done = probe("--from", str(SNAPSHOTS / name), "--plot", str(png), "--world-size", "4")
     assert done.returncode == 0, done.stderr
@@ -53,7 +74,7 @@ def test_from_rerenders_every_fixture_with_a_plot(name, tmp_path):
     assert png.stat().st_size > 10_000
 
 
-def test_from_shows_bandwidth_and_copies_json(tmp_path):
+def test_from_shows_bandwidth_and_copies_json(tmp_path, probe):
     copy = tmp_path / "copy.json"
     done = probe("--from", str(SNAPSHOTS / "pcie-2x4-numa.json"), "--json", str(copy))
     assert done.returncode == 0, done.stderr
@@ -69,14 +90,14 @@ def test_from_shows_bandwidth_and_copies_json(tmp_path):
     (["--plot", "out.svg"], "--plot writes a PNG"),
     (["--bandwidth", "--from", "x.json"], "cannot be combined with --from"),
 ])
-def test_bad_input_is_one_line_and_exit_2(args, message):
+def test_bad_input_is_one_line_and_exit_2(args, message, probe):
     done = probe(*args)
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("commbench probe: error: ") and message in lines[0]
 
 
-def test_broken_and_foreign_json_are_usage_errors(tmp_path):
+def test_broken_and_foreign_json_are_usage_errors(tmp_path, probe):
     broken = tmp_path / "broken.json"
     broken.write_text('{"kind": "commbench-topology-snapshot", ')
     done = probe("--from", str(broken))
@@ -91,6 +112,6 @@ def test_broken_and_foreign_json_are_usage_errors(tmp_path):
     assert "snapshot schema 99" in probe("--from", str(newer)).stderr
 
 
-def test_unwritable_plot_is_a_usage_error(tmp_path):
+def test_unwritable_plot_is_a_usage_error(tmp_path, probe):
     done = probe("--from", str(SNAPSHOTS / "pcie-switch-4x-acs.json"), "--plot", str(tmp_path / "no" / "x.png"))
     assert done.returncode == 2 and "cannot write" in done.stderr

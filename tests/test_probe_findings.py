@@ -93,3 +93,8 @@ def test_no_gpu_snapshot_has_no_device_findings():
     s.update(gpus=[], p2p=[], pcie_paths=[], ipc={"exports": [], "pairs": [], "tested": False},
              vmm={"exports": [], "pairs": [], "tested": False}, multicast={"attribute": {}, "functional": {}})
     assert findings(s) == []
+
+
+def test_recorded_h200_has_only_the_shared_gpu_note():
+    found = codes(load("h200-1gpu.json"))
+    assert found == {"shared_gpus": "INFO"}

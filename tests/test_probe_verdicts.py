@@ -178,3 +178,30 @@ def test_explain_sm90_vmm_failure_turns_flashinfer_fusion_off(hgx):
            "preflight would fail on at least one rank" in text
     assert "process 2 on GPU 2" in text
     assert reason_for("symm_mem:two_shot", hgx, 4, False).startswith("cuMemCreate -> POSIX FD export")
+
+
+def test_recorded_h200_single_process():
+    """The real one-GPU H200 (multicast off by policy and by attribute), probed with two processes."""
+    s = load("h200-1gpu.json")
+    assert s["gpus"][0]["name"] == "NVIDIA H200" and s["gpus"][0]["attributes"]["vmm"] == 1
+    verdicts = backend_verdicts(s, 2, allow_multicast=False)
+    for name in ("p2p:oneshot", "symm_mem:two_shot", "flashinfer:trtllm_oneshot", "flashinfer:pcie_ipc", "mscclpp"):
+        assert verdicts[name] is None, (name, verdicts[name])
+    assert verdicts["nccl:proto=LL"] == "ranks share a GPU: NCCL refuses two ranks on one device"
+    assert verdicts["symm_mem:multimem"].startswith("no multicast: GPU 0 reports")
+    assert backend_verdicts(s, 1, False)["nccl"] is None
+    text = "\n".join(explain(s, 2))
+    assert "n/a (one GPU, ranks share it)" in text and "falls back to trtllm" in text
+
+
+def test_recorded_h200_torchrun_four_ranks_on_one_gpu():
+    s = load("h200-1gpu-torchrun4.json")
+    assert s["mode"] == "torchrun" and [p["rank"] for p in s["participants"]] == [0, 1, 2, 3]
+    assert len(s["vmm"]["pairs"]) == 12 and all(p["status"] == "ok" for p in s["vmm"]["pairs"])
+    assert reason_for("flashinfer:trtllm_twoshot", s, 4, False) is None
+    assert reason_for("nccl", s, 4, False) == "ranks share a GPU: NCCL refuses two ranks on one device"
+    broken = json.loads(json.dumps(s))
+    broken["vmm"]["pairs"][5].update(status="fail", detail="rank 1 (GPU 0) writing to rank 3 (GPU 0): "
+                                                          "cuMemSetAccess failed: CUDA_ERROR_INVALID_DEVICE (101)")
+    assert "rank 1 (GPU 0) writing to rank 3" in reason_for("symm_mem:one_shot", broken, 4, False)
+    assert reason_for("p2p:oneshot", broken, 4, False) is None

@@ -126,6 +126,14 @@ def load_driver() -> ctypes.CDLL:
     return ctypes.CDLL("libcuda.so.1")
 
 
+def multicast_supported(device: int) -> bool:
+    """CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED of one device: a read, creates nothing."""
+    try:
+        return Driver().attribute(device, ATTR_MULTICAST_SUPPORTED) == 1
+    except (OSError, CudaError):
+        return False
+
+
 class Driver:
     """The calls the probe uses, each checked. One instance per process."""
 

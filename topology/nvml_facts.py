@@ -93,11 +93,20 @@ def device_facts(nv: Any, handle: Any) -> dict[str, Any]:
     if rows is not None:
         ecc["remapped_rows_uncorrectable"], ecc["remap_pending"], ecc["remap_failed"] = rows[1], bool(rows[2]), bool(rows[3])
     d["ecc"] = ecc
-    fabric = _try(lambda: nv.nvmlDeviceGetGpuFabricInfo(handle), errors, "fabric")
-    d["fabric_state"] = getattr(fabric, "state", None) if fabric is not None else None
+    d["fabric_state"] = _try(lambda: fabric_state(nv, handle), errors, "fabric")
     # Only the queries a user can act on are kept as errors; "not supported" on a PCIe part is normal.
     d["nvml_errors"] = {k: v for k, v in errors.items() if "Not Supported" not in v}
     return d
+
+
+def fabric_state(nv: Any, handle: Any) -> int | None:
+    """NVSwitch fabric registration state; bindings differ on whether they allocate the struct."""
+    try:
+        info = nv.nvmlDeviceGetGpuFabricInfo(handle)
+    except TypeError:
+        info = nv.c_nvmlGpuFabricInfo_t()
+        nv.nvmlDeviceGetGpuFabricInfo(handle, info)
+    return getattr(info, "state", None)
 
 
 def link_label(a: dict[str, Any], b: dict[str, Any], level: int | None) -> str:

@@ -63,8 +63,8 @@ def software_table(s: dict[str, Any]) -> Table:
 def links_table(s: dict[str, Any]) -> Table:
     links = s.get("links") or {}
     matrix = links.get("matrix") or []
-    t = Table(title="Links (like nvidia-smi topo -m; NV# = NVLink count, PIX/PXB/PHB/NODE/SYS = PCIe path)"
-              + (f" — {links['error']}" if links.get("error") else ""), title_justify="left")
+    t = Table(title="Links" + (f" — {links['error']}" if links.get("error") else ""), title_justify="left",
+              caption="as nvidia-smi topo -m: NV# = NVLink count, PIX/PXB/PHB/NODE/SYS = PCIe path")
     t.add_column("")
     for j in range(len(matrix)):
         t.add_column(f"GPU{j}")

@@ -236,8 +236,9 @@ def explain(snapshot: dict[str, Any], world_size: int) -> list[str]:
     multi_node = len(used_hosts(snapshot, world_size)) > 1
     mc_attr = all((snapshot["gpus"][g].get("attributes") or {}).get("multicast") == 1 for g in distinct)
     mc_allowed = multicast_policy_reason(True) is None
+    pair_text = "n/a (one GPU, ranks share it)" if len(distinct) == 1 else "yes" if nvlink else "no"
     lines = [f"TP={world_size} on GPUs {distinct} (compute capability {cc}); "
-             f"NVLink between every pair (NVML): {'yes' if nvlink else 'no'}; functional P2P: "
+             f"NVLink between every pair (NVML): {pair_text}; functional P2P: "
              f"{'yes' if p2p_ok else 'no'}; multicast attribute: {'yes' if mc_attr else 'no'}."]
     # --- vLLM 0.33.0 ---
     ca = "on"
