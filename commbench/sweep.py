@@ -50,6 +50,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     what.add_argument("--nccl-algo", help="sweep NCCL algorithms, e.g. Ring,Tree")
     what.add_argument("--p2p-max-bytes", help="largest message for the p2p backends (default 8M)")
     what.add_argument("--p2p-crossover", help="force p2p:auto's one-shot/two-shot crossover (default: measured)")
+    what.add_argument("--p2p-timeout-ms", type=float,
+                      help="how long a p2p kernel waits for a peer before it gives up (default 5000)")
     what.add_argument("--mscclpp-nccl-lib", help="path to libmscclpp_nccl.so for the mscclpp:shim backend")
     timing = p.add_argument_group("timing")
     timing.add_argument("--iters", type=int, help="timed iterations per row (default: scales down with size)")
@@ -89,6 +91,7 @@ def backend_options(args: argparse.Namespace, log: NcclLogReader | None) -> dict
         "nccl_log": log,
         "p2p_max_bytes": parse_bytes(args.p2p_max_bytes) if args.p2p_max_bytes else None,
         "p2p_crossover_bytes": parse_bytes(args.p2p_crossover) if args.p2p_crossover else None,
+        "p2p_timeout_ms": args.p2p_timeout_ms,
         "mscclpp_nccl_lib": args.mscclpp_nccl_lib,
         "hidden": int(args.hidden) if args.hidden and str(args.hidden).isdigit() else None,
         "allow_multicast": args.allow_multicast,
