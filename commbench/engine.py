@@ -46,7 +46,8 @@ class Engine:
 
     # ---- bookkeeping -------------------------------------------------------------------
 
-    def cells(self, backend: Backend) -> list[tuple[torch.dtype, Shape, str]]:
+    def cells(self) -> list[tuple[torch.dtype, Shape, str]]:
+        """Every (dtype, shape, mode) of the plan, in the order they are measured."""
         return [(dtype, shape, mode) for dtype in self.plan.dtypes for shape in self.plan.sizes_for(dtype)
                 for mode in self.plan.modes]
 
@@ -117,7 +118,7 @@ class Engine:
     # ---- the sweep -----------------------------------------------------------------------
 
     def run_backend(self, backend: Backend) -> None:
-        cells = [c for c in self.cells(backend) if self._key(backend, *c) not in self.done_keys]
+        cells = [c for c in self.cells() if self._key(backend, *c) not in self.done_keys]
         if not cells:
             return
         if backend.name in self.hung_backends:

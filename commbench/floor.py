@@ -27,7 +27,6 @@ from commbench.tables import fmt_num, fmt_us, render
 from commbench.units import format_bytes, parse_bytes, parse_int_list
 
 HELP = "per-token allreduce floor for decode, per model, TP size and concurrency"
-DEFAULT_CONCURRENCIES = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 
 
 @dataclass
@@ -176,7 +175,7 @@ def main(args: argparse.Namespace) -> int:
     if args.concurrency:
         concurrencies = parse_int_list(args.concurrency, "concurrency")
     else:
-        concurrencies = [1] if args.step_ms is not None else DEFAULT_CONCURRENCIES
+        concurrencies = [1] if args.step_ms is not None else models.DEFAULT_CONCURRENCIES
     if args.step_ms is not None and len(concurrencies) != 1:
         raise UsageError("--step-ms is one measured step: give the one concurrency it ran at (--concurrency N)")
 

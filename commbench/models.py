@@ -16,6 +16,8 @@ else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+# Decode batch sizes looked at when none are given (floor, recommend).
+DEFAULT_CONCURRENCIES = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 _FIELDS = {"name", "aliases", "layers", "hidden", "ar_per_layer", "dtype", "source", "note"}
 
 

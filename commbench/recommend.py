@@ -23,7 +23,6 @@ from commbench.tables import fmt_us, render
 from commbench.units import format_bytes, parse_int_list
 
 HELP = "backend per message size for a model, TP size and concurrency range, with engine settings"
-DEFAULT_CONCURRENCIES = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 
 
 @dataclass
@@ -103,7 +102,7 @@ def main(args: argparse.Namespace) -> int:
         print(models.listing())
         return 0
     model = models.from_args(args)
-    concurrencies = parse_int_list(args.concurrency, "concurrency") if args.concurrency else DEFAULT_CONCURRENCIES
+    concurrencies = parse_int_list(args.concurrency, "concurrency") if args.concurrency else models.DEFAULT_CONCURRENCIES
     run = load_run(args.run_dir)
     curves = decode_curves(run, args.tp, model.dtype, args.mode)
     baseline = baseline_name(curves, None)

@@ -127,13 +127,20 @@ def _free_port() -> int:
 
 def test_two_torchrun_agents_as_two_nodes(tmp_path: Path) -> None:
     port = str(_free_port())
-    common = ["--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", port]
+    # c10d rendezvous, as users start agents on several hosts; the store lives on one agent.
+    common = ["--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+              "--rdzv-id", f"commbench-test-{port}"]
     args = ["sweep", "--backends", "gloo,testfaults:nodelocal", "--sizes", "4K", "--iters", "2", "--out", str(tmp_path)]
-    agents = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *common, "--node-rank", str(node),
+    agents = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *common,
                                 "--nproc-per-node", "1", "-m", "commbench", *args],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env())
-              for node in (0, 1)]
-    outputs = [agent.communicate(timeout=180) for agent in agents]
+              for _ in range(2)]
+    try:
+        outputs = [agent.communicate(timeout=120) for agent in agents]
+    finally:
+        for agent in agents:
+            agent.kill()
+        print([agent.communicate() for agent in agents])
     assert [agent.returncode for agent in agents] == [0, 0], outputs
     got = by_backend(rows(only_run_dir(tmp_path)))
     (gloo,) = got["gloo"]

@@ -18,10 +18,8 @@ from typing import Any
 import pytest
 
 SCRIPT = Path(__file__).with_name("p2p_check.py")
-# Several ranks on one GPU take turns on it, so a long run is bounded by time and must still
-# reach these counts at world size 2; larger worlds must reach at least the minimums.
+# A long run stops at these counts or when its time budget runs out, and must reach them.
 LONG_TARGET_CALLS, LONG_TARGET_REPLAYS = 10_000, 1_000
-LONG_MIN_CALLS, LONG_MIN_REPLAYS = 1_000, 100
 
 
 def _run(args: list[str], timeout_s: float) -> dict[str, Any]:
@@ -44,15 +42,17 @@ def test_exact_sums_every_variant_dtype_size_and_mode(world: int) -> None:
     assert summary["random_mismatch"] == []
 
 
+# Seconds each phase may take: ranks sharing one H200 take turns on it (seen there: world 4
+# ran 1 500 eager calls in 10 s, world 8 ran 1 000 in 8 s), so larger worlds need longer.
+LONG_BUDGET_S = {2: 45, 4: 100, 8: 130}
+
+
 @pytest.mark.parametrize("world", [2, 4, 8])
 def test_back_to_back_calls_and_graph_replays_stay_exact(world: int) -> None:
-    budget_s = 45 if world == 2 else 15
-    summary = _run(["long", "--world", str(world), "--budget-s", str(budget_s)], timeout_s=4 * budget_s + 60)
+    budget_s = LONG_BUDGET_S[world]
+    summary = _run(["long", "--world", str(world), "--budget-s", str(budget_s)], timeout_s=3 * budget_s + 60)
     assert summary["eager_wrong"] == 0 and summary["graph_wrong"] == 0, summary
-    if world == 2:
-        assert (summary["eager_calls"], summary["graph_replays"]) == (LONG_TARGET_CALLS, LONG_TARGET_REPLAYS)
-    else:
-        assert summary["eager_calls"] >= LONG_MIN_CALLS and summary["graph_replays"] >= LONG_MIN_REPLAYS, summary
+    assert (summary["eager_calls"], summary["graph_replays"]) == (LONG_TARGET_CALLS, LONG_TARGET_REPLAYS), summary
 
 
 def test_absent_peer_times_out_with_a_clear_error() -> None:
