@@ -96,11 +96,12 @@ class Engine:
         self.table.advance(len(cells))
 
     def _vote(self, local_reason: str | None) -> tuple[int | None, str | None]:
-        """All ranks learn the first failing rank and its reason (None, None when all agree)."""
+        """All ranks learn the first failing rank and its reason, prefixed with the rank when
+        there are several ((None, None) when every rank can go on)."""
         reasons = self.ctx.all_gather_objects(local_reason)
         for rank, reason in enumerate(reasons):
             if reason:
-                return rank, reason
+                return rank, f"rank {rank}: {reason}" if self.ctx.world_size > 1 else reason
         return None, None
 
     def _watchdog(self, backend: Backend, what: str, cell: tuple[torch.dtype, Shape, str]) -> Watchdog:
@@ -124,10 +125,13 @@ class Engine:
         if backend.name in self.hung_backends:
             self._skip_all(backend, cells, self.hung_backends[backend.name])
             return
-        local = self.ctx.verdicts.get(backend.name) or backend.check(self.ctx)
+        try:
+            local = self.ctx.verdicts.get(backend.name) or backend.check(self.ctx)
+        except Exception as exc:  # a check that crashes is a reason like any other
+            local = f"check failed: {_describe(exc)}"
         rank, reason = self._vote(local)
         if reason:
-            self._skip_all(backend, cells, f"rank {rank}: {reason}" if self.ctx.world_size > 1 else reason, rank)
+            self._skip_all(backend, cells, reason, rank)
             return
         try:
             for dtype in self.plan.dtypes:
@@ -158,7 +162,7 @@ class Engine:
                 local = f"setup failed: {_describe(exc)}"
             rank, reason = self._vote(local)
         if reason:
-            self._skip_all(backend, cells, f"rank {rank}: {reason}" if self.ctx.world_size > 1 else reason, rank)
+            self._skip_all(backend, cells, reason, rank)
             return False
         return True
 

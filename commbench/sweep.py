@@ -257,7 +257,7 @@ def _fusion_summary(ctx: RunContext, run_dir: Path, table: LiveTable) -> None:
     from commbench.fusion import summarize
 
     summary = summarize(ctx.measured)
-    if ctx.rank == 0:
+    if ctx.rank == 0 and summary:  # only fused rows have a saving to report
         (run_dir / "fusion.json").write_text(json.dumps(summary, indent=2, sort_keys=True), encoding="utf-8")
         for item in summary:
             table.line("# fusion: " + ", ".join(f"{k}={v}" for k, v in item.items()))
