@@ -113,10 +113,9 @@ def init_context(allow_multicast: bool = False, force_cpu: bool = False, share_g
     and every NCCL variant gets its own new group, created after its env is set.
     """
     rank, world, local_rank, local_world = torchrun_env()
-    if not under_torchrun():
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
-        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
+    # Under torchrun the rendezvous comes from its environment; a world of one gets a private
+    # store on a free local port (and leaves the process environment alone).
+    init_method = "env://" if under_torchrun() else f"tcp://127.0.0.1:{_free_port()}"
     note = None
     if not force_cpu and torch.cuda.is_available():
         count = torch.cuda.device_count()
@@ -133,7 +132,8 @@ def init_context(allow_multicast: bool = False, force_cpu: bool = False, share_g
         note = ("no CUDA device: running on the CPU with gloo" if not force_cpu
                 else "running on the CPU with gloo (--cpu)")
     if not dist.is_initialized():
-        dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s))
+        dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world,
+                                timeout=timedelta(seconds=timeout_s))
     ctx = RunContext(rank=rank, world_size=world, local_rank=local_rank, local_world_size=local_world,
                      device=device, control_group=dist.group.WORLD, allow_multicast=allow_multicast,
                      shares_gpus=device.type == "cuda" and local_world > torch.cuda.device_count())

@@ -176,7 +176,11 @@ def _run(args: argparse.Namespace, plan: SweepPlan, specs: list[str] | None, on_
         variants = backends.expand(specs, backend_options(args, NcclLogReader(log_dir)), ctx.is_cuda)
         # Plain allreduce first: fused ops and baselines build on what was measured before them.
         variants.sort(key=lambda b: b.op != "allreduce")
-        return _sweep(ctx, args, plan, variants, run_dir, note), run_dir
+        status = _sweep(ctx, args, plan, variants, run_dir, note)
+        # Leave together: a rank that tears its gloo pairs down while a peer still uses them
+        # makes that peer abort (seen on CPU with two torchrun agents).
+        ctx.barrier()
+        return status, run_dir
     finally:
         shutdown()
 
