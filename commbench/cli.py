@@ -6,8 +6,13 @@ import argparse
 import importlib
 import os
 import sys
+import time
 
 from commbench.errors import USAGE_EXIT, UsageError
+
+# Seconds the other ranks wait after bad input, so that rank 0's line is out before torchrun
+# stops every worker (it does so as soon as the first one exits).
+USAGE_ERROR_GRACE_S = 2.0
 
 SUBCOMMANDS: dict[str, str] = {
     "probe": "commbench.probe",
@@ -20,11 +25,19 @@ SUBCOMMANDS: dict[str, str] = {
 }
 
 
+def usage_error(line: str) -> None:
+    """Bad input: one line on stderr. Under torchrun every rank fails alike, so rank 0 says it."""
+    if os.environ.get("RANK", "0") == "0":
+        print(line, file=sys.stderr)
+    else:
+        time.sleep(USAGE_ERROR_GRACE_S)
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse that reports bad input as one line and exit status 2 (its default status)."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        sys.stderr.write(f"commbench {self.prog.split()[-1]}: error: {message}\n")
+        usage_error(f"{self.prog}: error: {message}")
         raise SystemExit(USAGE_EXIT)
 
 
@@ -52,8 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args._module.main(args) or 0)
     except UsageError as exc:
-        if os.environ.get("RANK", "0") == "0":  # under torchrun every rank fails alike: say it once
-            print(f"commbench {args.command}: error: {exc}", file=sys.stderr)
+        usage_error(f"commbench {args.command}: error: {exc}")
         return USAGE_EXIT
     except KeyboardInterrupt:
         print(f"commbench {args.command}: interrupted", file=sys.stderr)
