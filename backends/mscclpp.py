@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from commbench.backends.base import Backend, BackendFactory, parse_variant_options, raise_unless_all_ranks_ok
+from commbench.backends.base import (Backend, BackendFactory, ProcessGroupBackend, parse_variant_options,
+                                     raise_unless_all_ranks_ok)
 from commbench.context import multicast_policy_reason
 
 if TYPE_CHECKING:
@@ -166,7 +167,7 @@ def shim_preloaded(path: str) -> bool:
         return False
 
 
-class MscclppShim(Backend):
+class MscclppShim(ProcessGroupBackend):
     """NCCL's API from libmscclpp_nccl.so. In the parent process check() says that the sweep's
     driver has to start a child torchrun with ``process_env``; in that child (the library is
     preloaded) it reduces through a new NCCL group, which the shim serves."""
@@ -178,7 +179,6 @@ class MscclppShim(Backend):
 
     def __init__(self, library: str | None):
         self.library = library
-        self._group: Any = None
 
     def process_env(self, allow_multicast: bool) -> dict[str, str] | None:
         """Environment of the child torchrun that loads the shim in place of NCCL."""
@@ -207,21 +207,12 @@ class MscclppShim(Backend):
         return None
 
     def setup(self, ctx: "RunContext", max_bytes: int, dtype: torch.dtype) -> None:
-        if self._group is None:
-            self._group = dist.new_group(ranks=list(range(ctx.world_size)), backend="nccl")
-
-    def allreduce(self, x: torch.Tensor) -> torch.Tensor:
-        dist.all_reduce(x, group=self._group)
-        return x
+        if self.group is None:
+            self.group = dist.new_group(ranks=list(range(ctx.world_size)), backend="nccl")
 
     def row_fields(self) -> dict[str, Any]:
         return {"extra": {"mscclpp_nccl_lib": self.library,
                           "mscclpp_algorithm": "chosen inside libmscclpp_nccl.so (not reported by the shim)"}}
-
-    def close(self) -> None:
-        if self._group is not None:
-            dist.destroy_process_group(self._group)
-            self._group = None
 
 
 def make(variant: str | None, options: dict[str, Any]) -> list[Backend]:

@@ -101,8 +101,12 @@ class Engine:
         reasons = self.ctx.all_gather_objects(local_reason)
         for rank, reason in enumerate(reasons):
             if reason:
-                return rank, f"rank {rank}: {reason}" if self.ctx.world_size > 1 else reason
+                return rank, self._from_rank(rank, reason)
         return None, None
+
+    def _from_rank(self, rank: int, text: str) -> str:
+        """Name the rank a failure came from, when there is more than one."""
+        return f"rank {rank}: {text}" if self.ctx.world_size > 1 else text
 
     def _watchdog(self, backend: Backend, what: str, cell: tuple[torch.dtype, Shape, str]) -> Watchdog:
         dtype, shape, mode = cell
@@ -242,7 +246,7 @@ class Engine:
             rank, failure = failures[0]
             row.status = HANG if any(g.get("timeout") for _, g in failures) else ERROR
             row.failed_rank = rank
-            row.reason = f"rank {rank}: {failure['error']}" if self.ctx.world_size > 1 else failure["error"]
+            row.reason = self._from_rank(rank, failure["error"])
             return row
         samples = max_over_ranks([g["samples"] for g in gathered])
         row.iterations = gathered[0]["iterations"]
