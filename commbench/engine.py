@@ -108,7 +108,8 @@ class Engine:
         """Name the rank a failure came from, when there is more than one."""
         return f"rank {rank}: {text}" if self.ctx.world_size > 1 else text
 
-    def _watchdog(self, backend: Backend, what: str, cell: tuple[torch.dtype, Shape, str]) -> Watchdog:
+    def _watchdog(self, backend: Backend, what: str, cell: tuple[torch.dtype, Shape, str],
+                  timeout_s: float) -> Watchdog:
         dtype, shape, mode = cell
 
         def on_hang(reason: str) -> None:
@@ -118,7 +119,7 @@ class Engine:
                 self.table.row(row)
                 self.on_hang_flush()
 
-        return Watchdog(self.plan.timeout_s, what, on_hang)
+        return Watchdog(timeout_s, what, on_hang)
 
     # ---- the sweep -----------------------------------------------------------------------
 
@@ -159,7 +160,8 @@ class Engine:
     def _setup(self, backend: Backend, dtype: torch.dtype, cells: list) -> bool:
         max_bytes = max(shape.message_bytes for _, shape, _ in cells)
         local: str | None = None
-        with self._watchdog(backend, f"setup of {backend.name} ({dtype_name(dtype)})", cells[0]):
+        what = f"setup of {backend.name} ({dtype_name(dtype)})"
+        with self._watchdog(backend, what, cells[0], self.plan.setup_timeout_s):
             try:
                 backend.setup(self.ctx, max_bytes, dtype)
             except Exception as exc:
@@ -179,7 +181,7 @@ class Engine:
             row = self._base_row(backend, dtype, shape, mode, SKIPPED, reason=unsupported)
         else:
             what = f"{backend.name} {format_bytes(shape.message_bytes)} {dtype_name(dtype)} {mode}"
-            with self._watchdog(backend, what, cell):
+            with self._watchdog(backend, what, cell, self.plan.timeout_s):
                 local = self._measure_local(backend, dtype, shape, mode)
                 gathered = self.ctx.all_gather_objects(local)
             row = self._build_row(backend, cell, gathered)

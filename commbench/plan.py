@@ -42,7 +42,8 @@ class SweepPlan:
     min_iterations: int
     max_iterations: int
     graph_ops: int
-    timeout_s: float
+    timeout_s: float              # watchdog per row
+    setup_timeout_s: float        # watchdog per backend setup: first-use kernel builds take minutes
     notes: list[str] = field(default_factory=list)
 
     def sizes_for(self, dtype: torch.dtype) -> list[Shape]:
@@ -90,12 +91,15 @@ def build_plan(args: argparse.Namespace, on_gpu: bool) -> SweepPlan:
         value = getattr(args, name)
         if value is not None and value < (0 if name == "warmup" else 1):
             raise UsageError(f"--{name.replace('_', '-')} must be positive (got {value})")
-    if args.timeout <= 0:
-        raise UsageError(f"--timeout must be positive seconds (got {args.timeout})")
+    for name in ("timeout", "setup_timeout"):
+        value = getattr(args, name)
+        if value <= 0:
+            raise UsageError(f"--{name.replace('_', '-')} must be positive seconds (got {value})")
     return SweepPlan(shapes=shapes, dtypes=dtypes, modes=modes,
                      warmup=args.warmup if args.warmup is not None else (5 if on_gpu else 2),
                      iterations=args.iters, min_iterations=low, max_iterations=high,
-                     graph_ops=args.graph_ops or 10, timeout_s=args.timeout)
+                     graph_ops=args.graph_ops or 10, timeout_s=args.timeout,
+                     setup_timeout_s=args.setup_timeout)
 
 
 def _shapes(args: argparse.Namespace, on_gpu: bool, dtypes: list[torch.dtype]) -> list[Shape]:

@@ -58,6 +58,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     timing.add_argument("--warmup", type=int, help="warm-up calls per row (default 5 on GPU, 2 on CPU)")
     timing.add_argument("--graph-ops", type=int, help="calls captured per CUDA graph (default 10)")
     timing.add_argument("--timeout", type=float, default=120.0, help="watchdog seconds per row (default 120)")
+    timing.add_argument("--setup-timeout", type=float, default=900.0,
+                        help="watchdog seconds for a backend's setup, which may build its kernels on first use "
+                             "(FlashInfer's JIT build takes minutes) (default 900)")
     out = p.add_argument_group("results")
     out.add_argument("--out", default="results", help="results root (default results/)")
     out.add_argument("--resume", metavar="DIR", help="continue the run in DIR: finished rows are skipped")
@@ -249,7 +252,7 @@ def _sweep(ctx: RunContext, args: argparse.Namespace, plan: SweepPlan, variants:
             writer.close()
             write_csv(run_dir)
             _finish_run_json(run_dir)
-    if rank0:
+    if rank0 and not args.run_dir:  # a driver's child: the driver names the results once, at the end
         print(f"# results: {run_dir}/measurements.jsonl (+ .csv, run.json)")
     return 0
 
@@ -295,7 +298,7 @@ def _write_run_json(ctx: RunContext, args: argparse.Namespace, plan: SweepPlan, 
                  "shapes": [[s.tokens, s.hidden] for s in plan.shapes if s.tokens],
                  "dtypes": [dtype_name(d) for d in plan.dtypes], "modes": plan.modes,
                  "warmup": plan.warmup, "iterations": plan.iterations, "graph_ops": plan.graph_ops,
-                 "timeout_s": plan.timeout_s},
+                 "timeout_s": plan.timeout_s, "setup_timeout_s": plan.setup_timeout_s},
         "notes": notes,
     })
     if env_setting:

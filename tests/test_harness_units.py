@@ -72,6 +72,7 @@ def test_model_shapes_and_explicit_lists() -> None:
     (["--mode", "fast"], "unknown mode"),
     (["-f", "1"], "step factor"),
     (["--timeout", "0"], "--timeout"),
+    (["--setup-timeout", "-1"], "--setup-timeout must be positive"),
 ])
 def test_plan_rejects_contradictions(argv: list[str], message: str) -> None:
     with pytest.raises(UsageError, match=message):

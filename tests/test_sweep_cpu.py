@@ -107,11 +107,25 @@ def test_hang_becomes_a_row_and_resume_continues_without_that_backend(tmp_path: 
     assert [r["status"] for r in got["testfaults:exact"]] == ["ok"] * 3
 
 
+def test_setup_has_its_own_watchdog_limit(tmp_path: Path) -> None:
+    # A setup that builds kernels on first use outlasts the per-row limit and must still run.
+    args = ["sweep", "--backends", "testfaults:slow_setup@3", "--sizes", "4K", "--iters", "2", "--timeout", "1"]
+    slow = run_torchrun(2, args + ["--setup-timeout", "60", "--out", str(tmp_path / "a")])
+    assert slow.returncode == 0, slow.stderr
+    assert [r["status"] for r in rows(only_run_dir(tmp_path / "a"))] == ["ok"]
+    stuck = run_torchrun(2, args + ["--setup-timeout", "1", "--out", str(tmp_path / "b")])
+    assert stuck.returncode != 0
+    (row,) = rows(only_run_dir(tmp_path / "b"))
+    assert row["status"] == "hang"
+    assert row["reason"] == "no progress within 1 s during setup of testfaults:slow_setup (fp32)"
+
+
 def test_driver_resumes_after_a_hang_and_kills_a_child_past_its_limit(tmp_path: Path) -> None:
     resumed = run_cli(["sweep", "--nproc", "2", "--backends", "testfaults:hang_rank1@16384", "--sizes",
                        "4K,16K,64K", "--iters", "2", "--timeout", "3", "--out", str(tmp_path / "a")], timeout=240)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert [r["status"] for r in rows(only_run_dir(tmp_path / "a"))] == ["ok", "hang", "skipped"]
+    assert resumed.stdout.count("# results:") == 1, resumed.stdout    # the driver's, not each child's
     killed = run_cli(["sweep", "--nproc", "2", "--backends", "testfaults:hang_rank1@4096", "--sizes", "4K",
                       "--timeout", "600", "--child-timeout", "8", "--out", str(tmp_path / "b")], timeout=240)
     assert killed.returncode == 1

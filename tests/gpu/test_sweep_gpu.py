@@ -1,8 +1,10 @@
 """The sweep on a CUDA machine: NCCL in eager and graph mode, what NCCL reports it used,
-and the world-size-1 cases that must not be reported as latencies."""
+the world-size-1 cases that must not be reported as latencies, and the P2P-capable and fused
+backends through the real CLI with ranks sharing one GPU."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -15,11 +17,11 @@ from commbench.timing import capture_graph, count_work_nodes
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _sweep(tmp_path: Path, *args: str, nproc: int | None = None) -> list[dict]:
+def _sweep(tmp_path: Path, *args: str, nproc: int | None = None, timeout_s: float = 300) -> list[dict]:
     launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
                 if nproc else [sys.executable])
     result = subprocess.run([*launcher, "-m", "commbench", "sweep", "--out", str(tmp_path), *args],
-                            capture_output=True, text=True, timeout=300, cwd=REPO)
+                            capture_output=True, text=True, timeout=timeout_s, cwd=REPO)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     print(result.stdout)
     (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
@@ -54,3 +56,28 @@ def test_multi_gpu_nccl_protocol_matrix_is_exact_and_reported(tmp_path: Path) ->
     forced = [r for r in rows if r["nccl_proto_requested"]]
     assert forced and all(r["nccl_proto_used"] == r["nccl_proto_requested"] for r in forced), forced
     assert all(r["setting_applied"] for r in forced)
+
+
+def test_shared_gpu_sweep_runs_p2p_symm_mem_and_the_fusion_pair(tmp_path: Path) -> None:
+    """Two torchrun workers on one GPU through the CLI: the engine's vote, setup, checks and
+    clean exit with real CUDA-IPC backends; FlashInfer's fused kernel against unfused:best when
+    FlashInfer is installed (its first JIT build takes minutes)."""
+    fused = ["flashinfer:fused_oneshot"] if importlib.util.find_spec("flashinfer") else []
+    plain = ["p2p:auto", "p2p:oneshot", "symm_mem:one_shot"]
+    rows = _sweep(tmp_path, "--share-gpus", "--backends", ",".join([*plain, *fused, "unfused:best"]),
+                  "--tokens", "1,8", "--hidden", "4096", "--iters", "5", nproc=2, timeout_s=480)
+    by_backend: dict[str, list[dict]] = {}
+    for row in rows:
+        by_backend.setdefault(row["backend"], []).append(row)
+    assert sorted(by_backend) == sorted([*plain, *fused, "unfused:best"]), sorted(by_backend)
+    for backend, got in by_backend.items():
+        assert len(got) == 4, (backend, got)     # 2 token counts x eager/graph
+        for row in got:
+            assert row["status"] == "ok" and row["wrong_elements"] == 0, row
+            assert row["world_size"] == 2 and row["latency_p50_us"] > 0, row
+    assert {r["extra"]["allreduce_backend"] for r in by_backend["unfused:best"]} <= set(plain)
+    if fused:
+        (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+        summary = json.loads((run_dir / "fusion.json").read_text())
+        assert {(s["tokens"], s["mode"]) for s in summary} == {(1, "eager"), (1, "graph"), (8, "eager"), (8, "graph")}
+        assert all(s["fused_backend"] == "flashinfer:fused_oneshot" for s in summary)

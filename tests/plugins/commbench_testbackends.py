@@ -3,7 +3,9 @@
 
 Each variant is built on gloo so it runs on the CPU, and each fails in one specific way that the
 harness must catch: returning its input, one wrong element, a stale answer, a rank that never
-arrives, a setup failure on one rank, a node-local backend across nodes.
+arrives, a setup failure on one rank, a setup as slow as a first-use kernel build, a node-local
+backend across nodes. ``@N`` is the fault's number: bytes from which hang_rank1 hangs, seconds
+slow_setup sleeps.
 """
 
 from __future__ import annotations
@@ -18,19 +20,20 @@ import torch.distributed as dist
 from commbench.backends.base import Backend, BackendFactory, BackendUnavailable
 from commbench.errors import UsageError
 
-VARIANTS = ("exact", "noop", "one_wrong", "stale", "hang_rank1", "setup_fails_rank1", "nodelocal", "solo")
+VARIANTS = ("exact", "noop", "one_wrong", "stale", "hang_rank1", "setup_fails_rank1", "slow_setup", "nodelocal",
+            "solo")
 
 
 class FaultyBackend(Backend):
     family = "testfaults"
     graph_capturable = False
 
-    def __init__(self, fault: str, hang_from_bytes: int):
+    def __init__(self, fault: str, number: int):
         self.fault = fault
         self.name = f"testfaults:{fault}"
         self.node_local = fault == "nodelocal"
         self.max_world_size = 1 if fault == "solo" else None
-        self.hang_from_bytes = hang_from_bytes
+        self.number = number
         self.group: Any = None
         self.rank = 0
         self._first: torch.Tensor | None = None
@@ -41,11 +44,13 @@ class FaultyBackend(Backend):
             self.group = dist.new_group(backend="gloo")  # collective: every rank reaches it
         if self.fault == "setup_fails_rank1" and ctx.rank == 1:
             raise BackendUnavailable("this rank's workspace allocation failed (deliberate)")
+        if self.fault == "slow_setup":
+            time.sleep(self.number)
 
     def allreduce(self, x: torch.Tensor) -> torch.Tensor:
         if self.fault == "noop":
             return x.clone()
-        if self.fault == "hang_rank1" and self.rank == 1 and x.numel() * x.element_size() >= self.hang_from_bytes:
+        if self.fault == "hang_rank1" and self.rank == 1 and x.numel() * x.element_size() >= self.number:
             while True:  # never arrives: only the watchdog ends this
                 time.sleep(1)
         out = x.clone()
@@ -69,10 +74,10 @@ class FaultyBackend(Backend):
 
 
 def make(variant: str | None, options: dict[str, Any]) -> list[Backend]:
-    fault, _, hang_from = (variant or "exact").partition("@")
+    fault, _, number = (variant or "exact").partition("@")
     if fault not in VARIANTS:
         raise UsageError(f"unknown testfaults variant {fault!r}")
-    return [FaultyBackend(fault, int(hang_from) if hang_from else 0)]
+    return [FaultyBackend(fault, int(number) if number else 0)]
 
 
 FACTORY = BackendFactory(family="testfaults", make=make, on_gpu_by_default=False, on_cpu_by_default=False,
