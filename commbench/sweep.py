@@ -86,7 +86,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      help="seconds before the driver kills a child torchrun (default 3600)")
 
 
-def backend_options(args: argparse.Namespace, log: NcclLogReader | None) -> dict[str, Any]:
+def backend_options(args: argparse.Namespace, plan: SweepPlan, log: NcclLogReader | None) -> dict[str, Any]:
     split = lambda text: [v.strip() for v in text.split(",") if v.strip()] if text else []  # noqa: E731
     return {
         "nccl_proto": split(args.nccl_proto),
@@ -96,7 +96,7 @@ def backend_options(args: argparse.Namespace, log: NcclLogReader | None) -> dict
         "p2p_crossover_bytes": parse_bytes(args.p2p_crossover) if args.p2p_crossover else None,
         "p2p_timeout_ms": args.p2p_timeout_ms,
         "mscclpp_nccl_lib": args.mscclpp_nccl_lib,
-        "hidden": int(args.hidden) if args.hidden and str(args.hidden).isdigit() else None,
+        "hidden": plan.shapes[0].hidden,   # model shapes share one hidden size; None for plain sizes
         "allow_multicast": args.allow_multicast,
     }
 
@@ -136,7 +136,7 @@ def main(args: argparse.Namespace) -> int:
     _check_out_writable(Path(args.out))
     # Building the variants validates backend names and options before anything runs.
     specs = backends.split_specs(args.backends) if args.backends else None
-    variants = backends.expand(specs, backend_options(args, None), on_gpu)
+    variants = backends.expand(specs, backend_options(args, plan, None), on_gpu)
     if args.qualify is not None:
         from commbench.qualify import load_spec
 
@@ -146,7 +146,7 @@ def main(args: argparse.Namespace) -> int:
             raise UsageError("--nproc/--env launch torchrun themselves: run them outside torchrun")
         status, run_dir = launcher.drive(args, env_settings, variants)
         return _qualify(args, run_dir) if status == 0 and args.qualify is not None else status
-    _, world, _, _ = torchrun_env()
+    rank, world, _, _ = torchrun_env()
     if specs is not None:
         # A world size a backend can never use is bad input; spanning nodes is a fact of this
         # machine, answered with skipped rows by the backend's check().
@@ -155,7 +155,7 @@ def main(args: argparse.Namespace) -> int:
             if reason:
                 raise UsageError(f"backend {backend.name} cannot run with {world} rank(s): {reason}")
     status, run_dir = _run(args, plan, specs, on_gpu)
-    if status == 0 and args.qualify is not None and int(os.environ.get("RANK", "0")) == 0:
+    if status == 0 and args.qualify is not None and rank == 0:
         return _qualify(args, run_dir)
     return status
 
@@ -176,7 +176,7 @@ def _run(args: argparse.Namespace, plan: SweepPlan, specs: list[str] | None, on_
         run_dir = _prepare_run_dir(ctx, args, run_dir_arg)
         if ctx.is_cuda and not args.no_nccl_log:
             log_dir = configure_logging(run_dir / "nccl-logs")
-        variants = backends.expand(specs, backend_options(args, NcclLogReader(log_dir)), ctx.is_cuda)
+        variants = backends.expand(specs, backend_options(args, plan, NcclLogReader(log_dir)), ctx.is_cuda)
         # Plain allreduce first: fused ops and baselines build on what was measured before them.
         variants.sort(key=lambda b: b.op != "allreduce")
         status = _sweep(ctx, args, plan, variants, run_dir, note)

@@ -13,7 +13,7 @@ from commbench.errors import UsageError
 from commbench.launcher import child_arguments, parse_env_settings
 from commbench.nccl_log import used_algo_proto
 from commbench.plan import Shape, build_plan
-from commbench.sweep import add_arguments
+from commbench.sweep import add_arguments, backend_options
 from commbench.timing import bandwidths_gbps, latency_stats, max_over_ranks, percentile
 from commbench.units import format_bytes, parse_bytes, parse_dtypes
 from commbench.workload import classify, exact_pattern, expected_sum, pattern_amplitude
@@ -63,6 +63,15 @@ def test_model_shapes_and_explicit_lists() -> None:
     plan = build_plan(sweep_args("--sizes", "12K,8K,8K", "--dtype", "fp16,fp32"), on_gpu=True)
     assert [s.message_bytes for s in plan.shapes] == [8192, 12288]
     assert plan.sizes_for(torch.float32) == plan.shapes
+
+
+@pytest.mark.parametrize("argv, hidden", [(["--tokens", "1,8", "--hidden", "4096"], 4096), ([], None)])
+def test_model_shapes_bring_the_unfused_baseline_into_the_gpu_defaults(argv: list[str], hidden: int | None) -> None:
+    args = sweep_args(*argv)
+    options = backend_options(args, build_plan(args, on_gpu=True), None)
+    assert options["hidden"] == hidden
+    unfused = [b.name for b in backends.expand(None, options, True) if b.family == "unfused"]
+    assert unfused == (["unfused:best"] if hidden else [])
 
 
 @pytest.mark.parametrize("argv, message", [
