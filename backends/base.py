@@ -36,12 +36,18 @@ class Backend(ABC):
     Lifecycle per sweep: check() -> setup(dtype) [-> setup(other dtype) ...] -> close().
     setup() may be called again with another dtype before close(); close() must release
     everything, also after a failed setup().
+
+    What the harness expects around collectives: every rank calls setup(), allreduce() and
+    close() the same number of times in the same order, and a rank that raises does so before
+    the collective step its peers would wait in (vote first: raise_unless_all_ranks_ok), or the
+    peers stay in that step until the watchdog ends the row as a hang.
     """
 
     name: str = ""
     family: str = ""
     graph_capturable: bool = True
     node_local: bool = False        # needs every rank in one node (CUDA IPC, P2P)
+    in_place: bool = False          # the sum overwrites the input (torch ProcessGroups)
     op: str = "allreduce"           # what one call computes; see commbench.workload
     dtypes: tuple[torch.dtype, ...] = ALL_DTYPES
     min_world_size: int = 1
@@ -72,18 +78,23 @@ class Backend(ABC):
         """Allocate and connect. Raise BackendUnavailable (or anything) to be voted out."""
 
     @abstractmethod
-    def allreduce(self, x: torch.Tensor) -> torch.Tensor:
-        """Sum of x over all ranks. May work in place; returns the result tensor."""
+    def allreduce(self, x: torch.Tensor, out: torch.Tensor) -> None:
+        """Write the sum of x over all ranks into out, on the current stream.
+
+        The harness owns both tensors and keeps every call's output until it has checked it,
+        so a backend must not hand back a buffer of its own. An in_place backend is given
+        out = x (and a fresh x for every call); any other gets an out distinct from x."""
 
     def close(self) -> None:
         """Release everything (buffers, groups, IPC handles)."""
 
     def make_workload(self, ctx: "RunContext", count: int, dtype: torch.dtype,
-                      shape: tuple[int, int] | None) -> "Workload":
-        """The inputs, one call and the check for one row. Plain allreduce by default."""
+                      shape: tuple[int, int] | None, pairs: int) -> "Workload":
+        """The inputs, calls and check for one row: `pairs` input/output pairs. Plain
+        allreduce by default."""
         from commbench.workload import AllreduceWorkload
 
-        return AllreduceWorkload(self, ctx, count, dtype)
+        return AllreduceWorkload(self, ctx, count, dtype, pairs)
 
     def process_env(self, allow_multicast: bool) -> dict[str, str] | None:
         """Environment this backend needs in a child torchrun of its own (e.g. a preloaded
@@ -94,9 +105,10 @@ class Backend(ABC):
         """Fields recorded on every row of this variant (Measurement attributes or 'extra')."""
         return {}
 
-    def observed_fields(self, message_bytes: int) -> dict[str, Any]:
-        """Fields known only after calls of this size ran (e.g. what NCCL reported it used).
-        Called on every rank after each row; rank 0's answer is recorded."""
+    def observe(self, call: Callable[[], None], message_bytes: int) -> dict[str, Any]:
+        """Fields known only from calls of this size (e.g. what NCCL chose). Run on every rank
+        before the row's timed passes and outside them; ``call`` makes one more call of the
+        row's size (collective: every rank makes the same number). Rank 0's answer is recorded."""
         return {}
 
 
@@ -115,10 +127,10 @@ class ProcessGroupBackend(Backend):
     """A backend that is one torch.distributed group: all_reduce in place, destroy on close."""
 
     group: Any = None
+    in_place = True
 
-    def allreduce(self, x: torch.Tensor) -> torch.Tensor:
+    def allreduce(self, x: torch.Tensor, out: torch.Tensor) -> None:
         dist.all_reduce(x, group=self.group)
-        return x
 
     def close(self) -> None:
         if self.group is not None:

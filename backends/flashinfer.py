@@ -175,7 +175,7 @@ class _TrtllmWorkspaceBackend(_FlashInferBase):
         super().__init__()
         self.oneshot = oneshot
         self._workspace: Any = None
-        self._allreduce_out: torch.Tensor | None = None
+        self._scratch: torch.Tensor | None = None   # the fused pattern's allreduce output, unused
 
     def _build_kernels(self) -> None:
         """JIT-build (or load the cached build of) the kernels before any collective step, so
@@ -206,30 +206,27 @@ class _TrtllmWorkspaceBackend(_FlashInferBase):
         self._workspace = comm.create_allreduce_fusion_workspace(
             backend=self.workspace_backend, world_size=ctx.world_size, rank=ctx.rank,
             max_token_num=rows, hidden_dim=WORKSPACE_ROW, dtype=dtype, **self._exchange(ctx))
-        self._allreduce_out = torch.empty(elements, dtype=dtype, device=ctx.device)
+        self._scratch = torch.empty(elements, dtype=dtype, device=ctx.device)
 
-    def _fusion(self, x2d: torch.Tensor, pattern: int, **outputs: Any) -> None:
-        assert self._workspace is not None and self._allreduce_out is not None, "setup() first"
+    def _fusion(self, x2d: torch.Tensor, pattern: int, output: torch.Tensor, **outputs: Any) -> None:
+        assert self._workspace is not None, "setup() first"
         comm = importlib.import_module("flashinfer.comm")
         comm.allreduce_fusion(
             input=x2d, workspace=self._workspace, pattern=pattern,
             # As in serving: PDL on, fp32 accumulation; completion triggered at the end of the
             # kernel, the setting that is safe for every token count (vLLM, flashinfer#1223).
             launch_with_pdl=True, trigger_completion_at_end=True, fp32_acc=True,
-            use_oneshot=self.oneshot, output=self._allreduce_out[: x2d.numel()].view(x2d.shape), **outputs)
+            use_oneshot=self.oneshot, output=output, **outputs)
 
-    def allreduce(self, x: torch.Tensor) -> torch.Tensor:
+    def allreduce(self, x: torch.Tensor, out: torch.Tensor) -> None:
         tokens, hidden = plain_shape(x.numel())
-        x2d = x.reshape(tokens, hidden)
-        self._fusion(x2d, K_ALLREDUCE)
-        assert self._allreduce_out is not None
-        return self._allreduce_out[: x.numel()]
+        self._fusion(x.reshape(tokens, hidden), K_ALLREDUCE, out.view(tokens, hidden))
 
     def _destroy(self) -> None:
         if self._workspace is not None:
             self._workspace.destroy()
         self._workspace = None
-        self._allreduce_out = None
+        self._scratch = None
 
     def close(self) -> None:
         self._destroy()
@@ -262,8 +259,11 @@ class TrtllmFused(_TrtllmWorkspaceBackend, FusedBackend):
 
     def allreduce_residual_rmsnorm(self, x: torch.Tensor, residual_in: torch.Tensor, gamma: torch.Tensor,
                                    residual_out: torch.Tensor, norm_out: torch.Tensor) -> None:
-        self._fusion(x, K_AR_RESIDUAL_RMSNORM, residual_in=residual_in, residual_out=residual_out,
-                     norm_out=norm_out, rms_gamma=gamma, rms_eps=RMS_EPS)
+        # The fused pattern's outputs are the residual and the norm; its allreduce output goes
+        # to a scratch buffer of this backend.
+        assert self._scratch is not None, "setup() first"
+        self._fusion(x, K_AR_RESIDUAL_RMSNORM, self._scratch[: x.numel()].view(x.shape), residual_in=residual_in,
+                     residual_out=residual_out, norm_out=norm_out, rms_gamma=gamma, rms_eps=RMS_EPS)
 
     def row_fields(self) -> dict[str, Any]:
         return {"extra": {"workspace_backend": "trtllm", "pattern": "kARResidualRMSNorm",
@@ -337,9 +337,10 @@ class PcieIpcAllreduce(_FlashInferBase):
         self._workspace = comm.PcieIpcAllReduceWorkspace(
             group=ctx.control_group, max_numel=-(-max_bytes // dtype.itemsize), dtype=dtype)
 
-    def allreduce(self, x: torch.Tensor) -> torch.Tensor:
+    def allreduce(self, x: torch.Tensor, out: torch.Tensor) -> None:
         assert self._workspace is not None, "setup() first"
-        return self._workspace.all_reduce(x)
+        # The workspace returns its own result tensor: copied into the caller's out.
+        out.copy_(self._workspace.all_reduce(x))
 
     def close(self) -> None:
         if self._workspace is not None:

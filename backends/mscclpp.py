@@ -79,7 +79,6 @@ class MscclppAllreduce(Backend):
         self._comm: Any = None
         self._scratch: Any = None
         self._algorithms: dict[str, Any] = {}
-        self._output: torch.Tensor | None = None
         self._dtype: Any = None
         self._last_algorithm: str | None = None
 
@@ -102,7 +101,6 @@ class MscclppAllreduce(Backend):
         return None
 
     def setup(self, ctx: "RunContext", max_bytes: int, dtype: torch.dtype) -> None:
-        self._output = None
         mscclpp = import_mscclpp(ctx.multicast_reason is None)
         self._mscclpp = mscclpp
         self._dtype = getattr(mscclpp.DataType, MSCCLPP_DTYPES[dtype])
@@ -119,7 +117,6 @@ class MscclppAllreduce(Backend):
         error = f"no default allreduce algorithm {', '.join(missing)} (has: {', '.join(sorted(self._algorithms))})" \
             if missing else None
         raise_unless_all_ranks_ok(ctx, error, "MSCCL++ algorithm lookup")
-        self._output = torch.empty(-(-max_bytes // dtype.itemsize), dtype=dtype, device=ctx.device)
 
     def _pick(self, message_bytes: int) -> str:
         return self.algorithm or auto_algorithm(message_bytes)
@@ -133,25 +130,22 @@ class MscclppAllreduce(Backend):
             return f"{self._pick(message_bytes)} handles {low}..{high} bytes"
         return None
 
-    def allreduce(self, x: torch.Tensor) -> torch.Tensor:
-        assert self._output is not None, "setup() first"
+    def allreduce(self, x: torch.Tensor, out: torch.Tensor) -> None:
+        assert self._comm is not None, "setup() first"
         nbytes = x.numel() * x.element_size()
         name = self._pick(nbytes)
-        out = self._output[: x.numel()]
         result = self._algorithms[name].execute(
             self._comm.communicator, x.data_ptr(), out.data_ptr(), nbytes, nbytes, self._dtype,
             op=self._mscclpp.ReduceOp.SUM, stream=torch.cuda.current_stream().cuda_stream)
         if int(result) != 0:
             raise RuntimeError(f"MSCCL++ {name} returned {result}")
         self._last_algorithm = name
-        return out
 
     def row_fields(self) -> dict[str, Any]:
         return {"extra": {"mscclpp_algorithm": self._last_algorithm or self.algorithm or "auto",
                           "mscclpp_auto_rule": None if self.algorithm else "algorithm_selector.cc, one node, no NVLS"}}
 
     def close(self) -> None:
-        self._output = None
         self._algorithms = {}
         self._comm = None
         self._scratch = None

@@ -28,10 +28,14 @@ Design (ideas from backends.md §1.2, our own code):
 * Waits are bounded: a peer missing for ``p2p_timeout_ms`` makes the kernel give up, record
   the peer in host-mapped memory and mark this rank's state broken; every later call returns
   at once on the GPU and raises ``P2PTimeoutError`` on the host.
+* Block b of a rank spins until block b of every peer arrives, so every block of every rank
+  must be resident on its GPU at once. The grid is capped at setup by what fits: the kernels'
+  occupancy (blocks per SM) times the SMs a rank may count on (grid_capacity), the smallest
+  rank's answer, so that every rank launches the same grid.
 * ``p2p:auto`` picks one-shot or two-shot by size. The crossover is measured at setup: both
-  kernels are graph-replayed at a few sizes on every rank, the slowest rank's time counts,
-  and every rank applies the same rule to the same gathered numbers. ``p2p_crossover_bytes``
-  in the options skips the measurement.
+  kernels are graph-replayed at a few sizes on every rank (the median of several replays of
+  up to 100 calls), the slowest rank's time counts, and every rank applies the same rule to
+  the same gathered numbers. ``p2p_crossover_bytes`` in the options skips the measurement.
 
 World size 1 runs only ``p2p:oneshot``: the kernel with no peers, as the launch-and-copy
 floor of our kernel (rows carry ``extra.p2p_kernel_floor``).
@@ -52,9 +56,11 @@ import torch
 
 from commbench.backends.base import (ALL_DTYPES, Backend, BackendFactory, BackendTimeout, BackendUnavailable,
                                      raise_unless_all_ranks_ok)
+from commbench.context import MPS_PERCENT_VAR, Emulation
 from commbench.errors import UsageError
+from commbench.timing import capture_graph, per_step_us
 from commbench.units import format_bytes, parse_bytes
-from commbench.workload import AllreduceWorkload, CheckResult
+from commbench.workload import AllreduceWorkload, PassCheck
 
 if TYPE_CHECKING:
     from commbench.context import RunContext
@@ -93,8 +99,11 @@ DEFAULT_VARIANTS = ("oneshot", "twoshot", "auto")
 
 # Crossover calibration: graph-replayed kernel time at these sizes (up to the buffer size).
 CALIBRATION_SIZES = tuple(4096 << (2 * k) for k in range(6))   # 4 KiB ... 4 MiB
-CALIBRATION_CALLS_PER_GRAPH = 20
-CALIBRATION_REPLAYS = 4           # the first absorbs the ranks' start skew and is dropped
+# Calls per graph: enough that launch and timer noise average out at small sizes, fewer at
+# large ones, where one call is long already (4 MiB: 16 calls).
+CALIBRATION_MAX_CALLS, CALIBRATION_MIN_CALLS = 100, 10
+CALIBRATION_GRAPH_BYTES = 64 << 20
+CALIBRATION_REPLAYS = 10          # timed per kernel and size; their median counts
 # Two-shot must beat one-shot by this fraction to count as faster: ties stay one-shot,
 # which has one barrier fewer.
 TWO_SHOT_MARGIN = 0.03
@@ -153,10 +162,61 @@ def size_reason(message_bytes: int, max_bytes: int) -> str | None:
     return None
 
 
-def grid_blocks(algorithm: str, units: int, nranks: int) -> int:
-    """Blocks per launch; the same on every rank, since it depends only on size and world."""
+def tensor_reason(x: torch.Tensor, out: torch.Tensor, device: torch.device) -> str | None:
+    """Why the kernels cannot take these tensors; None when they can. Checked before a launch:
+    a misaligned or foreign pointer would fault and poison the CUDA context for every later row."""
+    if out.dtype != x.dtype or out.numel() != x.numel():
+        return f"out ({out.numel()} x {out.dtype}) does not match x ({x.numel()} x {x.dtype})"
+    for name, t in (("x", x), ("out", out)):
+        if t.device != device:
+            return f"{name} is on {t.device}, this rank runs on {device}"
+        if not t.is_contiguous():
+            return f"{name} is not contiguous (the kernels move whole {VECTOR_BYTES}-byte vectors)"
+        if t.data_ptr() % VECTOR_BYTES:
+            return (f"{name} is not {VECTOR_BYTES}-byte aligned (address {t.data_ptr():#x}): "
+                    f"the kernels load and store {VECTOR_BYTES}-byte vectors")
+    return None
+
+
+@dataclass(frozen=True)
+class GridCapacity:
+    """What bounds one rank's grid: block b spins until block b of every peer arrives, so every
+    block of every rank must be resident at the same time."""
+
+    blocks_per_sm: int     # occupancy of the most demanding launched kernel
+    sms: int               # SMs this rank's blocks may count on
+
+    @property
+    def blocks(self) -> int:
+        return self.blocks_per_sm * self.sms
+
+    def refusal(self) -> str | None:
+        """Why not even one block fits; None when it does."""
+        if self.blocks >= 1:
+            return None
+        return (f"p2p needs every block of every rank resident at once, but this rank may count on "
+                f"{self.sms} SMs ({self.blocks_per_sm} block(s) per SM): run fewer ranks per GPU or give "
+                f"each MPS client a larger SM share ({MPS_PERCENT_VAR})")
+
+
+def grid_capacity(blocks_per_sm: int, sm_count: int, emulation: Emulation | None) -> GridCapacity:
+    """One GPU per rank, or ranks that take turns on a shared GPU (time slicing preempts a
+    spinning rank, and while a rank runs it has the whole GPU): the whole GPU. Ranks that run
+    concurrently under MPS (an unknown answer counts as MPS, the safe side): a fair split of the
+    GPU, and no more than the client's own SM share where one is set, so that every rank's
+    blocks fit at once however MPS places the clients."""
+    if emulation is None or emulation.mps is False:
+        return GridCapacity(blocks_per_sm, sm_count)
+    fair = sm_count // emulation.ranks_per_gpu
+    sms = fair if emulation.sm_percent is None else min(fair, int(sm_count * emulation.sm_percent / 100))
+    return GridCapacity(blocks_per_sm, sms)
+
+
+def grid_blocks(algorithm: str, units: int, nranks: int, cap_blocks: int) -> int:
+    """Blocks per launch; the same on every rank, since it depends only on size, world and the
+    cap that all ranks agreed on at setup."""
     work_units = -(-units // nranks) if algorithm == TWOSHOT else units
-    return max(1, min(MAX_BLOCKS, -(-work_units // THREADS_PER_BLOCK)))
+    return max(1, min(cap_blocks, MAX_BLOCKS, -(-work_units // THREADS_PER_BLOCK)))
 
 
 @dataclass(frozen=True)
@@ -201,6 +261,17 @@ def choose_crossover(sizes: list[int], oneshot_us: list[float], twoshot_us: list
         else:
             break
     return crossover
+
+
+def calibration_calls(message_bytes: int) -> int:
+    """Calls per calibration graph at this size."""
+    return max(CALIBRATION_MIN_CALLS, min(CALIBRATION_MAX_CALLS, CALIBRATION_GRAPH_BYTES // message_bytes))
+
+
+def per_call_median_us(replay_us: list[float], calls_per_graph: int) -> float:
+    """One kernel's per-call time on one rank: the median replay, so that a few replays
+    delayed by the host or another process do not move it."""
+    return statistics.median(replay_us) / calls_per_graph
 
 
 def slowest_rank_times(per_rank: list[dict[str, list[float]]]) -> dict[str, list[float]]:
@@ -248,6 +319,15 @@ def kernel_functions(device_index: int, dtype: torch.dtype, nranks: int) -> dict
                                     name_expressions=list(names.values()))
             _FUNCTIONS[key] = {algo: module.get_function(name).kernel for algo, name in names.items()}
     return _FUNCTIONS[key]
+
+
+def kernel_blocks_per_sm(device_index: int, functions: dict[str, Any], algorithms: tuple[str, ...]) -> int:
+    """Resident blocks per SM of the most demanding of these kernels at THREADS_PER_BLOCK
+    (cuOccupancyMaxActiveBlocksPerMultiprocessor: registers, shared memory and threads)."""
+    cupy = _cupy()
+    with cupy.cuda.Device(device_index):
+        return min(cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(functions[a].ptr, THREADS_PER_BLOCK, 0)
+                   for a in algorithms)
 
 
 class _SharedArea:
@@ -340,6 +420,7 @@ def _error_text(exc: BaseException) -> str:
 @dataclass
 class _Calibration:
     sizes: list[int] = field(default_factory=list)
+    calls_per_graph: list[int] = field(default_factory=list)
     oneshot_us: list[float] = field(default_factory=list)
     twoshot_us: list[float] = field(default_factory=list)
     crossover_bytes: int | None = None
@@ -362,6 +443,7 @@ class P2PAllreduce(Backend):
         self._ctx: RunContext | None = None
         self._area: _SharedArea | None = None
         self._functions: dict[torch.dtype, dict[str, Any]] = {}
+        self._grid_caps: dict[torch.dtype, int] = {}       # most blocks per launch, agreed by all ranks
         self._calibrations: dict[torch.dtype, _Calibration] = {}
         self._dtype: torch.dtype | None = None
         self._streams: dict[int, Any] = {}
@@ -407,6 +489,8 @@ class P2PAllreduce(Backend):
             except Exception as exc:  # the vote turns it into every rank's reason
                 error = _error_text(exc)
             raise_unless_all_ranks_ok(ctx, error, "p2p kernel compilation")
+        if dtype not in self._grid_caps:
+            self._grid_caps[dtype] = self._agree_grid_cap(ctx, dtype)
         if len(self.algorithms) > 1 and self.options.crossover_bytes is None and dtype not in self._calibrations:
             self._calibrations[dtype] = self._calibrate(dtype)
 
@@ -430,6 +514,21 @@ class P2PAllreduce(Backend):
         except Exception as exc:
             error = _error_text(exc)
         raise_unless_all_ranks_ok(ctx, error, "opening peers' p2p buffers (CUDA IPC)")
+
+    def _agree_grid_cap(self, ctx: "RunContext", dtype: torch.dtype) -> int:
+        """Collective: the most blocks a launch may have. Every rank launches the same grid
+        (block b meets block b), so the smallest rank's capacity counts."""
+        error, blocks = None, 0
+        try:
+            capacity = grid_capacity(kernel_blocks_per_sm(ctx.device.index, self._functions[dtype], self.algorithms),
+                                     torch.cuda.get_device_properties(ctx.device).multi_processor_count,
+                                     ctx.emulation)
+            error, blocks = capacity.refusal(), capacity.blocks
+        except Exception as exc:
+            error = _error_text(exc)
+        per_rank = ctx.all_gather_objects(blocks)
+        raise_unless_all_ranks_ok(ctx, error, "p2p grid sizing")
+        return min(MAX_BLOCKS, *per_rank)
 
     def _release(self) -> None:
         # A new buffer may allow larger calibration sizes: measure again after a rebuild.
@@ -461,25 +560,23 @@ class P2PAllreduce(Backend):
             return self.options.crossover_bytes
         return self._calibrations[dtype].crossover_bytes
 
-    def allreduce(self, x: torch.Tensor) -> torch.Tensor:
+    def allreduce(self, x: torch.Tensor, out: torch.Tensor) -> None:
         if self._area is None:
             raise RuntimeError(f"{self.name}: setup() first")
         self.raise_if_failed()
         message_bytes = x.numel() * x.element_size()
         # The buffer may be smaller than p2p_max_bytes when the sweep's largest size is.
-        reason = super().supports(message_bytes, x.dtype) or size_reason(message_bytes, self._area.plan.slot_bytes)
+        reason = (super().supports(message_bytes, x.dtype) or size_reason(message_bytes, self._area.plan.slot_bytes)
+                  or tensor_reason(x, out, self._ctx.device))
         if reason:
             raise ValueError(f"{self.name}: {reason}")
-        if x.dtype not in self._functions:
+        if x.dtype not in self._grid_caps:
             raise RuntimeError(f"{self.name}: not set up for {x.dtype}")
-        x = x.contiguous()
-        out = torch.empty_like(x)
         self._launch(self.algorithm_for(message_bytes, x.dtype), x, out)
-        return out
 
     def _launch(self, algorithm: str, x: torch.Tensor, out: torch.Tensor) -> None:
         units = x.numel() * x.element_size() // VECTOR_BYTES
-        blocks = grid_blocks(algorithm, units, self._ctx.world_size)
+        blocks = grid_blocks(algorithm, units, self._ctx.world_size, self._grid_caps[x.dtype])
         function = self._functions[x.dtype][algorithm]
         function((blocks,), (THREADS_PER_BLOCK,),
                  (numpy.uint64(self._area.layout.data_ptr()), numpy.uint64(x.data_ptr()),
@@ -505,6 +602,7 @@ class P2PAllreduce(Backend):
         applies choose_crossover() to the same gathered numbers, so all pick the same."""
         ctx, area = self._ctx, self._area
         sizes = [s for s in CALIBRATION_SIZES if s <= area.plan.slot_bytes]
+        calls = [calibration_calls(s) for s in sizes]
         times: dict[str, list[float]] = {ONESHOT_PUSH: [], TWOSHOT: []}
         error = None
         try:
@@ -513,7 +611,7 @@ class P2PAllreduce(Backend):
             for size in sizes:
                 count = size // dtype.itemsize
                 for algorithm in times:
-                    times[algorithm].append(self._graph_time_us(algorithm, x[:count], out[:count]))
+                    times[algorithm].append(self._kernel_us(algorithm, x[:count], out[:count]))
             failure = area.timeout_error()
             error = str(failure) if failure else None
         except Exception as exc:
@@ -521,32 +619,24 @@ class P2PAllreduce(Backend):
         gathered = ctx.all_gather_objects((error, times))
         raise_unless_all_ranks_ok(ctx, error, "p2p crossover calibration")
         slowest = slowest_rank_times([t for _, t in gathered])
-        return _Calibration(sizes, slowest[ONESHOT_PUSH], slowest[TWOSHOT],
+        return _Calibration(sizes, calls, slowest[ONESHOT_PUSH], slowest[TWOSHOT],
                             choose_crossover(sizes, slowest[ONESHOT_PUSH], slowest[TWOSHOT]))
 
-    def _graph_time_us(self, algorithm: str, x: torch.Tensor, out: torch.Tensor) -> float:
+    def _kernel_us(self, algorithm: str, x: torch.Tensor, out: torch.Tensor) -> float:
+        """This rank's per-call time of one kernel: timed replays of a graph of back-to-back calls."""
+        calls = calibration_calls(x.numel() * x.element_size())
         # One eager call first: CuPy sets up its per-thread context state on a first launch,
         # which must not happen inside a capture.
         self._launch(algorithm, x, out)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for _ in range(CALIBRATION_CALLS_PER_GRAPH):
-                self._launch(algorithm, x, out)
-        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-                  for _ in range(CALIBRATION_REPLAYS)]
-        torch.cuda.synchronize(self._ctx.device)
+        graph = capture_graph(lambda _: self._launch(algorithm, x, out), calls)
         self._ctx.barrier()
-        for start, end in events:
-            start.record()
-            graph.replay()
-            end.record()
-        torch.cuda.synchronize(self._ctx.device)
-        replay_ms = [start.elapsed_time(end) for start, end in events[1:]]
-        return statistics.median(replay_ms) * 1000.0 / CALIBRATION_CALLS_PER_GRAPH
+        # The first replay absorbs the ranks' start skew and is dropped.
+        replay_us = per_step_us(self._ctx, lambda _: graph.replay(), CALIBRATION_REPLAYS + 1)[1:]
+        return per_call_median_us(replay_us, calls)
 
     def make_workload(self, ctx: "RunContext", count: int, dtype: torch.dtype,
-                      shape: tuple[int, int] | None) -> AllreduceWorkload:
-        return _P2PWorkload(self, ctx, count, dtype)
+                      shape: tuple[int, int] | None, pairs: int) -> AllreduceWorkload:
+        return _P2PWorkload(self, ctx, count, dtype, pairs)
 
     # -- what rows record -------------------------------------------------------------------
 
@@ -559,6 +649,8 @@ class P2PAllreduce(Backend):
         }
         if self._ctx is not None and self._ctx.world_size == 1:
             extra["p2p_kernel_floor"] = True
+        if self._dtype in self._grid_caps:
+            extra["p2p_grid_cap_blocks"] = self._grid_caps[self._dtype]
         if len(self.algorithms) > 1 and self._dtype is not None:
             extra["p2p_crossover_bytes"] = self._crossover(self._dtype)
             calibration = self._calibrations.get(self._dtype)
@@ -567,6 +659,8 @@ class P2PAllreduce(Backend):
             else:
                 extra["p2p_crossover_source"] = "measured"
                 extra["p2p_calibration"] = {"sizes": calibration.sizes,
+                                            "calls_per_graph": calibration.calls_per_graph,
+                                            "replays": CALIBRATION_REPLAYS,
                                             "oneshot_us": [round(t, 3) for t in calibration.oneshot_us],
                                             "twoshot_us": [round(t, 3) for t in calibration.twoshot_us]}
         return {"extra": extra}
@@ -580,9 +674,9 @@ class _P2PWorkload(AllreduceWorkload):
 
     backend: P2PAllreduce
 
-    def verify(self, epoch: int, previous_epoch: int | None) -> CheckResult:
+    def verify(self, first: int, calls: int) -> PassCheck:
         self.backend.raise_if_failed()
-        return super().verify(epoch, previous_epoch)
+        return super().verify(first, calls)
 
 
 def make(variant: str | None, options: dict[str, Any]) -> list[Backend]:

@@ -54,8 +54,7 @@ class SymmMemAllreduce(Backend):
         self.name = f"symm_mem:{algo}"
         self._group: Any = None
         self._buffer: torch.Tensor | None = None
-        self._out: torch.Tensor | None = None
-        self._call: Callable[[torch.Tensor], torch.Tensor] | None = None
+        self._call: Callable[[torch.Tensor, torch.Tensor], None] | None = None
 
     def check(self, ctx: "RunContext") -> str | None:
         reason = super().check(ctx)
@@ -105,30 +104,29 @@ class SymmMemAllreduce(Backend):
         if self.algo == "multimem" and not handle.multicast_ptr:
             raise BackendUnavailable("rendezvous gave no multicast address (multicast unavailable on this group)")
         self._buffer = buffer
-        self._out = torch.empty(elements, dtype=dtype, device=ctx.device)
         self._call = self._make_call(self._group.group_name)
 
-    def _make_call(self, group_name: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    def _make_call(self, group_name: str) -> Callable[[torch.Tensor, torch.Tensor], None]:
         ops = torch.ops.symm_mem
         if self.algo == "one_shot":
-            return lambda view: ops.one_shot_all_reduce_out(view, "sum", group_name, self._out[: view.numel()])
-        if self.algo == "two_shot":
-            return lambda view: ops.two_shot_all_reduce_(view, "sum", group_name)
-        return lambda view: ops.multimem_all_reduce_(view, "sum", group_name)
+            return lambda view, out: ops.one_shot_all_reduce_out(view, "sum", group_name, out)
+        # two_shot and multimem reduce in the symmetric buffer itself; the result is copied out,
+        # as serving engines do (the buffer is reused by the next call).
+        op = ops.two_shot_all_reduce_ if self.algo == "two_shot" else ops.multimem_all_reduce_
+        return lambda view, out: out.copy_(op(view, "sum", group_name))
 
-    def allreduce(self, x: torch.Tensor) -> torch.Tensor:
+    def allreduce(self, x: torch.Tensor, out: torch.Tensor) -> None:
         assert self._buffer is not None and self._call is not None, "setup() first"
         view = self._buffer[: x.numel()]
         # The ops read peers' copies of this buffer: the input has to be staged into it.
         view.copy_(x.reshape(-1))
-        return self._call(view)
+        self._call(view, out.reshape(-1))
 
     def row_fields(self) -> dict[str, Any]:
         return {"extra": {"torch_op": f"torch.ops.symm_mem.{TORCH_OPS[self.algo]}"}}
 
     def _release_buffers(self) -> None:
         self._buffer = None
-        self._out = None
         self._call = None
 
     def close(self) -> None:

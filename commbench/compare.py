@@ -1,7 +1,8 @@
 """`commbench compare RUN_A RUN_B`: what changed between two runs, per backend and size.
 
-For every (backend variant, mode, dtype, op) and size both runs measured: the change in p50 and
-p99, and whether the p50 change is larger than the p10-p90 spread of both runs (smaller changes
+For every (backend variant, mode, dtype, op) and size both runs measured: the change in the
+headline latency and in the jitter pass's p99, and whether the latency change is larger than the
+p10-p90 spread of both runs (smaller changes
 are noise the runs themselves show). Plus a plot of both curves and their ratio.
 """
 
@@ -20,16 +21,16 @@ from commbench.results import Run, load_run
 from commbench.tables import fmt_pct, fmt_us, render
 from commbench.units import format_bytes
 
-HELP = "per backend and size: p50/p99 change between two runs and whether it beats their spread"
+HELP = "per backend and size: latency and p99 change between two runs and whether it beats their spread"
 
 
 @dataclass
 class Change:
     curve: str
     message_bytes: int
-    p50_a_us: float
-    p50_b_us: float
-    p50_change_pct: float
+    latency_a_us: float
+    latency_b_us: float
+    latency_change_pct: float
     p99_a_us: float | None
     p99_b_us: float | None
     p99_change_pct: float | None
@@ -41,7 +42,7 @@ class Change:
             return "spread unknown"
         if not self.beyond_spread:
             return "same (within spread)"
-        return "B slower" if self.p50_b_us > self.p50_a_us else "B faster"
+        return "B slower" if self.latency_b_us > self.latency_a_us else "B faster"
 
 
 def changes(a: list[Curve], b: list[Curve]) -> list[Change]:
@@ -57,8 +58,8 @@ def changes(a: list[Curve], b: list[Curve]) -> list[Change]:
                 continue
             p99 = (100.0 * (pb.p99_us - pa.p99_us) / pa.p99_us
                    if pa.p99_us is not None and pb.p99_us is not None and pa.p99_us > 0 else None)
-            out.append(Change(before.label, size, pa.p50_us, pb.p50_us, 100.0 * (pb.p50_us - pa.p50_us) / pa.p50_us,
-                              pa.p99_us, pb.p99_us, p99, exceeds_spread(pb.p50_us - pa.p50_us, pa, pb)))
+            out.append(Change(before.label, size, pa.latency_us, pb.latency_us, 100.0 * (pb.latency_us - pa.latency_us) / pa.latency_us,
+                              pa.p99_us, pb.p99_us, p99, exceeds_spread(pb.latency_us - pa.latency_us, pa, pb)))
     return out
 
 
@@ -94,11 +95,11 @@ def main(args: argparse.Namespace) -> int:
         print(f"only in B: {', '.join(only_b)}")
     if not rows:
         raise UsageError("the two runs share no backend, mode, dtype and size to compare")
-    print("'beyond spread' = the p50 change is larger than the p10-p90 spread of both runs\n")
-    print(render(["backend", "size", "p50 A us", "p50 B us", "p50 change", "p99 A us", "p99 B us", "p99 change",
+    print("'beyond spread' = the latency change is larger than the jitter p10-p90 spread of both runs\n")
+    print(render(["backend", "size", "latency A us", "latency B us", "change", "p99 A us", "p99 B us", "p99 change",
                   "verdict"],
-                 [[c.curve, format_bytes(c.message_bytes), fmt_us(c.p50_a_us), fmt_us(c.p50_b_us),
-                   fmt_pct(c.p50_change_pct), fmt_us(c.p99_a_us), fmt_us(c.p99_b_us), fmt_pct(c.p99_change_pct),
+                 [[c.curve, format_bytes(c.message_bytes), fmt_us(c.latency_a_us), fmt_us(c.latency_b_us),
+                   fmt_pct(c.latency_change_pct), fmt_us(c.p99_a_us), fmt_us(c.p99_b_us), fmt_pct(c.p99_change_pct),
                    c.verdict] for c in rows], right=(1, 2, 3, 4, 5, 6, 7)))
     slower = [c for c in rows if c.verdict == "B slower"]
     faster = [c for c in rows if c.verdict == "B faster"]
@@ -111,7 +112,7 @@ def main(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise UsageError(f"{out}: cannot create ({exc.strerror})") from None
     stem = out / f"compare_{run_a.path.resolve().name}_vs_{run_b.path.resolve().name}"
-    fig = plots.compare_figure(curves_a, curves_b, name_a, name_b, f"allreduce p50: A = {name_a} vs B = {name_b}")
+    fig = plots.compare_figure(curves_a, curves_b, name_a, name_b, f"allreduce latency: A = {name_a} vs B = {name_b}")
     for path in plots.save(fig, stem):
         print(f"wrote {path}")
     if args.json:

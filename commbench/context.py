@@ -38,6 +38,41 @@ def multicast_policy_reason(allow_multicast: bool) -> str | None:
     return None
 
 
+MPS_PERCENT_VAR = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+
+
+@dataclass(frozen=True)
+class Emulation:
+    """Several ranks on fewer GPUs: what the rows of such a run measure (the protocol, with no
+    fabric between the ranks), recorded in run.json and on every row."""
+
+    gpus: int                   # GPUs this node's ranks use
+    ranks: int                  # ranks of this node
+    mps: bool | None            # contexts shared through an MPS daemon (None: unknown)
+    sm_percent: float | None    # this client's CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, if set
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"gpus": self.gpus, "ranks": self.ranks, "mps": self.mps, "sm_percent": self.sm_percent}
+
+    @property
+    def ranks_per_gpu(self) -> int:
+        return -(-self.ranks // self.gpus)
+
+    def label(self) -> str:
+        from commbench.results import describe_emulation
+
+        return describe_emulation(self.to_dict())
+
+
+def mps_sm_percent() -> float | None:
+    """This process's MPS SM share, when CUDA_MPS_ACTIVE_THREAD_PERCENTAGE is a number."""
+    try:
+        value = float(os.environ[MPS_PERCENT_VAR])
+    except (KeyError, ValueError):
+        return None
+    return value if 0 < value <= 100 else None
+
+
 @dataclass
 class RunContext:
     rank: int
@@ -47,7 +82,8 @@ class RunContext:
     device: torch.device
     control_group: Any                 # gloo group for votes, gathers and barriers
     allow_multicast: bool = False
-    shares_gpus: bool = False          # several ranks on one GPU (correctness runs only)
+    shares_gpus: bool = False          # several ranks on one GPU (emulation: no fabric between them)
+    emulation: Emulation | None = None  # set when shares_gpus
     snapshot: dict[str, Any] | None = None   # probe snapshot (topology), when taken
     verdicts: dict[str, str | None] = field(default_factory=dict)  # backend name -> reason or None
     measured: list[Any] = field(default_factory=list)  # rows measured so far, identical on every rank
@@ -107,8 +143,9 @@ def init_context(allow_multicast: bool = False, force_cpu: bool = False, share_g
     """Initialise the default (gloo) process group and pick the device.
 
     Returns the context and, when CUDA is not usable, the one line that says so.
-    share_gpus maps several ranks onto one GPU (LOCAL_RANK modulo the device count): for
-    correctness checks of IPC backends on a one-GPU machine; such timings mean nothing.
+    share_gpus maps several ranks onto one GPU (LOCAL_RANK modulo the device count): IPC
+    backends then run on one machine with no fabric between the ranks (concurrently under an
+    MPS daemon, else taking turns), and every row says so.
     The default group is gloo on purpose: it carries the harness's own votes and gathers,
     and every NCCL variant gets its own new group, created after its env is set.
     """
@@ -117,16 +154,21 @@ def init_context(allow_multicast: bool = False, force_cpu: bool = False, share_g
     # store on a free local port (and leaves the process environment alone).
     init_method = "env://" if under_torchrun() else f"tcp://127.0.0.1:{_free_port()}"
     note = None
+    emulation = None
     if not force_cpu and torch.cuda.is_available():
         count = torch.cuda.device_count()
         if local_rank >= count and not share_gpus:
             raise RuntimeError(f"LOCAL_RANK {local_rank} but only {count} CUDA devices are visible "
-                               "(--share-gpus runs several ranks on one GPU, for correctness only)")
+                               "(--share-gpus runs several ranks on one GPU, with no fabric between them)")
         index = local_rank % count
         torch.cuda.set_device(index)
         device = torch.device("cuda", index)
-        if local_rank >= count:
-            note = f"{local_world} ranks share {count} GPU(s): results are checked, timings mean nothing"
+        if local_world > count:
+            from commbench.topology.cudadrv import mps_enabled
+
+            emulation = Emulation(gpus=min(count, local_world), ranks=local_world, mps=mps_enabled(index),
+                                  sm_percent=mps_sm_percent())
+            note = emulation.label()
     else:
         device = torch.device("cpu")
         note = ("no CUDA device: running on the CPU with gloo" if not force_cpu
@@ -136,7 +178,7 @@ def init_context(allow_multicast: bool = False, force_cpu: bool = False, share_g
                                 timeout=timedelta(seconds=timeout_s))
     ctx = RunContext(rank=rank, world_size=world, local_rank=local_rank, local_world_size=local_world,
                      device=device, control_group=dist.group.WORLD, allow_multicast=allow_multicast,
-                     shares_gpus=device.type == "cuda" and local_world > torch.cuda.device_count())
+                     shares_gpus=emulation is not None, emulation=emulation)
     return ctx, note
 
 

@@ -6,7 +6,7 @@ Every analysis command goes through here so that they agree on three rules:
 - between measured sizes, latency is interpolated linearly in log(bytes)-log(us) space, and a
   size outside the measured range is reported as out of range, never extrapolated;
 - a difference is "beyond the spread" when it is larger than the p10-p90 width of either
-  side (the iteration-to-iteration spread each run measured for itself).
+  side (the call-to-call spread each run measured for itself in its jitter pass).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def variant_label(row: Measurement) -> str:
 @dataclass(frozen=True)
 class Point:
     message_bytes: int
-    p50_us: float
+    latency_us: float
     p10_us: float | None = None
     p90_us: float | None = None
     p99_us: float | None = None
@@ -112,7 +112,7 @@ class Curve:
                     if a is None or b is None:
                         return None
                     return loglog_interpolate(lo.message_bytes, a, hi.message_bytes, b, message_bytes)
-                return Point(message_bytes, interp(lo.p50_us, hi.p50_us),  # type: ignore[arg-type]
+                return Point(message_bytes, interp(lo.latency_us, hi.latency_us),  # type: ignore[arg-type]
                              interp(lo.p10_us, hi.p10_us), interp(lo.p90_us, hi.p90_us),
                              interp(lo.p99_us, hi.p99_us), interp(lo.busbw_gbps, hi.busbw_gbps))
         return None
@@ -133,9 +133,9 @@ def loglog_interpolate(x0: float, y0: float, x1: float, y1: float, x: float) -> 
 
 
 def point_of(row: Measurement) -> Point:
-    assert row.latency_p50_us is not None
-    return Point(row.message_bytes, row.latency_p50_us, row.latency_p10_us, row.latency_p90_us,
-                 row.latency_p99_us, row.busbw_gbps)
+    assert row.latency_us is not None
+    return Point(row.message_bytes, row.latency_us, row.jitter_p10_us, row.jitter_p90_us,
+                 row.jitter_p99_us, row.busbw_gbps)
 
 
 def key_of(row: Measurement) -> CurveKey:
@@ -150,7 +150,7 @@ def build_curves(rows: Iterable[Measurement]) -> list[Curve]:
     for row in rows:
         if is_failed_check(row):
             failed.setdefault(key_of(row), set()).add(row.message_bytes)
-        if not is_trusted(row) or row.latency_p50_us is None:
+        if not is_trusted(row) or row.latency_us is None:
             continue
         key = key_of(row)
         first, points = by_key.setdefault(key, (row, {}))
@@ -227,13 +227,13 @@ class Candidate:
 
 
 def ranking(curves: Iterable[Curve], message_bytes: int) -> list[Candidate]:
-    """Every curve that covers the size, fastest p50 first."""
+    """Every curve that covers the size, fastest first."""
     out = []
     for curve in curves:
         point = curve.at(message_bytes)
         if point is not None:
             out.append(Candidate(curve, point, curve.point(message_bytes) is None))
-    out.sort(key=lambda c: (c.point.p50_us, c.curve.label))
+    out.sort(key=lambda c: (c.point.latency_us, c.curve.label))
     return out
 
 

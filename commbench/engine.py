@@ -1,15 +1,21 @@
-"""The sweep engine: per backend variant, vote -> setup (voted) -> per row warm-up, time, check.
+"""The sweep engine: per backend variant, vote -> setup (voted) -> per row: observe, warm up,
+timed pass, jitter pass, check.
 
-Every rank runs the same plan in the same order. Each row is measured inside a watchdog, the
-per-iteration samples and check results of all ranks are gathered over the gloo control group,
-and every rank builds the same row (so later decisions, like the unfused baseline's choice of
-backend, agree everywhere). Rank 0 appends the row to measurements.jsonl before the next starts.
+Every rank runs the same plan in the same order. A row has two passes over the same calls:
+the timed pass puts one timer around the loop (the headline: total / calls, max over ranks,
+as nccl-tests does) and the jitter pass a timer per call or replay (p10..p99, kept apart so the
+per-call timer's cost never inflates the headline). Every output of both passes is checked.
+Each row is measured inside a watchdog, the results of all ranks are gathered over the gloo
+control group, and every rank builds the same row (so later decisions, like the unfused
+baseline's choice of backend, agree everywhere). Rank 0 appends the row to measurements.jsonl
+before the next starts.
 """
 
 from __future__ import annotations
 
 import time
 import traceback
+from collections import Counter
 from dataclasses import fields
 from typing import Any, Callable
 
@@ -20,14 +26,15 @@ from commbench.context import RunContext
 from commbench.plan import Shape, SweepPlan
 from commbench.results import ERROR, HANG, NO_WORK, OK, SKIPPED, WRONG, Measurement, ResultsWriter, row_key
 from commbench.table import LiveTable
-from commbench.timing import (bandwidths_gbps, capture_graph, count_work_nodes, latency_stats, max_over_ranks,
-                              time_eager, time_graph)
+from commbench.timing import (capture_graph, count_work_nodes, headline_us, jitter_stats, loop_total_us,
+                              per_step_us, synchronize)
 from commbench.units import dtype_name, format_bytes
 from commbench.watchdog import Watchdog
+from commbench.workload import PassCheck, Workload, bandwidths_gbps
 
-# Epochs of the exact input pattern: the timed loop uses one, each check a later one, so a
-# stale result (the timed loop's answer) is told apart from a wrong one.
-TIMED_EPOCH, EAGER_CHECK_EPOCH, GRAPH_CHECK_EPOCH = 1, 2, 3
+# First epochs of the exact input pattern per pass (each pass uses three, see workload.py), so
+# an answer left from another pass is wrong too, never right by chance.
+OBSERVE_EPOCH, WARMUP_EPOCH, TIMED_EPOCH, JITTER_EPOCH = 10, 20, 30, 40
 MEASUREMENT_FIELDS = {f.name for f in fields(Measurement)}
 
 
@@ -62,6 +69,7 @@ class Engine:
                           message_bytes=shape.message_bytes, world_size=self.ctx.world_size, status=status,
                           count=shape.message_bytes // item, nodes=self.ctx.nodes, op=backend.op,
                           tokens=shape.tokens, hidden=shape.hidden, env_setting=dict(self.env_setting),
+                          emulation=self.ctx.emulation.to_dict() if self.ctx.emulation else None,
                           timestamp=time.time())
         self._apply_fields(row, backend.row_fields())
         self._apply_fields(row, extra_fields)
@@ -189,49 +197,86 @@ class Engine:
         return row
 
     def _measure_local(self, backend: Backend, dtype: torch.dtype, shape: Shape, mode: str) -> dict[str, Any]:
-        """This rank's samples and check; errors are caught so every rank reaches the gather."""
+        """This rank's loop totals, jitter samples and checks; errors are caught so every rank
+        reaches the gather."""
         out: dict[str, Any] = {}
         try:
             item = torch.tensor([], dtype=dtype).element_size()
             two_d = (shape.tokens, shape.hidden) if shape.tokens else None
-            workload = backend.make_workload(self.ctx, shape.message_bytes // item, dtype, two_d)
-            iterations = self.plan.iterations_for(shape.message_bytes)
-            workload.prepare(TIMED_EPOCH)
-            if mode == "eager":
-                out["samples"] = time_eager(self.ctx, workload.run, iterations, self.plan.warmup)
-                workload.prepare(EAGER_CHECK_EPOCH)
-                workload.run()
-                check_epoch = EAGER_CHECK_EPOCH
-            else:
-                # Eager calls first: communicators, JIT kernels and IPC buffers exist before capture.
-                for _ in range(max(1, self.plan.warmup)):
-                    workload.run()
-                timed = capture_graph(workload.run, self.plan.graph_ops)
-                # Captured last, so the workload's output is this graph's output.
-                check = capture_graph(workload.run, 1)
-                out["work_nodes"] = count_work_nodes(timed)
-                workload.prepare(TIMED_EPOCH)
-                out["samples"] = time_graph(self.ctx, timed, self.plan.graph_ops, iterations, self.plan.warmup)
-                workload.prepare(GRAPH_CHECK_EPOCH)
-                check.replay()
-                check_epoch = GRAPH_CHECK_EPOCH
-            if self.ctx.is_cuda:
-                torch.cuda.synchronize()
-            result = workload.verify(check_epoch, TIMED_EPOCH)
-            out["wrong"] = result.wrong_elements
-            out["wrong_kind"] = result.wrong_kind
-            out["iterations"] = iterations
+            size = shape.message_bytes
+            eager = mode == "eager"
+            calls = self.plan.iterations_for(size) if eager else self.plan.graph_ops_for(size)
+            # Eager: one pair per call of a pass, the aligning call included.
+            workload = backend.make_workload(self.ctx, size // item, dtype, two_d, calls + 1 if eager else calls)
+            out["bus_factor"] = workload.bus_factor(self.ctx.world_size)
+            workload.prepare(OBSERVE_EPOCH)
+            out["observed"] = backend.observe(lambda: workload.call(0), size)
+            out.update(self._eager(workload, calls) if eager else self._graph(workload, calls, size))
         except BackendUnavailable as exc:  # this shape cannot run (e.g. tokens <= world size)
             out = {"skip": str(exc)}
         except BackendTimeout as exc:
             out = {"error": _describe(exc), "timeout": True}
         except Exception as exc:
             out = {"error": _describe(exc)}
-        try:
-            out["observed"] = backend.observed_fields(shape.message_bytes)
-        except Exception as exc:  # observations are extras: never lose the row for them
-            out["observed"] = {"observe_error": _describe(exc)}
         return out
+
+    def _warm_up(self, workload: Workload, pairs: int) -> None:
+        workload.prepare(WARMUP_EPOCH)
+        for i in range(max(1, self.plan.warmup)):
+            workload.call(i % pairs)
+
+    def _eager(self, workload: Workload, calls: int) -> dict[str, Any]:
+        """Timed pass (one timer around the loop) then jitter pass (a timer per call); both
+        over calls + 1 pairs, whose outputs are all checked."""
+        self._warm_up(workload, calls + 1)
+
+        def run_pass(base_epoch: int, timer: Callable) -> tuple[Any, PassCheck]:
+            workload.prepare(base_epoch)
+            synchronize(self.ctx)
+            self.ctx.barrier()
+            # The first call after a host barrier carries the ranks' exit skew: it aligns them
+            # on the device and stays out of the timer (call 0 of the pass).
+            workload.call(0)
+            timed = timer(self.ctx, lambda i: workload.call(i + 1), calls)
+            synchronize(self.ctx)
+            return timed, workload.verify(0, calls + 1)
+
+        total_us, timed_check = run_pass(TIMED_EPOCH, loop_total_us)
+        samples, jitter_check = run_pass(JITTER_EPOCH, per_step_us)
+        return {"total_us": total_us, "timed_calls": calls, "samples": samples, "calls_per_sample": 1,
+                "checks": [timed_check, jitter_check], "check_scope": "timed calls"}
+
+    def _graph(self, workload: Workload, ops: int, size: int) -> dict[str, Any]:
+        """K calls over K pairs captured once; timed replays (one timer), then jitter replays
+        (a timer per replay). The outputs left by the last replay of each pass are checked."""
+        # Eager calls first: communicators, JIT kernels and IPC buffers exist before capture.
+        self._warm_up(workload, ops)
+        graph = capture_graph(workload.call, ops)
+        replays = self.plan.graph_replays_for(size)
+        for _ in range(self.plan.warmup):
+            graph.replay()
+
+        def run_pass(base_epoch: int, timer: Callable) -> tuple[Any, PassCheck]:
+            workload.prepare(base_epoch)
+            synchronize(self.ctx)
+            self.ctx.barrier()
+            graph.replay()   # aligns the ranks, as the first eager call does
+            timed = timer(self.ctx, lambda i: graph.replay(), replays)
+            if workload.destroys_inputs:
+                # Each replay re-reduced the previous one's output: check a replay of fresh inputs.
+                workload.prepare(base_epoch)
+                graph.replay()
+            synchronize(self.ctx)
+            return timed, workload.verify(0, ops)
+
+        total_us, timed_check = run_pass(TIMED_EPOCH, loop_total_us)
+        samples, jitter_check = run_pass(JITTER_EPOCH, per_step_us)
+        scope = ("an untimed replay of the timed graph with fresh inputs (the backend reduces in place, "
+                 "so timed replays re-reduce their own output)" if workload.destroys_inputs
+                 else "timed calls (the last replay of each pass)")
+        return {"total_us": total_us, "timed_calls": replays * ops, "samples": samples, "calls_per_sample": ops,
+                "checks": [timed_check, jitter_check], "check_scope": scope, "work_nodes": count_work_nodes(graph),
+                "replays": replays, "ops": ops}
 
     def _build_row(self, backend: Backend, cell: tuple[torch.dtype, Shape, str],
                    gathered: list[dict[str, Any]]) -> Measurement:
@@ -250,17 +295,17 @@ class Engine:
             row.failed_rank = rank
             row.reason = self._from_rank(rank, failure["error"])
             return row
-        samples = max_over_ranks([g["samples"] for g in gathered])
-        row.iterations = gathered[0]["iterations"]
-        row.ops_per_graph = self.plan.graph_ops if mode == "graph" else 1
-        row.wrong_elements = sum(g["wrong"] for g in gathered)
-        row.wrong_kind = next((g["wrong_kind"] for g in gathered if g["wrong_kind"]), None)
-        work_nodes = [g.get("work_nodes") for g in gathered]
-        empty_graph = mode == "graph" and any(n == 0 for n in work_nodes)
+        first = gathered[0]
+        row.iterations = first["replays"] if mode == "graph" else first["timed_calls"]
+        row.ops_per_graph = first.get("ops", 1)
+        row.extra["check"] = first["check_scope"]
+        self._apply_checks(row, [g["checks"] for g in gathered])
+        empty_graph = mode == "graph" and any(g.get("work_nodes") == 0 for g in gathered)
         if not empty_graph:
-            self._apply_fields(row, latency_stats(samples))
-            row.algbw_gbps, row.busbw_gbps = bandwidths_gbps(shape.message_bytes, row.latency_p50_us,
-                                                             self.ctx.world_size)
+            self._apply_fields(row, headline_us([g["total_us"] for g in gathered], first["timed_calls"]))
+            self._apply_fields(row, jitter_stats([g["samples"] for g in gathered], first["calls_per_sample"]))
+            row.algbw_gbps, row.busbw_gbps = bandwidths_gbps(shape.message_bytes, row.latency_us,
+                                                             first["bus_factor"])
         if row.wrong_elements:
             row.status = WRONG
         elif empty_graph:
@@ -270,6 +315,26 @@ class Engine:
             row.status = NO_WORK
             row.reason = "world size 1: nothing is communicated; the time is the local call alone"
         return row
+
+    @staticmethod
+    def _apply_checks(row: Measurement, per_rank: list[list[PassCheck]]) -> None:
+        """Both passes of every rank: #wrong over all of them, the first rank and call that
+        failed, the commonest kind of failure, and whether every rank got bit-identical outputs."""
+        row.checked_calls = sum(check.calls for check in per_rank[0])
+        row.wrong_elements = sum(check.wrong_elements for checks in per_rank for check in checks)
+        row.ranks_identical = len({tuple(c.checksum for c in checks) for checks in per_rank}) == 1
+        kinds: Counter[str] = Counter()
+        for rank, checks in enumerate(per_rank):
+            offset = 0
+            for check in checks:
+                kinds.update(check.kinds)
+                if check.first_wrong_call is not None and row.failed_rank is None:
+                    row.failed_rank = rank
+                    row.first_wrong_call = offset + check.first_wrong_call
+                offset += check.calls
+        if kinds:
+            row.wrong_kind = kinds.most_common(1)[0][0]
+            row.extra["wrong_calls_by_kind"] = dict(kinds)
 
 
 def _describe(exc: BaseException) -> str:

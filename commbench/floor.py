@@ -48,9 +48,9 @@ def floor_row(model: Model, curve: Curve, concurrency: int) -> FloorRow:
     if point is None:
         return FloorRow(concurrency, size, n, curve.label, None, None, None,
                         f"out of range {curve.range_text()}")
-    floor_ms = n * point.p50_us / 1000.0
+    floor_ms = n * point.latency_us / 1000.0
     source = "measured" if curve.point(size) is not None else "interpolated"
-    return FloorRow(concurrency, size, n, curve.label, point.p50_us, floor_ms,
+    return FloorRow(concurrency, size, n, curve.label, point.latency_us, floor_ms,
                     concurrency * 1000.0 / floor_ms, source)
 
 
@@ -191,6 +191,8 @@ def main(args: argparse.Namespace) -> int:
     shown = match_curves(curves, args.backend) if args.backend else None
     rows = rows_for(model, curves, concurrencies, shown)
 
+    if args.latency_table is None and run.emulation_line():
+        print(run.emulation_line())
     print(f"{model.describe()}; TP {tp or '?'}; curve: {origin}")
     print(f"source: {model.source}")
     if model.note:

@@ -6,8 +6,8 @@ baseline (backends/unfused.py) runs the best plain allreduce measured on this bo
 torch's add and RMSNorm. Both are timed on the same (tokens x hidden) shapes, and
 ``summarize`` pairs their rows into fused time, unfused time and the saving per call.
 
-Correctness: inputs are small integers (commbench.workload), so the summed residual is exact
-in every dtype and must match bit for bit; the normalized output is compared with an fp32
+Correctness: inputs are small integers (commbench.workload), every call has its own outputs
+and every one is checked; the summed residual is exact in every dtype and must match bit for bit; the normalized output is compared with an fp32
 reference within ``TOLERANCE[dtype]`` (|y - y_ref| <= tol + tol * |y_ref|): two units in the
 last place of the dtype at 1.0 for bf16/fp16, and 1e-4 for fp32, because the kernels use
 fast-math reciprocal square roots.
@@ -22,7 +22,8 @@ import torch
 
 from commbench.backends.base import Backend, BackendUnavailable
 from commbench.results import OK, Measurement
-from commbench.workload import CheckResult, Workload, exact_pattern
+from commbench.workload import (EPOCHS_PER_PASS, NOOP, STALE, UNWRITTEN, VALUES, PassCheck, Workload,
+                                bit_checksum, exact_pattern)
 
 if TYPE_CHECKING:
     from commbench.context import RunContext
@@ -67,7 +68,7 @@ class FusedBackend(Backend):
         return None
 
     def make_workload(self, ctx: "RunContext", count: int, dtype: torch.dtype,
-                      shape: tuple[int, int] | None) -> Workload:
+                      shape: tuple[int, int] | None, pairs: int) -> Workload:
         if shape is None:
             raise BackendUnavailable("the fused allreduce+residual+RMSNorm pattern runs on model shapes: "
                                      "pass --tokens T --hidden H")
@@ -75,52 +76,80 @@ class FusedBackend(Backend):
         reason = self.shape_reason(ctx.world_size, tokens, hidden, dtype)
         if reason:
             raise BackendUnavailable(reason)
-        return FusedResidualRMSNormWorkload(self, ctx, tokens, hidden, dtype)
+        return FusedResidualRMSNormWorkload(self, ctx, tokens, hidden, dtype, pairs)
 
 
 class FusedResidualRMSNormWorkload(Workload):
-    """Static inputs (x per rank, residual and gamma shared), separate outputs: every call of a
-    graph computes the same answer, so K calls back to back stay checkable."""
+    """Per call: x (this rank's), residual_in (the same on every rank, as the residual stream is
+    in tensor parallelism), and its own residual_out and norm_out; epochs rotate as for plain
+    allreduce (commbench.workload)."""
 
-    def __init__(self, backend: FusedBackend, ctx: "RunContext", tokens: int, hidden: int, dtype: torch.dtype):
+    def __init__(self, backend: FusedBackend, ctx: "RunContext", tokens: int, hidden: int, dtype: torch.dtype,
+                 pairs: int):
         self.backend = backend
         self.ctx = ctx
         self.tokens = tokens
         self.hidden = hidden
         self.count = tokens * hidden
         self.dtype = dtype
-        shape = (tokens, hidden)
-        self.x = torch.empty(shape, device=ctx.device, dtype=dtype)
-        self.residual_in = torch.empty(shape, device=ctx.device, dtype=dtype)
-        self.residual_out = torch.empty(shape, device=ctx.device, dtype=dtype)
-        self.norm_out = torch.empty(shape, device=ctx.device, dtype=dtype)
+        self.pairs = pairs
+        shared = min(pairs, EPOCHS_PER_PASS)
+
+        def buffers(n: int) -> torch.Tensor:
+            return torch.empty((n, tokens, hidden), device=ctx.device, dtype=dtype)
+
+        self.x = buffers(pairs if backend.in_place else shared)
+        self.residual_in = buffers(shared)
+        self.residual_out = buffers(pairs)
+        self.norm_out = buffers(pairs)
         self.gamma = rms_gamma(hidden, ctx.device, dtype)
+        self._expected: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._local: list[torch.Tensor] = []
+
+    @property
+    def destroys_inputs(self) -> bool:
+        return self.backend.in_place
 
     def _pattern(self, rank: int, epoch: int) -> torch.Tensor:
         # world_size + 1 terms are summed (every rank's x and the residual): keep their sum exact.
         return exact_pattern(rank, epoch, self.count, self.ctx.world_size + 1, self.ctx.device,
                              torch.float32).reshape(self.tokens, self.hidden)
 
-    def _expected(self, epoch: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _reference(self, epoch: int) -> tuple[torch.Tensor, torch.Tensor]:
         summed = sum(self._pattern(rank, epoch) for rank in range(self.ctx.world_size))
-        return reference_residual_rmsnorm(summed, self._pattern(self.ctx.world_size, epoch),
-                                          self.gamma, RMS_EPS)
+        return reference_residual_rmsnorm(summed, self._pattern(self.ctx.world_size, epoch), self.gamma, RMS_EPS)
 
-    def prepare(self, epoch: int) -> None:
-        self.x.copy_(self._pattern(self.ctx.rank, epoch))
-        # The residual stream is the same on every rank in tensor parallelism.
-        self.residual_in.copy_(self._pattern(self.ctx.world_size, epoch))
+    def prepare(self, base_epoch: int) -> None:
+        epochs = [base_epoch + e for e in range(EPOCHS_PER_PASS)]
+        self._expected = [self._reference(epoch) for epoch in epochs]
+        self._local = []
+        for e, epoch in enumerate(epochs):
+            x = self._pattern(self.ctx.rank, epoch)
+            residual = self._pattern(self.ctx.world_size, epoch)
+            self._local.append(x + residual)
+            self.x[e::EPOCHS_PER_PASS] = x.to(self.dtype)
+            self.residual_in[e::EPOCHS_PER_PASS] = residual.to(self.dtype)
         self.residual_out.fill_(float("nan"))
         self.norm_out.fill_(float("nan"))
 
-    def run(self) -> None:
-        self.backend.allreduce_residual_rmsnorm(self.x, self.residual_in, self.gamma,
-                                                self.residual_out, self.norm_out)
+    def _slot(self, buffer: torch.Tensor, i: int) -> torch.Tensor:
+        return buffer[i if buffer.shape[0] == self.pairs else i % EPOCHS_PER_PASS]
 
-    def verify(self, epoch: int, previous_epoch: int | None) -> CheckResult:
-        return check_fused(self.residual_out, self.norm_out, self._expected(epoch),
-                           self._expected(previous_epoch) if previous_epoch is not None else None,
-                           local_residual=self.x.float() + self.residual_in.float(), dtype=self.dtype)
+    def call(self, i: int) -> None:
+        self.backend.allreduce_residual_rmsnorm(self._slot(self.x, i), self._slot(self.residual_in, i), self.gamma,
+                                                self.residual_out[i], self.norm_out[i])
+
+    def verify(self, first: int, calls: int) -> PassCheck:
+        result = PassCheck()
+        checksum = torch.zeros((), dtype=torch.int64, device=self.ctx.device)
+        for i in range(first, first + calls):
+            e = i % EPOCHS_PER_PASS
+            wrong, kind = check_fused(self.residual_out[i], self.norm_out[i], self._expected[e],
+                                      self._expected[(i - 1) % EPOCHS_PER_PASS], self._local[e], self.dtype)
+            checksum += bit_checksum(self.residual_out[i]) + bit_checksum(self.norm_out[i])
+            result.add(i, wrong, kind)
+        result.checksum = int(checksum.item())
+        return result
 
 
 def _wrong_mask(residual_out: torch.Tensor, norm_out: torch.Tensor,
@@ -134,20 +163,23 @@ def _wrong_mask(residual_out: torch.Tensor, norm_out: torch.Tensor,
 
 def check_fused(residual_out: torch.Tensor, norm_out: torch.Tensor, expected: tuple[torch.Tensor, torch.Tensor],
                 previous: tuple[torch.Tensor, torch.Tensor] | None, local_residual: torch.Tensor,
-                dtype: torch.dtype) -> CheckResult:
+                dtype: torch.dtype) -> tuple[int, str | None]:
     """Wrong elements of one call (a position counts once even if both outputs are off), and
-    what kind: 'noop' = the residual holds this rank's x alone (nothing was reduced), 'stale' =
-    both outputs hold an earlier epoch's answer, else 'values'."""
+    what kind: 'unwritten' = both outputs still hold the NaN poison, 'noop' = the residual holds
+    this rank's x alone (nothing was reduced), 'stale' = both outputs hold an earlier epoch's
+    answer, else 'values'."""
     tol = TOLERANCE[dtype]
     wrong = int(_wrong_mask(residual_out, norm_out, expected, tol).sum().item())
     if wrong == 0:
-        return CheckResult(0)
+        return 0, None
+    if bool(torch.isnan(residual_out.float()).all()) and bool(torch.isnan(norm_out.float()).all()):
+        return wrong, UNWRITTEN
     reduced_differs = local_residual != expected[0]
     if bool(reduced_differs.any()) and bool((residual_out.float() == local_residual)[reduced_differs].all()):
-        return CheckResult(wrong, "noop")
+        return wrong, NOOP
     if previous is not None and not bool(_wrong_mask(residual_out, norm_out, previous, tol).any()):
-        return CheckResult(wrong, "stale")
-    return CheckResult(wrong, "values")
+        return wrong, STALE
+    return wrong, VALUES
 
 
 def _family(backend_name: str) -> str:
@@ -158,7 +190,7 @@ def summarize(rows: list[Measurement]) -> list[dict[str, Any]]:
     """Pair every measured fused row with the unfused baseline of the same work.
 
     Same work = same op, mode, dtype, world size, tokens, hidden and process-level env. The
-    time compared is the p50 latency per call; saving_us > 0 means fusion is faster.
+    time compared is the headline latency per call; saving_us > 0 means fusion is faster.
     Fused rows without a measured baseline appear with unfused_us None, so nothing is dropped.
     """
     def work(row: Measurement) -> tuple:
@@ -169,15 +201,15 @@ def summarize(rows: list[Measurement]) -> list[dict[str, Any]]:
     for row in rows:
         if row.op == FUSED_OP and _family(row.backend) == "unfused" and row.status == OK:
             best = baselines.get(work(row))
-            if best is None or (row.latency_p50_us or float("inf")) < (best.latency_p50_us or float("inf")):
+            if best is None or (row.latency_us or float("inf")) < (best.latency_us or float("inf")):
                 baselines[work(row)] = row
     out: list[dict[str, Any]] = []
     for row in rows:
         if row.op != FUSED_OP or _family(row.backend) == "unfused" or row.status != OK:
             continue
         base = baselines.get(work(row))
-        fused_us = row.latency_p50_us
-        unfused_us = base.latency_p50_us if base is not None else None
+        fused_us = row.latency_us
+        unfused_us = base.latency_us if base is not None else None
         saving = (unfused_us - fused_us) if (unfused_us is not None and fused_us is not None) else None
         out.append({
             "op": row.op, "mode": row.mode, "dtype": row.dtype, "world_size": row.world_size,
@@ -200,14 +232,14 @@ def best_allreduce_rows(rows: list[Measurement], dtype: str, world_size: int) ->
     under another process-level env (a driver run) cannot be rebuilt here and are left out.
     """
     candidates = [r for r in rows if r.op == "allreduce" and r.status == OK and r.dtype == dtype
-                  and r.world_size == world_size and not r.env_setting and r.latency_p50_us is not None
+                  and r.world_size == world_size and not r.env_setting and r.latency_us is not None
                   and _family(r.backend) != "unfused"]
     graph = [r for r in candidates if r.mode == "graph"]
     chosen = graph or candidates
     best: dict[int, Measurement] = {}
     for row in chosen:
         current = best.get(row.message_bytes)
-        if current is None or row.latency_p50_us < current.latency_p50_us:  # type: ignore[operator]
+        if current is None or row.latency_us < current.latency_us:  # type: ignore[operator]
             best[row.message_bytes] = row
     return best
 

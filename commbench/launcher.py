@@ -20,8 +20,10 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
+from commbench import mps
 from commbench.backends.base import Backend
 from commbench.context import MULTICAST_POLICY_VARS, multicast_forbidden_by
 from commbench.errors import UsageError
@@ -30,6 +32,7 @@ from commbench.results import HANG, Measurement, ResultsWriter, new_run_dir, rea
 _NAME_RE = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 # Flags the driver consumes; everything else is passed to each child unchanged.
 _DRIVER_FLAGS = {"--nproc", "--env", "--child-timeout", "--resume", "--qualify", "--junit"}
+_DRIVER_SWITCHES = {"--mps"}          # take no value
 MAX_RESUMES_PER_SETTING = 3
 
 
@@ -59,6 +62,8 @@ def child_arguments(argv: list[str], also_drop: frozenset[str] = frozenset()) ->
             skip_next = False
             continue
         flag = token.split("=", 1)[0]
+        if flag in _DRIVER_SWITCHES:
+            continue
         if flag in _DRIVER_FLAGS or flag in also_drop:
             skip_next = "=" not in token
             continue
@@ -110,41 +115,54 @@ def drive(args: argparse.Namespace, env_settings: list[dict[str, str]], variants
         raise UsageError("--env needs --nproc N: the driver launches one torchrun per setting")
     if args.nproc < 1:
         raise UsageError(f"--nproc must be at least 1 (got {args.nproc})")
+    if args.mps:
+        mps.control_path()   # missing: bad input, said before anything is written
     run_dir = _new_run_dir(args)
-    # --standalone: a private rendezvous on a free local port for each child.
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(args.nproc),
-                "-m", "commbench", "sweep"]
-    failures = 0
-    for setting, sweep_args in child_runs(getattr(args, "_argv", []), env_settings, variants, args.allow_multicast):
-        command = [*torchrun, *sweep_args, "--run-dir", str(run_dir)]
-        label = " ".join(f"{k}={v}" for k, v in setting.items()) or "default environment"
-        for attempt in range(MAX_RESUMES_PER_SETTING + 1):
-            hangs_before = _hang_count(run_dir)
-            env = {**os.environ, **setting, "COMMBENCH_ENV_SETTING": json.dumps(setting, sort_keys=True)}
-            print(f"# driver: torchrun x{args.nproc} with {label}" + (f" (resume {attempt})" if attempt else ""),
-                  flush=True)
-            proc = subprocess.Popen(command, env=env, start_new_session=True)
-            try:
-                rc = proc.wait(timeout=args.child_timeout)
-            except subprocess.TimeoutExpired:
-                _kill(proc)
-                _record_child_timeout(run_dir, args, setting)
-                failures += 1
-                break
-            except KeyboardInterrupt:
-                _kill(proc)
-                write_csv(run_dir)
-                raise
-            if rc == 0:
-                break
-            if _hang_count(run_dir) > hangs_before and attempt < MAX_RESUMES_PER_SETTING:
-                continue  # the watchdog wrote a hang row: resume without that backend
-            print(f"# driver: child with {label} exited with status {rc}", flush=True)
-            failures += 1
-            break
+    with mps.private_daemon(run_dir / "mps-logs") if args.mps else nullcontext({}) as daemon_env:
+        if daemon_env:
+            import torch
+
+            daemon_env = {**daemon_env, **mps.client_env(args.nproc, torch.cuda.device_count())}
+            print(f"# driver: private MPS daemon for the children ({mps.MPS_PERCENT_VAR}="
+                  f"{daemon_env[mps.MPS_PERCENT_VAR]})", flush=True)
+        failures = sum(_run_setting(args, run_dir, setting, sweep_args, daemon_env)
+                       for setting, sweep_args in child_runs(getattr(args, "_argv", []), env_settings, variants,
+                                                             args.allow_multicast))
     write_csv(run_dir)
     print(f"# results: {run_dir}/measurements.jsonl (+ .csv, run.json)")
     return (1 if failures else 0), run_dir
+
+
+def _run_setting(args: argparse.Namespace, run_dir: Path, setting: dict[str, str], sweep_args: list[str],
+                 daemon_env: dict[str, str]) -> int:
+    """One setting's child torchrun, resumed after a recorded hang; 1 if it failed, else 0."""
+    # --standalone: a private rendezvous on a free local port for each child.
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(args.nproc),
+               "-m", "commbench", "sweep", *sweep_args, "--run-dir", str(run_dir)]
+    label = " ".join(f"{k}={v}" for k, v in setting.items()) or "default environment"
+    for attempt in range(MAX_RESUMES_PER_SETTING + 1):
+        hangs_before = _hang_count(run_dir)
+        env = {**os.environ, **daemon_env, **setting, "COMMBENCH_ENV_SETTING": json.dumps(setting, sort_keys=True)}
+        print(f"# driver: torchrun x{args.nproc} with {label}" + (f" (resume {attempt})" if attempt else ""),
+              flush=True)
+        proc = subprocess.Popen(command, env=env, start_new_session=True)
+        try:
+            rc = proc.wait(timeout=args.child_timeout)
+        except subprocess.TimeoutExpired:
+            _kill(proc)
+            _record_child_timeout(run_dir, args, setting)
+            return 1
+        except KeyboardInterrupt:
+            _kill(proc)
+            write_csv(run_dir)
+            raise
+        if rc == 0:
+            return 0
+        if _hang_count(run_dir) > hangs_before and attempt < MAX_RESUMES_PER_SETTING:
+            continue  # the watchdog wrote a hang row: resume without that backend
+        print(f"# driver: child with {label} exited with status {rc}", flush=True)
+        return 1
+    return 1
 
 
 def _record_child_timeout(run_dir: Path, args: argparse.Namespace, setting: dict[str, str]) -> None:

@@ -1,74 +1,83 @@
-"""What NCCL says it did: parse NCCL_DEBUG=INFO output (subsystems INIT,ENV,TUNING).
+"""What NCCL says it did: switch its INFO log on around untimed calls, and read the lines.
 
-NCCL's rank 0 logs one line per collective it enqueues, e.g.
-``NCCL INFO AllReduce: 4194304 Bytes -> Algo Tree proto Simple channel{Lo..Hi}={0..31}``
-(src/enqueue.cc, INFO(NCCL_TUNING, ...)). NCCL_DEBUG* are read once per process, so the sweep
-sets them before the first communicator exists and points NCCL_DEBUG_FILE at the run dir.
+NCCL (src/debug.cc) re-reads NCCL_DEBUG, NCCL_DEBUG_SUBSYS and NCCL_DEBUG_FILE after the
+exported ``ncclResetDebugInit()``, so commbench logs only around a variant's communicator init
+and a few untimed calls per row, never inside a timed loop. Lines it reads (NCCL 2.24 to 2.30):
+
+- per collective, comm rank 0 only (src/enqueue.cc, TUNING):
+  ``NCCL INFO AllReduce: 4096 Bytes -> Algo RING proto LL channel{Lo..Hi}={0..1}``
+  with names from ncclAlgoToString / ncclProtoToString (src/collectives.cc);
+- at init, every rank (src/graph/tuning.cc, ENV): ``NCCL INFO NCCL_PROTO set by environment to LL``;
+- at init, comm rank 0 when NCCL_PROTO or NCCL_ALGO is set (src/graph/tuning.cc, ENV):
+  ``NCCL INFO Enabled NCCL Func/Proto/Algo Matrix:`` then a header row and one row per function
+  (``    AllReduce |        1         0         0   |             1 ...``), names from
+  ncclProtoStr / ncclAlgoStr (src/init.cc).
 """
 
 from __future__ import annotations
 
-import glob
+import ctypes
 import os
 import re
 from collections import Counter
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+# commbench's spelling, which requests use; NCCL's own spellings map onto it.
+PROTOCOLS = ("LL", "LL128", "Simple")
+ALGORITHMS = ("Ring", "Tree", "NVLS", "NVLSTree", "PAT", "CollnetDirect", "CollnetChain")
+
+HONOURED = "honoured"    # NCCL's init log shows it read the variable, and it used the request
+IGNORED = "ignored"      # NCCL used something other than the request
+COINCIDED = "coincided"  # NCCL used the request, but nothing shows it read the variable
+
+LOG_SETTINGS = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,ENV,TUNING"}
+LOG_VARIABLES = (*LOG_SETTINGS, "NCCL_DEBUG_FILE")
+# Before 2.27 ncclResetDebugInit closed the log file without NCCL's log lock, racing any NCCL
+# thread writing a line; from 2.27 the reset is locked and applied at the next log call.
+LOCKED_RESET_VERSION_CODE = 22700
 
 _TUNING_RE = re.compile(r"NCCL INFO AllReduce: (\d+) Bytes -> Algo (\w+) proto (\w+)")
+_ENV_RE = re.compile(r"NCCL INFO (NCCL_\w+) set by environment to (.*)$")
+_MATRIX_START = "NCCL INFO Enabled NCCL Func/Proto/Algo Matrix:"
+_MATRIX_ROW_RE = re.compile(r"^\s*(\w+) \|([^|]*)\|([^|]*)$")
+_LIBNCCL_RE = re.compile(r"/libnccl\.so(\.\d+)*$")
 
-ALGO_NAMES = {"ring": "Ring", "tree": "Tree", "nvls": "NVLS", "nvlstree": "NVLSTree", "pat": "PAT",
-              "collnetdirect": "CollnetDirect", "collnetchain": "CollnetChain"}
-PROTO_NAMES = {"ll": "LL", "ll128": "LL128", "simple": "Simple"}
+
+def _key(name: str) -> str:
+    return name.replace("_", "").lower()
+
+
+_ALGO_BY_KEY = {_key(a): a for a in ALGORITHMS}
+_PROTO_BY_KEY = {_key(p): p for p in PROTOCOLS}
 
 
 def canonical_algo(name: str) -> str:
-    return ALGO_NAMES.get(name.lower(), name)
+    """NCCL's RING, NVLS_TREE, CollNetDirect, ... in commbench's spelling; unknown names unchanged."""
+    return _ALGO_BY_KEY.get(_key(name), name)
 
 
 def canonical_proto(name: str) -> str:
-    return PROTO_NAMES.get(name.lower(), name)
+    """NCCL's LL, LL128, SIMPLE, Simple in commbench's spelling; unknown names unchanged."""
+    return _PROTO_BY_KEY.get(_key(name), name)
 
 
-def configure_logging(log_dir: Path) -> Path | None:
-    """Ask NCCL to log its choices into log_dir. Leaves a user's own NCCL_DEBUG untouched
-    (then nothing is parsed). Must run before the first NCCL communicator of the process."""
-    if "NCCL_DEBUG" in os.environ:
-        return None
-    log_dir.mkdir(parents=True, exist_ok=True)
-    os.environ["NCCL_DEBUG"] = "INFO"
-    os.environ["NCCL_DEBUG_SUBSYS"] = "INIT,ENV,TUNING"
-    os.environ["NCCL_DEBUG_FILE"] = str(log_dir / "nccl.%h.%p.log")
-    return log_dir
+_CANONICAL = {"NCCL_PROTO": canonical_proto, "NCCL_ALGO": canonical_algo}
 
 
-class NcclLogReader:
-    """Reads the lines this process's NCCL appended since the last call."""
-
-    def __init__(self, log_dir: Path | None):
-        self.log_dir = log_dir
-        self._offset = 0
-        self._path: str | None = None
-
-    def _find(self) -> str | None:
-        if self._path is None and self.log_dir is not None:
-            mine = glob.glob(str(self.log_dir / f"nccl.*.{os.getpid()}.log"))
-            self._path = mine[0] if mine else None
-        return self._path
-
-    def new_lines(self) -> list[str]:
-        path = self._find()
-        if path is None:
-            return []
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            handle.seek(self._offset)
-            text = handle.read()
-            self._offset = handle.tell()
-        return text.splitlines()
+def read_lines(path: Path) -> list[str]:
+    """The log NCCL wrote to path; none if it wrote nothing (NCCL opens the file lazily)."""
+    if not path.exists():
+        return []
+    return path.read_text(encoding="utf-8", errors="replace").splitlines()
 
 
 def used_algo_proto(lines: list[str], message_bytes: int) -> tuple[str | None, str | None]:
     """The (algorithm, protocol) NCCL logged most often for allreduces of this size."""
-    seen = Counter()
+    seen: Counter[tuple[str, str]] = Counter()
     for line in lines:
         match = _TUNING_RE.search(line)
         if match and int(match.group(1)) == message_bytes:
@@ -76,3 +85,163 @@ def used_algo_proto(lines: list[str], message_bytes: int) -> tuple[str | None, s
     if not seen:
         return None, None
     return seen.most_common(1)[0][0]
+
+
+def env_settings(lines: list[str]) -> dict[str, str]:
+    """Variables NCCL says it read: {"NCCL_PROTO": "LL", ...}. src/misc/param.cc's form ends
+    in a period ("NCCL_NTHREADS set by environment to 256."), which is dropped."""
+    found = {}
+    for line in lines:
+        match = _ENV_RE.search(line)
+        if match:
+            found[match.group(1)] = match.group(2).strip().removesuffix(".")
+    return found
+
+
+def enabled_for_allreduce(lines: list[str]) -> dict[str, frozenset[str]]:
+    """What NCCL's last enabled matrix allows for AllReduce: {"NCCL_PROTO": {...}, "NCCL_ALGO":
+    {...}}; empty without a matrix or when the row was cut short (NCCL's log lines are at most
+    1023 bytes, and the matrix nearly fills one)."""
+    starts = [i for i, line in enumerate(lines) if _MATRIX_START in line]
+    if not starts:
+        return {}
+    header = _MATRIX_ROW_RE.match(lines[starts[-1] + 1]) if starts[-1] + 1 < len(lines) else None
+    if header is None:
+        return {}
+    protos, algos = header.group(2).split(), header.group(3).split()
+    for line in lines[starts[-1] + 2:]:
+        row = _MATRIX_ROW_RE.match(line)
+        if row is None:
+            return {}
+        if row.group(1) != "AllReduce":
+            continue
+        proto_flags, algo_flags = row.group(2).split(), row.group(3).split()
+        if len(proto_flags) != len(protos) or len(algo_flags) != len(algos):
+            return {}
+        # 0 = disabled; LL128's 2 = "NCCL decides" (enabled where the topology allows it).
+        return {"NCCL_PROTO": frozenset(canonical_proto(p) for p, f in zip(protos, proto_flags) if f != "0"),
+                "NCCL_ALGO": frozenset(canonical_algo(a) for a, f in zip(algos, algo_flags) if f != "0")}
+    return {}
+
+
+@dataclass(frozen=True)
+class InitEvidence:
+    """What a communicator's init log says NCCL read from the environment."""
+
+    env: dict[str, str] = field(default_factory=dict)
+    enabled: dict[str, frozenset[str]] = field(default_factory=dict)
+
+    @classmethod
+    def from_lines(cls, lines: list[str]) -> "InitEvidence":
+        return cls(env_settings(lines), enabled_for_allreduce(lines))
+
+    def took(self, variable: str, value: str) -> bool:
+        """NCCL logged reading variable=value, or its AllReduce matrix allows only that value."""
+        canonical = _CANONICAL[variable]
+        said = self.env.get(variable)
+        return ((said is not None and canonical(said) == canonical(value))
+                or self.enabled.get(variable) == frozenset({canonical(value)}))
+
+
+def setting_applied(requested: dict[str, str], used: dict[str, str], init: InitEvidence) -> str | None:
+    """HONOURED / IGNORED / COINCIDED for the requested {"NCCL_PROTO": "LL", "NCCL_ALGO": ...}
+    given what NCCL used (same keys); None when nothing was requested."""
+    if not requested:
+        return None
+    if any(_CANONICAL[var](used[var]) != _CANONICAL[var](value) for var, value in requested.items()):
+        return IGNORED
+    if all(init.took(var, value) for var, value in requested.items()):
+        return HONOURED
+    return COINCIDED
+
+
+def loaded_libnccl(maps_text: str) -> str | None:
+    """Path of the libnccl.so mapped into a process, from its /proc/PID/maps text."""
+    for line in maps_text.splitlines():
+        fields = line.split(maxsplit=5)
+        if len(fields) == 6 and _LIBNCCL_RE.search(fields[5]):
+            return fields[5]
+    return None
+
+
+def _version_text(code: int) -> str:
+    return f"{code // 10000}.{code // 100 % 100}.{code % 100}"
+
+
+class NcclLogSwitch:
+    """Turns the INFO log of the NCCL this process already loaded on and off.
+
+    ``unavailable`` says in one line why it cannot (then on() refuses); nothing is observed then.
+    """
+
+    def __init__(self, library: Any, unavailable: str | None):
+        self._library = library
+        self.unavailable = unavailable
+
+    @classmethod
+    def find(cls, environ: Mapping[str, str] = os.environ,
+             maps: Path = Path("/proc/self/maps")) -> "NcclLogSwitch":
+        """The switch for this process; call it before any on(), so environ is the user's own."""
+        users = [name for name in LOG_VARIABLES if name in environ]
+        if users:
+            return cls(None, f"{users[0]}={environ[users[0]]} was set before commbench started: "
+                             "NCCL's log is left as set and nothing is observed")
+        path = loaded_libnccl(maps.read_text())
+        if path is None:
+            return cls(None, "no libnccl is loaded in this process (torch without NCCL, e.g. a CPU build)")
+        try:
+            # RTLD_NOLOAD: the copy torch loaded, or nothing; never a second NCCL.
+            library = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+        except OSError as exc:
+            return cls(None, f"cannot open the loaded {path}: {exc}")
+        return cls.for_library(library, path)
+
+    @classmethod
+    def for_library(cls, library: Any, path: str) -> "NcclLogSwitch":
+        """The switch for an open libnccl, unavailable where that NCCL cannot be switched."""
+        if not hasattr(library, "ncclResetDebugInit"):
+            return cls(None, f"{path} has no ncclResetDebugInit (NCCL before 2.24): its log cannot be switched")
+        version = ctypes.c_int(0)
+        library.ncclGetVersion(ctypes.byref(version))
+        if version.value < LOCKED_RESET_VERSION_CODE:
+            return cls(None, f"NCCL {_version_text(version.value)} resets its log without its lock "
+                             f"(locked from {_version_text(LOCKED_RESET_VERSION_CODE)}): not switched at run time")
+        return cls(library, None)
+
+    def on(self, log_file: Path) -> None:
+        """NCCL logs INIT, ENV and TUNING lines into log_file (truncated) from now on."""
+        if self.unavailable:
+            raise RuntimeError(self.unavailable)
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        os.environ.update(LOG_SETTINGS)
+        # NCCL expands %h and %p in NCCL_DEBUG_FILE; '%%' keeps a literal '%' in the path.
+        os.environ["NCCL_DEBUG_FILE"] = str(log_file).replace("%", "%%")
+        self._reset()
+
+    def off(self) -> None:
+        """NCCL logs nothing again (NCCL_DEBUG unset)."""
+        for name in LOG_VARIABLES:
+            os.environ.pop(name, None)
+        self._reset()
+
+    @contextmanager
+    def logging_to(self, log_file: Path) -> Iterator[None]:
+        self.on(log_file)
+        try:
+            yield
+        finally:
+            self.off()
+
+    def _reset(self) -> None:
+        self._library.ncclResetDebugInit()
+        # NCCL applies a reset at its next log call (src/debug.cc). An empty group logs through
+        # TRACE_CALL, so the log file opens or closes now, not in the next (maybe timed)
+        # collective. Its results go unchecked: were it to fail, the next log call still applies it.
+        self._library.ncclGroupStart()
+        self._library.ncclGroupEnd()
+
+
+@cache
+def process_switch() -> NcclLogSwitch:
+    """This process's switch, found once: on first use, before any on()."""
+    return NcclLogSwitch.find()

@@ -21,6 +21,16 @@ GPU_MIN_BYTES, GPU_MAX_BYTES = 4 << 10, 256 << 20
 CPU_MIN_BYTES, CPU_MAX_BYTES = 1 << 10, 256 << 10
 GPU_ITERATIONS, CPU_ITERATIONS = (20, 200), (5, 20)  # (at the largest size, at small sizes)
 ITERATION_BYTES_BUDGET = 256 << 20   # iterations = budget / size, clamped to the range above
+# Every timed call's output is kept until the pass is checked: at most this much of them, so
+# default iterations drop below the range above only for the largest messages (8 at 256 MiB).
+CHECK_BYTES_BUDGET = 2 << 30
+MIN_CHECKED_CALLS = 3
+# Calls captured per CUDA graph: replaying a graph costs ~3 us of its own (H200, from graphs of
+# 10 and 100 calls), so 128 calls keep that below 2% of any call above ~1.1 us; larger messages
+# take longer per call and need fewer (256 MiB of messages per graph, at least one call).
+MAX_GRAPH_OPS = 128
+GRAPH_BYTES_BUDGET = 256 << 20
+GRAPH_REPLAYS = (20, 50)             # replays per pass: a quarter of the eager calls, in this range
 
 
 @dataclass(frozen=True)
@@ -41,7 +51,7 @@ class SweepPlan:
     iterations: int | None        # None: scale with size
     min_iterations: int
     max_iterations: int
-    graph_ops: int
+    graph_ops: int | None         # None: by size (graph_ops_for)
     timeout_s: float              # watchdog per row
     setup_timeout_s: float        # watchdog per backend setup: first-use kernel builds take minutes
     notes: list[str] = field(default_factory=list)
@@ -52,10 +62,25 @@ class SweepPlan:
         return [s for s in self.shapes if s.message_bytes % item == 0]
 
     def iterations_for(self, message_bytes: int) -> int:
+        """Timed eager calls per pass."""
         if self.iterations is not None:
             return self.iterations
         scaled = ITERATION_BYTES_BUDGET // max(1, message_bytes)
-        return int(min(self.max_iterations, max(self.min_iterations, scaled)))
+        calls = min(self.max_iterations, max(self.min_iterations, scaled))
+        return int(max(MIN_CHECKED_CALLS, min(calls, CHECK_BYTES_BUDGET // max(1, message_bytes))))
+
+    def graph_ops_for(self, message_bytes: int) -> int:
+        """Calls captured per CUDA graph."""
+        if self.graph_ops is not None:
+            return self.graph_ops
+        return int(max(1, min(MAX_GRAPH_OPS, GRAPH_BYTES_BUDGET // max(1, message_bytes))))
+
+    def graph_replays_for(self, message_bytes: int) -> int:
+        """Timed replays of the graph per pass."""
+        if self.iterations is not None:
+            return self.iterations
+        low, high = GRAPH_REPLAYS
+        return int(min(high, max(low, self.iterations_for(message_bytes) // 4)))
 
     @property
     def max_bytes(self) -> int:
@@ -98,7 +123,7 @@ def build_plan(args: argparse.Namespace, on_gpu: bool) -> SweepPlan:
     return SweepPlan(shapes=shapes, dtypes=dtypes, modes=modes,
                      warmup=args.warmup if args.warmup is not None else (5 if on_gpu else 2),
                      iterations=args.iters, min_iterations=low, max_iterations=high,
-                     graph_ops=args.graph_ops or 10, timeout_s=args.timeout,
+                     graph_ops=args.graph_ops, timeout_s=args.timeout,
                      setup_timeout_s=args.setup_timeout)
 
 

@@ -84,8 +84,8 @@ def _new(title: str, height: float = 4.8) -> tuple[Figure, Axes]:
 
 def _mark_failed(ax: Axes, failed: list[Measurement]) -> None:
     """Red x at the measured latency of a wrong row; hangs (no latency) along the top edge."""
-    wrong = [(r.message_bytes, r.latency_p50_us) for r in failed if r.latency_p50_us]
-    hung = [r.message_bytes for r in failed if not r.latency_p50_us]
+    wrong = [(r.message_bytes, r.latency_us) for r in failed if r.latency_us]
+    hung = [r.message_bytes for r in failed if not r.latency_us]
     if wrong:
         ax.scatter([w[0] for w in wrong], [w[1] for w in wrong], marker="x", s=70, color=FAILED_COLOR,
                    linewidths=2, zorder=5, label="failed check (#wrong > 0)")
@@ -94,8 +94,8 @@ def _mark_failed(ax: Axes, failed: list[Measurement]) -> None:
                    transform=ax.get_xaxis_transform(), clip_on=False, label="hang (no latency, drawn at top)")
     # Name the backend next to each mark: a red x alone does not say whose result failed.
     for row in failed:
-        if row.latency_p50_us:
-            ax.annotate(row.backend, (row.message_bytes, row.latency_p50_us), xytext=(6, -10),
+        if row.latency_us:
+            ax.annotate(row.backend, (row.message_bytes, row.latency_us), xytext=(6, -10),
                         textcoords="offset points", fontsize=7, color=FAILED_COLOR)
         else:   # hangs sit side by side along the top: run their names downwards
             ax.annotate(row.backend, (row.message_bytes, 0.95), xycoords=ax.get_xaxis_transform(),
@@ -109,14 +109,14 @@ def latency_figure(curves: list[Curve], failed: list[Measurement], title: str) -
     for curve in curves:
         xs = curve.sizes()
         color = colors[curve.key.variant]
-        ax.plot(xs, [p.p50_us for p in curve.points], _style(curve), marker="o", markersize=3,
+        ax.plot(xs, [p.latency_us for p in curve.points], _style(curve), marker="o", markersize=3,
                 color=color, label=curve.label)
         if all(p.p10_us is not None and p.p90_us is not None for p in curve.points):
             ax.fill_between(xs, [p.p10_us for p in curve.points], [p.p90_us for p in curve.points],
                             color=color, alpha=0.15, linewidth=0)
     _mark_failed(ax, failed)
     _log_y(ax)
-    ax.set_ylabel("latency p50 (us), band p10-p90")
+    ax.set_ylabel("latency (us), band: jitter p10-p90")
     _size_axis(ax, [s for c in curves for s in c.sizes()] + [r.message_bytes for r in failed])
     _legend(ax)
     return fig
@@ -138,7 +138,7 @@ def busbw_figure(curves: list[Curve], title: str) -> Figure:
 
 
 def speedup_figure(curves: list[Curve], baseline: str, title: str) -> Figure:
-    """baseline p50 / variant p50 at sizes both measured: above 1 means faster than the baseline."""
+    """baseline latency / variant latency at sizes both measured: above 1 means faster than the baseline."""
     fig, ax = _new(title)
     colors = colors_for(c.key.variant for c in curves)
     ax.axhline(1.0, color="black", linewidth=1)
@@ -147,7 +147,7 @@ def speedup_figure(curves: list[Curve], baseline: str, title: str) -> Figure:
         if base is None or base is curve:
             continue
         pairs = [(p.message_bytes, base.point(p.message_bytes)) for p in curve.points]
-        pts = [(size, b.p50_us / curve.point(size).p50_us) for size, b in pairs if b is not None]  # type: ignore[union-attr]
+        pts = [(size, b.latency_us / curve.point(size).latency_us) for size, b in pairs if b is not None]  # type: ignore[union-attr]
         if pts:
             ax.plot([p[0] for p in pts], [p[1] for p in pts], _style(curve), marker="o", markersize=3,
                     color=colors[curve.key.variant], label=curve.label)
@@ -159,7 +159,7 @@ def speedup_figure(curves: list[Curve], baseline: str, title: str) -> Figure:
 
 
 def compare_figure(before: list[Curve], after: list[Curve], name_a: str, name_b: str, title: str) -> Figure:
-    """Top: both runs' p50 (A dashed and faint, B solid). Bottom: B/A per size."""
+    """Top: both runs' latency (A dashed and faint, B solid). Bottom: B/A per size."""
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(10.5, 7.2), sharex=True, layout="constrained",
                                       gridspec_kw={"height_ratios": [3, 2]})
     top.set_title(title, fontsize=11)
@@ -168,23 +168,23 @@ def compare_figure(before: list[Curve], after: list[Curve], name_a: str, name_b:
     b_by_key = {c.key: c for c in after}
     for curve in before:
         color = colors[curve.label]
-        top.plot(curve.sizes(), [p.p50_us for p in curve.points], "--", color=color, alpha=0.6,
+        top.plot(curve.sizes(), [p.latency_us for p in curve.points], "--", color=color, alpha=0.6,
                  label=f"{curve.label} A")
         other = b_by_key.get(curve.key)
         if other is None:
             continue
-        top.plot(other.sizes(), [p.p50_us for p in other.points], "-", marker="o", markersize=3, color=color,
+        top.plot(other.sizes(), [p.latency_us for p in other.points], "-", marker="o", markersize=3, color=color,
                  label=f"{curve.label} B")
         shared = [(s, curve.point(s), other.point(s)) for s in curve.sizes() if other.point(s) is not None]
-        bottom.plot([s for s, _, _ in shared], [b.p50_us / a.p50_us for _, a, b in shared],  # type: ignore[union-attr]
+        bottom.plot([s for s, _, _ in shared], [b.latency_us / a.latency_us for _, a, b in shared],  # type: ignore[union-attr]
                     "-", marker="o", markersize=3, color=color, label=curve.label)
     _log_y(top)
-    top.set_ylabel("latency p50 (us)")
+    top.set_ylabel("latency (us)")
     _legend(top)
     top.grid(True, alpha=0.3)
     bottom.axhline(1.0, color="black", linewidth=1)
     _ratio_y(bottom)
-    bottom.set_ylabel(f"p50 B / A  (above 1: B slower)\nA = {name_a}, B = {name_b}", fontsize=8)
+    bottom.set_ylabel(f"latency B / A  (above 1: B slower)\nA = {name_a}, B = {name_b}", fontsize=8)
     _size_axis(bottom, [s for c in before + after for s in c.sizes()])
     return fig
 

@@ -279,12 +279,12 @@ def check_limit(curves: list[Curve], limit: Limit, kind: str, where: str) -> Res
     point = curve.at(limit.message_bytes)
     if point is None:
         return Result(kind, name, FAIL, f"size not measured: {curve.label} covers {curve.range_text()}", limit.source)
-    value = point.p50_us if upper else point.busbw_gbps
+    value = point.latency_us if upper else point.busbw_gbps
     if value is None:
         return Result(kind, name, FAIL, "no bus bandwidth recorded at this size", limit.source)
     how = "interpolated " if curve.point(limit.message_bytes) is None else ""
     unit = "us" if upper else "GB/s"
-    shown = f"{how}{'p50' if upper else 'busbw'} {value:.3g} {unit} ({curve.label})"
+    shown = f"{how}{'latency' if upper else 'busbw'} {value:.3g} {unit} ({curve.label})"
     failed = value > limit.fail_at if upper else value < limit.fail_at
     warned = limit.warn_at is not None and (value > limit.warn_at if upper else value < limit.warn_at)
     word = "limit" if upper else "floor"
@@ -308,13 +308,13 @@ def check_reference(run_curves: list[Curve], ref_run: Run, ref: ReferenceSpec, d
             now, then = curve.point(size), base.point(size)
             if now is None or then is None:
                 continue
-            pct = 100.0 * (now.p50_us - then.p50_us) / then.p50_us
+            pct = 100.0 * (now.latency_us - then.latency_us) / then.latency_us
             if worst is None or pct > worst[0]:
-                worst = (pct, size, exceeds_spread(now.p50_us - then.p50_us, now, then))
+                worst = (pct, size, exceeds_spread(now.latency_us - then.latency_us, now, then))
         if worst is None:
             continue
         pct, size, beyond = worst
-        detail = (f"worst {pct:+.1f}% p50 at {format_bytes(size)} vs {ref_run.info.get('run_id', ref_run.path.name)}"
+        detail = (f"worst {pct:+.1f}% latency at {format_bytes(size)} vs {ref_run.info.get('run_id', ref_run.path.name)}"
                   + ("" if beyond is None else (" (beyond spread)" if beyond else " (within spread)")))
         status = FAIL if pct > ref.max_slowdown_pct else (
             WARN if ref.warn_slowdown_pct is not None and pct > ref.warn_slowdown_pct else PASS)
@@ -328,6 +328,9 @@ def check_reference(run_curves: list[Curve], ref_run: Run, ref: ReferenceSpec, d
 
 def qualify(spec: Spec, run: Run, reference: Run | None) -> list[Result]:
     results: list[Result] = []
+    if run.emulation:
+        # Ranks that shared a GPU measured the protocol, not this machine's fabric.
+        results.append(Result("run", "real hardware", FAIL, run.emulation_line() or "emulated run"))
     world = run_world_size(run)
     if spec.world_size is not None:
         status = PASS if world == spec.world_size else FAIL
@@ -381,7 +384,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="machine-class spec (TOML), e.g. commbench/specs/pcie-8x.toml")
     parser.add_argument("--reference", type=Path, help="reference run of the same machine class "
                         "(overrides [reference] run in the spec)")
-    parser.add_argument("--max-slowdown-pct", type=float, help="with --reference: FAIL above this p50 slowdown (default 10)")
+    parser.add_argument("--max-slowdown-pct", type=float, help="with --reference: FAIL above this latency slowdown (default 10)")
     parser.add_argument("--junit", type=Path, metavar="FILE", help="also write JUnit XML for CI")
 
 

@@ -29,7 +29,7 @@ HELP = "backend per message size for a model, TP size and concurrency range, wit
 class Margin:
     other: str
     delta_us: float
-    ratio: float                # other p50 / winner p50
+    ratio: float                # other latency / winner latency
     beyond_spread: bool | None  # None: a spread is unknown
 
 
@@ -38,15 +38,15 @@ class Choice:
     concurrency: int
     message_bytes: int
     backend: str | None          # None: no trusted curve covers this size
-    p50_us: float | None
+    latency_us: float | None
     runner_up: Margin | None
     vs_baseline: Margin | None
     note: str = ""
 
 
 def _margin(win: Candidate, other: Curve, point) -> Margin:
-    delta = point.p50_us - win.point.p50_us
-    return Margin(other.label, delta, point.p50_us / win.point.p50_us, exceeds_spread(delta, win.point, point))
+    delta = point.latency_us - win.point.latency_us
+    return Margin(other.label, delta, point.latency_us / win.point.latency_us, exceeds_spread(delta, win.point, point))
 
 
 def choose(model: Model, curves: list[Curve], concurrency: int, baseline: str | None) -> Choice:
@@ -61,7 +61,7 @@ def choose(model: Model, curves: list[Curve], concurrency: int, baseline: str | 
     base_point = base.at(size) if base is not None else None
     versus = _margin(win, base, base_point) if base is not None and base_point is not None and base is not win.curve else None
     note = "interpolated" if win.interpolated else ""
-    return Choice(concurrency, size, win.curve.label, win.point.p50_us, runner, versus, note)
+    return Choice(concurrency, size, win.curve.label, win.point.latency_us, runner, versus, note)
 
 
 def _beyond(m: Margin | None) -> str:
@@ -109,11 +109,14 @@ def main(args: argparse.Namespace) -> int:
     tp = args.tp or run_world_size(run)
     choices = [choose(model, curves, c, baseline) for c in concurrencies]
 
+    if run.emulation_line():
+        print(run.emulation_line())
     print(f"{model.describe()}; TP {tp}; run {run.info.get('run_id', run.path.name)}")
-    print("margins are p50 differences; 'beyond spread' = larger than the p10-p90 spread of both sides\n")
-    print(render(["concurrency", "message", "use", "p50 us", "runner-up", "margin", "beyond spread",
+    print("margins are latency differences; 'beyond spread' = larger than the jitter pass's p10-p90 spread "
+          "of both sides\n")
+    print(render(["concurrency", "message", "use", "latency us", "runner-up", "margin", "beyond spread",
                   f"vs {baseline or 'baseline'}", "beyond spread", "note"],
-                 [[str(c.concurrency), format_bytes(c.message_bytes), c.backend or "-", fmt_us(c.p50_us),
+                 [[str(c.concurrency), format_bytes(c.message_bytes), c.backend or "-", fmt_us(c.latency_us),
                    c.runner_up.other if c.runner_up else "-", _margin_text(c.runner_up), _beyond(c.runner_up),
                    _margin_text(c.vs_baseline), _beyond(c.vs_baseline), c.note] for c in choices],
                  right=(0, 1, 3, 5, 7)))

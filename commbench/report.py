@@ -27,11 +27,11 @@ class RangeRow:
     """One line of the crossover table: who wins a size range, by how much."""
 
     crossover: Crossover
-    p50_first_us: float
-    p50_last_us: float
+    latency_first_us: float
+    latency_last_us: float
     runner_up: str | None
-    margin_x: tuple[float, float] | None      # runner-up p50 / winner p50, min and max over the range
-    vs_baseline_x: tuple[float, float] | None  # baseline p50 / winner p50
+    margin_x: tuple[float, float] | None      # runner-up latency / winner latency, min and max over the range
+    vs_baseline_x: tuple[float, float] | None  # baseline latency / winner latency
 
 
 def _span(values: list[float]) -> tuple[float, float] | None:
@@ -47,14 +47,14 @@ def range_rows(curves: list[Curve], baseline: str | None) -> list[RangeRow]:
         for size in sizes:
             ranked = ranking(curves, size)
             win = ranked[0]
-            firsts.append(win.point.p50_us)
+            firsts.append(win.point.latency_us)
             if len(ranked) > 1:
                 runner = runner or ranked[1].curve.label
-                margins.append(ranked[1].point.p50_us / win.point.p50_us)
+                margins.append(ranked[1].point.latency_us / win.point.latency_us)
             base = baseline_curve(curves, baseline, win.curve)
             base_point = base.at(size) if base is not None else None
             if base_point is not None:
-                versus.append(base_point.p50_us / win.point.p50_us)
+                versus.append(base_point.latency_us / win.point.latency_us)
         out.append(RangeRow(cross, firsts[0], firsts[-1], runner, _span(margins), _span(versus)))
     return out
 
@@ -128,16 +128,16 @@ def measurement_table(rows: list[Measurement]) -> str:
     show_env = any(r.env_setting for r in ordered)
     show_op = len({r.op for r in ordered}) > 1
     headers = (["backend"] + (["settings"] if show_env else []) + (["op"] if show_op else [])
-               + ["mode", "dtype", "size", "status", "p50 us", "p10-p90 us", "p99 us", "busbw GB/s", "#wrong",
+               + ["mode", "dtype", "size", "status", "latency us", "jitter p10-p90 us", "jitter p99 us", "busbw GB/s", "#wrong",
                   "reason / note"])
     first_number = headers.index("size")
     cells = []
     for r in ordered:
-        band = (f"{fmt_us(r.latency_p10_us)}-{fmt_us(r.latency_p90_us)}"
-                if r.latency_p10_us is not None and r.latency_p90_us is not None else "-")
+        band = (f"{fmt_us(r.jitter_p10_us)}-{fmt_us(r.jitter_p90_us)}"
+                if r.jitter_p10_us is not None and r.jitter_p90_us is not None else "-")
         wrong = "-" if r.wrong_elements is None else f"{r.wrong_elements}" + (f" ({r.wrong_kind})" if r.wrong_kind else "")
         notes = [r.reason] if r.reason else []
-        if r.setting_applied is False:
+        if r.setting_applied == "ignored":
             notes.append(f"NCCL used {r.nccl_proto_used}/{r.nccl_algo_used}, not the requested "
                          f"{r.nccl_proto_requested}/{r.nccl_algo_requested}")
         if r.unsafe:
@@ -147,8 +147,8 @@ def measurement_table(rows: list[Measurement]) -> str:
             row.append(" ".join(f"{k}={v}" for k, v in sorted(r.env_setting.items())))
         if show_op:
             row.append(r.op)
-        row += [r.mode, r.dtype, format_bytes(r.message_bytes), r.status, fmt_us(r.latency_p50_us), band,
-                fmt_us(r.latency_p99_us), fmt_num(r.busbw_gbps), wrong, "; ".join(notes)]
+        row += [r.mode, r.dtype, format_bytes(r.message_bytes), r.status, fmt_us(r.latency_us), band,
+                fmt_us(r.jitter_p99_us), fmt_num(r.busbw_gbps), wrong, "; ".join(notes)]
         cells.append([_esc(c) for c in row])
     numeric = (first_number, first_number + 2, first_number + 3, first_number + 4, first_number + 5)
     return _table(headers, cells, [_row_class(r) for r in ordered], numeric=numeric)
@@ -235,9 +235,9 @@ class Section:
 
 def crossover_html(section: Section, baseline: str | None) -> str:
     rows = [[_esc(_range_text(r.crossover)), _esc(r.crossover.winner), _esc(str(r.crossover.sizes)),
-             _esc(f"{fmt_us(r.p50_first_us)}-{fmt_us(r.p50_last_us)}"), _esc(r.runner_up or "-"),
+             _esc(f"{fmt_us(r.latency_first_us)}-{fmt_us(r.latency_last_us)}"), _esc(r.runner_up or "-"),
              _esc(_x(r.margin_x)), _esc(_x(r.vs_baseline_x))] for r in section.ranges]
-    return _table(["sizes", "winner", "measured sizes", "winner p50 us", "runner-up (first size)",
+    return _table(["sizes", "winner", "measured sizes", "winner latency us", "runner-up (first size)",
                    "margin over runner-up", f"vs {baseline or 'baseline'}"], rows, numeric=(2, 3, 5, 6))
 
 
@@ -249,12 +249,15 @@ def write_html(run: Run, sections: list[Section], images: dict[str, list[tuple[P
              f"<h1>commbench report: {_esc(run.info.get('run_id', run.path.name))}</h1>",
              f"<p class='meta'>{_esc(run.info.get('host', ''))} &middot; world size {_esc(run_world_size(run))} "
              f"&middot; rows: {_esc(status_counts(run.rows))}</p>"]
+    if run.emulation_line():
+        parts.insert(2, f"<p><b>{_esc(run.emulation_line())}</b></p>")
     if failed:
         names = sorted({r.backend for r in failed})
         parts.append(f"<p><b style='color:#a40000'>{len(failed)} measurement(s) failed their check "
                      f"(wrong data or hang): {_esc(', '.join(names))}.</b> They are red below and never "
                      f"count as winners.</p>")
-    parts.append("<p class='note'>Winners are chosen on p50 latency among rows with status ok and #wrong 0, "
+    parts.append("<p class='note'>Winners are chosen on the headline latency (loop total / calls, slowest rank) "
+                 "among rows with status ok and #wrong 0, "
                  "within one dtype and one timing mode (CUDA graph solid, eager dashed in the plots). "
                  f"Speedups are over {_esc(baseline or 'no baseline (neither nccl nor gloo ran)')}.</p>")
     for section in sections:
@@ -317,13 +320,15 @@ def main(args: argparse.Namespace) -> int:
     html_path = out / "report.html"
     write_html(run, sections, images, baseline, html_path)
 
+    if run.emulation_line():
+        print(run.emulation_line())
     print(f"run {run.info.get('run_id', run.path.name)}: {status_counts(run.rows)}")
     for section in sections:
         print(f"\n{section.dtype}, {section.mode} mode: winner per size range "
-              f"(trusted rows only; margins are p50 ratios)")
-        print(render(["sizes", "winner", "p50 us", "runner-up", "margin", f"vs {baseline or '-'}"],
+              f"(trusted rows only; margins are latency ratios)")
+        print(render(["sizes", "winner", "latency us", "runner-up", "margin", f"vs {baseline or '-'}"],
                      [[_range_text(r.crossover), r.crossover.winner,
-                       f"{fmt_us(r.p50_first_us)}-{fmt_us(r.p50_last_us)}", r.runner_up or "-",
+                       f"{fmt_us(r.latency_first_us)}-{fmt_us(r.latency_last_us)}", r.runner_up or "-",
                        _x(r.margin_x), _x(r.vs_baseline_x)] for r in section.ranges], right=(2, 4, 5)))
     failed_rows = [r for r in run.rows if is_failed_check(r)]
     if failed_rows:

@@ -1,6 +1,6 @@
 """The results directory: run.json, measurements.jsonl (append + flush per row), measurements.csv.
 
-Schema version 1. One row per (backend variant, message size, dtype, mode, env setting).
+Schema version 2 (version 1 is read and migrated). One row per (backend variant, message size, dtype, mode, env setting).
 Everything downstream (report, floor, recommend, qualify, compare) reads only these files.
 """
 
@@ -18,7 +18,8 @@ from typing import Any, Iterable, Iterator
 
 from commbench.errors import UsageError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READABLE_SCHEMAS = (1, 2)   # version 1 rows are migrated on read (migrate_row)
 RUN_FILE = "run.json"
 ROWS_FILE = "measurements.jsonl"
 CSV_FILE = "measurements.csv"
@@ -48,25 +49,32 @@ class Measurement:
     op: str = "allreduce"           # or e.g. "allreduce_residual_rmsnorm"
     tokens: int | None = None       # model-shape sweeps: tokens x hidden
     hidden: int | None = None
-    iterations: int = 0
-    ops_per_graph: int = 1
-    latency_p50_us: float | None = None
-    latency_p10_us: float | None = None
-    latency_p90_us: float | None = None
-    latency_p99_us: float | None = None
-    latency_min_us: float | None = None
-    latency_max_us: float | None = None
-    algbw_gbps: float | None = None
-    busbw_gbps: float | None = None
-    wrong_elements: int | None = None   # nccl-tests' #wrong, summed over ranks
-    wrong_kind: str | None = None       # "noop" | "stale" | "values"
+    iterations: int = 0             # timed calls (eager) or timed replays (graph) per pass
+    ops_per_graph: int = 1          # calls captured per CUDA graph (1 in eager)
+    latency_us: float | None = None          # headline: loop total / calls, max over ranks
+    latency_rank_mean_us: float | None = None  # the same, mean over ranks (nccl-tests -a 1)
+    jitter_samples: int = 0                  # jitter pass: one timer per call (eager) or replay
+    jitter_p10_us: float | None = None
+    jitter_p50_us: float | None = None
+    jitter_p90_us: float | None = None
+    jitter_p99_us: float | None = None
+    jitter_min_us: float | None = None
+    jitter_max_us: float | None = None
+    algbw_gbps: float | None = None          # from latency_us
+    busbw_gbps: float | None = None          # algbw x the op's bus factor (None: the op has none)
+    checked_calls: int = 0              # calls per rank whose output was checked (both passes)
+    wrong_elements: int | None = None   # nccl-tests' #wrong over every checked call, summed over ranks
+    wrong_kind: str | None = None       # the first wrong call's: unwritten, noop, stale or values
+    first_wrong_call: int | None = None  # its index among the checked calls of failed_rank
+    ranks_identical: bool | None = None  # every rank's checked outputs bit-identical
     reason: str | None = None           # why skipped / error / hang / no_work
     failed_rank: int | None = None
+    emulation: dict[str, Any] | None = None   # ranks sharing GPUs: {gpus, ranks, mps, sm_percent}
     nccl_proto_requested: str | None = None
     nccl_algo_requested: str | None = None
     nccl_proto_used: str | None = None
     nccl_algo_used: str | None = None
-    setting_applied: bool | None = None  # False: NCCL did not use what was requested
+    setting_applied: str | None = None   # honoured / ignored / coincided (what NCCL did with a request)
     unsafe: str | None = None            # e.g. LL128 forced without NVLink
     env_setting: dict[str, str] = field(default_factory=dict)  # process-level knobs (driver runs)
     extra: dict[str, Any] = field(default_factory=dict)        # backend-specific facts
@@ -83,7 +91,25 @@ class Measurement:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Measurement":
         names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
+        return cls(**{k: v for k, v in migrate_row(data).items() if k in names})
+
+
+def migrate_row(data: dict[str, Any]) -> dict[str, Any]:
+    """Rows of schema 1 read as schema 2: their p50 of per-call samples stands for the headline
+    (that is how version 1 reported it) and their percentiles become the jitter fields; they had
+    one checked call, made after the timed loop."""
+    if data.get("schema") != 1:
+        return data
+    out = dict(data)
+    for stat in ("p10", "p50", "p90", "p99", "min", "max"):
+        out[f"jitter_{stat}_us"] = out.pop(f"latency_{stat}_us", None)
+    out["latency_us"] = out["jitter_p50_us"]
+    out["jitter_samples"] = out.get("iterations", 0) if out["latency_us"] is not None else 0
+    out["checked_calls"] = 1 if out.get("wrong_elements") is not None else 0
+    applied = out.get("setting_applied")
+    out["setting_applied"] = None if applied is None else ("honoured" if applied else "ignored")
+    out["schema"] = SCHEMA_VERSION
+    return out
 
 
 def row_key(backend: str, mode: str, dtype: str, message_bytes: int, env_setting: dict[str, str] | None,
@@ -126,9 +152,9 @@ def read_rows(run_dir: Path) -> list[Measurement]:
             data = json.loads(line)
         except json.JSONDecodeError:
             continue
-        if data.get("schema") != SCHEMA_VERSION:
+        if data.get("schema") not in READABLE_SCHEMAS:
             raise UsageError(f"{path}: row of schema version {data.get('schema')}, "
-                             f"this commbench reads version {SCHEMA_VERSION}")
+                             f"this commbench reads versions {', '.join(map(str, READABLE_SCHEMAS))}")
         rows.append(Measurement.from_dict(data))
     return rows
 
@@ -178,10 +204,20 @@ def read_run_info(run_dir: Path) -> dict[str, Any]:
         raise UsageError(f"{run_dir}: not a commbench results dir (no {RUN_FILE})") from None
     except json.JSONDecodeError as exc:
         raise UsageError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
-    if info.get("schema") != SCHEMA_VERSION:
+    if info.get("schema") not in READABLE_SCHEMAS:
         raise UsageError(f"{run_dir}: results of schema version {info.get('schema')}, "
-                         f"this commbench reads version {SCHEMA_VERSION}")
+                         f"this commbench reads versions {', '.join(map(str, READABLE_SCHEMAS))}")
     return info
+
+
+def describe_emulation(emulation: dict[str, Any]) -> str:
+    """One line for a run whose ranks shared GPUs: what its rows measure and what they do not."""
+    share = emulation.get("sm_percent")
+    how = (f"concurrently under MPS{f', {share:g}% of the SMs each' if share else ''}" if emulation.get("mps")
+           else "taking turns on it (time slicing, no MPS)" if emulation.get("mps") is False
+           else "with MPS unknown")
+    return (f"emulated: {emulation.get('ranks')} ranks on {emulation.get('gpus')} GPU(s), {how}; these rows "
+            "measure the protocol with no fabric between the ranks, not NVLink or PCIe")
 
 
 @dataclass
@@ -194,6 +230,17 @@ class Run:
 
     def ok_rows(self) -> Iterator[Measurement]:
         return (r for r in self.rows if r.status == OK)
+
+    @property
+    def emulation(self) -> dict[str, Any] | None:
+        """How the ranks shared GPUs, when they did (run.json, else any row that says so)."""
+        recorded = self.info.get("emulation")
+        if isinstance(recorded, dict):
+            return recorded
+        return next((r.emulation for r in self.rows if isinstance(r.emulation, dict)), None)
+
+    def emulation_line(self) -> str | None:
+        return describe_emulation(self.emulation) if self.emulation else None
 
 
 def load_run(run_dir: str | Path) -> Run:

@@ -21,7 +21,6 @@ from commbench import backends, launcher
 from commbench.context import RunContext, init_context, shutdown, torchrun_env, under_torchrun
 from commbench.engine import Engine
 from commbench.errors import UsageError
-from commbench.nccl_log import NcclLogReader, configure_logging
 from commbench.plan import SweepPlan, build_plan
 from commbench.results import HANG, ResultsWriter, new_run_dir, read_rows, read_run_info, write_csv, write_run_info
 from commbench.table import HEADER, LiveTable
@@ -54,9 +53,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                       help="how long a p2p kernel waits for a peer before it gives up (default 5000)")
     what.add_argument("--mscclpp-nccl-lib", help="path to libmscclpp_nccl.so for the mscclpp:shim backend")
     timing = p.add_argument_group("timing")
-    timing.add_argument("--iters", type=int, help="timed iterations per row (default: scales down with size)")
+    timing.add_argument("--iters", type=int,
+                        help="timed calls per pass in eager mode, timed graph replays in graph mode "
+                             "(default: scales down with size)")
     timing.add_argument("--warmup", type=int, help="warm-up calls per row (default 5 on GPU, 2 on CPU)")
-    timing.add_argument("--graph-ops", type=int, help="calls captured per CUDA graph (default 10)")
+    timing.add_argument("--graph-ops", type=int,
+                        help="calls captured per CUDA graph (default: 128, fewer for messages above 2 MiB)")
     timing.add_argument("--timeout", type=float, default=120.0, help="watchdog seconds per row (default 120)")
     timing.add_argument("--setup-timeout", type=float, default=900.0,
                         help="watchdog seconds for a backend's setup, which may build its kernels on first use "
@@ -77,21 +79,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      help="allow backends that create NVLink multicast objects (never with a policy variable set)")
     env.add_argument("--no-probe", action="store_true", help="skip the topology probe at start-up")
     env.add_argument("--no-nccl-log", action="store_true",
-                     help="do not ask NCCL to log the algorithm/protocol it used (saves host time in eager rows)")
+                     help="do not record the algorithm/protocol NCCL used (logged only around untimed calls)")
     drv = p.add_argument_group("driver (outside torchrun)")
     drv.add_argument("--nproc", type=int, help="launch torchrun with this many processes per node yourself")
     drv.add_argument("--env", action="append", default=[], metavar="NAME=V1,V2",
                      help="process-level setting to sweep, one torchrun per value (repeatable: all combinations)")
+    drv.add_argument("--mps", action="store_true",
+                     help="with --share-gpus: start a private MPS daemon for the children, so ranks sharing a GPU "
+                          "run concurrently (each an equal share of the SMs); stopped when the driver ends")
     drv.add_argument("--child-timeout", type=float, default=3600.0,
                      help="seconds before the driver kills a child torchrun (default 3600)")
 
 
-def backend_options(args: argparse.Namespace, plan: SweepPlan, log: NcclLogReader | None) -> dict[str, Any]:
+def backend_options(args: argparse.Namespace, plan: SweepPlan, log_dir: Path | None) -> dict[str, Any]:
     split = lambda text: [v.strip() for v in text.split(",") if v.strip()] if text else []  # noqa: E731
     return {
         "nccl_proto": split(args.nccl_proto),
         "nccl_algo": split(args.nccl_algo),
-        "nccl_log": log,
+        "nccl_log_dir": log_dir,
         "p2p_max_bytes": parse_bytes(args.p2p_max_bytes) if args.p2p_max_bytes else None,
         "p2p_crossover_bytes": parse_bytes(args.p2p_crossover) if args.p2p_crossover else None,
         "p2p_timeout_ms": args.p2p_timeout_ms,
@@ -141,6 +146,9 @@ def main(args: argparse.Namespace) -> int:
         from commbench.qualify import load_spec
 
         load_spec(args.qualify)  # a broken spec is bad input: say so before measuring anything
+    if args.mps and not (args.nproc and args.share_gpus):
+        raise UsageError("--mps starts an MPS daemon for the children of the driver: use it with --nproc N "
+                         "--share-gpus")
     if args.nproc is not None or env_settings:
         if under_torchrun():
             raise UsageError("--nproc/--env launch torchrun themselves: run them outside torchrun")
@@ -168,15 +176,13 @@ def _qualify(args: argparse.Namespace, run_dir: Path) -> int:
 
 
 def _run(args: argparse.Namespace, plan: SweepPlan, specs: list[str] | None, on_gpu: bool) -> tuple[int, Path]:
-    log_dir = None
     run_dir_arg = args.run_dir or args.resume
     ctx, note = init_context(allow_multicast=args.allow_multicast, force_cpu=args.cpu,
                              share_gpus=args.share_gpus)
     try:
         run_dir = _prepare_run_dir(ctx, args, run_dir_arg)
-        if ctx.is_cuda and not args.no_nccl_log:
-            log_dir = configure_logging(run_dir / "nccl-logs")
-        variants = backends.expand(specs, backend_options(args, plan, NcclLogReader(log_dir)), ctx.is_cuda)
+        log_dir = run_dir / "nccl-logs" if ctx.is_cuda and not args.no_nccl_log else None
+        variants = backends.expand(specs, backend_options(args, plan, log_dir), ctx.is_cuda)
         # Plain allreduce first: fused ops and baselines build on what was measured before them.
         variants.sort(key=lambda b: b.op != "allreduce")
         status = _sweep(ctx, args, plan, variants, run_dir, note)
@@ -291,6 +297,7 @@ def _write_run_json(ctx: RunContext, args: argparse.Namespace, plan: SweepPlan, 
         "local_world_size": ctx.local_world_size,
         "nodes": ctx.nodes,
         "shares_gpus": ctx.shares_gpus,
+        "emulation": ctx.emulation.to_dict() if ctx.emulation else None,
         "snapshot": ctx.snapshot,
         "verdicts": ctx.verdicts,
         "backends": [b.name for b in variants],

@@ -10,7 +10,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from commbench.results import OK, Measurement
 
 HEADER = (f"{'size(B)':>12} {'count':>11} {'type':>5} {'mode':>5}  {'backend':<28} "
-          f"{'p50(us)':>9} {'p99(us)':>9} {'algbw':>7} {'busbw':>7} {'#wrong':>6}  status")
+          f"{'time(us)':>9} {'p99(us)':>9} {'algbw':>7} {'busbw':>7} {'#wrong':>6}  status")
 
 
 def _num(value: float | None, width: int, digits: int = 2) -> str:
@@ -25,12 +25,12 @@ def _num(value: float | None, width: int, digits: int = 2) -> str:
 def format_row(row: Measurement) -> str:
     wrong = "-" if row.wrong_elements is None else str(row.wrong_elements)
     status = row.status if row.status == OK else f"{row.status}: {row.wrong_kind or row.reason or ''}".rstrip(": ")
-    if row.setting_applied is False:
+    if row.setting_applied == "ignored":
         status += f" (NCCL used {row.nccl_algo_used}/{row.nccl_proto_used})"
     if row.unsafe:
         status += f" [unsafe: {row.unsafe}]"
     return (f"{row.message_bytes:>12} {row.count:>11} {row.dtype:>5} {row.mode:>5}  {row.backend:<28.28} "
-            f"{_num(row.latency_p50_us, 9)} {_num(row.latency_p99_us, 9)} {_num(row.algbw_gbps, 7)} "
+            f"{_num(row.latency_us, 9)} {_num(row.jitter_p99_us, 9)} {_num(row.algbw_gbps, 7)} "
             f"{_num(row.busbw_gbps, 7)} {wrong:>6}  {status}")
 
 

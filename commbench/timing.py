@@ -1,10 +1,15 @@
-"""Timing: eager loops with per-iteration CUDA events, CUDA-graph replays, and CPU timing.
+"""Timing: one timer around a loop of back-to-back calls (the headline), and per-step samples
+(a separate, labelled jitter pass).
 
-Eager (GPU): ops are launched back to back with an event between each pair, so one sample is
-the steady-state time of one call including its launch cost when the host is the bottleneck.
-Graph: K calls are captured into one graph; one sample is one replay divided by K.
-CPU (gloo): every call is preceded by a barrier and timed with perf_counter.
-The caller gathers the per-iteration samples from all ranks and takes the max per iteration.
+The headline is what nccl-tests measures: a timer around the whole loop on every rank, total
+divided by the calls, then the max over ranks (nccl-tests ``-a 3``; the mean over ranks, its
+``-a 1``, is recorded beside it). Timing each call instead costs host time per call (an event
+record is a few microseconds, which inflated eager rows by 40% and more) and keeps every late
+sample, so per-step samples only feed the jitter fields (p10..p99), never the headline.
+
+GPU: CUDA events on the current stream, so a sample is device time from the end of the step
+before the loop to the end of the last step. CPU (gloo): perf_counter, the calls are blocking.
+A CUDA graph is timed the same way, one step being one replay of K captured calls.
 """
 
 from __future__ import annotations
@@ -17,59 +22,61 @@ import torch
 
 from commbench.context import RunContext
 
+Step = Callable[[int], None]
 
-def time_eager(ctx: RunContext, call: Callable[[], None], iterations: int, warmup: int) -> list[float]:
-    """Per-iteration microseconds of `call` on this rank."""
-    for _ in range(warmup):
-        call()
+
+def synchronize(ctx: RunContext) -> None:
+    if ctx.is_cuda:
+        torch.cuda.synchronize(ctx.device)
+
+
+def loop_total_us(ctx: RunContext, step: Step, count: int) -> float:
+    """Microseconds for step(0) .. step(count - 1) back to back, one timer around them."""
+    if not ctx.is_cuda:
+        start = time.perf_counter()
+        for i in range(count):
+            step(i)
+        return (time.perf_counter() - start) * 1e6
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    begin.record()
+    for i in range(count):
+        step(i)
+    end.record()
+    end.synchronize()
+    return begin.elapsed_time(end) * 1e3
+
+
+def per_step_us(ctx: RunContext, step: Step, count: int) -> list[float]:
+    """Microseconds of each step, with a timer between every two steps (the jitter pass)."""
     if not ctx.is_cuda:
         samples = []
-        for _ in range(iterations):
-            ctx.barrier()
+        for i in range(count):
             start = time.perf_counter()
-            call()
+            step(i)
             samples.append((time.perf_counter() - start) * 1e6)
         return samples
-    torch.cuda.synchronize()
-    ctx.barrier()
-    events = [torch.cuda.Event(enable_timing=True) for _ in range(iterations + 1)]
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(count + 1)]
     events[0].record()
-    for i in range(iterations):
-        call()
+    for i in range(count):
+        step(i)
         events[i + 1].record()
-    torch.cuda.synchronize()
-    return [events[i].elapsed_time(events[i + 1]) * 1e3 for i in range(iterations)]
+    events[-1].synchronize()
+    return [events[i].elapsed_time(events[i + 1]) * 1e3 for i in range(count)]
 
 
-def capture_graph(call: Callable[[], None], ops: int) -> torch.cuda.CUDAGraph:
-    """Capture `ops` back-to-back calls into one graph (kept, so its nodes can be counted)."""
+def capture_graph(step: Step, ops: int) -> torch.cuda.CUDAGraph:
+    """Capture step(0) .. step(ops - 1) into one graph (kept, so its nodes can be counted)."""
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph(keep_graph=True)
     with warnings.catch_warnings():
         # An empty capture is reported by count_work_nodes as a `no_work` row, not as a warning.
         warnings.filterwarnings("ignore", message="The CUDA Graph is empty")
         with torch.cuda.graph(graph):
-            for _ in range(ops):
-                call()
+            for i in range(ops):
+                step(i)
     graph.instantiate()
     torch.cuda.synchronize()
     return graph
-
-
-def time_graph(ctx: RunContext, graph: torch.cuda.CUDAGraph, ops: int, iterations: int,
-               warmup: int) -> list[float]:
-    """Per-call microseconds: each sample is one replay of `ops` calls divided by `ops`."""
-    for _ in range(warmup):
-        graph.replay()
-    torch.cuda.synchronize()
-    ctx.barrier()
-    events = [torch.cuda.Event(enable_timing=True) for _ in range(iterations + 1)]
-    events[0].record()
-    for i in range(iterations):
-        graph.replay()
-        events[i + 1].record()
-    torch.cuda.synchronize()
-    return [events[i].elapsed_time(events[i + 1]) * 1e3 / ops for i in range(iterations)]
 
 
 # cudaGraphNodeType values that do no work of their own (empty, event wait/record).
@@ -115,26 +122,26 @@ def percentile(sorted_values: list[float], q: float) -> float:
     return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * (position - low)
 
 
+def headline_us(per_rank_total_us: list[float], calls: int) -> dict[str, float]:
+    """Per-call time from each rank's loop total: the slowest rank (the headline) and the mean."""
+    per_call = [total / calls for total in per_rank_total_us]
+    return {"latency_us": max(per_call), "latency_rank_mean_us": sum(per_call) / len(per_call)}
+
+
 def max_over_ranks(per_rank_samples: list[list[float]]) -> list[float]:
-    """Per-iteration max over ranks: the slowest rank decides each iteration."""
+    """Per-step max over ranks: the slowest rank decides each step."""
     return [max(values) for values in zip(*per_rank_samples)]
 
 
-def latency_stats(samples_us: list[float]) -> dict[str, float]:
-    ordered = sorted(samples_us)
+def jitter_stats(per_rank_samples: list[list[float]], calls_per_step: int) -> dict[str, float | int]:
+    """Percentiles of the per-call time over the jitter pass's steps, max over ranks per step."""
+    ordered = sorted(s / calls_per_step for s in max_over_ranks(per_rank_samples))
     return {
-        "latency_p50_us": percentile(ordered, 50),
-        "latency_p10_us": percentile(ordered, 10),
-        "latency_p90_us": percentile(ordered, 90),
-        "latency_p99_us": percentile(ordered, 99),
-        "latency_min_us": ordered[0],
-        "latency_max_us": ordered[-1],
+        "jitter_samples": len(ordered),
+        "jitter_p10_us": percentile(ordered, 10),
+        "jitter_p50_us": percentile(ordered, 50),
+        "jitter_p90_us": percentile(ordered, 90),
+        "jitter_p99_us": percentile(ordered, 99),
+        "jitter_min_us": ordered[0],
+        "jitter_max_us": ordered[-1],
     }
-
-
-def bandwidths_gbps(message_bytes: int, latency_us: float, world_size: int) -> tuple[float, float]:
-    """algbw = bytes / time; allreduce busbw = algbw * 2(n-1)/n (nccl-tests' definition)."""
-    if latency_us <= 0:
-        return 0.0, 0.0
-    algbw = message_bytes / (latency_us * 1e-6) / 1e9
-    return algbw, algbw * 2 * (world_size - 1) / world_size

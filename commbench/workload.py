@@ -1,23 +1,36 @@
-"""What one timed call does, and how its result is checked.
+"""What the calls of one row compute, and how every one of them is checked.
 
-Inputs are small integers that depend on rank, position and an epoch counter, so the sum is
-exact in every dtype (bf16 holds integers up to 256 exactly) and every call of a new epoch
-has a different right answer. That makes three failures visible and countable:
-wrong values, a silent no-op (the output is the local input) and a stale result (the output
-is the right answer of an earlier epoch).
+A row's calls run over a set of input/output pairs that the harness owns: call i uses pair i,
+and its inputs hold the exact pattern of epoch ``base + i % 3``, so every two adjacent calls
+expect different answers. Outputs start poisoned (NaN) and are kept until the pass ends, so the
+timed calls themselves are checked afterwards, on the device, as one count per call.
+
+Inputs are small integers that depend on rank, position and the epoch, so every sum is exact
+in every dtype (bf16 holds integers up to 256 exactly). That makes these failures countable and
+nameable: wrong values, an output never written, a silent no-op (the output is the local input)
+and a stale result (the previous call's answer). A backend that reduces in place destroys its
+input, so it gets one input per call; any other shares three inputs (one per epoch) among its
+calls. Each rank also sums the bits of every output it checked, so ranks that got different
+results (TP ranks that would diverge) show up even where every value is within tolerance.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Iterator
 
 import torch
 
 if TYPE_CHECKING:
     from commbench.backends.base import Backend
     from commbench.context import RunContext
+
+EPOCHS_PER_PASS = 3
+PAIR_ALIGN_BYTES = 256          # every pair starts on this boundary, as torch's own allocations do
+CHECK_CHUNK_BYTES = 64 << 20    # outputs compared per step of the check (bounds its temporaries)
+UNWRITTEN, NOOP, STALE, VALUES = "unwritten", "noop", "stale", "values"
 
 
 def pattern_amplitude(world_size: int) -> int:
@@ -43,71 +56,170 @@ def expected_sum(epoch: int, count: int, world_size: int, device: torch.device,
     return total.to(dtype)
 
 
+def bit_checksum(values: torch.Tensor) -> torch.Tensor:
+    """A position-weighted sum of the bits of each row (int64, wraps deterministically): equal
+    on two ranks exactly when their rows are bit-identical, up to a negligible collision."""
+    width = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[values.element_size()]
+    bits = values.contiguous().view(width).to(torch.int64)
+    weights = torch.arange(1, bits.shape[-1] + 1, device=values.device, dtype=torch.int64) % 65521 + 1
+    return (bits * weights).sum()
+
+
 @dataclass
-class CheckResult:
-    wrong_elements: int
-    wrong_kind: str | None = None   # "noop" | "stale" | "values"
+class PassCheck:
+    """This rank's check of one pass: every call's output against its exact answer."""
+
+    calls: int = 0
+    wrong_elements: int = 0
+    wrong_calls: int = 0
+    first_wrong_call: int | None = None
+    kinds: dict[str, int] = field(default_factory=dict)     # wrong calls per kind
+    checksum: int = 0
+
+    def add(self, call: int, wrong: int, kind: str | None) -> None:
+        self.calls += 1
+        if not wrong:
+            return
+        self.wrong_elements += wrong
+        self.wrong_calls += 1
+        self.kinds[kind or VALUES] = self.kinds.get(kind or VALUES, 0) + 1
+        if self.first_wrong_call is None or call < self.first_wrong_call:
+            self.first_wrong_call = call
 
 
 def classify(output: torch.Tensor, expected: torch.Tensor, local_input: torch.Tensor,
-             previous_expected: torch.Tensor | None) -> CheckResult:
-    """Count wrong elements (exact compare) and name the failure."""
+             previous_expected: torch.Tensor | None) -> tuple[int, str | None]:
+    """Wrong elements of one call (exact compare) and what kind of failure it is."""
     out = output.reshape(-1)
-    wrong_mask = out != expected.reshape(-1)
-    wrong = int(wrong_mask.sum().item())
-    if wrong == 0:
-        return CheckResult(0)
-    differs_from_input = expected.reshape(-1) != local_input.reshape(-1)
-    if bool(differs_from_input.any()) and bool((out == local_input.reshape(-1))[differs_from_input].all()):
-        return CheckResult(wrong, "noop")
+    wrong = int((out != expected.reshape(-1)).sum().item())
+    return wrong, (name_failure(out, expected.reshape(-1), local_input.reshape(-1), previous_expected)
+                   if wrong else None)
+
+
+def name_failure(out: torch.Tensor, expected: torch.Tensor, local_input: torch.Tensor,
+                 previous_expected: torch.Tensor | None) -> str:
+    if out.is_floating_point() and bool(torch.isnan(out).all()):
+        return UNWRITTEN
+    differs_from_input = expected != local_input
+    if bool(differs_from_input.any()) and bool((out == local_input)[differs_from_input].all()):
+        return NOOP
     if previous_expected is not None and bool((out == previous_expected.reshape(-1)).all()):
-        return CheckResult(wrong, "stale")
-    return CheckResult(wrong, "values")
+        return STALE
+    return VALUES
 
 
 class Workload(ABC):
-    """Inputs, one call and its check for one (backend, size, dtype) row."""
+    """Input/output pairs, the calls and their check for one (backend, size, dtype) row."""
 
     count: int
     dtype: torch.dtype
+    pairs: int
 
     @abstractmethod
-    def prepare(self, epoch: int) -> None:
-        """Write the epoch's inputs into the (static) input buffers."""
+    def prepare(self, base_epoch: int) -> None:
+        """Write every pair's inputs for its epoch (base + i % 3) and poison every output."""
 
     @abstractmethod
-    def run(self) -> None:
-        """One call on the current stream; must be capturable when the backend says so."""
+    def call(self, i: int) -> None:
+        """One call on pair i, on the current stream; capturable when the backend says so."""
 
     @abstractmethod
-    def verify(self, epoch: int, previous_epoch: int | None) -> CheckResult:
-        """Check the output of the last run() against the epoch's exact answer (this rank only)."""
+    def verify(self, first: int, calls: int) -> PassCheck:
+        """Check the outputs of pairs first .. first + calls - 1 (this rank only)."""
+
+    def bus_factor(self, world_size: int) -> float | None:
+        """busbw = algbw x this (nccl-tests: the factor belongs to the collective); None when
+        the op's time is not a bus transfer alone."""
+        return None
+
+    @property
+    def destroys_inputs(self) -> bool:
+        """True when a call overwrites its own inputs (then a graph replay re-reduces them)."""
+        return False
+
+
+def bandwidths_gbps(message_bytes: int, latency_us: float | None,
+                    bus_factor: float | None) -> tuple[float | None, float | None]:
+    """algbw = bytes / time (GB = 1e9 B); busbw = algbw x the collective's bus factor."""
+    if latency_us is None or latency_us <= 0:
+        return None, None
+    algbw = message_bytes / (latency_us * 1e-6) / 1e9
+    return algbw, (algbw * bus_factor if bus_factor is not None else None)
+
+
+def pair_stride(count: int, dtype: torch.dtype) -> int:
+    align = max(1, PAIR_ALIGN_BYTES // torch.tensor([], dtype=dtype).element_size())
+    return -(-count // align) * align
+
+
+def chunks(first: int, calls: int, row_bytes: int) -> Iterator[range]:
+    """Ranges of calls whose outputs together stay within CHECK_CHUNK_BYTES."""
+    step = max(1, CHECK_CHUNK_BYTES // max(1, row_bytes))
+    for start in range(first, first + calls, step):
+        yield range(start, min(start + step, first + calls))
 
 
 class AllreduceWorkload(Workload):
-    def __init__(self, backend: "Backend", ctx: "RunContext", count: int, dtype: torch.dtype):
+    def __init__(self, backend: "Backend", ctx: "RunContext", count: int, dtype: torch.dtype, pairs: int):
         self.backend = backend
         self.ctx = ctx
         self.count = count
         self.dtype = dtype
-        self.input = torch.empty(count, device=ctx.device, dtype=dtype)
-        self.output: torch.Tensor | None = None
-        self._local: torch.Tensor | None = None
+        self.pairs = pairs
+        self.in_place = backend.in_place
+        stride = pair_stride(count, dtype)
+        self.inputs = torch.empty((pairs if self.in_place else min(pairs, EPOCHS_PER_PASS), stride),
+                                  device=ctx.device, dtype=dtype)
+        self.outputs = self.inputs if self.in_place else torch.empty((pairs, stride), device=ctx.device, dtype=dtype)
+        self.base_epoch = 0
+        self.local: torch.Tensor | None = None       # [3, count]: this rank's input per epoch
+        self.expected: torch.Tensor | None = None    # [3, count]: the sum per epoch
 
-    def prepare(self, epoch: int) -> None:
-        self._local = exact_pattern(self.ctx.rank, epoch, self.count, self.ctx.world_size,
-                                    self.ctx.device, self.dtype)
-        self.input.copy_(self._local)
+    def input(self, i: int) -> torch.Tensor:
+        return self.inputs[i if self.in_place else i % EPOCHS_PER_PASS, : self.count]
 
-    def run(self) -> None:
-        self.output = self.backend.allreduce(self.input)
+    def output(self, i: int) -> torch.Tensor:
+        return self.outputs[i, : self.count]
 
-    def verify(self, epoch: int, previous_epoch: int | None) -> CheckResult:
-        assert self.output is not None and self._local is not None
+    def prepare(self, base_epoch: int) -> None:
         ws, dev = self.ctx.world_size, self.ctx.device
-        expected = expected_sum(epoch, self.count, ws, dev, self.dtype)
-        previous = (expected_sum(previous_epoch, self.count, ws, dev, self.dtype)
-                    if previous_epoch is not None else None)
-        if self.output.numel() != self.count:
-            return CheckResult(self.count, "values")
-        return classify(self.output, expected, self._local, previous)
+        self.base_epoch = base_epoch
+        self.local = torch.stack([exact_pattern(self.ctx.rank, base_epoch + e, self.count, ws, dev, self.dtype)
+                                  for e in range(EPOCHS_PER_PASS)])
+        self.expected = torch.stack([expected_sum(base_epoch + e, self.count, ws, dev, self.dtype)
+                                     for e in range(EPOCHS_PER_PASS)])
+        for e in range(min(EPOCHS_PER_PASS, self.inputs.shape[0])):
+            self.inputs[e::EPOCHS_PER_PASS, : self.count] = self.local[e]
+        if not self.in_place:
+            self.outputs.fill_(float("nan"))
+
+    def call(self, i: int) -> None:
+        self.backend.allreduce(self.input(i), self.output(i))
+
+    @property
+    def destroys_inputs(self) -> bool:
+        return self.in_place
+
+    def bus_factor(self, world_size: int) -> float:
+        """nccl-tests' allreduce factor: each rank sends and receives 2(n-1)/n of the message."""
+        return 2 * (world_size - 1) / world_size
+
+    def verify(self, first: int, calls: int) -> PassCheck:
+        assert self.expected is not None and self.local is not None, "prepare() first"
+        result = PassCheck()
+        checksum = torch.zeros((), dtype=torch.int64, device=self.ctx.device)
+        row_bytes = self.count * self.outputs.element_size()
+        for part in chunks(first, calls, row_bytes):
+            outputs = self.outputs[part.start:part.stop, : self.count]
+            index = torch.tensor([i % EPOCHS_PER_PASS for i in part], device=self.ctx.device)
+            wrong = (outputs != self.expected[index]).sum(dim=1).tolist()
+            checksum += bit_checksum(outputs)
+            for i, count in zip(part, wrong):
+                result.add(i, count, self._name(i) if count else None)
+        result.checksum = int(checksum.item())
+        return result
+
+    def _name(self, i: int) -> str:
+        e = i % EPOCHS_PER_PASS
+        return name_failure(self.output(i), self.expected[e], self.local[e],
+                            self.expected[(i - 1) % EPOCHS_PER_PASS])

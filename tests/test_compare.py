@@ -1,4 +1,4 @@
-"""commbench compare: p50/p99 change per backend and size, judged against both runs' spread."""
+"""commbench compare: latency and p99 change per backend and size, judged against both runs' spread."""
 
 from __future__ import annotations
 
@@ -40,10 +40,10 @@ def test_a_real_slowdown_is_beyond_spread_and_the_rest_is_not(tmp_path):
     rows = changes(a, b)
     nccl = [c for c in rows if c.curve.startswith("nccl (")]
     assert len(nccl) == 22                                         # graph and eager, 11 sizes each
-    assert all(c.p50_change_pct == pytest.approx(50.0) and c.verdict == "B slower" for c in nccl)
+    assert all(c.latency_change_pct == pytest.approx(50.0) and c.verdict == "B slower" for c in nccl)
     assert all(c.p99_change_pct == pytest.approx(50.0) for c in nccl)
     others = [c for c in rows if not c.curve.startswith("nccl (")]
-    assert others and all(c.p50_change_pct == 0 and c.verdict == "same (within spread)" for c in others)
+    assert others and all(c.latency_change_pct == 0 and c.verdict == "same (within spread)" for c in others)
 
 
 def test_a_change_smaller_than_the_spread_is_noise(tmp_path):
@@ -51,7 +51,7 @@ def test_a_change_smaller_than_the_spread_is_noise(tmp_path):
     rows = changes(build_curves(load_run(SYNTHETIC).rows),
                    build_curves(load_run(_slowed(tmp_path, "symm_mem:two_shot", 1.05)).rows))
     shifted = [c for c in rows if c.curve.startswith("symm_mem")]
-    assert all(c.p50_change_pct == pytest.approx(5.0) and c.beyond_spread is False for c in shifted)
+    assert all(c.latency_change_pct == pytest.approx(5.0) and c.beyond_spread is False for c in shifted)
 
 
 def test_cli_on_two_cpu_sweeps(tmp_path, capsys):

@@ -57,10 +57,10 @@ def test_every_preset_names_its_source():
 
 def test_interpolation_is_linear_in_log_log_space(tmp_path):
     curve = table_curve(_table(tmp_path, "8K,40\n32K,160\n4K,30\n"))
-    assert curve.at(16 * 1024).p50_us == pytest.approx(80.0)           # slope 1 between 8K and 32K
+    assert curve.at(16 * 1024).latency_us == pytest.approx(80.0)           # slope 1 between 8K and 32K
     expected = math.exp(math.log(30) + 0.5 * (math.log(40) - math.log(30)))  # halfway in log(bytes)
-    assert curve.at(int(4096 * math.sqrt(2))).p50_us == pytest.approx(expected, rel=1e-4)
-    assert curve.at(8 * 1024).p50_us == 40.0                           # measured sizes are exact
+    assert curve.at(int(4096 * math.sqrt(2))).latency_us == pytest.approx(expected, rel=1e-4)
+    assert curve.at(8 * 1024).latency_us == 40.0                           # measured sizes are exact
 
 
 def test_sizes_outside_the_curve_are_flagged_not_extrapolated(tmp_path):

@@ -35,11 +35,10 @@ class CpuGlooAllreduce(Backend):
     def setup(self, ctx, max_bytes: int, dtype: torch.dtype) -> None:
         self._group = ctx.control_group
 
-    def allreduce(self, x: torch.Tensor) -> torch.Tensor:
-        out = x.clone()
+    def allreduce(self, x: torch.Tensor, out: torch.Tensor) -> None:
+        out.copy_(x)
         if not self.noop:
             dist.all_reduce(out, group=self._group)
-        return out
 
 
 FACTORY = BackendFactory(family="cpugloo", make=lambda variant, options: [CpuGlooAllreduce(variant == "noop")])
@@ -49,7 +48,7 @@ def row(backend: str, us: float | None, *, op: str = "allreduce", mode: str = "g
         nbytes: int = 8192, tokens: int | None = None, hidden: int | None = None, status: str = "ok",
         extra: dict | None = None, env: dict | None = None, world: int = 2) -> Measurement:
     return Measurement(backend=backend, mode=mode, dtype=dtype, message_bytes=nbytes, world_size=world,
-                       status=status, op=op, tokens=tokens, hidden=hidden, latency_p50_us=us,
+                       status=status, op=op, tokens=tokens, hidden=hidden, latency_us=us,
                        extra=extra or {}, env_setting=env or {})
 
 
@@ -86,16 +85,16 @@ def test_check_fused_names_noop_stale_and_values():
     def check(residual_out: torch.Tensor, norm_out: torch.Tensor):
         return check_fused(residual_out.to(dtype), norm_out.to(dtype), now, before, local, dtype)
 
-    assert check(*now).wrong_elements == 0
-    assert check(*before).wrong_kind == "stale"
-    assert check(*before).wrong_elements == 4 * 64
+    assert check(*now) == (0, None)
+    assert check(*before) == (4 * 64, "stale")
     noop_norm = reference_residual_rmsnorm(x_local, residual_in, gamma, RMS_EPS)[1]
-    assert check(local, noop_norm).wrong_kind == "noop"
+    assert check(local, noop_norm)[1] == "noop"
     off_norm = now[1].clone()
     off_norm[1, 3] += 0.5
-    result = check(now[0], off_norm)
-    assert (result.wrong_elements, result.wrong_kind) == (1, "values")
-    assert check(now[0], torch.full_like(now[1], float("nan"))).wrong_elements == 4 * 64
+    assert check(now[0], off_norm) == (1, "values")
+    assert check(now[0], torch.full_like(now[1], float("nan"))) == (4 * 64, "values")
+    nan = torch.full_like(now[1], float("nan"))
+    assert check(nan, nan) == (4 * 64, "unwritten")
 
 
 # --- picking the baseline and pairing the rows ---------------------------------------------
@@ -167,18 +166,18 @@ def _unfused_worker(rank: int, world: int, port: int, baseline: str, results) ->
         backend.setup(ctx, nbytes, dtype)
         out["graph_capturable"] = backend.graph_capturable
         try:
-            backend.make_workload(ctx, tokens * hidden * 2, dtype, (tokens * 2, hidden))
+            backend.make_workload(ctx, tokens * hidden * 2, dtype, (tokens * 2, hidden), pairs=4)
         except BackendUnavailable as exc:
             out["other_size"] = str(exc)
-        workload = backend.make_workload(ctx, tokens * hidden, dtype, (tokens, hidden))
+        workload = backend.make_workload(ctx, tokens * hidden, dtype, (tokens, hidden), pairs=4)
         out["fields"] = backend.row_fields()
         results_by_epoch = []
-        for epoch in (1, 2):
+        for epoch in (1, 10):
             workload.prepare(epoch)
-            workload.run()
-            workload.run()       # back-to-back calls on static inputs give the same answer
-            check = workload.verify(epoch, epoch - 1)
-            results_by_epoch.append((check.wrong_elements, check.wrong_kind))
+            for i in range(4):   # back to back, each call with its own outputs, all checked
+                workload.call(i)
+            check = workload.verify(0, 4)
+            results_by_epoch.append((check.calls, check.wrong_calls, sorted(check.kinds)))
         out["checks"] = results_by_epoch
     finally:
         backend.close()
@@ -204,9 +203,9 @@ def _run_unfused(baseline: str) -> dict[int, dict]:
 def test_unfused_best_runs_the_fastest_measured_allreduce_then_torch_norm():
     got = _run_unfused("cpugloo:plain")   # the same backend twice: the faster row wins
     for rank, out in got.items():
-        assert out["checks"] == [(0, None), (0, None)], rank
+        assert out["checks"] == [(4, 0, []), (4, 0, [])], rank
         assert out["fields"] == {"extra": {"allreduce_backend": "cpugloo:plain", "allreduce_mode": "eager",
-                                           "allreduce_p50_us": 20.0}}
+                                           "allreduce_us": 20.0}}
         assert out["graph_capturable"] is False
         assert out["other_size"] == ("no plain allreduce was measured correct at 6144 bytes bf16: "
                                      "run the allreduce variants on the same shapes")
@@ -216,4 +215,4 @@ def test_unfused_check_catches_an_allreduce_that_does_nothing():
     got = _run_unfused("cpugloo:noop")
     for rank, out in got.items():
         assert out["fields"]["extra"]["allreduce_backend"] == "cpugloo:noop"
-        assert [kind for _, kind in out["checks"]] == ["noop", "noop"], rank
+        assert out["checks"] == [(4, 4, ["noop"]), (4, 4, ["noop"])], rank

@@ -11,12 +11,11 @@ import torch
 from commbench import backends
 from commbench.errors import UsageError
 from commbench.launcher import child_arguments, parse_env_settings
-from commbench.nccl_log import used_algo_proto
 from commbench.plan import Shape, build_plan
 from commbench.sweep import add_arguments, backend_options
-from commbench.timing import bandwidths_gbps, latency_stats, max_over_ranks, percentile
+from commbench.timing import headline_us, jitter_stats, max_over_ranks, percentile
 from commbench.units import format_bytes, parse_bytes, parse_dtypes
-from commbench.workload import classify, exact_pattern, expected_sum, pattern_amplitude
+from commbench.workload import bandwidths_gbps, classify, exact_pattern, expected_sum, pattern_amplitude
 
 
 def sweep_args(*argv: str) -> argparse.Namespace:
@@ -53,8 +52,19 @@ def test_default_plans_gpu_decode_to_prefill_and_short_cpu() -> None:
 def test_iterations_scale_down_with_size_within_bounds() -> None:
     plan = build_plan(sweep_args(), on_gpu=True)
     counts = [plan.iterations_for(s.message_bytes) for s in plan.shapes]
-    assert counts[0] == 200 and counts[-1] == 20 and counts == sorted(counts, reverse=True)
+    assert counts[0] == 200 and counts == sorted(counts, reverse=True)
+    # Every timed output is kept for the check: 2 GiB of them at most, so 8 calls at 256 MiB.
+    assert plan.iterations_for(64 << 20) == 20 and counts[-1] == plan.iterations_for(256 << 20) == 8
     assert build_plan(sweep_args("--iters", "7"), on_gpu=True).iterations_for(1 << 30) == 7
+
+
+def test_graphs_capture_enough_calls_to_hide_the_replay_overhead() -> None:
+    plan = build_plan(sweep_args(), on_gpu=True)
+    ops = {size: plan.graph_ops_for(size) for size in (4 << 10, 1 << 20, 2 << 20, 4 << 20, 64 << 20, 256 << 20)}
+    assert ops == {4 << 10: 128, 1 << 20: 128, 2 << 20: 128, 4 << 20: 64, 64 << 20: 4, 256 << 20: 1}
+    assert [plan.graph_replays_for(s) for s in (4 << 10, 4 << 20, 256 << 20)] == [50, 20, 20]
+    fixed = build_plan(sweep_args("--graph-ops", "10", "--iters", "30"), on_gpu=True)
+    assert (fixed.graph_ops_for(4 << 10), fixed.graph_replays_for(4 << 10)) == (10, 30)
 
 
 def test_model_shapes_and_explicit_lists() -> None:
@@ -105,37 +115,30 @@ def test_pattern_sums_are_exact_in_bf16(world_size: int) -> None:
     assert all(not torch.equal(ranks[0], other) for other in ranks[1:])
 
 
-def test_classify_tells_noop_stale_and_wrong_values_apart() -> None:
+def test_classify_tells_noop_stale_unwritten_and_wrong_values_apart() -> None:
     cpu = torch.device("cpu")
     local = exact_pattern(0, 2, 100, 4, cpu, torch.float32)
     expected = expected_sum(2, 100, 4, cpu, torch.float32)
     previous = expected_sum(1, 100, 4, cpu, torch.float32)
-    assert classify(expected.clone(), expected, local, previous).wrong_elements == 0
-    noop = classify(local.clone(), expected, local, previous)
-    assert noop.wrong_kind == "noop" and noop.wrong_elements == int((local != expected).sum())
-    assert classify(previous.clone(), expected, local, previous).wrong_kind == "stale"
+    assert classify(expected.clone(), expected, local, previous) == (0, None)
+    assert classify(local.clone(), expected, local, previous) == (int((local != expected).sum()), "noop")
+    assert classify(previous.clone(), expected, local, previous)[1] == "stale"
+    assert classify(torch.full((100,), float("nan")), expected, local, previous) == (100, "unwritten")
     one = expected.clone()
     one[57] += 1
-    assert (classify(one, expected, local, previous).wrong_elements, classify(one, expected, local, previous).wrong_kind) == (1, "values")
+    assert classify(one, expected, local, previous) == (1, "values")
 
 
-def test_statistics_take_the_slowest_rank_per_iteration() -> None:
+def test_the_headline_is_the_slowest_ranks_loop_total_and_jitter_is_kept_apart() -> None:
+    assert headline_us([1000.0, 1500.0], calls=100) == {"latency_us": 15.0, "latency_rank_mean_us": 12.5}
     assert max_over_ranks([[1.0, 5.0, 2.0], [3.0, 1.0, 2.5]]) == [3.0, 5.0, 2.5]
     assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
-    stats = latency_stats([4.0, 1.0, 3.0, 2.0, 100.0])
-    assert stats["latency_p50_us"] == 3.0 and stats["latency_min_us"] == 1.0 and stats["latency_max_us"] == 100.0
-    algbw, busbw = bandwidths_gbps(1 << 20, 10.0, 8)
+    stats = jitter_stats([[40.0, 10.0, 30.0, 20.0, 1000.0]], calls_per_step=10)
+    assert stats["jitter_p50_us"] == 3.0 and stats["jitter_min_us"] == 1.0 and stats["jitter_max_us"] == 100.0
+    assert stats["jitter_samples"] == 5
+    algbw, busbw = bandwidths_gbps(1 << 20, 10.0, 2 * 7 / 8)
     assert algbw == pytest.approx(104.8576) and busbw == pytest.approx(104.8576 * 14 / 8)
-
-
-def test_nccl_tuning_lines_name_the_algorithm_and_protocol_used() -> None:
-    lines = ["host:1:2 [0] NCCL INFO AllReduce: 4096 Bytes -> Algo RING proto LL channel{Lo..Hi}={0..1}",
-             "host:1:2 [0] NCCL INFO AllReduce: 4096 Bytes -> Algo RING proto LL channel{Lo..Hi}={0..1}",
-             "host:1:2 [0] NCCL INFO AllReduce: 16 Bytes -> Algo Tree proto Simple channel{Lo..Hi}={0..0}",
-             "host:1:2 [0] NCCL INFO NCCL_PROTO set by environment to LL"]
-    assert used_algo_proto(lines, 4096) == ("Ring", "LL")
-    assert used_algo_proto(lines, 16) == ("Tree", "Simple")
-    assert used_algo_proto(lines, 8192) == (None, None)
+    assert bandwidths_gbps(1 << 20, 10.0, None)[1] is None and bandwidths_gbps(1 << 20, None, 1.0) == (None, None)
 
 
 def test_backend_specs_keep_their_options_together() -> None:
@@ -147,11 +150,20 @@ def test_backend_specs_keep_their_options_together() -> None:
 
 
 def test_driver_splits_its_own_flags_from_the_childrens() -> None:
-    argv = ["--nproc", "8", "--env=NCCL_MAX_CTAS=8,16", "-b", "4K", "--env", "NCCL_NTHREADS=256",
-            "--child-timeout", "60", "--resume=x", "--backends", "nccl"]
-    assert child_arguments(argv) == ["-b", "4K", "--backends", "nccl"]
+    argv = ["--nproc", "8", "--env=NCCL_MAX_CTAS=8,16", "-b", "4K", "--env", "NCCL_NTHREADS=256", "--mps",
+            "--share-gpus", "--child-timeout", "60", "--resume=x", "--backends", "nccl"]
+    assert child_arguments(argv) == ["-b", "4K", "--share-gpus", "--backends", "nccl"]
     settings = parse_env_settings(["NCCL_MAX_CTAS=8,16", "NCCL_NTHREADS=256"], allow_multicast=False)
     assert settings == [{"NCCL_MAX_CTAS": "8", "NCCL_NTHREADS": "256"}, {"NCCL_MAX_CTAS": "16", "NCCL_NTHREADS": "256"}]
+
+
+def test_mps_clients_get_an_equal_share_of_their_gpu() -> None:
+    from commbench.mps import client_env
+
+    assert client_env(8, 1) == {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "12"}
+    assert client_env(2, 1) == {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50"}
+    assert client_env(8, 2) == {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25"}
+    assert client_env(3, 8) == {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "100"}
 
 
 def test_driver_never_turns_multicast_on_under_a_policy(monkeypatch: pytest.MonkeyPatch) -> None:

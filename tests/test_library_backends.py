@@ -187,9 +187,9 @@ def test_fused_needs_a_model_shape_and_a_fitting_one():
     backend = factory("flashinfer").make("fused_twoshot", {})[0]
     ctx = cpu_ctx(4)
     with pytest.raises(BackendUnavailable, match="pass --tokens T --hidden H"):
-        backend.make_workload(ctx, 4096, torch.bfloat16, None)
+        backend.make_workload(ctx, 4096, torch.bfloat16, None, pairs=3)
     with pytest.raises(BackendUnavailable, match=r"needs tokens > world size \(2 <= 4\)"):
-        backend.make_workload(ctx, 2 * 4096, torch.bfloat16, (2, 4096))
+        backend.make_workload(ctx, 2 * 4096, torch.bfloat16, (2, 4096), pairs=3)
 
 
 # --- the vote before a collective step ------------------------------------------------------------

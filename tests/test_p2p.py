@@ -1,19 +1,21 @@
-"""p2p backend rules that need no GPU: variants, options, eligibility, size rules, launch
-shapes, buffer plan, the crossover choice, the timeout report, and that the Python constants
-match the CUDA source."""
+"""p2p backend rules that need no GPU: variants, options, eligibility, size and tensor rules,
+launch shapes and the grid cap, buffer plan, the crossover choice, the timeout report, and
+that the Python constants match the CUDA source."""
 
 from __future__ import annotations
 
 import ctypes
 import re
+import statistics
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from commbench.backends import factory
 from commbench.backends import p2p
-from commbench.backends.base import BackendTimeout
-from commbench.context import RunContext
+from commbench.backends.base import BackendTimeout, BackendUnavailable
+from commbench.context import Emulation, RunContext
 from commbench.errors import UsageError
 
 
@@ -143,12 +145,148 @@ def test_other_dtypes_refused():
 # -- launch shape and buffer plan ----------------------------------------------------------
 
 def test_grid_depends_only_on_size_and_world():
-    assert p2p.grid_blocks(p2p.ONESHOT_PUSH, 1, 8) == 1
-    assert p2p.grid_blocks(p2p.ONESHOT_PUSH, 513, 8) == 2
-    assert p2p.grid_blocks(p2p.ONESHOT_PUSH, (8 << 20) // 16, 8) == p2p.MAX_BLOCKS
+    cap = p2p.MAX_BLOCKS
+    assert p2p.grid_blocks(p2p.ONESHOT_PUSH, 1, 8, cap) == 1
+    assert p2p.grid_blocks(p2p.ONESHOT_PUSH, 513, 8, cap) == 2
+    assert p2p.grid_blocks(p2p.ONESHOT_PUSH, (8 << 20) // 16, 8, cap) == p2p.MAX_BLOCKS
     # Two-shot sizes its grid by one rank's slice.
-    assert p2p.grid_blocks(p2p.TWOSHOT, 4 * 512 + 1, 4) == 2
-    assert p2p.grid_blocks(p2p.TWOSHOT, 3, 8) == 1
+    assert p2p.grid_blocks(p2p.TWOSHOT, 4 * 512 + 1, 4, cap) == 2
+    assert p2p.grid_blocks(p2p.TWOSHOT, 3, 8, cap) == 1
+
+
+def test_grid_never_exceeds_the_agreed_cap():
+    assert p2p.grid_blocks(p2p.ONESHOT_PUSH, (8 << 20) // 16, 8, 16) == 16
+    assert p2p.grid_blocks(p2p.TWOSHOT, (8 << 20) // 16, 8, 3) == 3
+    assert p2p.grid_blocks(p2p.ONESHOT_PUSH, 513, 8, 16) == 2     # small messages stay small
+
+
+H200_SMS = 132
+
+
+def shared_gpu(ranks: int, mps: bool | None, sm_percent: float | None = None) -> Emulation:
+    return Emulation(gpus=1, ranks=ranks, mps=mps, sm_percent=sm_percent)
+
+
+def test_one_gpu_per_rank_gets_the_whole_gpu():
+    capacity = p2p.grid_capacity(2, H200_SMS, None)
+    assert (capacity.sms, capacity.blocks) == (H200_SMS, 264)
+    assert capacity.refusal() is None
+
+
+def test_ranks_taking_turns_each_get_the_whole_gpu():
+    # Time slicing: a rank's spinning blocks are preempted, and while it runs the GPU is its own.
+    assert p2p.grid_capacity(1, H200_SMS, shared_gpu(8, mps=False)).blocks == H200_SMS
+
+
+def test_eight_ranks_under_mps_without_an_sm_limit_split_the_gpu():
+    # The deadlock of the old fixed grid: 256 KiB wanted 32 blocks per rank, 8 x 32 > 132 SMs.
+    capacity = p2p.grid_capacity(1, H200_SMS, shared_gpu(8, mps=True))
+    assert (capacity.sms, capacity.blocks) == (16, 16)
+    assert p2p.grid_blocks(p2p.ONESHOT_PUSH, (256 << 10) // 16, 8, capacity.blocks) == 16
+
+
+def test_an_unknown_mps_answer_counts_as_mps():
+    assert p2p.grid_capacity(1, H200_SMS, shared_gpu(8, mps=None)).blocks == 16
+
+
+@pytest.mark.parametrize("sm_percent, sms, blocks", [(12.5, 16, 32), (12, 15, 30), (50, 16, 32), (5, 6, 12)])
+def test_an_mps_sm_share_caps_the_fair_split_of_the_gpu(sm_percent, sms, blocks):
+    # The client's own share, and never more than its fair part of the GPU: however MPS places
+    # the clients, all eight ranks' blocks fit at once (8 x 16 SMs <= 132).
+    capacity = p2p.grid_capacity(2, H200_SMS, shared_gpu(8, mps=True, sm_percent=sm_percent))
+    assert (capacity.sms, capacity.blocks) == (sms, blocks)
+
+
+def test_an_sm_share_without_mps_means_nothing():
+    assert p2p.grid_capacity(1, H200_SMS, shared_gpu(8, mps=False, sm_percent=12.5)).blocks == H200_SMS
+
+
+def test_no_block_fitting_is_refused_with_what_would_help():
+    capacity = p2p.grid_capacity(1, H200_SMS, shared_gpu(8, mps=True, sm_percent=0.5))
+    assert capacity.blocks == 0
+    assert capacity.refusal() == (
+        "p2p needs every block of every rank resident at once, but this rank may count on 0 SMs "
+        "(1 block(s) per SM): run fewer ranks per GPU or give each MPS client a larger SM share "
+        "(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE)")
+
+
+def grid_setup(monkeypatch, emulation: Emulation, peer_blocks: int) -> tuple[p2p.P2PAllreduce, RunContext]:
+    """A backend whose kernels fit 1 block per SM of an H200, and a two-rank context whose
+    peer reports `peer_blocks`."""
+    monkeypatch.setattr(p2p, "kernel_blocks_per_sm", lambda device, functions, algorithms: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda device: SimpleNamespace(multi_processor_count=H200_SMS))
+    ctx = ctx_for(2)
+    ctx.emulation = emulation
+    # The gather of capacities carries ints; the vote carries reasons, and the peer has none.
+    ctx.all_gather_objects = lambda obj: [obj, peer_blocks if isinstance(obj, int) else None]
+    b = backend("auto")
+    b._functions[torch.bfloat16] = {}
+    return b, ctx
+
+
+def test_every_rank_takes_the_smallest_ranks_cap(monkeypatch):
+    b, ctx = grid_setup(monkeypatch, shared_gpu(2, mps=True), peer_blocks=20)
+    assert b._agree_grid_cap(ctx, torch.bfloat16) == 20          # this rank fits 66
+    b, ctx = grid_setup(monkeypatch, shared_gpu(2, mps=True), peer_blocks=100)
+    assert b._agree_grid_cap(ctx, torch.bfloat16) == p2p.MAX_BLOCKS
+
+
+def test_setup_refuses_when_not_one_block_per_rank_fits(monkeypatch):
+    b, ctx = grid_setup(monkeypatch, shared_gpu(8, mps=True, sm_percent=0.5), peer_blocks=1)
+    with pytest.raises(BackendUnavailable, match=r"^p2p grid sizing failed on rank 0: p2p needs every block .*"
+                                                 r"count on 0 SMs .*fewer ranks per GPU"):
+        b._agree_grid_cap(ctx, torch.bfloat16)
+
+
+def test_rows_record_the_grid_cap():
+    b = backend("oneshot")
+    b._dtype = torch.bfloat16
+    assert "p2p_grid_cap_blocks" not in b.row_fields()["extra"]     # before setup
+    b._grid_caps[torch.bfloat16] = 16
+    assert b.row_fields()["extra"]["p2p_grid_cap_blocks"] == 16
+
+
+# -- tensors a launch accepts ----------------------------------------------------------------
+
+CPU = torch.device("cpu")
+
+
+def test_contiguous_aligned_matching_tensors_are_accepted():
+    buffer = torch.zeros(64)
+    assert p2p.tensor_reason(buffer[4:20], buffer[20:36], CPU) is None      # 16-byte offsets
+
+
+@pytest.mark.parametrize("x, out, reason", [
+    (torch.zeros(20)[1:17], torch.zeros(16), r"^x is not 16-byte aligned \(address 0x[0-9a-f]+\)"),
+    (torch.zeros(16), torch.zeros(20)[3:19], r"^out is not 16-byte aligned"),
+    (torch.zeros(32)[::2], torch.zeros(16), r"^x is not contiguous"),
+    (torch.zeros(16), torch.zeros(4, 8)[:, :4], r"^out is not contiguous"),
+    (torch.zeros(16), torch.zeros(16, dtype=torch.bfloat16), r"does not match x"),
+    (torch.zeros(16), torch.zeros(12), r"^out \(12 x torch.float32\) does not match x \(16 x torch.float32\)"),
+])
+def test_tensors_that_would_fault_are_refused(x, out, reason):
+    assert re.search(reason, p2p.tensor_reason(x, out, CPU))
+
+
+def test_tensors_on_another_device_are_refused():
+    assert p2p.tensor_reason(torch.zeros(16), torch.zeros(16), torch.device("cuda", 0)) == \
+        "x is on cpu, this rank runs on cuda:0"
+
+
+def test_allreduce_refuses_a_misaligned_view_before_any_launch(monkeypatch):
+    b = backend("oneshot")
+    b._ctx = ctx_for(2, device="cpu")
+    b._area = p2p._SharedArea(b._ctx, p2p.plan_areas(b.algorithms, 2, 4096), b.options.timeout_ms)
+    b._grid_caps[torch.float32] = 8
+    launched = []
+    monkeypatch.setattr(b, "_launch", lambda algorithm, x, out: launched.append((x.data_ptr(), out.data_ptr())))
+    buffer = torch.zeros(64)
+    with pytest.raises(ValueError, match=r"^p2p:oneshot: x is not 16-byte aligned"):
+        b.allreduce(buffer[1:17], buffer[32:48])
+    assert launched == []
+    b.allreduce(buffer[4:20], buffer[32:48])
+    assert launched == [(buffer[4:].data_ptr(), buffer[32:].data_ptr())]
 
 
 def test_area_plan_allocates_only_what_the_kernels_use_without_overlap():
@@ -202,6 +340,38 @@ def test_crossover_needs_one_time_per_size():
         p2p.choose_crossover(SIZES, [1.0], [1.0])
 
 
+def test_calibration_graphs_hold_100_calls_at_small_sizes_and_fewer_at_large_ones():
+    assert [p2p.calibration_calls(s) for s in SIZES] == [100, 100, 100, 100, 64, 16]
+    assert p2p.calibration_calls(64 << 20) == p2p.CALIBRATION_MIN_CALLS
+    assert p2p.CALIBRATION_REPLAYS >= 10
+
+
+def noisy_replays_us(per_call_us: float, calls: int, late: int) -> list[float]:
+    """CALIBRATION_REPLAYS replays of `calls` calls with +-2% jitter, the first `late` of them
+    five times slower (the host or another process got in the way)."""
+    return [per_call_us * calls * (1 + 0.01 * (k * 7 % 5 - 2)) * (5 if k < late else 1)
+            for k in range(p2p.CALIBRATION_REPLAYS)]
+
+
+def test_noisy_replays_do_not_move_the_crossover():
+    one = [5.0, 5.5, 7.0, 12.0, 30.0, 100.0]
+    two = [8.0, 8.2, 8.5, 10.0, 20.0, 60.0]          # two-shot wins from 256 KiB on
+    calls = [p2p.calibration_calls(s) for s in SIZES]
+    # Rank 0: late one-shot replays at 64 KiB; rank 1: late two-shot replays at 4 MiB.
+    late = [{"oneshot_push": {2: 2}, "twoshot_push": {}}, {"oneshot_push": {}, "twoshot_push": {5: 3}}]
+    per_rank = [{algo: [noisy_replays_us(true[i], calls[i], rank_late[algo].get(i, 0)) for i in range(len(SIZES))]
+                 for algo, true in (("oneshot_push", one), ("twoshot_push", two))} for rank_late in late]
+
+    def crossover(per_call) -> int | None:
+        slowest = p2p.slowest_rank_times([{algo: [per_call(r, c) for r, c in zip(replays, calls)]
+                                           for algo, replays in rank.items()} for rank in per_rank])
+        return p2p.choose_crossover(SIZES, slowest["oneshot_push"], slowest["twoshot_push"])
+
+    assert crossover(p2p.per_call_median_us) == 262144
+    # The mean of the same replays would have kept one-shot everywhere.
+    assert crossover(lambda replays, c: statistics.mean(replays) / c) is None
+
+
 def test_the_slowest_rank_counts():
     per_rank = [{"oneshot_push": [1.0, 5.0], "twoshot_push": [2.0, 3.0]},
                 {"oneshot_push": [1.5, 4.0], "twoshot_push": [2.5, 2.0]}]
@@ -230,11 +400,11 @@ def test_a_recorded_timeout_becomes_a_clear_error_before_any_launch():
     with pytest.raises(p2p.P2PTimeoutError, match=expected):
         b.raise_if_failed()
     with pytest.raises(p2p.P2PTimeoutError, match=expected):
-        b.allreduce(torch.zeros(8))
+        b.allreduce(torch.zeros(8), torch.empty(8))
     # The sweep verifies after it synchronised: a timeout inside graph replays surfaces there.
-    workload = b.make_workload(ctx_for(4, device="cpu"), 8, torch.float32, None)
+    workload = b.make_workload(ctx_for(4, device="cpu"), 8, torch.float32, None, 3)
     with pytest.raises(BackendTimeout, match=expected):
-        workload.verify(1, None)
+        workload.verify(0, 3)
     report[0] = 0
     b.raise_if_failed()           # nothing recorded: no error
     area.report = 0               # keep release() away from this fake report

@@ -58,7 +58,12 @@ def test_pcie_islands_p2p_inside_a_numa_node_only(pcie8):
     assert reason_for("p2p:oneshot", pcie8, 4, False) is None
     assert reason_for("mscclpp", pcie8, 4, False) is None
     assert reason_for("flashinfer:pcie_ipc", pcie8, 4, False) is None
-    assert reason_for("symm_mem:two_shot", pcie8, 4, False) is None
+    # torch symm_mem sets its signal pad with system-scope CAS on the peer: this box's NVML says
+    # its PCIe pairs have no P2P atomics.
+    assert reason_for("symm_mem:two_shot", pcie8, 4, False) == \
+        "no P2P atomics (NVML): GPU 0 -> GPU 1 not supported (and 11 more)"
+    with_atomics = {**pcie8, "p2p": [{**e, "nvml": {**e["nvml"], "atomics": "OK"}} for e in pcie8["p2p"]]}
+    assert reason_for("symm_mem:two_shot", with_atomics, 4, False) is None
     # TP8 crosses the SYS link: no functional P2P on the cross-socket pairs
     reason = reason_for("p2p:twoshot", pcie8, 8, False)
     assert reason.startswith("no functional P2P: GPU 0 -> GPU 4 NOT_RUN") and "more)" in reason

@@ -33,13 +33,17 @@ def test_default_torchrun_sweep_writes_rows_table_csv_and_run_json(tmp_path: Pat
     assert [r["message_bytes"] for r in got] == [1024, 4096, 16384, 65536, 262144]
     for row in got:
         assert row["status"] == "ok" and row["wrong_elements"] == 0 and row["world_size"] == 4
-        assert row["latency_min_us"] <= row["latency_p50_us"] <= row["latency_p99_us"] <= row["latency_max_us"]
+        assert row["schema"] == 2 and row["ranks_identical"] is True and row["first_wrong_call"] is None
+        # Both passes, each with its aligning call, every output checked.
+        assert row["checked_calls"] == 2 * (row["iterations"] + 1) and row["jitter_samples"] == row["iterations"]
+        assert row["jitter_min_us"] <= row["jitter_p50_us"] <= row["jitter_p99_us"] <= row["jitter_max_us"]
+        assert 0 < row["latency_rank_mean_us"] <= row["latency_us"]
         assert row["busbw_gbps"] == pytest.approx(row["algbw_gbps"] * 2 * 3 / 4)
-        assert row["algbw_gbps"] == pytest.approx(row["message_bytes"] / row["latency_p50_us"] / 1e3)
+        assert row["algbw_gbps"] == pytest.approx(row["message_bytes"] / row["latency_us"] / 1e3)
     csv_lines = (run_dir / "measurements.csv").read_text().splitlines()
     assert len(csv_lines) == 1 + len(got) and csv_lines[0].startswith("backend,")
     info = json.loads((run_dir / "run.json").read_text())
-    assert info["schema"] == 1 and info["world_size"] == 4 and len(info["gpus"]) == 4
+    assert info["schema"] == 2 and info["world_size"] == 4 and len(info["gpus"]) == 4
     assert info["versions"]["torch"] and "finished" in info
     assert info["args"]["out"] == str(tmp_path)
     assert info["env"]["COMMBENCH_TEST_KNOB"] == "recorded" and "OMP_NUM_THREADS" not in info["env"]
@@ -62,14 +66,37 @@ def test_faulty_backends_are_caught_not_averaged_away(tmp_path: Path) -> None:
     assert all(r["status"] == "ok" and r["wrong_elements"] == 0 for r in got["testfaults:exact"])
     for row in got["testfaults:noop"]:
         assert row["status"] == "wrong" and row["wrong_kind"] == "noop" and row["wrong_elements"] > 0
+        assert row["failed_rank"] == 0 and row["first_wrong_call"] == 0
     for row in got["testfaults:one_wrong"]:
-        assert row["status"] == "wrong" and row["wrong_elements"] == 1 and row["wrong_kind"] == "values"
+        # Rank 0 gets one wrong element on every call: 4 checked calls per pass, two passes.
+        assert row["status"] == "wrong" and row["wrong_elements"] == 8 and row["wrong_kind"] == "values"
+        assert row["failed_rank"] == 0 and row["ranks_identical"] is False
     for row in got["testfaults:stale"]:
         assert row["status"] == "wrong" and row["wrong_kind"] == "stale"
     for row in got["testfaults:setup_fails_rank1"]:
         assert row["status"] == "skipped" and row["failed_rank"] == 1
         assert row["reason"].startswith("rank 1: setup failed: BackendUnavailable")
     assert "testfaults:one_wrong" in result.stdout and "wrong: values" in result.stdout
+
+
+def test_every_timed_call_is_checked_so_intermittent_faults_fail_every_row(tmp_path: Path) -> None:
+    """Faults a single check after the loop cannot see: a result the next call overwrites, the
+    previous call's answer, and one wrong call in 64. Each row has 2 x 65 checked calls."""
+    specs = ",".join(f"testfaults:{v}" for v in ("exact", "wrong_every@64", "back_to_back", "stale"))
+    result = run_torchrun(2, ["sweep", "--backends", specs, "--sizes", "4K,16K,64K", "--iters", "64",
+                              "--out", str(tmp_path)], timeout=300)
+    assert result.returncode == 0, result.stderr
+    got = by_backend(rows(only_run_dir(tmp_path)))
+    for row in got["testfaults:exact"]:
+        assert row["status"] == "ok" and row["checked_calls"] == 130 and row["ranks_identical"] is True
+    for fault, kind in (("testfaults:wrong_every", "values"), ("testfaults:back_to_back", "values"),
+                        ("testfaults:stale", "stale")):
+        assert len(got[fault]) == 3
+        for row in got[fault]:
+            assert row["status"] == "wrong" and row["wrong_kind"] == kind, row
+            assert row["failed_rank"] == 0 and row["first_wrong_call"] is not None
+    # One call in 64 is wrong, on both ranks alike: two or three of every row's 130 per rank.
+    assert all(r["wrong_elements"] in (4, 6) for r in got["testfaults:wrong_every"])
 
 
 def test_plugin_env_setting_reaches_child_and_nccl_explains_itself_on_cpu(tmp_path: Path) -> None:
@@ -174,6 +201,8 @@ def test_two_torchrun_agents_as_two_nodes(tmp_path: Path) -> None:
     (["--env", "NCCL_NVLS_ENABLE=1", "--nproc", "2"], "would enable NVLink multicast"),
     (["--backends", "nccl:proto=LL129"], "unknown NCCL protocol 'LL129'"),
     (["--resume", "/nonexistent/run"], "not a commbench results dir"),
+    (["--mps"], "use it with --nproc N --share-gpus"),
+    (["--mps", "--nproc", "2", "--share-gpus"], "nvidia-cuda-mps-control not found"),
 ])
 def test_bad_input_is_one_line_and_exit_2_with_nothing_written(tmp_path: Path, args: list[str], message: str) -> None:
     out = tmp_path / "out"

@@ -24,6 +24,7 @@ ATTR_HANDLE_POSIX_FD_SUPPORTED = 103
 ATTR_GPU_DIRECT_RDMA_SUPPORTED = 116
 ATTR_HANDLE_FABRIC_SUPPORTED = 128
 ATTR_MULTICAST_SUPPORTED = 132
+ATTR_MPS_ENABLED = 133
 
 # Driver attributes recorded per GPU: snapshot key -> attribute number.
 CAPABILITY_ATTRIBUTES = {
@@ -132,6 +133,15 @@ def multicast_supported(device: int) -> bool:
         return Driver().attribute(device, ATTR_MULTICAST_SUPPORTED) == 1
     except (OSError, CudaError):
         return False
+
+
+def mps_enabled(device: int) -> bool | None:
+    """CU_DEVICE_ATTRIBUTE_MPS_ENABLED: are this process's contexts on the device shared
+    through an MPS daemon? None when the driver cannot say (no driver, or one too old)."""
+    try:
+        return Driver().attribute(device, ATTR_MPS_ENABLED) == 1
+    except (OSError, CudaError):
+        return None
 
 
 class Driver:

@@ -101,6 +101,16 @@ def vmm_reason(snapshot: dict[str, Any], world_size: int) -> str | None:
     return _group_reason(snapshot, world_size, "vmm", "cuMemCreate -> POSIX FD export -> import -> cuMemSetAccess")
 
 
+def atomics_reason(snapshot: dict[str, Any], world_size: int) -> str | None:
+    """Peer atomics on every pair of distinct GPUs, where NVML says (NVLink pairs have them)."""
+    bad = []
+    for a, b in gpu_pairs(sorted(set(used_gpus(snapshot, world_size)))):
+        status = ((p2p_entry(snapshot, a, b) or {}).get("nvml") or {}).get("atomics")
+        if status is not None and status != "OK":
+            bad.append(f"GPU {a} -> GPU {b} {status}")
+    return _first_failures(bad, "no P2P atomics (NVML)") if bad else None
+
+
 def multicast_reason(snapshot: dict[str, Any], world_size: int, allow_multicast: bool) -> str | None:
     gpus = snapshot.get("gpus") or []
     for g in sorted(set(used_gpus(snapshot, world_size))):
@@ -140,6 +150,7 @@ def _needs(snapshot: dict[str, Any], world_size: int, allow_multicast: bool, *ne
         "ipc": lambda: ipc_reason(snapshot, world_size),
         "vmm": lambda: vmm_reason(snapshot, world_size),
         "multicast": lambda: multicast_reason(snapshot, world_size, allow_multicast),
+        "atomics": lambda: atomics_reason(snapshot, world_size),
         "own_gpu": lambda: shared_gpu_reason(snapshot, world_size),
     }
     for need in needs:
@@ -170,7 +181,8 @@ def reason_for(backend_name: str, snapshot: dict[str, Any], world_size: int, all
     if family == "symm_mem":
         if "multimem" in options:
             return need("node", "p2p", "vmm", "multicast")
-        return need("node", "p2p", "ipc", "vmm")
+        # Its signal pad is set with system-scope CAS on the peer's memory: PCIe needs P2P atomics.
+        return need("node", "p2p", "ipc", "vmm", "atomics")
     if "mnnvl" in options:
         return need("node", "p2p", "vmm", "multicast")
     if "pcie_ipc" in options:   # cudaMalloc + cudaIpcGetMemHandle buffers, no cuMemCreate

@@ -9,6 +9,11 @@ works between processes on one device).
   python3 tests/gpu/p2p_check.py calibrate --world 2  p2p:auto measures its crossover and all ranks agree
   python3 tests/gpu/p2p_check.py floor                world size 1: graph-replayed one-shot kernel, 1 KiB - 1 MiB
 
+Every call writes its sum into an output tensor the caller owns. Under an MPS daemon
+(CUDA_MPS_PIPE_DIRECTORY set, as tests/gpu/run.sh does) each spawned rank runs with
+CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100/world, rounded down; --no-sm-limit runs them with none,
+the case where the ranks' spinning blocks once filled the SMs a peer's blocks needed.
+
 The last line printed is a JSON summary (tests/gpu/test_p2p_gpu.py reads it). Timings from
 ranks that share a GPU mean nothing: only the world-size-1 floor prints times.
 """
@@ -29,8 +34,9 @@ from typing import Any, Callable
 import torch
 import torch.multiprocessing as mp
 
-from commbench.backends.p2p import P2PTimeoutError, make
-from commbench.context import RunContext, init_context, shutdown
+from commbench.backends.p2p import P2PAllreduce, P2PTimeoutError, make
+from commbench.context import MPS_PERCENT_VAR, RunContext, init_context, shutdown
+from commbench.mps import client_env
 from commbench.workload import exact_pattern, expected_sum
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -49,6 +55,7 @@ TIMEOUT_MS = 300.0
 FLOOR_SIZES = tuple(1024 << k for k in range(11))   # 1 KiB ... 1 MiB
 FLOOR_CALLS_PER_GRAPH = 100
 FLOOR_REPLAYS = 20
+MPS_PIPE_VAR = "CUDA_MPS_PIPE_DIRECTORY"
 
 
 # ---------------------------------------------------------------------------------------
@@ -61,12 +68,25 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+def _set_sm_share(world: int, no_sm_limit: bool) -> None:
+    """Under an MPS daemon, give each rank an equal share of the SMs (or, with --no-sm-limit,
+    none). CUDA reads the variable once, when it starts, so this runs before any CUDA call."""
+    if not os.environ.get(MPS_PIPE_VAR):
+        return
+    if no_sm_limit:
+        os.environ.pop(MPS_PERCENT_VAR, None)
+    else:
+        os.environ.update(client_env(world, gpus=1))
+
+
 def _rank_main(rank: int, world: int, port: int, fn_name: str, args: argparse.Namespace, out_path: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
+    _set_sm_share(world, args.no_sm_limit)
     ctx, _ = init_context(share_gpus=True, timeout_s=120.0)
     try:
         result = WORKERS[fn_name](ctx, args)
+        result["emulation"] = ctx.emulation.to_dict() if ctx.emulation else None
         if rank == 0:
             Path(out_path).write_text(json.dumps(result))
     finally:
@@ -81,11 +101,14 @@ def spawn(fn_name: str, world: int, args: argparse.Namespace) -> dict[str, Any]:
         return json.loads(Path(out_path).read_text())
 
 
-def _device_sum(values: list[torch.Tensor]) -> int:
-    return int(torch.stack(values).sum().item()) if values else 0
+def _reduced(backend: P2PAllreduce, x: torch.Tensor) -> torch.Tensor:
+    """One call into a fresh, poisoned output (NaN), so an output never written shows."""
+    out = torch.full_like(x, float("nan"))
+    backend.allreduce(x, out)
+    return out
 
 
-def _backend(variant: str, options: dict[str, Any], ctx: RunContext):
+def _backend(variant: str, options: dict[str, Any], ctx: RunContext) -> P2PAllreduce:
     backend = make(variant, options)[0]
     reason = backend.check(ctx)
     if reason is not None:
@@ -115,21 +138,24 @@ def exact_worker(ctx: RunContext, args: argparse.Namespace) -> dict[str, Any]:
     cases: list[tuple[str, str, int, str, int]] = []
     wrong: list[torch.Tensor] = []
     random_mismatch: list[str] = []
+    grid_caps: set[int] = set()
     for variant in VARIANTS:
         backend = _backend(variant, {"p2p_crossover_bytes": TEST_CROSSOVER_BYTES, "p2p_max_bytes": MAX_BYTES}, ctx)
         try:
             for dtype in DTYPES:
                 backend.setup(ctx, MAX_BYTES, dtype)
+                grid_caps.add(backend.row_fields()["extra"]["p2p_grid_cap_blocks"])
                 for size in EXACT_SIZES:
                     count = size // dtype.itemsize
                     for epoch in (1, 2):       # eager, back to back
-                        out = backend.allreduce(exact_pattern(ctx.rank, epoch, count, world, dev, dtype))
+                        out = _reduced(backend, exact_pattern(ctx.rank, epoch, count, world, dev, dtype))
                         wrong.append((out != expected_sum(epoch, count, world, dev, dtype)).sum())
                         cases.append((variant, str(dtype), size, "eager", epoch))
                     static = torch.empty(count, dtype=dtype, device=dev)
+                    graph_out = torch.empty_like(static)
                     graph = torch.cuda.CUDAGraph()
                     with torch.cuda.graph(graph):
-                        graph_out = backend.allreduce(static)
+                        backend.allreduce(static, graph_out)
                     for epoch in (3, 4):       # new inputs in the static buffer, poisoned output
                         static.copy_(exact_pattern(ctx.rank, epoch, count, world, dev, dtype))
                         graph_out.fill_(float("nan"))
@@ -139,7 +165,7 @@ def exact_worker(ctx: RunContext, args: argparse.Namespace) -> dict[str, Any]:
                 for size in RANDOM_SIZES:
                     count = size // dtype.itemsize
                     inputs = _random_inputs(world, count, dtype, dev, seed=size)
-                    out = backend.allreduce(inputs[ctx.rank])
+                    out = _reduced(backend, inputs[ctx.rank])
                     reference = _fp32_rank_order_sum(inputs, dtype)
                     same_bits = bool(torch.equal(out.view(torch.uint8), reference.view(torch.uint8)))
                     digests = ctx.all_gather_objects(out.view(torch.uint8).cpu().numpy().tobytes())
@@ -153,6 +179,7 @@ def exact_worker(ctx: RunContext, args: argparse.Namespace) -> dict[str, Any]:
     per_rank = ctx.all_gather_objects({"failed": failed, "random_mismatch": random_mismatch,
                                        "wrong": int(sum(counts))})
     return {"world": world, "checked_cases": len(cases), "random_cases": len(VARIANTS) * len(DTYPES) * len(RANDOM_SIZES),
+            "grid_cap_blocks": sorted(grid_caps),
             "wrong": sum(r["wrong"] for r in per_rank),
             "failed": [f"rank {i}: {f}" for i, r in enumerate(per_rank) for f in r["failed"]][:20],
             "random_mismatch": [f"rank {i}: {m}" for i, r in enumerate(per_rank) for m in r["random_mismatch"]][:20]}
@@ -179,6 +206,9 @@ def long_worker(ctx: RunContext, args: argparse.Namespace) -> dict[str, Any]:
     counts = [size // dtype.itemsize for size in LONG_SIZES]
     inputs = [[exact_pattern(ctx.rank, e, n, world, dev, dtype) for n in counts] for e in range(LONG_EPOCHS)]
     expected = [[expected_sum(e, n, world, dev, dtype) for n in counts] for e in range(LONG_EPOCHS)]
+    # One output per size, reused: its previous answer is another epoch's, so a call that
+    # wrote nothing still counts as wrong.
+    outs = [torch.full((n,), float("nan"), dtype=dtype, device=dev) for n in counts]
     try:
         backend.setup(ctx, MAX_BYTES, dtype)
         deadline = time.monotonic() + args.budget_s
@@ -187,12 +217,16 @@ def long_worker(ctx: RunContext, args: argparse.Namespace) -> dict[str, Any]:
         for step in _chunks(ctx, args.calls, deadline):
             for k in range(calls, calls + step):
                 i, e = k % len(LONG_SIZES), k % LONG_EPOCHS
-                eager_wrong += (backend.allreduce(inputs[e][i]) != expected[e][i]).sum()
+                backend.allreduce(inputs[e][i], outs[i])
+                eager_wrong += (outs[i] != expected[e][i]).sum()
             calls += step
         static = [torch.empty(n, dtype=dtype, device=dev) for n in counts]
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            outs = [backend.allreduce(s) for s in static]
+            for s, o in zip(static, outs):
+                backend.allreduce(s, o)
+        for o in outs:      # an eager call's answer must not pass for the first replay's
+            o.fill_(float("nan"))
         deadline = time.monotonic() + args.budget_s
         graph_wrong = torch.zeros((), dtype=torch.int64, device=dev)
         replays = 0
@@ -225,12 +259,12 @@ def timeout_worker(ctx: RunContext, args: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = {"world": ctx.world_size}
     try:
         backend.setup(ctx, 1 << 20, dtype)
-        out = backend.allreduce(exact_pattern(ctx.rank, 1, count, ctx.world_size, dev, dtype))
+        out = _reduced(backend, exact_pattern(ctx.rank, 1, count, ctx.world_size, dev, dtype))
         result["healthy_call_wrong"] = int((out != expected_sum(1, count, ctx.world_size, dev, dtype)).sum().item())
         ctx.barrier()
         if ctx.rank == 0:              # rank 1 stays in the barrier below: it never arrives
             start = time.perf_counter()
-            backend.allreduce(exact_pattern(0, 2, count, ctx.world_size, dev, dtype))
+            _reduced(backend, exact_pattern(0, 2, count, ctx.world_size, dev, dtype))
             torch.cuda.synchronize()
             result["kernel_returned_after_s"] = round(time.perf_counter() - start, 3)
             for attempt in ("raise_if_failed", "next_allreduce"):
@@ -238,7 +272,7 @@ def timeout_worker(ctx: RunContext, args: argparse.Namespace) -> dict[str, Any]:
                     if attempt == "raise_if_failed":
                         backend.raise_if_failed()
                     else:
-                        backend.allreduce(exact_pattern(0, 3, count, ctx.world_size, dev, dtype))
+                        _reduced(backend, exact_pattern(0, 3, count, ctx.world_size, dev, dtype))
                     result[attempt] = None
                 except P2PTimeoutError as exc:
                     result[attempt] = str(exc)
@@ -258,13 +292,13 @@ def calibrate_worker(ctx: RunContext, args: argparse.Namespace) -> dict[str, Any
         backend.setup(ctx, MAX_BYTES, torch.bfloat16)
         extra = backend.row_fields()["extra"]
         count = 65536
-        out = backend.allreduce(exact_pattern(ctx.rank, 1, count, ctx.world_size, ctx.device, torch.bfloat16))
+        out = _reduced(backend, exact_pattern(ctx.rank, 1, count, ctx.world_size, ctx.device, torch.bfloat16))
         wrong = int((out != expected_sum(1, count, ctx.world_size, ctx.device, torch.bfloat16)).sum().item())
     finally:
         backend.close()
     crossovers = ctx.all_gather_objects(extra["p2p_crossover_bytes"])
     return {"world": ctx.world_size, "crossover_per_rank": crossovers, "source": extra["p2p_crossover_source"],
-            "calibrated_sizes": extra["p2p_calibration"]["sizes"], "wrong": wrong}
+            "calibration": extra["p2p_calibration"], "wrong": wrong}
 
 
 # ---------------------------------------------------------------------------------------
@@ -298,9 +332,10 @@ def floor_main() -> dict[str, Any]:
         for size in FLOOR_SIZES:
             count = size // dtype.itemsize
             x = exact_pattern(0, 1, count, 1, ctx.device, dtype)
-            exact = bool(torch.equal(backend.allreduce(x), x))
-            y = torch.empty_like(x)
-            rows.append({"bytes": size, "p2p_oneshot_us": round(_graph_us_per_call(lambda: backend.allreduce(x)), 3),
+            exact = bool(torch.equal(_reduced(backend, x), x))
+            out, y = torch.empty_like(x), torch.empty_like(x)
+            rows.append({"bytes": size,
+                         "p2p_oneshot_us": round(_graph_us_per_call(lambda: backend.allreduce(x, out)), 3),
                          "torch_copy_us": round(_graph_us_per_call(lambda: y.copy_(x)), 3), "exact": exact})
         backend.raise_if_failed()
     finally:
@@ -326,6 +361,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--replays", type=int, default=1_000)
     parser.add_argument("--budget-s", type=float, default=60.0,
                         help="long mode: stop eager calls (and, separately, replays) after this long")
+    parser.add_argument("--no-sm-limit", action="store_true",
+                        help=f"under an MPS daemon, run the ranks without {MPS_PERCENT_VAR}")
     args = parser.parse_args(argv)
     started = time.monotonic()
     if args.mode == "floor":

@@ -2,13 +2,17 @@
 # Runs the GPU tests on a CUDA machine (the device tool's H200 among them):
 #   bash tests/gpu/run.sh [pytest args...]
 # Installs commbench from this checkout without touching the network, then runs tests/gpu.
+# Ranks that share a GPU run concurrently under a private MPS daemon started here (its own pipe
+# and log directories; stopped on exit; no other daemon is touched), each test giving its ranks
+# an equal share of the SMs. Without nvidia-cuda-mps-control, or with COMMBENCH_GPU_TEST_MPS=0,
+# they take turns on the GPU (time slicing), which is slower and says so.
 # Logs go to $OUT (the device tool's return folder) when it is set, else to ./gpu-logs.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 logs=${OUT:-$PWD/gpu-logs}
 mkdir -p "$logs"
 export PYTHONUNBUFFERED=1
-# Multicast stays off unless a human allows it (DESIGN.md safety rules).
+# Multicast stays off unless a human allows it (docs/design.md, safety).
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} TORCH_SYMM_MEM_DISABLE_MULTICAST=${TORCH_SYMM_MEM_DISABLE_MULTICAST:-1} \
        NVSHMEM_DISABLE_NVLS=${NVSHMEM_DISABLE_NVLS:-1} MSCCLPP_FORCE_DISABLE_NVLS=1
 if ! python3 -c "import commbench.backends" 2>/dev/null; then
@@ -16,4 +20,22 @@ if ! python3 -c "import commbench.backends" 2>/dev/null; then
     || { echo "install failed"; cat "$logs/install.log"; exit 1; }
 fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$logs/gpu.txt"
+
+unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY CUDA_MPS_ACTIVE_THREAD_PERCENTAGE
+if [ "${COMMBENCH_GPU_TEST_MPS:-1}" != 1 ]; then
+  echo "# MPS off (COMMBENCH_GPU_TEST_MPS=0): ranks sharing a GPU take turns on it (time slicing)" | tee -a "$logs/gpu.txt"
+elif ! command -v nvidia-cuda-mps-control >/dev/null; then
+  echo "# nvidia-cuda-mps-control not found: ranks sharing a GPU take turns on it (time slicing)" | tee -a "$logs/gpu.txt"
+else
+  pipe=$(mktemp -d /tmp/commbench-mps-pipe.XXXXXX)
+  mkdir -p "$logs/mps"
+  if CUDA_MPS_PIPE_DIRECTORY=$pipe CUDA_MPS_LOG_DIRECTORY=$logs/mps nvidia-cuda-mps-control -d; then
+    export CUDA_MPS_PIPE_DIRECTORY=$pipe CUDA_MPS_LOG_DIRECTORY=$logs/mps
+    trap 'echo quit | nvidia-cuda-mps-control; rm -rf "$pipe"' EXIT
+    echo "# private MPS daemon: pipe $pipe, log $logs/mps" | tee -a "$logs/gpu.txt"
+  else
+    echo "# MPS daemon did not start: ranks sharing a GPU take turns on it (time slicing)" | tee -a "$logs/gpu.txt"
+    rm -rf "$pipe"
+  fi
+fi
 python3 -m pytest tests/gpu -q -rs -p no:cacheprovider "$@" 2>&1 | tee "$logs/pytest.log"

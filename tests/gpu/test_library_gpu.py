@@ -49,27 +49,28 @@ def _variants() -> list[Backend]:
 
 
 def _check_calls(workload, graph: bool, epoch: int) -> tuple[int, str | None]:
+    """GRAPH_CALLS back-to-back calls, eager or captured in one graph, each into its own
+    output; every one of them is checked."""
     workload.prepare(epoch)
     if graph:
         g = torch.cuda.CUDAGraph()
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            workload.run()                          # warm-up outside capture
+            workload.call(0)                        # warm-up outside capture
         torch.cuda.current_stream().wait_stream(stream)
         torch.cuda.synchronize()
         with torch.cuda.graph(g):
-            for _ in range(GRAPH_CALLS):
-                workload.run()
-        workload.prepare(epoch + 1)
+            for i in range(GRAPH_CALLS):
+                workload.call(i)
+        workload.prepare(epoch + 3)
         g.replay()
-        epoch += 1
     else:
-        for _ in range(GRAPH_CALLS):
-            workload.run()
+        for i in range(GRAPH_CALLS):
+            workload.call(i)
     torch.cuda.synchronize()
-    result = workload.verify(epoch, None)
-    return result.wrong_elements, result.wrong_kind
+    result = workload.verify(0, GRAPH_CALLS)
+    return result.wrong_elements, ",".join(sorted(result.kinds)) or None
 
 
 def _run_variant(ctx, backend: Backend, dtype: torch.dtype) -> dict:
@@ -95,7 +96,7 @@ def _run_variant(ctx, backend: Backend, dtype: torch.dtype) -> dict:
                 rows.append({"count": count, "shape": shape, "status": "unsupported", "reason": size_reason})
                 continue
             try:
-                workload = backend.make_workload(ctx, count, dtype, shape)
+                workload = backend.make_workload(ctx, count, dtype, shape, GRAPH_CALLS)
             except Exception as exc:
                 rows.append({"count": count, "shape": shape, "status": "unsupported", "reason": str(exc)})
                 continue
@@ -115,6 +116,10 @@ def _run_variant(ctx, backend: Backend, dtype: torch.dtype) -> dict:
 def _worker(rank: int, world: int, port: int, results) -> None:
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
                       LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    if os.environ.get("CUDA_MPS_PIPE_DIRECTORY"):   # tests/gpu/run.sh's daemon: an equal SM share
+        from commbench.mps import client_env
+
+        os.environ.update(client_env(world, gpus=1))
     from commbench.context import init_context, shutdown
 
     try:
@@ -141,7 +146,8 @@ def _fp16_probe(ctx, backend) -> dict:
     try:
         backend.setup(ctx, 4096, torch.float16)
         x = torch.ones(1024, dtype=torch.float16, device=ctx.device)
-        y = backend.allreduce(x)
+        y = torch.empty_like(x)
+        backend.allreduce(x, y)
         torch.cuda.synchronize()
         return {"status": "ran", "ok": bool((y == ctx.world_size).all())}
     except Exception as exc:

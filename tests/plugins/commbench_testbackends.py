@@ -2,10 +2,11 @@
 (tests put this folder on PYTHONPATH; the dist-info beside it declares the entry point).
 
 Each variant is built on gloo so it runs on the CPU, and each fails in one specific way that the
-harness must catch: returning its input, one wrong element, a stale answer, a rank that never
-arrives, a setup failure on one rank, a setup as slow as a first-use kernel build, a node-local
-backend across nodes. ``@N`` is the fault's number: bytes from which hang_rank1 hangs, seconds
-slow_setup sleeps.
+harness must catch: returning its input, one wrong element, the previous call's answer, a
+result that the next call overwrites (wrong only when calls come back to back), one wrong call
+in every N, a rank that never arrives, a setup failure on one rank, a setup as slow as a
+first-use kernel build, a node-local backend across nodes. ``@N`` is the fault's number: bytes
+from which hang_rank1 hangs, seconds slow_setup sleeps, the period of wrong_every.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ import torch.distributed as dist
 from commbench.backends.base import Backend, BackendFactory, BackendUnavailable
 from commbench.errors import UsageError
 
-VARIANTS = ("exact", "noop", "one_wrong", "stale", "hang_rank1", "setup_fails_rank1", "slow_setup", "nodelocal",
-            "solo")
+VARIANTS = ("exact", "noop", "one_wrong", "stale", "back_to_back", "wrong_every", "hang_rank1", "setup_fails_rank1",
+            "slow_setup", "nodelocal", "solo")
 
 
 class FaultyBackend(Backend):
@@ -36,7 +37,9 @@ class FaultyBackend(Backend):
         self.number = number
         self.group: Any = None
         self.rank = 0
-        self._first: torch.Tensor | None = None
+        self.calls = 0
+        self._previous: torch.Tensor | None = None   # the last call's out (stale, back_to_back)
+        self._previous_sum: torch.Tensor | None = None
 
     def setup(self, ctx, max_bytes: int, dtype: torch.dtype) -> None:
         self.rank = ctx.rank
@@ -47,21 +50,27 @@ class FaultyBackend(Backend):
         if self.fault == "slow_setup":
             time.sleep(self.number)
 
-    def allreduce(self, x: torch.Tensor) -> torch.Tensor:
+    def allreduce(self, x: torch.Tensor, out: torch.Tensor) -> None:
+        self.calls += 1
         if self.fault == "noop":
-            return x.clone()
+            out.copy_(x)
+            return
         if self.fault == "hang_rank1" and self.rank == 1 and x.numel() * x.element_size() >= self.number:
             while True:  # never arrives: only the watchdog ends this
                 time.sleep(1)
-        out = x.clone()
-        dist.all_reduce(out, group=self.group)
+        if self.fault == "back_to_back" and self._previous is not None:
+            # The next call reuses what the last one handed back before anyone read it.
+            self._previous.zero_()
+        total = x.clone()
+        dist.all_reduce(total, group=self.group)
+        stale = self._previous_sum if self.fault == "stale" and self._previous_sum is not None else None
+        self._previous_sum = total
+        out.copy_(total if stale is None or stale.numel() != total.numel() else stale)
         if self.fault == "one_wrong" and self.rank == 0:
             out[out.numel() // 2] += 1
-        if self.fault == "stale":
-            if self._first is None or self._first.numel() != out.numel():
-                self._first = out
-            return self._first
-        return out
+        if self.fault == "wrong_every" and self.calls % (self.number or 64) == 0:
+            out[0] += 1
+        self._previous = out
 
     def row_fields(self) -> dict[str, Any]:
         # Shows that a driver's --env setting reached this child process.
