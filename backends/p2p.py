@@ -110,6 +110,7 @@ TWO_SHOT_MARGIN = 0.03
 
 HOST_ALLOC_PORTABLE_MAPPED = 0x01 | 0x02   # cudaHostAllocPortable | cudaHostAllocMapped
 PHASE_NAMES = ("first barrier", "second barrier")
+_REPORT = ctypes.c_uint32 * 4     # {1 = timeout, peer, epoch, phase}, read on every call
 
 
 class P2PTimeoutError(BackendTimeout):
@@ -200,16 +201,23 @@ class GridCapacity:
 
 
 def grid_capacity(blocks_per_sm: int, sm_count: int, emulation: Emulation | None) -> GridCapacity:
-    """One GPU per rank, or ranks that take turns on a shared GPU (time slicing preempts a
-    spinning rank, and while a rank runs it has the whole GPU): the whole GPU. Ranks that run
-    concurrently under MPS (an unknown answer counts as MPS, the safe side): a fair split of the
-    GPU, and no more than the client's own SM share where one is set, so that every rank's
-    blocks fit at once however MPS places the clients."""
+    """The blocks one rank may launch so that every rank's blocks are resident at once.
+
+    sm_count is what CUDA reports to this process: under MPS with an SM share it is already the
+    client's share (14 of an H200's 132 SMs at 12%). One GPU per rank, or ranks taking turns on
+    a shared GPU (time slicing preempts a spinning rank, and while a rank runs the GPU is its
+    own): the whole GPU. Ranks running concurrently under MPS with shares that add up to at
+    most the GPU: the client's own SMs. Any other concurrent sharing (no share, shares that
+    overlap, an unknown MPS answer): one block per SM of a fair split of the GPU, because eight
+    ranks under MPS with no share deadlocked with two blocks per SM where the occupancy API
+    allowed them (blocks of different clients did not fill an SM together)."""
     if emulation is None or emulation.mps is False:
         return GridCapacity(blocks_per_sm, sm_count)
-    fair = sm_count // emulation.ranks_per_gpu
-    sms = fair if emulation.sm_percent is None else min(fair, int(sm_count * emulation.sm_percent / 100))
-    return GridCapacity(blocks_per_sm, sms)
+    share, ranks = emulation.sm_percent, emulation.ranks_per_gpu
+    if share is not None and share * ranks <= 100:
+        return GridCapacity(blocks_per_sm, sm_count)
+    whole_gpu = sm_count if share is None else int(sm_count * 100 / share)
+    return GridCapacity(1, min(sm_count, whole_gpu // ranks))
 
 
 def grid_blocks(algorithm: str, units: int, nranks: int, cap_blocks: int) -> int:
@@ -383,7 +391,7 @@ class _SharedArea:
         """The error the kernels recorded, read from host-mapped memory without a sync."""
         if not self.report:
             return None
-        code, peer, epoch, phase = (ctypes.c_uint32 * 4).from_address(self.report)
+        code, peer, epoch, phase = _REPORT.from_address(self.report)
         if not code:
             return None
         return P2PTimeoutError(

@@ -178,22 +178,26 @@ def test_ranks_taking_turns_each_get_the_whole_gpu():
     assert p2p.grid_capacity(1, H200_SMS, shared_gpu(8, mps=False)).blocks == H200_SMS
 
 
-def test_eight_ranks_under_mps_without_an_sm_limit_split_the_gpu():
-    # The deadlock of the old fixed grid: 256 KiB wanted 32 blocks per rank, 8 x 32 > 132 SMs.
-    capacity = p2p.grid_capacity(1, H200_SMS, shared_gpu(8, mps=True))
+def test_eight_ranks_under_mps_without_an_sm_limit_get_one_block_per_sm_of_a_fair_split():
+    # The deadlock of the old fixed grid: 256 KiB wanted 32 blocks per rank, 8 x 32 > 132 SMs;
+    # two blocks per SM (the occupancy API's answer) deadlocked too.
+    capacity = p2p.grid_capacity(2, H200_SMS, shared_gpu(8, mps=True))
     assert (capacity.sms, capacity.blocks) == (16, 16)
     assert p2p.grid_blocks(p2p.ONESHOT_PUSH, (256 << 10) // 16, 8, capacity.blocks) == 16
 
 
 def test_an_unknown_mps_answer_counts_as_mps():
-    assert p2p.grid_capacity(1, H200_SMS, shared_gpu(8, mps=None)).blocks == 16
+    assert p2p.grid_capacity(2, H200_SMS, shared_gpu(8, mps=None)).blocks == 16
 
 
-@pytest.mark.parametrize("sm_percent, sms, blocks", [(12.5, 16, 32), (12, 15, 30), (50, 16, 32), (5, 6, 12)])
-def test_an_mps_sm_share_caps_the_fair_split_of_the_gpu(sm_percent, sms, blocks):
-    # The client's own share, and never more than its fair part of the GPU: however MPS places
-    # the clients, all eight ranks' blocks fit at once (8 x 16 SMs <= 132).
-    capacity = p2p.grid_capacity(2, H200_SMS, shared_gpu(8, mps=True, sm_percent=sm_percent))
+# Under MPS with an SM share CUDA reports the client's share: 14 SMs at 12% on an H200.
+@pytest.mark.parametrize("sm_percent, reported_sms, sms, blocks", [
+    (12, 14, 14, 28),       # 8 x 12% fits the GPU: each client has SMs of its own
+    (12.5, 16, 16, 32),
+    (50, 66, 16, 16),       # 8 x 50% overlap: one block per SM of a fair split
+])
+def test_an_mps_sm_share_is_the_clients_own_unless_shares_overlap(sm_percent, reported_sms, sms, blocks):
+    capacity = p2p.grid_capacity(2, reported_sms, shared_gpu(8, mps=True, sm_percent=sm_percent))
     assert (capacity.sms, capacity.blocks) == (sms, blocks)
 
 
@@ -202,7 +206,7 @@ def test_an_sm_share_without_mps_means_nothing():
 
 
 def test_no_block_fitting_is_refused_with_what_would_help():
-    capacity = p2p.grid_capacity(1, H200_SMS, shared_gpu(8, mps=True, sm_percent=0.5))
+    capacity = p2p.grid_capacity(2, H200_SMS, shared_gpu(200, mps=True))
     assert capacity.blocks == 0
     assert capacity.refusal() == (
         "p2p needs every block of every rank resident at once, but this rank may count on 0 SMs "
@@ -233,7 +237,7 @@ def test_every_rank_takes_the_smallest_ranks_cap(monkeypatch):
 
 
 def test_setup_refuses_when_not_one_block_per_rank_fits(monkeypatch):
-    b, ctx = grid_setup(monkeypatch, shared_gpu(8, mps=True, sm_percent=0.5), peer_blocks=1)
+    b, ctx = grid_setup(monkeypatch, shared_gpu(200, mps=True), peer_blocks=1)
     with pytest.raises(BackendUnavailable, match=r"^p2p grid sizing failed on rank 0: p2p needs every block .*"
                                                  r"count on 0 SMs .*fewer ranks per GPU"):
         b._agree_grid_cap(ctx, torch.bfloat16)
