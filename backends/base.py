@@ -16,8 +16,8 @@ import torch
 import torch.distributed as dist
 
 if TYPE_CHECKING:
-    from commbench.context import RunContext
-    from commbench.workload import Workload
+    from commbench.sweep.context import RunContext
+    from commbench.sweep.workload import Workload
 
 ALL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -48,7 +48,7 @@ class Backend(ABC):
     graph_capturable: bool = True
     node_local: bool = False        # needs every rank in one node (CUDA IPC, P2P)
     in_place: bool = False          # the sum overwrites the input (torch ProcessGroups)
-    op: str = "allreduce"           # what one call computes; see commbench.workload
+    op: str = "allreduce"           # what one call computes; see commbench.sweep.workload
     dtypes: tuple[torch.dtype, ...] = ALL_DTYPES
     min_world_size: int = 1
     max_world_size: int | None = None
@@ -92,7 +92,7 @@ class Backend(ABC):
                       shape: tuple[int, int] | None, pairs: int) -> "Workload":
         """The inputs, calls and check for one row: `pairs` input/output pairs. Plain
         allreduce by default."""
-        from commbench.workload import AllreduceWorkload
+        from commbench.sweep.workload import AllreduceWorkload
 
         return AllreduceWorkload(self, ctx, count, dtype, pairs)
 

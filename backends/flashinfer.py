@@ -33,10 +33,10 @@ import torch
 
 from commbench.backends.base import Backend, BackendFactory, raise_unless_all_ranks_ok
 from commbench.topology.cudadrv import multicast_supported
-from commbench.fusion import RMS_EPS, TOLERANCE, FusedBackend
+from commbench.backends.fused import RMS_EPS, TOLERANCE, FusedBackend
 
 if TYPE_CHECKING:
-    from commbench.context import RunContext
+    from commbench.sweep.context import RunContext
 
 DISTRIBUTION = "flashinfer-python"
 INSTALL_HINT = "pip install 'commbench[flashinfer]'"

@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 from commbench.backends.base import Backend, BackendFactory, ProcessGroupBackend, parse_variant_options
-from commbench.context import RunContext
+from commbench.sweep.context import RunContext
 from commbench.errors import UsageError
 
 

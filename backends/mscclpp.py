@@ -27,10 +27,10 @@ import torch.distributed as dist
 
 from commbench.backends.base import (Backend, BackendFactory, ProcessGroupBackend, parse_variant_options,
                                      raise_unless_all_ranks_ok)
-from commbench.context import multicast_policy_reason
+from commbench.policy import multicast_policy_reason
 
 if TYPE_CHECKING:
-    from commbench.context import RunContext
+    from commbench.sweep.context import RunContext
 
 BUILD_HINT = "mscclpp not installed: build it from source (README: 'MSCCL++')"
 DISABLE_NVLS_ENV = "MSCCLPP_FORCE_DISABLE_NVLS"

@@ -5,7 +5,7 @@ creates a fresh group and forces its communicator to initialise before restoring
 environment. Process-level knobs (NCCL_NTHREADS, NCCL_BUFFSIZE, NCCL_MAX_CTAS, ...) are read
 once per process: those are swept by the driver (`commbench sweep --nproc N --env ...`).
 What NCCL chose is read from its log, which rank 0 switches on only around that init and
-around observe()'s untimed calls (commbench.nccl_log).
+around observe()'s untimed calls (commbench.backends.nccl_log).
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ import torch.distributed as dist
 
 from commbench.backends.base import (Backend, BackendFactory, BackendUnavailable, ProcessGroupBackend,
                                      parse_variant_options)
-from commbench.context import RunContext
+from commbench.sweep.context import RunContext
 from commbench.errors import UsageError
-from commbench.nccl_log import (ALGORITHMS, PROTOCOLS, InitEvidence, process_switch, read_lines, setting_applied,
+from commbench.backends.nccl_log import (ALGORITHMS, PROTOCOLS, InitEvidence, process_switch, read_lines, setting_applied,
                                 used_algo_proto)
 
 MULTICAST_ALGORITHMS = ("NVLS", "NVLSTree")

@@ -56,14 +56,14 @@ import torch
 
 from commbench.backends.base import (ALL_DTYPES, Backend, BackendFactory, BackendTimeout, BackendUnavailable,
                                      raise_unless_all_ranks_ok)
-from commbench.context import MPS_PERCENT_VAR, Emulation
+from commbench.sweep.context import MPS_PERCENT_VAR, Emulation
 from commbench.errors import UsageError
-from commbench.timing import capture_graph, per_step_us
+from commbench.sweep.timing import capture_graph, per_step_us
 from commbench.units import format_bytes, parse_bytes
-from commbench.workload import AllreduceWorkload, PassCheck
+from commbench.sweep.workload import AllreduceWorkload, PassCheck
 
 if TYPE_CHECKING:
-    from commbench.context import RunContext
+    from commbench.sweep.context import RunContext
 
 KERNEL_SOURCE = Path(__file__).with_name("p2p_allreduce.cu")
 

@@ -24,7 +24,7 @@ from commbench.backends.base import (Backend, BackendFactory, BackendUnavailable
 from commbench.topology.cudadrv import multicast_supported
 
 if TYPE_CHECKING:
-    from commbench.context import RunContext
+    from commbench.sweep.context import RunContext
 
 # The symm_mem kernels are instantiated for these dtypes only (AT_DISPATCH_FLOAT_AND_BFLOAT16).
 SYMM_MEM_DTYPES = (torch.bfloat16, torch.float32)

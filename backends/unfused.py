@@ -15,13 +15,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from commbench.backends.base import Backend, BackendFactory, BackendUnavailable
-from commbench.fusion import RMS_EPS, FusedBackend, best_allreduce_rows, residual_rmsnorm
+from commbench.analysis.fusion import best_allreduce_rows
+from commbench.backends.fused import RMS_EPS, FusedBackend, residual_rmsnorm
 from commbench.results import Measurement
-from commbench.units import dtype_name
+from commbench.sweep.dtypes import dtype_name
 
 if TYPE_CHECKING:
-    from commbench.context import RunContext
-    from commbench.workload import Workload
+    from commbench.sweep.context import RunContext
+    from commbench.sweep.workload import Workload
 
 
 def rebuild_backend(name: str, options: dict[str, Any]) -> Backend:

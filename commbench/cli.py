@@ -15,13 +15,13 @@ from commbench.errors import USAGE_EXIT, UsageError
 USAGE_ERROR_GRACE_S = 2.0
 
 SUBCOMMANDS: dict[str, str] = {
-    "probe": "commbench.probe",
-    "sweep": "commbench.sweep",
-    "report": "commbench.report",
-    "floor": "commbench.floor",
-    "recommend": "commbench.recommend",
-    "qualify": "commbench.qualify",
-    "compare": "commbench.compare",
+    "probe": "commbench.topology.command",
+    "sweep": "commbench.sweep.command",
+    "report": "commbench.analysis.report",
+    "floor": "commbench.analysis.floor",
+    "recommend": "commbench.analysis.recommend",
+    "qualify": "commbench.analysis.qualify",
+    "compare": "commbench.analysis.compare",
 }
 
 

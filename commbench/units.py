@@ -1,10 +1,12 @@
-"""Sizes with K/M/G suffixes (powers of two, like nccl-tests) and dtype names."""
+"""Sizes with K/M/G suffixes (powers of two, like nccl-tests), integer lists and dtype names.
+
+No torch here: the analysis half reads results on machines without it. The torch dtypes
+behind the names are commbench.sweep.dtypes.
+"""
 
 from __future__ import annotations
 
 import re
-
-import torch
 
 from commbench.errors import UsageError
 
@@ -12,12 +14,9 @@ _SUFFIX = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 <<
            "MB": 1 << 20, "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30}
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
 
-DTYPES: dict[str, torch.dtype] = {
-    "bf16": torch.bfloat16,
-    "fp16": torch.float16,
-    "fp32": torch.float32,
-}
-_ALIASES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "float": "fp32"}
+# dtype name -> bytes per element; aliases a user may type for them.
+DTYPE_BYTES: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4}
+DTYPE_ALIASES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "float": "fp32"}
 
 
 def parse_bytes(text: str) -> int:
@@ -50,18 +49,12 @@ def parse_int_list(text: str, what: str) -> list[int]:
     return values
 
 
-def dtype_name(dtype: torch.dtype) -> str:
-    for name, value in DTYPES.items():
-        if value == dtype:
-            return name
-    raise ValueError(f"unsupported dtype {dtype}")
-
-
-def parse_dtypes(text: str) -> list[torch.dtype]:
+def parse_dtype_names(text: str) -> list[str]:
+    """'bf16,half' -> ['bf16', 'fp16'], in commbench's spelling."""
     out = []
     for raw in text.split(","):
-        name = _ALIASES.get(raw.strip().lower(), raw.strip().lower())
-        if name not in DTYPES:
-            raise UsageError(f"unknown dtype {raw.strip()!r}: choose from {', '.join(DTYPES)}")
-        out.append(DTYPES[name])
+        name = DTYPE_ALIASES.get(raw.strip().lower(), raw.strip().lower())
+        if name not in DTYPE_BYTES:
+            raise UsageError(f"unknown dtype {raw.strip()!r}: choose from {', '.join(DTYPE_BYTES)}")
+        out.append(name)
     return out

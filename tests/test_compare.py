@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from commbench.cli import main as cli
-from commbench.compare import changes
-from commbench.curves import build_curves
+from commbench.analysis.compare import changes
+from commbench.analysis.curves import build_curves
 from commbench.results import ROWS_FILE, load_run
 
 RUNS = Path(__file__).parent / "data" / "runs"

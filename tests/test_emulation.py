@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from commbench.cli import main as cli
-from commbench.context import Emulation
+from commbench.sweep.context import Emulation
 from commbench.results import describe_emulation, load_run
 
 SYNTHETIC = Path(__file__).parent / "data" / "runs" / "synthetic-pcie-8gpu"

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from commbench import models
+from commbench.analysis import models
 from commbench.cli import main as cli
-from commbench.curves import decode_curves
-from commbench.floor import floor_row, table_curve, what_if
+from commbench.analysis.curves import decode_curves
+from commbench.analysis.floor import floor_row, table_curve, what_if
 from commbench.results import load_run
 
 RUNS = Path(__file__).parent / "data" / "runs"

@@ -16,8 +16,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from commbench.backends.base import Backend, BackendFactory, BackendUnavailable
-from commbench.fusion import (FUSED_OP, RMS_EPS, TOLERANCE, best_allreduce_rows, check_fused,
-                              reference_residual_rmsnorm, residual_rmsnorm, rms_gamma, summarize)
+from commbench.analysis.fusion import FUSED_OP, best_allreduce_rows, summarize
+from commbench.backends.fused import (RMS_EPS, TOLERANCE, check_fused, reference_residual_rmsnorm, residual_rmsnorm,
+                                      rms_gamma)
 from commbench.results import Measurement
 
 
@@ -151,7 +152,7 @@ def _unfused_worker(rank: int, world: int, port: int, baseline: str, results) ->
                       LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     from commbench import backends
     from commbench.backends.unfused import UnfusedBest
-    from commbench.context import init_context, shutdown
+    from commbench.sweep.context import init_context, shutdown
 
     backends.BUILTIN["cpugloo"] = "test_fusion"
     ctx, _ = init_context(force_cpu=True, timeout_s=60)
@@ -186,7 +187,7 @@ def _unfused_worker(rank: int, world: int, port: int, baseline: str, results) ->
 
 
 def _run_unfused(baseline: str) -> dict[int, dict]:
-    from commbench.context import _free_port
+    from commbench.sweep.context import _free_port
 
     ctx = mp.get_context("spawn")
     results = ctx.Queue()

@@ -10,12 +10,13 @@ import torch
 
 from commbench import backends
 from commbench.errors import UsageError
-from commbench.launcher import child_arguments, parse_env_settings
-from commbench.plan import Shape, build_plan
-from commbench.sweep import add_arguments, backend_options
-from commbench.timing import headline_us, jitter_stats, max_over_ranks, percentile
-from commbench.units import format_bytes, parse_bytes, parse_dtypes
-from commbench.workload import bandwidths_gbps, classify, exact_pattern, expected_sum, pattern_amplitude
+from commbench.sweep.launcher import child_arguments, parse_env_settings
+from commbench.sweep.plan import Shape, build_plan
+from commbench.sweep.command import add_arguments, backend_options
+from commbench.sweep.timing import headline_us, jitter_stats, max_over_ranks, percentile
+from commbench.sweep.dtypes import parse_dtypes
+from commbench.units import format_bytes, parse_bytes
+from commbench.sweep.workload import bandwidths_gbps, classify, exact_pattern, expected_sum, pattern_amplitude
 
 
 def sweep_args(*argv: str) -> argparse.Namespace:
@@ -158,7 +159,7 @@ def test_driver_splits_its_own_flags_from_the_childrens() -> None:
 
 
 def test_mps_clients_get_an_equal_share_of_their_gpu() -> None:
-    from commbench.mps import client_env
+    from commbench.sweep.mps import client_env
 
     assert client_env(8, 1) == {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "12"}
     assert client_env(2, 1) == {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50"}
@@ -174,7 +175,7 @@ def test_driver_never_turns_multicast_on_under_a_policy(monkeypatch: pytest.Monk
 
 
 def test_driver_gives_a_preloaded_nccl_replacement_its_own_child(tmp_path) -> None:
-    from commbench.launcher import child_runs
+    from commbench.sweep.launcher import child_runs
 
     library = tmp_path / "libmscclpp_nccl.so"
     library.write_bytes(b"")

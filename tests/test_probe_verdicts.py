@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from commbench.context import MULTICAST_POLICY_VARS
+from commbench.policy import MULTICAST_POLICY_VARS
 from commbench.topology.verdicts import KNOWN_BACKENDS, NO_GPU, backend_verdicts, explain, nccl_unsafe_reason, \
     reason_for
 

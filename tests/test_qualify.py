@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from commbench.cli import main as cli
-from commbench.qualify import FAIL, PASS, WARN, check_acs, check_links, check_p2p, load_spec
+from commbench.analysis.qualify import FAIL, PASS, WARN, check_acs, check_links, check_p2p, load_spec
 from commbench.results import load_run
 
 RUNS = Path(__file__).parent / "data" / "runs"

@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from commbench import models, settings
+from commbench.analysis import models
+from commbench import engines as settings
 from commbench.cli import main as cli
-from commbench.curves import decode_curves
-from commbench.recommend import cautions, choose
+from commbench.analysis.curves import decode_curves
+from commbench.analysis.recommend import cautions, choose
 from commbench.results import load_run
 
 RUNS = Path(__file__).parent / "data" / "runs"

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from commbench.cli import main as cli
-from commbench.curves import baseline_name, build_curves, crossovers, ranking, select
-from commbench.report import range_rows
+from commbench.analysis.curves import baseline_name, build_curves, crossovers, ranking, select
+from commbench.analysis.report import range_rows
 from commbench.results import Measurement, load_run
 
 RUNS = Path(__file__).parent / "data" / "runs"

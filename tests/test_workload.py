@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from commbench.backends.base import Backend
-from commbench.context import RunContext
-from commbench.workload import EPOCHS_PER_PASS, AllreduceWorkload, expected_sum
+from commbench.sweep.context import RunContext
+from commbench.sweep.workload import EPOCHS_PER_PASS, AllreduceWorkload, expected_sum
 
 
 class Solo(Backend):

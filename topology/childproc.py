@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from commbench.context import MULTICAST_POLICY_VARS
+from commbench.policy import MULTICAST_POLICY_VARS
 
 
 @dataclass

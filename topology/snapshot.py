@@ -21,13 +21,13 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from commbench.context import multicast_policy_reason
+from commbench.policy import multicast_policy_reason
 from commbench.topology import host as host_mod
 from commbench.topology import nvml_facts, pcie
 from commbench.topology.childproc import Child, module_argv, run_child
 
 if TYPE_CHECKING:
-    from commbench.context import RunContext
+    from commbench.sweep.context import RunContext
 
 SCHEMA_VERSION = 1
 SNAPSHOT_KIND = "commbench-topology-snapshot"

@@ -8,7 +8,7 @@ backend needs from the fabric (reference/backends.md):
 - torch symmetric memory and FlashInfer trtllm/fused/mnnvl also need cuMemCreate buffers that
   export as POSIX file descriptors and import in the peer process (the VMM check).
 - multicast users (symm_mem:multimem, flashinfer:mnnvl, NCCL NVLS/NVLSTree) need the driver's
-  multicast attribute on every GPU AND permission: commbench.context.multicast_policy_reason.
+  multicast attribute on every GPU AND permission: commbench.sweep.context.multicast_policy_reason.
 LL128 without NVLink is not a skip but a warning (nccl_unsafe_reason): NCCL's docs say forcing
 it where unsupported can corrupt data, and a benchmark should show that, flagged.
 """
@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from commbench.backends.base import parse_variant_options
-from commbench.context import multicast_policy_reason
+from commbench.policy import multicast_policy_reason
 from commbench.topology.selection import gpu_pairs, is_nvlink, link, p2p_entry, participant_gpu, used_gpus, \
     used_hosts
 

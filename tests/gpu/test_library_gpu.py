@@ -74,7 +74,7 @@ def _check_calls(workload, graph: bool, epoch: int) -> tuple[int, str | None]:
 
 
 def _run_variant(ctx, backend: Backend, dtype: torch.dtype) -> dict:
-    from commbench.fusion import FUSED_OP
+    from commbench.analysis.fusion import FUSED_OP
 
     reason = backend.check(ctx)
     if reason:
@@ -117,10 +117,10 @@ def _worker(rank: int, world: int, port: int, results) -> None:
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
                       LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     if os.environ.get("CUDA_MPS_PIPE_DIRECTORY"):   # tests/gpu/run.sh's daemon: an equal SM share
-        from commbench.mps import client_env
+        from commbench.sweep.mps import client_env
 
         os.environ.update(client_env(world, gpus=1))
-    from commbench.context import init_context, shutdown
+    from commbench.sweep.context import init_context, shutdown
 
     try:
         ctx, _ = init_context(share_gpus=True, timeout_s=240)

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import torch
 
-from commbench.mps import client_env
-from commbench.timing import capture_graph, count_work_nodes
+from commbench.sweep.mps import client_env
+from commbench.sweep.timing import capture_graph, count_work_nodes
 
 REPO = Path(__file__).resolve().parents[2]
 

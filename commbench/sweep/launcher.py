@@ -23,9 +23,9 @@ import time
 from contextlib import nullcontext
 from pathlib import Path
 
-from commbench import mps
+from commbench.sweep import mps
 from commbench.backends.base import Backend
-from commbench.context import MULTICAST_POLICY_VARS, multicast_forbidden_by
+from commbench.policy import MULTICAST_POLICY_VARS, multicast_forbidden_by
 from commbench.errors import UsageError
 from commbench.results import HANG, Measurement, ResultsWriter, new_run_dir, read_rows, write_csv, write_run_info
 

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 import torch
 
 from commbench.errors import UsageError
-from commbench.units import format_bytes, parse_bytes, parse_dtypes, parse_int_list
+from commbench.sweep.dtypes import parse_dtypes
+from commbench.units import format_bytes, parse_bytes, parse_int_list
 
 MODES = ("eager", "graph")
 

@@ -25,7 +25,7 @@ import torch
 
 if TYPE_CHECKING:
     from commbench.backends.base import Backend
-    from commbench.context import RunContext
+    from commbench.sweep.context import RunContext
 
 EPOCHS_PER_PASS = 3
 PAIR_ALIGN_BYTES = 256          # every pair starts on this boundary, as torch's own allocations do

@@ -19,7 +19,7 @@ from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullLocator  # noqa: E402
 
-from commbench.curves import Curve, baseline_curve  # noqa: E402
+from commbench.analysis.curves import Curve, baseline_curve  # noqa: E402
 from commbench.results import Measurement  # noqa: E402
 from commbench.units import format_bytes  # noqa: E402
 

@@ -1,14 +1,14 @@
-"""Allreduce + residual add + RMSNorm: the fused pattern, its checks and its bookkeeping.
+"""Allreduce + residual add + RMSNorm: the fused pattern's backends, workload and check.
 
 A decoder layer ends with ``residual = allreduce(x) + residual; y = rmsnorm(residual) * gamma``.
 A fused backend (FlashInfer's TRT-LLM kernels) does all three in one kernel; the unfused
 baseline (backends/unfused.py) runs the best plain allreduce measured on this box followed by
-torch's add and RMSNorm. Both are timed on the same (tokens x hidden) shapes, and
-``summarize`` pairs their rows into fused time, unfused time and the saving per call.
+torch's add and RMSNorm. Both are timed on the same (tokens x hidden) shapes;
+commbench.analysis.fusion pairs their rows into fused time, unfused time and the saving.
 
-Correctness: inputs are small integers (commbench.workload), every call has its own outputs
-and every one is checked; the summed residual is exact in every dtype and must match bit for bit; the normalized output is compared with an fp32
-reference within ``TOLERANCE[dtype]`` (|y - y_ref| <= tol + tol * |y_ref|): two units in the
+Correctness: inputs are small integers (commbench.sweep.workload), every call has its own
+outputs and every one is checked; the summed residual is exact in every dtype and must match
+bit for bit; the normalized output is compared with an fp32 reference within ``TOLERANCE[dtype]`` (|y - y_ref| <= tol + tol * |y_ref|): two units in the
 last place of the dtype at 1.0 for bf16/fp16, and 1e-4 for fp32, because the kernels use
 fast-math reciprocal square roots.
 """
@@ -16,19 +16,18 @@ fast-math reciprocal square roots.
 from __future__ import annotations
 
 from abc import abstractmethod
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
+from commbench.analysis.fusion import FUSED_OP
 from commbench.backends.base import Backend, BackendUnavailable
-from commbench.results import OK, Measurement
-from commbench.workload import (EPOCHS_PER_PASS, NOOP, STALE, UNWRITTEN, VALUES, PassCheck, Workload,
-                                bit_checksum, exact_pattern)
+from commbench.sweep.workload import (EPOCHS_PER_PASS, NOOP, STALE, UNWRITTEN, VALUES, PassCheck, Workload,
+                                      bit_checksum, exact_pattern)
 
 if TYPE_CHECKING:
-    from commbench.context import RunContext
+    from commbench.sweep.context import RunContext
 
-FUSED_OP = "allreduce_residual_rmsnorm"
 RMS_EPS = 1e-6
 TOLERANCE: dict[torch.dtype, float] = {torch.bfloat16: 2.0 ** -6, torch.float16: 2.0 ** -9, torch.float32: 1e-4}
 
@@ -82,7 +81,7 @@ class FusedBackend(Backend):
 class FusedResidualRMSNormWorkload(Workload):
     """Per call: x (this rank's), residual_in (the same on every rank, as the residual stream is
     in tensor parallelism), and its own residual_out and norm_out; epochs rotate as for plain
-    allreduce (commbench.workload)."""
+    allreduce (commbench.sweep.workload)."""
 
     def __init__(self, backend: FusedBackend, ctx: "RunContext", tokens: int, hidden: int, dtype: torch.dtype,
                  pairs: int):
@@ -182,66 +181,3 @@ def check_fused(residual_out: torch.Tensor, norm_out: torch.Tensor, expected: tu
     if previous is not None and not bool(_wrong_mask(residual_out, norm_out, previous, tol).any()):
         return wrong, STALE
     return wrong, VALUES
-
-
-def _family(backend_name: str) -> str:
-    return backend_name.partition(":")[0]
-
-
-def summarize(rows: list[Measurement]) -> list[dict[str, Any]]:
-    """Pair every measured fused row with the unfused baseline of the same work.
-
-    Same work = same op, mode, dtype, world size, tokens, hidden and process-level env. The
-    time compared is the headline latency per call; saving_us > 0 means fusion is faster.
-    Fused rows without a measured baseline appear with unfused_us None, so nothing is dropped.
-    """
-    def work(row: Measurement) -> tuple:
-        return (row.op, row.mode, row.dtype, row.world_size, row.tokens, row.hidden,
-                tuple(sorted(row.env_setting.items())))
-
-    baselines: dict[tuple, Measurement] = {}
-    for row in rows:
-        if row.op == FUSED_OP and _family(row.backend) == "unfused" and row.status == OK:
-            best = baselines.get(work(row))
-            if best is None or (row.latency_us or float("inf")) < (best.latency_us or float("inf")):
-                baselines[work(row)] = row
-    out: list[dict[str, Any]] = []
-    for row in rows:
-        if row.op != FUSED_OP or _family(row.backend) == "unfused" or row.status != OK:
-            continue
-        base = baselines.get(work(row))
-        fused_us = row.latency_us
-        unfused_us = base.latency_us if base is not None else None
-        saving = (unfused_us - fused_us) if (unfused_us is not None and fused_us is not None) else None
-        out.append({
-            "op": row.op, "mode": row.mode, "dtype": row.dtype, "world_size": row.world_size,
-            "tokens": row.tokens, "hidden": row.hidden, "message_bytes": row.message_bytes,
-            "fused_backend": row.backend, "fused_us": fused_us,
-            "unfused_backend": base.backend if base is not None else None,
-            "unfused_allreduce": base.extra.get("allreduce_backend") if base is not None else None,
-            "unfused_us": unfused_us,
-            "saving_us": saving,
-            "saving_pct": (100.0 * saving / unfused_us) if saving is not None and unfused_us else None,
-        })
-    out.sort(key=lambda d: (d["mode"], d["dtype"], d["tokens"] or 0, d["hidden"] or 0, d["fused_backend"]))
-    return out
-
-
-def best_allreduce_rows(rows: list[Measurement], dtype: str, world_size: int) -> dict[int, Measurement]:
-    """message_bytes -> the fastest correct plain allreduce row measured in this process.
-
-    Graph-mode rows when there are any (decode runs in graphs), else eager rows. Rows measured
-    under another process-level env (a driver run) cannot be rebuilt here and are left out.
-    """
-    candidates = [r for r in rows if r.op == "allreduce" and r.status == OK and r.dtype == dtype
-                  and r.world_size == world_size and not r.env_setting and r.latency_us is not None
-                  and _family(r.backend) != "unfused"]
-    graph = [r for r in candidates if r.mode == "graph"]
-    chosen = graph or candidates
-    best: dict[int, Measurement] = {}
-    for row in chosen:
-        current = best.get(row.message_bytes)
-        if current is None or row.latency_us < current.latency_us:  # type: ignore[operator]
-            best[row.message_bytes] = row
-    return best
-

@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from commbench.curves import Curve, build_curves, exceeds_spread, is_failed_check, pick_mode, run_world_size, select
+from commbench.analysis.curves import Curve, build_curves, exceeds_spread, is_failed_check, pick_mode, run_world_size, select
 from commbench.errors import UsageError
 from commbench.results import ERROR, HANG, Run, load_run
-from commbench.tables import render
+from commbench.analysis.text import render
 from commbench.units import format_bytes, parse_bytes
 
 if sys.version_info >= (3, 11):

@@ -22,15 +22,16 @@ from typing import Any, Callable
 import torch
 
 from commbench.backends.base import Backend, BackendTimeout, BackendUnavailable
-from commbench.context import RunContext
-from commbench.plan import Shape, SweepPlan
+from commbench.sweep.context import RunContext
+from commbench.sweep.plan import Shape, SweepPlan
 from commbench.results import ERROR, HANG, NO_WORK, OK, SKIPPED, WRONG, Measurement, ResultsWriter, row_key
-from commbench.table import LiveTable
-from commbench.timing import (capture_graph, count_work_nodes, headline_us, jitter_stats, loop_total_us,
+from commbench.sweep.live import LiveTable
+from commbench.sweep.timing import (capture_graph, count_work_nodes, headline_us, jitter_stats, loop_total_us,
                               per_step_us, synchronize)
-from commbench.units import dtype_name, format_bytes
-from commbench.watchdog import Watchdog
-from commbench.workload import PassCheck, Workload, bandwidths_gbps
+from commbench.sweep.dtypes import dtype_name
+from commbench.units import format_bytes
+from commbench.sweep.watchdog import Watchdog
+from commbench.sweep.workload import PassCheck, Workload, bandwidths_gbps
 
 # First epochs of the exact input pattern per pass (each pass uses three, see workload.py), so
 # an answer left from another pass is wrong too, never right by chance.

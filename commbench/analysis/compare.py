@@ -14,11 +14,11 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from commbench import plots
-from commbench.curves import Curve, build_curves, exceeds_spread, run_world_size
+from commbench.analysis import plots
+from commbench.analysis.curves import Curve, build_curves, exceeds_spread, run_world_size
 from commbench.errors import UsageError
 from commbench.results import Run, load_run
-from commbench.tables import fmt_pct, fmt_us, render
+from commbench.analysis.text import fmt_pct, fmt_us, render
 from commbench.units import format_bytes
 
 HELP = "per backend and size: latency and p99 change between two runs and whether it beats their spread"

@@ -20,7 +20,7 @@ from typing import Callable
 
 import torch
 
-from commbench.context import RunContext
+from commbench.sweep.context import RunContext
 
 Step = Callable[[int], None]
 

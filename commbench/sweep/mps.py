@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from commbench.context import MPS_PERCENT_VAR
+from commbench.sweep.context import MPS_PERCENT_VAR
 from commbench.errors import UsageError
 
 CONTROL = "nvidia-cuda-mps-control"

@@ -18,12 +18,12 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from commbench import models
-from commbench.curves import Curve, CurveKey, Point, baseline_name, decode_curves, ranking
+from commbench.analysis import models
+from commbench.analysis.curves import Curve, CurveKey, Point, baseline_name, decode_curves, ranking
 from commbench.errors import UsageError
-from commbench.models import Model
+from commbench.analysis.models import Model
 from commbench.results import load_run
-from commbench.tables import fmt_num, fmt_us, render
+from commbench.analysis.text import fmt_num, fmt_us, render
 from commbench.units import format_bytes, parse_bytes, parse_int_list
 
 HELP = "per-token allreduce floor for decode, per model, TP size and concurrency"

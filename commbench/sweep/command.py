@@ -17,15 +17,17 @@ from typing import Any
 
 import torch
 
-from commbench import backends, launcher
-from commbench.context import RunContext, init_context, shutdown, torchrun_env, under_torchrun
-from commbench.engine import Engine
+from commbench import backends
+from commbench.sweep import launcher
+from commbench.sweep.context import RunContext, init_context, shutdown, torchrun_env, under_torchrun
+from commbench.sweep.engine import Engine
 from commbench.errors import UsageError
-from commbench.plan import SweepPlan, build_plan
+from commbench.sweep.plan import SweepPlan, build_plan
 from commbench.results import HANG, ResultsWriter, new_run_dir, read_rows, read_run_info, write_csv, write_run_info
-from commbench.table import HEADER, LiveTable
-from commbench.units import dtype_name, format_bytes, parse_bytes
-from commbench.versions import local_device_info, relevant_env, software_versions
+from commbench.sweep.live import HEADER, LiveTable
+from commbench.sweep.dtypes import dtype_name
+from commbench.units import format_bytes, parse_bytes
+from commbench.sweep.versions import local_device_info, relevant_env, software_versions
 
 HELP = "sweep allreduce sizes x dtypes x eager/graph over every backend that can run here"
 ENV_SETTING_VAR = "COMMBENCH_ENV_SETTING"   # set by the driver for each child torchrun
@@ -143,7 +145,7 @@ def main(args: argparse.Namespace) -> int:
     specs = backends.split_specs(args.backends) if args.backends else None
     variants = backends.expand(specs, backend_options(args, plan, None), on_gpu)
     if args.qualify is not None:
-        from commbench.qualify import load_spec
+        from commbench.analysis.qualify import load_spec
 
         load_spec(args.qualify)  # a broken spec is bad input: say so before measuring anything
     if args.mps and not (args.nproc and args.share_gpus):
@@ -169,7 +171,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _qualify(args: argparse.Namespace, run_dir: Path) -> int:
-    from commbench import qualify
+    from commbench.analysis import qualify
 
     return qualify.main(argparse.Namespace(run_dir=run_dir, spec=args.qualify, reference=None,
                                            max_slowdown_pct=None, junit=args.junit))
@@ -267,7 +269,7 @@ def _fusion_summary(ctx: RunContext, run_dir: Path, table: LiveTable) -> None:
     fused = [r for r in ctx.measured if r.op != "allreduce"]
     if not fused:
         return
-    from commbench.fusion import summarize
+    from commbench.analysis.fusion import summarize
 
     summary = summarize(ctx.measured)
     if ctx.rank == 0 and summary:  # only fused rows have a saving to report

@@ -11,12 +11,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from commbench import plots
-from commbench.curves import (Crossover, Curve, baseline_curve, baseline_name, build_curves, crossovers, groups,
+from commbench.analysis import plots
+from commbench.analysis.curves import (Crossover, Curve, baseline_curve, baseline_name, build_curves, crossovers, groups,
                               is_failed_check, ranking, run_world_size, select)
 from commbench.errors import UsageError
 from commbench.results import OK, Measurement, Run, load_run
-from commbench.tables import fmt_num, fmt_us, render
+from commbench.analysis.text import fmt_num, fmt_us, render
 from commbench.units import format_bytes
 
 HELP = "plots, crossover table and a self-contained report.html for one results dir"

@@ -13,13 +13,14 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from commbench import models, settings
-from commbench.curves import (Candidate, Curve, baseline_curve, baseline_name, decode_curves, exceeds_spread,
+from commbench.analysis import models
+from commbench import engines as settings
+from commbench.analysis.curves import (Candidate, Curve, baseline_curve, baseline_name, decode_curves, exceeds_spread,
                               is_failed_check, ranking, run_world_size)
 from commbench.errors import UsageError
-from commbench.models import Model
+from commbench.analysis.models import Model
 from commbench.results import Run, load_run
-from commbench.tables import fmt_us, render
+from commbench.analysis.text import fmt_us, render
 from commbench.units import format_bytes, parse_int_list
 
 HELP = "backend per message size for a model, TP size and concurrency range, with engine settings"

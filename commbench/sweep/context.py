@@ -15,28 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-# Variables that forbid NVLink multicast on a host (DESIGN.md "Safety on shared machines").
-MULTICAST_POLICY_VARS = {
-    "NCCL_NVLS_ENABLE": "0",
-    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-    "NVSHMEM_DISABLE_NVLS": "1",
-}
-
-
-def multicast_forbidden_by() -> list[str]:
-    """Names of the policy variables that are set to forbid multicast."""
-    return [f"{k}={os.environ[k]}" for k, v in MULTICAST_POLICY_VARS.items() if os.environ.get(k) == v]
-
-
-def multicast_policy_reason(allow_multicast: bool) -> str | None:
-    """None when multicast objects may be created; otherwise the reason they may not."""
-    forbidden = multicast_forbidden_by()
-    if forbidden:
-        return "disabled by policy (" + ", ".join(forbidden) + ")"
-    if not allow_multicast:
-        return "not tested: pass --allow-multicast"
-    return None
-
+from commbench.policy import multicast_policy_reason
 
 MPS_PERCENT_VAR = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 

@@ -1,0 +1,74 @@
+"""Fused vs unfused allreduce + residual + RMSNorm, from rows: pair every fused row with the
+unfused baseline of the same work, and pick that baseline's allreduce from measured rows.
+The backends themselves are commbench.backends.fused and commbench.backends.unfused."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from commbench.results import OK, Measurement
+
+FUSED_OP = "allreduce_residual_rmsnorm"
+
+
+def _family(backend_name: str) -> str:
+    return backend_name.partition(":")[0]
+
+
+def summarize(rows: list[Measurement]) -> list[dict[str, Any]]:
+    """Pair every measured fused row with the unfused baseline of the same work.
+
+    Same work = same op, mode, dtype, world size, tokens, hidden and process-level env. The
+    time compared is the headline latency per call; saving_us > 0 means fusion is faster.
+    Fused rows without a measured baseline appear with unfused_us None, so nothing is dropped.
+    """
+    def work(row: Measurement) -> tuple:
+        return (row.op, row.mode, row.dtype, row.world_size, row.tokens, row.hidden,
+                tuple(sorted(row.env_setting.items())))
+
+    baselines: dict[tuple, Measurement] = {}
+    for row in rows:
+        if row.op == FUSED_OP and _family(row.backend) == "unfused" and row.status == OK:
+            best = baselines.get(work(row))
+            if best is None or (row.latency_us or float("inf")) < (best.latency_us or float("inf")):
+                baselines[work(row)] = row
+    out: list[dict[str, Any]] = []
+    for row in rows:
+        if row.op != FUSED_OP or _family(row.backend) == "unfused" or row.status != OK:
+            continue
+        base = baselines.get(work(row))
+        fused_us = row.latency_us
+        unfused_us = base.latency_us if base is not None else None
+        saving = (unfused_us - fused_us) if (unfused_us is not None and fused_us is not None) else None
+        out.append({
+            "op": row.op, "mode": row.mode, "dtype": row.dtype, "world_size": row.world_size,
+            "tokens": row.tokens, "hidden": row.hidden, "message_bytes": row.message_bytes,
+            "fused_backend": row.backend, "fused_us": fused_us,
+            "unfused_backend": base.backend if base is not None else None,
+            "unfused_allreduce": base.extra.get("allreduce_backend") if base is not None else None,
+            "unfused_us": unfused_us,
+            "saving_us": saving,
+            "saving_pct": (100.0 * saving / unfused_us) if saving is not None and unfused_us else None,
+        })
+    out.sort(key=lambda d: (d["mode"], d["dtype"], d["tokens"] or 0, d["hidden"] or 0, d["fused_backend"]))
+    return out
+
+
+def best_allreduce_rows(rows: list[Measurement], dtype: str, world_size: int) -> dict[int, Measurement]:
+    """message_bytes -> the fastest correct plain allreduce row measured in this process.
+
+    Graph-mode rows when there are any (decode runs in graphs), else eager rows. Rows measured
+    under another process-level env (a driver run) cannot be rebuilt here and are left out.
+    """
+    candidates = [r for r in rows if r.op == "allreduce" and r.status == OK and r.dtype == dtype
+                  and r.world_size == world_size and not r.env_setting and r.latency_us is not None
+                  and _family(r.backend) != "unfused"]
+    graph = [r for r in candidates if r.mode == "graph"]
+    chosen = graph or candidates
+    best: dict[int, Measurement] = {}
+    for row in chosen:
+        current = best.get(row.message_bytes)
+        if current is None or row.latency_us < current.latency_us:  # type: ignore[operator]
+            best[row.message_bytes] = row
+    return best
+
