@@ -5,11 +5,17 @@ packages register a ``BackendFactory`` under the entry-point group ``commbench.b
 
     [project.entry-points."commbench.backends"]
     mykernel = "mypkg.commbench_backend:FACTORY"
+
+Either way the family brings its own flags, needs, software check, engine settings and
+observations (commbench.backends.base); nothing else in commbench names a backend.
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib
+import sys
+from functools import cache
 from importlib import metadata
 from typing import Any
 
@@ -38,16 +44,43 @@ def families() -> list[str]:
     return list(BUILTIN) + sorted(set(_entry_points()) - set(BUILTIN))
 
 
-def factory(family: str) -> BackendFactory:
+@cache
+def _load(family: str) -> BackendFactory:
+    """The family's factory; UsageError when it is unknown or its plug-in is broken."""
     if family in BUILTIN:
         return importlib.import_module(BUILTIN[family]).FACTORY
     plugins = _entry_points()
-    if family in plugins:
+    if family not in plugins:
+        raise UsageError(f"unknown backend {family!r}: choose from {', '.join(families())}")
+    try:
         loaded = plugins[family].load()
-        if not isinstance(loaded, BackendFactory):
-            raise UsageError(f"entry point {family!r} in {ENTRY_POINT_GROUP} is not a BackendFactory")
-        return loaded
-    raise UsageError(f"unknown backend {family!r}: choose from {', '.join(families())}")
+    except Exception as exc:  # an installed plug-in that does not import
+        raise UsageError(f"backend plug-in {family!r} ({plugins[family].value}) does not load: "
+                         f"{type(exc).__name__}: {exc}") from None
+    if not isinstance(loaded, BackendFactory):
+        raise UsageError(f"entry point {family!r} in {ENTRY_POINT_GROUP} is not a BackendFactory")
+    return loaded
+
+
+def factory(family: str) -> BackendFactory:
+    return _load(family)
+
+
+def usable_factories() -> list[BackendFactory]:
+    """Every family that loads; a broken plug-in is skipped with one warning, so it can only
+    stop a run that asks for it by name."""
+    out = []
+    for family in families():
+        try:
+            out.append(_load(family))
+        except UsageError as exc:
+            _warn_once(str(exc))
+    return out
+
+
+@cache
+def _warn_once(line: str) -> None:
+    print(f"commbench: warning: {line} (skipped)", file=sys.stderr)
 
 
 def split_specs(text: str) -> list[str]:
@@ -64,18 +97,7 @@ def split_specs(text: str) -> list[str]:
     return specs
 
 
-def expand(specs: list[str] | None, options: dict[str, Any], on_gpu: bool) -> list[Backend]:
-    """Backend variants for the specs; None means every family's defaults for this machine."""
-    variants: list[Backend] = []
-    if specs is None:
-        for family in families():
-            fac = factory(family)
-            if (fac.on_gpu_by_default if on_gpu else fac.on_cpu_by_default):
-                variants.extend(fac.make(None, options))
-    else:
-        for spec in specs:
-            family, _, variant = spec.partition(":")
-            variants.extend(factory(family.strip()).make(variant.strip() or None, options))
+def _unique(variants: list[Backend]) -> list[Backend]:
     seen: set[str] = set()
     unique = []
     for backend in variants:
@@ -83,3 +105,44 @@ def expand(specs: list[str] | None, options: dict[str, Any], on_gpu: bool) -> li
             seen.add(backend.name)
             unique.append(backend)
     return unique
+
+
+def expand(specs: list[str] | None, options: dict[str, Any], on_gpu: bool) -> list[Backend]:
+    """Backend variants for the specs; None means every family's defaults for this machine."""
+    variants: list[Backend] = []
+    if specs is None:
+        for fac in usable_factories():
+            if fac.on_gpu_by_default if on_gpu else fac.on_cpu_by_default:
+                variants.extend(fac.make(None, options))
+    else:
+        for spec in specs:
+            family, _, variant = spec.partition(":")
+            variants.extend(factory(family.strip()).make(variant.strip() or None, options))
+    return _unique(variants)
+
+
+def probe_variants(options: dict[str, Any] | None = None) -> list[Backend]:
+    """The variants the probe gives a verdict for: each family's probe_specs."""
+    options = options or {}
+    return _unique([b for fac in usable_factories() for spec in fac.probe_specs for b in fac.make(spec, options)])
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Every family's own flags, in an argument group named after it."""
+    for fac in usable_factories():
+        if fac.add_arguments is not None:
+            fac.add_arguments(parser.add_argument_group(f"{fac.family} backend"))
+
+
+def read_options(args: argparse.Namespace) -> dict[str, Any]:
+    """What every family reads back from the parsed flags (validated there: bad input raises)."""
+    options: dict[str, Any] = {}
+    for fac in usable_factories():
+        if fac.read_options is not None:
+            options.update(fac.read_options(args))
+    return options
+
+
+def packages() -> tuple[str, ...]:
+    """Distributions whose versions the families want recorded."""
+    return tuple(dict.fromkeys(name for fac in usable_factories() for name in fac.packages))

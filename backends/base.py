@@ -1,9 +1,19 @@
 """The one interface every allreduce backend implements.
 
 A backend module holds one family ("nccl", "p2p", ...) and exposes a ``FACTORY`` that turns a
-variant spec (the text after ``family:``) into backend objects. The harness owns timing,
-checking, voting and watchdogs; a backend only sets itself up, says when it cannot run and
-why, and reduces.
+variant spec (the text after ``family:``) into backend objects. Everything about a backend
+lives in its module and reaches the rest of commbench through this interface, for built-ins
+and entry-point plug-ins alike:
+
+- what it needs from the machine (``needs``, names from NEEDS) and from its software
+  (``software_reason``, ``BackendFactory.packages``): the probe's verdicts and the sweep's
+  checks both come from these;
+- its command-line options (``BackendFactory.add_arguments`` / ``read_options``);
+- the serving-engine settings that select it (``engine_settings``, recorded in run.json);
+- what it observes about each row (``observe``: e.g. what NCCL chose) and records on it.
+
+The harness owns timing, checking, voting and watchdogs; a backend sets itself up, says when
+it cannot run and why, and reduces.
 """
 
 from __future__ import annotations
@@ -12,14 +22,32 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
+import argparse
+import traceback
+
 import torch
 import torch.distributed as dist
 
 if TYPE_CHECKING:
+    from commbench.engines import Settings
     from commbench.sweep.context import RunContext
     from commbench.sweep.workload import Workload
 
 ALL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+# What a backend may need from the machine, in the order they are checked (the most basic
+# first). The probe checks each against its snapshot (commbench.topology.needs);
+# Backend.check() checks those the running processes can answer.
+NEEDS = {
+    "multicast": "NVLink multicast (and permission to create it)",
+    "node": "every rank in one node",
+    "cuda": "CUDA GPUs",
+    "own_gpu": "one GPU per rank",
+    "p2p": "functional P2P between every pair of GPUs",
+    "ipc": "CUDA IPC between processes",
+    "vmm": "cuMemCreate buffers shared as POSIX file descriptors",
+    "atomics": "P2P atomics between every pair of GPUs",
+}
 
 
 class BackendUnavailable(Exception):
@@ -46,26 +74,47 @@ class Backend(ABC):
     name: str = ""
     family: str = ""
     graph_capturable: bool = True
-    node_local: bool = False        # needs every rank in one node (CUDA IPC, P2P)
+    needs: tuple[str, ...] = ()     # names from NEEDS (checked in NEEDS' order)
     in_place: bool = False          # the sum overwrites the input (torch ProcessGroups)
     op: str = "allreduce"           # what one call computes; see commbench.sweep.workload
     dtypes: tuple[torch.dtype, ...] = ALL_DTYPES
     min_world_size: int = 1
     max_world_size: int | None = None
 
-    def world_size_reason(self, world_size: int, nodes: int) -> str | None:
+    @property
+    def node_local(self) -> bool:
+        return "node" in self.needs
+
+    def world_size_reason(self, world_size: int) -> str | None:
         """Static rule: can this backend ever run at this world size? None = yes."""
         if world_size < self.min_world_size:
             return f"needs at least {self.min_world_size} ranks, this run has {world_size}"
         if self.max_world_size is not None and world_size > self.max_world_size:
             return f"supports at most {self.max_world_size} ranks, this run has {world_size}"
-        if self.node_local and nodes > 1:
-            return f"node-local backend: this run spans {nodes} nodes (P2P/IPC only works within one node)"
+        return None
+
+    def software_reason(self) -> str | None:
+        """Why its software is missing, unusable or too old ("not installed: pip install ...");
+        None when it is there. No GPU work and no side effects: the probe asks it too."""
         return None
 
     def check(self, ctx: "RunContext") -> str | None:
-        """Can this rank run the backend at all? None = yes, else the reason (no side effects)."""
-        return self.world_size_reason(ctx.world_size, ctx.nodes)
+        """Can this rank run the backend at all? None = yes, else the reason (no side effects):
+        the world size, the probe's verdict for this variant when the sweep took one (it covers
+        the fabric needs: p2p, ipc, vmm, atomics), the needs the running processes can answer,
+        then the software."""
+        return (self.world_size_reason(ctx.world_size) or ctx.verdicts.get(self.name)
+                or next((r for r in (context_need_reason(n, ctx) for n in NEEDS if n in self.needs) if r), None)
+                or self.software_reason())
+
+    def engine_settings(self, world_size: int | None) -> "Settings | None":
+        """The NCCL / vLLM / SGLang settings that select this variant (commbench.engines), for
+        recommend; None when no engine mapping is known."""
+        return None
+
+    def snapshot_warning(self, snapshot: dict[str, Any]) -> str | None:
+        """A warning for a machine where this variant runs but may give wrong answers."""
+        return None
 
     def supports(self, message_bytes: int, dtype: torch.dtype) -> str | None:
         """Per-shape rule. None = this size and dtype can run, else the reason."""
@@ -112,6 +161,46 @@ class Backend(ABC):
         return {}
 
 
+def context_need_reason(need: str, ctx: "RunContext") -> str | None:
+    """One need checked against the running processes; None when met or only a snapshot can tell."""
+    if need == "cuda" and not ctx.is_cuda:
+        return "needs CUDA GPUs; this run is on the CPU"
+    if need == "own_gpu" and ctx.shares_gpus:
+        return "needs one GPU per rank, and these ranks share a GPU"
+    if need == "node" and ctx.nodes > 1:
+        return f"node-local backend: this run spans {ctx.nodes} nodes (P2P/IPC only works within one node)"
+    if need == "multicast":
+        if ctx.multicast_reason:
+            return f"needs NVLink multicast: {ctx.multicast_reason}"
+        if ctx.is_cuda:
+            from commbench.topology.cudadrv import multicast_supported
+
+            if not multicast_supported(ctx.device.index or 0):
+                return "needs NVLink multicast: CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED is 0 on this GPU"
+    return None
+
+
+def describe(exc: BaseException) -> str:
+    """An exception as one line for a row: its type, first line and where it was raised."""
+    text = str(exc).strip().splitlines()
+    first = text[0] if text else ""
+    where = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
+    location = f" [{where.filename.rsplit('/', 1)[-1]}:{where.lineno}]" if where else ""
+    return f"{type(exc).__name__}: {first}{location}"
+
+
+def voted(ctx: "RunContext", what: str, step: Callable[[], Any]) -> Any:
+    """Run a local step on every rank, then vote on it before anything collective follows: if
+    it raised on any rank, every rank raises BackendUnavailable naming the first that failed."""
+    error, result = None, None
+    try:
+        result = step()
+    except Exception as exc:
+        error = describe(exc)
+    raise_unless_all_ranks_ok(ctx, error, what)
+    return result
+
+
 def raise_unless_all_ranks_ok(ctx: "RunContext", local_error: str | None, what: str) -> None:
     """Vote on a local step before the next collective one: every rank raises, naming the first
     rank that failed, so no rank is left waiting in a rendezvous that a failed peer never joins."""
@@ -140,10 +229,11 @@ class ProcessGroupBackend(Backend):
 
 @dataclass
 class BackendFactory:
-    """How a family turns specs into variants.
+    """How a family turns specs into variants, and what it adds to commbench.
 
     make(variant, options) -> list of backends; variant is the text after ``family:`` or None
-    for the family's default variants. options carries sweep flags (nccl_proto, nccl_algo, ...).
+    for the family's default variants. options holds the sweep's own (hidden, allow_multicast,
+    log_dir) and whatever read_options returned for every family.
     """
 
     family: str
@@ -152,6 +242,10 @@ class BackendFactory:
     on_cpu_by_default: bool = False
     summary: str = ""
     variants_help: list[str] = field(default_factory=list)
+    probe_specs: tuple[str | None, ...] = (None,)     # variants the probe gives verdicts for
+    packages: tuple[str, ...] = ()                    # distributions whose versions runs record
+    add_arguments: Callable[[argparse._ArgumentGroup], None] | None = None   # the family's flags
+    read_options: Callable[[argparse.Namespace], dict[str, Any]] | None = None  # and reading them back
 
 
 def parse_variant_options(variant: str | None) -> dict[str, str]:

@@ -1,14 +1,14 @@
 """FlashInfer allreduce (optional: ``pip install 'commbench[flashinfer]'``).
 
-Variants (facts from backends.md §3, FlashInfer 0.6-0.7 ``flashinfer.comm``):
+Variants (facts from FlashInfer 0.6-0.7's ``flashinfer.comm`` source and docs):
 
 - ``trtllm_oneshot`` / ``trtllm_twoshot``: plain allreduce through the TRT-LLM fusion
   kernels (pattern kAllReduce). Workspace from ``create_allreduce_fusion_workspace`` with
   ``backend="trtllm"`` named explicitly: "auto" picks MNNVL, which creates multicast objects,
-  whenever the device reports multicast support (backends.md §0b).
+  whenever the device reports multicast support.
 - ``fused_oneshot`` / ``fused_twoshot``: the same kernels doing allreduce + residual add +
   RMSNorm (pattern kARResidualRMSNorm) on (tokens x hidden) shapes; compared with
-  ``unfused:best`` by commbench.fusion.
+  ``unfused:best`` by commbench.analysis.fusion.
 - ``pcie_ipc``: ``PcieIpcAllReduceWorkspace`` where the installed version has it (0.7.2+).
 - ``mnnvl``: the multicast backend, only with --allow-multicast and no policy variable set.
 
@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from commbench.backends.base import Backend, BackendFactory, raise_unless_all_ranks_ok
-from commbench.topology.cudadrv import multicast_supported
+from commbench import engines
+from commbench.backends.base import Backend, BackendFactory, voted
 from commbench.backends.fused import RMS_EPS, TOLERANCE, FusedBackend
 
 if TYPE_CHECKING:
@@ -53,14 +53,6 @@ BARRIER_FLAGS = 256             # FlashInfer trtllm_ar.BarrierFlagCount, for the
 MAX_COMM_SIZE = 2147483647 & ~((1 << 21) - 1)   # trtllm_ar.MAX_COMM_SIZE: Lamport buffer cap
 K_ALLREDUCE = 0                 # AllReduceFusionPattern.kAllReduce
 K_AR_RESIDUAL_RMSNORM = 1       # AllReduceFusionPattern.kARResidualRMSNorm
-
-
-def versions() -> dict[str, str | None]:
-    """Installed flashinfer-python version for run.json (None when not installed)."""
-    try:
-        return {"flashinfer": metadata.version(DISTRIBUTION)}
-    except metadata.PackageNotFoundError:
-        return {"flashinfer": None}
 
 
 def _version_tuple(text: str) -> tuple[int, int]:
@@ -107,39 +99,25 @@ def trtllm_shape_reason(world_size: int, tokens: int, hidden: int, dtype: torch.
 def probe_cumem(device_index: int, sizes_bytes: list[int]) -> None:
     """Allocate and release what the workspace will allocate (cuMemCreate, POSIX-fd handles),
     all at once, so a rank that cannot gets found before the collective workspace creation."""
-    from cuda.bindings import driver as cu
+    from commbench.topology.cudadrv import Driver
 
-    def checked(result: tuple) -> Any:
-        err, *rest = result
-        if err != cu.CUresult.CUDA_SUCCESS:
-            raise RuntimeError(f"{err.name}")
-        return rest[0] if rest else None
-
-    prop = cu.CUmemAllocationProp()
-    prop.type = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
-    prop.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
-    prop.location.id = device_index
-    prop.requestedHandleTypes = cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
-    granularity = checked(cu.cuMemGetAllocationGranularity(
-        prop, cu.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_RECOMMENDED))
+    driver = Driver()
+    prop = driver.vmm_prop(device_index)
+    granularity = driver.vmm_granularity(prop, recommended=True)
     handles = []
     try:
         for size in sizes_bytes:
-            aligned = -(-size // granularity) * granularity
-            try:
-                handles.append(checked(cu.cuMemCreate(aligned, prop, 0)))
-            except RuntimeError as exc:
-                raise RuntimeError(f"cuMemCreate of {aligned} bytes failed: {exc}") from None
+            handles.append(driver.vmm_create(prop, -(-size // granularity) * granularity))
     finally:
         for handle in handles:
-            cu.cuMemRelease(handle)
+            driver.vmm_release(handle)
 
 
 class _FlashInferBase(Backend):
     """Checks shared by every FlashInfer variant."""
 
     family = "flashinfer"
-    node_local = True
+    needs: tuple[str, ...] = ("cuda", "node", "p2p", "ipc", "vmm")   # cuMemCreate workspaces
     min_world_size = 2
     world_sizes: tuple[int, ...] = TRTLLM_WORLD_SIZES
     sm_majors: tuple[int, ...] = TRTLLM_SM_MAJORS
@@ -147,17 +125,24 @@ class _FlashInferBase(Backend):
     def __init__(self) -> None:
         self._world_size = 0
 
+    def world_size_reason(self, world_size: int) -> str | None:
+        reason = super().world_size_reason(world_size)
+        if reason is None and world_size not in self.world_sizes:
+            return f"world size {world_size} not supported (needs one of {', '.join(map(str, self.world_sizes))})"
+        return reason
+
+    def software_reason(self) -> str | None:
+        return import_reason()
+
+    def engine_settings(self, world_size: int | None) -> engines.Settings:
+        return engines.Settings(self.name, vllm_env=dict(engines.VLLM_FLASHINFER_TRTLLM_ENV),
+                                sglang_flags=list(engines.SGLANG_FLASHINFER_TRTLLM),
+                                notes=[engines.FLASHINFER_NEVER_AUTO, engines.FLASHINFER_ARCHS])
+
     def check(self, ctx: "RunContext") -> str | None:
         reason = super().check(ctx)
         if reason:
             return reason
-        if ctx.world_size not in self.world_sizes:
-            return f"world size {ctx.world_size} not supported (needs one of {', '.join(map(str, self.world_sizes))})"
-        reason = import_reason()
-        if reason:
-            return reason
-        if not ctx.is_cuda:
-            return "needs CUDA GPUs"
         major, minor = torch.cuda.get_device_capability(ctx.device)
         if major not in self.sm_majors:
             archs = "/".join(f"{m}.x" for m in self.sm_majors)
@@ -196,13 +181,12 @@ class _TrtllmWorkspaceBackend(_FlashInferBase):
         comm = importlib.import_module("flashinfer.comm")
         elements = -(-max_bytes // dtype.itemsize)
         rows = -(-elements // WORKSPACE_ROW)
-        error = None
-        try:
+
+        def build_and_probe() -> None:
             self._build_kernels()
             probe_cumem(ctx.device.index or 0, self._workspace_sizes(ctx.world_size, rows * WORKSPACE_ROW, dtype))
-        except Exception as exc:  # voted below: every rank gets this rank's reason
-            error = f"{type(exc).__name__}: {exc}"
-        raise_unless_all_ranks_ok(ctx, error, f"FlashInfer {self.workspace_backend} kernel build / workspace probe")
+
+        voted(ctx, f"FlashInfer {self.workspace_backend} kernel build / workspace probe", build_and_probe)
         self._workspace = comm.create_allreduce_fusion_workspace(
             backend=self.workspace_backend, world_size=ctx.world_size, rank=ctx.rank,
             max_token_num=rows, hidden_dim=WORKSPACE_ROW, dtype=dtype, **self._exchange(ctx))
@@ -257,6 +241,12 @@ class TrtllmFused(_TrtllmWorkspaceBackend, FusedBackend):
     def shape_reason(self, world_size: int, tokens: int, hidden: int, dtype: torch.dtype) -> str | None:
         return trtllm_shape_reason(world_size, tokens, hidden, dtype, bool(self.oneshot))
 
+    def engine_settings(self, world_size: int | None) -> engines.Settings:
+        settings = super().engine_settings(world_size)
+        settings.vllm_flags = list(engines.VLLM_FUSE_ALLREDUCE_RMS)
+        settings.notes.insert(1, engines.FUSED_TIMING)
+        return settings
+
     def allreduce_residual_rmsnorm(self, x: torch.Tensor, residual_in: torch.Tensor, gamma: torch.Tensor,
                                    residual_out: torch.Tensor, norm_out: torch.Tensor) -> None:
         # The fused pattern's outputs are the residual and the norm; its allreduce output goes
@@ -277,21 +267,11 @@ class MnnvlAllreduce(_TrtllmWorkspaceBackend):
     name = "flashinfer:mnnvl"
     workspace_backend = "mnnvl"
     sm_majors = MNNVL_SM_MAJORS
+    # Multicast across ranks that share a GPU means nothing.
+    needs = ("cuda", "multicast", "own_gpu", "node", "p2p", "vmm")
 
     def __init__(self) -> None:
         super().__init__(oneshot=None)
-
-    def check(self, ctx: "RunContext") -> str | None:
-        if ctx.multicast_reason:
-            return f"MNNVL needs NVLink multicast: {ctx.multicast_reason}"
-        reason = super().check(ctx)
-        if reason:
-            return reason
-        if ctx.shares_gpus:
-            return "MNNVL needs one GPU per rank (multicast across ranks sharing a GPU is meaningless)"
-        if not multicast_supported(ctx.device.index or 0):
-            return "MNNVL needs NVLink multicast: CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED is 0 on this GPU"
-        return None
 
     def _build_kernels(self) -> None:
         importlib.import_module("flashinfer.comm.trtllm_mnnvl_ar").get_trtllm_mnnvl_comm_module()
@@ -314,18 +294,22 @@ class PcieIpcAllreduce(_FlashInferBase):
     name = "flashinfer:pcie_ipc"
     graph_capturable = False
     world_sizes = PCIE_WORLD_SIZES
+    needs = ("cuda", "node", "p2p", "ipc")     # cudaMalloc + cudaIpcGetMemHandle buffers, no cuMemCreate
 
     def __init__(self) -> None:
         super().__init__()
         self._workspace: Any = None
 
-    def check(self, ctx: "RunContext") -> str | None:
-        reason = super().check(ctx)
-        if reason:
-            return reason
-        if not hasattr(importlib.import_module("flashinfer.comm"), "PcieIpcAllReduceWorkspace"):
-            return f"flashinfer-python {versions()['flashinfer']} has no PcieIpcAllReduceWorkspace (added in 0.7.2)"
-        return None
+    def software_reason(self) -> str | None:
+        reason = super().software_reason()
+        if reason is None and not hasattr(importlib.import_module("flashinfer.comm"), "PcieIpcAllReduceWorkspace"):
+            return (f"flashinfer-python {metadata.version(DISTRIBUTION)} has no PcieIpcAllReduceWorkspace "
+                    "(added in 0.7.2)")
+        return reason
+
+    def engine_settings(self, world_size: int | None) -> engines.Settings:
+        return engines.Settings(self.name, vllm_env=dict(engines.FLASHINFER_PCIE_IPC_ENV), sglang_supported=False,
+                                notes=[engines.SGLANG_PCIE_IPC])
 
     def supports(self, message_bytes: int, dtype: torch.dtype) -> str | None:
         return None if dtype in PCIE_DTYPES else "PCIe IPC allreduce takes bf16 and fp16 only"
@@ -385,4 +369,6 @@ FACTORY = BackendFactory(
         "flashinfer:pcie_ipc        PcieIpcAllReduceWorkspace (flashinfer >= 0.7.2; eager only)",
         "flashinfer:mnnvl           multicast allreduce (needs --allow-multicast)",
     ],
+    probe_specs=VARIANTS,
+    packages=(DISTRIBUTION,),
 )

@@ -7,6 +7,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from commbench import engines
 from commbench.backends.base import Backend, BackendFactory, ProcessGroupBackend, parse_variant_options
 from commbench.sweep.context import RunContext
 from commbench.errors import UsageError
@@ -16,6 +17,9 @@ class GlooBackend(ProcessGroupBackend):
     name = "gloo"
     family = "gloo"
     graph_capturable = False
+
+    def engine_settings(self, world_size: int | None) -> engines.Settings:
+        return engines.none_selects(self.name, engines.GLOO_CPU)
 
     def setup(self, ctx: RunContext, max_bytes: int, dtype: torch.dtype) -> None:
         if self.group is None:

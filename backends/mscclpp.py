@@ -1,6 +1,6 @@
-"""MSCCL++ allreduce (optional; not on PyPI: build it from source, see the README).
+"""MSCCL++ allreduce (optional; not on PyPI: build it from source with scripts/build-mscclpp.sh).
 
-Two ways in (facts from backends.md §5, microsoft/mscclpp 0.9.0):
+Two ways in (facts from microsoft/mscclpp 0.9.0's Python package and NCCL shim):
 
 - the Python API: ``CommGroup`` bootstrapped over the gloo control group, the default
   allreduce algorithms from ``ext.AlgorithmCollectionBuilder().build_default_algorithms``, one
@@ -17,14 +17,16 @@ is set before MSCCL++ is imported, and NVLS algorithm names are refused.
 
 from __future__ import annotations
 
+import argparse
 import importlib
+import importlib.util
 import os
-from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
+from commbench import engines
 from commbench.backends.base import (Backend, BackendFactory, ProcessGroupBackend, parse_variant_options,
                                      raise_unless_all_ranks_ok)
 from commbench.policy import multicast_policy_reason
@@ -32,7 +34,7 @@ from commbench.policy import multicast_policy_reason
 if TYPE_CHECKING:
     from commbench.sweep.context import RunContext
 
-BUILD_HINT = "mscclpp not installed: build it from source (README: 'MSCCL++')"
+BUILD_HINT = "mscclpp not installed: build it from a checkout with scripts/build-mscclpp.sh (docs/mscclpp.md)"
 DISABLE_NVLS_ENV = "MSCCLPP_FORCE_DISABLE_NVLS"
 SCRATCH_BYTES = 1 << 27          # scratch for the packet algorithms, as SGLang sizes it
 # (upper bound in bytes, algorithm) for one node without NVLS, from algorithm_selector.cc.
@@ -43,14 +45,6 @@ AUTO_RULE: tuple[tuple[int, str], ...] = (
 AUTO_LARGE = "default_allreduce_fullmesh"
 SHIM_LIB_OPTION = "mscclpp_nccl_lib"
 MSCCLPP_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
-
-
-def versions() -> dict[str, str | None]:
-    """Installed mscclpp version for run.json (None when not installed)."""
-    try:
-        return {"mscclpp": metadata.version("mscclpp")}
-    except metadata.PackageNotFoundError:
-        return {"mscclpp": None}
 
 
 def auto_algorithm(message_bytes: int) -> str:
@@ -67,9 +61,24 @@ def import_mscclpp(allow_multicast: bool) -> Any:
     return importlib.import_module("mscclpp")
 
 
+def import_reason() -> str | None:
+    """Why the mscclpp package cannot be used here, or None (imported with NVLS off)."""
+    if importlib.util.find_spec("mscclpp") is None:
+        return BUILD_HINT
+    try:
+        import_mscclpp(allow_multicast=False)
+    except Exception as exc:  # a missing dependency or a broken build: say which
+        return f"mscclpp is installed but does not import: {type(exc).__name__}: {exc}"
+    return None
+
+
+def engine_settings(name: str) -> engines.Settings:
+    return engines.Settings(name, sglang_flags=[engines.SGLANG_MSCCLPP], sglang_env=dict(engines.MSCCLPP_NO_NVLS_ENV),
+                            vllm_supported=False, notes=[engines.MSCCLPP_NO_VLLM, engines.MSCCLPP_SGLANG])
+
+
 class MscclppAllreduce(Backend):
     family = "mscclpp"
-    node_local = True
     min_world_size = 2
 
     def __init__(self, algorithm: str | None):
@@ -82,23 +91,16 @@ class MscclppAllreduce(Backend):
         self._dtype: Any = None
         self._last_algorithm: str | None = None
 
-    def check(self, ctx: "RunContext") -> str | None:
-        reason = super().check(ctx)
-        if reason:
-            return reason
-        if self.algorithm and "nvls" in self.algorithm and ctx.multicast_reason:
-            return f"{self.algorithm} uses NVLink multicast (NVLS): {ctx.multicast_reason}"
-        try:
-            import_mscclpp(ctx.multicast_reason is None)
-        except ModuleNotFoundError as exc:
-            if exc.name and exc.name.split(".")[0] == "mscclpp":
-                return BUILD_HINT
-            return f"mscclpp is installed but does not import: {exc}"
-        except Exception as exc:
-            return f"mscclpp is installed but does not import: {type(exc).__name__}: {exc}"
-        if not ctx.is_cuda:
-            return "needs CUDA GPUs"
-        return None
+    @property
+    def needs(self) -> tuple[str, ...]:  # type: ignore[override]
+        nvls = self.algorithm is not None and "nvls" in self.algorithm
+        return ("cuda", "node", "p2p", "ipc", "multicast") if nvls else ("cuda", "node", "p2p", "ipc")
+
+    def software_reason(self) -> str | None:
+        return import_reason()
+
+    def engine_settings(self, world_size: int | None) -> engines.Settings:
+        return engine_settings(self.name)
 
     def setup(self, ctx: "RunContext", max_bytes: int, dtype: torch.dtype) -> None:
         mscclpp = import_mscclpp(ctx.multicast_reason is None)
@@ -168,7 +170,7 @@ class MscclppShim(ProcessGroupBackend):
 
     family = "mscclpp"
     name = "mscclpp:shim"
-    node_local = True
+    needs = ("cuda", "own_gpu", "node", "p2p", "ipc")   # NCCL's API refuses two ranks on one GPU
     min_world_size = 2
 
     def __init__(self, library: str | None):
@@ -183,30 +185,38 @@ class MscclppShim(ProcessGroupBackend):
             env[DISABLE_NVLS_ENV] = "1"
         return env
 
-    def check(self, ctx: "RunContext") -> str | None:
-        reason = super().check(ctx)
-        if reason:
-            return reason
+    def software_reason(self) -> str | None:
         if not self.library:
             return "needs the MSCCL++ NCCL shim: pass --mscclpp-nccl-lib PATH (build/lib/libmscclpp_nccl.so)"
         if not os.path.isfile(self.library):
             return f"--mscclpp-nccl-lib {self.library}: no such file"
-        if not ctx.is_cuda:
-            return "needs CUDA GPUs"
-        if ctx.shares_gpus:
-            return "runs NCCL's API (served by MSCCL++), which refuses two ranks on one GPU"
-        if not shim_preloaded(self.library):
+        return None
+
+    def check(self, ctx: "RunContext") -> str | None:
+        reason = super().check(ctx)
+        if reason is None and not shim_preloaded(self.library):
             env = " ".join(f"{k}={v}" for k, v in (self.process_env(ctx.allow_multicast) or {}).items())
             return f"runs in a child torchrun with {env} (started by the sweep's driver)"
-        return None
+        return reason
 
     def setup(self, ctx: "RunContext", max_bytes: int, dtype: torch.dtype) -> None:
         if self.group is None:
             self.group = dist.new_group(ranks=list(range(ctx.world_size)), backend="nccl")
 
+    def engine_settings(self, world_size: int | None) -> engines.Settings:
+        return engine_settings(self.name)
+
     def row_fields(self) -> dict[str, Any]:
         return {"extra": {"mscclpp_nccl_lib": self.library,
                           "mscclpp_algorithm": "chosen inside libmscclpp_nccl.so (not reported by the shim)"}}
+
+
+def add_arguments(group: argparse._ArgumentGroup) -> None:
+    group.add_argument("--mscclpp-nccl-lib", help="path to libmscclpp_nccl.so for the mscclpp:shim backend")
+
+
+def read_options(args: argparse.Namespace) -> dict[str, Any]:
+    return {SHIM_LIB_OPTION: args.mscclpp_nccl_lib}
 
 
 def make(variant: str | None, options: dict[str, Any]) -> list[Backend]:
@@ -234,4 +244,7 @@ FACTORY = BackendFactory(
         "mscclpp:algo=NAME   one default algorithm, e.g. algo=default_allreduce_packet",
         "mscclpp:shim        libmscclpp_nccl.so in place of NCCL (--mscclpp-nccl-lib PATH)",
     ],
+    probe_specs=("auto", "shim"),
+    packages=("mscclpp",),
+    add_arguments=add_arguments, read_options=read_options,
 )

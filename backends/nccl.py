@@ -10,6 +10,7 @@ around observe()'s untimed calls (commbench.backends.nccl_log).
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 from contextlib import contextmanager
@@ -19,12 +20,14 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.distributed as dist
 
+from commbench import engines
 from commbench.backends.base import (Backend, BackendFactory, BackendUnavailable, ProcessGroupBackend,
                                      parse_variant_options)
-from commbench.sweep.context import RunContext
+from commbench.backends.nccl_log import (ALGORITHMS, PROTOCOLS, InitEvidence, process_switch, read_lines,
+                                         setting_applied, used_algo_proto)
 from commbench.errors import UsageError
-from commbench.backends.nccl_log import (ALGORITHMS, PROTOCOLS, InitEvidence, process_switch, read_lines, setting_applied,
-                                used_algo_proto)
+from commbench.sweep.context import RunContext
+from commbench.topology.needs import full_nvlink
 
 MULTICAST_ALGORITHMS = ("NVLS", "NVLSTree")
 
@@ -56,19 +59,40 @@ class NcclBackend(ProcessGroupBackend):
         self._init = InitEvidence()
         self._passes = 0
 
-    def check(self, ctx: RunContext) -> str | None:
-        if not ctx.is_cuda:
-            return "NCCL needs CUDA GPUs; this run is on the CPU"
-        if ctx.shares_gpus:
-            return "NCCL refuses two ranks on one GPU and these ranks share a GPU"
-        if self.algo in MULTICAST_ALGORITHMS and ctx.multicast_reason:
-            return f"NCCL {self.algo} uses NVLink multicast: {ctx.multicast_reason}"
-        return super().check(ctx)
+    @property
+    def needs(self) -> tuple[str, ...]:  # type: ignore[override]
+        # NCCL refuses two ranks on one GPU; NVLS algorithms create multicast objects.
+        return ("cuda", "own_gpu", "multicast") if self.algo in MULTICAST_ALGORITHMS else ("cuda", "own_gpu")
+
+    def software_reason(self) -> str | None:
+        if not dist.is_nccl_available():
+            return f"torch {torch.__version__} has no NCCL (a CPU-only build; NCCL needs CUDA)"
+        return None
+
+    def snapshot_warning(self, snapshot: dict[str, Any]) -> str | None:
+        """LL128 forced on a machine without NVLink can corrupt data (NCCL's environment docs)."""
+        gpus = [g["index"] for g in snapshot.get("gpus") or []]
+        if self.proto == "LL128" and len(gpus) > 1 and not full_nvlink(snapshot, gpus):
+            return "LL128 forced without NVLink: may corrupt data"
+        return None
+
+    def engine_settings(self, world_size: int | None) -> engines.Settings:
+        requested = self.requested()
+        notes = [engines.LL128_OFF_NVLINK] if self.proto == "LL128" else []
+        if requested:
+            notes.append(engines.NCCL_ENV_IS_PROCESS_WIDE)
+        return engines.Settings(self.name, nccl_env=requested, vllm_env=dict(engines.VLLM_ONLY_NCCL),
+                                vllm_flags=[engines.DISABLE_CUSTOM_ALLREDUCE],
+                                sglang_flags=[engines.DISABLE_CUSTOM_ALLREDUCE], notes=notes)
+
+    def requested(self) -> dict[str, str]:
+        """What this variant asks NCCL for, by the variables that ask it."""
+        return {var: value for var, value in (("NCCL_PROTO", self.proto), ("NCCL_ALGO", self.algo)) if value}
 
     def setup(self, ctx: RunContext, max_bytes: int, dtype: torch.dtype) -> None:
         if self.group is not None:
             return  # one communicator serves every dtype
-        self.unsafe = _unsafe_reason(self.name, ctx)
+        self.unsafe = self.snapshot_warning(ctx.snapshot) if ctx.snapshot else None
         self._observe_calls = self.log_dir is not None and ctx.world_size > 1
         self._not_observed = self._why_not_observed(ctx)
         init_log = self._log_file("init")
@@ -85,7 +109,7 @@ class NcclBackend(ProcessGroupBackend):
             self._init = InitEvidence.from_lines(read_lines(init_log))
 
     def row_fields(self) -> dict[str, Any]:
-        return {"nccl_proto_requested": self.proto, "nccl_algo_requested": self.algo, "unsafe": self.unsafe}
+        return {"requested": self.requested(), "unsafe": self.unsafe}
 
     def observe(self, call: Callable[[], None], message_bytes: int) -> dict[str, Any]:
         if not self._observe_calls:
@@ -102,9 +126,8 @@ class NcclBackend(ProcessGroupBackend):
         algo, proto = used_algo_proto(read_lines(log_file), message_bytes)
         if algo is None or proto is None:
             return {"nccl_observed": f"NCCL logged no 'AllReduce: {message_bytes} Bytes -> Algo' line ({log_file})"}
-        requested = {var: value for var, value in (("NCCL_PROTO", self.proto), ("NCCL_ALGO", self.algo)) if value}
-        verdict = setting_applied(requested, {"NCCL_PROTO": proto, "NCCL_ALGO": algo}, self._init)
-        return {"nccl_algo_used": algo, "nccl_proto_used": proto, "setting_applied": verdict}
+        used = {"NCCL_PROTO": proto, "NCCL_ALGO": algo}
+        return {"observed": used, "setting_applied": setting_applied(self.requested(), used, self._init)}
 
     def _why_not_observed(self, ctx: RunContext) -> str | None:
         """Why this rank records no NCCL choice; None where it logs and reads them."""
@@ -152,19 +175,28 @@ def _environment(values: dict[str, str | None]) -> Iterator[None]:
         apply(saved)
 
 
-def _unsafe_reason(name: str, ctx: RunContext) -> str | None:
-    """LL128 forced on a machine without NVLink can corrupt data (NCCL env docs)."""
-    if "LL128" not in name or ctx.snapshot is None:
-        return None
-    try:
-        from commbench.topology.verdicts import nccl_unsafe_reason
-    except ImportError:
-        return None
-    return nccl_unsafe_reason(name, ctx.snapshot)
+def add_arguments(group: argparse._ArgumentGroup) -> None:
+    group.add_argument("--nccl-proto", help="sweep NCCL protocols, e.g. LL,LL128,Simple (one group per variant)")
+    group.add_argument("--nccl-algo", help="sweep NCCL algorithms, e.g. Ring,Tree")
+    group.add_argument("--no-nccl-log", action="store_true",
+                       help="do not record the algorithm/protocol NCCL used (logged only around untimed calls)")
+
+
+def read_options(args: argparse.Namespace) -> dict[str, Any]:
+    split = lambda text: [v.strip() for v in text.split(",") if v.strip()] if text else []  # noqa: E731
+    protos = _normalise(split(args.nccl_proto), PROTOCOLS, "protocol")
+    algos = _normalise(split(args.nccl_algo), ALGORITHMS, "algorithm")
+    return {"nccl_proto": protos, "nccl_algo": algos, "nccl_log": not args.no_nccl_log}
+
+
+def _log_dir(options: dict[str, Any]) -> Path | None:
+    """Where NCCL's log goes: RUN/nccl-logs, unless the user turned it off or nothing is written."""
+    run_dir = options.get("run_dir")
+    return Path(run_dir) / "nccl-logs" if run_dir and options.get("nccl_log", True) else None
 
 
 def make(variant: str | None, options: dict[str, Any]) -> list[Backend]:
-    log_dir = options.get("nccl_log_dir")
+    log_dir = _log_dir(options)
     if variant:
         opts = parse_variant_options(variant)
         unknown = set(opts) - {"proto", "algo"}
@@ -187,4 +219,8 @@ FACTORY = BackendFactory(
     family="nccl", make=make, on_gpu_by_default=True, on_cpu_by_default=False,
     summary="NCCL via torch ProcessGroupNCCL; --nccl-proto/--nccl-algo sweep the protocol x algorithm matrix",
     variants_help=["nccl", "nccl:proto=LL", "nccl:proto=LL128,algo=Ring"],
+    probe_specs=(None, "proto=LL", "proto=LL128", "proto=Simple",
+                 *(f"proto={p},algo={a}" for p in PROTOCOLS for a in ("Ring", "Tree", "NVLS", "NVLSTree"))),
+    packages=("nvidia-nccl-cu12", "nvidia-nccl-cu13"),
+    add_arguments=add_arguments, read_options=read_options,
 )

@@ -43,6 +43,7 @@ floor of our kernel (rows carry ``extra.p2p_kernel_floor``).
 
 from __future__ import annotations
 
+import argparse
 import ctypes
 import statistics
 import warnings
@@ -54,6 +55,7 @@ from typing import TYPE_CHECKING, Any
 import numpy
 import torch
 
+from commbench import engines
 from commbench.backends.base import (ALL_DTYPES, Backend, BackendFactory, BackendTimeout, BackendUnavailable,
                                      raise_unless_all_ranks_ok)
 from commbench.sweep.context import MPS_PERCENT_VAR, Emulation
@@ -136,8 +138,8 @@ class P2POptions:
         crossover_bytes = None if crossover is None else _as_bytes(crossover, "p2p_crossover_bytes", 0)
         timeout = options.get("p2p_timeout_ms")
         timeout_ms = DEFAULT_TIMEOUT_MS if timeout is None else float(timeout)
-        if timeout_ms <= 0:
-            raise UsageError(f"p2p_timeout_ms must be positive, got {timeout!r}")
+        if not (0 < timeout_ms < float("inf")):   # also refuses NaN
+            raise UsageError(f"p2p_timeout_ms must be positive and finite, got {timeout!r}")
         return cls(max_bytes, crossover_bytes, timeout_ms)
 
 
@@ -436,7 +438,7 @@ class _Calibration:
 
 class P2PAllreduce(Backend):
     family = "p2p"
-    node_local = True
+    needs = ("cuda", "node", "p2p", "ipc")
     graph_capturable = True
     dtypes = ALL_DTYPES
     max_world_size = MAX_RANKS
@@ -458,18 +460,18 @@ class P2PAllreduce(Backend):
 
     # -- eligibility --------------------------------------------------------------------
 
+    def software_reason(self) -> str | None:
+        return None if _cupy() is not None else "cupy not installed (pip install cupy-cuda12x or cupy-cuda13x)"
+
     def check(self, ctx: "RunContext") -> str | None:
-        reason = super().check(ctx)
-        if reason:
-            return reason
-        if not ctx.is_cuda:
-            return "needs CUDA GPUs (CUDA-IPC buffers and CUDA kernels)"
-        if _cupy() is None:
-            return "cupy not installed (pip install cupy-cuda12x or cupy-cuda13x)"
-        for key in (self.name, self.family):
-            if key in ctx.verdicts:
-                return ctx.verdicts[key]
-        return quick_p2p_reason(ctx.local_world_size)
+        # Without a probe snapshot (--no-probe) CUDA's own peer-access answer stands in for it.
+        return super().check(ctx) or (None if ctx.verdicts else quick_p2p_reason(ctx.local_world_size))
+
+    def engine_settings(self, world_size: int | None) -> engines.Settings:
+        notes = [engines.CUSTOM_AR_ON_BY_DEFAULT]
+        if world_size is None or world_size > 2:
+            notes += [engines.CUSTOM_AR_PCIE_GATE, engines.FLASHINFER_PCIE_ALTERNATIVE]
+        return engines.Settings(self.name, vllm_env=dict(engines.VLLM_ONLY_CUSTOM_ALLREDUCE), notes=notes)
 
     def supports(self, message_bytes: int, dtype: torch.dtype) -> str | None:
         return super().supports(message_bytes, dtype) or size_reason(message_bytes, self.options.max_bytes)
@@ -687,6 +689,20 @@ class _P2PWorkload(AllreduceWorkload):
         return super().verify(first, calls)
 
 
+def add_arguments(group: argparse._ArgumentGroup) -> None:
+    group.add_argument("--p2p-max-bytes", help="largest message for the p2p backends (default 8M)")
+    group.add_argument("--p2p-crossover", help="force p2p:auto's one-shot/two-shot crossover (default: measured)")
+    group.add_argument("--p2p-timeout-ms", type=float,
+                       help="how long a p2p kernel waits for a peer before it gives up (default 5000)")
+
+
+def read_options(args: argparse.Namespace) -> dict[str, Any]:
+    options = {"p2p_max_bytes": args.p2p_max_bytes, "p2p_crossover_bytes": args.p2p_crossover,
+               "p2p_timeout_ms": args.p2p_timeout_ms}
+    P2POptions.from_options(options)    # bad values are bad input, said before anything runs
+    return options
+
+
 def make(variant: str | None, options: dict[str, Any]) -> list[Backend]:
     opts = P2POptions.from_options(options)
     names = DEFAULT_VARIANTS if variant is None else (variant.strip(),)
@@ -708,6 +724,9 @@ FACTORY = BackendFactory(
         "p2p:oneshot_pull  one-shot, pull: every rank reads every peer's staged input (never by default)",
         "p2p:twoshot       two-shot, push: reduce-scatter then all-gather, writes only",
         "p2p:auto          one-shot below a crossover measured at setup, two-shot above "
-        "(options p2p_crossover_bytes, p2p_max_bytes, p2p_timeout_ms)",
+        "(--p2p-crossover, --p2p-max-bytes, --p2p-timeout-ms)",
     ],
+    probe_specs=(None, "oneshot_pull"),
+    packages=("cupy-cuda12x", "cupy-cuda13x", "cupy"),
+    add_arguments=add_arguments, read_options=read_options,
 )

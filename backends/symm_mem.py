@@ -1,12 +1,12 @@
 """torch symmetric memory allreduce, called through the torch ops directly.
 
 Serving engines wrap these ops in communicators that switch themselves off when the buffer
-has no multicast address, even for two-shot, which needs none (backends.md §0b, vLLM
-issue 50179). Here one_shot and two_shot run on plain P2P mappings; multimem runs only
-where multicast is allowed by policy and supported by the device.
+has no multicast address, even for two-shot, which needs none (vLLM issue 50179). Here
+one_shot and two_shot run on plain P2P mappings; multimem runs only where multicast is allowed
+by policy and supported by the device.
 
-Facts used (backends.md §4): buffers come from ``symm_mem.empty`` and are rendezvoused on a
-named process group; the ops need sizes that are a multiple of max(4, element size) bytes
+Facts used (PyTorch's symmetric-memory docs and torch/csrc/distributed/c10d/symm_mem): buffers
+come from ``symm_mem.empty`` and are rendezvoused on a named process group; the ops need sizes that are a multiple of max(4, element size) bytes
 and dispatch bf16 and fp32 only; one group's signal pad must not see concurrent launches from
 two streams, so every variant gets its own group and runs on the caller's stream only.
 """
@@ -19,9 +19,8 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 import torch.distributed as dist
 
-from commbench.backends.base import (Backend, BackendFactory, BackendUnavailable, parse_variant_options,
-                                     raise_unless_all_ranks_ok)
-from commbench.topology.cudadrv import multicast_supported
+from commbench import engines
+from commbench.backends.base import Backend, BackendFactory, BackendUnavailable, parse_variant_options, voted
 
 if TYPE_CHECKING:
     from commbench.sweep.context import RunContext
@@ -45,7 +44,6 @@ def _symm_mem_module() -> Any:
 
 class SymmMemAllreduce(Backend):
     family = "symm_mem"
-    node_local = True
     min_world_size = 2
     dtypes = SYMM_MEM_DTYPES
 
@@ -56,23 +54,26 @@ class SymmMemAllreduce(Backend):
         self._buffer: torch.Tensor | None = None
         self._call: Callable[[torch.Tensor, torch.Tensor], None] | None = None
 
-    def check(self, ctx: "RunContext") -> str | None:
-        reason = super().check(ctx)
-        if reason:
-            return reason
-        if self.algo == "multimem" and ctx.multicast_reason:
-            return f"multimem needs NVLink multicast: {ctx.multicast_reason}"
-        if not ctx.is_cuda:
-            return "needs CUDA GPUs (torch symmetric memory maps peer GPU memory)"
+    @property
+    def needs(self) -> tuple[str, ...]:  # type: ignore[override]
+        if self.algo == "multimem":
+            # Multicast across ranks that share a GPU means nothing.
+            return ("cuda", "multicast", "own_gpu", "node", "p2p", "vmm")
+        # The signal pad is set with system-scope CAS on the peer's memory: PCIe needs P2P atomics.
+        return ("cuda", "node", "p2p", "ipc", "vmm", "atomics")
+
+    def software_reason(self) -> str | None:
         op = TORCH_OPS[self.algo]
         if not hasattr(torch.ops, "symm_mem") or not hasattr(torch.ops.symm_mem, op):
             return f"torch {torch.__version__} has no torch.ops.symm_mem.{op} (one/two-shot need torch >= 2.6)"
-        if self.algo == "multimem":
-            if ctx.shares_gpus:
-                return "multimem needs one GPU per rank (multicast across ranks sharing a GPU is meaningless)"
-            if not multicast_supported(ctx.device.index or 0):
-                return "multimem needs NVLink multicast: CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED is 0 on this GPU"
         return None
+
+    def engine_settings(self, world_size: int | None) -> engines.Settings:
+        notes = [engines.SYMM_MEM_NEEDS_MULTICAST]
+        if self.algo == "multimem":
+            notes.append(engines.MULTIMEM_NEEDS_NVSWITCH)
+        return engines.Settings(self.name, vllm_env=dict(engines.VLLM_ONLY_SYMM_MEM),
+                                sglang_flags=[engines.SGLANG_TORCH_SYMM_MEM], notes=notes)
 
     def supports(self, message_bytes: int, dtype: torch.dtype) -> str | None:
         if dtype not in SYMM_MEM_DTYPES:
@@ -89,12 +90,8 @@ class SymmMemAllreduce(Backend):
             os.environ[ALLOW_OVERLAP_ENV] = "1"
         symm_mem = _symm_mem_module()
         elements = max(1, -(-max_bytes // dtype.itemsize))
-        error = None
-        try:
-            buffer = symm_mem.empty(elements, dtype=dtype, device=ctx.device)
-        except Exception as exc:  # the vote below turns it into every rank's reason
-            error = f"symm_mem.empty({elements} x {dtype}): {type(exc).__name__}: {exc}"
-        raise_unless_all_ranks_ok(ctx, error, "symmetric memory allocation")
+        buffer = voted(ctx, f"symmetric memory allocation (symm_mem.empty of {elements} x {dtype})",
+                       lambda: symm_mem.empty(elements, dtype=dtype, device=ctx.device))
         if self._group is None:
             # A group of its own: its name keys the rendezvous and its signal pad is not shared
             # with any other variant. gloo, because rendezvous only needs the group's store and

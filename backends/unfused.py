@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from commbench.backends.base import Backend, BackendFactory, BackendUnavailable
+from commbench import engines
 from commbench.analysis.fusion import best_allreduce_rows
 from commbench.backends.fused import RMS_EPS, FusedBackend, residual_rmsnorm
 from commbench.results import Measurement
@@ -93,6 +94,9 @@ class UnfusedBest(FusedBackend):
         summed = x if self._summed is None else self._summed[: x.numel()].view(x.shape)
         self._allreduce_backend().allreduce(x, summed)
         residual_rmsnorm(summed, residual_in, gamma, RMS_EPS, residual_out, norm_out)
+
+    def engine_settings(self, world_size: int | None) -> engines.Settings:
+        return engines.none_selects(self.name, engines.UNFUSED_BASELINE)
 
     def row_fields(self) -> dict[str, Any]:
         """Describes the row of the latest make_workload(): the allreduce used and its own time."""

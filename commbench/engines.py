@@ -1,27 +1,82 @@
-"""Paste-ready settings that select a measured backend in NCCL, vLLM and SGLang.
+"""Serving engines: what vLLM, SGLang and NCCL do with a tensor-parallel allreduce, and the
+settings that select each path.
 
-Facts come from reference/backends.md (vLLM 0.33.0, SGLang 0.5.23, NCCL 2.30.7): vLLM's
-dispatch order, its environment variables and gates, SGLang's flags. Where an engine has no
-switch for a path, the settings say so instead of inventing one.
+One place for every engine fact commbench uses, each with the version it was read at and its
+public source: the settings a backend declares (Backend.engine_settings builds a Settings from
+the facts here), how recommend prints them, and the explain section of the probe (which path
+each engine would take on a given box). No torch here: the analysis reads it too.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from commbench.policy import multicast_policy_reason
+from commbench.topology.needs import p2p_reason, vmm_reason
+from commbench.topology.selection import gpu_pairs, p2p_entry, used_gpus, used_hosts
 
 VLLM_VERSION = "0.33.0"
 SGLANG_VERSION = "0.5.23"
-NCCL_VERSION = "2.30.7"
+NCCL_VERSION = "2.30.7"      # the NCCL whose environment semantics the settings follow
 
-# vLLM tries FlashInfer and torch symm-mem before/around its custom allreduce (dispatch order in
-# cuda_communicator.py); turning the others off makes the chosen path the one that runs.
-_VLLM_ONLY_NCCL = {"VLLM_ALLREDUCE_USE_SYMM_MEM": "0", "VLLM_ALLREDUCE_USE_FLASHINFER": "0"}
-_VLLM_PCIE_GATE = ("vLLM enables its custom allreduce for more than 2 GPUs only when every pair is "
-                   "NVLink-connected; on PCIe at TP>2 it stays off whatever you set (vLLM #56128)")
+# --- facts, with their sources --------------------------------------------------------------
+
+# vLLM's dispatch order tries FlashInfer and torch symm-mem before/around its custom allreduce
+# (vllm/distributed/device_communicators/cuda_communicator.py): turning them off makes the path
+# a backend stands for the one that runs.
+VLLM_ONLY_NCCL = {"VLLM_ALLREDUCE_USE_SYMM_MEM": "0", "VLLM_ALLREDUCE_USE_FLASHINFER": "0"}
+VLLM_ONLY_CUSTOM_ALLREDUCE = {"VLLM_ALLREDUCE_USE_FLASHINFER": "0", "VLLM_ALLREDUCE_USE_SYMM_MEM": "0"}
+VLLM_ONLY_SYMM_MEM = {"VLLM_ALLREDUCE_USE_SYMM_MEM": "1", "VLLM_ALLREDUCE_USE_FLASHINFER": "0"}
+DISABLE_CUSTOM_ALLREDUCE = "--disable-custom-all-reduce"     # the same flag in both engines
+SGLANG_TORCH_SYMM_MEM = "--enable-torch-symm-mem"
+SGLANG_MSCCLPP = "--enable-mscclpp"
+MSCCLPP_NO_NVLS_ENV = {"MSCCLPP_FORCE_DISABLE_NVLS": "1"}
+VLLM_FLASHINFER_TRTLLM_ENV = {"VLLM_ALLREDUCE_USE_FLASHINFER": "1", "VLLM_FLASHINFER_ALLREDUCE_BACKEND": "trtllm"}
+SGLANG_FLASHINFER_TRTLLM = ["--flashinfer-allreduce-fusion-backend", "trtllm"]
+VLLM_FUSE_ALLREDUCE_RMS = ["--compilation-config", '\'{"pass_config": {"fuse_allreduce_rms": true}}\'']
+
+# Custom (CUDA-IPC) allreduce gates, vLLM custom_all_reduce.py / .cuh.
+CUSTOM_AR_WORLD_SIZES = (2, 4, 6, 8)
+CUSTOM_AR_MAX_BYTES = 8 << 20
+CUSTOM_AR_PCIE_GATE = (f"vLLM enables its custom allreduce for more than 2 GPUs only when every pair is "
+                       f"NVLink-connected; on PCIe at TP>2 it stays off whatever you set (vLLM {VLLM_VERSION}, "
+                       "custom_all_reduce.py; vLLM #56128); SGLang's custom allreduce has the same gate")
+CUSTOM_AR_ON_BY_DEFAULT = ("custom CUDA-IPC allreduce is on by default in both engines (do not pass "
+                           "--disable-custom-all-reduce); they pick one-shot or two-shot by size themselves")
+FLASHINFER_PCIE_IPC_ENV = {"VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC": "1"}   # vLLM #53576, opt-in
+FLASHINFER_PCIE_ALTERNATIVE = ("on PCIe hosts without NVLink the upstream alternative is FlashInfer's PCIe IPC "
+                               "allreduce: VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC=1 (opt-in, bf16/fp16, 2/4/8 ranks; "
+                               "vLLM #53576)")
+LL128_OFF_NVLINK = ("LL128 forced off NVLink can corrupt data silently (NVIDIA/nccl #786, #1261): keep it only "
+                    "where this run's correctness check passed on the same fabric")
+NCCL_ENV_IS_PROCESS_WIDE = "NCCL_* variables apply to every NCCL communicator of the process, not only TP"
+NCCL_SYMM_VLLM = ("vLLM uses NCCL symmetric memory only from 4 ranks and prefers its custom allreduce for 16-512 KiB "
+                  "at TP4 and 16-128 KiB at TP8 (NCCL_SYMM_MEM_ALL_REDUCE_CONFIG, vLLM "
+                  f"{VLLM_VERSION})")
+SYMM_MEM_NEEDS_MULTICAST = ("vLLM and SGLang turn their symm-mem communicator off when multicast is unavailable, "
+                            "even for two-shot (vLLM #50179); with multicast they use multimem at 4/6/8 ranks on "
+                            "SM90")
+MULTIMEM_NEEDS_NVSWITCH = ("multimem needs NVSwitch multicast: never on PCIe, nor where NCCL_NVLS_ENABLE=0 / "
+                           "TORCH_SYMM_MEM_DISABLE_MULTICAST=1 is policy")
+FLASHINFER_NEVER_AUTO = "use trtllm, never auto: auto picks mnnvl, which creates multicast objects"
+FLASHINFER_ARCHS = "FlashInfer's trtllm kernels are built for SM 9.x/10.x/12.x only (not RTX 4090 / L40)"
+FUSED_TIMING = ("the fused allreduce+residual+RMSNorm timing includes the norm: compare it with allreduce + a "
+                "separate RMSNorm, not with a bare allreduce")
+SGLANG_PCIE_IPC = "SGLang integrates FlashInfer PCIe IPC in sglang #34528; no released flag selects it yet"
+MSCCLPP_NO_VLLM = ("vLLM has no MSCCL++ path; the NCCL-API shim (LD_PRELOAD libmscclpp_nccl.so) replaces NCCL "
+                   "underneath any engine")
+MSCCLPP_SGLANG = "SGLang's MSCCL++ needs 4+ consecutive ranks and runs only inside CUDA graphs"
+UNFUSED_BASELINE = ("the unfused baseline is plain allreduce + a separate residual add and RMSNorm: what engines run "
+                    "when fusion is off; pick the allreduce backend it used instead")
+GLOO_CPU = ("gloo is the CPU backend: this run measured the host, not GPUs, and no engine serves decode "
+            "through it")
 
 
 @dataclass
 class Settings:
+    """What selects one backend variant in NCCL, vLLM and SGLang (recorded in run.json)."""
+
     variant: str
     nccl_env: dict[str, str] = field(default_factory=dict)
     vllm_env: dict[str, str] = field(default_factory=dict)
@@ -32,89 +87,24 @@ class Settings:
     vllm_supported: bool = True
     sglang_supported: bool = True
 
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
-def _options(variant: str) -> dict[str, str]:
-    out = {}
-    for part in variant.split(","):
-        key, _, value = part.strip().partition("=")
-        if key:
-            out[key.strip().lower()] = value.strip() or key.strip()
-    return out
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Settings":
+        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+
+    def with_process_env(self, env_setting: dict[str, str]) -> "Settings":
+        """The same settings under a driver run's process-level variables (NCCL_* knobs)."""
+        if not env_setting:
+            return self
+        notes = self.notes if NCCL_ENV_IS_PROCESS_WIDE in self.notes else [*self.notes, NCCL_ENV_IS_PROCESS_WIDE]
+        return Settings(**{**asdict(self), "nccl_env": {**env_setting, **self.nccl_env}, "notes": notes})
 
 
-def settings_for(backend: str, env_setting: dict[str, str], world_size: int | None) -> Settings:
-    family, _, variant = backend.partition(":")
-    opts = _options(variant)
-    s = Settings(backend, nccl_env=dict(env_setting))
-    if family == "nccl":
-        if "proto" in opts:
-            s.nccl_env["NCCL_PROTO"] = opts["proto"]
-            if "LL128" in opts["proto"].upper():
-                s.notes.append("LL128 forced off NVLink can corrupt data silently (NVIDIA/nccl #786, #1261): "
-                               "keep it only where this run's correctness check passed on the same fabric")
-        if "algo" in opts:
-            s.nccl_env["NCCL_ALGO"] = opts["algo"]
-        if "symm" in variant or "symmetric" in variant:
-            s.vllm_env = {"VLLM_USE_NCCL_SYMM_MEM": "1", "NCCL_CUMEM_ENABLE": "1"}
-            s.notes.append("vLLM uses NCCL symmetric memory only from 4 ranks and prefers its custom allreduce "
-                           "for 16-512 KiB at TP4 and 16-128 KiB at TP8 (NCCL_SYMM_MEM_ALL_REDUCE_CONFIG)")
-            s.sglang_supported = False
-        else:
-            s.vllm_env = dict(_VLLM_ONLY_NCCL)
-            s.vllm_flags = ["--disable-custom-all-reduce"]
-            s.sglang_flags = ["--disable-custom-all-reduce"]
-        if s.nccl_env:
-            s.notes.append("NCCL_* variables apply to every NCCL communicator of the process, not only TP")
-    elif family == "p2p":
-        s.vllm_env = {"VLLM_ALLREDUCE_USE_FLASHINFER": "0", "VLLM_ALLREDUCE_USE_SYMM_MEM": "0"}
-        s.notes.append("custom CUDA-IPC allreduce is on by default in both engines (do not pass "
-                       "--disable-custom-all-reduce); they pick one-shot or two-shot by size themselves")
-        if world_size is None or world_size > 2:
-            s.notes.append(_VLLM_PCIE_GATE + "; SGLang's custom allreduce has the same gate")
-            s.notes.append("on PCIe hosts without NVLink the upstream alternative is FlashInfer's PCIe IPC "
-                           "allreduce: VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC=1 (opt-in, bf16/fp16, 2/4/8 ranks)")
-    elif family == "symm_mem":
-        s.vllm_env = {"VLLM_ALLREDUCE_USE_SYMM_MEM": "1", "VLLM_ALLREDUCE_USE_FLASHINFER": "0"}
-        s.sglang_flags = ["--enable-torch-symm-mem"]
-        s.notes.append("vLLM and SGLang turn their symm-mem communicator off when multicast is unavailable, "
-                       "even for two-shot (vLLM #50179); with multicast they use multimem at 4/6/8 ranks on SM90")
-        if "multimem" in variant:
-            s.notes.append("multimem needs NVSwitch multicast: never on PCIe, nor where NCCL_NVLS_ENABLE=0 / "
-                           "TORCH_SYMM_MEM_DISABLE_MULTICAST=1 is policy")
-    elif family == "flashinfer":
-        if "pcie" in variant:
-            s.vllm_env = {"VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC": "1"}
-            s.sglang_supported = False
-            s.notes.append("SGLang integrates FlashInfer PCIe IPC in sglang #34528; no released flag is listed "
-                           "in reference/backends.md")
-        else:
-            s.vllm_env = {"VLLM_ALLREDUCE_USE_FLASHINFER": "1", "VLLM_FLASHINFER_ALLREDUCE_BACKEND": "trtllm"}
-            s.sglang_flags = ["--flashinfer-allreduce-fusion-backend", "trtllm"]
-            s.notes.append("use trtllm, never auto: auto picks mnnvl, which creates multicast objects")
-            if "fused" in variant:
-                s.vllm_flags = ["--compilation-config", '\'{"pass_config": {"fuse_allreduce_rms": true}}\'']
-                s.notes.append("the fused allreduce+residual+RMSNorm timing includes the norm: compare it "
-                               "with allreduce + a separate RMSNorm, not with a bare allreduce")
-            s.notes.append("FlashInfer's trtllm kernels are built for SM 9.x/10.x/12.x only (not RTX 4090 / L40)")
-    elif family == "mscclpp":
-        s.sglang_flags = ["--enable-mscclpp"]
-        s.sglang_env = {"MSCCLPP_FORCE_DISABLE_NVLS": "1"}
-        s.vllm_supported = False
-        s.notes.append("vLLM has no MSCCL++ path; the NCCL-API shim (LD_PRELOAD libmscclpp_nccl.so) "
-                       "replaces NCCL underneath any engine")
-        s.notes.append("SGLang's MSCCL++ needs 4+ consecutive ranks and runs only inside CUDA graphs")
-    elif family == "unfused":
-        s.vllm_supported = s.sglang_supported = False
-        s.notes.append("the unfused baseline is plain allreduce + a separate residual add and RMSNorm: what "
-                       "engines run when fusion is off; pick the allreduce backend it used instead")
-    elif family == "gloo":
-        s.vllm_supported = s.sglang_supported = False
-        s.notes.append("gloo is the CPU backend: this run measured the host, not GPUs, and no engine "
-                       "serves decode through it")
-    else:
-        s.vllm_supported = s.sglang_supported = False
-        s.notes.append(f"no engine mapping known for backend family {family!r}")
-    return s
+def none_selects(variant: str, why: str) -> Settings:
+    """A path that no engine setting selects."""
+    return Settings(variant, notes=[why], vllm_supported=False, sglang_supported=False)
 
 
 def render(s: Settings, tp: int | None) -> str:
@@ -140,3 +130,120 @@ def render(s: Settings, tp: int | None) -> str:
         lines.append(f"# SGLang {SGLANG_VERSION}: no setting selects this path")
     lines.extend(f"# note: {n}" for n in s.notes)
     return "\n".join(lines)
+
+
+def versions() -> dict[str, str]:
+    return {"vllm": VLLM_VERSION, "sglang": SGLANG_VERSION, "nccl": NCCL_VERSION}
+
+
+# --- explain: which path each engine would take on a probed box ------------------------------
+
+def _cc(snapshot: dict[str, Any]) -> str:
+    gpus = snapshot.get("gpus") or []
+    return gpus[0].get("compute_capability", "?") if gpus else "?"
+
+
+def _nvml_nvlink_all(snapshot: dict[str, Any], gpu_ids: list[int]) -> bool:
+    """vLLM's is_fully_connected: NVML P2P status for the NVLINK index is OK on every pair."""
+    for a, b in gpu_pairs(gpu_ids):
+        nv = (p2p_entry(snapshot, a, b) or {}).get("nvml") or {}
+        if nv.get("nvlink") != "OK":
+            return False
+    return True
+
+
+def _can_access_all(snapshot: dict[str, Any], gpu_ids: list[int]) -> bool:
+    return all((p2p_entry(snapshot, a, b) or {}).get("can_access_peer") is True for a, b in gpu_pairs(gpu_ids))
+
+
+def explain(snapshot: dict[str, Any], world_size: int) -> list[str]:
+    """Which allreduce path vLLM and SGLang would take on this box, and why, by their published rules."""
+    if not snapshot.get("gpus"):
+        return ["No CUDA GPU in this snapshot: vLLM and SGLang would not start a CUDA tensor-parallel group."]
+    if world_size < 2:
+        return [f"World size {world_size}: there is nothing to all-reduce; pass --world-size N to see TP=N."]
+    gpus = used_gpus(snapshot, world_size)
+    distinct = sorted(set(gpus))
+    nvlink = _nvml_nvlink_all(snapshot, gpus)
+    p2p_ok = p2p_reason(snapshot, world_size) is None
+    can_access = _can_access_all(snapshot, gpus)
+    vmm_fail = vmm_reason(snapshot, world_size)
+    cc = _cc(snapshot)
+    multi_node = len(used_hosts(snapshot, world_size)) > 1
+    mc_attr = all((snapshot["gpus"][g].get("attributes") or {}).get("multicast") == 1 for g in distinct)
+    mc_allowed = multicast_policy_reason(True) is None
+    pair_text = "n/a (one GPU, ranks share it)" if len(distinct) == 1 else "yes" if nvlink else "no"
+    lines = [f"TP={world_size} on GPUs {distinct} (compute capability {cc}); "
+             f"NVLink between every pair (NVML): {pair_text}; functional P2P: "
+             f"{'yes' if p2p_ok else 'no'}; multicast attribute: {'yes' if mc_attr else 'no'}."]
+    # vLLM
+    ca = "on"
+    if multi_node:
+        ca = f"off: the group spans nodes (rule: custom_all_reduce.py, vLLM {VLLM_VERSION})"
+    elif world_size not in CUSTOM_AR_WORLD_SIZES:
+        ca = (f"off: world size {world_size} is not one of {', '.join(map(str, CUSTOM_AR_WORLD_SIZES))} "
+              f"(_SUPPORTED_WORLD_SIZES, vLLM {VLLM_VERSION})")
+    elif world_size > 2 and not nvlink:
+        ca = ("off: 'not supported on more than two PCIe-only GPUs' — is_fully_connected() asks NVML for "
+              f"NVLink on every pair and never tests PCIe peer access (vLLM {VLLM_VERSION})")
+    elif not can_access:
+        ca = f"off: cudaDeviceCanAccessPeer is false on some pair (VLLM_SKIP_P2P_CHECK=1 default, vLLM {VLLM_VERSION})"
+    if ca == "on":
+        if world_size == 2:
+            stage = "always 1-stage at TP2"
+        else:
+            limit = "512 KiB" if world_size <= 4 else "256 KiB"
+            stage = f"1-stage below {limit}, 2-stage above (full NVLink)"
+        ca = f"on: {stage}, inputs below 8 MiB (vLLM {VLLM_VERSION} custom_all_reduce.cuh)"
+        if not p2p_ok:
+            ca += ("; WARNING: vLLM trusts cudaDeviceCanAccessPeer by default but the write-and-verify check "
+                   "failed here — expect a hang or wrong output; use --disable-custom-all-reduce or "
+                   "VLLM_SKIP_P2P_CHECK=0")
+    lines.append(f"vLLM {VLLM_VERSION} custom allreduce (CUDA IPC): {ca}.")
+    if not mc_attr:
+        symm = "off: no multicast on these GPUs, so the symmetric-memory handle has multicast_ptr == 0"
+    elif not mc_allowed:
+        symm = ("off: TORCH_SYMM_MEM_DISABLE_MULTICAST/NCCL_NVLS_ENABLE policy leaves multicast_ptr == 0, and vLLM "
+                "disables the communicator even for two-shot")
+    elif cc not in ("9.0", "10.0"):
+        symm = f"off: no SYMM_MEM_ALL_REDUCE_MAX_SIZES entry for compute capability {cc}"
+    else:
+        kind = "multimem" if world_size in ((4, 6, 8) if cc == "9.0" else (6, 8)) else "two-shot"
+        symm = f"on ({kind}) for sizes above the custom-allreduce limit"
+    lines.append(f"vLLM {VLLM_VERSION} torch symmetric memory (VLLM_ALLREDUCE_USE_SYMM_MEM=1 default): {symm}.")
+    if vmm_fail:
+        fi = f"off: FlashInfer's cuMemCreate workspace cannot be shared here ({vmm_fail})"
+    elif multi_node:
+        fi = "trtllm is single-node only; mnnvl needs multicast across nodes"
+    elif mc_attr:
+        fi = ("backend 'auto' resolves to mnnvl on one node and creates a multicast object (cuMulticastCreate)"
+              + ("" if mc_allowed else " — forbidden by this host's policy: set VLLM_FLASHINFER_ALLREDUCE_BACKEND=trtllm"))
+    else:
+        fi = "backend 'auto' falls back to trtllm (cuMemCreate + POSIX FD buffers, no multicast)"
+    if world_size not in (2, 4, 8, 16) and not vmm_fail:
+        fi += f"; the AR+RMSNorm fusion pass skips world size {world_size} (supports 2, 4, 8, 16)"
+    lines.append(f"vLLM {VLLM_VERSION} FlashInfer allreduce (VLLM_ALLREDUCE_USE_FLASHINFER=1 default): {fi}.")
+    lines.append(f"vLLM {VLLM_VERSION} fallback: PyNccl (NCCL) for every size the paths above do not take.")
+    # SGLang
+    sg_ca = ca.split(":")[0] if ca.startswith("off") else "on (same gate as vLLM: ws 2/4/6/8, NVLink for >2 GPUs, 8 MiB max)"
+    lines.append(f"SGLang {SGLANG_VERSION} custom allreduce v1: {sg_ca}"
+                 + (f" — {ca.split(':', 1)[1].strip()}" if ca.startswith("off") else "") + ".")
+    if cc.split(".")[0] not in ("9", "10"):
+        sg_fi = f"off: needs SM90 or SM10x, this is compute capability {cc}"
+    elif vmm_fail:
+        sg_fi = ("off: its cuMemCreate preflight would fail on at least one rank "
+                 f"('Skipping allreduce fusion to avoid cross-rank desync'); here: {vmm_fail}")
+    elif cc.startswith("9"):
+        sg_fi = "on with backend 'auto' -> trtllm (SM90, single node)"
+    else:
+        sg_fi = "on with backend 'auto' -> mnnvl (Blackwell) — needs multicast" + ("" if mc_attr and mc_allowed else
+                                                                                  ", unavailable here")
+    lines.append(f"SGLang {SGLANG_VERSION} FlashInfer allreduce fusion (fused AR+residual+RMSNorm models): {sg_fi}.")
+    sg_symm = ("on if --enable-torch-symm-mem (multimem on SM9/SM10 at 4/6/8 ranks, else two-shot)"
+               if mc_attr and mc_allowed else "off even with --enable-torch-symm-mem: no multicast")
+    lines.append(f"SGLang {SGLANG_VERSION} torch symmetric memory: {sg_symm}.")
+    mscclpp = ("available with --enable-mscclpp" if world_size in (4, 8, 16, 32, 64) and p2p_ok
+               else "not used: needs 4/8/16/.. ranks with working P2P" if world_size not in (4, 8, 16, 32, 64)
+               else "would fail: P2P does not work here")
+    lines.append(f"SGLang {SGLANG_VERSION} MSCCL++: {mscclpp}; fallback: PyNccl.")
+    return lines

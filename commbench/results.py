@@ -1,6 +1,6 @@
 """The results directory: run.json, measurements.jsonl (append + flush per row), measurements.csv.
 
-Schema version 2 (version 1 is read and migrated). One row per (backend variant, message size, dtype, mode, env setting).
+Schema version 3 (versions 1 and 2 are read and migrated). One row per (backend variant, message size, dtype, mode, env setting).
 Everything downstream (report, floor, recommend, qualify, compare) reads only these files.
 """
 
@@ -18,8 +18,8 @@ from typing import Any, Iterable, Iterator
 
 from commbench.errors import UsageError
 
-SCHEMA_VERSION = 2
-READABLE_SCHEMAS = (1, 2)   # version 1 rows are migrated on read (migrate_row)
+SCHEMA_VERSION = 3
+READABLE_SCHEMAS = (1, 2, 3)   # older rows are migrated on read (migrate_row)
 RUN_FILE = "run.json"
 ROWS_FILE = "measurements.jsonl"
 CSV_FILE = "measurements.csv"
@@ -70,11 +70,9 @@ class Measurement:
     reason: str | None = None           # why skipped / error / hang / no_work
     failed_rank: int | None = None
     emulation: dict[str, Any] | None = None   # ranks sharing GPUs: {gpus, ranks, mps, sm_percent}
-    nccl_proto_requested: str | None = None
-    nccl_algo_requested: str | None = None
-    nccl_proto_used: str | None = None
-    nccl_algo_used: str | None = None
-    setting_applied: str | None = None   # honoured / ignored / coincided (what NCCL did with a request)
+    requested: dict[str, str] = field(default_factory=dict)   # what the variant asked its library for
+    observed: dict[str, Any] = field(default_factory=dict)    # what the library said it did, same keys
+    setting_applied: str | None = None   # honoured / ignored / coincided: what became of the request
     unsafe: str | None = None            # e.g. LL128 forced without NVLink
     env_setting: dict[str, str] = field(default_factory=dict)  # process-level knobs (driver runs)
     extra: dict[str, Any] = field(default_factory=dict)        # backend-specific facts
@@ -94,20 +92,35 @@ class Measurement:
         return cls(**{k: v for k, v in migrate_row(data).items() if k in names})
 
 
+# Version 1 and 2 rows spelled what was asked of NCCL, and what it did, as columns of their own.
+_NCCL_COLUMNS = {"nccl_proto_requested": ("requested", "NCCL_PROTO"), "nccl_algo_requested": ("requested", "NCCL_ALGO"),
+                 "nccl_proto_used": ("observed", "NCCL_PROTO"), "nccl_algo_used": ("observed", "NCCL_ALGO")}
+
+
 def migrate_row(data: dict[str, Any]) -> dict[str, Any]:
-    """Rows of schema 1 read as schema 2: their p50 of per-call samples stands for the headline
-    (that is how version 1 reported it) and their percentiles become the jitter fields; they had
-    one checked call, made after the timed loop."""
-    if data.get("schema") != 1:
+    """Older rows read as the current schema (the migration notes are in the README).
+
+    1 -> 2: the p50 of per-call samples stands for the headline (that is how version 1 reported
+    it), the percentiles become the jitter fields, one call was checked (after the timed loop),
+    and setting_applied True/False becomes honoured/ignored.
+    2 -> 3: the nccl_* columns move into the generic requested / observed dicts.
+    """
+    version = data.get("schema")
+    if version == SCHEMA_VERSION:
         return data
     out = dict(data)
-    for stat in ("p10", "p50", "p90", "p99", "min", "max"):
-        out[f"jitter_{stat}_us"] = out.pop(f"latency_{stat}_us", None)
-    out["latency_us"] = out["jitter_p50_us"]
-    out["jitter_samples"] = out.get("iterations", 0) if out["latency_us"] is not None else 0
-    out["checked_calls"] = 1 if out.get("wrong_elements") is not None else 0
-    applied = out.get("setting_applied")
-    out["setting_applied"] = None if applied is None else ("honoured" if applied else "ignored")
+    if version == 1:
+        for stat in ("p10", "p50", "p90", "p99", "min", "max"):
+            out[f"jitter_{stat}_us"] = out.pop(f"latency_{stat}_us", None)
+        out["latency_us"] = out["jitter_p50_us"]
+        out["jitter_samples"] = out.get("iterations", 0) if out["latency_us"] is not None else 0
+        out["checked_calls"] = 1 if out.get("wrong_elements") is not None else 0
+        applied = out.get("setting_applied")
+        out["setting_applied"] = None if applied is None else ("honoured" if applied else "ignored")
+    for column, (target, key) in _NCCL_COLUMNS.items():
+        value = out.pop(column, None)
+        if value is not None:
+            out.setdefault(target, {})[key] = value
     out["schema"] = SCHEMA_VERSION
     return out
 
@@ -208,6 +221,11 @@ def read_run_info(run_dir: Path) -> dict[str, Any]:
         raise UsageError(f"{run_dir}: results of schema version {info.get('schema')}, "
                          f"this commbench reads versions {', '.join(map(str, READABLE_SCHEMAS))}")
     return info
+
+
+def describe_setting(values: dict[str, Any]) -> str:
+    """{'NCCL_PROTO': 'LL', 'NCCL_ALGO': 'Ring'} -> 'NCCL_ALGO=Ring NCCL_PROTO=LL'."""
+    return " ".join(f"{k}={v}" for k, v in sorted(values.items())) or "nothing recorded"
 
 
 def describe_emulation(emulation: dict[str, Any]) -> str:

@@ -59,8 +59,9 @@ def test_unknown_variant_is_a_usage_error(family, variant):
 def test_flashinfer_missing_says_how_to_install():
     assert fi.import_reason() == "flashinfer-python not installed (pip install 'commbench[flashinfer]')"
     backend = factory("flashinfer").make("fused_oneshot", {})[0]
-    assert backend.check(cpu_ctx()) == fi.import_reason()
-    assert fi.versions() == {"flashinfer": None}
+    assert backend.software_reason() == fi.import_reason()
+    assert backend.check(cpu_ctx()) == "needs CUDA GPUs; this run is on the CPU"
+    assert factory("flashinfer").packages == ("flashinfer-python",)
 
 
 def test_flashinfer_too_old_and_broken(monkeypatch):
@@ -79,18 +80,22 @@ def test_flashinfer_too_old_and_broken(monkeypatch):
 
 def test_mscclpp_missing_says_build_from_source():
     backend = factory("mscclpp").make("auto", {})[0]
-    assert backend.check(cpu_ctx()) == "mscclpp not installed: build it from source (README: 'MSCCL++')"
-    assert mp_backend.versions() == {"mscclpp": None}
+    assert backend.software_reason() == ("mscclpp not installed: build it from a checkout with "
+                                         "scripts/build-mscclpp.sh (docs/mscclpp.md)")
+    assert factory("mscclpp").packages == ("mscclpp",)
     # Importing sets the NVLS switch off first: MSCCL++ reads it at initialisation.
+    with pytest.raises(ModuleNotFoundError):
+        mp_backend.import_mscclpp(allow_multicast=False)
     assert os.environ.get("MSCCLPP_FORCE_DISABLE_NVLS") == "1"
 
 
 def test_mscclpp_shim_needs_a_library_path(tmp_path):
-    assert factory("mscclpp").make("shim", {})[0].check(cpu_ctx()) == \
+    assert factory("mscclpp").make("shim", {})[0].software_reason() == \
         "needs the MSCCL++ NCCL shim: pass --mscclpp-nccl-lib PATH (build/lib/libmscclpp_nccl.so)"
     missing = tmp_path / "libmscclpp_nccl.so"
     shim = factory("mscclpp").make("shim", {"mscclpp_nccl_lib": str(missing)})[0]
-    assert shim.check(cpu_ctx()) == f"--mscclpp-nccl-lib {missing}: no such file"
+    assert shim.software_reason() == f"--mscclpp-nccl-lib {missing}: no such file"
+    assert shim.check(cpu_ctx()) == "needs CUDA GPUs; this run is on the CPU"
     missing.write_bytes(b"")
     assert shim.process_env(allow_multicast=False) == {"LD_PRELOAD": str(missing.resolve()), "MSCCLPP_FORCE_DISABLE_NVLS": "1"}
     assert not mp_backend.shim_preloaded(str(missing))
@@ -108,24 +113,24 @@ def test_mscclpp_auto_rule_follows_the_shim_selector():
 def test_multicast_variants_need_permission(no_policy):
     multimem = symm_mem.SymmMemAllreduce("multimem")
     mnnvl = factory("flashinfer").make("mnnvl", {})[0]
-    for backend, prefix in ((multimem, "multimem"), (mnnvl, "MNNVL")):
-        assert backend.check(cpu_ctx()) == f"{prefix} needs NVLink multicast: not tested: pass --allow-multicast"
+    for backend in (multimem, mnnvl):
+        assert backend.check(cpu_ctx()) == "needs NVLink multicast: not tested: pass --allow-multicast"
 
 
 def test_multicast_policy_variables_win_over_permission(monkeypatch, no_policy):
     monkeypatch.setenv("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
     ctx = cpu_ctx(allow_multicast=True)
     assert symm_mem.SymmMemAllreduce("multimem").check(ctx) == \
-        "multimem needs NVLink multicast: disabled by policy (TORCH_SYMM_MEM_DISABLE_MULTICAST=1)"
+        "needs NVLink multicast: disabled by policy (TORCH_SYMM_MEM_DISABLE_MULTICAST=1)"
     nvls = factory("mscclpp").make("algo=default_allreduce_nvls_packet", {})[0]
-    assert nvls.check(ctx) == ("default_allreduce_nvls_packet uses NVLink multicast (NVLS): "
-                               "disabled by policy (TORCH_SYMM_MEM_DISABLE_MULTICAST=1)")
+    assert "multicast" in nvls.needs and "multicast" not in factory("mscclpp").make("auto", {})[0].needs
+    assert nvls.check(ctx) == "needs NVLink multicast: disabled by policy (TORCH_SYMM_MEM_DISABLE_MULTICAST=1)"
 
 
 def test_p2p_symm_mem_variants_need_no_multicast(no_policy):
     for algo in ("one_shot", "two_shot"):
-        assert symm_mem.SymmMemAllreduce(algo).check(cpu_ctx()) == \
-            "needs CUDA GPUs (torch symmetric memory maps peer GPU memory)"
+        assert "multicast" not in symm_mem.SymmMemAllreduce(algo).needs
+        assert symm_mem.SymmMemAllreduce(algo).check(cpu_ctx()) == "needs CUDA GPUs; this run is on the CPU"
 
 
 # --- world size, nodes, dtype, shape ----------------------------------------------------------

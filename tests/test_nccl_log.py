@@ -203,9 +203,12 @@ def test_logging_to_switches_off_when_the_block_fails(monkeypatch: pytest.Monkey
     assert not any(name in os.environ for name in LOG_VARIABLES)
 
 
-def test_variants_take_the_log_dir_from_the_options(tmp_path: Path) -> None:
-    variants = backends.expand(["nccl"], {"nccl_proto": ["LL"], "nccl_log_dir": tmp_path}, True)
-    assert [(b.name, b.log_dir) for b in variants] == [("nccl", tmp_path), ("nccl:proto=LL", tmp_path)]
+def test_variants_log_into_the_run_dir_unless_told_not_to(tmp_path: Path) -> None:
+    variants = backends.expand(["nccl"], {"nccl_proto": ["LL"], "run_dir": tmp_path}, True)
+    logs = tmp_path / "nccl-logs"
+    assert [(b.name, b.log_dir) for b in variants] == [("nccl", logs), ("nccl:proto=LL", logs)]
+    quiet = backends.expand(["nccl"], {"run_dir": tmp_path, "nccl_log": False}, True)
+    assert [b.log_dir for b in quiet] == [None]
 
 
 def test_the_backend_logs_only_around_init_and_observe_and_reads_its_verdict(
@@ -234,13 +237,13 @@ def test_the_backend_logs_only_around_init_and_observe_and_reads_its_verdict(
     monkeypatch.setattr(nccl_backend.dist, "new_group", lambda backend: object())
     monkeypatch.setattr(nccl_backend.dist, "all_reduce", all_reduce)
     ctx = type("Ctx", (), {"world_size": 2, "rank": 0, "device": torch.device("cpu"), "snapshot": None})()
-    backend = backends.expand(["nccl:proto=LL"], {"nccl_log_dir": tmp_path}, True)[0]
+    backend = backends.expand(["nccl:proto=LL"], {"run_dir": tmp_path}, True)[0]
     backend.setup(ctx, 1 << 20, torch.float32)
     assert "NCCL_PROTO" not in os.environ and not any(name in os.environ for name in LOG_VARIABLES)
 
     tuning = "host:1:2 [0] NCCL INFO AllReduce: 4096 Bytes -> Algo RING proto {} channel{{Lo..Hi}}={{0..1}}"
     assert backend.observe(lambda: nccl_logs([tuning.format("LL")]), 4096) == {
-        "nccl_algo_used": "Ring", "nccl_proto_used": "LL", "setting_applied": HONOURED}
+        "observed": {"NCCL_ALGO": "Ring", "NCCL_PROTO": "LL"}, "setting_applied": HONOURED}
     assert backend.observe(lambda: nccl_logs([tuning.format("SIMPLE")]), 4096)["setting_applied"] == IGNORED
     nccl_logs(["a timed call: NCCL's log is off, so nothing is written"])
     assert logged == [f"nccl_proto=LL.init.pid{os.getpid()}.log"] + [

@@ -93,7 +93,6 @@ def test_probe_verdicts_decide_when_present(fake_gpus):
     fake_gpus(count=4, blocked=frozenset({(0, 3)}))
     verdict = "P2P write/read between GPU 1 and GPU 2 failed"
     assert backend("auto").check(ctx_for(4, verdicts={"p2p:auto": verdict})) == verdict
-    assert backend("auto").check(ctx_for(4, verdicts={"p2p": verdict})) == verdict
     # A verdict of None (eligible) is trusted over CUDA's own answer.
     assert backend("auto").check(ctx_for(4, verdicts={"p2p:auto": None})) is None
 

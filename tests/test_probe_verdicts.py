@@ -7,11 +7,28 @@ from pathlib import Path
 
 import pytest
 
+from commbench import backends
+from commbench.engines import explain
 from commbench.policy import MULTICAST_POLICY_VARS
-from commbench.topology.verdicts import KNOWN_BACKENDS, NO_GPU, backend_verdicts, explain, nccl_unsafe_reason, \
-    reason_for
+from commbench.topology import verdicts
+from commbench.topology.needs import NO_GPU, SHARED_GPU
+from commbench.topology.verdicts import backend_verdicts
 
 SNAPSHOTS = Path(__file__).parent / "fixtures" / "snapshots"
+
+
+def variant(name: str):
+    (backend,) = backends.expand([name], {}, on_gpu=True)
+    return backend
+
+
+def reason_for(name: str, snapshot: dict, world_size: int, allow_multicast: bool) -> str | None:
+    """The verdict for one variant, named as a user names it."""
+    return verdicts.reason_for(variant(name), snapshot, world_size, allow_multicast)
+
+
+def nccl_unsafe_reason(name: str, snapshot: dict) -> str | None:
+    return variant(name).snapshot_warning(snapshot)
 
 
 def load(name: str) -> dict:
@@ -40,10 +57,20 @@ def acs4():
     return load("pcie-switch-4x-acs.json")
 
 
-def test_every_known_backend_gets_a_verdict(hgx):
-    verdicts = backend_verdicts(hgx, 8, allow_multicast=True)
-    assert set(verdicts) == set(KNOWN_BACKENDS)
-    assert all(v is None for v in verdicts.values()), {k: v for k, v in verdicts.items() if v}
+def test_every_registered_variant_gets_a_verdict(hgx):
+    got = backend_verdicts(hgx, 8, allow_multicast=True)
+    assert set(got) == {b.name for b in backends.probe_variants()}
+    assert {"nccl", "nccl:proto=LL128,algo=NVLSTree", "p2p:oneshot_pull", "mscclpp:auto", "mscclpp:shim",
+            "flashinfer:fused_twoshot", "flashinfer:mnnvl", "symm_mem:multimem", "gloo"} <= set(got)
+    assert all(v is None for v in got.values()), {k: v for k, v in got.items() if v}
+
+
+def test_the_probed_machines_software_answers_for_its_snapshot(hgx):
+    recorded = {**hgx, "backend_software": {"flashinfer:trtllm_oneshot": "flashinfer-python not installed (pip ...)",
+                                            "p2p:oneshot": None}}
+    assert reason_for("flashinfer:trtllm_oneshot", recorded, 8, False) == "flashinfer-python not installed (pip ...)"
+    assert reason_for("p2p:oneshot", recorded, 8, False) is None
+    assert verdicts.software_record([variant("gloo")]) == {"gloo": None}
 
 
 def test_no_gpu_snapshot_skips_every_gpu_backend(hgx):
@@ -56,7 +83,7 @@ def test_no_gpu_snapshot_skips_every_gpu_backend(hgx):
 def test_pcie_islands_p2p_inside_a_numa_node_only(pcie8):
     # TP4 on GPUs 0-3 (one NUMA node): P2P and IPC work, but rank 5 is not in it -> VMM fine too
     assert reason_for("p2p:oneshot", pcie8, 4, False) is None
-    assert reason_for("mscclpp", pcie8, 4, False) is None
+    assert reason_for("mscclpp:auto", pcie8, 4, False) is None
     assert reason_for("flashinfer:pcie_ipc", pcie8, 4, False) is None
     # torch symm_mem sets its signal pad with system-scope CAS on the peer: this box's NVML says
     # its PCIe pairs have no P2P atomics.
@@ -126,11 +153,11 @@ def test_multi_node_and_shared_gpus(hgx):
         g["host"] = "other"
     assert reason_for("p2p:oneshot", two_hosts, 8, False) == "node-local backend: the ranks span 2 hosts"
     one = {**hgx, "gpus": hgx["gpus"][:1]}
-    assert reason_for("nccl", one, 2, False) == "ranks share a GPU: NCCL refuses two ranks on one device"
+    assert reason_for("nccl", one, 2, False) == SHARED_GPU
 
 
-def test_unknown_family_and_gloo(acs4):
-    assert reason_for("someonesbackend:fast", acs4, 4, False) is None
+def test_a_backend_that_needs_nothing_runs_anywhere(acs4):
+    assert reason_for("gloo", acs4, 4, False) is None
     assert reason_for("gloo", {"gpus": []}, 4, False) is None
 
 
@@ -190,9 +217,10 @@ def test_recorded_h200_single_process():
     s = load("h200-1gpu.json")
     assert s["gpus"][0]["name"] == "NVIDIA H200" and s["gpus"][0]["attributes"]["vmm"] == 1
     verdicts = backend_verdicts(s, 2, allow_multicast=False)
-    for name in ("p2p:oneshot", "symm_mem:two_shot", "flashinfer:trtllm_oneshot", "flashinfer:pcie_ipc", "mscclpp"):
+    for name in ("p2p:oneshot", "symm_mem:two_shot", "flashinfer:trtllm_oneshot", "flashinfer:pcie_ipc",
+                 "mscclpp:auto"):
         assert verdicts[name] is None, (name, verdicts[name])
-    assert verdicts["nccl:proto=LL"] == "ranks share a GPU: NCCL refuses two ranks on one device"
+    assert verdicts["nccl:proto=LL"] == SHARED_GPU
     assert verdicts["symm_mem:multimem"].startswith("no multicast: GPU 0 reports")
     assert backend_verdicts(s, 1, False)["nccl"] is None
     text = "\n".join(explain(s, 2))
@@ -204,7 +232,7 @@ def test_recorded_h200_torchrun_four_ranks_on_one_gpu():
     assert s["mode"] == "torchrun" and [p["rank"] for p in s["participants"]] == [0, 1, 2, 3]
     assert len(s["vmm"]["pairs"]) == 12 and all(p["status"] == "ok" for p in s["vmm"]["pairs"])
     assert reason_for("flashinfer:trtllm_twoshot", s, 4, False) is None
-    assert reason_for("nccl", s, 4, False) == "ranks share a GPU: NCCL refuses two ranks on one device"
+    assert reason_for("nccl", s, 4, False) == SHARED_GPU
     broken = json.loads(json.dumps(s))
     broken["vmm"]["pairs"][5].update(status="fail", detail="rank 1 (GPU 0) writing to rank 3 (GPU 0): "
                                                           "cuMemSetAccess failed: CUDA_ERROR_INVALID_DEVICE (101)")

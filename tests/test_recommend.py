@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 
 from commbench.analysis import models
-from commbench import engines as settings
+from commbench import backends, engines
 from commbench.cli import main as cli
 from commbench.analysis.curves import decode_curves
 from commbench.analysis.recommend import cautions, choose
@@ -50,18 +51,37 @@ def test_the_wrong_size_is_never_chosen_and_is_cautioned(curves):
     assert "1M wrong" in line and "2M hang" in line
 
 
-def test_settings_select_the_path():
-    ll = settings.settings_for("nccl:proto=LL,algo=Ring", {}, 8)
+def declared(name: str, world_size: int = 8) -> engines.Settings:
+    (backend,) = backends.expand([name], {}, on_gpu=True)
+    return backend.engine_settings(world_size)
+
+
+def test_backends_declare_the_settings_that_select_them():
+    ll = declared("nccl:proto=LL,algo=Ring")
     assert ll.nccl_env == {"NCCL_PROTO": "LL", "NCCL_ALGO": "Ring"}
     assert "--disable-custom-all-reduce" in ll.vllm_flags and ll.vllm_env["VLLM_ALLREDUCE_USE_FLASHINFER"] == "0"
-    text = settings.render(ll, 8)
+    text = engines.render(ll, 8)
     assert "export NCCL_PROTO=LL" in text and "vLLM 0.33.0" in text and "SGLang 0.5.23" in text
     assert "--tensor-parallel-size 8" in text and "--tp 8" in text
-    fi = settings.settings_for("flashinfer:fused_oneshot", {}, 8)
-    assert fi.vllm_env["VLLM_FLASHINFER_ALLREDUCE_BACKEND"] == "trtllm"
+    fi = declared("flashinfer:fused_oneshot")
+    assert fi.vllm_env["VLLM_FLASHINFER_ALLREDUCE_BACKEND"] == "trtllm" and "fuse_allreduce_rms" in " ".join(fi.vllm_flags)
     assert fi.sglang_flags == ["--flashinfer-allreduce-fusion-backend", "trtllm"]
-    assert not settings.settings_for("mscclpp:auto", {}, 8).vllm_supported
-    assert settings.settings_for("nccl", {"NCCL_MIN_NCHANNELS": "8"}, 8).nccl_env == {"NCCL_MIN_NCHANNELS": "8"}
+    assert not declared("mscclpp:auto").vllm_supported
+    plain = declared("nccl").with_process_env({"NCCL_MIN_NCHANNELS": "8"})
+    assert plain.nccl_env == {"NCCL_MIN_NCHANNELS": "8"} and engines.NCCL_ENV_IS_PROCESS_WIDE in plain.notes
+    assert engines.CUSTOM_AR_PCIE_GATE in declared("p2p:oneshot", 8).notes
+    assert engines.CUSTOM_AR_PCIE_GATE not in declared("p2p:oneshot", 2).notes
+    assert engines.Settings.from_dict(ll.to_dict()) == ll
+
+
+def test_a_run_without_declared_settings_says_so(tmp_path, capsys):
+    run = tmp_path / "old"
+    shutil.copytree(SYNTHETIC, run)
+    info = json.loads((run / "run.json").read_text())
+    del info["backend_facts"]
+    (run / "run.json").write_text(json.dumps(info))
+    assert cli(["recommend", str(run), "--model", "glm-5", "--concurrency", "16"]) == 0
+    assert "no engine settings recorded for symm_mem:two_shot" in capsys.readouterr().out
 
 
 def test_cli_json(tmp_path, capsys):

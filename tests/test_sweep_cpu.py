@@ -33,7 +33,7 @@ def test_default_torchrun_sweep_writes_rows_table_csv_and_run_json(tmp_path: Pat
     assert [r["message_bytes"] for r in got] == [1024, 4096, 16384, 65536, 262144]
     for row in got:
         assert row["status"] == "ok" and row["wrong_elements"] == 0 and row["world_size"] == 4
-        assert row["schema"] == 2 and row["ranks_identical"] is True and row["first_wrong_call"] is None
+        assert row["schema"] == 3 and row["ranks_identical"] is True and row["first_wrong_call"] is None
         # Both passes, each with its aligning call, every output checked.
         assert row["checked_calls"] == 2 * (row["iterations"] + 1) and row["jitter_samples"] == row["iterations"]
         assert row["jitter_min_us"] <= row["jitter_p50_us"] <= row["jitter_p99_us"] <= row["jitter_max_us"]
@@ -43,7 +43,7 @@ def test_default_torchrun_sweep_writes_rows_table_csv_and_run_json(tmp_path: Pat
     csv_lines = (run_dir / "measurements.csv").read_text().splitlines()
     assert len(csv_lines) == 1 + len(got) and csv_lines[0].startswith("backend,")
     info = json.loads((run_dir / "run.json").read_text())
-    assert info["schema"] == 2 and info["world_size"] == 4 and len(info["gpus"]) == 4
+    assert info["schema"] == 3 and info["world_size"] == 4 and len(info["gpus"]) == 4
     assert info["versions"]["torch"] and "finished" in info
     assert info["args"]["out"] == str(tmp_path)
     assert info["env"]["COMMBENCH_TEST_KNOB"] == "recorded" and "OMP_NUM_THREADS" not in info["env"]

@@ -292,10 +292,11 @@ class Driver:
         prop.location = MemLocation(MEM_LOCATION_TYPE_DEVICE, device)
         return prop
 
-    def vmm_granularity(self, prop: MemAllocationProp) -> int:
+    def vmm_granularity(self, prop: MemAllocationProp, recommended: bool = False) -> int:
         g = ctypes.c_size_t()
+        flag = 1 if recommended else 0     # CU_MEM_ALLOC_GRANULARITY_RECOMMENDED / _MINIMUM
         self.check("cuMemGetAllocationGranularity",
-                   self.lib.cuMemGetAllocationGranularity(ctypes.byref(g), ctypes.byref(prop), 0))
+                   self.lib.cuMemGetAllocationGranularity(ctypes.byref(g), ctypes.byref(prop), flag))
         return g.value
 
     def vmm_create(self, prop: MemAllocationProp, nbytes: int) -> int:

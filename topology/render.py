@@ -9,7 +9,8 @@ from rich.console import Console
 from rich.table import Table
 
 from commbench.topology.findings import findings
-from commbench.topology.verdicts import backend_verdicts, explain, nccl_unsafe_reason
+from commbench.engines import explain
+from commbench.topology.verdicts import reason_for
 
 STATUS_STYLE = {"ok": "green", "fail": "red", "wrong": "bold red", "hangs": "bold red", "not_run": "yellow"}
 
@@ -177,15 +178,18 @@ def findings_table(s: dict[str, Any]) -> Table:
 
 
 def verdicts_table(s: dict[str, Any], world_size: int, allow_multicast: bool) -> Table:
+    from commbench.backends import probe_variants
+
     t = Table(title=f"Backend verdicts at world size {world_size}", title_justify="left")
     t.add_column("backend")
     t.add_column("verdict")
-    for name, reason in backend_verdicts(s, world_size, allow_multicast).items():
-        unsafe = nccl_unsafe_reason(name, s)
+    for backend in probe_variants():
+        reason = reason_for(backend, s, world_size, allow_multicast)
+        unsafe = backend.snapshot_warning(s)
         verdict = "[green]can run[/]" if reason is None else f"[red]skip[/]: {reason}"
         if reason is None and unsafe:
             verdict += f" [yellow](WARN: {unsafe})[/]"
-        t.add_row(name, verdict)
+        t.add_row(backend.name, verdict)
     return t
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import datetime
 import importlib.metadata
 import os
-import platform
 import shutil
 import socket
 import tempfile
@@ -25,6 +24,7 @@ from commbench.policy import multicast_policy_reason
 from commbench.topology import host as host_mod
 from commbench.topology import nvml_facts, pcie
 from commbench.topology.childproc import Child, module_argv, run_child
+from commbench.topology.software import installed_versions
 
 if TYPE_CHECKING:
     from commbench.sweep.context import RunContext
@@ -34,31 +34,22 @@ SNAPSHOT_KIND = "commbench-topology-snapshot"
 DEFAULT_TIMEOUT_S = 20.0
 LOCAL_MODULE = "commbench.topology.local_checks"
 GROUP_MODULE = "commbench.topology.group_checks"
-OPTIONAL_PACKAGES = ("nvidia-ml-py", "cuda-python", "cuda-bindings", "cupy-cuda12x", "cupy-cuda13x",
-                     "flashinfer-python", "mscclpp", "nccl4py")
 BANDWIDTH_METHOD = ("cuMemcpyPeerAsync with peer access on (where it can be enabled), one directed pair at a "
                     "time: 64 MiB x 10 copies for bandwidth (GB/s = 1e9 B/s), 100 back-to-back 4-byte copies "
                     "for latency (us per copy), CUDA events, as CUDA's p2pBandwidthLatencyTest")
 
 
 def software_versions(driver_version: str | None, nvml: dict[str, Any]) -> dict[str, Any]:
-    import torch
+    return {**installed_versions(), "nvidia_driver": nvml.get("driver_version"),
+            "cuda_driver": driver_version or nvml.get("cuda_driver_version"), "commbench": _version("commbench")}
 
-    sw: dict[str, Any] = {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "torch_cuda": torch.version.cuda,
-        "nvidia_driver": nvml.get("driver_version"),
-        "cuda_driver": driver_version or nvml.get("cuda_driver_version"),
-        "commbench": _version("commbench"),
-    }
-    try:
-        nccl = torch.cuda.nccl.version()
-        sw["nccl"] = ".".join(str(p) for p in nccl) if isinstance(nccl, tuple) else str(nccl)
-    except Exception as exc:  # CPU builds have no NCCL
-        sw["nccl"] = f"unavailable ({type(exc).__name__})"
-    sw["packages"] = {name: v for name in OPTIONAL_PACKAGES if (v := _version(name))}
-    return sw
+
+def backend_software() -> dict[str, str | None]:
+    """Each registered variant's software verdict on this machine (None: it is there)."""
+    from commbench.backends import probe_variants
+    from commbench.topology.verdicts import software_record
+
+    return software_record(probe_variants())
 
 
 def _version(dist: str) -> str | None:
@@ -211,6 +202,7 @@ def merge(reports: list[dict[str, Any]], mode: str, world_size: int, participant
         "taken_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "mode": mode, "world_size": world_size, "options": options,
         "software": software_versions(driver_version, reports[0].get("nvml", {})),
+        "backend_software": backend_software(),
         "notes": notes, "errors": errors, "hosts": hosts, "gpus": gpus,
         "participants": [{**p, "gpu": index_of.get((p["host"], p["device"]))} for p in participants],
     }

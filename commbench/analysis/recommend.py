@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from commbench.analysis import models
-from commbench import engines as settings
+from commbench import engines
 from commbench.analysis.curves import (Candidate, Curve, baseline_curve, baseline_name, decode_curves, exceeds_spread,
                               is_failed_check, ranking, run_world_size)
 from commbench.errors import UsageError
@@ -98,6 +98,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", metavar="FILE", help="also write the choices as JSON ('-' for stdout)")
 
 
+def recorded_settings(run: Run, curve: Curve) -> engines.Settings | None:
+    """What the backend declared in this run (run.json backend_facts), under the curve's process env."""
+    declared = ((run.info.get("backend_facts") or {}).get(curve.backend) or {}).get("engine_settings")
+    return engines.Settings.from_dict(declared).with_process_env(curve.env_setting) if declared else None
+
+
 def main(args: argparse.Namespace) -> int:
     if args.list_models:
         print(models.listing())
@@ -144,19 +150,22 @@ def main(args: argparse.Namespace) -> int:
         else:
             verdict = "faster than the default beyond the measured spread"
         print(f"\n## {label} wins {span} ({verdict})")
-        print(settings.render(settings.settings_for(curve.backend, curve.env_setting, tp), tp))
+        chosen = recorded_settings(run, curve)
+        print(engines.render(chosen, tp) if chosen else
+              f"# no engine settings recorded for {curve.backend} in this run's run.json (runs record what "
+              "each backend declares since results schema 3)")
     for line in cautions(run, [by_label[label] for label in winners]):
         print(f"\ncaution: {line}")
     print("\nA microbenchmark win is a hypothesis: confirm it with an end-to-end decode run at your concurrency "
-          "(a faster allreduce lost end to end for Kimi TP8 at high concurrency, reference/user-pain.md G1).")
+          "(on a 16-GPU PCIe-switch server, Kimi K2.6 at TP8 decoded faster with the custom allreduce off at "
+          "short context: 157 vs 139 tok/s at concurrency 1; voipmonitor/rtx6kpro benchmarks, 2026-04-25).")
 
     if args.json:
         payload = {"model": asdict(model), "tp": tp, "baseline": baseline,
                    "choices": [asdict(c) for c in choices],
-                   "settings": [asdict(settings.settings_for(by_label[label].backend, by_label[label].env_setting, tp))
-                                for label in winners],
-                   "engine_versions": {"vllm": settings.VLLM_VERSION, "sglang": settings.SGLANG_VERSION,
-                                       "nccl": settings.NCCL_VERSION}}
+                   "settings": [chosen.to_dict() for label in winners
+                                if (chosen := recorded_settings(run, by_label[label])) is not None],
+                   "engine_versions": engines.versions()}
         text = json.dumps(payload, indent=2)
         if args.json == "-":
             sys.stdout.write(text + "\n")

@@ -15,7 +15,7 @@ from commbench.analysis import plots
 from commbench.analysis.curves import (Crossover, Curve, baseline_curve, baseline_name, build_curves, crossovers, groups,
                               is_failed_check, ranking, run_world_size, select)
 from commbench.errors import UsageError
-from commbench.results import OK, Measurement, Run, load_run
+from commbench.results import OK, Measurement, Run, describe_setting, load_run
 from commbench.analysis.text import fmt_num, fmt_us, render
 from commbench.units import format_bytes
 
@@ -138,8 +138,7 @@ def measurement_table(rows: list[Measurement]) -> str:
         wrong = "-" if r.wrong_elements is None else f"{r.wrong_elements}" + (f" ({r.wrong_kind})" if r.wrong_kind else "")
         notes = [r.reason] if r.reason else []
         if r.setting_applied == "ignored":
-            notes.append(f"NCCL used {r.nccl_proto_used}/{r.nccl_algo_used}, not the requested "
-                         f"{r.nccl_proto_requested}/{r.nccl_algo_requested}")
+            notes.append(f"used {describe_setting(r.observed)}, not the requested {describe_setting(r.requested)}")
         if r.unsafe:
             notes.append(f"unsafe: {r.unsafe}")
         row = [r.backend]

@@ -47,13 +47,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     what.add_argument("--list-backends", action="store_true", help="list backend families and example variants")
     what.add_argument("--dtype", help="bf16,fp16,fp32 (default bf16 on GPU, fp32 on CPU)")
     what.add_argument("--mode", help="eager,graph (default both on GPU; eager on CPU)")
-    what.add_argument("--nccl-proto", help="sweep NCCL protocols, e.g. LL,LL128,Simple (one group per variant)")
-    what.add_argument("--nccl-algo", help="sweep NCCL algorithms, e.g. Ring,Tree")
-    what.add_argument("--p2p-max-bytes", help="largest message for the p2p backends (default 8M)")
-    what.add_argument("--p2p-crossover", help="force p2p:auto's one-shot/two-shot crossover (default: measured)")
-    what.add_argument("--p2p-timeout-ms", type=float,
-                      help="how long a p2p kernel waits for a peer before it gives up (default 5000)")
-    what.add_argument("--mscclpp-nccl-lib", help="path to libmscclpp_nccl.so for the mscclpp:shim backend")
     timing = p.add_argument_group("timing")
     timing.add_argument("--iters", type=int,
                         help="timed calls per pass in eager mode, timed graph replays in graph mode "
@@ -80,8 +73,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     env.add_argument("--allow-multicast", action="store_true",
                      help="allow backends that create NVLink multicast objects (never with a policy variable set)")
     env.add_argument("--no-probe", action="store_true", help="skip the topology probe at start-up")
-    env.add_argument("--no-nccl-log", action="store_true",
-                     help="do not record the algorithm/protocol NCCL used (logged only around untimed calls)")
     drv = p.add_argument_group("driver (outside torchrun)")
     drv.add_argument("--nproc", type=int, help="launch torchrun with this many processes per node yourself")
     drv.add_argument("--env", action="append", default=[], metavar="NAME=V1,V2",
@@ -91,21 +82,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                           "run concurrently (each an equal share of the SMs); stopped when the driver ends")
     drv.add_argument("--child-timeout", type=float, default=3600.0,
                      help="seconds before the driver kills a child torchrun (default 3600)")
+    backends.add_arguments(p)   # each backend family's own flags
 
 
-def backend_options(args: argparse.Namespace, plan: SweepPlan, log_dir: Path | None) -> dict[str, Any]:
-    split = lambda text: [v.strip() for v in text.split(",") if v.strip()] if text else []  # noqa: E731
-    return {
-        "nccl_proto": split(args.nccl_proto),
-        "nccl_algo": split(args.nccl_algo),
-        "nccl_log_dir": log_dir,
-        "p2p_max_bytes": parse_bytes(args.p2p_max_bytes) if args.p2p_max_bytes else None,
-        "p2p_crossover_bytes": parse_bytes(args.p2p_crossover) if args.p2p_crossover else None,
-        "p2p_timeout_ms": args.p2p_timeout_ms,
-        "mscclpp_nccl_lib": args.mscclpp_nccl_lib,
-        "hidden": plan.shapes[0].hidden,   # model shapes share one hidden size; None for plain sizes
-        "allow_multicast": args.allow_multicast,
-    }
+def backend_options(args: argparse.Namespace, plan: SweepPlan, run_dir: Path | None) -> dict[str, Any]:
+    """The sweep's own options every family may read, plus what each family read from its flags."""
+    return {"hidden": plan.shapes[0].hidden,   # model shapes share one hidden size; None for plain sizes
+            "allow_multicast": args.allow_multicast, "run_dir": run_dir, **backends.read_options(args)}
 
 
 def _list_backends() -> int:
@@ -161,7 +144,7 @@ def main(args: argparse.Namespace) -> int:
         # A world size a backend can never use is bad input; spanning nodes is a fact of this
         # machine, answered with skipped rows by the backend's check().
         for backend in variants:
-            reason = backend.world_size_reason(world, nodes=1)
+            reason = backend.world_size_reason(world)
             if reason:
                 raise UsageError(f"backend {backend.name} cannot run with {world} rank(s): {reason}")
     status, run_dir = _run(args, plan, specs, on_gpu)
@@ -183,8 +166,7 @@ def _run(args: argparse.Namespace, plan: SweepPlan, specs: list[str] | None, on_
                              share_gpus=args.share_gpus)
     try:
         run_dir = _prepare_run_dir(ctx, args, run_dir_arg)
-        log_dir = run_dir / "nccl-logs" if ctx.is_cuda and not args.no_nccl_log else None
-        variants = backends.expand(specs, backend_options(args, plan, log_dir), ctx.is_cuda)
+        variants = backends.expand(specs, backend_options(args, plan, run_dir), ctx.is_cuda)
         # Plain allreduce first: fused ops and baselines build on what was measured before them.
         variants.sort(key=lambda b: b.op != "allreduce")
         status = _sweep(ctx, args, plan, variants, run_dir, note)
@@ -220,7 +202,7 @@ def _probe(ctx: RunContext, args: argparse.Namespace, variants: list) -> list[st
         notes.append(f"probe failed on rank {ctx.rank}: {exc}")
     # Rank 0 holds the merged snapshot; every rank decides skips from the same verdicts.
     if ctx.rank == 0 and "error" not in snapshot:
-        verdicts = {b.name: reason_for(b.name, snapshot, ctx.world_size, args.allow_multicast) for b in variants}
+        verdicts = {b.name: reason_for(b, snapshot, ctx.world_size, args.allow_multicast) for b in variants}
     else:
         verdicts = {}
     ctx.snapshot, ctx.verdicts = ctx.broadcast_object((snapshot, verdicts) if ctx.rank == 0 else None)
@@ -303,6 +285,8 @@ def _write_run_json(ctx: RunContext, args: argparse.Namespace, plan: SweepPlan, 
         "snapshot": ctx.snapshot,
         "verdicts": ctx.verdicts,
         "backends": [b.name for b in variants],
+        # What each variant declares, for the offline analysis (it never imports a backend).
+        "backend_facts": {**info.get("backend_facts", {}), **{b.name: backend_facts(b, ctx.world_size) for b in variants}},
         "plan": {"message_bytes": [s.message_bytes for s in plan.shapes],
                  "shapes": [[s.tokens, s.hidden] for s in plan.shapes if s.tokens],
                  "dtypes": [dtype_name(d) for d in plan.dtypes], "modes": plan.modes,
@@ -316,6 +300,12 @@ def _write_run_json(ctx: RunContext, args: argparse.Namespace, plan: SweepPlan, 
             settings.append(env_setting)
     info.pop("finished", None)
     write_run_info(run_dir, info)
+
+
+def backend_facts(backend, world_size: int) -> dict[str, Any]:
+    settings = backend.engine_settings(world_size)
+    return {"family": backend.family, "needs": list(backend.needs),
+            "engine_settings": settings.to_dict() if settings is not None else None}
 
 
 def _finish_run_json(run_dir: Path) -> None:

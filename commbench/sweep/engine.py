@@ -14,14 +14,13 @@ before the next starts.
 from __future__ import annotations
 
 import time
-import traceback
 from collections import Counter
 from dataclasses import fields
 from typing import Any, Callable
 
 import torch
 
-from commbench.backends.base import Backend, BackendTimeout, BackendUnavailable
+from commbench.backends.base import Backend, BackendTimeout, BackendUnavailable, describe
 from commbench.sweep.context import RunContext
 from commbench.sweep.plan import Shape, SweepPlan
 from commbench.results import ERROR, HANG, NO_WORK, OK, SKIPPED, WRONG, Measurement, ResultsWriter, row_key
@@ -140,9 +139,9 @@ class Engine:
             self._skip_all(backend, cells, self.hung_backends[backend.name])
             return
         try:
-            local = self.ctx.verdicts.get(backend.name) or backend.check(self.ctx)
+            local = backend.check(self.ctx)
         except Exception as exc:  # a check that crashes is a reason like any other
-            local = f"check failed: {_describe(exc)}"
+            local = f"check failed: {describe(exc)}"
         rank, reason = self._vote(local)
         if reason:
             self._skip_all(backend, cells, reason, rank)
@@ -174,7 +173,7 @@ class Engine:
             try:
                 backend.setup(self.ctx, max_bytes, dtype)
             except Exception as exc:
-                local = f"setup failed: {_describe(exc)}"
+                local = f"setup failed: {describe(exc)}"
             rank, reason = self._vote(local)
         if reason:
             self._skip_all(backend, cells, reason, rank)
@@ -216,9 +215,9 @@ class Engine:
         except BackendUnavailable as exc:  # this shape cannot run (e.g. tokens <= world size)
             out = {"skip": str(exc)}
         except BackendTimeout as exc:
-            out = {"error": _describe(exc), "timeout": True}
+            out = {"error": describe(exc), "timeout": True}
         except Exception as exc:
-            out = {"error": _describe(exc)}
+            out = {"error": describe(exc)}
         return out
 
     def _warm_up(self, workload: Workload, pairs: int) -> None:
@@ -336,11 +335,3 @@ class Engine:
         if kinds:
             row.wrong_kind = kinds.most_common(1)[0][0]
             row.extra["wrong_calls_by_kind"] = dict(kinds)
-
-
-def _describe(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    first = text[0] if text else ""
-    where = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
-    location = f" [{where.filename.rsplit('/', 1)[-1]}:{where.lineno}]" if where else ""
-    return f"{type(exc).__name__}: {first}{location}"

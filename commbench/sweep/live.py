@@ -7,7 +7,7 @@ import sys
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from commbench.results import OK, Measurement
+from commbench.results import OK, Measurement, describe_setting
 
 HEADER = (f"{'size(B)':>12} {'count':>11} {'type':>5} {'mode':>5}  {'backend':<28} "
           f"{'time(us)':>9} {'p99(us)':>9} {'algbw':>7} {'busbw':>7} {'#wrong':>6}  status")
@@ -26,7 +26,7 @@ def format_row(row: Measurement) -> str:
     wrong = "-" if row.wrong_elements is None else str(row.wrong_elements)
     status = row.status if row.status == OK else f"{row.status}: {row.wrong_kind or row.reason or ''}".rstrip(": ")
     if row.setting_applied == "ignored":
-        status += f" (NCCL used {row.nccl_algo_used}/{row.nccl_proto_used})"
+        status += f" (used {describe_setting(row.observed)})"
     if row.unsafe:
         status += f" [unsafe: {row.unsafe}]"
     return (f"{row.message_bytes:>12} {row.count:>11} {row.dtype:>5} {row.mode:>5}  {row.backend:<28.28} "

@@ -3,29 +3,14 @@
 from __future__ import annotations
 
 import os
-import platform
 import socket
-from importlib import metadata
 from typing import Any
 
 import torch
 
+from commbench.topology.software import installed_versions
+
 ENV_PREFIXES = ("NCCL_", "TORCH_", "MSCCLPP_", "CUDA_", "NVSHMEM_", "COMMBENCH_", "FLASHINFER_")
-PACKAGES = ("torch", "rich", "matplotlib", "cupy-cuda13x", "cupy-cuda12x", "cupy", "cuda-python",
-            "cuda-bindings", "nvidia-ml-py", "flashinfer-python", "mscclpp", "nvidia-nccl-cu12",
-            "nvidia-nccl-cu13", "commbench")
-
-
-def package_versions() -> dict[str, str]:
-    out = {}
-    for name in PACKAGES:
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-    return out
-
-
 def _driver_version() -> str | None:
     try:
         import pynvml
@@ -41,20 +26,7 @@ def _driver_version() -> str | None:
 
 
 def software_versions() -> dict[str, Any]:
-    nccl = None
-    if torch.cuda.is_available():
-        try:
-            nccl = ".".join(str(v) for v in torch.cuda.nccl.version())
-        except Exception:  # a torch build without NCCL
-            nccl = None
-    return {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "cuda_runtime": torch.version.cuda,
-        "nccl": nccl,
-        "driver": _driver_version(),
-        "packages": package_versions(),
-    }
+    return {**installed_versions(), "nvidia_driver": _driver_version()}
 
 
 def relevant_env() -> dict[str, str]:

@@ -58,8 +58,8 @@ def test_multi_gpu_nccl_protocol_matrix_is_exact_and_reported(tmp_path: Path) ->
     rows = _sweep(tmp_path, "--backends", "nccl", "--nccl-proto", "LL,Simple", "--nccl-algo", "Ring",
                   "-b", "4K", "-e", "4M", "-f", "32", "--iters", "20", nproc=torch.cuda.device_count())
     assert all(r["status"] == "ok" and r["wrong_elements"] == 0 for r in rows), rows
-    forced = [r for r in rows if r["nccl_proto_requested"]]
-    assert forced and all(r["nccl_proto_used"] == r["nccl_proto_requested"] for r in forced), forced
+    forced = [r for r in rows if r["requested"].get("NCCL_PROTO")]
+    assert forced and all(r["observed"]["NCCL_PROTO"] == r["requested"]["NCCL_PROTO"] for r in forced), forced
     assert all(r["setting_applied"] == "honoured" for r in forced)
 
 

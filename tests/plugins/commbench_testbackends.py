@@ -32,7 +32,7 @@ class FaultyBackend(Backend):
     def __init__(self, fault: str, number: int):
         self.fault = fault
         self.name = f"testfaults:{fault}"
-        self.node_local = fault == "nodelocal"
+        self.needs = ("node",) if fault == "nodelocal" else ()
         self.max_world_size = 1 if fault == "solo" else None
         self.number = number
         self.group: Any = None
