@@ -181,30 +181,47 @@ def context_need_reason(need: str, ctx: "RunContext") -> str | None:
 
 
 def describe(exc: BaseException) -> str:
-    """An exception as one line for a row: its type, first line and where it was raised."""
+    """An exception as one line for a row: a refusal (BackendUnavailable) is its reason as it
+    stands; anything else is its type, first line and where it was raised."""
     text = str(exc).strip().splitlines()
     first = text[0] if text else ""
+    if isinstance(exc, BackendUnavailable):
+        return first
     where = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
     location = f" [{where.filename.rsplit('/', 1)[-1]}:{where.lineno}]" if where else ""
     return f"{type(exc).__name__}: {first}{location}"
 
 
+def _attempt(step: Callable[[], Any]) -> tuple[str | None, Any]:
+    try:
+        return None, step()
+    except Exception as exc:  # the vote turns it into every rank's reason
+        return describe(exc), None
+
+
 def voted(ctx: "RunContext", what: str, step: Callable[[], Any]) -> Any:
     """Run a local step on every rank, then vote on it before anything collective follows: if
     it raised on any rank, every rank raises BackendUnavailable naming the first that failed."""
-    error, result = None, None
-    try:
-        result = step()
-    except Exception as exc:
-        error = describe(exc)
+    error, result = _attempt(step)
     raise_unless_all_ranks_ok(ctx, error, what)
     return result
+
+
+def voted_gather(ctx: "RunContext", what: str, step: Callable[[], Any]) -> list[Any]:
+    """voted(), and every rank's result in rank order, in one collective (for small results:
+    IPC handles, capacities, timings)."""
+    gathered = ctx.all_gather_objects(_attempt(step))
+    _raise_first_failure([error for error, _ in gathered], what)
+    return [result for _, result in gathered]
 
 
 def raise_unless_all_ranks_ok(ctx: "RunContext", local_error: str | None, what: str) -> None:
     """Vote on a local step before the next collective one: every rank raises, naming the first
     rank that failed, so no rank is left waiting in a rendezvous that a failed peer never joins."""
-    errors = ctx.all_gather_objects(local_error)
+    _raise_first_failure(ctx.all_gather_objects(local_error), what)
+
+
+def _raise_first_failure(errors: list[str | None], what: str) -> None:
     failed = [(rank, err) for rank, err in enumerate(errors) if err is not None]
     if failed:
         rank, err = failed[0]

@@ -4,7 +4,7 @@ The kernels (p2p_allreduce.cu beside this file) are compiled at run time by NVRT
 CuPy, once per process, device, dtype and world size, and launched on torch's current
 stream, so they are captured by CUDA graphs like any torch kernel.
 
-Design (ideas from backends.md §1.2, our own code):
+Design (the ideas of vLLM's and TRT-LLM's custom allreduce, our own code):
 
 * One device allocation per rank holds the flags and data areas; its CUDA-IPC handle goes to
   every rank over the gloo control group and each rank opens its peers' allocations.
@@ -56,8 +56,8 @@ import numpy
 import torch
 
 from commbench import engines
-from commbench.backends.base import (ALL_DTYPES, Backend, BackendFactory, BackendTimeout, BackendUnavailable,
-                                     raise_unless_all_ranks_ok)
+from commbench.backends.base import (ALL_DTYPES, Backend, BackendFactory, BackendTimeout, BackendUnavailable, voted,
+                                     voted_gather)
 from commbench.sweep.context import MPS_PERCENT_VAR, Emulation
 from commbench.errors import UsageError
 from commbench.sweep.timing import capture_graph, per_step_us
@@ -419,10 +419,6 @@ class _SharedArea:
         self.layout = self.ctrl = None
 
 
-def _error_text(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"
-
-
 # ---------------------------------------------------------------------------------------
 # The backend
 
@@ -493,12 +489,8 @@ class P2PAllreduce(Backend):
             self._release()
             self._connect(ctx, slot_bytes, dtype)
         else:
-            error = None
-            try:
-                self._functions[dtype] = kernel_functions(ctx.device.index, dtype, ctx.world_size)
-            except Exception as exc:  # the vote turns it into every rank's reason
-                error = _error_text(exc)
-            raise_unless_all_ranks_ok(ctx, error, "p2p kernel compilation")
+            self._functions[dtype] = voted(ctx, "p2p kernel compilation",
+                                           lambda: kernel_functions(ctx.device.index, dtype, ctx.world_size))
         if dtype not in self._grid_caps:
             self._grid_caps[dtype] = self._agree_grid_cap(ctx, dtype)
         if len(self.algorithms) > 1 and self.options.crossover_bytes is None and dtype not in self._calibrations:
@@ -509,36 +501,27 @@ class P2PAllreduce(Backend):
         area = _SharedArea(ctx, plan_areas(self.algorithms, ctx.world_size, slot_bytes),
                            self.options.timeout_ms)
         self._area = area
-        error, handle = None, None
-        try:
+
+        def compile_and_allocate() -> bytes | None:
             self._functions[dtype] = kernel_functions(ctx.device.index, dtype, ctx.world_size)
-            handle = area.allocate()
-        except Exception as exc:
-            error = _error_text(exc)
-        gathered = ctx.all_gather_objects((error, handle))
-        raise_unless_all_ranks_ok(ctx, error, "p2p buffer allocation")
-        # The vote above already raised everywhere if any rank failed: all handles are here.
-        error = None
-        try:
-            area.connect([h for _, h in gathered])
-        except Exception as exc:
-            error = _error_text(exc)
-        raise_unless_all_ranks_ok(ctx, error, "opening peers' p2p buffers (CUDA IPC)")
+            return area.allocate()
+
+        handles = voted_gather(ctx, "p2p buffer allocation", compile_and_allocate)
+        voted(ctx, "opening peers' p2p buffers (CUDA IPC)", lambda: area.connect(handles))
 
     def _agree_grid_cap(self, ctx: "RunContext", dtype: torch.dtype) -> int:
         """Collective: the most blocks a launch may have. Every rank launches the same grid
         (block b meets block b), so the smallest rank's capacity counts."""
-        error, blocks = None, 0
-        try:
+        def capacity_blocks() -> int:
             capacity = grid_capacity(kernel_blocks_per_sm(ctx.device.index, self._functions[dtype], self.algorithms),
                                      torch.cuda.get_device_properties(ctx.device).multi_processor_count,
                                      ctx.emulation)
-            error, blocks = capacity.refusal(), capacity.blocks
-        except Exception as exc:
-            error = _error_text(exc)
-        per_rank = ctx.all_gather_objects(blocks)
-        raise_unless_all_ranks_ok(ctx, error, "p2p grid sizing")
-        return min(MAX_BLOCKS, *per_rank)
+            refusal = capacity.refusal()
+            if refusal:
+                raise BackendUnavailable(refusal)
+            return capacity.blocks
+
+        return min(MAX_BLOCKS, *voted_gather(ctx, "p2p grid sizing", capacity_blocks))
 
     def _release(self) -> None:
         # A new buffer may allow larger calibration sizes: measure again after a rebuild.
@@ -613,22 +596,18 @@ class P2PAllreduce(Backend):
         ctx, area = self._ctx, self._area
         sizes = [s for s in CALIBRATION_SIZES if s <= area.plan.slot_bytes]
         calls = [calibration_calls(s) for s in sizes]
-        times: dict[str, list[float]] = {ONESHOT_PUSH: [], TWOSHOT: []}
-        error = None
-        try:
+        def measure() -> dict[str, list[float]]:
+            times: dict[str, list[float]] = {ONESHOT_PUSH: [], TWOSHOT: []}
             x = torch.ones(area.plan.slot_bytes // dtype.itemsize, dtype=dtype, device=ctx.device)
             out = torch.empty_like(x)
             for size in sizes:
                 count = size // dtype.itemsize
                 for algorithm in times:
                     times[algorithm].append(self._kernel_us(algorithm, x[:count], out[:count]))
-            failure = area.timeout_error()
-            error = str(failure) if failure else None
-        except Exception as exc:
-            error = _error_text(exc)
-        gathered = ctx.all_gather_objects((error, times))
-        raise_unless_all_ranks_ok(ctx, error, "p2p crossover calibration")
-        slowest = slowest_rank_times([t for _, t in gathered])
+            self.raise_if_failed()
+            return times
+
+        slowest = slowest_rank_times(voted_gather(ctx, "p2p crossover calibration", measure))
         return _Calibration(sizes, calls, slowest[ONESHOT_PUSH], slowest[TWOSHOT],
                             choose_crossover(sizes, slowest[ONESHOT_PUSH], slowest[TWOSHOT]))
 

@@ -27,7 +27,7 @@ def _table(tmp_path: Path, rows: str) -> Path:
 
 @pytest.mark.parametrize("latency_us, floor_ms", [(60.0, 9.36), (70.0, 10.92)])
 def test_users_78_layer_moe_spends_9_to_11_ms_of_a_17_ms_token(tmp_path, latency_us, floor_ms):
-    # DESIGN.md: 78 layers, TP8, 156 allreduces of 12 KB at 60-70 us -> 9-11 ms of a 17.28 ms token.
+    # docs/design.md: 78 layers, TP8, 156 allreduces of 12 KB at 60-70 us -> 9-11 ms of a 17.28 ms token.
     model = models.custom(layers=78, hidden=6144, ar_per_layer=2, dtype="bf16")
     curve = table_curve(_table(tmp_path, f"8K,{latency_us}\n12K,{latency_us}\n16K,{latency_us}\n"))
     row = floor_row(model, curve, concurrency=1)

@@ -221,8 +221,8 @@ def grid_setup(monkeypatch, emulation: Emulation, peer_blocks: int) -> tuple[p2p
                         lambda device: SimpleNamespace(multi_processor_count=H200_SMS))
     ctx = ctx_for(2)
     ctx.emulation = emulation
-    # The gather of capacities carries ints; the vote carries reasons, and the peer has none.
-    ctx.all_gather_objects = lambda obj: [obj, peer_blocks if isinstance(obj, int) else None]
+    # One gather carries each rank's (refusal, capacity); the peer has no refusal.
+    ctx.all_gather_objects = lambda obj: [obj, (None, peer_blocks)]
     b = backend("auto")
     b._functions[torch.bfloat16] = {}
     return b, ctx

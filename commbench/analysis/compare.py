@@ -9,13 +9,12 @@ are noise the runs themselves show). Plus a plot of both curves and their ratio.
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from commbench.analysis import plots
 from commbench.analysis.curves import Curve, build_curves, exceeds_spread, run_world_size
+from commbench.analysis.output import check_json_target, write_json
 from commbench.errors import UsageError
 from commbench.results import Run, load_run
 from commbench.analysis.text import fmt_pct, fmt_us, render
@@ -75,6 +74,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    check_json_target(args.json)
     run_a, run_b = load_run(args.run_a), load_run(args.run_b)
     curves_a, curves_b = build_curves(run_a.rows), build_curves(run_b.rows)
     if not curves_a or not curves_b:
@@ -115,11 +115,5 @@ def main(args: argparse.Namespace) -> int:
     fig = plots.compare_figure(curves_a, curves_b, name_a, name_b, f"allreduce latency: A = {name_a} vs B = {name_b}")
     for path in plots.save(fig, stem):
         print(f"wrote {path}")
-    if args.json:
-        text = json.dumps({"a": name_a, "b": name_b, "changes": [{**asdict(c), "verdict": c.verdict} for c in rows]},
-                          indent=2)
-        if args.json == "-":
-            sys.stdout.write(text + "\n")
-        else:
-            Path(args.json).write_text(text + "\n", encoding="utf-8")
+    write_json(args.json, {"a": name_a, "b": name_b, "changes": [{**asdict(c), "verdict": c.verdict} for c in rows]})
     return 0

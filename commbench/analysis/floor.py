@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
-import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from commbench.analysis import models
 from commbench.analysis.curves import Curve, CurveKey, Point, baseline_name, decode_curves, ranking
+from commbench.analysis.output import check_json_target, write_json
 from commbench.errors import UsageError
 from commbench.analysis.models import Model
 from commbench.results import load_run
@@ -162,6 +161,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    check_json_target(args.json)
     if args.list_models:
         print(models.listing())
         return 0
@@ -218,15 +218,9 @@ def main(args: argparse.Namespace) -> int:
         print()
         print(what_if_text(report))
 
-    if args.json:
-        payload = {"model": asdict(model), "allreduces_per_token": model.allreduces_per_token, "tp": tp,
-                   "curve": origin, "rows": [asdict(r) for r in rows],
-                   "what_if": asdict(report) if report else None}
-        text = json.dumps(payload, indent=2)
-        if args.json == "-":
-            sys.stdout.write(text + "\n")
-        else:
-            Path(args.json).write_text(text + "\n", encoding="utf-8")
+    write_json(args.json, {"model": asdict(model), "allreduces_per_token": model.allreduces_per_token, "tp": tp,
+                           "curve": origin, "rows": [asdict(r) for r in rows],
+                           "what_if": asdict(report) if report else None})
     return 0
 
 

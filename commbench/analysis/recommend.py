@@ -8,16 +8,13 @@ when it is larger than the p10-p90 spread both sides measured.
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 from commbench.analysis import models
 from commbench import engines
 from commbench.analysis.curves import (Candidate, Curve, baseline_curve, baseline_name, decode_curves, exceeds_spread,
                               is_failed_check, ranking, run_world_size)
-from commbench.errors import UsageError
+from commbench.analysis.output import check_json_target, write_json
 from commbench.analysis.models import Model
 from commbench.results import Run, load_run
 from commbench.analysis.text import fmt_us, render
@@ -105,6 +102,7 @@ def recorded_settings(run: Run, curve: Curve) -> engines.Settings | None:
 
 
 def main(args: argparse.Namespace) -> int:
+    check_json_target(args.json)
     if args.list_models:
         print(models.listing())
         return 0
@@ -160,18 +158,9 @@ def main(args: argparse.Namespace) -> int:
           "(on a 16-GPU PCIe-switch server, Kimi K2.6 at TP8 decoded faster with the custom allreduce off at "
           "short context: 157 vs 139 tok/s at concurrency 1; voipmonitor/rtx6kpro benchmarks, 2026-04-25).")
 
-    if args.json:
-        payload = {"model": asdict(model), "tp": tp, "baseline": baseline,
-                   "choices": [asdict(c) for c in choices],
-                   "settings": [chosen.to_dict() for label in winners
-                                if (chosen := recorded_settings(run, by_label[label])) is not None],
-                   "engine_versions": engines.versions()}
-        text = json.dumps(payload, indent=2)
-        if args.json == "-":
-            sys.stdout.write(text + "\n")
-        else:
-            try:
-                Path(args.json).write_text(text + "\n", encoding="utf-8")
-            except OSError as exc:
-                raise UsageError(f"{args.json}: cannot write ({exc.strerror})") from None
+    write_json(args.json, {"model": asdict(model), "tp": tp, "baseline": baseline,
+                           "choices": [asdict(c) for c in choices],
+                           "settings": [chosen.to_dict() for label in winners
+                                        if (chosen := recorded_settings(run, by_label[label])) is not None],
+                           "engine_versions": engines.versions()})
     return 0

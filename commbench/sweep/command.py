@@ -26,7 +26,7 @@ from commbench.sweep.plan import SweepPlan, build_plan
 from commbench.results import HANG, ResultsWriter, new_run_dir, read_rows, read_run_info, write_csv, write_run_info
 from commbench.sweep.live import HEADER, LiveTable
 from commbench.sweep.dtypes import dtype_name
-from commbench.units import format_bytes, parse_bytes
+from commbench.units import format_bytes
 from commbench.sweep.versions import local_device_info, relevant_env, software_versions
 
 HELP = "sweep allreduce sizes x dtypes x eager/graph over every backend that can run here"
@@ -92,9 +92,8 @@ def backend_options(args: argparse.Namespace, plan: SweepPlan, run_dir: Path | N
 
 
 def _list_backends() -> int:
-    for family in backends.families():
-        fac = backends.factory(family)
-        print(f"{family:<11} {fac.summary}")
+    for fac in backends.usable_factories():
+        print(f"{fac.family:<11} {fac.summary}")
         for example in fac.variants_help:
             print(f"{'':<11}   {example}")
     return 0

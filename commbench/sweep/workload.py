@@ -17,7 +17,6 @@ results (TP ranks that would diverge) show up even where every value is within t
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterator
 
