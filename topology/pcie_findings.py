@@ -17,6 +17,7 @@ from typing import Any
 from commbench.topology import islands, nccl_checks
 from commbench.topology.findings import FAIL, INFO, WARN, finding
 from commbench.topology.nccl_xml import RING, TREES, NcclXmlError, parse_graphs
+from commbench.units import format_bytes
 
 # SM peer path vs copy engine: healthy PCIe kernel writes reach ~0.8 of the copy engine
 # (copy engines "only ~24% faster than kernel writes", flashinfer#4393); kernel traffic staged
@@ -43,6 +44,9 @@ AER_SOURCE = ("correctable errors are retransmitted by the link (no data lost); 
               "Timer Timeouts under cross-root traffic is normal on AMD multi-switch hosts (rtx6kpro "
               "hardware/aer-replay-timeouts-during-collapse.md); uncorrectable ones (e.g. Surprise Link Down, "
               "aer_uncor_status 0x20) preceded lockups (rtx6kpro hardware/pcie-bandwidth.md)")
+LINK_LOAD_SOURCE = ("idle GPUs retrain their links Gen1 <-> Gen5 (rtx6kpro hardware/pcie-bandwidth.md) and cap "
+                    "copies at 2-3 GB/s (club-3090 p2p_collective_check), so only a reading under load counts; "
+                    "DCGM's pcie plugin checks the same downtraining")
 NCCL_SUGGESTION = "suggestion to measure, not a fix: "
 SOCKET_SOURCE = ("across sockets one-shot kernels beat NCCL only below 48 KB and lost 4-16% end to end with MTP "
                  "(rtx6kpro, 8 PCIe GPUs)")
@@ -136,7 +140,7 @@ def nccl_ab_findings(snapshot: dict[str, Any]) -> list[dict[str, Any]]:
         if entry.get("ab_note"):
             out.append(finding(INFO, "nccl_ab_one_gpu", f"{where}: collective A/B not run: {entry['ab_note']}"))
         for pair in ab_pairs(entry):
-            size = f"{pair['size_bytes']} B ({pair['label']})"
+            size = f"{format_bytes(pair['size_bytes'])} ({pair['label']})"
             if pair["meaning"] == nccl_checks.P2P_FAULT:
                 out.append(finding(FAIL, "nccl_p2p_fault", f"{where}: NCCL allreduce of {size}: {pair['why']} "
                                                            f"({pair['p2p']['detail']})", NCCL_FAULT_REMEDY))
@@ -156,13 +160,14 @@ def nccl_patterns(topology: dict[str, Any]) -> list[dict[str, Any]]:
     except NcclXmlError as exc:
         return [finding(WARN, "nccl_dump_unreadable", f"NCCL's graph dump: {exc}")]
     out = []
-    intra = [g for g in graphs if g.pattern in (RING, *TREES)]
-    ring = [g for g in graphs if g.pattern == RING]
+    # Graphs NCCL found no channel for (collnet and NVLS without the hardware) say nothing.
+    intra = [g for g in graphs if g.pattern in (RING, *TREES) and g.nchannels > 0]
+    ring = [g for g in intra if g.pattern == RING]
     if intra and all(g.type_intra == "SYS" for g in intra):
         speed = min(g.speed_intra_gbps for g in intra)
         out.append(finding(WARN, "nccl_all_sys",
-                           f"NCCL routes every ring and tree channel over SYS (estimated {speed:g} GB/s per channel): "
-                           f"it sees no P2P path and goes through host memory",
+                           f"NCCL classes every ring and tree channel as SYS (estimated {speed:g} GB/s per channel): "
+                           f"its search found no closer path for them",
                            NCCL_SUGGESTION + "NCCL_P2P_LEVEL=SYS (a level the box cannot carry deadlocks: rtx6kpro "
                            "optimization/nccl-tuning.md), or NCCL_GRAPH_FILE with typeintra PHB as in the AMD Turin case "
                            "(32 KiB 48.16 -> 26.20 us)"))
@@ -174,7 +179,7 @@ def nccl_patterns(topology: dict[str, Any]) -> list[dict[str, Any]]:
     small = topology.get("small_message") or {}
     if small.get("proto") == "Simple":
         out.append(finding(WARN, "nccl_simple_small",
-                           f"NCCL chose Simple for a {small['bytes'] >> 10} KiB allreduce ({small.get('algo')}): its "
+                           f"NCCL chose Simple for a {format_bytes(small['bytes'])} allreduce ({small.get('algo')}): its "
                            f"bandwidth model rules out LL on this box",
                            NCCL_SUGGESTION + "NCCL_PROTO=LL (+22% on the users' 8-GPU PCIe boxes) or NCCL_GRAPH_FILE "
                            "(AMD Turin: 32 KiB 48.16 -> 26.20 us, rtx6kpro optimization/nccl-tuning.md); "

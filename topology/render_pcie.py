@@ -9,6 +9,7 @@ from typing import Any
 from rich.table import Table
 
 from commbench.topology import islands, nccl_checks
+from commbench.units import format_bytes
 from commbench.topology.inert_settings import inert_settings
 from commbench.topology.nccl_xml import NcclXmlError, parse_graphs, parse_topology
 from commbench.topology.pcie_findings import (SM_READ_LATENCY_MAX_US, SM_READ_LATENCY_SOURCE, SM_TO_COPY_MIN_RATIO,
@@ -77,7 +78,7 @@ def nccl_ab_table(entry: dict[str, Any]) -> Table:
     if entry.get("ab_note"):
         t.add_row("-", "-", "-", entry["ab_note"])
     for pair in ab_pairs(entry):
-        t.add_row(f"{pair['size_bytes']} B ({pair['label']})",
+        t.add_row(f"{format_bytes(pair['size_bytes'])} ({pair['label']})",
                   f"{_verdict(pair['p2p']['verdict'])} {pair['p2p']['detail']}",
                   f"{_verdict(pair['p2p_disabled']['verdict'])} {pair['p2p_disabled']['detail']}",
                   f"{_verdict(pair['meaning'])}: {pair['why']}")
@@ -101,7 +102,7 @@ def nccl_view_table(entry: dict[str, Any]) -> Table:
     except NcclXmlError as exc:
         t.add_row("dump", f"[red]unreadable[/]: {exc}")
     small = topology.get("small_message") or {}
-    t.add_row(f"{small.get('bytes', 0) >> 10} KiB allreduce", f"algo {small.get('algo')}, proto {small.get('proto')}")
+    t.add_row(f"{format_bytes(small.get('bytes', 0))} allreduce", f"algo {small.get('algo')}, proto {small.get('proto')}")
     for name, value in (topology.get("env") or {}).items():
         t.add_row(f"set: {name}", value)
     return t
