@@ -53,7 +53,8 @@ def base_env(allow_multicast: bool) -> dict[str, str]:
 def run_ranks(devices: list[int | None], sizes: list[int], env: dict[str, str], timeout_s: float, workdir: Path,
               module: str = CHILD_MODULE, backend: str = "nccl",
               rank_env: dict[int, dict[str, str]] | None = None) -> list[ChildResult]:
-    """One child per device (rank r on devices[r]), all waited on together until one deadline."""
+    """One child per device (rank r on devices[r]; None = a CPU rank, for gloo), all waited on
+    together until one deadline."""
     store = workdir / f"store-{time.monotonic_ns()}"
     children = []
     for rank, device in enumerate(devices):
@@ -80,8 +81,8 @@ def run_verdict(ranks: list[dict[str, Any]], sizes: list[int]) -> tuple[str, str
     if wrong:
         return WRONG, "; ".join(f"rank {r['rank']}: {r['wrong_elements']} wrong element(s)" for r in wrong)
     errors = [r for r in ranks if r["error"] and not r["timed_out"]]
-    if errors:
-        return INCONCLUSIVE, f"rank {errors[0]['rank']} failed: {errors[0]['error']}"
+    if errors:   # a rank's failure often takes its peers down with it: name them all
+        return INCONCLUSIVE, "; ".join(f"rank {r['rank']} failed: {r['error']}" for r in errors)
     hung = [r for r in ranks if r["timed_out"]]
     if hung:
         return HANGS, f"rank {hung[0]['rank']} did not finish within the time limit (last step: {hung[0]['last_step']})"
@@ -101,7 +102,7 @@ def ab_meaning(p2p: str, control: str) -> tuple[str, str]:
     return INCONCLUSIVE, "the run with P2P failed to start (see its detail); the control was correct"
 
 
-def collective_ab(devices: list[int], timeout_s: float, allow_multicast: bool, workdir: Path,
+def collective_ab(devices: list[int | None], timeout_s: float, allow_multicast: bool, workdir: Path,
                   module: str = CHILD_MODULE, backend: str = "nccl") -> list[dict[str, Any]]:
     """Four runs (2 sizes x with/without P2P), each a fresh set of rank processes."""
     runs = []
@@ -123,7 +124,7 @@ def _read_capped(path: Path) -> str | None:
     return path.read_text(encoding="utf-8", errors="replace")[:MAX_XML_CHARS]
 
 
-def topology_dump(devices: list[int], timeout_s: float, allow_multicast: bool, workdir: Path,
+def topology_dump(devices: list[int | None], timeout_s: float, allow_multicast: bool, workdir: Path,
                   module: str = CHILD_MODULE, backend: str = "nccl") -> dict[str, Any]:
     """NCCL's topology and graph XML over these GPUs, and its choice for a 32 KiB allreduce."""
     files = {"topo": workdir / "nccl-topo.xml", "graph": workdir / "nccl-graph.xml"}
@@ -142,7 +143,7 @@ def topology_dump(devices: list[int], timeout_s: float, allow_multicast: bool, w
             "env": {k: os.environ[k] for k in SHAPING_VARS if k in os.environ}}
 
 
-def nccl_report(devices: list[int], timeout_s: float, allow_multicast: bool, module: str = CHILD_MODULE,
+def nccl_report(devices: list[int | None], timeout_s: float, allow_multicast: bool, module: str = CHILD_MODULE,
                 backend: str = "nccl") -> dict[str, Any]:
     """The A/B (2 GPUs or more) and NCCL's view (any GPU count), as one snapshot entry."""
     workdir = Path(tempfile.mkdtemp(prefix="cbn-"))
