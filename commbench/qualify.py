@@ -278,9 +278,9 @@ SOCKET_CHECK = "TP group inside one socket"
 CLUB_3090_SOURCE = "4 B (LL) and 16 MiB (Simple) exact allreduce vs an NCCL_P2P_DISABLE=1 control (club-3090 p2p_collective_check)"
 
 
-def _not_probed(name: str, flag: str) -> Result:
+def _not_probed(name: str, flag: str, source: str) -> Result:
     return Result("fabric", name, WARN, f"not probed: take the snapshot with commbench probe {flag} "
-                                        f"and pass it with --snapshot")
+                                        f"and pass it with --snapshot", source)
 
 
 def _pairs_text(rows: list[dict[str, Any]], what: str) -> str:
@@ -292,7 +292,7 @@ def check_sm_path(snapshot: dict[str, Any], limits: dict[str, Any]) -> Result:
     min_ratio = limits.get("min_ratio", pf.SM_TO_COPY_MIN_RATIO)
     max_us = limits.get("max_read_latency_us", pf.SM_READ_LATENCY_MAX_US)
     if not snapshot.get("sm_peer"):
-        return _not_probed(name, "--bandwidth")
+        return _not_probed(name, "--bandwidth", source)
     rows = [r for r in pf.sm_path_rows(snapshot) if r["src"] != r["dst"]]
     if not rows:
         return Result("fabric", name, WARN, "not probed: one GPU (a GPU with itself measures no fabric)", source)
@@ -317,7 +317,7 @@ def check_nccl_ab(snapshot: dict[str, Any], limits: dict[str, Any]) -> Result:
     name, source = NCCL_AB_CHECK, limits.get("source", CLUB_3090_SOURCE)
     entries = snapshot.get("nccl_checks")
     if entries is None:
-        return _not_probed(name, "--nccl")
+        return _not_probed(name, "--nccl", source)
     pairs = [(e["host"], p) for e in entries for p in pf.ab_pairs(e)]
     if not pairs:
         notes = "; ".join(e.get("ab_note") or "no runs" for e in entries) or "no host ran it"
@@ -337,7 +337,7 @@ def check_link_under_load(snapshot: dict[str, Any], limits: dict[str, Any]) -> R
     name, source = LOAD_CHECK, limits.get("source", pf.LINK_LOAD_SOURCE)
     readings = snapshot.get("link_under_load")
     if readings is None:
-        return _not_probed(name, "--bandwidth")
+        return _not_probed(name, "--bandwidth", source)
     low = [r for r in readings if pf.below_max(r)]
     if low:
         return Result("fabric", name, FAIL, "below max while busy: " + ", ".join(
@@ -379,7 +379,7 @@ def check_nccl_view(snapshot: dict[str, Any], limits: dict[str, Any]) -> Result:
     name, source = NCCL_VIEW_CHECK, limits.get("source", "rtx6kpro optimization/nccl-tuning.md")
     entries = snapshot.get("nccl_checks")
     if entries is None:
-        return _not_probed(name, "--nccl")
+        return _not_probed(name, "--nccl", source)
     found = [f for e in entries for f in pf.nccl_view_findings({"nccl_checks": [e]})]
     if found:
         return Result("fabric", name, WARN, "; ".join(f"{f['message']} -> {f['remedy'] or 'see the probe'}"
@@ -392,8 +392,8 @@ def check_nccl_view(snapshot: dict[str, Any], limits: dict[str, Any]) -> Result:
 def check_tp_socket(snapshot: dict[str, Any], limits: dict[str, Any], world_size: int | None) -> Result:
     name, source = SOCKET_CHECK, limits.get("source", pf.SOCKET_SOURCE)
     hosts = islands.host_gpus(snapshot)
-    if not hosts:
-        return Result("fabric", name, WARN, "not probed: the snapshot lists no GPUs", source)
+    if not hosts or not (snapshot.get("links") or {}).get("matrix"):
+        return Result("fabric", name, WARN, "not probed: the snapshot has no GPUs or no link matrix", source)
     host, gpus = next(iter(hosts.items()))
     tp = world_size or len(gpus)
     if tp > len(gpus):

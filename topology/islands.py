@@ -50,7 +50,7 @@ def distance(snapshot: dict[str, Any], a: int, b: int) -> int:
 def host_gpus(snapshot: dict[str, Any]) -> dict[str, list[int]]:
     out: dict[str, list[int]] = {}
     for g in snapshot.get("gpus") or []:
-        out.setdefault(g["host"], []).append(g["index"])
+        out.setdefault(g.get("host", ""), []).append(g["index"])
     return out
 
 
@@ -73,7 +73,7 @@ def components(snapshot: dict[str, Any], gpus: list[int], max_distance: int) -> 
 
 def socket_of(snapshot: dict[str, Any], gpu: int) -> int | None:
     g = snapshot["gpus"][gpu]
-    sockets = (snapshot.get("hosts") or {}).get(g["host"], {}).get("numa_sockets") or {}
+    sockets = (snapshot.get("hosts") or {}).get(g.get("host", ""), {}).get("numa_sockets") or {}
     return sockets.get(str(g.get("numa_node")))
 
 

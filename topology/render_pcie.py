@@ -37,7 +37,7 @@ def sm_path_table(s: dict[str, Any]) -> Table:
     for col in ("pair", "copy GB/s", "SM store GB/s", "SM load GB/s", "SM/copy", "read latency us", "result"):
         t.add_column(col)
     for r in sm_path_rows(s):
-        pair = f"{r['src']} -> {r['dst']}" + (" (same GPU)" if r["src"] == r["dst"] else "")
+        pair = f"{r['src']} -> {r['dst']}" + (" (same GPU, no fabric)" if r["src"] == r["dst"] else "")
         if r.get("status") != "ok":
             t.add_row(pair, _num(r["copy_gbps"]), "-", "-", "-", "-", f"[red]{r.get('status')}[/] {r.get('detail')}")
             continue
