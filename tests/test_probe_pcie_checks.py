@@ -26,6 +26,7 @@ def fakes_on_path(monkeypatch):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(FAKES), os.environ.get("PYTHONPATH")])))
     monkeypatch.delenv("COMMBENCH_TEST_FAULT", raising=False)
     monkeypatch.delenv("COMMBENCH_TEST_FAULT_BYTES", raising=False)
+    monkeypatch.delenv("COMMBENCH_TEST_NCCL_DUMPS", raising=False)
     return monkeypatch
 
 
@@ -66,6 +67,19 @@ def test_one_gpu_gets_a_note_and_still_dumps_the_topology(fakes_on_path):
     assert topology["ranks"] == 1 and topology["verdict"] == HEALTHY
     # gloo writes no NCCL dumps or logs: the fields stay empty rather than made up
     assert topology["topo_xml"] is None and topology["small_message"] == {"bytes": 32768, "algo": None, "proto": None}
+
+
+def test_topology_run_keeps_what_nccl_wrote(fakes_on_path):
+    fakes_on_path.setenv("COMMBENCH_TEST_NCCL_DUMPS", str(Path(__file__).parent / "fixtures" / "nccl"))
+    report = nccl_checks.nccl_report([None, None], LIMIT_S, False, module=FAULT_CHILD, backend="gloo")
+    topology = report["topology"]
+    assert topology["ranks"] == 2 and topology["verdict"] == HEALTHY
+    assert topology["small_message"] == {"bytes": 32768, "algo": "Ring", "proto": "Simple"}
+    assert topology["graph_xml"] == (Path(__file__).parent / "fixtures" / "nccl" / "turin-8x-graph.xml").read_text()
+    assert [r["verdict"] for r in report["ab"]] == [HEALTHY] * 4 and report["ab_note"] is None
+    from commbench.topology.pcie_findings import nccl_patterns
+
+    assert [f["code"] for f in nccl_patterns(topology)] == ["nccl_all_sys", "nccl_two_channels", "nccl_simple_small"]
 
 
 def test_ab_with_a_hang_only_over_p2p_at_the_ll_size(fakes_on_path, tmp_path):

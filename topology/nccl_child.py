@@ -41,10 +41,12 @@ def run(spec: dict[str, Any]) -> None:
     device = torch.device("cuda", int(spec["device"])) if spec.get("device") is not None else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    backend = spec.get("backend", "nccl")
     emit("start", step="init", rank=rank)
-    dist.init_process_group(spec.get("backend", "nccl"), init_method=f"file://{spec['store']}", rank=rank,
-                            world_size=world, timeout=datetime.timedelta(seconds=float(spec["timeout_s"])),
-                            device_id=device if device.type == "cuda" else None)
+    # device_id makes NCCL build its communicator here, inside the timed child; gloo takes none.
+    dist.init_process_group(backend, init_method=f"file://{spec['store']}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=float(spec["timeout_s"])),
+                            device_id=device if backend == "nccl" else None)
     try:
         for nbytes in spec["sizes_bytes"]:
             count = max(1, int(nbytes) // 4)
