@@ -50,8 +50,8 @@ def _symm_mem_rules(cc: str, multicast: bool) -> list[InertSetting]:
     out = []
     if cc == "12.0":
         out.append(InertSetting("vLLM VLLM_ALLREDUCE_USE_SYMM_MEM=1 (torch symmetric-memory allreduce, on by default)",
-                                "SYMM_MEM_ALL_REDUCE_MAX_SIZES has entries for compute capability 9.0 and 10.0 only: "
-                                "on 12.0 no message size takes this path",
+                                "SYMM_MEM_ALL_REDUCE_MAX_SIZES gives sizes for compute capability 9.0 and 10.0 and "
+                                "none for 12.0: no message takes this path",
                                 f"{VLLM} distributed/device_communicators/symm_mem.py"))
     if not multicast:
         out.append(InertSetting("SGLang --enable-torch-symm-mem",
