@@ -125,6 +125,7 @@ class FakeDriver:
     def __init__(self):
         self.clock_ms = 0.0
         self.log: list[str] = []
+        self.uploads: list[tuple[int, int]] = []
 
     def event(self):
         return {"t": None}
@@ -137,13 +138,15 @@ class FakeDriver:
         self.log.append("elapsed")
         return end["t"] - start["t"]
 
+    def write_bytes(self, ptr, data):
+        self.uploads.append((ptr, len(data)))
+
 
 class FakeKernels:
     """16-byte stores at 40 GB/s, loads at 10 GB/s, 2 us per dependent peer read, 5 us launch."""
 
     def __init__(self, drv):
         self.drv = drv
-        self.uploads = []
 
     def store(self, dst, nbytes, blocks, seed):
         self.drv.clock_ms += 0.005 + nbytes / 40e9 * 1e3
@@ -153,9 +156,6 @@ class FakeKernels:
 
     def chase(self, start, hops, out):
         self.drv.clock_ms += 0.005 + hops * 2e-3
-
-    def upload(self, dst, data):
-        self.uploads.append((dst, len(data)))
 
 
 def test_measure_pair_arithmetic_and_the_busy_reading():
@@ -169,7 +169,7 @@ def test_measure_pair_arithmetic_and_the_busy_reading():
     assert result["read_latency_us"] == pytest.approx(2.0, abs=0.001)
     # the link is read after the timed stores were enqueued and before waiting for them
     assert seen == [["record", "record"]]
-    assert kernels.uploads == [(0x7000_0000, peer_checks.CHASE_NODES * peer_checks.CHASE_STRIDE_BYTES)]
+    assert drv.uploads == [(0x7000_0000, peer_checks.CHASE_NODES * peer_checks.CHASE_STRIDE_BYTES)]
 
 
 def test_pointer_ring_closes():

@@ -66,7 +66,7 @@ def measure_pair(drv: Any, kernels: Any, peer_buf: int, out_buf: int, blocks: in
     """Store and load bandwidth and read latency from the current context into peer_buf."""
     store_ms = timed_ms(drv, lambda: kernels.store(peer_buf, SM_BYTES, blocks, STORE_SEED), SM_REPS, while_busy)
     load_ms = timed_ms(drv, lambda: kernels.load(peer_buf, SM_BYTES, out_buf, blocks), SM_REPS)
-    kernels.upload(peer_buf, chain(peer_buf, CHASE_NODES, CHASE_STRIDE_BYTES))
+    drv.write_bytes(peer_buf, chain(peer_buf, CHASE_NODES, CHASE_STRIDE_BYTES))
     return {"store_gbps": gbps(SM_BYTES, SM_REPS, store_ms), "load_gbps": gbps(SM_BYTES, SM_REPS, load_ms),
             "read_latency_us": read_latency_us(drv, kernels, peer_buf, out_buf)}
 

@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import ctypes
 import struct
-from typing import Any
 
-from commbench.topology.cudadrv import PTX_TARGETS, Driver
+from commbench.topology.cudadrv import Driver
 
 PEER_PTX = """
 .version PTX_VERSION
@@ -144,37 +143,19 @@ class PeerKernels:
 
     def __init__(self, drv: Driver):
         self.drv = drv
-        module = ctypes.c_void_p()
-        code = -1
-        for version, target in PTX_TARGETS:   # the oldest target this driver accepts for the GPU
-            ptx = PEER_PTX.replace("PTX_VERSION", version).replace("PTX_TARGET", target)
-            code = drv.lib.cuModuleLoadData(ctypes.byref(module), ptx.encode() + b"\0")
-            if code == 0:
-                break
-        drv.check("cuModuleLoadData", code)
-        self.functions: dict[str, ctypes.c_void_p] = {}
-        for name in KERNEL_NAMES:
-            func = ctypes.c_void_p()
-            drv.check("cuModuleGetFunction", drv.lib.cuModuleGetFunction(ctypes.byref(func), module, name.encode()))
-            self.functions[name] = func
-
-    def _launch(self, name: str, blocks: int, threads: int, args: list[Any]) -> None:
-        params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.byref(a), ctypes.c_void_p) for a in args])
-        self.drv.check(f"cuLaunchKernel({name})", self.drv.lib.cuLaunchKernel(
-            self.functions[name], blocks, 1, 1, threads, 1, 1, 0, None, params, None))
+        module = drv.load_ptx(PEER_PTX)
+        self.functions = {name: drv.function(module, name) for name in KERNEL_NAMES}
 
     def store(self, dst: int, nbytes: int, blocks: int, seed: int) -> None:
-        self._launch("peer_store", blocks, THREADS, [ctypes.c_uint64(dst), ctypes.c_uint64(nbytes // VECTOR_BYTES),
-                                                     ctypes.c_uint32(seed)])
+        self.drv.launch(self.functions["peer_store"], blocks, THREADS,
+                        [ctypes.c_uint64(dst), ctypes.c_uint64(nbytes // VECTOR_BYTES), ctypes.c_uint32(seed)],
+                        "peer_store")
 
     def load(self, src: int, nbytes: int, out: int, blocks: int) -> None:
-        self._launch("peer_load", blocks, THREADS, [ctypes.c_uint64(src), ctypes.c_uint64(nbytes // VECTOR_BYTES),
-                                                    ctypes.c_uint64(out), ctypes.c_uint32(LOAD_SEED)])
+        self.drv.launch(self.functions["peer_load"], blocks, THREADS,
+                        [ctypes.c_uint64(src), ctypes.c_uint64(nbytes // VECTOR_BYTES), ctypes.c_uint64(out),
+                         ctypes.c_uint32(LOAD_SEED)], "peer_load")
 
     def chase(self, start: int, hops: int, out: int) -> None:
-        self._launch("peer_chase", 1, 1, [ctypes.c_uint64(start), ctypes.c_uint32(hops), ctypes.c_uint64(out)])
-
-    def upload(self, dst: int, data: bytes) -> None:
-        """Host bytes to device memory (any GPU's: unified addressing routes it), after earlier work."""
-        self.drv.lib.cuMemcpyHtoD_v2.argtypes = [ctypes.c_uint64, ctypes.c_char_p, ctypes.c_size_t]
-        self.drv.check("cuMemcpyHtoD", self.drv.lib.cuMemcpyHtoD_v2(dst, data, len(data)))
+        self.drv.launch(self.functions["peer_chase"], 1, 1,
+                        [ctypes.c_uint64(start), ctypes.c_uint32(hops), ctypes.c_uint64(out)], "peer_chase")
