@@ -275,7 +275,8 @@ LOAD_CHECK = "PCIe links at max while busy"
 AER_CHECK = "no PCIe link errors (AER, replays)"
 NCCL_VIEW_CHECK = "NCCL's topology view"
 SOCKET_CHECK = "TP group inside one socket"
-CLUB_3090_SOURCE = "4 B (LL) and 16 MiB (Simple) exact allreduce vs an NCCL_P2P_DISABLE=1 control (club-3090 p2p_collective_check)"
+CLUB_3090_SOURCE = ("4 B (LL) and 16 MiB (Simple) exact allreduce vs an NCCL_P2P_DISABLE=1 control "
+                    "(club-3090 p2p_collective_check)")
 
 
 def _not_probed(name: str, flag: str, source: str) -> Result:

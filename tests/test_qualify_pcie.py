@@ -58,9 +58,11 @@ def test_pcie_spec_over_the_fixtures(capsys, snapshot, expected):
 
 
 def test_details_name_pairs_sizes_and_gpus(capsys):
-    _, out, _ = qualify(capsys, "--spec", str(PCIE_SPEC), str(RUN), "--snapshot", str(SNAPSHOTS / "pcie-4x-sysmem-staged.json"))
+    _, out, _ = qualify(capsys, "--spec", str(PCIE_SPEC), str(RUN), "--snapshot",
+                        str(SNAPSHOTS / "pcie-4x-sysmem-staged.json"))
     assert re.search(r"below 0.25x of the copy engine: 0->2 0.07x, 0->3 0.07x", line(out, NEW_CHECKS[0]))
-    _, out, _ = qualify(capsys, "--spec", str(PCIE_SPEC), str(RUN), "--snapshot", str(SNAPSHOTS / "pcie-8x-dual-socket.json"))
+    _, out, _ = qualify(capsys, "--spec", str(PCIE_SPEC), str(RUN), "--snapshot",
+                        str(SNAPSHOTS / "pcie-8x-dual-socket.json"))
     assert "turin8 4B: hangs with P2P, correct with NCCL_P2P_DISABLE=1" in line(out, NEW_CHECKS[1])
     assert "TP8 on turin8 GPUs 0,1,2,3,4,5,6,7: across sockets" in line(out, NEW_CHECKS[5])
 
