@@ -36,8 +36,8 @@ SM_READ_LATENCY_SOURCE = ("P2P latency 0.36-0.45 us with P2P on, ~14 us with P2P
 FORCE_P2P_REMEDY = ('the NVIDIA driver registry override ForceP2P: options nvidia NVreg_RegistryDwords="ForceP2P=0x11;'
                     'RMForceP2PType=1;RMPcieP2PType=2;GrdmaPciTopoCheckOverride=1;EnableResizableBar=1" in '
                     '/etc/modprobe.d, reboot, check RegistryDwords in /proc/driver/nvidia/params (rtx6kpro '
-                    'hardware/pcie-bandwidth.md). Meant for direct-attach (NODE/PHB) boxes; on switch boxes it has '
-                    'broken detection for some users: measure before and after, re-run this probe')
+                    'hardware/pcie-bandwidth.md). Users report it needed on direct-attach (NODE/PHB) boxes, not '
+                    'on switch boxes: measure before and after, and re-run this probe')
 NCCL_FAULT_REMEDY = ("serve with NCCL_P2P_DISABLE=1 (and --disable-custom-all-reduce) until fixed; check the ACS, "
                      "IOMMU and uvm_disable_hmm findings: those are the usual causes (NVIDIA/nccl#2079, #1999)")
 AER_SOURCE = ("correctable errors are retransmitted by the link (no data lost); a handful per minute of Replay "
@@ -179,9 +179,9 @@ def nccl_patterns(topology: dict[str, Any]) -> list[dict[str, Any]]:
     small = topology.get("small_message") or {}
     if small.get("proto") == "Simple":
         out.append(finding(WARN, "nccl_simple_small",
-                           f"NCCL chose Simple for a {format_bytes(small['bytes'])} allreduce ({small.get('algo')}): its "
-                           f"bandwidth model rules out LL on this box",
-                           NCCL_SUGGESTION + "NCCL_PROTO=LL (+22% on the users' 8-GPU PCIe boxes) or NCCL_GRAPH_FILE "
+                           f"NCCL chose Simple for a {format_bytes(small['bytes'])} allreduce ({small.get('algo')}): "
+                           f"its cost model passed over LL, the low-latency protocol, at a decode-sized message",
+                           NCCL_SUGGESTION + "NCCL_PROTO=LL (+22% in the users' 8-GPU PCIe runs, DESIGN.md) or NCCL_GRAPH_FILE "
                            "(AMD Turin: 32 KiB 48.16 -> 26.20 us, rtx6kpro optimization/nccl-tuning.md); "
                            "compare with commbench sweep --nccl-proto LL,Simple"))
     return out
