@@ -296,7 +296,8 @@ def check_sm_path(snapshot: dict[str, Any], limits: dict[str, Any]) -> Result:
         return _not_probed(name, "--bandwidth", source)
     rows = [r for r in pf.sm_path_rows(snapshot) if r["src"] != r["dst"]]
     if not rows:
-        return Result("fabric", name, WARN, "not probed: one GPU (a GPU with itself measures no fabric)", source)
+        return Result("fabric", name, WARN, "not probed: fewer than two GPUs (a GPU with itself measures no fabric)",
+                      source)
     broken = [r for r in rows if r.get("status") in ("hangs", "fail")]
     staged, slow = pf.staged_pairs(snapshot, min_ratio), pf.slow_latency_pairs(snapshot, max_us)
     if broken or staged or slow:
@@ -344,10 +345,12 @@ def check_link_under_load(snapshot: dict[str, Any], limits: dict[str, Any]) -> R
         return Result("fabric", name, FAIL, "below max while busy: " + ", ".join(
             f"GPU {r['gpu']} Gen{r['gen_current']} x{r['width_current']} of Gen{r['gen_max']} x{r['width_max']}"
             for r in low), source)
+    if not readings:
+        return Result("fabric", name, WARN, "not probed: no GPU link was read while busy", source)
     unread = [r for r in readings if r.get("error") or not r.get("gen_current")]
-    if unread or not readings:
+    if unread:
         return Result("fabric", name, WARN, "not probed: no sysfs link state for GPU "
-                      + (", ".join(str(r["gpu"]) for r in unread) or "any"), source)
+                      + ", ".join(str(r["gpu"]) for r in unread), source)
     return Result("fabric", name, PASS, f"all {len(readings)} GPUs at their maximum while busy", source)
 
 

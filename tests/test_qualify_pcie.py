@@ -87,7 +87,9 @@ def test_not_probed_is_a_warn_never_a_pass():
     one = load("h200-1gpu.json")
     one["sm_peer"] = {"method": "m", "pairs": [{"src": 0, "dst": 0, "status": "ok", "store_gbps": 1.0,
                                                 "load_gbps": 1.0, "read_latency_us": 1.0}]}
-    assert check_sm_path(one, {}).detail == "not probed: one GPU (a GPU with itself measures no fabric)"
+    assert check_sm_path(one, {}).detail == "not probed: fewer than two GPUs (a GPU with itself measures no fabric)"
+    assert check_link_under_load({**one, "link_under_load": []}, {}).detail == ("not probed: no GPU link was read "
+                                                                                 "while busy")
     one["nccl_checks"] = [{"host": "vm", "gpus": [0], "ab": [], "ab_note": "needs 2 or more GPUs: NCCL refuses two "
                                                                             "ranks on one GPU", "topology": {"ranks": 1}}]
     assert check_nccl_ab(one, {}).detail.startswith("not probed: needs 2 or more GPUs")

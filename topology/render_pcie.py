@@ -149,7 +149,7 @@ def inert_table(s: dict[str, Any], world_size: int) -> Table:
 def pcie_tables(s: dict[str, Any], world_size: int) -> list[Table]:
     """The tables this snapshot has data for."""
     tables = []
-    if s.get("sm_peer"):
+    if (s.get("sm_peer") or {}).get("pairs"):
         tables.append(sm_path_table(s))
     if s.get("gpus") and (s.get("link_under_load") is not None or any(g.get("aer") for g in s["gpus"])):
         tables.append(link_table(s))
