@@ -17,7 +17,11 @@ HELP = "probe the GPUs and the fabric between them: links, P2P, IPC, VMM, multic
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", metavar="FILE", help="save the snapshot as JSON")
     parser.add_argument("--bandwidth", action="store_true",
-                        help="also measure copy-engine bandwidth and small-copy latency per directed pair")
+                        help="also measure bandwidth and latency per directed pair: copy engine, then SM loads and "
+                             "stores (and each GPU's PCIe link while busy)")
+    parser.add_argument("--nccl", action="store_true",
+                        help="also run NCCL's checks in child processes: a collective A/B with and without P2P, "
+                             "and NCCL's topology and graph dump")
     parser.add_argument("--plot", metavar="FILE.png", help="draw the topology (and bandwidth heatmaps) to a PNG")
     parser.add_argument("--from", dest="from_file", metavar="SNAPSHOT.json",
                         help="re-render a saved snapshot instead of probing")
@@ -46,8 +50,9 @@ def _check_args(args: argparse.Namespace) -> None:
         raise UsageError(f"--world-size must be at least 1, got {args.world_size}")
     if args.plot and not args.plot.lower().endswith(".png"):
         raise UsageError(f"--plot writes a PNG: give a file name ending in .png, got {args.plot}")
-    if args.from_file and args.bandwidth:
-        raise UsageError("--bandwidth measures; it cannot be combined with --from (which re-renders a file)")
+    for flag, given in (("--bandwidth", args.bandwidth), ("--nccl", args.nccl)):
+        if args.from_file and given:
+            raise UsageError(f"{flag} measures; it cannot be combined with --from (which re-renders a file)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -64,7 +69,7 @@ def main(args: argparse.Namespace) -> int:
             ctx, _note = init_context(allow_multicast=args.allow_multicast, share_gpus=args.share_gpus)
         try:
             snapshot = take_snapshot(ctx, bandwidth=args.bandwidth, allow_multicast=args.allow_multicast,
-                                     timeout_s=args.timeout or DEFAULT_TIMEOUT_S)
+                                     timeout_s=args.timeout or DEFAULT_TIMEOUT_S, nccl=args.nccl)
         finally:
             if ctx is not None:
                 shutdown()

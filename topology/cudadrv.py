@@ -163,6 +163,7 @@ class Driver:
         self.lib.cuMemcpyPeerAsync.argtypes = [ctypes.c_uint64, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_void_p,
                                                ctypes.c_size_t, ctypes.c_void_p]
         self.lib.cuMemcpyDtoH_v2.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t]
+        self.lib.cuMemcpyHtoD_v2.argtypes = [ctypes.c_uint64, ctypes.c_char_p, ctypes.c_size_t]
         self.lib.cuMemsetD32_v2.argtypes = [ctypes.c_uint64, ctypes.c_uint, ctypes.c_size_t]
         self.lib.cuMemFree_v2.argtypes = [ctypes.c_uint64]
         self.lib.cuIpcCloseMemHandle.argtypes = [ctypes.c_uint64]
@@ -269,6 +270,10 @@ class Driver:
         self.check("cuMemcpyDtoH", self.lib.cuMemcpyDtoH_v2(host, ptr, count * 4))
         return list(host)
 
+    def write_bytes(self, ptr: int, data: bytes) -> None:
+        """Host bytes to device memory (any GPU's: unified addressing routes it), after earlier work."""
+        self.check("cuMemcpyHtoD", self.lib.cuMemcpyHtoD_v2(ptr, data, len(data)))
+
     def ipc_handle(self, ptr: int) -> bytes:
         h = IpcMemHandle()
         self.check("cuIpcGetMemHandle", self.lib.cuIpcGetMemHandle(ctypes.byref(h), ptr))
@@ -354,27 +359,38 @@ class Driver:
         self.check("cuMulticastUnbind", self.lib.cuMulticastUnbind(mc_handle, device, 0, nbytes))
 
     # -- kernels, copies, events -----------------------------------------------------------
+    def load_ptx(self, template: str) -> ctypes.c_void_p:
+        """JIT-load PTX (PTX_VERSION/PTX_TARGET placeholders) into the current context."""
+        module = ctypes.c_void_p()
+        code = -1
+        for version, target in PTX_TARGETS:
+            ptx = template.replace("PTX_VERSION", version).replace("PTX_TARGET", target)
+            code = self.lib.cuModuleLoadData(ctypes.byref(module), ptx.encode() + b"\0")
+            if code == 0:
+                break
+        self.check("cuModuleLoadData", code)
+        return module
+
+    def function(self, module: ctypes.c_void_p, name: str) -> ctypes.c_void_p:
+        func = ctypes.c_void_p()
+        self.check("cuModuleGetFunction", self.lib.cuModuleGetFunction(ctypes.byref(func), module, name.encode()))
+        return func
+
+    def launch(self, func: ctypes.c_void_p, blocks: int, threads: int, args: list[Any], name: str = "") -> None:
+        """One launch on the current context's default stream; args are ctypes scalars."""
+        params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.byref(a), ctypes.c_void_p) for a in args])
+        self.check(f"cuLaunchKernel({name})" if name else "cuLaunchKernel",
+                   self.lib.cuLaunchKernel(func, blocks, 1, 1, threads, 1, 1, 0, None, params, None))
+
     def write_pattern(self, ctx_key: int, dst: int, count: int, seed: int) -> None:
         """Launch the pattern kernel in the current context (ctx_key caches the module)."""
         func = self._kernels.get(ctx_key)
         if func is None:
-            module = ctypes.c_void_p()
-            for version, target in PTX_TARGETS:
-                ptx = WRITE_PATTERN_PTX.replace("PTX_VERSION", version).replace("PTX_TARGET", target)
-                ptx = ptx.encode() + b"\0"
-                code = self.lib.cuModuleLoadData(ctypes.byref(module), ptx)
-                if code == 0:
-                    break
-            self.check("cuModuleLoadData", code)
-            func = ctypes.c_void_p()
-            self.check("cuModuleGetFunction", self.lib.cuModuleGetFunction(ctypes.byref(func), module,
-                                                                            b"write_pattern"))
+            func = self.function(self.load_ptx(WRITE_PATTERN_PTX), "write_pattern")
             self._kernels[ctx_key] = func
-        args = [ctypes.c_uint64(dst), ctypes.c_uint32(count), ctypes.c_uint32(seed)]
-        params = (ctypes.c_void_p * 3)(*[ctypes.cast(ctypes.byref(a), ctypes.c_void_p) for a in args])
         blocks = (count + PATTERN_THREADS - 1) // PATTERN_THREADS
-        self.check("cuLaunchKernel", self.lib.cuLaunchKernel(func, blocks, 1, 1, PATTERN_THREADS, 1, 1, 0, None,
-                                                              params, None))
+        self.launch(func, blocks, PATTERN_THREADS, [ctypes.c_uint64(dst), ctypes.c_uint32(count),
+                                                    ctypes.c_uint32(seed)])
 
     def copy_peer_async(self, dst: int, dst_ctx: Any, src: int, src_ctx: Any, nbytes: int) -> None:
         self.check("cuMemcpyPeerAsync", self.lib.cuMemcpyPeerAsync(dst, dst_ctx, src, src_ctx, nbytes, None))

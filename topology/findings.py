@@ -29,6 +29,8 @@ def finding(level: str, code: str, message: str, remedy: str | None = None) -> d
 
 
 def pcie_findings(snapshot: dict[str, Any]) -> list[dict[str, Any]]:
+    from commbench.topology.pcie_findings import at_max_under_load
+
     out = []
     for g in snapshot.get("gpus") or []:
         p = g.get("pcie") or {}
@@ -36,7 +38,8 @@ def pcie_findings(snapshot: dict[str, Any]) -> list[dict[str, Any]]:
             out.append(finding(WARN, "pcie_width_degraded",
                                f"GPU {g['index']} PCIe link runs x{p['width_current']} of x{p['width_max']}",
                                "reseat the card or riser, check the slot's wiring and BIOS bifurcation"))
-        if p.get("gen_current") and p.get("gen_max") and p["gen_current"] < p["gen_max"]:
+        if p.get("gen_current") and p.get("gen_max") and p["gen_current"] < p["gen_max"] \
+                and not at_max_under_load(snapshot, g["index"]):   # an idle GPU's link trains down
             out.append(finding(WARN, "pcie_gen_below_max",
                                f"GPU {g['index']} PCIe link at Gen{p['gen_current']} of Gen{p['gen_max']}",
                                "idle GPUs lower their link speed to save power: re-check under load; if it stays "
@@ -175,8 +178,10 @@ def probe_findings(snapshot: dict[str, Any]) -> list[dict[str, Any]]:
 
 def findings(snapshot: dict[str, Any]) -> list[dict[str, Any]]:
     """All findings, FAIL first, then WARN, then INFO."""
+    from commbench.topology.pcie_findings import pcie_box_findings
+
     out = (probe_findings(snapshot) + p2p_findings(snapshot) + group_findings(snapshot) + acs_findings(snapshot)
            + host_findings(snapshot) + pcie_findings(snapshot) + health_findings(snapshot)
-           + multicast_findings(snapshot))
+           + multicast_findings(snapshot) + pcie_box_findings(snapshot))
     order = {FAIL: 0, WARN: 1, INFO: 2}
     return sorted(out, key=lambda f: order[f["level"]])

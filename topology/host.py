@@ -9,6 +9,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
+from commbench.topology import link_health
 from commbench.topology.pcie import PCI_DEVICES, normalize_bdf
 from commbench.topology.sysfs import read_or_note
 
@@ -61,12 +62,23 @@ def uvm_disable_hmm() -> str:
     return {"Y": "1", "N": "0"}.get(value, value)
 
 
-def numa_nodes() -> dict[str, str]:
-    base = Path("/sys/devices/system/node")
+def numa_nodes(base: Path = Path("/sys/devices/system/node")) -> dict[str, str]:
     out: dict[str, str] = {}
     if base.is_dir():
         for node in sorted(base.glob("node[0-9]*"), key=lambda p: int(p.name[4:])):
             out[node.name[4:]] = read_or_note(node / "cpulist") or ""
+    return out
+
+
+def numa_sockets(base: Path = Path("/sys/devices/system")) -> dict[str, int]:
+    """NUMA node -> CPU package (socket) id, from the first CPU of each node: a socket may hold
+    several NUMA nodes (AMD NPS2/NPS4), and islands are drawn by socket."""
+    out: dict[str, int] = {}
+    for node, cpus in numa_nodes(base / "node").items():
+        first = cpus.split(",")[0].split("-")[0]
+        package = read_or_note(base / "cpu" / f"cpu{first}" / "topology" / "physical_package_id")
+        if first and package and package.isdigit():
+            out[node] = int(package)
     return out
 
 
@@ -87,6 +99,8 @@ def host_facts(gpu_bus_ids: list[str]) -> dict[str, Any]:
         "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
         "numa_nodes": numa_nodes(),
+        "numa_sockets": numa_sockets(),
+        "nvidia_module": link_health.nvidia_module(),
         "iommu": iommu_mode(cmdline, gpu_bus_ids),
         "aspm_policy": aspm_policy(),
         "uvm_disable_hmm": uvm_disable_hmm(),

@@ -55,6 +55,8 @@ def device_facts(nv: Any, handle: Any) -> dict[str, Any]:
         "gen_max": _try(lambda: nv.nvmlDeviceGetMaxPcieLinkGeneration(handle), errors, "pcie_gen_max"),
         "width_current": _try(lambda: nv.nvmlDeviceGetCurrPcieLinkWidth(handle), errors, "pcie_width_current"),
         "width_max": _try(lambda: nv.nvmlDeviceGetMaxPcieLinkWidth(handle), errors, "pcie_width_max"),
+        # Link-level retransmissions since the driver loaded: a flaky riser or slot shows here first.
+        "replay_counter": _try(lambda: nv.nvmlDeviceGetPcieReplayCounter(handle), errors, "pcie_replay_counter"),
     }
     bar1 = _try(lambda: nv.nvmlDeviceGetBAR1MemoryInfo(handle), errors, "bar1")
     d["bar1_total_mib"] = bar1.bar1Total // (1 << 20) if bar1 is not None else None

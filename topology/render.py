@@ -10,6 +10,7 @@ from rich.table import Table
 
 from commbench.topology.findings import findings
 from commbench.engines import explain
+from commbench.topology.render_pcie import pcie_tables
 from commbench.topology.verdicts import reason_for
 
 STATUS_STYLE = {"ok": "green", "fail": "red", "wrong": "bold red", "hangs": "bold red", "not_run": "yellow"}
@@ -204,6 +205,7 @@ def render(s: dict[str, Any], world_size: int, allow_multicast: bool, console: C
         tables += [devices_table(s), capabilities_table(s), links_table(s), p2p_table(s), group_table(s)]
     if s.get("bandwidth"):
         tables.append(bandwidth_table(s))
+    tables += pcie_tables(s, world_size)
     tables += [findings_table(s), verdicts_table(s, world_size, allow_multicast)]
     for table in tables:
         console.print(table)

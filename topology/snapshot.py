@@ -22,8 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 from commbench.policy import multicast_policy_reason
 from commbench.topology import host as host_mod
-from commbench.topology import nvml_facts, pcie
+from commbench.topology import link_health, nvml_facts, pcie
 from commbench.topology.childproc import Child, module_argv, run_child
+from commbench.topology.pcie_snapshot import merge_pcie_checks, run_pcie_steps
 from commbench.topology.software import installed_versions
 
 if TYPE_CHECKING:
@@ -75,7 +76,8 @@ def driver_present() -> str | None:
 # ----------------------------------------------------------------------------------------------
 
 def local_report(own_device: int | None, pair_devices: list[int], bandwidth: bool, participants: list[dict],
-                 me: int | None, meet_dir: str | None, allow_multicast: bool, timeout_s: float) -> dict[str, Any]:
+                 me: int | None, meet_dir: str | None, allow_multicast: bool, timeout_s: float,
+                 nccl: bool = False) -> dict[str, Any]:
     """Everything this process probes.
 
     own_device None = single process: describe every visible GPU, check every pair and start
@@ -107,6 +109,7 @@ def local_report(own_device: int | None, pair_devices: list[int], bandwidth: boo
     for r in device_records:
         r["numa_node"] = host_mod.gpu_numa_node(r["pci_bus_id"])
         r["cpu_affinity"] = host_mod.gpu_cpu_affinity(r["pci_bus_id"])
+        r["aer"] = link_health.gpu_aer(r["pci_bus_id"])
     if single or pair_devices:
         report["pcie_paths"] = [{**{k: v for k, v in p.items() if k not in ("a", "b")},
                                  "a_bus": bus_ids[p["a"]], "b_bus": bus_ids[p["b"]]}
@@ -137,6 +140,8 @@ def local_report(own_device: int | None, pair_devices: list[int], bandwidth: boo
         if bw.failure():
             report["failures"].append({"step": "bandwidth", "detail": bw.failure(), "timed_out": bw.timed_out,
                                        "last_step": bw.last_started()})
+    if pair_devices:
+        run_pcie_steps(report, pair_devices, bandwidth, nccl, allow_multicast, timeout_s)
     return report
 
 
@@ -221,6 +226,7 @@ def merge(reports: list[dict[str, Any]], mode: str, world_size: int, participant
         "pairs": [{"src": index_of.get((h, r["src"])), "dst": index_of.get((h, r["dst"])),
                    **{k: v for k, v in r.items() if k not in ("kind", "src", "dst")}}
                   for h, r in bw if r.get("kind") == "bandwidth"]}
+    snapshot.update(merge_pcie_checks(reports, index_of, options))
     return snapshot
 
 
@@ -379,9 +385,9 @@ def _meet_dir(token: str) -> str:
 
 
 def take_snapshot(ctx: "RunContext | None", bandwidth: bool = False, allow_multicast: bool = False,
-                  timeout_s: float = DEFAULT_TIMEOUT_S) -> dict[str, Any]:
+                  timeout_s: float = DEFAULT_TIMEOUT_S, nccl: bool = False) -> dict[str, Any]:
     """Probe this machine (or every rank's GPU under torchrun) and return the snapshot dict."""
-    options = {"bandwidth": bandwidth, "allow_multicast": allow_multicast, "timeout_s": timeout_s}
+    options = {"bandwidth": bandwidth, "allow_multicast": allow_multicast, "timeout_s": timeout_s, "nccl": nccl}
     if ctx is None or ctx.world_size == 1:
         return _single_process(options)
     return _torchrun(ctx, options)
@@ -392,7 +398,7 @@ def _single_process(options: dict[str, Any]) -> dict[str, Any]:
     meet_dir = _meet_dir(uuid.uuid4().hex[:10])
     try:
         report = local_report(None, [], options["bandwidth"], participants, 0, meet_dir,
-                              options["allow_multicast"], options["timeout_s"])
+                              options["allow_multicast"], options["timeout_s"], options["nccl"])
     finally:
         shutil.rmtree(meet_dir, ignore_errors=True)
     return merge([report], "single-process", 1, participants, options)
@@ -421,7 +427,7 @@ def _torchrun(ctx: "RunContext", options: dict[str, Any]) -> dict[str, Any]:
         position = local_ids.index(ctx.rank)
         local_participants = [p for p in participants if p["host"] == host]
         report = local_report(device, pair_devices, options["bandwidth"], local_participants, position, meet_dir,
-                              options["allow_multicast"], options["timeout_s"])
+                              options["allow_multicast"], options["timeout_s"], options["nccl"])
         for g in report.get("group", []):
             g["participant"] = local_ids[g["participant"]]
             for r in g["records"]:

@@ -2,7 +2,9 @@
 
 A spec names the machine class and its limits (see commbench/specs/*.toml). Fabric checks read
 the probe snapshot stored in run.json; anything the probe did not record is a WARN "not probed",
-never a silent PASS. Measurement checks read trusted rows only.
+never a silent PASS. Measurement checks read trusted rows only. The PCIe-box checks (SM peer
+path, NCCL A/B, links under load, AER, NCCL's view, TP across sockets) run where a spec turns
+them on, on a probe snapshot taken with --bandwidth --nccl (`--snapshot FILE`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from commbench.analysis.curves import Curve, build_curves, exceeds_spread, is_fa
 from commbench.errors import UsageError
 from commbench.results import ERROR, HANG, Run, load_run
 from commbench.analysis.text import render
+from commbench.topology import islands, nccl_checks
+from commbench.topology import pcie_findings as pf
 from commbench.units import format_bytes, parse_bytes
 
 if sys.version_info >= (3, 11):
@@ -30,11 +34,17 @@ HELP = "PASS/WARN/FAIL a results dir against a machine-class spec (exit 1 on FAI
 PASS, WARN, FAIL = "PASS", "WARN", "FAIL"
 
 _SPEC_KEYS = {"name", "description", "world_size", "dtype", "mode", "backend"}
-_CHECK_KEYS = {"p2p_all_pairs", "pcie_link_at_max", "no_acs_redirect", "zero_wrong", "no_hangs"}
+_CHECK_KEYS = {"p2p_all_pairs", "pcie_link_at_max", "no_acs_redirect", "zero_wrong", "no_hangs",
+               "p2p_sm_path", "nccl_collective_ab", "link_under_load", "aer_clean", "nccl_topology",
+               "tp_within_socket"}
+# [fabric.<check>] tables: the thresholds of the PCIe-box checks and the figure behind them.
+_FABRIC_KEYS = {"p2p_sm_path": {"min_ratio", "max_read_latency_us", "source"},
+                "aer_clean": {"max_correctable", "source"}, "nccl_collective_ab": {"source"},
+                "link_under_load": {"source"}, "nccl_topology": {"source"}, "tp_within_socket": {"source"}}
 _LATENCY_KEYS = {"size", "max_us", "warn_us", "backend", "source"}
 _BUSBW_KEYS = {"size", "min_gbps", "warn_gbps", "backend", "source"}
 _REFERENCE_KEYS = {"run", "max_slowdown_pct", "warn_slowdown_pct", "sizes", "backends", "source"}
-_TOP_KEYS = {"spec", "checks", "latency", "busbw", "reference"}
+_TOP_KEYS = {"spec", "checks", "latency", "busbw", "reference", "fabric"}
 P2P_CHECK = "functional P2P on every pair"
 LINK_CHECK = "PCIe link width and generation at max"
 ACS_CHECK = "no ACS redirect between GPUs"
@@ -72,6 +82,7 @@ class Spec:
     latency: list[Limit] = field(default_factory=list)
     busbw: list[Limit] = field(default_factory=list)
     reference: ReferenceSpec | None = None
+    fabric: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass
@@ -127,6 +138,20 @@ def _limits(path: Path, table: str, entries: Any, keys: set[str], fail_key: str,
     return out
 
 
+def _fabric(path: Path, tables: Any) -> dict[str, dict[str, Any]]:
+    if not isinstance(tables, dict):
+        raise UsageError(f"{path}: [fabric] must be a table of [fabric.<check>] tables")
+    _unknown(path, "[fabric]", tables, set(_FABRIC_KEYS))
+    out = {}
+    for check, entry in tables.items():
+        where = f"[fabric.{check}]"
+        if not isinstance(entry, dict):
+            raise UsageError(f"{path}: {where} must be a table")
+        _unknown(path, where, entry, _FABRIC_KEYS[check])
+        out[check] = {k: (str(v) if k == "source" else _number(path, where, entry, k)) for k, v in entry.items()}
+    return out
+
+
 def load_spec(path: Path) -> Spec:
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
@@ -151,6 +176,7 @@ def load_spec(path: Path) -> Spec:
                 str(head.get("dtype", "bf16")), "auto" if mode == "any" else mode, dict(checks),
                 _limits(path, "latency", data.get("latency", []), _LATENCY_KEYS, "max_us", "warn_us", backend),
                 _limits(path, "busbw", data.get("busbw", []), _BUSBW_KEYS, "min_gbps", "warn_gbps", backend))
+    spec.fabric = _fabric(path, data.get("fabric", {}))
     if "reference" in data:
         ref = data["reference"]
         _unknown(path, "[reference]", ref, _REFERENCE_KEYS)
@@ -202,7 +228,8 @@ def check_links(snapshot: dict[str, Any]) -> Result:
             continue
         if link["width_current"] < link["width_max"]:
             narrow.append(f"GPU {idx} x{link['width_current']} of x{link['width_max']}")
-        if None not in (link.get("gen_current"), link.get("gen_max")) and link["gen_current"] < link["gen_max"]:
+        if None not in (link.get("gen_current"), link.get("gen_max")) and link["gen_current"] < link["gen_max"] \
+                and not pf.at_max_under_load(snapshot, idx):   # a loaded reading at max clears an idle one
             slow.append(f"GPU {idx} Gen{link['gen_current']} of Gen{link['gen_max']}")
     if narrow:
         return Result("fabric", name, FAIL, "link trained narrower than it can: " + ", ".join(narrow))
@@ -238,6 +265,147 @@ def check_acs(snapshot: dict[str, Any]) -> Result:
     if not paths:
         return Result("fabric", name, WARN, "not probed: no GPU pairs on a PCIe path")
     return Result("fabric", name, PASS, f"no redirect bits on the bridges of {len(paths)} GPU pairs")
+
+
+# ---------------------------------------------------------------- PCIe-box checks (probe --bandwidth --nccl)
+
+SM_PATH_CHECK = "SM peer path close to the copy-engine path"
+NCCL_AB_CHECK = "NCCL allreduce correct with and without P2P"
+LOAD_CHECK = "PCIe links at max while busy"
+AER_CHECK = "no PCIe link errors (AER, replays)"
+NCCL_VIEW_CHECK = "NCCL's topology view"
+SOCKET_CHECK = "TP group inside one socket"
+CLUB_3090_SOURCE = ("4 B (LL) and 16 MiB (Simple) exact allreduce vs an NCCL_P2P_DISABLE=1 control "
+                    "(club-3090 p2p_collective_check)")
+
+
+def _not_probed(name: str, flag: str, source: str) -> Result:
+    return Result("fabric", name, WARN, f"not probed: take the snapshot with commbench probe {flag} "
+                                        f"and pass it with --snapshot", source)
+
+
+def _pairs_text(rows: list[dict[str, Any]], what: str) -> str:
+    return ", ".join(f"{r['src']}->{r['dst']} {what.format(**r)}" for r in rows[:6])
+
+
+def check_sm_path(snapshot: dict[str, Any], limits: dict[str, Any]) -> Result:
+    name, source = SM_PATH_CHECK, limits.get("source", f"{pf.SM_TO_COPY_SOURCE}; {pf.SM_READ_LATENCY_SOURCE}")
+    min_ratio = limits.get("min_ratio", pf.SM_TO_COPY_MIN_RATIO)
+    max_us = limits.get("max_read_latency_us", pf.SM_READ_LATENCY_MAX_US)
+    if not snapshot.get("sm_peer"):
+        return _not_probed(name, "--bandwidth", source)
+    rows = [r for r in pf.sm_path_rows(snapshot) if r["src"] != r["dst"]]
+    if not rows:
+        return Result("fabric", name, WARN, "not probed: fewer than two GPUs (a GPU with itself measures no fabric)",
+                      source)
+    broken = [r for r in rows if r.get("status") in ("hangs", "fail")]
+    staged, slow = pf.staged_pairs(snapshot, min_ratio), pf.slow_latency_pairs(snapshot, max_us)
+    if broken or staged or slow:
+        parts = ([f"SM kernels {_pairs_text(broken, '{status}')}"] if broken else []) + \
+                ([f"below {min_ratio:g}x of the copy engine: {_pairs_text(staged, '{ratio:.2f}x')}"] if staged else []) + \
+                ([f"read latency above {max_us:g} us: {_pairs_text(slow, '{read_latency_us:g} us')}"] if slow else [])
+        return Result("fabric", name, FAIL, "; ".join(parts), source)
+    unmeasured = [r for r in rows if r["ratio"] is None]
+    if unmeasured:
+        return Result("fabric", name, WARN, f"not probed on {len(unmeasured)} of {len(rows)} pairs: "
+                      + _pairs_text(unmeasured, "{status}"), source)
+    low = min(rows, key=lambda r: r["ratio"])
+    return Result("fabric", name, PASS, f"{len(rows)} pairs; lowest SM/copy {low['ratio']:.2f}x "
+                  f"(limit {min_ratio:g}), highest read latency {max(r['read_latency_us'] for r in rows):g} us "
+                  f"(limit {max_us:g})", source)
+
+
+def check_nccl_ab(snapshot: dict[str, Any], limits: dict[str, Any]) -> Result:
+    name, source = NCCL_AB_CHECK, limits.get("source", CLUB_3090_SOURCE)
+    entries = snapshot.get("nccl_checks")
+    if entries is None:
+        return _not_probed(name, "--nccl", source)
+    pairs = [(e["host"], p) for e in entries for p in pf.ab_pairs(e)]
+    if not pairs:
+        notes = "; ".join(e.get("ab_note") or "no runs" for e in entries) or "no host ran it"
+        return Result("fabric", name, WARN, f"not probed: {notes}", source)
+    faults = [f"{h} {format_bytes(p['size_bytes'])}: {p['why']}" for h, p in pairs if p["meaning"] == nccl_checks.P2P_FAULT]
+    if faults:
+        return Result("fabric", name, FAIL, "; ".join(faults), source)
+    unsure = [f"{h} {format_bytes(p['size_bytes'])}: {p['why']}" for h, p in pairs if p["meaning"] != nccl_checks.HEALTHY]
+    if unsure:
+        return Result("fabric", name, WARN, "inconclusive: " + "; ".join(unsure), source)
+    sizes = sorted({p["size_bytes"] for _, p in pairs})
+    return Result("fabric", name, PASS, f"exact with and without P2P at {', '.join(format_bytes(b) for b in sizes)}",
+                  source)
+
+
+def check_link_under_load(snapshot: dict[str, Any], limits: dict[str, Any]) -> Result:
+    name, source = LOAD_CHECK, limits.get("source", pf.LINK_LOAD_SOURCE)
+    readings = snapshot.get("link_under_load")
+    if readings is None:
+        return _not_probed(name, "--bandwidth", source)
+    low = [r for r in readings if pf.below_max(r)]
+    if low:
+        return Result("fabric", name, FAIL, "below max while busy: " + ", ".join(
+            f"GPU {r['gpu']} Gen{r['gen_current']} x{r['width_current']} of Gen{r['gen_max']} x{r['width_max']}"
+            for r in low), source)
+    if not readings:
+        return Result("fabric", name, WARN, "not probed: no GPU link was read while busy", source)
+    unread = [r for r in readings if r.get("error") or not r.get("gen_current")]
+    if unread:
+        return Result("fabric", name, WARN, "not probed: no sysfs link state for GPU "
+                      + ", ".join(str(r["gpu"]) for r in unread), source)
+    return Result("fabric", name, PASS, f"all {len(readings)} GPUs at their maximum while busy", source)
+
+
+def check_aer(snapshot: dict[str, Any], limits: dict[str, Any]) -> Result:
+    name, source = AER_CHECK, limits.get("source", pf.AER_SOURCE)
+    max_correctable = limits.get("max_correctable", 0)
+    gpus = snapshot.get("gpus") or []
+    if not any("aer" in g for g in gpus):
+        return Result("fabric", name, WARN, "not probed: the snapshot predates AER reads (re-run commbench probe)",
+                      source)
+    rows = pf.aer_rows(snapshot)
+    bad = [f"GPU {r['gpu']} {r['end']} nonfatal {r['nonfatal']} fatal {r['fatal']}" for r in rows
+           if r["nonfatal"] or r["fatal"]]
+    if bad:
+        return Result("fabric", name, FAIL, "uncorrectable errors since boot: " + ", ".join(bad), source)
+    noisy = [f"GPU {r['gpu']} {r['end']} {r['correctable']}" for r in rows if r["correctable"] > max_correctable]
+    replays = [f"GPU {g['index']} {g['pcie']['replay_counter']}" for g in gpus
+               if ((g.get("pcie") or {}).get("replay_counter") or 0) > max_correctable]
+    if noisy or replays:
+        return Result("fabric", name, WARN, ", ".join(
+            (["correctable errors: " + ", ".join(noisy)] if noisy else [])
+            + (["NVML replays: " + ", ".join(replays)] if replays else [])) + f" (limit {max_correctable:g})", source)
+    if not rows:
+        return Result("fabric", name, WARN, "not probed: no AER counters readable (kernel without AER reporting?)",
+                      source)
+    return Result("fabric", name, PASS, f"no errors on {len(rows)} link ends", source)
+
+
+def check_nccl_view(snapshot: dict[str, Any], limits: dict[str, Any]) -> Result:
+    name, source = NCCL_VIEW_CHECK, limits.get("source", "rtx6kpro optimization/nccl-tuning.md")
+    entries = snapshot.get("nccl_checks")
+    if entries is None:
+        return _not_probed(name, "--nccl", source)
+    found = [f for e in entries for f in pf.nccl_view_findings({"nccl_checks": [e]})]
+    if found:
+        return Result("fabric", name, WARN, "; ".join(f"{f['message']} -> {f['remedy'] or 'see the probe'}"
+                                                      for f in found), source)
+    if all((e.get("topology") or {}).get("ranks", 0) < 2 for e in entries):
+        return Result("fabric", name, WARN, "not probed: NCCL ran with one rank and saw one GPU", source)
+    return Result("fabric", name, PASS, "no SYS-only graph, more than 2 channels, LL for a 32 KiB allreduce", source)
+
+
+def check_tp_socket(snapshot: dict[str, Any], limits: dict[str, Any], world_size: int | None) -> Result:
+    name, source = SOCKET_CHECK, limits.get("source", pf.SOCKET_SOURCE)
+    hosts = islands.host_gpus(snapshot)
+    if not hosts or not (snapshot.get("links") or {}).get("matrix"):
+        return Result("fabric", name, WARN, "not probed: the snapshot has no GPUs or no link matrix", source)
+    host, gpus = next(iter(hosts.items()))
+    tp = world_size or len(gpus)
+    if tp > len(gpus):
+        return Result("fabric", name, WARN, f"not probed: TP{tp} needs more than the {len(gpus)} GPUs of {host}",
+                      source)
+    p = islands.placement(snapshot, host, gpus, tp, 1)
+    detail = f"TP{tp} on {host} GPUs {','.join(map(str, p.groups[0]))}: {p.levels[0]}"
+    return Result("fabric", name, WARN if p.spans_sockets else PASS, detail, source)
 
 
 # ---------------------------------------------------------------- measurement checks
@@ -326,7 +494,24 @@ def check_reference(run_curves: list[Curve], ref_run: Run, ref: ReferenceSpec, d
     return out
 
 
-def qualify(spec: Spec, run: Run, reference: Run | None) -> list[Result]:
+def pcie_box_checks(spec: Spec, snapshot: Any) -> list[Result]:
+    """The checks a spec turns on (off by default: they need a probe --bandwidth --nccl snapshot)."""
+    checks = {"p2p_sm_path": (SM_PATH_CHECK, check_sm_path), "nccl_collective_ab": (NCCL_AB_CHECK, check_nccl_ab),
+              "link_under_load": (LOAD_CHECK, check_link_under_load), "aer_clean": (AER_CHECK, check_aer),
+              "nccl_topology": (NCCL_VIEW_CHECK, check_nccl_view),
+              "tp_within_socket": (SOCKET_CHECK, lambda s, l: check_tp_socket(s, l, spec.world_size))}
+    out = []
+    for key, (name, check) in checks.items():
+        if not spec.checks.get(key, False):
+            continue
+        if not isinstance(snapshot, dict):
+            out.append(Result("fabric", name, WARN, "not probed: no probe snapshot (run.json has none; pass --snapshot)"))
+        else:
+            out.append(check(snapshot, spec.fabric.get(key, {})))
+    return out
+
+
+def qualify(spec: Spec, run: Run, reference: Run | None, probe: dict[str, Any] | None = None) -> list[Result]:
     results: list[Result] = []
     if run.emulation:
         # Ranks that shared a GPU measured the protocol, not this machine's fabric.
@@ -337,7 +522,7 @@ def qualify(spec: Spec, run: Run, reference: Run | None) -> list[Result]:
         results.append(Result("run", "world size", status, f"run has {world} ranks, spec wants {spec.world_size}"))
     fabric = [("p2p_all_pairs", P2P_CHECK, check_p2p), ("pcie_link_at_max", LINK_CHECK, check_links),
               ("no_acs_redirect", ACS_CHECK, check_acs)]
-    snapshot = run.info.get("snapshot")
+    snapshot = probe if probe is not None else run.info.get("snapshot")
     for key, name, check in fabric:
         if not spec.checks.get(key, True):
             continue
@@ -345,6 +530,7 @@ def qualify(spec: Spec, run: Run, reference: Run | None) -> list[Result]:
             results.append(Result("fabric", name, WARN, "not probed: run.json has no probe snapshot"))
         else:
             results.append(check(snapshot))
+    results.extend(pcie_box_checks(spec, snapshot))
     if spec.checks.get("zero_wrong", True):
         results.append(check_wrong(run))
     if spec.checks.get("no_hangs", True):
@@ -386,6 +572,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(overrides [reference] run in the spec)")
     parser.add_argument("--max-slowdown-pct", type=float, help="with --reference: FAIL above this latency slowdown (default 10)")
     parser.add_argument("--junit", type=Path, metavar="FILE", help="also write JUnit XML for CI")
+    parser.add_argument("--snapshot", metavar="SNAPSHOT.json",
+                        help="probe snapshot for the fabric checks instead of the one in run.json (take it with "
+                             "commbench probe --bandwidth --nccl --json FILE)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -396,7 +585,12 @@ def main(args: argparse.Namespace) -> int:
         spec.reference = ReferenceSpec(args.reference, args.max_slowdown_pct or base.max_slowdown_pct,
                                        base.warn_slowdown_pct, base.sizes, base.backends, base.source)
     reference = load_run(spec.reference.run) if spec.reference is not None else None
-    results = qualify(spec, run, reference)
+    probe = None
+    if args.snapshot:
+        from commbench.topology.snapshot import load_snapshot
+
+        probe = load_snapshot(args.snapshot)
+    results = qualify(spec, run, reference, probe)
 
     print(f"qualify {run.info.get('run_id', run.path.name)} against {spec.name} ({spec.path})\n")
     print(render(["status", "group", "check", "detail"], [[r.status, r.group, r.name, r.detail] for r in results]))
