@@ -22,6 +22,7 @@ SUBCOMMANDS: dict[str, str] = {
     "recommend": "commbench.recommend",
     "qualify": "commbench.qualify",
     "compare": "commbench.compare",
+    "import-nccl-tests": "commbench.import_nccl_tests",
 }
 
 
