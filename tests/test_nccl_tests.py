@@ -404,3 +404,69 @@ def test_rows_from_the_library_api(tmp_path: Path) -> None:
     (source,) = read_sources([GRAPH8_JSON], None, False)
     rows = rows_for(source, {})
     assert source.average == 3 and len(rows) == 34 and rows[0].key() != rows[1].key()
+
+
+# ---------------------------------------------------------------- scripts/run-nccl-tests.sh with a stand-in binary
+
+SCRIPT = Path(__file__).parent.parent / "scripts" / "run-nccl-tests.sh"
+STAND_IN = '''#!{python}
+"""Stands in for all_reduce_perf: prints a recorded table and writes its JSON where -J says,
+with this process's argv and environment (as nccl-tests records them)."""
+import json, os, sys
+data = {data!r}
+name = "h200-8gpu-mpi-graph" if "-G" in sys.argv else "h200-8gpu-mpi-eager-periter"
+doc = json.load(open(os.path.join(data, name + ".json")))
+doc["args"], doc["env"] = sys.argv, [f"{{k}}={{v}}" for k, v in os.environ.items()]
+with open(sys.argv[sys.argv.index("-J") + 1], "x") as out:
+    out.write(json.dumps(doc, separators=(",", ":")))
+sys.stdout.write(open(os.path.join(data, name + ".txt")).read())
+'''
+
+
+def _stand_in(tmp_path: Path) -> Path:
+    import sys
+    binary = tmp_path / "all_reduce_perf"
+    binary.write_text(STAND_IN.format(python=sys.executable, data=str(DATA)))
+    binary.chmod(0o755)
+    return binary
+
+
+def _script(args: list[str], env: dict[str, str] | None = None):
+    import os
+    import subprocess
+    import sys
+    full = {**os.environ, "PYTHON": sys.executable, **(env or {})}
+    full.pop("NCCL_NVLS_ENABLE", None)
+    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=300, env=full)
+
+
+def test_run_script_runs_each_setting_and_imports_it(tmp_path: Path) -> None:
+    out = tmp_path / "res"
+    proc = _script(["--bin", str(_stand_in(tmp_path)), "--out", str(out), "--launch", "threads", "--nproc", "8",
+                    "--env", "NCCL_PROTO=LL,Simple", "-b", "4K", "-e", "256M", "-f", "2"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = _rows(out)
+    assert len(rows) == 2 * (34 + 18)
+    assert sorted({r["env_setting"]["NCCL_PROTO"] for r in rows}) == ["LL", "Simple"]
+    assert {r["mode"] for r in rows} == {"graph", "eager"}
+    commands = next((out / "nccl-tests-raw").iterdir()) / "commands.txt"
+    text = commands.read_text()
+    assert "-t 8 -b 4K -e 256M -f 2 -g 1 -d bfloat16 -a 3 -c 1" in text and "-G 100" in text
+    info = json.loads((out / RUN_FILE).read_text())
+    assert info["env"]["NCCL_NVLS_ENABLE"] == "0" and len(info["imports"]) == 4
+    assert cli(["report", str(out)]) == 0
+
+
+@pytest.mark.parametrize("args,words", [
+    ([], "--bin"),
+    (["--bin", "/nonexistent/all_reduce_perf", "--out", "x"], "build nccl-tests first"),
+    (["--launch", "mpi", "--nproc", "8"], "not linked with MPI"),
+    (["--launch", "threads", "--nproc", "8", "--env", "NCCL_NVLS_ENABLE=1"], "--allow-multicast"),
+    (["--launch", "threads", "--nproc", "8", "--dtype", "int8"], "unknown dtype"),
+    (["--launch", "threads", "--nproc", "8", "-b", "4KiB"], "malformed size"),
+])
+def test_run_script_refuses_bad_usage(tmp_path: Path, args: list[str], words: str) -> None:
+    base = [] if not args or args[0] == "--bin" else ["--bin", str(_stand_in(tmp_path)), "--out", str(tmp_path / "o")]
+    proc = _script(base + args)
+    assert proc.returncode == 2 and words in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "o").exists()
