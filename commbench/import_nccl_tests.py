@@ -510,9 +510,11 @@ def main(args: argparse.Namespace) -> int:
     sources = fresh
     if not sources:
         return 0
-    _make_dir(args.out)
-
     per_source = [(source, rows_for(source, settings)) for source in sources]
+    for source, rows in per_source:
+        if not rows:
+            raise UsageError(f"{source.path}: no out-of-place or in-place results in it")
+    _make_dir(args.out)
     all_rows = [row for _, rows in per_source for row in rows]
     records = [import_record(source, rows, settings) for source, rows in per_source]
     info = run_info(existing, sources, records, all_rows)

@@ -282,7 +282,8 @@ class _Columns:
 
 def _columns(header: str) -> _Columns:
     words = header.lstrip("#").split()
-    if words[:5] != ["size", "count", "type", "redop", "root"] or "busbw" not in words:
+    # Releases before 2.13 printed an "error" column (a deviation) where #wrong is now: not a count.
+    if words[:5] != ["size", "count", "type", "redop", "root"] or words.count("#wrong") != 2:
         raise ValueError(header)
     return _Columns(cputime="cputime" in words, per_iteration="i_min" in words, timestamp="timestamp" in words)
 
@@ -415,7 +416,7 @@ class _TextReader:
             self.columns = _columns(line)
         except ValueError:
             raise UsageError(f"{self.path}: line {number}: table header of an unknown layout "
-                             "(not nccl-tests 2.17 or later)") from None
+                             "(an nccl-tests older than 2.13, or another program)") from None
 
     def result(self) -> NcclTestsOutput:
         if self.config is None:
@@ -465,10 +466,10 @@ def _load_json(path: Path, text: str, partial: bool) -> tuple[dict[str, Any], bo
     except json.JSONDecodeError as exc:
         salvaged = _salvage_json(text)
         if salvaged is None:
-            raise UsageError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno}), "
+            raise UsageError(f"{path}: not valid JSON ({exc.msg}, line {exc.lineno} column {exc.colno}), "
                              "not nccl-tests -J output") from None
         if not partial:
-            raise UsageError(f"{path}: JSON ends early ({exc.msg} at line {exc.lineno} column {exc.colno}; "
+            raise UsageError(f"{path}: JSON ends early ({exc.msg}, line {exc.lineno} column {exc.colno}; "
                              f"run cut short?); --partial imports its {len(salvaged['results'])} complete row(s)")
         return salvaged, False
     if not isinstance(data, dict):
@@ -604,8 +605,14 @@ def _parse_json(path: Path, text: str, partial: bool) -> NcclTestsOutput:
     oob = _dict(data.get("out_of_bounds")).get("count")
     avg = _dict(data.get("average_bus_bandwidth")).get("bandwidth")
     version = data.get("nccl_version")
+    parsed = _json_config(path, config)
+    options = parse_nccl_tests_args(args)   # the config has -z only as true/false and no -u
+    if "z" in options:
+        parsed.blocking = strtol(options["z"])
+    if "u" in options:
+        parsed.unalign = strtol(options["u"])
     return NcclTestsOutput(
-        path=path, format="json", config=_json_config(path, config),
+        path=path, format="json", config=parsed,
         ranks=[_json_rank(d) for d in config.get("devices") or []], results=results, complete=complete,
         program=Path(args[0]).name if args else None,
         nccl_library=int(version) if isinstance(version, int) else None,

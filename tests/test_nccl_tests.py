@@ -139,6 +139,18 @@ def test_nccl_log_lines_and_cycles_in_the_table(tmp_path: Path) -> None:
     assert [r.cycle for r in out.results[-4:]] == [0, 1, 1, 1]
 
 
+def test_datatype_all_gives_one_curve_per_dtype(tmp_path: Path) -> None:
+    lines = GRAPH8_TXT.read_text().splitlines()
+    rows = [i for i, line in enumerate(lines) if "bfloat16" in line and not line.startswith("#")]
+    half = [lines[i].replace("bfloat16", "    half") for i in rows]
+    path = _write(tmp_path / "all.txt", "\n".join(lines[:rows[-1] + 1] + half + lines[rows[-1] + 1:]) + "\n")
+    out = read_output(path)
+    assert [r.type_name for r in out.results].count("half") == len(rows)
+    assert all(r.cycle == 0 for r in out.results)
+    imported = _rows(_import(tmp_path, path, extra=["--average", "3"]))
+    assert {r["dtype"] for r in imported} == {"bf16", "fp16"}
+
+
 # ---------------------------------------------------------------- mapping onto commbench's fields
 
 def test_max_over_ranks_is_the_headline(tmp_path: Path) -> None:
@@ -213,6 +225,25 @@ def test_cputime_is_never_a_latency(tmp_path: Path) -> None:
     rows = _rows(_import(tmp_path, _json_variant(tmp_path, "c1.json", cputime)))
     assert all(r["latency_us"] is None and r["latency_rank_mean_us"] is None for r in rows)
     assert "enqueue" in rows[0]["reason"] and rows[0]["extra"]["nccl_tests_flags"]["-C"] == 1
+
+
+def test_grouped_and_blocking_calls_carry_a_note(tmp_path: Path) -> None:
+    def grouped(data):
+        data["config"]["aggregated_iterations"], data["config"]["blocking_collectives"] = 4, "true"
+        data["args"] += ["-m", "4", "-z", "2"]
+    rows = _rows(_import(tmp_path, _json_variant(tmp_path, "m4.json", grouped)))
+    assert rows[0]["ops_per_graph"] == 80 and rows[0]["extra"]["nccl_tests_flags"]["-z"] == 2
+    assert "-m 4" in rows[0]["reason"] and "-z 2" in rows[0]["reason"]
+
+
+def test_a_run_without_placements_is_refused(tmp_path: Path, capsys) -> None:
+    def empty(data):
+        for entry in data["results"]:
+            entry["out_of_place"] = entry["in_place"] = None
+    path = _json_variant(tmp_path, "none.json", empty)
+    assert "no out-of-place or in-place" in _usage_error(capsys, ["import-nccl-tests", str(path), "--out",
+                                                                  str(tmp_path / "x")])
+    assert not (tmp_path / "x").exists()
 
 
 def test_wrong_elements_make_a_wrong_row(tmp_path: Path) -> None:
