@@ -220,8 +220,9 @@ def _time_fields(p: Placement, meaning: str, target: str | None,
         return {"latency_rank_mean_us": p.time_us, "extra": extra}, [
             "nccl-tests -a 1: its time is the mean over ranks (latency_rank_mean_us); the slowest rank "
             "(commbench's headline, -a 3) was not recorded"]
-    return {"extra": extra}, [f"nccl-tests -a {average}: its time is {meaning.split(' (')[0]}, not the slowest "
-                              "rank; kept in extra only"]
+    what = AVERAGE_MODES.get(average, "combined in a way nccl-tests does not define") if average is not None else "?"
+    return {"extra": extra}, [f"nccl-tests -a {average}: its time is {what}, not the slowest rank's; "
+                              "kept in extra only"]
 
 
 def _check_fields(p: Placement, out: NcclTestsOutput) -> tuple[dict[str, Any], list[str]]:
