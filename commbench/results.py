@@ -32,6 +32,8 @@ ERROR = "error"          # setup passed but a call raised
 SKIPPED = "skipped"      # the backend cannot run here (reason says which rank and why)
 NO_WORK = "no_work"      # nothing was communicated (world size 1, or a graph that captured no work)
 STATUSES = (OK, WRONG, HANG, ERROR, SKIPPED, NO_WORK)
+# Environment variables run.json records (every one that starts so).
+ENV_PREFIXES = ("NCCL_", "TORCH_", "MSCCLPP_", "CUDA_", "NVSHMEM_", "COMMBENCH_", "FLASHINFER_")
 
 
 @dataclass
@@ -221,6 +223,16 @@ def read_run_info(run_dir: Path) -> dict[str, Any]:
         raise UsageError(f"{run_dir}: results of schema version {info.get('schema')}, "
                          f"this commbench reads versions {', '.join(map(str, READABLE_SCHEMAS))}")
     return info
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    """Linear-interpolated percentile of an already sorted list (q in [0, 100])."""
+    if not sorted_values:
+        raise ValueError("no samples")
+    position = (len(sorted_values) - 1) * q / 100.0
+    low = int(position)
+    high = min(low + 1, len(sorted_values) - 1)
+    return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * (position - low)
 
 
 def describe_setting(values: dict[str, Any]) -> str:

@@ -13,7 +13,8 @@ from commbench.errors import UsageError
 from commbench.sweep.launcher import child_arguments, parse_env_settings
 from commbench.sweep.plan import Shape, build_plan
 from commbench.sweep.command import add_arguments, backend_options
-from commbench.sweep.timing import headline_us, jitter_stats, max_over_ranks, percentile
+from commbench.results import percentile
+from commbench.sweep.timing import headline_us, jitter_stats, max_over_ranks
 from commbench.sweep.dtypes import parse_dtypes
 from commbench.units import format_bytes, parse_bytes
 from commbench.sweep.workload import bandwidths_gbps, classify, exact_pattern, expected_sum, pattern_amplitude

@@ -20,6 +20,7 @@ from typing import Callable
 
 import torch
 
+from commbench.results import percentile
 from commbench.sweep.context import RunContext
 
 Step = Callable[[int], None]
@@ -110,16 +111,6 @@ def _count_nodes(cudart, handle) -> int:
         elif kind not in _NO_WORK_NODE_TYPES:
             total += 1
     return total
-
-
-def percentile(sorted_values: list[float], q: float) -> float:
-    """Linear-interpolated percentile of an already sorted list (q in [0, 100])."""
-    if not sorted_values:
-        raise ValueError("no samples")
-    position = (len(sorted_values) - 1) * q / 100.0
-    low = int(position)
-    high = min(low + 1, len(sorted_values) - 1)
-    return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * (position - low)
 
 
 def headline_us(per_rank_total_us: list[float], calls: int) -> dict[str, float]:

@@ -8,9 +8,9 @@ from typing import Any
 
 import torch
 
+from commbench.results import ENV_PREFIXES
 from commbench.topology.software import installed_versions
 
-ENV_PREFIXES = ("NCCL_", "TORCH_", "MSCCLPP_", "CUDA_", "NVSHMEM_", "COMMBENCH_", "FLASHINFER_")
 def _driver_version() -> str | None:
     try:
         import pynvml
