@@ -114,22 +114,19 @@ def render(s: Settings, tp: int | None) -> str:
     if s.nccl_env:
         lines.append(f"# NCCL environment (NCCL {NCCL_VERSION} semantics), for either engine")
         lines.extend(f"export {k}={v}" for k, v in sorted(s.nccl_env.items()))
-    if s.vllm_supported:
-        lines.append(f"# vLLM {VLLM_VERSION}")
-        env = " ".join(f"{k}={v}" for k, v in sorted(s.vllm_env.items()))
-        lines.append(f"{env + ' ' if env else ''}vllm serve MODEL --tensor-parallel-size {size}"
-                     f"{' ' + ' '.join(s.vllm_flags) if s.vllm_flags else ''}")
-    else:
-        lines.append(f"# vLLM {VLLM_VERSION}: no setting selects this path")
-    if s.sglang_supported:
-        lines.append(f"# SGLang {SGLANG_VERSION}")
-        env = " ".join(f"{k}={v}" for k, v in sorted(s.sglang_env.items()))
-        lines.append(f"{env + ' ' if env else ''}python -m sglang.launch_server --model-path MODEL --tp {size}"
-                     f"{' ' + ' '.join(s.sglang_flags) if s.sglang_flags else ''}")
-    else:
-        lines.append(f"# SGLang {SGLANG_VERSION}: no setting selects this path")
+    lines += _engine_block(f"vLLM {VLLM_VERSION}", s.vllm_supported, s.vllm_env,
+                           f"vllm serve MODEL --tensor-parallel-size {size}", s.vllm_flags)
+    lines += _engine_block(f"SGLang {SGLANG_VERSION}", s.sglang_supported, s.sglang_env,
+                           f"python -m sglang.launch_server --model-path MODEL --tp {size}", s.sglang_flags)
     lines.extend(f"# note: {n}" for n in s.notes)
     return "\n".join(lines)
+
+
+def _engine_block(engine: str, supported: bool, env: dict[str, str], command: str, flags: list[str]) -> list[str]:
+    if not supported:
+        return [f"# {engine}: no setting selects this path"]
+    prefix = "".join(f"{k}={v} " for k, v in sorted(env.items()))
+    return [f"# {engine}", f"{prefix}{command}{''.join(' ' + f for f in flags)}"]
 
 
 def versions() -> dict[str, str]:

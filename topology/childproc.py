@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from commbench.policy import MULTICAST_POLICY_VARS
 
@@ -129,6 +129,30 @@ class Child:
 
 def run_child(module: str, spec: dict[str, Any], timeout_s: float, env: dict[str, str] | None = None) -> ChildResult:
     return Child(module_argv(module, spec), env).wait(time.monotonic() + timeout_s)
+
+
+def child_main(argv: list[str], run: Callable[[dict[str, Any]], None],
+               on_error: Callable[[dict[str, Any], Exception], dict[str, Any]]) -> int:
+    """A child's whole life: run its JSON spec; any failure becomes an error record (its fields
+    from on_error), never a silent exit; the last record is always "done"."""
+    spec = json.loads(argv[1])
+    try:
+        run(spec)
+    except Exception as exc:  # the child's last word
+        emit("error", **on_error(spec, exc), detail=f"{type(exc).__name__}: {exc}")
+    emit("done")
+    return 0
+
+
+def driver_or_error() -> Any:
+    """For children: the CUDA driver binding, or None after emitting why it cannot be had."""
+    from commbench.topology.cudadrv import CudaError, Driver
+
+    try:
+        return Driver()
+    except (OSError, CudaError) as exc:
+        emit("error", step="driver", detail=str(exc))
+        return None
 
 
 def emit(kind: str, **fields: Any) -> None:

@@ -14,7 +14,6 @@ multicast object that every participant joins and binds its VMM buffer to (setup
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import sys
@@ -23,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from commbench.topology.childproc import emit
+from commbench.topology.childproc import child_main, emit
 from commbench.topology.cudadrv import CudaError, Driver, count_wrong
 
 WORDS_PER_SLOT = 16384      # 64 KiB per writer slot
@@ -247,20 +246,18 @@ def multicast_setup(drv: Driver, meet: Meeting, device: int, vmm_handle: int, vm
         stop.set()
 
 
+def _tell_peers(spec: dict[str, Any], exc: Exception) -> dict[str, Any]:
+    """Tell the peers at once instead of letting them wait for the deadline."""
+    meet = Meeting(spec["dir"], int(spec["me"]), int(spec["count"]), float(spec["deadline"]))
+    for name in ("ipc_error", "vmm_error"):
+        meet.put(name, str(exc).encode())
+    meet.put("written")
+    meet.put("done")
+    return {"step": "group check"}
+
+
 def main(argv: list[str]) -> int:
-    spec = json.loads(argv[1])
-    try:
-        run(spec)
-    except Exception as exc:  # the child's last word: any failure becomes a row, never a silent exit
-        emit("error", step="group check", detail=f"{type(exc).__name__}: {exc}")
-        # Tell the peers at once instead of letting them wait for the deadline.
-        meet = Meeting(spec["dir"], int(spec["me"]), int(spec["count"]), float(spec["deadline"]))
-        for name in ("ipc_error", "vmm_error"):
-            meet.put(name, str(exc).encode())
-        meet.put("written")
-        meet.put("done")
-    emit("done")
-    return 0
+    return child_main(argv, run, _tell_peers)
 
 
 if __name__ == "__main__":

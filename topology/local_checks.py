@@ -8,11 +8,10 @@ hung peer write kills only this child, and the parent never holds contexts on ev
 
 from __future__ import annotations
 
-import json
 import sys
 from typing import Any
 
-from commbench.topology.childproc import emit
+from commbench.topology.childproc import child_main, driver_or_error, emit
 from commbench.topology.cudadrv import CAPABILITY_ATTRIBUTES, ATTR_CC_MAJOR, ATTR_CC_MINOR, \
     ATTR_MULTIPROCESSOR_COUNT, CudaError, Driver, count_wrong
 
@@ -139,20 +138,12 @@ def measure_bandwidth(drv: Driver, pairs: list[tuple[int, int]]) -> None:
 
 
 def main(argv: list[str]) -> int:
-    spec = json.loads(argv[1])
-    try:
-        run(spec)
-    except Exception as exc:  # the child's last word: any failure becomes a row, never a silent exit
-        emit("error", step=spec.get("task", "?"), detail=f"{type(exc).__name__}: {exc}")
-    emit("done")
-    return 0
+    return child_main(argv, run, lambda spec, exc: {"step": spec.get("task", "?")})
 
 
 def run(spec: dict[str, Any]) -> None:
-    try:
-        drv = Driver()
-    except (OSError, CudaError) as exc:
-        emit("error", step="driver", detail=str(exc))
+    drv = driver_or_error()
+    if drv is None:
         return
     count = drv.device_count()
     emit("driver", version=drv.driver_version(), device_count=count)

@@ -10,11 +10,10 @@ nothing listens on a port.
 from __future__ import annotations
 
 import datetime
-import json
 import sys
 from typing import Any
 
-from commbench.topology.childproc import emit
+from commbench.topology.childproc import child_main, emit
 
 # Values with an exact float32 sum at any world size up to 64: (rank+1) * (position % 251 + 1).
 PATTERN_PERIOD = 251
@@ -62,13 +61,7 @@ def run(spec: dict[str, Any]) -> None:
 
 
 def main(argv: list[str]) -> int:
-    spec = json.loads(argv[1])
-    try:
-        run(spec)
-    except Exception as exc:  # the child's last word: a failure becomes a row, never a silent exit
-        emit("error", rank=spec.get("rank"), detail=f"{type(exc).__name__}: {exc}")
-    emit("done")
-    return 0
+    return child_main(argv, run, lambda spec, exc: {"rank": spec.get("rank")})
 
 
 if __name__ == "__main__":

@@ -12,13 +12,12 @@ number says the check ran, not what a fabric does.
 
 from __future__ import annotations
 
-import json
 import sys
 from typing import Any, Callable
 
 from commbench.topology import link_health
-from commbench.topology.childproc import emit
-from commbench.topology.cudadrv import ATTR_MULTIPROCESSOR_COUNT, CudaError, Driver
+from commbench.topology.childproc import child_main, driver_or_error, emit
+from commbench.topology.cudadrv import ATTR_MULTIPROCESSOR_COUNT, CudaError
 from commbench.topology.peer_kernels import PeerKernels, chain
 
 SM_BYTES = 64 << 20          # as the copy-engine step, so the two paths move the same data
@@ -81,10 +80,8 @@ def link_reader(bus_ids: dict[int, str], src: int, dst: int) -> Callable[[], Non
 
 
 def run(spec: dict[str, Any]) -> None:
-    try:
-        drv = Driver()
-    except (OSError, CudaError) as exc:
-        emit("error", step="driver", detail=str(exc))
+    drv = driver_or_error()
+    if drv is None:
         return
     pairs = [(int(a), int(b)) for a, b in spec["pairs"]]
     devices = sorted({d for pair in pairs for d in pair})
@@ -115,13 +112,7 @@ def run(spec: dict[str, Any]) -> None:
 
 
 def main(argv: list[str]) -> int:
-    spec = json.loads(argv[1])
-    try:
-        run(spec)
-    except Exception as exc:  # the child's last word: any failure becomes a row, never a silent exit
-        emit("error", step="SM peer checks", detail=f"{type(exc).__name__}: {exc}")
-    emit("done")
-    return 0
+    return child_main(argv, run, lambda spec, exc: {"step": "SM peer checks"})
 
 
 if __name__ == "__main__":

@@ -162,10 +162,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     check_json_target(args.json)
-    if args.list_models:
-        print(models.listing())
+    model = models.requested(args)
+    if model is None:
         return 0
-    model = models.from_args(args)
     if args.tp is not None and args.tp <= 0:
         raise UsageError("--tp must be positive")
     if (args.run_dir is None) == (args.latency_table is None):

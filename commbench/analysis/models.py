@@ -121,6 +121,14 @@ def from_args(args: argparse.Namespace) -> Model:
     raise UsageError("which model? give --model NAME (see --list-models) or --layers, --hidden and --ar-per-layer")
 
 
+def requested(args: argparse.Namespace) -> Model | None:
+    """The model a floor / recommend command asks about; None after printing --list-models."""
+    if args.list_models:
+        print(listing())
+        return None
+    return from_args(args)
+
+
 def listing() -> str:
     lines = []
     for model in presets().values():

@@ -103,10 +103,9 @@ def recorded_settings(run: Run, curve: Curve) -> engines.Settings | None:
 
 def main(args: argparse.Namespace) -> int:
     check_json_target(args.json)
-    if args.list_models:
-        print(models.listing())
+    model = models.requested(args)
+    if model is None:
         return 0
-    model = models.from_args(args)
     concurrencies = parse_int_list(args.concurrency, "concurrency") if args.concurrency else models.DEFAULT_CONCURRENCIES
     run = load_run(args.run_dir)
     curves = decode_curves(run, args.tp, model.dtype, args.mode)
