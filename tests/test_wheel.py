@@ -53,7 +53,8 @@ def runtime_files() -> set[str]:
 def installed(tmp_path_factory) -> dict:
     """Build the wheel offline, install it into a fresh venv; the venv's python, bin and a cwd
     outside the source tree."""
-    pytest.importorskip("setuptools", reason="building the wheel without isolation needs setuptools (the test extra)")
+    pytest.importorskip("setuptools", minversion="70.1",
+                        reason="building the wheel without isolation needs setuptools>=70.1 (the test extra)")
     base = tmp_path_factory.mktemp("wheel")
     src, wheels, venv, cwd = base / "src", base / "wheels", base / "venv", base / "cwd"
     shutil.copytree(REPO, src, ignore=NOT_SOURCE)
