@@ -27,6 +27,7 @@ ENTRY_POINT_GROUP = "commbench.backends"
 # family -> module exposing FACTORY. Imported lazily: optional dependencies stay optional.
 BUILTIN: dict[str, str] = {
     "nccl": "commbench.backends.nccl",
+    "nccl4py": "commbench.backends.nccl4py",
     "gloo": "commbench.backends.gloo",
     "p2p": "commbench.backends.p2p",
     "symm_mem": "commbench.backends.symm_mem",

@@ -6,6 +6,12 @@ environment. Process-level knobs (NCCL_NTHREADS, NCCL_BUFFSIZE, NCCL_MAX_CTAS, .
 once per process: those are swept by the driver (`commbench sweep --nproc N --env ...`).
 What NCCL chose is read from its log, which rank 0 switches on only around that init and
 around observe()'s untimed calls (commbench.backends.nccl_log).
+
+Every variant also runs, as ``...,lib=LABEL``, with each library given by ``--nccl-lib``: in a
+child torchrun of its own with that libnccl preloaded (commbench.backends.nccl_libs). Every
+row records the NCCL its process actually ran, as that library reports itself
+(``extra.nccl_version_loaded``, ``extra.nccl_lib_loaded``). ``nccl:symm`` registers the row's
+buffers as symmetric windows (commbench.backends.nccl_symm).
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import argparse
 import os
 import re
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -23,8 +30,9 @@ import torch.distributed as dist
 from commbench import engines
 from commbench.backends.base import (Backend, BackendFactory, BackendUnavailable, ProcessGroupBackend,
                                      parse_variant_options)
-from commbench.backends.nccl_log import (ALGORITHMS, PROTOCOLS, InitEvidence, process_switch, read_lines,
-                                         setting_applied, used_algo_proto)
+from commbench.backends.nccl_libs import NcclLibrary, by_label, parse_nccl_libs, preload_env, preloaded_here
+from commbench.backends.nccl_log import (ALGORITHMS, PROTOCOLS, InitEvidence, process_nccl, process_switch,
+                                         read_lines, setting_applied, used_algo_proto, version_text)
 from commbench.errors import UsageError
 from commbench.sweep.context import RunContext
 from commbench.topology.needs import full_nvlink
@@ -46,18 +54,22 @@ class NcclBackend(ProcessGroupBackend):
     family = "nccl"
     graph_capturable = True
 
-    def __init__(self, proto: str | None = None, algo: str | None = None, log_dir: Path | None = None):
+    def __init__(self, proto: str | None = None, algo: str | None = None, log_dir: Path | None = None,
+                 library: NcclLibrary | None = None):
         self.proto = proto
         self.algo = algo
-        parts = [f"proto={proto}" if proto else "", f"algo={algo}" if algo else ""]
-        variant = ",".join(p for p in parts if p)
-        self.name = f"nccl:{variant}" if variant else "nccl"
+        self.library = library
+        self.name = variant_name(self._variant_parts())
         self.log_dir = log_dir
         self.unsafe: str | None = None
         self._observe_calls = False       # alike on every rank, so every rank makes the same calls
         self._not_observed: str | None = None
         self._init = InitEvidence()
         self._passes = 0
+
+    def _variant_parts(self) -> list[str]:
+        return [f"proto={self.proto}" if self.proto else "", f"algo={self.algo}" if self.algo else "",
+                self.library.variant if self.library else ""]
 
     @property
     def needs(self) -> tuple[str, ...]:  # type: ignore[override]
@@ -68,6 +80,17 @@ class NcclBackend(ProcessGroupBackend):
         if not dist.is_nccl_available():
             return f"torch {torch.__version__} has no NCCL (a CPU-only build; NCCL needs CUDA)"
         return None
+
+    def process_env(self, allow_multicast: bool) -> dict[str, str] | None:
+        """A --nccl-lib variant runs in a child torchrun with its library preloaded."""
+        return preload_env(self.library) if self.library else None
+
+    def check(self, ctx: RunContext) -> str | None:
+        reason = super().check(ctx)
+        if reason is None and self.library and not preloaded_here(self.library):
+            return (f"runs in a child torchrun with LD_PRELOAD={self.library.path} "
+                    "(started by the sweep's driver: commbench sweep --nproc N)")
+        return reason
 
     def snapshot_warning(self, snapshot: dict[str, Any]) -> str | None:
         """LL128 forced on a machine without NVLink can corrupt data (NCCL's environment docs)."""
@@ -81,6 +104,9 @@ class NcclBackend(ProcessGroupBackend):
         notes = [engines.LL128_OFF_NVLINK] if self.proto == "LL128" else []
         if requested:
             notes.append(engines.NCCL_ENV_IS_PROCESS_WIDE)
+        if self.library:
+            notes.append(f"this NCCL is {self.library.path}: serve with it preloaded (LD_PRELOAD) or installed "
+                         "in place of torch's")
         return engines.Settings(self.name, nccl_env=requested, vllm_env=dict(engines.VLLM_ONLY_NCCL),
                                 vllm_flags=[engines.DISABLE_CUSTOM_ALLREDUCE],
                                 sglang_flags=[engines.DISABLE_CUSTOM_ALLREDUCE], notes=notes)
@@ -107,9 +133,16 @@ class NcclBackend(ProcessGroupBackend):
             raise BackendUnavailable(f"first NCCL allreduce returned {float(probe[0])}, expected {ctx.world_size}")
         if init_log is not None:
             self._init = InitEvidence.from_lines(read_lines(init_log))
+        if self.library:
+            preload_mismatch = preloaded_library_reason(self.library, torch_nccl_code())
+            if preload_mismatch:
+                raise BackendUnavailable(preload_mismatch)
 
     def row_fields(self) -> dict[str, Any]:
-        return {"requested": self.requested(), "unsafe": self.unsafe}
+        extra = process_nccl().row_extra()
+        if self.library:
+            extra.update(nccl_lib_label=self.library.label, nccl_lib_requested=self.library.path)
+        return {"requested": self.requested(), "unsafe": self.unsafe, "extra": extra}
 
     def observe(self, call: Callable[[], None], message_bytes: int) -> dict[str, Any]:
         if not self._observe_calls:
@@ -156,6 +189,35 @@ class NcclBackend(ProcessGroupBackend):
             yield
 
 
+def variant_name(parts: list[str]) -> str:
+    """'nccl' or 'nccl:' + the options that make the variant, in a fixed order."""
+    variant = ",".join(p for p in parts if p)
+    return f"nccl:{variant}" if variant else "nccl"
+
+
+def torch_nccl_code() -> int | None:
+    """NCCL_VERSION_CODE as torch's own calls see it (torch.cuda.nccl.version())."""
+    try:
+        major, minor, patch = torch.cuda.nccl.version()
+    except Exception:  # a torch without NCCL: nothing to compare
+        return None
+    return major * 10000 + minor * 100 + patch
+
+
+def preloaded_library_reason(library: NcclLibrary, torch_code: int | None) -> str | None:
+    """Why this process does not run the preloaded library (None when it does): the mapped
+    libnccl must be that file, and torch's calls must reach the same version."""
+    loaded = process_nccl()
+    if loaded.path is None or loaded.version_code is None:
+        return f"--nccl-lib {library.label}: {loaded.error}"
+    if loaded.path != library.path:
+        return f"--nccl-lib {library.label}: this process maps {loaded.path}, not the preloaded {library.path}"
+    if torch_code is not None and torch_code != loaded.version_code:
+        return (f"--nccl-lib {library.label}: torch's calls report NCCL {version_text(torch_code)} but the "
+                f"preloaded {library.path} is NCCL {loaded.version} (torch does not call the preloaded library)")
+    return None
+
+
 @contextmanager
 def _environment(values: dict[str, str | None]) -> Iterator[None]:
     """Set (or, for None, unset) variables for the duration of the block, then restore them."""
@@ -178,6 +240,12 @@ def _environment(values: dict[str, str | None]) -> Iterator[None]:
 def add_arguments(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--nccl-proto", help="sweep NCCL protocols, e.g. LL,LL128,Simple (one group per variant)")
     group.add_argument("--nccl-algo", help="sweep NCCL algorithms, e.g. Ring,Tree")
+    group.add_argument("--nccl-symm", action="store_true",
+                       help="also run nccl:symm: the row's buffers registered as NCCL symmetric windows")
+    group.add_argument("--nccl-lib", action="append", default=[], metavar="[LABEL=]PATH",
+                       help="also run every nccl variant with this libnccl.so.2 (a file, or a folder holding "
+                            "nvidia/nccl/lib/libnccl.so.2), preloaded in a child torchrun of its own, as "
+                            "nccl:...,lib=LABEL (repeatable; needs --nproc N)")
     group.add_argument("--no-nccl-log", action="store_true",
                        help="do not record the algorithm/protocol NCCL used (logged only around untimed calls)")
 
@@ -186,41 +254,87 @@ def read_options(args: argparse.Namespace) -> dict[str, Any]:
     split = lambda text: [v.strip() for v in text.split(",") if v.strip()] if text else []  # noqa: E731
     protos = _normalise(split(args.nccl_proto), PROTOCOLS, "protocol")
     algos = _normalise(split(args.nccl_algo), ALGORITHMS, "algorithm")
-    return {"nccl_proto": protos, "nccl_algo": algos, "nccl_log": not args.no_nccl_log}
+    return {"nccl_proto": protos, "nccl_algo": algos, "nccl_log": not args.no_nccl_log,
+            "nccl_symm": bool(getattr(args, "nccl_symm", False)),
+            "nccl_libs": parse_nccl_libs(getattr(args, "nccl_lib", None))}
 
 
-def _log_dir(options: dict[str, Any]) -> Path | None:
+def nccl_log_dir(options: dict[str, Any]) -> Path | None:
     """Where NCCL's log goes: RUN/nccl-logs, unless the user turned it off or nothing is written."""
     run_dir = options.get("run_dir")
     return Path(run_dir) / "nccl-logs" if run_dir and options.get("nccl_log", True) else None
 
 
-def make(variant: str | None, options: dict[str, Any]) -> list[Backend]:
-    log_dir = _log_dir(options)
-    if variant:
-        opts = parse_variant_options(variant)
-        unknown = set(opts) - {"proto", "algo"}
-        if unknown:
-            raise UsageError(f"unknown nccl option {sorted(unknown)[0]!r}: use nccl:proto=P,algo=A")
-        proto = _normalise([opts["proto"]], PROTOCOLS, "protocol")[0] if "proto" in opts else None
-        algo = _normalise([opts["algo"]], ALGORITHMS, "algorithm")[0] if "algo" in opts else None
-        return [NcclBackend(proto, algo, log_dir)]
+VARIANT_OPTIONS = ("proto", "algo", "symm", "lib")
+
+
+@dataclass(frozen=True)
+class VariantSpec:
+    """What one nccl variant asks for, before the library it runs with is chosen."""
+
+    proto: str | None = None
+    algo: str | None = None
+    symm: bool = False
+
+    def build(self, log_dir: Path | None, library: NcclLibrary | None) -> Backend:
+        if self.symm:
+            from commbench.backends.nccl_symm import NcclSymmBackend
+
+            return NcclSymmBackend(log_dir=log_dir, library=library)
+        return NcclBackend(self.proto, self.algo, log_dir, library)
+
+
+def parse_variant(variant: str, libraries: list[NcclLibrary]) -> tuple[VariantSpec, NcclLibrary | None]:
+    """'proto=LL,algo=Ring', 'symm', 'lib=LABEL', ... -> the spec and its library (None: torch's)."""
+    opts = parse_variant_options(variant)
+    unknown = set(opts) - set(VARIANT_OPTIONS)
+    if unknown:
+        raise UsageError(f"unknown nccl option {sorted(unknown)[0]!r}: use nccl:proto=P,algo=A, nccl:symm "
+                         "or add lib=LABEL (a --nccl-lib)")
+    if "symm" in opts and opts["symm"] != "symm":
+        raise UsageError(f"nccl:symm takes no value (got symm={opts['symm']})")
+    if "symm" in opts and ("proto" in opts or "algo" in opts):
+        raise UsageError("nccl:symm takes no proto/algo: NCCL picks its symmetric kernel itself")
+    proto = _normalise([opts["proto"]], PROTOCOLS, "protocol")[0] if "proto" in opts else None
+    algo = _normalise([opts["algo"]], ALGORITHMS, "algorithm")[0] if "algo" in opts else None
+    library = by_label(libraries, opts["lib"]) if "lib" in opts else None
+    return VariantSpec(proto, algo, "symm" in opts), library
+
+
+def default_specs(options: dict[str, Any]) -> list[VariantSpec]:
+    """NCCL's own choice, the --nccl-proto x --nccl-algo matrix, and nccl:symm with --nccl-symm."""
     protos = _normalise(options.get("nccl_proto") or [], PROTOCOLS, "protocol")
     algos = _normalise(options.get("nccl_algo") or [], ALGORITHMS, "algorithm")
-    variants: list[Backend] = [NcclBackend(log_dir=log_dir)]
-    for proto in protos or [None]:
-        for algo in algos or [None]:
-            if proto or algo:
-                variants.append(NcclBackend(proto, algo, log_dir))
-    return variants
+    specs = [VariantSpec()]
+    specs += [VariantSpec(p, a) for p in protos or [None] for a in algos or [None] if p or a]
+    if options.get("nccl_symm"):
+        specs.append(VariantSpec(symm=True))
+    return specs
+
+
+def make(variant: str | None, options: dict[str, Any]) -> list[Backend]:
+    """Each variant with torch's NCCL, and once more per --nccl-lib unless it names its lib=."""
+    log_dir = nccl_log_dir(options)
+    libraries: list[NcclLibrary] = list(options.get("nccl_libs") or [])
+    if variant:
+        spec, library = parse_variant(variant, libraries)
+        if library is not None:
+            return [spec.build(log_dir, library)]
+        specs = [spec]
+    else:
+        specs = default_specs(options)
+    return [spec.build(log_dir, library) for library in [None, *libraries] for spec in specs]
 
 
 FACTORY = BackendFactory(
     family="nccl", make=make, on_gpu_by_default=True, on_cpu_by_default=False,
-    summary="NCCL via torch ProcessGroupNCCL; --nccl-proto/--nccl-algo sweep the protocol x algorithm matrix",
-    variants_help=["nccl", "nccl:proto=LL", "nccl:proto=LL128,algo=Ring"],
+    summary="NCCL via torch ProcessGroupNCCL; --nccl-proto/--nccl-algo sweep the protocol x algorithm matrix, "
+            "--nccl-symm adds symmetric-window registration, --nccl-lib runs other NCCL libraries side by side",
+    variants_help=["nccl", "nccl:proto=LL", "nccl:proto=LL128,algo=Ring",
+                   "nccl:symm            buffers registered as symmetric windows (NCCL >= 2.27 kernels)",
+                   "nccl:lib=LABEL       with the libnccl of --nccl-lib LABEL=PATH, preloaded in a child torchrun"],
     probe_specs=(None, "proto=LL", "proto=LL128", "proto=Simple",
-                 *(f"proto={p},algo={a}" for p in PROTOCOLS for a in ("Ring", "Tree", "NVLS", "NVLSTree"))),
+                 *(f"proto={p},algo={a}" for p in PROTOCOLS for a in ("Ring", "Tree", "NVLS", "NVLSTree")), "symm"),
     packages=("nvidia-nccl-cu12", "nvidia-nccl-cu13"),
     add_arguments=add_arguments, read_options=read_options,
 )

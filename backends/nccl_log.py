@@ -11,7 +11,16 @@ and a few untimed calls per row, never inside a timed loop. Lines it reads (NCCL
 - at init, comm rank 0 when NCCL_PROTO or NCCL_ALGO is set (src/graph/tuning.cc, ENV):
   ``NCCL INFO Enabled NCCL Func/Proto/Algo Matrix:`` then a header row and one row per function
   (``    AllReduce |        1         0         0   |             1 ...``), names from
-  ncclProtoStr / ncclAlgoStr (src/init.cc).
+  ncclProtoStr / ncclAlgoStr (src/init.cc);
+- per collective that runs a symmetric kernel (TUNING; 2.27 src/enqueue.cc, from 2.28
+  src/scheduler/symmetric_sched.cc, comm rank 0): ``NCCL INFO AllReduce [Symmetric]: 4096 Bytes ->
+  Kernel AllReduce_AGxLL_R nchannels 2 nthreads 512`` (2.28 on: `` nWorks 1`` follows), names
+  from ncclSymkKernelIdToString; such a call logs no ``-> Algo`` line;
+- at init where the communicator cannot use symmetric memory (2.29 on, src/init.cc, INIT):
+  ``NCCL INFO Symmetric memory is not supported. cuMemEnable 1, globalGinSupport 0, ...``.
+
+Which NCCL a process runs is asked of NCCL itself: ncclGetVersion of the libnccl mapped into
+the process (/proc/self/maps), never inferred from a path.
 """
 
 from __future__ import annotations
@@ -45,6 +54,8 @@ _ENV_RE = re.compile(r"NCCL INFO (NCCL_\w+) set by environment to (.*)$")
 _MATRIX_START = "NCCL INFO Enabled NCCL Func/Proto/Algo Matrix:"
 _MATRIX_ROW_RE = re.compile(r"^\s*(\w+) \|([^|]*)\|([^|]*)$")
 _LIBNCCL_RE = re.compile(r"/libnccl\.so(\.\d+)*$")
+_SYMMETRIC_RE = re.compile(r"NCCL INFO AllReduce \[Symmetric\]: (\d+) Bytes -> Kernel (\w+)")
+_NO_SYMMETRIC_MARK = "Symmetric memory is not supported."
 
 
 def _key(name: str) -> str:
@@ -155,17 +166,98 @@ def setting_applied(requested: dict[str, str], used: dict[str, str], init: InitE
     return COINCIDED
 
 
-def loaded_libnccl(maps_text: str) -> str | None:
-    """Path of the libnccl.so mapped into a process, from its /proc/PID/maps text."""
-    for line in maps_text.splitlines():
-        fields = line.split(maxsplit=5)
-        if len(fields) == 6 and _LIBNCCL_RE.search(fields[5]):
-            return fields[5]
+def symmetric_kernel(lines: list[str], message_bytes: int) -> str | None:
+    """The symmetric kernel NCCL logged most often for allreduces of this size, or None."""
+    seen: Counter[str] = Counter()
+    for line in lines:
+        match = _SYMMETRIC_RE.search(line)
+        if match and int(match.group(1)) == message_bytes:
+            seen[match.group(2)] += 1
+    return seen.most_common(1)[0][0] if seen else None
+
+
+def symmetric_unsupported(lines: list[str]) -> str | None:
+    """NCCL's own init line saying the communicator cannot use symmetric memory (2.29 on)."""
+    for line in lines:
+        at = line.find(_NO_SYMMETRIC_MARK)
+        if at >= 0:
+            return line[at:].strip()
     return None
 
 
-def _version_text(code: int) -> str:
+def mapped_libnccls(maps_text: str) -> list[str]:
+    """Every libnccl.so file mapped into a process, in map order, from its /proc/PID/maps text."""
+    found: list[str] = []
+    for line in maps_text.splitlines():
+        fields = line.split(maxsplit=5)
+        if len(fields) == 6 and _LIBNCCL_RE.search(fields[5]) and fields[5] not in found:
+            found.append(fields[5])
+    return found
+
+
+def loaded_libnccl(maps_text: str) -> str | None:
+    """Path of the libnccl.so mapped into a process, from its /proc/PID/maps text."""
+    found = mapped_libnccls(maps_text)
+    return found[0] if found else None
+
+
+def version_text(code: int) -> str:
+    """NCCL_VERSION_CODE as text: 22907 -> '2.29.7' (2.9 and later encode X*10000 + Y*100 + Z)."""
     return f"{code // 10000}.{code // 100 % 100}.{code % 100}"
+
+
+@dataclass(frozen=True)
+class LoadedNccl:
+    """The NCCL a process has mapped, as that library reports itself."""
+
+    path: str | None                 # the first libnccl in /proc/self/maps
+    version_code: int | None         # its ncclGetVersion
+    others: tuple[str, ...] = ()     # further libnccl files mapped (a second NCCL in the process)
+    error: str | None = None         # why the version is unknown
+
+    @property
+    def version(self) -> str | None:
+        return version_text(self.version_code) if self.version_code is not None else None
+
+    def row_extra(self) -> dict[str, Any]:
+        """What every NCCL row records about the library its process ran."""
+        extra: dict[str, Any] = {"nccl_version_loaded": self.version, "nccl_lib_loaded": self.path}
+        if self.others:
+            extra["nccl_libs_mapped"] = [self.path, *self.others]
+        if self.error:
+            extra["nccl_version_error"] = self.error
+        return extra
+
+
+def ask_version(library: Any) -> int:
+    """ncclGetVersion through an open ctypes handle."""
+    version = ctypes.c_int(0)
+    result = library.ncclGetVersion(ctypes.byref(version))
+    if result != 0:
+        raise OSError(f"ncclGetVersion returned {result}")
+    return version.value
+
+
+def loaded_nccl(maps: Path = Path("/proc/self/maps")) -> LoadedNccl:
+    """Ask the libnccl this process has mapped for its version (RTLD_NOLOAD: never a new one)."""
+    try:
+        found = mapped_libnccls(maps.read_text())
+    except OSError as exc:
+        return LoadedNccl(None, None, error=f"cannot read {maps}: {exc.strerror}")
+    if not found:
+        return LoadedNccl(None, None, error="no libnccl is mapped into this process")
+    path, others = found[0], tuple(found[1:])
+    try:
+        library = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+        return LoadedNccl(path, ask_version(library), others)
+    except (OSError, AttributeError) as exc:
+        return LoadedNccl(path, None, others, error=f"ncclGetVersion of {path} failed: {exc}")
+
+
+@cache
+def process_nccl() -> LoadedNccl:
+    """This process's NCCL, asked once (a process maps its libnccl when torch's CUDA part loads)."""
+    return loaded_nccl()
 
 
 class NcclLogSwitch:
@@ -204,8 +296,8 @@ class NcclLogSwitch:
         version = ctypes.c_int(0)
         library.ncclGetVersion(ctypes.byref(version))
         if version.value < LOCKED_RESET_VERSION_CODE:
-            return cls(None, f"NCCL {_version_text(version.value)} resets its log without its lock "
-                             f"(locked from {_version_text(LOCKED_RESET_VERSION_CODE)}): not switched at run time")
+            return cls(None, f"NCCL {version_text(version.value)} resets its log without its lock "
+                             f"(locked from {version_text(LOCKED_RESET_VERSION_CODE)}): not switched at run time")
         return cls(library, None)
 
     def on(self, log_file: Path) -> None:

@@ -3,8 +3,13 @@
 #   bash scripts/reference-run.sh [OUT_DIR]
 # On every GPU of this host: probe (bandwidth, JSON, plot); sweep at TP = 8, 4 and 2 where that
 # many GPUs exist (subsets through CUDA_VISIBLE_DEVICES), bf16, eager and graph, 4K..256M, every
-# backend that can run here plus the NCCL protocol x algorithm matrix; then report, floor
-# (DeepSeek-V3 and GLM-5), recommend and qualify (NVSwitch spec) on each sweep.
+# backend that can run here (nccl4py among them, skipped with its reason when not installed) plus
+# the NCCL protocol x algorithm matrix and nccl:symm (symmetric windows: the rows say which
+# symmetric kernel NCCL ran, or why none); then report, floor (DeepSeek-V3 and GLM-5), recommend
+# and qualify (NVSwitch spec) on each sweep.
+# Other NCCL versions side by side: NCCL_LIBS="LABEL=PATH ..." (e.g. the libnccl.so.2 of an
+# nvidia-nccl-cu13 wheel installed with pip install --target DIR) runs every nccl variant once
+# more per library, in a child torchrun with it preloaded, and compares nccl with nccl:lib=LABEL.
 # NVLink multicast stays off: the policy variables are set for every process, and
 # --allow-multicast is never passed.
 set -uo pipefail
@@ -17,6 +22,13 @@ if ! python3 -c "import commbench.backends" 2>/dev/null; then
   python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >"$out/install.log" 2>&1 || exit 1
 fi
 gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
+lib_args=() lib_labels=()
+for entry in ${NCCL_LIBS:-}; do
+  case "$entry" in
+    *=*) lib_args+=(--nccl-lib "$entry"); lib_labels+=("${entry%%=*}") ;;
+    *) echo "reference-run: NCCL_LIBS entries are LABEL=PATH, got $entry" >&2; exit 2 ;;
+  esac
+done
 start=$(date +%s)
 log() { echo "# reference-run: $*" | tee -a "$out/commands.txt"; }
 
@@ -39,10 +51,12 @@ for tp in $tps; do
   devices=$(seq -s, 0 $((tp - 1)))
   dir="$out/tp$tp"
   mkdir -p "$dir"
-  log "CUDA_VISIBLE_DEVICES=$devices python3 -m commbench sweep --nproc $tp --nccl-proto LL,LL128,Simple --nccl-algo Ring,Tree --timeout 60"
-  # The driver (--nproc) launches torchrun and resumes it without a backend that hangs.
+  log "CUDA_VISIBLE_DEVICES=$devices python3 -m commbench sweep --nproc $tp --nccl-proto LL,LL128,Simple --nccl-algo Ring,Tree --nccl-symm ${lib_args[*]} --timeout 60"
+  # The driver (--nproc) launches torchrun (one more per --nccl-lib, with it preloaded) and
+  # resumes it without a backend that hangs.
   CUDA_VISIBLE_DEVICES=$devices python3 -m commbench sweep --nproc "$tp" \
-    --nccl-proto LL,LL128,Simple --nccl-algo Ring,Tree --timeout 60 "${sizes[@]}" --out "$dir" 2>&1 | tee "$dir/sweep.txt"
+    --nccl-proto LL,LL128,Simple --nccl-algo Ring,Tree --nccl-symm "${lib_args[@]}" --timeout 60 "${sizes[@]}" \
+    --out "$dir" 2>&1 | tee "$dir/sweep.txt"
   run=$(ls -d "$dir"/*/ | head -n 1)
   log "commbench report $run; floor deepseek-v3 / glm-5 at TP $tp; recommend; qualify nvswitch"
   python3 -m commbench report "$run" 2>&1 | tee "$dir/report.txt"
@@ -51,6 +65,11 @@ for tp in $tps; do
       | tee "$dir/floor-$model.txt"
   done
   python3 -m commbench recommend "$run" --model deepseek-v3 2>&1 | tee "$dir/recommend.txt"
+  for label in "${lib_labels[@]}"; do
+    log "commbench compare $run $run --backend-a nccl --backend-b nccl:lib=$label"
+    python3 -m commbench compare "$run" "$run" --backend-a nccl --backend-b "nccl:lib=$label" --out "$dir" \
+      --json "$dir/compare-nccl-$label.json" 2>&1 | tee "$dir/compare-nccl-$label.txt"
+  done
   python3 -m commbench qualify --spec commbench/specs/nvswitch-8x-h100-h200.toml "$run" \
     --junit "$dir/qualify.xml" 2>&1 | tee "$dir/qualify.txt"
 done

@@ -4,19 +4,27 @@ For every (backend variant, mode, dtype, op) and size both runs measured: the ch
 headline latency and in the jitter pass's p99, and whether the latency change is larger than the
 p10-p90 spread of both runs (smaller changes
 are noise the runs themselves show). Plus a plot of both curves and their ratio.
+
+``--backend-a X --backend-b Y`` compares backend X of RUN_A with backend Y of RUN_B instead,
+mode by mode; RUN_B may be RUN_A. That puts two NCCL versions of one run side by side
+(``compare RUN RUN --backend-a nccl --backend-b nccl:lib=cu13-2.29.7``), and the NCCL each side's
+processes ran is printed from the rows (extra.nccl_version_loaded).
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from commbench.analysis import plots
-from commbench.analysis.curves import Curve, build_curves, exceeds_spread, run_world_size
+from commbench.analysis.curves import (Curve, CurveKey, build_curves, exceeds_spread, run_world_size,
+                                      variant_label)
 from commbench.analysis.output import check_json_target, write_json
 from commbench.errors import UsageError
-from commbench.results import Run, load_run
+from commbench.results import Measurement, Run, load_run
+from commbench.analysis.report import nccl_version_lines
 from commbench.analysis.text import fmt_pct, fmt_us, render
 from commbench.units import format_bytes
 
@@ -62,6 +70,42 @@ def changes(a: list[Curve], b: list[Curve]) -> list[Change]:
     return out
 
 
+def _one_backend(curves: list[Curve], backend: str, run: Run) -> list[Curve]:
+    """The curves of one backend, one per mode, dtype and op; `backend` is a variant name or,
+    where the variant ran under several settings, its label with the setting (name[VAR=V])."""
+    chosen = [c for c in curves if c.key.variant == backend] or [c for c in curves if c.backend == backend]
+    if not chosen:
+        names = ", ".join(sorted({c.key.variant for c in curves}))
+        raise UsageError(f"{run.path}: no trusted rows of backend {backend!r} (it has: {names})")
+    slots = [(c.key.mode, c.key.dtype, c.key.op) for c in chosen]
+    if len(set(slots)) < len(slots):
+        settings = sorted({c.key.variant for c in chosen})
+        raise UsageError(f"{run.path}: backend {backend!r} ran under several settings; name one of them: "
+                         f"{', '.join(settings)}")
+    return chosen
+
+
+def _rows_of(run: Run, backend: str | None) -> list[Measurement]:
+    """The rows _one_backend's curves come from (every row without --backend-a/-b)."""
+    if backend is None:
+        return run.rows
+    return ([r for r in run.rows if variant_label(r) == backend]
+            or [r for r in run.rows if r.backend == backend])
+
+
+def paired(curves_a: list[Curve], curves_b: list[Curve], run_a: Run, run_b: Run, backend_a: str,
+           backend_b: str) -> tuple[list[Curve], list[Curve]]:
+    """Backend A of RUN_A and backend B of RUN_B under one name, so changes() pairs them."""
+    label = f"{backend_a} -> {backend_b}"
+
+    def renamed(curve: Curve) -> Curve:
+        key = CurveKey(label, curve.key.mode, curve.key.dtype, curve.key.op)
+        return Curve(key, curve.backend, dict(curve.env_setting), list(curve.points), curve.failed_sizes)
+
+    return ([renamed(c) for c in _one_backend(curves_a, backend_a, run_a)],
+            [renamed(c) for c in _one_backend(curves_b, backend_b, run_b)])
+
+
 def _name(run: Run) -> str:
     return str(run.info.get("run_id", run.path.name))
 
@@ -71,6 +115,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_b", help="the results dir to compare with it (B)")
     parser.add_argument("--out", type=Path, help="where to write the plot (default: RUN_B)")
     parser.add_argument("--json", metavar="FILE", help="also write the changes as JSON ('-' for stdout)")
+    parser.add_argument("--backend-a", metavar="NAME",
+                        help="compare only this backend of RUN_A (with --backend-b; RUN_B may be RUN_A), e.g. nccl, "
+                             "or nccl[VAR=V] where it ran under several --env settings")
+    parser.add_argument("--backend-b", metavar="NAME",
+                        help="...with this backend of RUN_B, e.g. nccl:lib=cu13-2.29.7 (another NCCL)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -80,11 +129,23 @@ def main(args: argparse.Namespace) -> int:
     if not curves_a or not curves_b:
         empty = run_a if not curves_a else run_b
         raise UsageError(f"{empty.path}: no trusted (status ok, #wrong 0) rows to compare")
+    backend_a, backend_b = getattr(args, "backend_a", None), getattr(args, "backend_b", None)
+    if (backend_a is None) != (backend_b is None):
+        raise UsageError("--backend-a and --backend-b go together: name the backend of each side")
+    if backend_a is not None:
+        curves_a, curves_b = paired(curves_a, curves_b, run_a, run_b, backend_a, backend_b)
     rows = changes(curves_a, curves_b)
     name_a, name_b = _name(run_a), _name(run_b)
+    if backend_a is not None:
+        name_a, name_b = f"{name_a} {backend_a}", f"{name_b} {backend_b}"
     world_a, world_b = run_world_size(run_a), run_world_size(run_b)
 
     print(f"A = {name_a} ({run_a.path}), B = {name_b} ({run_b.path})")
+    nccl_ran = {side: nccl_version_lines(_rows_of(run, backend))
+                for side, run, backend in (("a", run_a, backend_a), ("b", run_b, backend_b))}
+    for side, lines in nccl_ran.items():
+        for line in lines:
+            print(f"{side.upper()} ran {line}")
     if world_a != world_b:
         print(f"note: A ran {world_a} ranks, B ran {world_b}: latencies are not comparable like for like")
     only_a = sorted({c.label for c in curves_a} - {c.label for c in curves_b})
@@ -112,8 +173,12 @@ def main(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise UsageError(f"{out}: cannot create ({exc.strerror})") from None
     stem = out / f"compare_{run_a.path.resolve().name}_vs_{run_b.path.resolve().name}"
+    if backend_a is not None:
+        # no dots: the plot's suffix is added to the stem (2.29.7 would lose its ".7")
+        stem = stem.with_name(stem.name + "_" + re.sub(r"[^\w=-]+", "_", f"{backend_a}_vs_{backend_b}"))
     fig = plots.compare_figure(curves_a, curves_b, name_a, name_b, f"allreduce latency: A = {name_a} vs B = {name_b}")
     for path in plots.save(fig, stem):
         print(f"wrote {path}")
-    write_json(args.json, {"a": name_a, "b": name_b, "changes": [{**asdict(c), "verdict": c.verdict} for c in rows]})
+    write_json(args.json, {"a": name_a, "b": name_b, "nccl_a": nccl_ran["a"], "nccl_b": nccl_ran["b"],
+                           "changes": [{**asdict(c), "verdict": c.verdict} for c in rows]})
     return 0

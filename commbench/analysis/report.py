@@ -13,7 +13,7 @@ from typing import Any
 
 from commbench.analysis import plots
 from commbench.analysis.curves import (Crossover, Curve, baseline_curve, baseline_name, build_curves, crossovers, groups,
-                              is_failed_check, ranking, run_world_size, select)
+                              is_failed_check, ranking, run_world_size, select, variant_label)
 from commbench.errors import UsageError
 from commbench.results import OK, Measurement, Run, describe_setting, load_run
 from commbench.analysis.text import fmt_num, fmt_us, render
@@ -153,6 +153,37 @@ def measurement_table(rows: list[Measurement]) -> str:
     return _table(headers, cells, [_row_class(r) for r in ordered], numeric=numeric)
 
 
+def nccl_versions(rows: list[Measurement]) -> dict[str, dict[str, list[str]]]:
+    """Per variant label (backend[env setting]): the NCCL versions and library files its rows
+    say their processes ran (extra.nccl_version_loaded / nccl_lib_loaded), for variants that
+    recorded one. Two NCCL versions side by side are told apart here."""
+    found: dict[str, dict[str, list[str]]] = {}
+    for row in rows:
+        version, lib = row.extra.get("nccl_version_loaded"), row.extra.get("nccl_lib_loaded")
+        if version is None and lib is None:
+            continue
+        entry = found.setdefault(variant_label(row), {"versions": [], "libraries": []})
+        for key, value in (("versions", version), ("libraries", lib)):
+            if value is not None and value not in entry[key]:
+                entry[key].append(str(value))
+    return found
+
+
+def nccl_version_lines(rows: list[Measurement]) -> list[str]:
+    """'variant: NCCL 2.29.7 (/path/libnccl.so.2)', one line per variant that recorded its NCCL."""
+    return [f"{label}: NCCL {', '.join(entry['versions']) or '?'} ({', '.join(entry['libraries']) or '?'})"
+            for label, entry in sorted(nccl_versions(rows).items())]
+
+
+def nccl_version_table(run: Run) -> str:
+    entries = nccl_versions(run.rows)
+    if not entries:
+        return '<p class="note">No row recorded the NCCL its process ran.</p>'
+    return _table(["variant", "NCCL loaded (ncclGetVersion)", "library file"],
+                  [[_esc(label), _esc(", ".join(e["versions"]) or "?"), _esc(", ".join(e["libraries"]) or "?")]
+                   for label, e in sorted(entries.items())])
+
+
 def verdict_table(run: Run) -> str:
     verdicts: dict[str, Any] = run.info.get("verdicts") or {}
     statuses: dict[str, set[str]] = {}
@@ -267,6 +298,10 @@ def write_html(run: Run, sections: list[Section], images: dict[str, list[tuple[P
         parts.extend(_img(png, alt) for png, alt in imgs)
     parts.append("<h2>Backends and probe verdicts</h2>")
     parts.append(verdict_table(run))
+    parts.append("<h2>NCCL each variant ran</h2>")
+    parts.append("<p class='note'>As the library mapped into each process reports itself; a variant run with "
+                 "<code>--nccl-lib</code> is its own curve above (<code>nccl:...,lib=LABEL</code>).</p>")
+    parts.append(nccl_version_table(run))
     parts.append("<h2>All measurements</h2>")
     parts.append("<p class='note'>Red: wrong data or hang. Grey: skipped, error or no work.</p>")
     parts.append(f"<div class='wide'>{measurement_table(run.rows)}</div>")
@@ -329,6 +364,11 @@ def main(args: argparse.Namespace) -> int:
                      [[_range_text(r.crossover), r.crossover.winner,
                        f"{fmt_us(r.latency_first_us)}-{fmt_us(r.latency_last_us)}", r.runner_up or "-",
                        _x(r.margin_x), _x(r.vs_baseline_x)] for r in section.ranges], right=(2, 4, 5)))
+    versions = nccl_version_lines(run.rows)
+    if versions:
+        print("\nNCCL each variant ran (ncclGetVersion of the library in its process):")
+        for line in versions:
+            print(f"  {line}")
     failed_rows = [r for r in run.rows if is_failed_check(r)]
     if failed_rows:
         print(f"\n{len(failed_rows)} row(s) failed their check (wrong data or hang), excluded from winners: "
