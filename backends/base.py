@@ -263,6 +263,9 @@ class BackendFactory:
     packages: tuple[str, ...] = ()                    # distributions whose versions runs record
     add_arguments: Callable[[argparse._ArgumentGroup], None] | None = None   # the family's flags
     read_options: Callable[[argparse.Namespace], dict[str, Any]] | None = None  # and reading them back
+    # Optional native code that may crash the process (MSCCL++, FlashInfer's JIT kernels): runs
+    # after the built-in families. None: no for built-ins, yes for plug-ins.
+    native: bool | None = None
 
 
 def parse_variant_options(variant: str | None) -> dict[str, str]:
