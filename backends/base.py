@@ -66,9 +66,14 @@ class Backend(ABC):
     everything, also after a failed setup().
 
     What the harness expects around collectives: every rank calls setup(), allreduce() and
-    close() the same number of times in the same order, and a rank that raises does so before
-    the collective step its peers would wait in (vote first: raise_unless_all_ranks_ok), or the
-    peers stay in that step until the watchdog ends the row as a hang.
+    close() the same number of times in the same order. Any of them may raise: the harness
+    catches it and the row (or the setup vote) names the rank and the exception. A rank that
+    raises while its peers wait in a collective it never joins cannot free them: within about
+    10 s their watchdogs write an `error` row naming that rank and the exception, and the
+    processes end (--resume, or the --nproc driver by itself, goes on without the backend). So
+    that a failure costs only its rows, vote before each collective step (voted, voted_gather,
+    raise_unless_all_ranks_ok) and bound every wait on a peer (raise BackendTimeout: a hang row).
+    A crash in native code is named too (commbench.inflight), but ends the processes.
     """
 
     name: str = ""

@@ -8,7 +8,7 @@ import os
 import sys
 import time
 
-from commbench.errors import FAILED_EXIT, USAGE_EXIT, ResultsUnwritable, UsageError
+from commbench.errors import FAILED_EXIT, TERMINATED_EXIT, USAGE_EXIT, ResultsUnwritable, Terminated, UsageError
 
 # Seconds the other ranks wait after bad input, so that rank 0's line is out before torchrun
 # stops every worker (it does so as soon as the first one exits).
@@ -74,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"commbench {args.command}: interrupted", file=sys.stderr)
         return 130
+    except Terminated:   # SIGTERM: whoever sent it (torchrun, the driver) says why
+        return TERMINATED_EXIT
     except BrokenPipeError:  # output piped into `head` and the like: not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0

@@ -427,7 +427,7 @@ def check_hangs(run: Run) -> Result:
     if hung:
         listed = ", ".join(sorted({f"{r.backend} {format_bytes(r.message_bytes)} {r.status}" for r in hung})[:6])
         crashes = sum(r.status == CRASHED for r in hung)
-        counted = f"{len(hung) - crashes} hang(s), {crashes} crash(es)" if crashes else f"{len(hung)} hang(s)"
+        counted = ", ".join(f"{n} {what}" for n, what in ((len(hung) - crashes, "hang(s)"), (crashes, "crash(es)")) if n)
         return Result("correctness", "no hangs", FAIL, f"{counted}: {listed}")
     if errors:
         return Result("correctness", "no hangs", WARN, f"no hangs, but {len(errors)} row(s) raised errors: "
