@@ -67,6 +67,13 @@ def factory(family: str) -> BackendFactory:
     return _load(family)
 
 
+def runs_native_code(family: str) -> bool:
+    """Optional native code that may crash the process (the factory says; plug-ins are unless
+    they say otherwise): the sweep runs such families after the built-in ones."""
+    native = factory(family).native
+    return family not in BUILTIN if native is None else native
+
+
 def usable_factories() -> list[BackendFactory]:
     """Every family that loads; a broken plug-in is skipped with one warning, so it can only
     stop a run that asks for it by name."""
@@ -108,39 +115,74 @@ def _unique(variants: list[Backend]) -> list[Backend]:
     return unique
 
 
+def _make(fac: BackendFactory, variant: str | None, options: dict[str, Any], skip_if_broken: bool) -> list[Backend]:
+    """fac.make(). A plug-in that fails there (other than refusing bad input, UsageError) is
+    a one-line UsageError when asked for by name, and left out with one warning otherwise."""
+    try:
+        return fac.make(variant, options)
+    except UsageError:
+        raise
+    except Exception as exc:
+        if fac.family in BUILTIN:
+            raise   # commbench's own bug: the traceback says where
+        spec = fac.family + (f":{variant}" if variant else "")
+        line = f"backend plug-in {spec!r} could not make its backends: {type(exc).__name__}: {exc}"
+        if not skip_if_broken:
+            raise UsageError(line) from None
+        _warn_once(line)
+        return []
+
+
 def expand(specs: list[str] | None, options: dict[str, Any], on_gpu: bool) -> list[Backend]:
     """Backend variants for the specs; None means every family's defaults for this machine."""
     variants: list[Backend] = []
     if specs is None:
         for fac in usable_factories():
             if fac.on_gpu_by_default if on_gpu else fac.on_cpu_by_default:
-                variants.extend(fac.make(None, options))
+                variants.extend(_make(fac, None, options, skip_if_broken=True))
     else:
         for spec in specs:
             family, _, variant = spec.partition(":")
-            variants.extend(factory(family.strip()).make(variant.strip() or None, options))
+            variants.extend(_make(factory(family.strip()), variant.strip() or None, options, skip_if_broken=False))
     return _unique(variants)
 
 
 def probe_variants(options: dict[str, Any] | None = None) -> list[Backend]:
     """The variants the probe gives a verdict for: each family's probe_specs."""
     options = options or {}
-    return _unique([b for fac in usable_factories() for spec in fac.probe_specs for b in fac.make(spec, options)])
+    return _unique([b for fac in usable_factories() for spec in fac.probe_specs
+                    for b in _make(fac, spec, options, skip_if_broken=True)])
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Every family's own flags, in an argument group named after it."""
+    """Every family's own flags, in an argument group named after it; a plug-in whose flags
+    cannot be added (a name another family took, a bug) is left out with one warning."""
     for fac in usable_factories():
-        if fac.add_arguments is not None:
-            fac.add_arguments(parser.add_argument_group(f"{fac.family} backend"))
+        if fac.add_arguments is None:
+            continue
+        group = parser.add_argument_group(f"{fac.family} backend")
+        try:
+            fac.add_arguments(group)
+        except Exception as exc:
+            if fac.family in BUILTIN:
+                raise
+            _warn_once(f"backend plug-in {fac.family!r} could not add its flags: {type(exc).__name__}: {exc}")
 
 
 def read_options(args: argparse.Namespace) -> dict[str, Any]:
     """What every family reads back from the parsed flags (validated there: bad input raises)."""
     options: dict[str, Any] = {}
     for fac in usable_factories():
-        if fac.read_options is not None:
+        if fac.read_options is None:
+            continue
+        try:
             options.update(fac.read_options(args))
+        except UsageError:
+            raise
+        except Exception as exc:  # a bug in an installed plug-in, or flags it never added
+            if fac.family in BUILTIN:
+                raise
+            _warn_once(f"backend plug-in {fac.family!r} could not read its flags: {type(exc).__name__}: {exc}")
     return options
 
 

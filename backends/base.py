@@ -66,9 +66,14 @@ class Backend(ABC):
     everything, also after a failed setup().
 
     What the harness expects around collectives: every rank calls setup(), allreduce() and
-    close() the same number of times in the same order, and a rank that raises does so before
-    the collective step its peers would wait in (vote first: raise_unless_all_ranks_ok), or the
-    peers stay in that step until the watchdog ends the row as a hang.
+    close() the same number of times in the same order. Any of them may raise: the harness
+    catches it and the row (or the setup vote) names the rank and the exception. A rank that
+    raises while its peers wait in a collective it never joins cannot free them: within about
+    10 s their watchdogs write an `error` row naming that rank and the exception, and the
+    processes end (--resume, or the --nproc driver by itself, goes on without the backend). So
+    that a failure costs only its rows, vote before each collective step (voted, voted_gather,
+    raise_unless_all_ranks_ok) and bound every wait on a peer (raise BackendTimeout: a hang row).
+    A crash in native code is named too (commbench.inflight), but ends the processes.
     """
 
     name: str = ""
@@ -263,6 +268,9 @@ class BackendFactory:
     packages: tuple[str, ...] = ()                    # distributions whose versions runs record
     add_arguments: Callable[[argparse._ArgumentGroup], None] | None = None   # the family's flags
     read_options: Callable[[argparse.Namespace], dict[str, Any]] | None = None  # and reading them back
+    # Optional native code that may crash the process (MSCCL++, FlashInfer's JIT kernels): runs
+    # after the built-in families. None: no for built-ins, yes for plug-ins.
+    native: bool | None = None
 
 
 def parse_variant_options(variant: str | None) -> dict[str, str]:

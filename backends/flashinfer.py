@@ -360,6 +360,7 @@ def make(variant: str | None, options: dict[str, Any]) -> list[Backend]:
 FACTORY = BackendFactory(
     family="flashinfer",
     make=make,
+    native=True,
     summary="FlashInfer TRT-LLM allreduce and allreduce+residual+RMSNorm fusion, PCIe IPC, MNNVL (optional)",
     variants_help=[
         "flashinfer:trtllm_oneshot  TRT-LLM Lamport one-shot allreduce (backend='trtllm')",

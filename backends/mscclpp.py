@@ -238,6 +238,7 @@ def make(variant: str | None, options: dict[str, Any]) -> list[Backend]:
 FACTORY = BackendFactory(
     family="mscclpp",
     make=make,
+    native=True,
     summary="MSCCL++ default allreduce algorithms (Python API) and its NCCL shim (optional, built from source)",
     variants_help=[
         "mscclpp:auto        per size: allpair_packet <= 16K, packet <= 1M, else fullmesh (no NVLS)",

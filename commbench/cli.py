@@ -8,7 +8,7 @@ import os
 import sys
 import time
 
-from commbench.errors import USAGE_EXIT, UsageError
+from commbench.errors import FAILED_EXIT, TERMINATED_EXIT, USAGE_EXIT, ResultsUnwritable, Terminated, UsageError
 
 # Seconds the other ranks wait after bad input, so that rank 0's line is out before torchrun
 # stops every worker (it does so as soon as the first one exits).
@@ -68,9 +68,14 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         usage_error(f"commbench {args.command}: error: {exc}")
         return USAGE_EXIT
+    except ResultsUnwritable as exc:
+        print(f"commbench {args.command}: error: {exc}", file=sys.stderr)
+        return FAILED_EXIT
     except KeyboardInterrupt:
         print(f"commbench {args.command}: interrupted", file=sys.stderr)
         return 130
+    except Terminated:   # SIGTERM: whoever sent it (torchrun, the driver) says why
+        return TERMINATED_EXIT
     except BrokenPipeError:  # output piped into `head` and the like: not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0

@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import io
 import json
+import math
 import os
 import socket
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from commbench.errors import UsageError
+from commbench.errors import ResultsUnwritable, UsageError
 
 SCHEMA_VERSION = 3
 READABLE_SCHEMAS = (1, 2, 3)   # older rows are migrated on read (migrate_row)
@@ -28,10 +31,14 @@ CSV_FILE = "measurements.csv"
 OK = "ok"
 WRONG = "wrong"          # #wrong > 0 (wrong_kind says noop / stale / values)
 HANG = "hang"            # the watchdog fired
+CRASHED = "crashed"      # a rank's process died (signal, OOM kill, abort) during setup or a row
 ERROR = "error"          # setup passed but a call raised
 SKIPPED = "skipped"      # the backend cannot run here (reason says which rank and why)
 NO_WORK = "no_work"      # nothing was communicated (world size 1, or a graph that captured no work)
-STATUSES = (OK, WRONG, HANG, ERROR, SKIPPED, NO_WORK)
+STATUSES = (OK, WRONG, HANG, CRASHED, ERROR, SKIPPED, NO_WORK)
+# extra key on an error row whose raising rank left its peers inside a collective it never
+# joined: the processes had to end, and the backend is not run again in this results dir.
+STRANDED = "stranded_peers"
 # Environment variables run.json records (every one that starts so).
 ENV_PREFIXES = ("NCCL_", "TORCH_", "MSCCLPP_", "CUDA_", "NVSHMEM_", "COMMBENCH_", "FLASHINFER_")
 
@@ -127,6 +134,12 @@ def migrate_row(data: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def stops_backend(row: Measurement) -> bool:
+    """A row after which its backend does not run again in this results dir: it hung, crashed,
+    or raised on one rank while its peers waited in a collective (the processes had to end)."""
+    return row.status in (HANG, CRASHED) or (row.status == ERROR and bool(row.extra.get(STRANDED)))
+
+
 def row_key(backend: str, mode: str, dtype: str, message_bytes: int, env_setting: dict[str, str] | None,
             tokens: int | None = None, hidden: int | None = None, op: str = "allreduce") -> tuple:
     env = tuple(sorted((env_setting or {}).items()))
@@ -141,54 +154,175 @@ class ResultsWriter:
 
     def __init__(self, run_dir: Path):
         self.run_dir = Path(run_dir)
-        self._file = open(self.run_dir / ROWS_FILE, "a", encoding="utf-8")
+        self.path = self.run_dir / ROWS_FILE
+        # A torn last line (a full disk, a crash mid-write) would swallow the next row.
+        self.repaired = repair_torn_tail(self.path)
+        self._file = open(self.path, "a", encoding="utf-8")
 
     def append(self, row: Measurement) -> None:
-        self._file.write(json.dumps(row.to_dict(), sort_keys=True) + "\n")
-        self._file.flush()
-        os.fsync(self._file.fileno())
+        try:
+            self._file.write(json.dumps(row.to_dict(), sort_keys=True) + "\n")
+            self._file.flush()
+            os.fsync(self._file.fileno())
+        except OSError as exc:
+            raise unwritable(self.path, exc) from None
 
     def close(self) -> None:
-        if not self._file.closed:
+        if self._file.closed:
+            return
+        try:
             self._file.close()
+        except OSError:  # what was left in the buffer: append() already said why it failed
+            pass
 
 
-def read_rows(run_dir: Path) -> list[Measurement]:
-    """Every complete row; a torn last line (crash mid-write) is ignored."""
+def unwritable(path: Path, exc: OSError) -> ResultsUnwritable:
+    return ResultsUnwritable(f"cannot write {path}: {exc.strerror or exc} (errno {exc.errno}); every row "
+                             f"written before it is intact: make room and repeat the command with "
+                             f"--resume {path.parent}")
+
+
+TORN_FILE = ROWS_FILE + ".torn"   # fragments cut from the end of measurements.jsonl, kept
+
+
+def repair_torn_tail(path: Path) -> str | None:
+    """Cut a last line that has no newline (a write cut short) off the rows file, keeping the
+    fragment in measurements.jsonl.torn; returns the line that says so, None when whole."""
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read()
+    except FileNotFoundError:
+        return None
+    if not data or data.endswith(b"\n"):
+        return None
+    keep = data.rfind(b"\n") + 1
+    try:
+        with open(path.with_name(TORN_FILE), "ab") as torn:
+            torn.write(data[keep:] + b"\n")
+        with open(path, "r+b") as handle:
+            handle.truncate(keep)
+            os.fsync(handle.fileno())
+    except OSError as exc:
+        raise unwritable(path, exc) from None
+    return (f"{path.name} ended in a torn line ({len(data) - keep} bytes without a newline: a write was cut "
+            f"short); moved it to {TORN_FILE}, and that row is measured again")
+
+
+@dataclass
+class RowsRead:
+    """What measurements.jsonl held: the rows, and every line that is not one (number, why)."""
+
+    rows: list[Measurement]
+    unreadable: list[tuple[int, str]] = field(default_factory=list)
+    torn_tail: bool = False     # the last line has no newline: a row being written, or cut short
+
+    def problems_line(self, path: Path) -> str | None:
+        """One line naming the lines that were skipped, for a reader who counts rows."""
+        if not self.unreadable and not self.torn_tail:
+            return None
+        parts = [f"line {number} ({why})" for number, why in self.unreadable[:_LISTED_LINES]]
+        if len(self.unreadable) > _LISTED_LINES:
+            parts.append(f"{len(self.unreadable) - _LISTED_LINES} more")
+        if self.torn_tail:
+            parts.append("an incomplete last line (a row being written, or cut short)")
+        count = len(self.unreadable) + self.torn_tail
+        return f"{path}: skipped {count} line(s) that are not rows: " + "; ".join(parts)
+
+
+_LISTED_LINES = 5
+
+
+def _fits(value: Any, annotation: str) -> bool:
+    """Does a JSON value fit a Measurement field's annotation (e.g. 'float | None')?"""
+    kinds = {part.strip().split("[")[0] for part in annotation.split("|")}
+    if value is None:
+        return "None" in kinds
+    if isinstance(value, bool):
+        return "bool" in kinds
+    if isinstance(value, int):
+        return bool(kinds & {"int", "float"})
+    if isinstance(value, float):
+        return "float" in kinds and math.isfinite(value)
+    return (isinstance(value, str) and "str" in kinds) or (isinstance(value, dict) and "dict" in kinds)
+
+
+_FIELD_TYPES = {f.name: str(f.type) for f in dataclasses.fields(Measurement)}
+_REQUIRED = [f.name for f in dataclasses.fields(Measurement)
+             if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+
+
+def row_problem(data: Any) -> str | None:
+    """Why a parsed line is not a row of a readable schema (after migration); None when it is."""
+    if not isinstance(data, dict):
+        return f"a JSON {type(data).__name__}, not an object"
+    if data.get("schema") not in READABLE_SCHEMAS:
+        return f"schema {data.get('schema')!r}; this commbench reads {', '.join(map(str, READABLE_SCHEMAS))}"
+    data = migrate_row(data)
+    missing = [name for name in _REQUIRED if name not in data]
+    if missing:
+        return f"no {', '.join(missing)}"
+    wrong = [name for name, annotation in _FIELD_TYPES.items() if name in data and not _fits(data[name], annotation)]
+    if wrong:
+        return f"{wrong[0]} is {data[wrong[0]]!r}"
+    if data["status"] not in STATUSES:
+        return f"unknown status {data['status']!r}"
+    return None
+
+
+def read_rows_checked(run_dir: Path) -> RowsRead:
+    """Every row of measurements.jsonl and every line that is not one; never raises on content."""
     path = Path(run_dir) / ROWS_FILE
     if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        line = line.strip()
-        if not line:
+        return RowsRead([])
+    lines = path.read_bytes().decode("utf-8", errors="replace").split("\n")
+    read = RowsRead([], torn_tail=bool(lines[-1].strip()))
+    for number, line in enumerate(lines[:-1], start=1):
+        if not line.strip():
             continue
         try:
             data = json.loads(line)
         except json.JSONDecodeError:
+            read.unreadable.append((number, "not JSON"))
             continue
-        if data.get("schema") not in READABLE_SCHEMAS:
-            raise UsageError(f"{path}: row of schema version {data.get('schema')}, "
-                             f"this commbench reads versions {', '.join(map(str, READABLE_SCHEMAS))}")
-        rows.append(Measurement.from_dict(data))
-    return rows
+        problem = row_problem(data)
+        if problem:
+            read.unreadable.append((number, problem))
+        else:
+            read.rows.append(Measurement.from_dict(data))
+    return read
+
+
+def read_rows(run_dir: Path) -> list[Measurement]:
+    """Every complete row (read_rows_checked also says what was skipped)."""
+    return read_rows_checked(run_dir).rows
 
 
 def write_csv(run_dir: Path, rows: Iterable[Measurement] | None = None) -> Path:
     run_dir = Path(run_dir)
     rows = read_rows(run_dir) if rows is None else list(rows)
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=CSV_COLUMNS)
+    writer.writeheader()
+    for row in rows:
+        data = row.to_dict()
+        data["env_setting"] = json.dumps(data["env_setting"], sort_keys=True) if data["env_setting"] else ""
+        data["extra"] = json.dumps(data["extra"], sort_keys=True) if data["extra"] else ""
+        writer.writerow(data)
     path = run_dir / CSV_FILE
-    tmp = path.with_suffix(".csv.tmp")
-    with open(tmp, "w", newline="", encoding="utf-8") as handle:
-        writer = csv.DictWriter(handle, fieldnames=CSV_COLUMNS)
-        writer.writeheader()
-        for row in rows:
-            data = row.to_dict()
-            data["env_setting"] = json.dumps(data["env_setting"], sort_keys=True) if data["env_setting"] else ""
-            data["extra"] = json.dumps(data["extra"], sort_keys=True) if data["extra"] else ""
-            writer.writerow(data)
-    tmp.replace(path)
+    write_whole(path, text.getvalue())
     return path
+
+
+def write_whole(path: Path, text: str) -> None:
+    """Write a file through a temporary beside it, so that no reader ever sees half of it."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8", newline="") as handle:
+            handle.write(text)
+        tmp.replace(path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise unwritable(path, exc) from None
 
 
 def new_run_dir(root: Path) -> Path:
@@ -204,11 +338,8 @@ def new_run_dir(root: Path) -> Path:
 
 
 def write_run_info(run_dir: Path, info: dict[str, Any]) -> None:
-    path = Path(run_dir) / RUN_FILE
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps({"schema": SCHEMA_VERSION, **info}, indent=2, sort_keys=True, default=str),
-                   encoding="utf-8")
-    tmp.replace(path)
+    write_whole(Path(run_dir) / RUN_FILE,
+                json.dumps({"schema": SCHEMA_VERSION, **info}, indent=2, sort_keys=True, default=str))
 
 
 def read_run_info(run_dir: Path) -> dict[str, Any]:
@@ -223,6 +354,45 @@ def read_run_info(run_dir: Path) -> dict[str, Any]:
         raise UsageError(f"{run_dir}: results of schema version {info.get('schema')}, "
                          f"this commbench reads versions {', '.join(map(str, READABLE_SCHEMAS))}")
     return info
+
+
+# What a resume must share with the run it continues: the same machine, ranks and plan, or its
+# rows would join curves measured under something else. Timeouts may change (a longer one after
+# a hang is the usual reason to resume).
+IDENTITY_KEYS = ("schema", "host", "world_size", "nodes", "device_type", "gpus", "emulation", "plan")
+MEASURED_PLAN_KEYS = ("message_bytes", "shapes", "dtypes", "modes", "warmup", "iterations", "graph_ops")
+_GPU_KEYS = ("host", "device", "name", "uuid", "pci_bus_id")
+
+
+def resume_differences(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """What makes `current` (keys of IDENTITY_KEYS) another run than the one run.json records;
+    empty when they agree or no sweep has written the dir yet (a new dir, the driver's stub)."""
+    if "world_size" not in recorded:
+        return []
+    out = []
+    for key in IDENTITY_KEYS:
+        if key not in current:
+            continue
+        here, there = current[key], recorded.get(key)
+        if key == "plan":
+            out += [f"plan {name} {here.get(name)} here, {(there or {}).get(name)} in the run"
+                    for name in MEASURED_PLAN_KEYS if here.get(name) != (there or {}).get(name)]
+        elif key == "gpus":
+            out += _gpu_differences(here, there)
+        elif here != there:
+            out.append(f"{key.replace('_', ' ')} {here} here, {there} in the run")
+    return out
+
+
+def _gpu_differences(here: list[dict[str, Any]], there: Any) -> list[str]:
+    def describe(gpus: Any) -> list[str]:
+        return [" ".join(str(g.get(k)) for k in _GPU_KEYS if g.get(k)) for g in gpus or [] if isinstance(g, dict)]
+
+    mine, theirs = describe(here), describe(there)
+    if len(mine) != len(theirs):
+        return [f"GPUs: {len(mine)} rank(s) here, {len(theirs)} in the run"]
+    return [f"GPU of rank {rank}: {a} here, {b} in the run" for rank, (a, b) in enumerate(zip(mine, theirs))
+            if a != b][:1]
 
 
 def percentile(sorted_values: list[float], q: float) -> float:
@@ -274,9 +444,15 @@ class Run:
 
 
 def load_run(run_dir: str | Path) -> Run:
-    """Load a results dir for offline analysis; bad input raises UsageError (exit 2)."""
+    """Load a results dir for offline analysis; bad input raises UsageError (exit 2). Lines
+    that are not rows, and a stop a dead sweep left in flight, get one warning line each."""
+    from commbench.inflight import pending   # it reads rows too
+
     path = Path(run_dir)
     if not path.is_dir():
         raise UsageError(f"{run_dir}: no such results directory")
     info = read_run_info(path)
-    return Run(path=path, info=info, rows=read_rows(path))
+    read = read_rows_checked(path)
+    for line in filter(None, [read.problems_line(path / ROWS_FILE), pending(path)]):
+        print(f"commbench: warning: {line}", file=sys.stderr)
+    return Run(path=path, info=info, rows=read.rows)

@@ -2,7 +2,7 @@
 
 Every analysis command goes through here so that they agree on three rules:
 - a row is *trusted* only when its status is "ok" and it has no wrong elements; only trusted
-  rows make curve points, so a backend that returned wrong data or hung never wins;
+  rows make curve points, so a backend that returned wrong data, hung or crashed never wins;
 - between measured sizes, latency is interpolated linearly in log(bytes)-log(us) space, and a
   size outside the measured range is reported as out of range, never extrapolated;
 - a difference is "beyond the spread" when it is larger than the p10-p90 width of either
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 from commbench.errors import UsageError
-from commbench.results import HANG, OK, WRONG, Measurement, Run
+from commbench.results import CRASHED, HANG, OK, WRONG, Measurement, Run
 from commbench.units import format_bytes
 
 DEFAULT_BASELINE = "nccl"
@@ -29,8 +29,8 @@ def is_trusted(row: Measurement) -> bool:
 
 
 def is_failed_check(row: Measurement) -> bool:
-    """Rows a reader must see in red: wrong data or a hang."""
-    return row.status in (WRONG, HANG) or (row.wrong_elements or 0) > 0
+    """Rows a reader must see in red: wrong data, a hang or a crash."""
+    return row.status in (WRONG, HANG, CRASHED) or (row.wrong_elements or 0) > 0
 
 
 def variant_label(row: Measurement) -> str:
@@ -78,7 +78,7 @@ class Curve:
     backend: str
     env_setting: dict[str, str]
     points: list[Point] = field(default_factory=list)   # sorted by message_bytes, one per size
-    # Sizes where this variant returned wrong data or hung: never interpolated across.
+    # Sizes where this variant returned wrong data, hung or crashed: never interpolated across.
     failed_sizes: frozenset[int] = frozenset()
 
     @property

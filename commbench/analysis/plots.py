@@ -83,7 +83,7 @@ def _new(title: str, height: float = 4.8) -> tuple[Figure, Axes]:
 
 
 def _mark_failed(ax: Axes, failed: list[Measurement]) -> None:
-    """Red x at the measured latency of a wrong row; hangs (no latency) along the top edge."""
+    """Red x at the measured latency of a wrong row; hangs and crashes (no latency) along the top edge."""
     wrong = [(r.message_bytes, r.latency_us) for r in failed if r.latency_us]
     hung = [r.message_bytes for r in failed if not r.latency_us]
     if wrong:
@@ -91,13 +91,13 @@ def _mark_failed(ax: Axes, failed: list[Measurement]) -> None:
                    linewidths=2, zorder=5, label="failed check (#wrong > 0)")
     if hung:
         ax.scatter(hung, [0.97] * len(hung), marker="x", s=70, color=FAILED_COLOR, linewidths=2, zorder=5,
-                   transform=ax.get_xaxis_transform(), clip_on=False, label="hang (no latency, drawn at top)")
+                   transform=ax.get_xaxis_transform(), clip_on=False, label="hang or crash (no latency, drawn at top)")
     # Name the backend next to each mark: a red x alone does not say whose result failed.
     for row in failed:
         if row.latency_us:
             ax.annotate(row.backend, (row.message_bytes, row.latency_us), xytext=(6, -10),
                         textcoords="offset points", fontsize=7, color=FAILED_COLOR)
-        else:   # hangs sit side by side along the top: run their names downwards
+        else:   # hangs and crashes sit side by side along the top: run their names downwards
             ax.annotate(row.backend, (row.message_bytes, 0.95), xycoords=ax.get_xaxis_transform(),
                         xytext=(5, 0), textcoords="offset points", fontsize=7, color=FAILED_COLOR,
                         rotation=90, va="top")

@@ -19,7 +19,7 @@ from typing import Any
 
 from commbench.analysis.curves import Curve, build_curves, exceeds_spread, is_failed_check, pick_mode, run_world_size, select
 from commbench.errors import UsageError
-from commbench.results import ERROR, HANG, Run, load_run
+from commbench.results import CRASHED, ERROR, HANG, Run, load_run
 from commbench.analysis.text import render
 from commbench.topology import islands, nccl_checks
 from commbench.topology import pcie_findings as pf
@@ -411,7 +411,7 @@ def check_tp_socket(snapshot: dict[str, Any], limits: dict[str, Any], world_size
 # ---------------------------------------------------------------- measurement checks
 
 def check_wrong(run: Run) -> Result:
-    bad = [r for r in run.rows if is_failed_check(r) and r.status != HANG]
+    bad = [r for r in run.rows if is_failed_check(r) and r.status not in (HANG, CRASHED)]
     if bad:
         listed = ", ".join(sorted({f"{r.backend} {r.mode} {format_bytes(r.message_bytes)} "
                                    f"#wrong {r.wrong_elements}" for r in bad})[:6])
@@ -421,11 +421,14 @@ def check_wrong(run: Run) -> Result:
 
 
 def check_hangs(run: Run) -> Result:
-    hung = [r for r in run.rows if r.status == HANG]
+    """A hang or a crash (a rank's process died) FAILs: neither may happen while serving."""
+    hung = [r for r in run.rows if r.status in (HANG, CRASHED)]
     errors = [r for r in run.rows if r.status == ERROR]
     if hung:
-        listed = ", ".join(sorted({f"{r.backend} {format_bytes(r.message_bytes)}" for r in hung})[:6])
-        return Result("correctness", "no hangs", FAIL, f"{len(hung)} hang(s): {listed}")
+        listed = ", ".join(sorted({f"{r.backend} {format_bytes(r.message_bytes)} {r.status}" for r in hung})[:6])
+        crashes = sum(r.status == CRASHED for r in hung)
+        counted = ", ".join(f"{n} {what}" for n, what in ((len(hung) - crashes, "hang(s)"), (crashes, "crash(es)")) if n)
+        return Result("correctness", "no hangs", FAIL, f"{counted}: {listed}")
     if errors:
         return Result("correctness", "no hangs", WARN, f"no hangs, but {len(errors)} row(s) raised errors: "
                       + ", ".join(sorted({f'{r.backend}: {r.reason}' for r in errors})[:3]))

@@ -15,7 +15,7 @@ from commbench.analysis import plots
 from commbench.analysis.curves import (Crossover, Curve, baseline_curve, baseline_name, build_curves, crossovers, groups,
                               is_failed_check, ranking, run_world_size, select, variant_label)
 from commbench.errors import UsageError
-from commbench.results import OK, Measurement, Run, describe_setting, load_run
+from commbench.results import CRASHED, HANG, OK, WRONG, Measurement, Run, describe_setting, load_run
 from commbench.analysis.text import fmt_num, fmt_us, render
 from commbench.units import format_bytes
 
@@ -198,7 +198,7 @@ def verdict_table(run: Run) -> str:
         verdict = ("eligible" if reason is None else reason) if name in verdicts else "not in run.json"
         seen = ", ".join(sorted(statuses.get(name, set()))) or "no rows"
         rows.append([_esc(name), _esc(verdict), _esc(seen)])
-        classes.append("bad" if statuses.get(name, set()) & {"wrong", "hang"} else
+        classes.append("bad" if statuses.get(name, set()) & {WRONG, HANG, CRASHED} else
                        ("muted" if reason is not None else ""))
     return _table(["backend", "probe verdict", "row statuses"], rows, classes)
 
@@ -284,7 +284,7 @@ def write_html(run: Run, sections: list[Section], images: dict[str, list[tuple[P
     if failed:
         names = sorted({r.backend for r in failed})
         parts.append(f"<p><b style='color:#a40000'>{len(failed)} measurement(s) failed their check "
-                     f"(wrong data or hang): {_esc(', '.join(names))}.</b> They are red below and never "
+                     f"(wrong data, hang or crash): {_esc(', '.join(names))}.</b> They are red below and never "
                      f"count as winners.</p>")
     parts.append("<p class='note'>Winners are chosen on the headline latency (loop total / calls, slowest rank) "
                  "among rows with status ok and #wrong 0, "
@@ -303,7 +303,7 @@ def write_html(run: Run, sections: list[Section], images: dict[str, list[tuple[P
                  "<code>--nccl-lib</code> is its own curve above (<code>nccl:...,lib=LABEL</code>).</p>")
     parts.append(nccl_version_table(run))
     parts.append("<h2>All measurements</h2>")
-    parts.append("<p class='note'>Red: wrong data or hang. Grey: skipped, error or no work.</p>")
+    parts.append("<p class='note'>Red: wrong data, hang or crash. Grey: skipped, error or no work.</p>")
     parts.append(f"<div class='wide'>{measurement_table(run.rows)}</div>")
     parts.append("<h2>Run</h2>")
     parts.append(run_summary(run))
@@ -371,7 +371,7 @@ def main(args: argparse.Namespace) -> int:
             print(f"  {line}")
     failed_rows = [r for r in run.rows if is_failed_check(r)]
     if failed_rows:
-        print(f"\n{len(failed_rows)} row(s) failed their check (wrong data or hang), excluded from winners: "
+        print(f"\n{len(failed_rows)} row(s) failed their check (wrong data, hang or crash), excluded from winners: "
               + ", ".join(sorted({f'{r.backend} {format_bytes(r.message_bytes)} {r.status}' for r in failed_rows})))
     print(f"\nwrote {html_path}")
     for path in written:

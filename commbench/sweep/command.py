@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 import tempfile
 import time
@@ -18,15 +19,17 @@ from typing import Any
 import torch
 
 from commbench import backends
+from commbench.backends.base import describe
+from commbench.errors import FAILED_EXIT, STOP_EXIT, TERMINATED_EXIT, ResultsUnwritable, Terminated, UsageError
+from commbench.inflight import ENDED, FAILED, LEFT, PeerWatch, Recorder, recover
 from commbench.sweep import launcher
-from commbench.sweep.context import RunContext, init_context, shutdown, torchrun_env, under_torchrun
-from commbench.sweep.engine import Engine
-from commbench.errors import UsageError
+from commbench.sweep.context import ControlGroupLost, RunContext, init_context, shutdown, torchrun_env, under_torchrun
+from commbench.sweep.engine import Engine, stopped_reason
 from commbench.sweep.plan import SweepPlan, build_plan
-from commbench.results import HANG, ResultsWriter, new_run_dir, read_rows, read_run_info, write_csv, write_run_info
+from commbench.results import (ROWS_FILE, RUN_FILE, SCHEMA_VERSION, Measurement, ResultsWriter, new_run_dir,
+                               read_rows_checked, read_run_info, repair_torn_tail, resume_differences, stops_backend,
+                               write_csv, write_run_info)
 from commbench.sweep.live import HEADER, LiveTable
-from commbench.sweep.dtypes import dtype_name
-from commbench.units import format_bytes
 from commbench.sweep.versions import local_device_info, relevant_env, software_versions
 
 HELP = "sweep allreduce sizes x dtypes x eager/graph over every backend that can run here"
@@ -136,7 +139,7 @@ def main(args: argparse.Namespace) -> int:
     if args.nproc is not None or env_settings:
         if under_torchrun():
             raise UsageError("--nproc/--env launch torchrun themselves: run them outside torchrun")
-        status, run_dir = launcher.drive(args, env_settings, variants)
+        status, run_dir = launcher.drive(args, env_settings, variants, plan)
         return _qualify(args, run_dir) if status == 0 and args.qualify is not None else status
     rank, world, _, _ = torchrun_env()
     if specs is not None:
@@ -167,12 +170,9 @@ def _run(args: argparse.Namespace, plan: SweepPlan, specs: list[str] | None, on_
         run_dir = _prepare_run_dir(ctx, args, run_dir_arg)
         variants = backends.expand(specs, backend_options(args, plan, run_dir), ctx.is_cuda)
         # Plain allreduce first: fused ops and baselines build on what was measured before them.
-        variants.sort(key=lambda b: b.op != "allreduce")
-        status = _sweep(ctx, args, plan, variants, run_dir, note)
-        # Leave together: a rank that tears its gloo pairs down while a peer still uses them
-        # makes that peer abort (seen on CPU with two torchrun agents).
-        ctx.barrier()
-        return status, run_dir
+        # Optional native code (MSCCL++, FlashInfer, plug-ins) last: a crash there costs least.
+        variants.sort(key=lambda b: (b.op != "allreduce", backends.runs_native_code(b.family)))
+        return _sweep(ctx, args, plan, variants, run_dir, note), run_dir
     finally:
         shutdown()
 
@@ -212,38 +212,127 @@ def _sweep(ctx: RunContext, args: argparse.Namespace, plan: SweepPlan, variants:
            note: str | None) -> int:
     rank0 = ctx.rank == 0
     env_setting = json.loads(os.environ.get(ENV_SETTING_VAR, "{}"))
-    previous = ctx.broadcast_object(read_rows(run_dir) if rank0 else None)
-    done_keys = {row.key() for row in previous}
-    hung = {row.backend: f"hung earlier in this run ({format_bytes(row.message_bytes)} {row.mode}): {row.reason}"
-            for row in previous if row.status == HANG and row.env_setting == env_setting}
-    ctx.measured.extend(previous)
-    notes = ([note] if note else []) + _probe(ctx, args, variants)
     gpus = ctx.all_gather_objects(local_device_info(ctx.device))
-    if rank0:
-        _write_run_json(ctx, args, plan, variants, run_dir, gpus, notes, env_setting)
-    writer = ResultsWriter(run_dir) if rank0 else None
-    total = len(variants) * sum(len(plan.sizes_for(d)) for d in plan.dtypes) * len(plan.modes)
-    table = LiveTable(enabled=rank0, total_rows=total)
+    failure, opened, previous = ctx.broadcast_object(_open_run_dir(ctx, plan, gpus, run_dir) if rank0 else None)
+    if failure is not None:
+        raise failure
+    done_keys = {row.key() for row in previous}
+    stopped = {row.backend: stopped_reason(row) for row in previous
+               if stops_backend(row) and row.env_setting == env_setting}
+    ctx.measured.extend(previous)
+    notes = ([note] if note else []) + opened + _probe(ctx, args, variants)
+    # After rank 0 has read a dead run's records: this rank's own start afresh. Ranks on nodes
+    # that do not see the results dir keep none.
+    recorder = Recorder(run_dir if run_dir.is_dir() else None, ctx.rank)
+    engine: Engine | None = None
+    writer = None
+    unwritable = False
     try:
+        if rank0:
+            _write_run_json(ctx, args, plan, variants, run_dir, gpus, notes, env_setting)
+            writer = ResultsWriter(run_dir)
+        total = len(variants) * sum(len(plan.sizes_for(d)) for d in plan.dtypes) * len(plan.modes)
+        table = LiveTable(enabled=rank0, total_rows=total)
         with table:
             for line in notes:
                 table.line(f"# {line}")
             table.line(f"# commbench sweep: {ctx.world_size} rank(s) on {ctx.nodes} node(s), "
                        f"{'CUDA' if ctx.is_cuda else 'CPU/gloo'}; results in {run_dir}")
             table.line("#" + HEADER[1:])
-            engine = Engine(ctx, plan, writer, table, done_keys, hung, env_setting,
-                            on_hang_flush=lambda: write_csv(run_dir))
+            engine = Engine(ctx, plan, writer, table, done_keys, stopped, env_setting,
+                            on_stop_flush=lambda: write_csv(run_dir), recorder=recorder,
+                            resume_hint=None if args.run_dir else resume_command(args, ctx, run_dir))
             for backend in variants:
                 engine.run_backend(backend)
             _fusion_summary(ctx, run_dir, table)
+        # Leave together: a rank that tears its gloo pairs down while a peer still uses them
+        # makes that peer abort (seen on CPU with two torchrun agents).
+        ctx.barrier()
+        recorder.close()
+    except (ControlGroupLost, Terminated) as exc:
+        return _after_peer_loss(ctx, engine, recorder, exc)
+    except (KeyboardInterrupt, UsageError):
+        recorder.close()
+        raise
+    except BaseException as exc:
+        unwritable = isinstance(exc, ResultsUnwritable)
+        recorder.leave(FAILED, describe(exc))   # not a crash: its own line says what happened
+        raise
     finally:
         if writer is not None:
             writer.close()
-            write_csv(run_dir)
-            _finish_run_json(run_dir)
+            if not unwritable:
+                write_csv(run_dir)
+                _finish_run_json(run_dir)
     if rank0 and not args.run_dir:  # a driver's child: the driver names the results once, at the end
         print(f"# results: {run_dir}/measurements.jsonl (+ .csv, run.json)")
-    return 0
+    return STOP_EXIT if engine.stops else 0
+
+
+def _open_run_dir(ctx: RunContext, plan: SweepPlan, gpus: list, run_dir: Path
+                  ) -> tuple[Exception | None, list[str], list[Measurement]]:
+    """Rank 0, before anything is written: refuse to resume another experiment; else repair a
+    torn last row, turn a dead run's in-flight records into rows, and read the rows (the
+    failure, every rank raises it; the lines that say what was done; the rows)."""
+    try:
+        info = read_run_info(run_dir) if (run_dir / RUN_FILE).exists() else {}
+        differences = resume_differences(info, run_identity(ctx, plan, gpus))
+        if differences:
+            raise UsageError(f"--resume {run_dir}: not the run this command would make ({'; '.join(differences)}); "
+                             "leave out --resume to start a new one")
+        lines = [line for line in [repair_torn_tail(run_dir / ROWS_FILE)] if line] + recover(run_dir)
+    except (UsageError, ResultsUnwritable) as exc:
+        return exc, [], []
+    read = read_rows_checked(run_dir)
+    problems = read.problems_line(run_dir / ROWS_FILE)
+    return None, lines + ([problems] if problems else []), read.rows
+
+
+def run_identity(ctx: RunContext, plan: SweepPlan, gpus: list) -> dict[str, Any]:
+    """What a resume must share with the run it continues (results.resume_differences)."""
+    return {"schema": SCHEMA_VERSION, "host": ctx.hostname, "world_size": ctx.world_size, "nodes": ctx.nodes,
+            "device_type": ctx.device.type, "gpus": gpus,
+            "emulation": ctx.emulation.to_dict() if ctx.emulation else None, "plan": plan.record()}
+
+
+def resume_command(args: argparse.Namespace, ctx: RunContext, run_dir: Path) -> str:
+    """The command that continues this run after a stop, as the user started it."""
+    sweep = shlex.join(["-m", "commbench", "sweep", *launcher.without_flags(getattr(args, "_argv", []),
+                                                                            {"--resume", "--run-dir"}),
+                        "--resume", str(run_dir)])
+    if not under_torchrun():
+        return f"python {sweep}"
+    if ctx.nodes == 1:
+        return f"torchrun --standalone --nproc-per-node {ctx.local_world_size} {sweep}"
+    return f"torchrun --nnodes {ctx.nodes} --nproc-per-node {ctx.local_world_size} <your rendezvous flags> {sweep}"
+
+
+# How long a rank whose control group failed looks for the peer that caused it: its records
+# are written before its process ends, so a short look suffices.
+CAUSE_LOOK_S = 3.0
+
+
+def _after_peer_loss(ctx: RunContext, engine: Engine | None, recorder: Recorder, exc: BaseException) -> int:
+    """A peer is gone (the control group failed) or torchrun or the driver is stopping this
+    rank: record what the peers' in-flight records say (rank 0), say it once, and end."""
+    peers = PeerWatch(recorder.run_dir, ctx.rank, engine.step if engine else 0, peer_wait_s=0.0)
+    stop = peers()
+    deadline = time.monotonic() + CAUSE_LOOK_S
+    while stop is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+        stop = peers()
+    if stop is not None and stop.status is not None:
+        if engine is not None and recorder.record is not None:
+            engine.record_stop(stop, recorder.record.row)
+        recorder.leave(ENDED)
+        return STOP_EXIT
+    recorder.leave(LEFT, describe(exc))
+    if isinstance(exc, Terminated):
+        return TERMINATED_EXIT
+    if stop is None:   # nothing on disk says why (a peer on a node that does not see the results dir)
+        print(f"commbench sweep: rank {ctx.rank} lost its peers ({exc}); their own output says why",
+              file=sys.stderr, flush=True)
+    return FAILED_EXIT
 
 
 def _fusion_summary(ctx: RunContext, run_dir: Path, table: LiveTable) -> None:
@@ -261,38 +350,23 @@ def _fusion_summary(ctx: RunContext, run_dir: Path, table: LiveTable) -> None:
 
 def _write_run_json(ctx: RunContext, args: argparse.Namespace, plan: SweepPlan, variants: list, run_dir: Path,
                     gpus: list, notes: list[str], env_setting: dict[str, str]) -> None:
-    try:
-        info = read_run_info(run_dir)
-    except UsageError:
-        info = {"run_id": run_dir.name, "started": time.time(), "resumed": []}
+    """A new run's metadata; on a resume (the same run, checked before), the original stays and
+    the resume adds an entry to `resumed` and the facts of backends new to the run."""
+    info = read_run_info(run_dir) if (run_dir / RUN_FILE).exists() else {"run_id": run_dir.name,
+                                                                           "started": time.time()}
+    command = {"command": sys.argv, "args": {k: v for k, v in vars(args).items() if not k.startswith("_")},
+               "versions": software_versions(), "env": relevant_env(), "notes": notes}
+    # What each variant declares, for the offline analysis (it never imports a backend).
+    facts = {b.name: backend_facts(b, ctx.world_size) for b in variants}
+    if "world_size" in info:
+        info.setdefault("resumed", []).append({"at": time.time(), **command, "backends": [b.name for b in variants]})
+        info["backend_facts"] = {**facts, **(info.get("backend_facts") or {})}
+        info["verdicts"] = {**ctx.verdicts, **(info.get("verdicts") or {})}
     else:
-        info.setdefault("resumed", []).append(time.time())
-    args_record = {k: v for k, v in vars(args).items() if not k.startswith("_")}
-    info.update({
-        "command": sys.argv,
-        "args": args_record,
-        "versions": software_versions(),
-        "env": relevant_env(),
-        "host": ctx.hostname,
-        "gpus": gpus,
-        "device_type": ctx.device.type,
-        "world_size": ctx.world_size,
-        "local_world_size": ctx.local_world_size,
-        "nodes": ctx.nodes,
-        "shares_gpus": ctx.shares_gpus,
-        "emulation": ctx.emulation.to_dict() if ctx.emulation else None,
-        "snapshot": ctx.snapshot,
-        "verdicts": ctx.verdicts,
-        "backends": [b.name for b in variants],
-        # What each variant declares, for the offline analysis (it never imports a backend).
-        "backend_facts": {**info.get("backend_facts", {}), **{b.name: backend_facts(b, ctx.world_size) for b in variants}},
-        "plan": {"message_bytes": [s.message_bytes for s in plan.shapes],
-                 "shapes": [[s.tokens, s.hidden] for s in plan.shapes if s.tokens],
-                 "dtypes": [dtype_name(d) for d in plan.dtypes], "modes": plan.modes,
-                 "warmup": plan.warmup, "iterations": plan.iterations, "graph_ops": plan.graph_ops,
-                 "timeout_s": plan.timeout_s, "setup_timeout_s": plan.setup_timeout_s},
-        "notes": notes,
-    })
+        info.update({**command, **run_identity(ctx, plan, gpus), "resumed": [],
+                     "local_world_size": ctx.local_world_size, "shares_gpus": ctx.shares_gpus,
+                     "snapshot": ctx.snapshot, "verdicts": ctx.verdicts, "backends": [b.name for b in variants],
+                     "backend_facts": facts})
     if env_setting:
         settings = info.setdefault("env_settings", [])
         if env_setting not in settings:

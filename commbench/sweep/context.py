@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import os
 import socket
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 import torch.distributed as dist
@@ -18,6 +19,11 @@ import torch.distributed as dist
 from commbench.policy import multicast_policy_reason
 
 MPS_PERCENT_VAR = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+
+
+class ControlGroupLost(RuntimeError):
+    """A vote, gather or barrier of the control group failed: a peer is gone (its sockets
+    closed) or unreachable. The run cannot go on in this process."""
 
 
 @dataclass(frozen=True)
@@ -85,17 +91,29 @@ class RunContext:
         return multicast_policy_reason(self.allow_multicast)
 
     def barrier(self) -> None:
-        dist.barrier(group=self.control_group)
+        with _control_group():
+            dist.barrier(group=self.control_group)
 
     def all_gather_objects(self, obj: Any) -> list[Any]:
         out: list[Any] = [None] * self.world_size
-        dist.all_gather_object(out, obj, group=self.control_group)
+        with _control_group():
+            dist.all_gather_object(out, obj, group=self.control_group)
         return out
 
     def broadcast_object(self, obj: Any, src: int = 0) -> Any:
         box = [obj]
-        dist.broadcast_object_list(box, src=src, group=self.control_group)
+        with _control_group():
+            dist.broadcast_object_list(box, src=src, group=self.control_group)
         return box[0]
+
+
+@contextmanager
+def _control_group() -> Iterator[None]:
+    try:
+        yield
+    except RuntimeError as exc:  # gloo's "Connection closed by peer", timeouts (DistBackendError is one)
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise ControlGroupLost(f"{type(exc).__name__}: {first}") from exc
 
 
 def _free_port() -> int:

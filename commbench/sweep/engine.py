@@ -9,27 +9,38 @@ Each row is measured inside a watchdog, the results of all ranks are gathered ov
 control group, and every rank builds the same row (so later decisions, like the unfused
 baseline's choice of backend, agree everywhere). Rank 0 appends the row to measurements.jsonl
 before the next starts.
+
+Before each step of a backend (check, setup, row, close) every rank records what it is about to
+run (commbench.inflight), and a rank that catches a backend's exception marks its record
+before it goes to the vote: if its peers are inside a collective it never joins, their
+watchdogs see the mark and end the row as an error naming it, within PEER_WAIT_S.
 """
 
 from __future__ import annotations
 
+import sys
+import threading
 import time
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import fields
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
 from commbench.backends.base import Backend, BackendTimeout, BackendUnavailable, describe
-from commbench.sweep.context import RunContext
+from commbench.errors import Terminated
+from commbench.inflight import ENDED, HUNG, RAISED, PeerWatch, Recorder, Stop, stop_line
+from commbench.sweep.context import ControlGroupLost, RunContext
 from commbench.sweep.plan import Shape, SweepPlan
-from commbench.results import ERROR, HANG, NO_WORK, OK, SKIPPED, WRONG, Measurement, ResultsWriter, row_key
+from commbench.results import (CRASHED, ERROR, HANG, NO_WORK, OK, SKIPPED, WRONG, Measurement, ResultsWriter, row_key,
+                               stops_backend)
 from commbench.sweep.live import LiveTable
 from commbench.sweep.timing import (capture_graph, count_work_nodes, headline_us, jitter_stats, loop_total_us,
                               per_step_us, synchronize)
 from commbench.sweep.dtypes import dtype_name
 from commbench.units import format_bytes
-from commbench.sweep.watchdog import Watchdog
+from commbench.sweep.watchdog import PEER_WAIT_S, Watchdog
 from commbench.sweep.workload import PassCheck, Workload, bandwidths_gbps
 
 # First epochs of the exact input pattern per pass (each pass uses three, see workload.py), so
@@ -38,18 +49,29 @@ OBSERVE_EPOCH, WARMUP_EPOCH, TIMED_EPOCH, JITTER_EPOCH = 10, 20, 30, 40
 MEASUREMENT_FIELDS = {f.name for f in fields(Measurement)}
 
 
+def stopped_reason(row: Measurement) -> str:
+    """Why the rest of a backend is skipped after a row that ended it (see stops_backend)."""
+    verb = {HANG: "hung", CRASHED: "crashed"}.get(row.status, "failed on one rank")
+    return f"{verb} earlier in this run ({format_bytes(row.message_bytes)} {row.mode}): {row.reason}"
+
+
 class Engine:
     def __init__(self, ctx: RunContext, plan: SweepPlan, writer: ResultsWriter | None, table: LiveTable,
-                 done_keys: set[tuple], hung_backends: dict[str, str], env_setting: dict[str, str],
-                 on_hang_flush: Callable[[], None]):
+                 done_keys: set[tuple], stopped_backends: dict[str, str], env_setting: dict[str, str],
+                 on_stop_flush: Callable[[], None], recorder: Recorder, resume_hint: str | None):
         self.ctx = ctx
         self.plan = plan
         self.writer = writer
         self.table = table
         self.done_keys = done_keys
-        self.hung_backends = hung_backends
+        self.stopped_backends = stopped_backends   # backend -> why it does not run again
         self.env_setting = env_setting
-        self.on_hang_flush = on_hang_flush
+        self.on_stop_flush = on_stop_flush
+        self.recorder = recorder
+        self.resume_hint = resume_hint   # the command that continues (None under the driver)
+        self.step = 0                    # steps so far: the same count on every rank
+        self.stops = 0                   # rows that ended a backend, recorded by this process
+        self._stop_lock = threading.Lock()
 
     # ---- bookkeeping -------------------------------------------------------------------
 
@@ -116,18 +138,47 @@ class Engine:
         """Name the rank a failure came from, when there is more than one."""
         return f"rank {rank}: {text}" if self.ctx.world_size > 1 else text
 
-    def _watchdog(self, backend: Backend, what: str, cell: tuple[torch.dtype, Shape, str],
-                  timeout_s: float) -> Watchdog:
-        dtype, shape, mode = cell
+    @contextmanager
+    def _step(self, backend: Backend, phase: str, what: str, cell: tuple[torch.dtype, Shape, str],
+              timeout_s: float | None) -> Iterator[None]:
+        """One step of a backend on every rank: recorded in flight first (the row it stands for
+        is `cell`'s), and watched when it has a time limit."""
+        self.step += 1
+        template = self._base_row(backend, *cell, CRASHED).to_dict()
+        self.recorder.begin(self.step, phase, what, template, timeout_s)
+        if timeout_s is None:
+            yield
+            return
+        peers = PeerWatch(self.recorder.run_dir, self.ctx.rank, self.step, PEER_WAIT_S)
 
-        def on_hang(reason: str) -> None:
+        def on_stop(stop: Stop, timed_out: bool) -> None:
+            if timed_out:
+                self.recorder.mark(HUNG, stop.reason)
+            self.recorder.leave(ENDED)
+            self.record_stop(stop, template)
+
+        with Watchdog(timeout_s, what, on_stop, peers):
+            yield
+
+    def record_stop(self, stop: Stop, template: dict[str, Any]) -> None:
+        """The row a stop stands for (its record's, else `template`), written once (rank 0),
+        and the one line a user reads."""
+        if stop.status is None:
+            return
+        with self._stop_lock:
+            row = stop.row(template)
+            if row.key() in self.done_keys:
+                return
+            self.done_keys.add(row.key())
+            self.stops += 1
             if self.writer is not None:
-                row = self._base_row(backend, dtype, shape, mode, HANG, reason=reason)
                 self.writer.append(row)
                 self.table.row(row)
-                self.on_hang_flush()
-
-        return Watchdog(timeout_s, what, on_hang)
+                self.on_stop_flush()
+            # One rank speaks: rank 0, or rank 1 when rank 0 is the one that failed.
+            if self.ctx.rank == (1 if stop.failed_rank == 0 and self.ctx.world_size > 1 else 0):
+                hint = f"; continue without it: {self.resume_hint}" if self.resume_hint else ""
+                print(f"commbench sweep: {stop_line(stop, row.backend)}{hint}", file=sys.stderr, flush=True)
 
     # ---- the sweep -----------------------------------------------------------------------
 
@@ -135,31 +186,43 @@ class Engine:
         cells = [c for c in self.cells() if self._key(backend, *c) not in self.done_keys]
         if not cells:
             return
-        if backend.name in self.hung_backends:
-            self._skip_all(backend, cells, self.hung_backends[backend.name])
+        if backend.name in self.stopped_backends:
+            self._skip_all(backend, cells, self.stopped_backends[backend.name])
             return
-        try:
-            local = backend.check(self.ctx)
-        except Exception as exc:  # a check that crashes is a reason like any other
-            local = f"check failed: {describe(exc)}"
+        with self._step(backend, "check", f"check of {backend.name}", cells[0], None):
+            try:
+                local = backend.check(self.ctx)
+            except Exception as exc:  # a check that crashes is a reason like any other
+                local = f"check failed: {describe(exc)}"
         rank, reason = self._vote(local)
         if reason:
             self._skip_all(backend, cells, reason, rank)
             return
+        ending = False
         try:
-            for dtype in self.plan.dtypes:
-                dtype_cells = [c for c in cells if c[0] == dtype]
-                if not dtype_cells or not self._setup(backend, dtype, dtype_cells):
-                    continue
-                for cell in dtype_cells:
-                    row = self._run_cell(backend, cell)
-                    if row.status == HANG:
-                        # A backend whose bounded wait gave up is not trusted for the rest.
-                        rest = [c for c in cells if self._key(backend, *c) not in self.done_keys]
-                        self._skip_all(backend, rest, f"hung earlier in this run "
-                                       f"({format_bytes(row.message_bytes)} {row.mode}): {row.reason}")
-                        return
+            self._measure_backend(backend, cells)
+        except (ControlGroupLost, Terminated):
+            ending = True   # the process is ending: closing a backend whose peers are gone may block
+            raise
         finally:
+            if not ending:
+                self._close(backend, cells[-1])
+
+    def _measure_backend(self, backend: Backend, cells: list) -> None:
+        for dtype in self.plan.dtypes:
+            dtype_cells = [c for c in cells if c[0] == dtype]
+            if not dtype_cells or not self._setup(backend, dtype, dtype_cells):
+                continue
+            for cell in dtype_cells:
+                row = self._run_cell(backend, cell)
+                if stops_backend(row):
+                    # A backend whose bounded wait gave up is not trusted for the rest.
+                    rest = [c for c in cells if self._key(backend, *c) not in self.done_keys]
+                    self._skip_all(backend, rest, stopped_reason(row))
+                    return
+
+    def _close(self, backend: Backend, cell: tuple[torch.dtype, Shape, str]) -> None:
+        with self._step(backend, "close", f"close of {backend.name}", cell, None):
             try:
                 backend.close()
             except Exception as exc:  # a failing close must not lose the rows already written
@@ -169,11 +232,12 @@ class Engine:
         max_bytes = max(shape.message_bytes for _, shape, _ in cells)
         local: str | None = None
         what = f"setup of {backend.name} ({dtype_name(dtype)})"
-        with self._watchdog(backend, what, cells[0], self.plan.setup_timeout_s):
+        with self._step(backend, "setup", what, cells[0], self.plan.setup_timeout_s):
             try:
                 backend.setup(self.ctx, max_bytes, dtype)
             except Exception as exc:
                 local = f"setup failed: {describe(exc)}"
+                self.recorder.mark(RAISED, local)   # before the vote: peers may never come to it
             rank, reason = self._vote(local)
         if reason:
             self._skip_all(backend, cells, reason, rank)
@@ -189,8 +253,10 @@ class Engine:
             row = self._base_row(backend, dtype, shape, mode, SKIPPED, reason=unsupported)
         else:
             what = f"{backend.name} {format_bytes(shape.message_bytes)} {dtype_name(dtype)} {mode}"
-            with self._watchdog(backend, what, cell, self.plan.timeout_s):
+            with self._step(backend, "row", what, cell, self.plan.timeout_s):
                 local = self._measure_local(backend, dtype, shape, mode)
+                if "skip" in local or "error" in local:   # before the gather: peers may never come to it
+                    self.recorder.mark(RAISED, local.get("skip") or local.get("error"))
                 gathered = self.ctx.all_gather_objects(local)
             row = self._build_row(backend, cell, gathered)
         self.emit(row)
@@ -290,8 +356,9 @@ class Engine:
             return row
         failures = [(rank, g) for rank, g in enumerate(gathered) if g.get("error")]
         if failures:
-            rank, failure = failures[0]
-            row.status = HANG if any(g.get("timeout") for _, g in failures) else ERROR
+            # A rank that raised is the cause; peers whose bounded wait then gave up are not.
+            rank, failure = next(((r, g) for r, g in failures if not g.get("timeout")), failures[0])
+            row.status = HANG if failure.get("timeout") else ERROR
             row.failed_rank = rank
             row.reason = self._from_rank(rank, failure["error"])
             return row

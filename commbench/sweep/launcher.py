@@ -2,11 +2,16 @@
 
 Process-level NCCL knobs (NCCL_NTHREADS, NCCL_BUFFSIZE, NCCL_MAX_CTAS, NCCL_P2P_LEVEL, ...) are
 read once per process, so each setting needs its own torchrun. The driver launches one per
-setting (all combinations of the --env flags), each with a time limit; a child that hangs is
-killed; a child whose watchdog recorded a hang is resumed without the backend that hung; all
-children append to one results dir, each row tagged with its env_setting. A backend that must
-run in a process of its own (the MSCCL++ NCCL shim, preloaded in place of NCCL) gets one more
-child with its environment.
+setting (all combinations of the --env flags), each with a time limit; all children append to
+one results dir, each row tagged with its env_setting. A backend that must run in a process of
+its own (the MSCCL++ NCCL shim, preloaded in place of NCCL) gets one more child with its
+environment.
+
+It is the crash-proof way to run a sweep: when a child ends early, because a backend hung,
+crashed (a signal, an OOM kill, abort() in native code) or raised on one rank mid-collective,
+the ranks' in-flight records (commbench.inflight) name the backend and the step; the driver
+records what they could not (the crashed row of a rank that died, the hang of a rank whose
+watchdog could not run), and resumes the child without that backend.
 """
 
 from __future__ import annotations
@@ -17,23 +22,26 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
 from contextlib import nullcontext
 from pathlib import Path
 
+from commbench import inflight
 from commbench.sweep import mps
 from commbench.backends.base import Backend
 from commbench.policy import MULTICAST_POLICY_VARS, multicast_forbidden_by
-from commbench.errors import UsageError
-from commbench.results import HANG, Measurement, ResultsWriter, new_run_dir, read_rows, write_csv, write_run_info
+from commbench.errors import FAILED_EXIT, STOP_EXIT, UsageError
+from commbench.results import (HANG, SCHEMA_VERSION, Measurement, ResultsWriter, new_run_dir, read_rows, read_run_info,
+                               resume_differences, stops_backend, write_csv, write_run_info)
+from commbench.sweep.plan import SweepPlan
 
 _NAME_RE = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 # Flags the driver consumes; everything else is passed to each child unchanged.
-_DRIVER_FLAGS = {"--nproc", "--env", "--child-timeout", "--resume", "--qualify", "--junit"}
-_DRIVER_SWITCHES = {"--mps"}          # take no value
-MAX_RESUMES_PER_SETTING = 3
+_DRIVER_FLAGS = frozenset({"--nproc", "--env", "--child-timeout", "--resume", "--qualify", "--junit"})
+_DRIVER_SWITCHES = frozenset({"--mps"})          # take no value
 
 
 def parse_env_settings(specs: list[str], allow_multicast: bool) -> list[dict[str, str]]:
@@ -54,7 +62,12 @@ def parse_env_settings(specs: list[str], allow_multicast: bool) -> list[dict[str
 
 
 def child_arguments(argv: list[str], also_drop: frozenset[str] = frozenset()) -> list[str]:
-    """The sweep's own arguments minus the driver's flags (both `--flag V` and `--flag=V`)."""
+    """The sweep's own arguments minus the driver's flags."""
+    return without_flags(argv, _DRIVER_FLAGS | also_drop, _DRIVER_SWITCHES)
+
+
+def without_flags(argv: list[str], flags: set[str] | frozenset[str], switches: frozenset[str] = frozenset()) -> list[str]:
+    """argv without `flags` (both `--flag V` and `--flag=V`) and `switches` (no value)."""
     out: list[str] = []
     skip_next = False
     for token in argv:
@@ -62,9 +75,9 @@ def child_arguments(argv: list[str], also_drop: frozenset[str] = frozenset()) ->
             skip_next = False
             continue
         flag = token.split("=", 1)[0]
-        if flag in _DRIVER_SWITCHES:
+        if flag in switches:
             continue
-        if flag in _DRIVER_FLAGS or flag in also_drop:
+        if flag in flags:
             skip_next = "=" not in token
             continue
         out.append(token)
@@ -80,21 +93,25 @@ def _new_run_dir(args: argparse.Namespace) -> Path:
     return path
 
 
-def _hang_count(run_dir: Path) -> int:
-    return sum(1 for row in read_rows(run_dir) if row.status == HANG)
+KILL_WAIT_S = 5.0
 
 
-def _kill(proc: subprocess.Popen) -> None:
+def _kill(proc: subprocess.Popen, run_dir: Path) -> None:
+    """SIGTERM, then SIGKILL, to the child torchrun and to every rank it left a record for:
+    torchrun starts its workers in sessions of their own, so killing torchrun alone would
+    orphan a rank that ignores SIGTERM (one stuck in native code)."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=10)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+        ranks = [r.pid for r in inflight.read_records(run_dir) if inflight.is_alive(r)]
+        for send in [lambda: os.killpg(proc.pid, sig)] + [lambda pid=pid: os.kill(pid, sig) for pid in ranks]:
+            try:
+                send()
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + KILL_WAIT_S
+        while time.monotonic() < deadline:
+            if proc.poll() is not None and not any(inflight.is_alive(r) for r in inflight.read_records(run_dir)):
+                return
+            time.sleep(0.2)
 
 
 def child_runs(argv: list[str], env_settings: list[dict[str, str]], variants: list[Backend],
@@ -109,15 +126,23 @@ def child_runs(argv: list[str], env_settings: list[dict[str, str]], variants: li
     return runs
 
 
-def drive(args: argparse.Namespace, env_settings: list[dict[str, str]], variants: list[Backend]) -> tuple[int, Path]:
-    """Run every child; returns the exit status (1 if any child failed) and the results dir."""
+def drive(args: argparse.Namespace, env_settings: list[dict[str, str]], variants: list[Backend],
+          plan: SweepPlan) -> tuple[int, Path]:
+    """Run every child, resuming each after a backend ended it; the exit status (FAILED_EXIT
+    when a child failed with nothing recorded, STOP_EXIT when a backend hung or crashed, else 0)
+    and the results dir."""
     if args.nproc is None:
         raise UsageError("--env needs --nproc N: the driver launches one torchrun per setting")
     if args.nproc < 1:
         raise UsageError(f"--nproc must be at least 1 (got {args.nproc})")
     if args.mps:
         mps.control_path()   # missing: bad input, said before anything is written
+    if args.resume:
+        _check_resume(Path(args.resume), args.nproc, plan)
     run_dir = _new_run_dir(args)
+    for line in inflight.recover(run_dir):   # what a run before this command left in flight
+        print(f"# driver: {line}", flush=True)
+    stops_before = _stop_count(run_dir)
     with mps.private_daemon(run_dir / "mps-logs") if args.mps else nullcontext({}) as daemon_env:
         if daemon_env:
             import torch
@@ -125,52 +150,96 @@ def drive(args: argparse.Namespace, env_settings: list[dict[str, str]], variants
             daemon_env = {**daemon_env, **mps.client_env(args.nproc, torch.cuda.device_count())}
             print(f"# driver: private MPS daemon for the children ({mps.MPS_PERCENT_VAR}="
                   f"{daemon_env[mps.MPS_PERCENT_VAR]})", flush=True)
-        failures = sum(_run_setting(args, run_dir, setting, sweep_args, daemon_env)
-                       for setting, sweep_args in child_runs(getattr(args, "_argv", []), env_settings, variants,
-                                                             args.allow_multicast))
+        failed = [_run_setting(args, run_dir, setting, sweep_args, daemon_env, len(variants))
+                  for setting, sweep_args in child_runs(getattr(args, "_argv", []), env_settings, variants,
+                                                        args.allow_multicast)]
     write_csv(run_dir)
     print(f"# results: {run_dir}/measurements.jsonl (+ .csv, run.json)")
-    return (1 if failures else 0), run_dir
+    if any(failed):
+        return FAILED_EXIT, run_dir
+    return (STOP_EXIT if _stop_count(run_dir) > stops_before else 0), run_dir
+
+
+def _check_resume(run_dir: Path, nproc: int, plan: SweepPlan) -> None:
+    """What the driver can compare before it starts a child (the children compare the GPUs)."""
+    differences = resume_differences(read_run_info(run_dir), {
+        "schema": SCHEMA_VERSION, "host": socket.gethostname(), "world_size": nproc, "nodes": 1,
+        "plan": plan.record()})
+    if differences:
+        raise UsageError(f"--resume {run_dir}: not the run this command would make ({'; '.join(differences)}); "
+                         "leave out --resume to start a new one")
+
+
+def _stop_count(run_dir: Path) -> int:
+    return sum(1 for row in read_rows(run_dir) if stops_backend(row))
 
 
 def _run_setting(args: argparse.Namespace, run_dir: Path, setting: dict[str, str], sweep_args: list[str],
-                 daemon_env: dict[str, str]) -> int:
-    """One setting's child torchrun, resumed after a recorded hang; 1 if it failed, else 0."""
+                 daemon_env: dict[str, str], max_resumes: int) -> bool:
+    """One setting's child torchrun, resumed as long as each child that ends early recorded
+    why (each such row takes a backend out of the next child); True if it failed anyway."""
     # --standalone: a private rendezvous on a free local port for each child.
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(args.nproc),
                "-m", "commbench", "sweep", *sweep_args, "--run-dir", str(run_dir)]
     label = " ".join(f"{k}={v}" for k, v in setting.items()) or "default environment"
-    for attempt in range(MAX_RESUMES_PER_SETTING + 1):
-        hangs_before = _hang_count(run_dir)
+    for attempt in range(max_resumes + 1):
+        stops_before = _stop_count(run_dir)
         env = {**os.environ, **daemon_env, **setting, "COMMBENCH_ENV_SETTING": json.dumps(setting, sort_keys=True)}
         print(f"# driver: torchrun x{args.nproc} with {label}" + (f" (resume {attempt})" if attempt else ""),
               flush=True)
         proc = subprocess.Popen(command, env=env, start_new_session=True)
         try:
-            rc = proc.wait(timeout=args.child_timeout)
-        except subprocess.TimeoutExpired:
-            _kill(proc)
-            _record_child_timeout(run_dir, args, setting)
-            return 1
+            rc, killed = _wait(proc, run_dir, args.child_timeout)
         except KeyboardInterrupt:
-            _kill(proc)
+            _kill(proc, run_dir)
             write_csv(run_dir)
             raise
+        for line in inflight.recover(run_dir, killed):   # the ranks that could not say it themselves
+            print(f"# driver: {line}", flush=True)
         if rc == 0:
-            return 0
-        if _hang_count(run_dir) > hangs_before and attempt < MAX_RESUMES_PER_SETTING:
-            continue  # the watchdog wrote a hang row: resume without that backend
+            return False
+        if _stop_count(run_dir) > stops_before and attempt < max_resumes:
+            print("# driver: resuming without that backend", flush=True)
+            continue
+        if killed and _stop_count(run_dir) == stops_before:
+            _record_child_timeout(run_dir, args, setting, killed)
         print(f"# driver: child with {label} exited with status {rc}", flush=True)
-        return 1
-    return 1
+        return True
+    return True
 
 
-def _record_child_timeout(run_dir: Path, args: argparse.Namespace, setting: dict[str, str]) -> None:
+# A step whose watchdog should have fired this long ago is stuck where no watchdog can run (a
+# thread holding the GIL on every rank that could see it): the driver ends the child itself.
+OVERDUE_GRACE_S = 5.0
+POLL_S = 1.0
+
+
+def _wait(proc: subprocess.Popen, run_dir: Path, child_timeout_s: float) -> tuple[int, str | None]:
+    """The child's exit status, and why the driver killed it (None when it ended by itself)."""
+    limit = time.monotonic() + child_timeout_s
+    while True:
+        try:
+            return proc.wait(timeout=POLL_S), None
+        except subprocess.TimeoutExpired:
+            pass
+        late = inflight.overdue(run_dir, OVERDUE_GRACE_S)
+        if time.monotonic() > limit:
+            reason = f"child torchrun exceeded --child-timeout {child_timeout_s:g} s and was killed"
+        elif late is not None:
+            reason = (f"no progress within {(late.deadline or late.started) - late.started:g} s, and rank "
+                      f"{late.rank}'s watchdog never fired (a thread holding the GIL?): the driver killed the run")
+        else:
+            continue
+        _kill(proc, run_dir)
+        return proc.wait(), reason
+
+
+def _record_child_timeout(run_dir: Path, args: argparse.Namespace, setting: dict[str, str], reason: str) -> None:
+    """A killed child whose ranks were outside every backend's step: the row says only that."""
     writer = ResultsWriter(run_dir)
     try:
         writer.append(Measurement(backend="(torchrun child)", mode="-", dtype="-", message_bytes=0,
                                   world_size=args.nproc, status=HANG, env_setting=dict(setting),
-                                  reason=f"child torchrun exceeded --child-timeout {args.child_timeout:g} s "
-                                         "and was killed", timestamp=time.time()))
+                                  reason=reason, timestamp=time.time()))
     finally:
         writer.close()

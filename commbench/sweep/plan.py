@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from commbench.errors import UsageError
-from commbench.sweep.dtypes import parse_dtypes
+from commbench.sweep.dtypes import dtype_name, parse_dtypes
 from commbench.units import format_bytes, parse_bytes, parse_int_list
 
 MODES = ("eager", "graph")
@@ -86,6 +87,14 @@ class SweepPlan:
     @property
     def max_bytes(self) -> int:
         return max(s.message_bytes for s in self.shapes)
+
+    def record(self) -> dict[str, Any]:
+        """The plan as run.json records it (results.MEASURED_PLAN_KEYS must match on a resume)."""
+        return {"message_bytes": [s.message_bytes for s in self.shapes],
+                "shapes": [[s.tokens, s.hidden] for s in self.shapes if s.tokens],
+                "dtypes": [dtype_name(d) for d in self.dtypes], "modes": self.modes,
+                "warmup": self.warmup, "iterations": self.iterations, "graph_ops": self.graph_ops,
+                "timeout_s": self.timeout_s, "setup_timeout_s": self.setup_timeout_s}
 
 
 def geometric_sizes(min_bytes: int, max_bytes: int, factor: int) -> list[int]:

@@ -5,13 +5,21 @@ Each variant is built on gloo so it runs on the CPU, and each fails in one speci
 harness must catch: returning its input, one wrong element, the previous call's answer, a
 result that the next call overwrites (wrong only when calls come back to back), one wrong call
 in every N, a rank that never arrives, a setup failure on one rank, a setup as slow as a
-first-use kernel build, a node-local backend across nodes. ``@N`` is the fault's number: bytes
-from which hang_rank1 hangs, seconds slow_setup sleeps, the period of wrong_every.
+first-use kernel build, a node-local backend across nodes. And the faults that leave a peer
+inside a collective: rank 1 raising in allreduce or in setup before its first collective,
+rank 1 dying of SIGSEGV (a real invalid read, as a native library would) in setup or in
+allreduce (rank 0 too: the rank that writes the rows), rank 0 hanging while it holds the GIL
+(its watchdog thread cannot run). ``@N`` is the fault's number: bytes from which hang_rank1,
+raise_rank1, segv_rank0/1 and hang_gil_rank0 fail, seconds slow_setup sleeps, the period of
+wrong_every.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
+import resource
+import signal
 import time
 from typing import Any
 
@@ -22,7 +30,22 @@ from commbench.backends.base import Backend, BackendFactory, BackendUnavailable
 from commbench.errors import UsageError
 
 VARIANTS = ("exact", "noop", "one_wrong", "stale", "back_to_back", "wrong_every", "hang_rank1", "setup_fails_rank1",
-            "slow_setup", "nodelocal", "solo")
+            "slow_setup", "nodelocal", "solo", "raise_rank1", "raise_setup_rank1", "segv_rank0", "segv_rank1",
+            "segv_setup_rank1", "hang_gil_rank0")
+
+
+def segfault() -> None:
+    """Die as a native library does: a read of address 0 (no core file left behind)."""
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    ctypes.string_at(0)
+
+
+def hang_holding_the_gil() -> None:
+    """Block in C without releasing the GIL, deaf to SIGTERM and SIGINT (as a spinning native
+    call is): no other thread of this process runs Python again; only SIGKILL ends it."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+    while True:
+        ctypes.PyDLL(None).pause()
 
 
 class FaultyBackend(Backend):
@@ -43,6 +66,11 @@ class FaultyBackend(Backend):
 
     def setup(self, ctx, max_bytes: int, dtype: torch.dtype) -> None:
         self.rank = ctx.rank
+        # Before the first collective, which rank 0 then waits in for good.
+        if self.fault == "raise_setup_rank1" and ctx.rank == 1:
+            raise RuntimeError("deliberate failure in setup on rank 1")
+        if self.fault == "segv_setup_rank1" and ctx.rank == 1:
+            segfault()
         if self.group is None:
             self.group = dist.new_group(backend="gloo")  # collective: every rank reaches it
         if self.fault == "setup_fails_rank1" and ctx.rank == 1:
@@ -55,9 +83,16 @@ class FaultyBackend(Backend):
         if self.fault == "noop":
             out.copy_(x)
             return
-        if self.fault == "hang_rank1" and self.rank == 1 and x.numel() * x.element_size() >= self.number:
+        faulty = x.numel() * x.element_size() >= self.number
+        if self.fault == "hang_rank1" and self.rank == 1 and faulty:
             while True:  # never arrives: only the watchdog ends this
                 time.sleep(1)
+        if self.fault == "raise_rank1" and self.rank == 1 and faulty:
+            raise RuntimeError("deliberate failure in allreduce on rank 1")   # rank 0 is in the collective
+        if self.fault == f"segv_rank{self.rank}" and faulty:
+            segfault()
+        if self.fault == "hang_gil_rank0" and self.rank == 0 and faulty:
+            hang_holding_the_gil()
         if self.fault == "back_to_back" and self._previous is not None:
             # The next call reuses what the last one handed back before anyone read it.
             self._previous.zero_()

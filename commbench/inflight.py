@@ -1,0 +1,419 @@
+"""What each rank is about to run, on disk, so that any death of a rank is named afterwards.
+
+Before a backend's check, each setup, each row and its close, every rank writes
+RUN/inflight/rank<N>.json (fsynced): the step, what it is ("setup of mscclpp:auto (bf16)") and
+the row it stands for. faulthandler writes a fatal signal's traceback (SIGSEGV, SIGABRT, SIGBUS,
+SIGFPE, SIGILL) to rank<N>.fatal and a SIGTERM's or SIGINT's to rank<N>.signals from inside the
+signal handler, so both are there even when no Python code can run any more. A rank that ends
+cleanly removes its files; one that raises while its peers may be waiting in a collective marks
+its record "raised"; a watchdog that fires marks it "hung".
+
+Two readers use the records:
+- a live rank's watchdog (peer_stop): a peer that died, hung or raised while this rank waits in
+  a collective it never joins ends the row promptly, with the right status, instead of a hang;
+- the next look at the dir after every process is gone (postmortem: the --nproc driver, a
+  --resume, the analysis commands): the record nobody turned into a row becomes one, `crashed`
+  (rank, signal, phase), `hang` or `error`.
+
+Ranks that do not see the results dir (other nodes without a shared filesystem) keep no record.
+Only the standard library and commbench.results: the analysis half reads these files too.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import socket
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from commbench.errors import Terminated, UsageError
+from commbench.results import CRASHED, ERROR, HANG, STRANDED, Measurement, ResultsWriter, read_rows
+
+INFLIGHT_DIR = "inflight"
+CRASH_LOGS_DIR = "crash-logs"
+
+RUNNING, RAISED, HUNG = "running", "raised", "hung"   # what happened in the step
+# How the process ended through Python: after recording a stop; after its peers or a signal
+# stopped it; on a failure of its own (results unwritable, a bug), said on a line of its own.
+ENDED, LEFT, FAILED = "ended", "left", "failed"
+
+# faulthandler's first line for each fatal signal it catches.
+_FATAL_SIGNALS = {"Segmentation fault": "SIGSEGV", "Aborted": "SIGABRT", "Bus error": "SIGBUS",
+                  "Floating point exception": "SIGFPE", "Illegal instruction": "SIGILL"}
+_FRAME_RE = re.compile(r'File "([^"]+)", line (\d+) in (\S+)')
+
+
+@dataclass
+class Record:
+    """One rank's step, as written before the step runs."""
+
+    rank: int
+    pid: int
+    host: str
+    step: int
+    phase: str                  # check, setup, row or close
+    what: str                   # "setup of x (fp32)", "x 16K fp32 eager": the watchdog's words
+    row: dict[str, Any]         # the row this step stands for (status filled in when it is recorded)
+    started: float
+    deadline: float | None      # when this step's watchdog should have fired
+    state: str = RUNNING
+    detail: str | None = None   # the exception (raised) or the watchdog's reason (hung)
+    exit: str | None = None     # ENDED, LEFT or FAILED, when the process ended through Python
+    exit_detail: str | None = None
+    exit_at: float | None = None
+    # Read from the rank's side files, never written into the record:
+    fatal: str | None = field(default=None, compare=False)          # faulthandler's fatal dump
+    signalled_at: float | None = field(default=None, compare=False)  # when SIGTERM/SIGINT arrived
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        data.pop("fatal")
+        data.pop("signalled_at")
+        return json.dumps(data, sort_keys=True, default=str)
+
+    @property
+    def signal_name(self) -> str | None:
+        first = (self.fatal or "").strip().splitlines()[:1]
+        return _FATAL_SIGNALS.get(first[0].removeprefix("Fatal Python error: ").strip()) if first else None
+
+    def fault_frame(self) -> str | None:
+        """The innermost frame of the thread that took the fatal signal: 'file.py:120 in setup'."""
+        text = (self.fatal or "").split("Current thread", 1)
+        match = _FRAME_RE.search(text[1]) if len(text) == 2 else None
+        return f"{match.group(1).rsplit('/', 1)[-1]}:{match.group(2)} in {match.group(3)}" if match else None
+
+
+@dataclass
+class Stop:
+    """What ended a step: a row to record (status hang, crashed or error), or status None when
+    another process records it (or nothing is to be recorded) and this one only leaves."""
+
+    status: str | None
+    reason: str = ""
+    failed_rank: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    template: dict[str, Any] | None = None   # the row of the record it came from, when one did
+
+    def key(self) -> tuple:
+        assert self.template is not None
+        return Measurement.from_dict(self.template).key()
+
+    def row(self, template: dict[str, Any]) -> Measurement:
+        """The row this stop stands for: its own record's, else `template` (this rank's step)."""
+        row = Measurement.from_dict(self.template or template)
+        assert self.status is not None, "LEAVE records nothing"
+        row.status, row.reason, row.failed_rank = self.status, self.reason, self.failed_rank
+        row.extra.update(self.extra)
+        row.timestamp = time.time()
+        return row
+
+
+LEAVE = Stop(None)
+
+
+def _files(records_dir: Path, rank: int) -> tuple[Path, Path, Path]:
+    return (records_dir / f"rank{rank}.json", records_dir / f"rank{rank}.fatal",
+            records_dir / f"rank{rank}.signals")
+
+
+class Recorder:
+    """This rank's record and signal traces; every method is a no-op without a records dir."""
+
+    def __init__(self, run_dir: Path | None, rank: int):
+        self.rank = rank
+        self.run_dir = Path(run_dir) if run_dir is not None else None
+        self.dir = self.run_dir / INFLIGHT_DIR if self.run_dir is not None else None
+        self.record: Record | None = None
+        self._handles: list[Any] = []
+        self._had_faulthandler = faulthandler.is_enabled()
+        if self.dir is None:
+            return
+        self.dir.mkdir(exist_ok=True)
+        self.path, fatal_path, signals_path = _files(self.dir, rank)
+        fatal, signals = open(fatal_path, "w"), open(signals_path, "w")
+        self._handles = [fatal, signals]
+        faulthandler.enable(file=fatal, all_threads=True)
+        # SIGTERM ends this rank through Python (Terminated) where it can; the trace in
+        # .signals says it was stopped from outside even when it could not.
+        signal.signal(signal.SIGTERM, _raise_terminated)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            faulthandler.register(sig, file=signals, all_threads=True, chain=True)
+
+    def begin(self, step: int, phase: str, what: str, row: dict[str, Any], timeout_s: float | None) -> None:
+        if self.dir is None:
+            return
+        now = time.time()
+        self.record = Record(rank=self.rank, pid=os.getpid(), host=socket.gethostname(), step=step, phase=phase,
+                             what=what, row=row, started=now,
+                             deadline=now + timeout_s if timeout_s is not None and math.isfinite(timeout_s) else None)
+        self._write()
+
+    def mark(self, state: str, detail: str | None) -> None:
+        """What happened in the step: RAISED (detail: the exception) or HUNG (the reason)."""
+        if self.record is not None:
+            self.record.state, self.record.detail = state, detail
+            self._write()
+
+    def leave(self, how: str, detail: str | None = None) -> None:
+        """The process is ending without finishing (any thread may say so): keep the record, say how."""
+        if self.record is not None:
+            self.record.exit, self.record.exit_detail, self.record.exit_at = how, detail, time.time()
+            self._write()
+
+    def close(self) -> None:
+        """A clean end (finished, Ctrl-C, bad input): nothing in flight, no files left."""
+        self._unhook()
+        if self.dir is not None:
+            for path in _files(self.dir, self.rank):
+                path.unlink(missing_ok=True)
+            try:
+                self.dir.rmdir()   # the last rank to end takes the folder with it
+            except OSError:
+                pass
+        self.record = None
+
+    def _write(self) -> None:
+        assert self.record is not None
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        try:
+            with open(tmp, "w", encoding="utf-8") as handle:
+                handle.write(self.record.to_json())
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, self.path)
+        except OSError:  # a full disk: the rows say what they can; a record is a courtesy
+            pass
+
+    def _unhook(self) -> None:
+        if not self._handles:
+            return
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            faulthandler.unregister(sig)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        faulthandler.disable()
+        if self._had_faulthandler:
+            faulthandler.enable()
+        for handle in self._handles:
+            handle.close()
+        self._handles = []
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    # Once: a second SIGTERM (or torchrun's SIGKILL) ends the process at once.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    raise Terminated()
+
+
+# ---------------------------------------------------------------- reading records
+
+def read_records(run_dir: Path) -> list[Record]:
+    """Every rank's record in the dir, with its fatal dump and signal time (unreadable ones skipped)."""
+    records_dir = Path(run_dir) / INFLIGHT_DIR
+    out = []
+    for path in sorted(records_dir.glob("rank*.json")):
+        try:
+            record = Record(**json.loads(path.read_text(encoding="utf-8")))
+        except (OSError, ValueError, TypeError):  # torn by a death mid-write: nothing to say
+            continue
+        _, fatal_path, signals_path = _files(records_dir, record.rank)
+        record.fatal = _text(fatal_path)
+        record.signalled_at = signals_path.stat().st_mtime if _text(signals_path) else None
+        out.append(record)
+    return sorted(out, key=lambda r: r.rank)
+
+
+def _text(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace").strip() or None
+    except OSError:
+        return None
+
+
+def is_alive(record: Record) -> bool | None:
+    """Is the record's process still running? None when it ran on another host."""
+    if record.host != socket.gethostname():
+        return None
+    try:
+        stat = Path(f"/proc/{record.pid}/stat").read_text()
+        cmdline = Path(f"/proc/{record.pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    # A zombie is dead; a reused pid is someone else.
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z" and b"commbench" in cmdline
+
+
+def _died_without_trace(record: Record) -> bool:
+    """Gone while running its step, with no fatal dump, no stop signal and no Python exit:
+    SIGKILL (the kernel's OOM killer, kill -9) or an exit from native code."""
+    return record.state == RUNNING and record.exit is None and not record.fatal and record.signalled_at is None
+
+
+def _crashed(record: Record, run_dir: Path) -> Stop:
+    signal_name = record.signal_name
+    how = f"died ({signal_name})" if signal_name else "died without a trace (SIGKILL: the OOM killer or kill -9?)"
+    extra = {"signal": signal_name, "phase": record.phase, "fault_frame": record.fault_frame(),
+             "fault_log": keep_fault_log(run_dir, record)}
+    return Stop(CRASHED, f"rank {record.rank} {how} during {record.what}", record.rank,
+                {k: v for k, v in extra.items() if v is not None}, record.row)
+
+
+def _stranded(record: Record) -> Stop:
+    return Stop(ERROR, f"rank {record.rank}: {record.detail}; it left its peers inside a collective it never "
+                       "joined", record.rank, {STRANDED: True}, record.row)
+
+
+def keep_fault_log(run_dir: Path, record: Record) -> str | None:
+    """Copy a fatal dump to RUN/crash-logs/ (the traceback of every thread); its relative path."""
+    if not record.fatal:
+        return None
+    name = f"{time.strftime('%Y%m%d-%H%M%S', time.localtime(record.started))}-rank{record.rank}.txt"
+    target = Path(run_dir) / CRASH_LOGS_DIR / name
+    try:
+        target.parent.mkdir(exist_ok=True)
+        target.write_text(f"{record.what}\n\n{record.fatal}\n", encoding="utf-8")
+    except OSError:
+        return None
+    return f"{CRASH_LOGS_DIR}/{name}"
+
+
+class PeerWatch:
+    """The watchdog's look at the other ranks during one step (see peer_stop)."""
+
+    def __init__(self, run_dir: Path | None, rank: int, step: int, peer_wait_s: float):
+        self.run_dir, self.rank, self.step, self.peer_wait_s = run_dir, rank, step, peer_wait_s
+        self._raised_seen: dict[int, float] = {}   # rank -> when this rank first saw it raised
+
+    def __call__(self) -> Stop | None:
+        if self.run_dir is None:
+            return None
+        now = time.monotonic()
+        records = read_records(self.run_dir)
+        for record in records:
+            if record.state == RAISED and record.step == self.step:
+                self._raised_seen.setdefault(record.rank, now)
+        waited = {rank for rank, seen in self._raised_seen.items() if now - seen >= self.peer_wait_s}
+        return peer_stop(records, self.rank, self.step, self.run_dir, waited)
+
+
+def peer_stop(records: list[Record], me: int, step: int, run_dir: Path, raised: set[int]) -> Stop | None:
+    """Why this rank, waiting in step `step`, will never see it finish; None when no record says.
+
+    A peer that died with a fatal signal or without a trace crashed; a peer whose watchdog
+    fired hung; a rank that raised in this step while its peers never came to the vote (those
+    in `raised` have been waited for; this rank counts too) stranded them, unless a peer failed
+    on its own first (results unwritable). Any other peer that is gone was stopped from outside
+    or left through Python, and whoever stopped it or it itself reports that: this rank only
+    leaves (LEAVE).
+    """
+    dead = [r for r in records if r.rank != me and is_alive(r) is False]
+    crashed = next((r for r in dead if r.fatal or _died_without_trace(r)), None)
+    if crashed is not None:
+        return _crashed(crashed, run_dir)
+    hung = next((r for r in records if r.rank != me and r.state == HUNG), None)
+    if hung is not None:
+        return Stop(HANG, hung.detail or f"no progress during {hung.what}", template=hung.row)
+    if any(r.exit == FAILED for r in records if r.rank != me):
+        return LEAVE   # what raised after it (a closed connection) followed from its failure
+    cause = next((r for r in records if r.state == RAISED and r.step == step and (r.rank in raised or r in dead)),
+                 None)
+    if cause is not None:
+        return _stranded(cause)
+    return LEAVE if dead else None
+
+
+# ---------------------------------------------------------------- after every process is gone
+
+def postmortem(records: list[Record], run_dir: Path, killed_reason: str | None = None) -> Stop | None:
+    """The stop that ended a run whose processes are all gone, and the record it belongs to.
+
+    In order: a fatal signal; an exception that stranded the peers (unless a rank failed on
+    its own first: then the exception followed from that); a watchdog that fired; a
+    death without a trace; a step still running past its limit when it was stopped from
+    outside; `killed_reason` (the driver killed the run) for any step still running.
+    """
+    def first(test: Callable[[Record], bool]) -> Record | None:
+        return next((r for r in records if test(r)), None)
+
+    if (record := first(lambda r: bool(r.fatal))) is not None:
+        return _crashed(record, run_dir)
+    # A rank that failed on its own said so; a peer's exception after it followed from it.
+    if (record := first(lambda r: r.state == RAISED)) is not None and first(lambda r: r.exit == FAILED) is None:
+        return _stranded(record)
+    if (record := first(lambda r: r.state == HUNG)) is not None:
+        silent = [r.rank for r in records if r.state == RUNNING and r.deadline is not None
+                  and (r.signalled_at or r.exit_at or time.time()) > r.deadline + 1.0]
+        note = (f"; rank {silent[0]} never reached its own watchdog (a thread may have held the GIL)"
+                if silent else "")
+        return Stop(HANG, (record.detail or f"no progress during {record.what}") + note, template=record.row)
+    if (record := first(_died_without_trace)) is not None:
+        return _crashed(record, run_dir)
+    late = first(lambda r: r.state == RUNNING and r.deadline is not None
+                 and (r.signalled_at or r.exit_at or 0) > r.deadline)
+    if late is not None:
+        return Stop(HANG, f"still in {late.what} past its {late.deadline - late.started:g} s limit when it was "
+                          "stopped from outside", template=late.row)
+    if killed_reason and (record := first(lambda r: r.state == RUNNING)) is not None:
+        return Stop(HANG, f"{killed_reason}, during {record.what}", template=record.row)
+    return None
+
+
+def _refuse_if_running(records: list[Record], run_dir: Path) -> None:
+    live = [r for r in records if is_alive(r)]
+    if live:
+        raise UsageError(f"{run_dir}: rank {live[0].rank} of a sweep (pid {live[0].pid}) is still running in it; "
+                         "wait for it to end, or stop it")
+
+
+def pending(run_dir: Path) -> str | None:
+    """For a reader of the dir: the stop a dead run left in its records and no row holds yet."""
+    records = read_records(run_dir)
+    if not records or any(is_alive(r) for r in records):
+        return None
+    stop = postmortem(records, run_dir)
+    if stop is None or stop.key() in {row.key() for row in read_rows(run_dir)}:
+        return None
+    return f"{stop.reason}: not in measurements.jsonl yet (commbench sweep --resume {run_dir} records it)"
+
+
+def recover(run_dir: Path, killed_reason: str | None = None) -> list[str]:
+    """Turn the records of a run whose processes are gone into the row they stand for (unless
+    one was written) and clear them; the lines that say what was recorded."""
+    run_dir = Path(run_dir)
+    records = read_records(run_dir)
+    lines: list[str] = []
+    if records:
+        _refuse_if_running(records, run_dir)
+        stop = postmortem(records, run_dir, killed_reason)
+        if stop is not None and stop.key() not in {row.key() for row in read_rows(run_dir)}:
+            writer = ResultsWriter(run_dir)
+            try:
+                writer.append(stop.row({}))
+            finally:
+                writer.close()
+            lines.append(f"{stop.reason}: recorded as a {stop.status} row")
+    records_dir = run_dir / INFLIGHT_DIR
+    if records_dir.is_dir():
+        shutil.rmtree(records_dir, ignore_errors=True)
+    return lines
+
+
+def overdue(run_dir: Path, grace_s: float) -> Record | None:
+    """A step still running `grace_s` past its deadline: its watchdog did not fire (the driver asks)."""
+    now = time.time()
+    return next((r for r in read_records(run_dir) if r.state == RUNNING and r.exit is None
+                 and r.deadline is not None and now > r.deadline + grace_s), None)
+
+
+def stop_line(stop: Stop, backend: str) -> str:
+    """The line a user reads when a backend ended the processes."""
+    verb = {HANG: "hung", CRASHED: "crashed", ERROR: "failed on one rank"}.get(stop.status or "", "stopped")
+    return f"{backend} {verb} ({stop.reason})"
+
