@@ -68,6 +68,11 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         usage_error(f"commbench {args.command}: error: {exc}")
         return USAGE_EXIT
+    except PermissionError as exc:
+        # A file or folder the user named that this user may not read or write (an unreadable
+        # run dir, say): bad input wherever it surfaces, never a commbench fault.
+        usage_error(f"commbench {args.command}: error: {exc.filename}: {exc.strerror}")
+        return USAGE_EXIT
     except KeyboardInterrupt:
         print(f"commbench {args.command}: interrupted", file=sys.stderr)
         return 130

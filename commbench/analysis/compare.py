@@ -14,7 +14,7 @@ from pathlib import Path
 
 from commbench.analysis import plots
 from commbench.analysis.curves import Curve, build_curves, exceeds_spread, run_world_size
-from commbench.analysis.output import check_json_target, write_json
+from commbench.files import check_file_target, write_json
 from commbench.errors import UsageError
 from commbench.results import Run, load_run
 from commbench.analysis.text import fmt_pct, fmt_us, render
@@ -74,7 +74,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    check_json_target(args.json)
+    check_file_target(args.json, "--json")
     run_a, run_b = load_run(args.run_a), load_run(args.run_b)
     curves_a, curves_b = build_curves(run_a.rows), build_curves(run_b.rows)
     if not curves_a or not curves_b:

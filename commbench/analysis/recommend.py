@@ -14,7 +14,7 @@ from commbench.analysis import models
 from commbench import engines
 from commbench.analysis.curves import (Candidate, Curve, baseline_curve, baseline_name, decode_curves, exceeds_spread,
                               is_failed_check, ranking, run_world_size)
-from commbench.analysis.output import check_json_target, write_json
+from commbench.files import check_file_target, write_json
 from commbench.analysis.models import Model
 from commbench.results import Run, load_run
 from commbench.analysis.text import fmt_us, render
@@ -102,11 +102,11 @@ def recorded_settings(run: Run, curve: Curve) -> engines.Settings | None:
 
 
 def main(args: argparse.Namespace) -> int:
-    check_json_target(args.json)
+    check_file_target(args.json, "--json")
     model = models.requested(args)
     if model is None:
         return 0
-    concurrencies = parse_int_list(args.concurrency, "concurrency") if args.concurrency else models.DEFAULT_CONCURRENCIES
+    concurrencies = parse_int_list(args.concurrency, "--concurrency") if args.concurrency else models.DEFAULT_CONCURRENCIES
     run = load_run(args.run_dir)
     curves = decode_curves(run, args.tp, model.dtype, args.mode)
     baseline = baseline_name(curves, None)
