@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -99,15 +101,16 @@ def test_cli_json_rows(tmp_path, capsys):
     assert "Llama-3.1-70B" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["floor", str(SYNTHETIC), "--model", "gpt-9"], "unknown model 'gpt-9'"),
-    (["floor", str(SYNTHETIC), "--model", "glm-5", "--tp", "4"], "measured at world size 8, not TP 4"),
-    (["floor", str(CPU_A), "--layers", "10", "--hidden", "1024"], "needs all of --layers, --hidden and --ar-per-layer"),
-    (["floor", "/no/such/run", "--model", "glm-5"], "no such results directory"),
-    (["floor", str(SYNTHETIC), "--model", "glm-5", "--dtype", "fp32"], "no fp32 rows"),
-    (["floor", str(SYNTHETIC), "--model", "glm-5", "--step-ms", "17", "--concurrency", "1,2"], "one measured step"),
-])
-def test_bad_input_is_one_line_and_exit_2(argv, message, capsys):
-    assert cli(argv) == 2
-    err = capsys.readouterr().err.strip()
-    assert message in err and "\n" not in err
+def test_on_a_cpu_run_the_suggested_dtype_works(tmp_path, capsys):
+    """The README's `floor RUN --model glm-5` on a CPU sweep, whose rows are fp32: the error names
+    the --dtype to pass, and passing it gives the floor."""
+    run = tmp_path / "cpu"
+    shutil.copytree(CPU_A, run)
+    rows = [line for line in (run / "measurements.jsonl").read_text().splitlines() if '"dtype": "fp32"' in line]
+    (run / "measurements.jsonl").write_text("\n".join(rows) + "\n")
+    assert cli(["floor", str(run), "--model", "glm-5", "--tp", "4"]) == 2
+    err = capsys.readouterr().err
+    suggested = re.search(r"pass (--dtype \w+) to use that curve", err)
+    assert suggested, err
+    assert cli(["floor", str(run), "--model", "glm-5", "--tp", "4", *suggested.group(1).split()]) == 0
+    assert "hidden 6144, fp32" in capsys.readouterr().out
