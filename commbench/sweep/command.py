@@ -10,7 +10,6 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -22,12 +21,14 @@ from commbench.sweep import launcher
 from commbench.sweep.context import RunContext, init_context, shutdown, torchrun_env, under_torchrun
 from commbench.sweep.engine import Engine
 from commbench.errors import UsageError
+from commbench.files import check_dir_target, check_file_target
 from commbench.sweep.plan import SweepPlan, build_plan
 from commbench.results import HANG, ResultsWriter, new_run_dir, read_rows, read_run_info, write_csv, write_run_info
 from commbench.sweep.live import HEADER, LiveTable
 from commbench.sweep.dtypes import dtype_name
-from commbench.units import format_bytes
-from commbench.sweep.versions import local_device_info, relevant_env, software_versions
+from commbench.units import format_bytes, positive_finite
+from commbench.sweep.versions import (LAUNCH_COMMAND_VAR, launch_command, local_device_info, relevant_env,
+                                      software_versions)
 
 HELP = "sweep allreduce sizes x dtypes x eager/graph over every backend that can run here"
 ENV_SETTING_VAR = "COMMBENCH_ENV_SETTING"   # set by the driver for each child torchrun
@@ -99,21 +100,6 @@ def _list_backends() -> int:
     return 0
 
 
-def _check_out_writable(path: Path) -> None:
-    """Fail before measuring anything if results could not be written (root ignores mode bits,
-    so this tries a real write in the nearest existing folder)."""
-    if path.exists() and not path.is_dir():
-        raise UsageError(f"--out {path}: exists and is not a directory")
-    probe = path
-    while not probe.exists():
-        probe = probe.parent
-    try:
-        with tempfile.TemporaryFile(dir=probe):
-            pass
-    except OSError as exc:
-        raise UsageError(f"--out {path}: not writable ({exc.strerror})") from None
-
-
 def main(args: argparse.Namespace) -> int:
     if args.list_backends:
         return _list_backends()
@@ -122,34 +108,56 @@ def main(args: argparse.Namespace) -> int:
     env_settings = launcher.parse_env_settings(args.env, args.allow_multicast)
     if args.resume and not (Path(args.resume) / "run.json").exists():
         raise UsageError(f"--resume {args.resume}: not a commbench results dir (no run.json)")
-    _check_out_writable(Path(args.out))
+    check_dir_target(Path(args.out), f"--out {args.out}")
     # Building the variants validates backend names and options before anything runs.
-    specs = backends.split_specs(args.backends) if args.backends else None
+    specs = backends.split_specs(args.backends) if args.backends is not None else None
+    if specs == []:
+        raise UsageError(f"--backends {args.backends!r}: the list is empty (leave it out for every backend)")
     variants = backends.expand(specs, backend_options(args, plan, None), on_gpu)
-    if args.qualify is not None:
-        from commbench.analysis.qualify import load_spec
-
-        load_spec(args.qualify)  # a broken spec is bad input: say so before measuring anything
+    _check_qualify_args(args)
     if args.mps and not (args.nproc and args.share_gpus):
         raise UsageError("--mps starts an MPS daemon for the children of the driver: use it with --nproc N "
                          "--share-gpus")
-    if args.nproc is not None or env_settings:
-        if under_torchrun():
-            raise UsageError("--nproc/--env launch torchrun themselves: run them outside torchrun")
-        status, run_dir = launcher.drive(args, env_settings, variants)
-        return _qualify(args, run_dir) if status == 0 and args.qualify is not None else status
+    driver = args.nproc is not None or bool(env_settings)
+    if driver and under_torchrun():
+        raise UsageError("--nproc/--env launch torchrun themselves: run them outside torchrun")
+    if driver:
+        positive_finite(args.child_timeout, "--child-timeout", "seconds")
     rank, world, _, _ = torchrun_env()
     if specs is not None:
-        # A world size a backend can never use is bad input; spanning nodes is a fact of this
-        # machine, answered with skipped rows by the backend's check().
-        for backend in variants:
-            reason = backend.world_size_reason(world)
-            if reason:
-                raise UsageError(f"backend {backend.name} cannot run with {world} rank(s): {reason}")
+        # The driver knows its children's world size: saying so here is one line, where torchrun
+        # would follow each child's line with its own failure report.
+        _check_world_size(variants, args.nproc if driver and args.nproc else world)
+    if driver:
+        os.environ[LAUNCH_COMMAND_VAR] = json.dumps(sys.argv)   # the children record the driver's command
+        try:
+            status, run_dir = launcher.drive(args, env_settings, variants)
+        finally:
+            del os.environ[LAUNCH_COMMAND_VAR]
+        return _qualify(args, run_dir) if status == 0 and args.qualify is not None else status
     status, run_dir = _run(args, plan, specs, on_gpu)
     if status == 0 and args.qualify is not None and rank == 0:
         return _qualify(args, run_dir)
     return status
+
+
+def _check_qualify_args(args: argparse.Namespace) -> None:
+    if args.junit is not None and args.qualify is None:
+        raise UsageError("--junit writes qualify's JUnit XML: give it with --qualify SPEC.toml")
+    if args.qualify is not None:
+        from commbench.analysis.qualify import load_spec
+
+        load_spec(args.qualify)  # a broken spec is bad input: say so before measuring anything
+        check_file_target(args.junit, "--junit")
+
+
+def _check_world_size(variants: list, world: int) -> None:
+    """A world size a backend can never use is bad input; spanning nodes is a fact of this
+    machine, answered with skipped rows by the backend's check()."""
+    for backend in variants:
+        reason = backend.world_size_reason(world)
+        if reason:
+            raise UsageError(f"backend {backend.name} cannot run with {world} rank(s): {reason}")
 
 
 def _qualify(args: argparse.Namespace, run_dir: Path) -> int:
@@ -217,13 +225,14 @@ def _sweep(ctx: RunContext, args: argparse.Namespace, plan: SweepPlan, variants:
     hung = {row.backend: f"hung earlier in this run ({format_bytes(row.message_bytes)} {row.mode}): {row.reason}"
             for row in previous if row.status == HANG and row.env_setting == env_setting}
     ctx.measured.extend(previous)
-    notes = ([note] if note else []) + _probe(ctx, args, variants)
+    notes = ([note] if note else []) + _oversubscribed(ctx) + _probe(ctx, args, variants)
     gpus = ctx.all_gather_objects(local_device_info(ctx.device))
     if rank0:
         _write_run_json(ctx, args, plan, variants, run_dir, gpus, notes, env_setting)
     writer = ResultsWriter(run_dir) if rank0 else None
     total = len(variants) * sum(len(plan.sizes_for(d)) for d in plan.dtypes) * len(plan.modes)
     table = LiveTable(enabled=rank0, total_rows=total)
+    completed = False   # a Ctrl-C or an error ends the run interrupted, never "finished"
     try:
         with table:
             for line in notes:
@@ -236,14 +245,25 @@ def _sweep(ctx: RunContext, args: argparse.Namespace, plan: SweepPlan, variants:
             for backend in variants:
                 engine.run_backend(backend)
             _fusion_summary(ctx, run_dir, table)
+        completed = True
     finally:
         if writer is not None:
             writer.close()
             write_csv(run_dir)
-            _finish_run_json(run_dir)
+            _end_run_json(run_dir, completed)
     if rank0 and not args.run_dir:  # a driver's child: the driver names the results once, at the end
         print(f"# results: {run_dir}/measurements.jsonl (+ .csv, run.json)")
     return 0
+
+
+def _oversubscribed(ctx: RunContext) -> list[str]:
+    """A warning when CPU ranks outnumber this host's cores: they then take turns, and what the
+    rows time is mostly the scheduler (8 ranks on 2 cores: p50 17-22 ms), not the transport."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if ctx.is_cuda or ctx.local_world_size <= cores:
+        return []
+    return [f"warning: {ctx.local_world_size} ranks share {cores} CPU core(s) on this host: the latencies are "
+            "mostly scheduler time, not the transport's"]
 
 
 def _fusion_summary(ctx: RunContext, run_dir: Path, table: LiveTable) -> None:
@@ -269,7 +289,7 @@ def _write_run_json(ctx: RunContext, args: argparse.Namespace, plan: SweepPlan, 
         info.setdefault("resumed", []).append(time.time())
     args_record = {k: v for k, v in vars(args).items() if not k.startswith("_")}
     info.update({
-        "command": sys.argv,
+        "command": launch_command(),
         "args": args_record,
         "versions": software_versions(),
         "env": relevant_env(),
@@ -298,6 +318,7 @@ def _write_run_json(ctx: RunContext, args: argparse.Namespace, plan: SweepPlan, 
         if env_setting not in settings:
             settings.append(env_setting)
     info.pop("finished", None)
+    info.pop("interrupted", None)
     write_run_info(run_dir, info)
 
 
@@ -307,11 +328,13 @@ def backend_facts(backend, world_size: int) -> dict[str, Any]:
             "engine_settings": settings.to_dict() if settings is not None else None}
 
 
-def _finish_run_json(run_dir: Path) -> None:
+def _end_run_json(run_dir: Path, completed: bool) -> None:
+    """Record how the run ended: `finished` when every backend ran, `interrupted` when Ctrl-C
+    or an error stopped it (a hang ends the process and leaves neither: still unfinished)."""
     try:
         info = read_run_info(run_dir)
     except UsageError:
         return
-    info["finished"] = time.time()
+    info["finished" if completed else "interrupted"] = time.time()
     info.pop("schema", None)
     write_run_info(run_dir, info)
