@@ -148,7 +148,7 @@ def test_failed_checks_are_named_in_the_legend_not_over_the_curves():
     fig = plots.latency_figure(build_curves(run.rows), failed, "t")
     ax = fig.axes[0]
     assert len(ax.texts) == 0                               # no label drawn on the plot itself
-    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    labels = [" ".join(t.get_text().split()) for t in ax.get_legend().get_texts()]
     assert "p2p:oneshot failed: wrong at 1M; hang at 2M, 4M (no latency: drawn at top)" in labels
 
 

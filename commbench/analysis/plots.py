@@ -9,6 +9,7 @@ per backend, named in the legend.
 from __future__ import annotations
 
 import math
+import textwrap
 from pathlib import Path
 from typing import Iterable
 
@@ -85,6 +86,7 @@ def _new(title: str, height: float = 4.8) -> tuple[Figure, Axes]:
 
 # One red marker shape per backend whose rows failed their check, so the legend can say whose.
 _FAILED_MARKERS = ("x", "+", "1", "*", "d", "s")
+LEGEND_LABEL_CHARS = 40
 
 
 def _failed_label(backend: str, rows: list[Measurement]) -> str:
@@ -94,7 +96,8 @@ def _failed_label(backend: str, rows: list[Measurement]) -> str:
     parts = [f"{status} at {', '.join(format_bytes(r.message_bytes) for r in group)}"
              + ("" if all(r.latency_us for r in group) else " (no latency: drawn at top)")
              for status, group in by_status.items()]
-    return f"{backend} failed: {'; '.join(parts)}"
+    # Wrapped: one long legend entry would squeeze this plot narrower than its neighbours.
+    return textwrap.fill(f"{backend} failed: {'; '.join(parts)}", width=LEGEND_LABEL_CHARS)
 
 
 def _mark_failed(ax: Axes, failed: list[Measurement]) -> None:
