@@ -125,6 +125,7 @@ BAD_INPUT = [
     ([*FLOOR, "--dtype", "int8"], "unknown dtype 'int8'"),
     ([*FLOOR, "--dtype", "fp32"], "no fp32 rows"),
     ([*FLOOR, "--tp", "4"], "measured at world size 8, not TP 4"),
+    ([*FLOOR, "--tp", "0"], "--tp must be a positive number of ranks (got 0)"),
     (["floor", "{runs}/synthetic-pcie-8gpu", "--model", "gpt-9"], "unknown model 'gpt-9'"),
     (["floor", *ONE_RUN, "--layers", "10", "--hidden", "1024"], "needs all of --layers, --hidden and --ar-per-layer"),
     (["floor", "/no/such/run", "--model", "glm-5"], "no such results directory"),
@@ -138,6 +139,7 @@ BAD_INPUT = [
     (["recommend", "{runs}/synthetic-pcie-8gpu", "--model", "glm-5", "--concurrency", "8,8"], "8 is listed twice"),
     (["recommend", "{runs}/synthetic-pcie-8gpu", "--model", "glm-5", "--json", "{in}"], "is a directory"),
     (["recommend", "{runs}/synthetic-pcie-8gpu", "--model", "llama-5"], "unknown model 'llama-5'"),
+    (["recommend", "{runs}/synthetic-pcie-8gpu", "--model", "glm-5", "--tp", "-1"], "--tp must be a positive number"),
     # ---- qualify
     ([*QUALIFY, "{in}/not-utf8.toml"], "not-utf8.toml: not UTF-8 text (byte 18), not a qualify spec"),
     ([*QUALIFY, "{in}"], "is a directory, not a qualify spec"),

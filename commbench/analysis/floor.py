@@ -162,8 +162,6 @@ def main(args: argparse.Namespace) -> int:
     model = models.requested(args)
     if model is None:
         return 0
-    if args.tp is not None and args.tp <= 0:
-        raise UsageError("--tp must be positive")
     if (args.run_dir is None) == (args.latency_table is None):
         raise UsageError("give a results dir or --latency-table FILE (one of them)")
     if args.step_ms is not None:

@@ -117,10 +117,13 @@ def from_args(args: argparse.Namespace) -> Model:
 
 
 def requested(args: argparse.Namespace) -> Model | None:
-    """The model a floor / recommend command asks about; None after printing --list-models."""
+    """The model a floor / recommend command asks about (and its --tp checked); None after
+    printing --list-models."""
     if args.list_models:
         print(listing())
         return None
+    if args.tp is not None and args.tp <= 0:
+        raise UsageError(f"--tp must be a positive number of ranks (got {args.tp})")
     return from_args(args)
 
 
