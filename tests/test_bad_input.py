@@ -41,6 +41,10 @@ INPUTS: dict[str, bytes] = {
     "inf.csv": b"bytes,latency_us\n4K,inf\n",
     "not-utf8.json": b'{"kind": "caf\xe9"}',
     "a-file": b"not a directory\n",
+    # results dirs whose run.json is no run.json
+    "run-list/run.json": b"[1, 2]\n",
+    "run-not-utf8/run.json": b'{"schema": 3, "host": "caf\xe9"}',
+    "run-json-dir/run.json/x": b"",
 }
 
 ONE_RUN = ["{runs}/cpu-gloo-4rank-a"]
@@ -89,6 +93,8 @@ BAD_INPUT = [
     (["sweep", "--out", "{in}/a-file/sub"], "--out {in}/a-file/sub: not writable"),
     (["sweep", "--out", "/proc/commbench-results"], "--out /proc/commbench-results: not writable"),
     ([*SWEEP, "--resume", "/nonexistent/run"], "not a commbench results dir"),
+    ([*SWEEP, "--resume", "{in}/run-list"], "run.json: a JSON list, not a commbench run.json (an object)"),
+    ([*SWEEP, "--resume", "{in}/run-json-dir"], "run.json: is a directory, not a commbench run.json"),
     ([*SWEEP, "--env", "lower=1"], "malformed --env"),
     ([*SWEEP, "--env", "NCCL_NVLS_ENABLE=1", "--nproc", "2"], "would enable NVLink multicast"),
     ([*SWEEP, "--mps"], "use it with --nproc N --share-gpus"),
@@ -112,6 +118,9 @@ BAD_INPUT = [
     (["report", "{runs}/synthetic-pcie-8gpu", "--baseline", "nosuch", "--out", "out"], "baseline 'nosuch' has no"),
     (["report", "/no/such/run"], "no such results directory"),
     (["report", "{in}"], "not a commbench results dir (no run.json)"),
+    (["report", "{in}/run-list"], "run-list/run.json: a JSON list, not a commbench run.json (an object)"),
+    (["report", "{in}/run-json-dir"], "run-json-dir/run.json: is a directory, not a commbench run.json"),
+    (["report", "{in}/run-not-utf8"], "run.json: not UTF-8 text (byte 26), not a commbench run.json"),
     (["report", *ONE_RUN, "--out", "{in}/a-file"], "--out {in}/a-file: exists and is not a directory"),
     (["report", *ONE_RUN, "--out", "/proc/commbench-report"], "--out /proc/commbench-report: not writable"),
     # ---- floor
@@ -129,6 +138,8 @@ BAD_INPUT = [
     (["floor", "{runs}/synthetic-pcie-8gpu", "--model", "gpt-9"], "unknown model 'gpt-9'"),
     (["floor", *ONE_RUN, "--layers", "10", "--hidden", "1024"], "needs all of --layers, --hidden and --ar-per-layer"),
     (["floor", "/no/such/run", "--model", "glm-5"], "no such results directory"),
+    (["floor", "{in}/run-not-utf8", "--model", "glm-5"], "run.json: not UTF-8 text (byte 26)"),
+    (["floor", "{in}/run-list", "--model", "glm-5"], "run.json: a JSON list, not a commbench run.json"),
     ([*TABLE, "{in}/not-utf8.csv"], "not-utf8.csv: not UTF-8 text (byte 22), not a latency table"),
     ([*TABLE, "{in}/binary.csv"], "binary.csv: binary file, not a latency table"),
     ([*TABLE, "{in}"], "is a directory, not a latency table"),
@@ -139,6 +150,7 @@ BAD_INPUT = [
     (["recommend", "{runs}/synthetic-pcie-8gpu", "--model", "glm-5", "--concurrency", "8,8"], "8 is listed twice"),
     (["recommend", "{runs}/synthetic-pcie-8gpu", "--model", "glm-5", "--json", "{in}"], "is a directory"),
     (["recommend", "{runs}/synthetic-pcie-8gpu", "--model", "llama-5"], "unknown model 'llama-5'"),
+    (["recommend", "{in}/run-json-dir", "--model", "glm-5"], "run.json: is a directory, not a commbench run.json"),
     (["recommend", "{runs}/synthetic-pcie-8gpu", "--model", "glm-5", "--tp", "-1"], "--tp must be a positive number"),
     # ---- qualify
     ([*QUALIFY, "{in}/not-utf8.toml"], "not-utf8.toml: not UTF-8 text (byte 18), not a qualify spec"),
@@ -151,6 +163,7 @@ BAD_INPUT = [
     ([*QUALIFY, "{in}/nan-limit.toml"], "[[latency]] #1 max_us must be a non-negative finite number, got nan"),
     ([*QUALIFY, "{in}/int8.toml"], "[spec] dtype must be one of bf16, fp16, fp32, got 'int8'"),
     ([*QUALIFY, "{in}/missing.toml"], "missing.toml: no such file"),
+    (["qualify", "{in}/run-list", "--spec", str(SPEC)], "run.json: a JSON list, not a commbench run.json"),
     ([*QUALIFY, str(SPEC), "--junit", "/proc/q.xml"], "--junit /proc/q.xml: not writable"),
     ([*QUALIFY, str(SPEC), "--junit", "{in}"], "--junit {in}: is a directory"),
     ([*QUALIFY, str(SPEC), "--reference", *ONE_RUN, "--max-slowdown-pct", "nan"], "--max-slowdown-pct must be"),
@@ -160,6 +173,8 @@ BAD_INPUT = [
     (["compare", *ONE_RUN, "{runs}/synthetic-pcie-8gpu", "--out", "out"], "share no backend"),
     (["compare", *ONE_RUN, "{runs}/cpu-gloo-4rank-b", "--out", "{in}/a-file"], "exists and is not a directory"),
     (["compare", *ONE_RUN, "/no/such/run"], "no such results directory"),
+    (["compare", *ONE_RUN, "{in}/run-not-utf8"], "run.json: not UTF-8 text (byte 26)"),
+    (["compare", "{in}/run-json-dir", *ONE_RUN], "run.json: is a directory, not a commbench run.json"),
     # ---- import-nccl-tests
     (["import-nccl-tests", "{in}/binary.csv", "--out", "out"], "binary.csv: binary file, not nccl-tests output"),
     (["import-nccl-tests", "{in}/not-utf8.csv", "--out", "out"], "not UTF-8 text (byte 22), not nccl-tests output"),
@@ -182,6 +197,7 @@ def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     inputs = tmp_path / "in"
     inputs.mkdir()
     for name, data in INPUTS.items():
+        (inputs / name).parent.mkdir(parents=True, exist_ok=True)
         (inputs / name).write_bytes(data)
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(PLUGINS))
@@ -249,25 +265,33 @@ def _copy(name: str, tmp_path: Path) -> Path:
     return run
 
 
-@pytest.mark.parametrize("command", [["report"], ["floor", "--model", "glm-5", "--dtype", "fp32"],
-                                     ["compare", str(RUNS / "cpu-gloo-4rank-b")]])
-def test_an_unreadable_run_dir_is_one_line(command, tmp_path, monkeypatch, capsys):
-    run = _copy("cpu-gloo-4rank-a", tmp_path)
-    real = Path.read_text
+# {run} is the copied run dir the OS refuses.
+UNREADABLE_OR_READ_ONLY = [["report", "{run}"], ["floor", "{run}", "--model", "glm-5", "--dtype", "fp32"],
+                           ["compare", str(RUNS / "cpu-gloo-4rank-b"), "{run}"], [*SWEEP, "--resume", "{run}"]]
 
-    def read_text(self, *args, **kwargs):
+
+def _with_run(argv: list[str], run: Path) -> list[str]:
+    return [w.replace("{run}", str(run)) for w in argv]
+
+
+@pytest.mark.parametrize("argv", UNREADABLE_OR_READ_ONLY, ids=lambda argv: argv[0])
+def test_an_unreadable_run_dir_is_one_line(argv, tmp_path, monkeypatch, capsys):
+    run = _copy("cpu-gloo-4rank-a", tmp_path)
+    real = Path.read_bytes
+
+    def read_bytes(self):
         if self.parent == run:
             raise PermissionError(errno.EACCES, "Permission denied", str(self))
-        return real(self, *args, **kwargs)
+        return real(self)
 
-    monkeypatch.setattr(Path, "read_text", read_text)
-    argv = [command[0], str(run), *command[1:]] if command[0] != "compare" else ["compare", command[1], str(run)]
-    code, out, err = run_in_process(argv, capsys)
-    assert_one_line(code, out, err, f"{run}/run.json: Permission denied")
+    monkeypatch.setattr(Path, "read_bytes", read_bytes)
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_in_process(_with_run(argv, run), capsys)
+    assert_one_line(code, out, err, f"{run}/run.json: cannot read (Permission denied)")
 
 
-@pytest.mark.parametrize("command", [["report"], ["compare", str(RUNS / "cpu-gloo-4rank-b")]])
-def test_a_read_only_run_dir_is_one_line_before_any_work(command, tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("argv", [a for a in UNREADABLE_OR_READ_ONLY if a[0] != "floor"], ids=lambda argv: argv[0])
+def test_a_read_only_run_dir_is_one_line_before_any_work(argv, tmp_path, monkeypatch, capsys):
     run = _copy("cpu-gloo-4rank-a", tmp_path)
     real = tempfile.TemporaryFile
 
@@ -277,9 +301,10 @@ def test_a_read_only_run_dir_is_one_line_before_any_work(command, tmp_path, monk
         return real(*args, dir=dir, **kwargs)
 
     monkeypatch.setattr(tempfile, "TemporaryFile", temporary_file)
+    monkeypatch.chdir(tmp_path)
     before = _tree(run)
-    argv = ["report", str(run)] if command[0] == "report" else ["compare", command[1], str(run)]
-    code, out, err = run_in_process(argv, capsys)
-    assert_one_line(code, out, err, f"{run} (")
-    assert "not writable (Read-only file system)" in err and "--out DIR" in err
+    code, out, err = run_in_process(_with_run(argv, run), capsys)
+    assert_one_line(code, out, err, f"{run}")
+    assert "not writable (Read-only file system)" in err
+    assert ("--out DIR" in err) == (argv[0] != "sweep")   # analysis can write elsewhere; a resume cannot
     assert _tree(run) == before

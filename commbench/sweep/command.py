@@ -106,8 +106,9 @@ def main(args: argparse.Namespace) -> int:
     on_gpu = torch.cuda.is_available() and not args.cpu
     plan = build_plan(args, on_gpu)
     env_settings = launcher.parse_env_settings(args.env, args.allow_multicast)
-    if args.resume and not (Path(args.resume) / "run.json").exists():
-        raise UsageError(f"--resume {args.resume}: not a commbench results dir (no run.json)")
+    if args.resume:   # one that cannot be read or written is bad input, before any work
+        read_run_info(Path(args.resume))
+        check_dir_target(Path(args.resume), f"--resume {args.resume}")
     check_dir_target(Path(args.out), f"--out {args.out}")
     # Building the variants validates backend names and options before anything runs.
     specs = backends.split_specs(args.backends) if args.backends is not None else None
