@@ -82,6 +82,24 @@ def test_report_writes_self_contained_html_with_red_rows(tmp_path, capsys):
     assert "2M-4M    nccl[NCCL_MIN_NCHANNELS=8] (graph)" in out
 
 
+CAUTION = ("caution: p2p:oneshot failed its check at 1M wrong (stale), 2M hang, 4M hang: enable it only if "
+           "the engine never sends messages of those sizes through it")
+
+
+def test_a_winner_that_failed_at_other_sizes_is_cautioned_under_its_table(tmp_path, capsys):
+    # p2p:oneshot wins 4K-64K in graph mode; eager mode's winner (nccl) never failed.
+    assert cli(["report", str(SYNTHETIC), "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    graph, eager = out.split("bf16, eager mode")
+    assert graph.count(CAUTION) == 1 and graph.index("4K-64K   p2p:oneshot") < graph.index(CAUTION)
+    assert "caution" not in eager
+    page = (tmp_path / "report.html").read_text()
+    tables = page.split("<h2>")
+    graph_html = next(t for t in tables if t.startswith("bf16, graph mode"))
+    assert graph_html.index("p2p:oneshot") < graph_html.index(f"<p class='caution'>{CAUTION}</p>")
+    assert not any("caution:" in t for t in tables if t.startswith("bf16, eager mode"))
+
+
 def test_report_of_a_cpu_sweep_into_the_run_dir(tmp_path):
     run = tmp_path / "run"
     shutil.copytree(CPU_A, run)

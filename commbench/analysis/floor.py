@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from commbench.analysis import models
-from commbench.analysis.curves import Curve, CurveKey, Point, baseline_name, decode_curves, ranking
+from commbench.analysis.curves import Curve, CurveKey, Point, baseline_name, cautions, decode_curves, ranking
 from commbench.files import check_file_target, read_text, write_json
 from commbench.errors import UsageError
 from commbench.analysis.models import Model
@@ -212,9 +212,16 @@ def main(args: argparse.Namespace) -> int:
         print()
         print(what_if_text(report))
 
+    # Every backend shown above (a row, the what-if's best) that failed its check at some size.
+    by_label = {c.label: c for c in curves}
+    shown = [r.backend for r in rows] + ([report.best.backend] if report else [])
+    warned = cautions(run.rows, [by_label[label] for label in shown]) if args.latency_table is None else []
+    for line in warned:
+        print(f"\ncaution: {line}")
+
     write_json(args.json, {"model": asdict(model), "allreduces_per_token": model.allreduces_per_token, "tp": tp,
                            "curve": origin, "rows": [asdict(r) for r in rows],
-                           "what_if": asdict(report) if report else None})
+                           "what_if": asdict(report) if report else None, "cautions": warned})
     return 0
 
 

@@ -12,8 +12,8 @@ from dataclasses import asdict, dataclass
 
 from commbench.analysis import models
 from commbench import engines
-from commbench.analysis.curves import (Candidate, Curve, baseline_curve, baseline_name, decode_curves, exceeds_spread,
-                              is_failed_check, ranking, run_world_size)
+from commbench.analysis.curves import (Candidate, Curve, baseline_curve, baseline_name, cautions, decode_curves,
+                              exceeds_spread, ranking, run_world_size)
 from commbench.files import check_file_target, write_json
 from commbench.analysis.models import Model
 from commbench.results import Run, load_run
@@ -70,19 +70,6 @@ def _beyond(m: Margin | None) -> str:
 
 def _margin_text(m: Margin | None) -> str:
     return "-" if m is None else f"+{fmt_us(m.delta_us)} us {m.ratio:.2f}x"
-
-
-def cautions(run: Run, chosen: list[Curve]) -> list[str]:
-    """A winner that returned wrong data or hung at some other size is a risk at every size."""
-    out = []
-    for curve in chosen:
-        bad = sorted({(r.message_bytes, r.status) for r in run.rows if is_failed_check(r)
-                      and r.backend == curve.backend and r.env_setting == curve.env_setting})
-        if bad:
-            where = ", ".join(f"{format_bytes(b)} {status}" for b, status in bad)
-            out.append(f"{curve.key.variant} failed its check at {where}: enable it only if the engine "
-                       f"never sends messages of those sizes through it")
-    return out
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -151,14 +138,15 @@ def main(args: argparse.Namespace) -> int:
         print(engines.render(chosen, tp) if chosen else
               f"# no engine settings recorded for {curve.backend} in this run's run.json (runs record what "
               "each backend declares since results schema 3)")
-    for line in cautions(run, [by_label[label] for label in winners]):
+    warned = cautions(run.rows, [by_label[label] for label in winners])
+    for line in warned:
         print(f"\ncaution: {line}")
     print("\nA microbenchmark win is a hypothesis: confirm it with an end-to-end decode run at your concurrency "
           "(on a 16-GPU PCIe-switch server, Kimi K2.6 at TP8 decoded faster with the custom allreduce off at "
           "short context: 157 vs 139 tok/s at concurrency 1; voipmonitor/rtx6kpro benchmarks, 2026-04-25).")
 
     write_json(args.json, {"model": asdict(model), "tp": tp, "baseline": baseline,
-                           "choices": [asdict(c) for c in choices],
+                           "choices": [asdict(c) for c in choices], "cautions": warned,
                            "settings": [chosen.to_dict() for label in winners
                                         if (chosen := recorded_settings(run, by_label[label])) is not None],
                            "engine_versions": engines.versions()})

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from commbench.analysis import plots
-from commbench.analysis.curves import (Crossover, Curve, baseline_curve, baseline_name, build_curves, crossovers, groups,
-                              is_failed_check, ranking, run_world_size, select)
+from commbench.analysis.curves import (Crossover, Curve, baseline_curve, baseline_name, build_curves, cautions,
+                              crossovers, groups, is_failed_check, ranking, run_world_size, select)
 from commbench.errors import UsageError
 from commbench.files import check_dir_target
 from commbench.results import OK, Measurement, Run, describe_setting, load_run
@@ -88,7 +88,7 @@ td.n { text-align: right; font-variant-numeric: tabular-nums; white-space: nowra
 .sub { color: #666; font-size: 0.85em; font-weight: normal; }
 tr.bad td { background: #fde2e1; color: #a40000; font-weight: 600; }
 tr.muted td { color: #888; }
-.meta { color: #555; } .note { color: #555; font-size: 0.9em; }
+.meta { color: #555; } .note { color: #555; font-size: 0.9em; } .caution { color: #a40000; font-weight: 600; }
 img { max-width: 100%; border: 1px solid #eee; margin: 0.5em 0; }
 code, pre { background: #f6f6f6; padding: 1px 4px; } pre { padding: 0.6em; overflow-x: auto; font-size: 0.8em; }
 """
@@ -247,6 +247,13 @@ class Section:
     mode: str
     curves: list[Curve]
     ranges: list[RangeRow]
+    cautions: list[str]   # winners here that failed their check at some size
+
+
+def build_section(run: Run, dtype: str, mode: str, curves: list[Curve], baseline: str | None) -> Section:
+    ranges = range_rows(curves, baseline)
+    by_label = {c.label: c for c in curves}
+    return Section(dtype, mode, curves, ranges, cautions(run.rows, [by_label[r.crossover.winner] for r in ranges]))
 
 
 def crossover_html(section: Section, baseline: str | None) -> str:
@@ -281,6 +288,7 @@ def write_html(run: Run, sections: list[Section], images: dict[str, list[tuple[P
     for section in sections:
         parts.append(f"<h2>{_esc(section.dtype)}, {_esc(section.mode)} mode: which backend wins where</h2>")
         parts.append(crossover_html(section, baseline) if section.ranges else "<p>No trusted rows.</p>")
+        parts.extend(f"<p class='caution'>caution: {_esc(line)}</p>" for line in section.cautions)
     for title, imgs in images.items():
         parts.append(f"<h2>Plots: {_esc(title)}</h2>")
         parts.extend(_img(png, alt) for png, alt in imgs)
@@ -314,8 +322,7 @@ def main(args: argparse.Namespace) -> int:
     plot_dir = out / "plots"
     plot_dir.mkdir(parents=True, exist_ok=True)
     world = run_world_size(run)
-    sections = [Section(dtype, mode, select(curves, dtype=dtype, mode=mode),
-                        range_rows(select(curves, dtype=dtype, mode=mode), baseline))
+    sections = [build_section(run, dtype, mode, select(curves, dtype=dtype, mode=mode), baseline)
                 for dtype, mode in groups(curves)]
 
     images: dict[str, list[tuple[Path, str]]] = {}
@@ -347,6 +354,8 @@ def main(args: argparse.Namespace) -> int:
                      [[_range_text(r.crossover), r.crossover.winner,
                        f"{fmt_us(r.latency_first_us)}-{fmt_us(r.latency_last_us)}", r.runner_up or "-",
                        _x(r.margin_x), _x(r.vs_baseline_x)] for r in section.ranges], right=(2, 4, 5)))
+        for line in section.cautions:
+            print(f"caution: {line}")
     failed_rows = [r for r in run.rows if is_failed_check(r)]
     if failed_rows:
         print(f"\n{len(failed_rows)} row(s) failed their check (wrong data or hang), excluded from winners: "
