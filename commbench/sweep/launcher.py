@@ -26,7 +26,7 @@ from pathlib import Path
 from commbench.sweep import mps
 from commbench.backends.base import Backend
 from commbench.policy import MULTICAST_POLICY_VARS, multicast_forbidden_by
-from commbench.errors import UsageError
+from commbench.errors import HANG_EXIT, UsageError
 from commbench.results import HANG, Measurement, ResultsWriter, new_run_dir, read_rows, write_csv, write_run_info
 
 _NAME_RE = re.compile(r"^[A-Z_][A-Z0-9_]*$")
@@ -110,7 +110,9 @@ def child_runs(argv: list[str], env_settings: list[dict[str, str]], variants: li
 
 
 def drive(args: argparse.Namespace, env_settings: list[dict[str, str]], variants: list[Backend]) -> tuple[int, Path]:
-    """Run every child; returns the exit status (1 if any child failed) and the results dir."""
+    """Run every child; returns the exit status and the results dir. The status follows the
+    plain sweep's: 3 when something hung (its row recorded, the rest resumed and measured), 1
+    when a child failed otherwise, 0 when every child finished."""
     if args.nproc is None:
         raise UsageError("--env needs --nproc N: the driver launches one torchrun per setting")
     if args.nproc < 1:
@@ -118,6 +120,7 @@ def drive(args: argparse.Namespace, env_settings: list[dict[str, str]], variants
     if args.mps:
         mps.control_path()   # missing: bad input, said before anything is written
     run_dir = _new_run_dir(args)
+    hangs_before = _hang_count(run_dir)   # a resumed dir's earlier hangs are not this run's
     with mps.private_daemon(run_dir / "mps-logs") if args.mps else nullcontext({}) as daemon_env:
         if daemon_env:
             import torch
@@ -130,6 +133,8 @@ def drive(args: argparse.Namespace, env_settings: list[dict[str, str]], variants
                                                              args.allow_multicast))
     write_csv(run_dir)
     print(f"# results: {run_dir}/measurements.jsonl (+ .csv, run.json)")
+    if _hang_count(run_dir) > hangs_before:
+        return HANG_EXIT, run_dir
     return (1 if failures else 0), run_dir
 
 
