@@ -13,7 +13,7 @@ from commbench.analysis.curves import build_curves, is_failed_check
 from commbench.analysis.nccl_tests_import import read_sources, rows_for
 from commbench.analysis.nccl_tests_format import parse_nccl_tests_args, printed_tolerance, read_output, strtol
 from commbench.results import CSV_FILE, NO_WORK, OK, ROWS_FILE, RUN_FILE, WRONG, load_run
-from tests.helpers import run_cli
+from helpers import run_cli
 
 DATA = Path(__file__).parent / "data" / "nccl-tests"
 FIXTURES = sorted(p for p in DATA.iterdir() if p.suffix in (".txt", ".json"))

@@ -11,7 +11,7 @@ import pytest
 
 from commbench.topology import islands
 from commbench.topology.findings import findings
-from commbench.topology.inert_settings import inert_settings, nccl_version
+from commbench.engines import inert_settings, nccl_version
 from commbench.topology.nccl_xml import NcclXmlError, parse_graphs, parse_topology
 from commbench.topology.pcie_findings import SM_TO_COPY_MIN_RATIO, sm_path_rows, staged_pairs
 

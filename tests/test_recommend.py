@@ -97,3 +97,11 @@ def test_cli_json(tmp_path, capsys):
 def test_unknown_model_exits_2(capsys):
     assert cli(["recommend", str(SYNTHETIC), "--model", "llama-5"]) == 2
     assert "unknown model 'llama-5'" in capsys.readouterr().err
+
+
+def test_settings_that_do_nothing_on_the_probed_box_are_said(capsys):
+    # The synthetic run is 8 PCIe GPUs without NVLink: the engines' custom allreduce stays off at TP8.
+    assert cli(["recommend", str(SYNTHETIC), "--model", "glm-5", "--concurrency", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "settings that do nothing on this box (from its probe snapshot):" in out
+    assert "vLLM / SGLang custom allreduce" in out and "at TP 8 without full NVLink" in out

@@ -11,7 +11,7 @@ from rich.text import Text
 
 from commbench.topology import islands, nccl_checks
 from commbench.units import format_bytes
-from commbench.topology.inert_settings import inert_settings
+from commbench.engines import inert_settings
 from commbench.topology.nccl_xml import NcclXmlError, parse_graphs, parse_topology
 from commbench.topology.pcie_findings import (SM_READ_LATENCY_MAX_US, SM_READ_LATENCY_SOURCE, SM_TO_COPY_MIN_RATIO,
                                               SM_TO_COPY_SOURCE, ab_pairs, aer_rows, below_max, sm_path_rows)

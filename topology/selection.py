@@ -24,7 +24,7 @@ def used_gpus(snapshot: dict[str, Any], world_size: int) -> list[int]:
 
 def used_hosts(snapshot: dict[str, Any], world_size: int) -> set[str]:
     gpus = snapshot.get("gpus") or []
-    return {gpus[g]["host"] for g in used_gpus(snapshot, world_size)}
+    return {gpus[g].get("host") for g in used_gpus(snapshot, world_size)}  # one host when unrecorded
 
 
 def gpu_pairs(gpu_ids: list[int]) -> list[tuple[int, int]]:

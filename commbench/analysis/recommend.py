@@ -82,6 +82,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", metavar="FILE", help="also write the choices as JSON ('-' for stdout)")
 
 
+def inert_here(run: Run, tp: int | None) -> list[engines.InertSetting]:
+    """The engine settings the run's own probe snapshot says would change nothing."""
+    snapshot = run.info.get("snapshot")
+    if not isinstance(snapshot, dict) or not snapshot.get("gpus"):
+        return []
+    return engines.inert_settings(snapshot, tp or run_world_size(run))
+
+
 def recorded_settings(run: Run, curve: Curve) -> engines.Settings | None:
     """What the backend declared in this run (run.json backend_facts), under the curve's process env."""
     declared = ((run.info.get("backend_facts") or {}).get(curve.backend) or {}).get("engine_settings")
@@ -141,6 +149,11 @@ def main(args: argparse.Namespace) -> int:
     warned = cautions(run.rows, [by_label[label] for label in winners])
     for line in warned:
         print(f"\ncaution: {line}")
+    inert = inert_here(run, tp)
+    if inert:
+        print("\nsettings that do nothing on this box (from its probe snapshot):")
+        for rule in inert:
+            print(f"  - {rule.setting}: {rule.why} ({rule.source})")
     print("\nA microbenchmark win is a hypothesis: confirm it with an end-to-end decode run at your concurrency "
           "(on a 16-GPU PCIe-switch server, Kimi K2.6 at TP8 decoded faster with the custom allreduce off at "
           "short context: 157 vs 139 tok/s at concurrency 1; voipmonitor/rtx6kpro benchmarks, 2026-04-25).")
