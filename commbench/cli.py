@@ -71,6 +71,11 @@ def main(argv: list[str] | None = None) -> int:
     except ResultsUnwritable as exc:
         print(f"commbench {args.command}: error: {exc}", file=sys.stderr)
         return FAILED_EXIT
+    except PermissionError as exc:
+        # A file or folder the user named that this user may not read or write (an unreadable
+        # run dir, say): bad input wherever it surfaces, never a commbench fault.
+        usage_error(f"commbench {args.command}: error: {exc.filename}: {exc.strerror}")
+        return USAGE_EXIT
     except KeyboardInterrupt:
         print(f"commbench {args.command}: interrupted", file=sys.stderr)
         return 130

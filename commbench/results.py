@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from commbench.errors import ResultsUnwritable, UsageError
+from commbench.files import read_text
 
 SCHEMA_VERSION = 3
 READABLE_SCHEMAS = (1, 2, 3)   # older rows are migrated on read (migrate_row)
@@ -344,12 +345,14 @@ def write_run_info(run_dir: Path, info: dict[str, Any]) -> None:
 
 def read_run_info(run_dir: Path) -> dict[str, Any]:
     path = Path(run_dir) / RUN_FILE
+    if not path.exists():
+        raise UsageError(f"{run_dir}: not a commbench results dir (no {RUN_FILE})")
     try:
-        info = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise UsageError(f"{run_dir}: not a commbench results dir (no {RUN_FILE})") from None
+        info = json.loads(read_text(path, "a commbench run.json"))
     except json.JSONDecodeError as exc:
         raise UsageError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    if not isinstance(info, dict):
+        raise UsageError(f"{path}: a JSON {type(info).__name__}, not a commbench run.json (an object)")
     if info.get("schema") not in READABLE_SCHEMAS:
         raise UsageError(f"{run_dir}: results of schema version {info.get('schema')}, "
                          f"this commbench reads versions {', '.join(map(str, READABLE_SCHEMAS))}")

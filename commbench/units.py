@@ -1,4 +1,5 @@
-"""Sizes with K/M/G suffixes (powers of two, like nccl-tests), integer lists and dtype names.
+"""Sizes with K/M/G suffixes (powers of two, like nccl-tests), comma lists, dtype names and
+positive finite limits.
 
 No torch here: the analysis half reads results on machines without it. The torch dtypes
 behind the names are commbench.sweep.dtypes.
@@ -6,13 +7,16 @@ behind the names are commbench.sweep.dtypes.
 
 from __future__ import annotations
 
+import math
 import re
+from typing import Callable, TypeVar
 
 from commbench.errors import UsageError
 
 _SUFFIX = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20,
            "MB": 1 << 20, "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30}
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
+T = TypeVar("T")
 
 # dtype name -> bytes per element; aliases a user may type for them.
 DTYPE_BYTES: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4}
@@ -39,22 +43,49 @@ def format_bytes(n: int) -> str:
     return f"{n}B"
 
 
-def parse_int_list(text: str, what: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise UsageError(f"malformed {what} list {text!r}: expected integers separated by commas") from None
-    if not values or any(v <= 0 for v in values):
-        raise UsageError(f"malformed {what} list {text!r}: expected positive integers")
+def parse_list(text: str, flag: str, parse_one: Callable[[str], T]) -> list[T]:
+    """A flag's comma list, each entry parsed. An empty list, or an entry given twice, is bad
+    input: the first would run nothing, the second measure (or print) the same row twice."""
+    values = [parse_one(item.strip()) for item in text.split(",") if item.strip()]
+    if not values:
+        raise UsageError(f"{flag} {text!r}: the list is empty")
+    for i, value in enumerate(values):
+        if value in values[:i]:
+            raise UsageError(f"{flag} {text!r}: {value} is listed twice")
     return values
 
 
+def parse_int_list(text: str, flag: str) -> list[int]:
+    """'1,8,64' -> [1, 8, 64]: positive whole numbers."""
+    def one(item: str) -> int:
+        try:
+            value = int(item)
+        except ValueError:
+            raise UsageError(f"{flag} {text!r}: {item!r} is not a whole number") from None
+        if value <= 0:
+            raise UsageError(f"{flag} {text!r}: {value} is not positive")
+        return value
+
+    return parse_list(text, flag, one)
+
+
+def positive_finite(value: float, flag: str, unit: str, at_most: float = math.inf) -> float:
+    """value when 0 < value <= at_most; NaN and infinity are bad input (NaN fails every
+    comparison, so an unchecked NaN limit never fires, and infinity is no limit at all)."""
+    if not (0 < value < math.inf and value <= at_most):
+        bound = f", at most {at_most:g}" if value > at_most else ""
+        raise UsageError(f"{flag} must be a positive, finite number of {unit}{bound} (got {value:g})")
+    return value
+
+
+def dtype_name(raw: str) -> str:
+    """'half' -> 'fp16': one dtype in commbench's spelling."""
+    name = DTYPE_ALIASES.get(raw.strip().lower(), raw.strip().lower())
+    if name not in DTYPE_BYTES:
+        raise UsageError(f"unknown dtype {raw.strip()!r}: choose from {', '.join(DTYPE_BYTES)}")
+    return name
+
+
 def parse_dtype_names(text: str) -> list[str]:
-    """'bf16,half' -> ['bf16', 'fp16'], in commbench's spelling."""
-    out = []
-    for raw in text.split(","):
-        name = DTYPE_ALIASES.get(raw.strip().lower(), raw.strip().lower())
-        if name not in DTYPE_BYTES:
-            raise UsageError(f"unknown dtype {raw.strip()!r}: choose from {', '.join(DTYPE_BYTES)}")
-        out.append(name)
-    return out
+    """'bf16,half' -> ['bf16', 'fp16']."""
+    return parse_list(text, "--dtype", dtype_name)

@@ -69,3 +69,21 @@ def test_runs_with_nothing_in_common_exit_2(tmp_path, capsys):
     assert cli(["compare", str(CPU_A), str(SYNTHETIC), "--out", str(tmp_path)]) == 2
     assert "share no backend" in capsys.readouterr().err
     assert cli(["compare", str(CPU_A), "/no/such/run"]) == 2
+
+
+def test_bf16_and_fp32_rows_are_told_apart(tmp_path, capsys):
+    from commbench.analysis import plots
+
+    out = tmp_path / "cmp.json"
+    assert cli(["compare", str(CPU_A), str(CPU_B), "--out", str(tmp_path), "--json", str(out)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = next(line for line in lines if line.startswith("backend"))
+    assert header.split()[:3] == ["backend", "dtype", "size"]
+    at_4k = [line.split()[:3] for line in lines if line.startswith("gloo (eager)") and " 4K " in line]
+    assert sorted(at_4k) == [["gloo", "(eager)", "bf16"], ["gloo", "(eager)", "fp32"]]
+    changes_4k = [c for c in json.loads(out.read_text())["changes"] if c["message_bytes"] == 4096]
+    assert sorted(c["dtype"] for c in changes_4k) == ["bf16", "fp32"]
+    curves_a, curves_b = build_curves(load_run(CPU_A).rows), build_curves(load_run(CPU_B).rows)
+    fig = plots.compare_figure(curves_a, curves_b, "a", "b", "t")
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert "gloo (eager) bf16 A" in labels and "gloo (eager) fp32 A" in labels and len(set(labels)) == len(labels)

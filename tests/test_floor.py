@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -99,15 +101,38 @@ def test_cli_json_rows(tmp_path, capsys):
     assert "Llama-3.1-70B" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["floor", str(SYNTHETIC), "--model", "gpt-9"], "unknown model 'gpt-9'"),
-    (["floor", str(SYNTHETIC), "--model", "glm-5", "--tp", "4"], "measured at world size 8, not TP 4"),
-    (["floor", str(CPU_A), "--layers", "10", "--hidden", "1024"], "needs all of --layers, --hidden and --ar-per-layer"),
-    (["floor", "/no/such/run", "--model", "glm-5"], "no such results directory"),
-    (["floor", str(SYNTHETIC), "--model", "glm-5", "--dtype", "fp32"], "no fp32 rows"),
-    (["floor", str(SYNTHETIC), "--model", "glm-5", "--step-ms", "17", "--concurrency", "1,2"], "one measured step"),
-])
-def test_bad_input_is_one_line_and_exit_2(argv, message, capsys):
-    assert cli(argv) == 2
-    err = capsys.readouterr().err.strip()
-    assert message in err and "\n" not in err
+def test_a_shown_backend_that_failed_at_other_sizes_is_cautioned(tmp_path, capsys):
+    # GLM-5 at concurrency 1 and 8 (12K, 96K): p2p:oneshot is fastest there, stale at 1M, hung at 2M/4M.
+    out_json = tmp_path / "floor.json"
+    assert cli(["floor", str(SYNTHETIC), "--model", "glm-5", "--concurrency", "1,8", "--json", str(out_json)]) == 0
+    out = capsys.readouterr().out
+    (line,) = [x for x in out.splitlines() if x.startswith("caution: ")]
+    assert line.startswith("caution: p2p:oneshot failed its check at 1M wrong (stale), 2M hang, 4M hang")
+    assert out.index("p2p:oneshot (graph)") < out.index(line)
+    assert json.loads(out_json.read_text())["cautions"] == [line.removeprefix("caution: ")]
+    # At concurrency 64 (768K) symm_mem:two_shot and nccl are shown; neither failed anywhere.
+    assert cli(["floor", str(SYNTHETIC), "--model", "glm-5", "--concurrency", "64"]) == 0
+    assert "caution" not in capsys.readouterr().out
+
+
+def test_the_what_if_best_is_cautioned_too(capsys):
+    # 64 KiB (Llama-3.1-70B at concurrency 4, 16 KiB each): the what-if swaps nccl for p2p:oneshot.
+    assert cli(["floor", str(SYNTHETIC), "--model", "llama-3.1-70b", "--concurrency", "4", "--backend", "nccl",
+                "--step-ms", "40"]) == 0
+    out = capsys.readouterr().out
+    assert "with p2p:oneshot (graph)" in out and "caution: p2p:oneshot failed its check at 1M" in out
+
+
+def test_on_a_cpu_run_the_suggested_dtype_works(tmp_path, capsys):
+    """The README's `floor RUN --model glm-5` on a CPU sweep, whose rows are fp32: the error names
+    the --dtype to pass, and passing it gives the floor."""
+    run = tmp_path / "cpu"
+    shutil.copytree(CPU_A, run)
+    rows = [line for line in (run / "measurements.jsonl").read_text().splitlines() if '"dtype": "fp32"' in line]
+    (run / "measurements.jsonl").write_text("\n".join(rows) + "\n")
+    assert cli(["floor", str(run), "--model", "glm-5", "--tp", "4"]) == 2
+    err = capsys.readouterr().err
+    suggested = re.search(r"pass (--dtype \w+) to use that curve", err)
+    assert suggested, err
+    assert cli(["floor", str(run), "--model", "glm-5", "--tp", "4", *suggested.group(1).split()]) == 0
+    assert "hidden 6144, fp32" in capsys.readouterr().out

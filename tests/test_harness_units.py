@@ -72,7 +72,7 @@ def test_graphs_capture_enough_calls_to_hide_the_replay_overhead() -> None:
 def test_model_shapes_and_explicit_lists() -> None:
     plan = build_plan(sweep_args("--tokens", "1,8", "--hidden", "7168"), on_gpu=True)
     assert plan.shapes == [Shape(14336, 1, 7168), Shape(8 * 14336, 8, 7168)]
-    plan = build_plan(sweep_args("--sizes", "12K,8K,8K", "--dtype", "fp16,fp32"), on_gpu=True)
+    plan = build_plan(sweep_args("--sizes", "12K,8K", "--dtype", "fp16,fp32"), on_gpu=True)
     assert [s.message_bytes for s in plan.shapes] == [8192, 12288]
     assert plan.sizes_for(torch.float32) == plan.shapes
 
@@ -93,7 +93,7 @@ def test_model_shapes_bring_the_unfused_baseline_into_the_gpu_defaults(argv: lis
     (["--mode", "fast"], "unknown mode"),
     (["-f", "1"], "step factor"),
     (["--timeout", "0"], "--timeout"),
-    (["--setup-timeout", "-1"], "--setup-timeout must be positive"),
+    (["--setup-timeout", "-1"], "--setup-timeout must be a positive, finite number of seconds"),
 ])
 def test_plan_rejects_contradictions(argv: list[str], message: str) -> None:
     with pytest.raises(UsageError, match=message):

@@ -82,6 +82,24 @@ def test_report_writes_self_contained_html_with_red_rows(tmp_path, capsys):
     assert "2M-4M    nccl[NCCL_MIN_NCHANNELS=8] (graph)" in out
 
 
+CAUTION = ("caution: p2p:oneshot failed its check at 1M wrong (stale), 2M hang, 4M hang: enable it only if "
+           "the engine never sends messages of those sizes through it")
+
+
+def test_a_winner_that_failed_at_other_sizes_is_cautioned_under_its_table(tmp_path, capsys):
+    # p2p:oneshot wins 4K-64K in graph mode; eager mode's winner (nccl) never failed.
+    assert cli(["report", str(SYNTHETIC), "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    graph, eager = out.split("bf16, eager mode")
+    assert graph.count(CAUTION) == 1 and graph.index("4K-64K   p2p:oneshot") < graph.index(CAUTION)
+    assert "caution" not in eager
+    page = (tmp_path / "report.html").read_text()
+    tables = page.split("<h2>")
+    graph_html = next(t for t in tables if t.startswith("bf16, graph mode"))
+    assert graph_html.index("p2p:oneshot") < graph_html.index(f"<p class='caution'>{CAUTION}</p>")
+    assert not any("caution:" in t for t in tables if t.startswith("bf16, eager mode"))
+
+
 def test_report_of_a_cpu_sweep_into_the_run_dir(tmp_path):
     run = tmp_path / "run"
     shutil.copytree(CPU_A, run)
@@ -101,5 +119,83 @@ def test_other_schema_version_and_missing_dir_exit_2(tmp_path, capsys):
     assert "schema version 99" in capsys.readouterr().err
     assert cli(["report", str(tmp_path / "nope")]) == 2
     assert "no such results directory" in capsys.readouterr().err
-    assert cli(["report", str(SYNTHETIC), "--baseline", "mscclpp"]) == 2
+    assert cli(["report", str(SYNTHETIC), "--baseline", "mscclpp", "--out", str(tmp_path / "r")]) == 2
     assert "baseline 'mscclpp' has no trusted rows" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()      # checked before plots/ is made
+
+
+@pytest.mark.parametrize("command, shown", [
+    (["/usr/bin/python3", "/opt/venv/bin/torchrun", "--nproc-per-node", "8", "-m", "commbench", "sweep"],
+     "torchrun --nproc-per-node 8 -m commbench sweep"),
+    (["/opt/venv/bin/python", "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",
+      "commbench", "sweep", "--env", "NCCL_PROTO=LL,Simple"],
+     "python -m torch.distributed.run --standalone --nproc-per-node 2 -m commbench sweep --env NCCL_PROTO=LL,Simple"),
+    (["/src/commbench/commbench/__main__.py", "sweep", "--nproc", "8", "--sizes", "4K,8K"],
+     "commbench sweep --nproc 8 --sizes 4K,8K"),
+    (["/usr/local/bin/commbench", "sweep", "--backends", "nccl:proto=LL,algo=Ring"],
+     "commbench sweep --backends nccl:proto=LL,algo=Ring"),
+    ("commbench sweep", "commbench sweep"),
+])
+def test_the_launching_command_is_shown_as_typed(command, shown):
+    from commbench.analysis.report import command_text
+
+    assert command_text(command) == shown
+
+
+@pytest.mark.parametrize("ending, shown", [
+    ({"finished": 1767225600}, "2026-01-01 00:00:00 UTC"),
+    ({"interrupted": 1767225600}, "interrupted at 2026-01-01 00:00:00 UTC (partial run; --resume continues it)"),
+    ({}, "unfinished: it hung, was killed or is still running"),
+])
+def test_the_page_says_how_the_run_ended(ending, shown, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(CPU_A, run)
+    info = {k: v for k, v in json.loads((run / "run.json").read_text()).items() if k != "finished"}
+    (run / "run.json").write_text(json.dumps({**info, **ending}))
+    assert cli(["report", str(run)]) == 0
+    page = (run / "report.html").read_text()
+    assert f"<td>finished</td><td>{shown}" in page
+    assert ("<p><b>Run " in page) == ("finished" not in ending)
+
+
+def test_failed_checks_are_named_in_the_legend_not_over_the_curves():
+    from commbench.analysis import plots
+
+    run = load_run(SYNTHETIC)
+    failed = [r for r in run.rows if r.status in ("wrong", "hang")]
+    fig = plots.latency_figure(build_curves(run.rows), failed, "t")
+    ax = fig.axes[0]
+    assert len(ax.texts) == 0                               # no label drawn on the plot itself
+    labels = [" ".join(t.get_text().split()) for t in ax.get_legend().get_texts()]
+    assert "p2p:oneshot failed: wrong at 1M; hang at 2M, 4M (no latency: drawn at top)" in labels
+
+
+def test_all_measurements_fit_a_1400_px_page():
+    """One column per fact, backend settings and fused ops under the name: no reason needs a scroll."""
+    from commbench.analysis.report import measurement_table
+
+    table = measurement_table(load_run(SYNTHETIC).rows)
+    assert table.count("<th>") == 11
+    assert '<span class="sub">NCCL_MIN_NCHANNELS=8</span>' in table
+
+
+CHROMIUM = shutil.which("chromium")
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no chromium here (Debian: apt-get install chromium)")
+def test_in_a_real_browser_no_table_overflows_a_1400_px_page(tmp_path):
+    import subprocess
+
+    assert cli(["report", str(SYNTHETIC), "--out", str(tmp_path)]) == 0
+    page = tmp_path / "report.html"
+    probe = ("<script>document.body.dataset.overflow = [...document.querySelectorAll('table')]"
+             ".filter(t => t.getBoundingClientRect().right > document.documentElement.clientWidth).length"
+             " + ':' + document.documentElement.scrollWidth;</script></body>")
+    page.write_text(page.read_text().replace("</body>", probe))
+    done = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                           "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                           f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1400,2000", "--dump-dom",
+                           page.as_uri()], capture_output=True, text=True, timeout=120)
+    match = re.search(r'data-overflow="(\d+):(\d+)"', done.stdout)
+    assert match, done.stderr[-2000:]
+    assert match.group(1) == "0" and int(match.group(2)) <= 1400

@@ -7,9 +7,10 @@ and prints). --from re-renders a saved snapshot offline (table, verdicts, plot),
 from __future__ import annotations
 
 import argparse
-import json
 
 from commbench.errors import UsageError
+from commbench.files import STDOUT, check_file_target, write_json
+from commbench.units import positive_finite
 
 HELP = "probe the GPUs and the fabric between them: links, P2P, IPC, VMM, multicast, host facts, verdicts"
 
@@ -44,8 +45,8 @@ def _world_size(args: argparse.Namespace, snapshot: dict) -> int:
 
 
 def _check_args(args: argparse.Namespace) -> None:
-    if args.timeout is not None and args.timeout <= 0:
-        raise UsageError(f"--timeout must be a positive number of seconds, got {args.timeout:g}")
+    if args.timeout is not None:
+        positive_finite(args.timeout, "--timeout", "seconds")
     if args.world_size is not None and args.world_size < 1:
         raise UsageError(f"--world-size must be at least 1, got {args.world_size}")
     if args.plot and not args.plot.lower().endswith(".png"):
@@ -53,11 +54,17 @@ def _check_args(args: argparse.Namespace) -> None:
     for flag, given in (("--bandwidth", args.bandwidth), ("--nccl", args.nccl)):
         if args.from_file and given:
             raise UsageError(f"{flag} measures; it cannot be combined with --from (which re-renders a file)")
+    if args.json == STDOUT:
+        raise UsageError("--json -: the probe prints its tables on stdout; give a file name")
+    # Both targets are checked before probing: a probe can take minutes, and its tables would be
+    # printed before the write failed.
+    check_file_target(args.json, "--json")
+    check_file_target(args.plot, "--plot")
 
 
 def main(args: argparse.Namespace) -> int:
     _check_args(args)
-    from commbench.topology.snapshot import DEFAULT_TIMEOUT_S, load_snapshot, take_snapshot, write_snapshot
+    from commbench.topology.snapshot import DEFAULT_TIMEOUT_S, load_snapshot, take_snapshot
 
     ctx = None
     if args.from_file:
@@ -78,13 +85,9 @@ def main(args: argparse.Namespace) -> int:
     from commbench.topology.render import render
 
     render(snapshot, _world_size(args, snapshot), args.allow_multicast)
-    if args.json and not args.from_file:
-        write_snapshot(snapshot, args.json)
-        print(f"snapshot written to {args.json}")
-    elif args.json:
-        with open(args.json, "w") as fh:
-            json.dump(snapshot, fh, indent=1)
-        print(f"snapshot copied to {args.json}")
+    if args.json:
+        write_json(args.json, snapshot)
+        print(f"snapshot {'copied' if args.from_file else 'written'} to {args.json}")
     if args.plot:
         from commbench.topology.plot import plot_snapshot
 

@@ -18,6 +18,7 @@ import socket
 import tempfile
 import time
 import uuid
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from commbench.policy import multicast_policy_reason
@@ -442,29 +443,17 @@ def _torchrun(ctx: "RunContext", options: dict[str, Any]) -> dict[str, Any]:
     return merge(reports, "torchrun", ctx.world_size, participants, options)
 
 
-def write_snapshot(snapshot: dict[str, Any], path: str) -> None:
-    import json
-
-    with open(path, "w") as fh:
-        json.dump(snapshot, fh, indent=1, sort_keys=False)
-        fh.write("\n")
-
-
 def load_snapshot(path: str) -> dict[str, Any]:
     """Read a snapshot file; UsageError (one line) when missing or not a snapshot."""
     import json
 
     from commbench.errors import UsageError
+    from commbench.files import read_text
 
     try:
-        with open(path) as fh:
-            data = json.load(fh)
-    except FileNotFoundError:
-        raise UsageError(f"snapshot file not found: {path}") from None
+        data = json.loads(read_text(Path(path), "a commbench topology snapshot"))
     except json.JSONDecodeError as exc:
         raise UsageError(f"{path} is not valid JSON (line {exc.lineno}: {exc.msg})") from None
-    except OSError as exc:
-        raise UsageError(f"cannot read {path}: {exc.strerror}") from None
     if not isinstance(data, dict) or data.get("kind") != SNAPSHOT_KIND:
         raise UsageError(f"{path} is not a commbench topology snapshot")
     if data.get("schema") != SCHEMA_VERSION:

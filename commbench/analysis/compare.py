@@ -21,7 +21,7 @@ from pathlib import Path
 from commbench.analysis import plots
 from commbench.analysis.curves import (Curve, CurveKey, build_curves, exceeds_spread, run_world_size,
                                       variant_label)
-from commbench.analysis.output import check_json_target, write_json
+from commbench.files import check_dir_target, check_file_target, write_json
 from commbench.errors import UsageError
 from commbench.results import Measurement, Run, load_run
 from commbench.analysis.report import nccl_version_lines
@@ -34,6 +34,7 @@ HELP = "per backend and size: latency and p99 change between two runs and whethe
 @dataclass
 class Change:
     curve: str
+    dtype: str                     # bf16 and fp32 curves of one backend share its label
     message_bytes: int
     latency_a_us: float
     latency_b_us: float
@@ -65,7 +66,7 @@ def changes(a: list[Curve], b: list[Curve]) -> list[Change]:
                 continue
             p99 = (100.0 * (pb.p99_us - pa.p99_us) / pa.p99_us
                    if pa.p99_us is not None and pb.p99_us is not None and pa.p99_us > 0 else None)
-            out.append(Change(before.label, size, pa.latency_us, pb.latency_us, 100.0 * (pb.latency_us - pa.latency_us) / pa.latency_us,
+            out.append(Change(before.label, before.key.dtype, size, pa.latency_us, pb.latency_us, 100.0 * (pb.latency_us - pa.latency_us) / pa.latency_us,
                               pa.p99_us, pb.p99_us, p99, exceeds_spread(pb.latency_us - pa.latency_us, pa, pb)))
     return out
 
@@ -123,8 +124,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    check_json_target(args.json)
+    check_file_target(args.json, "--json")
     run_a, run_b = load_run(args.run_a), load_run(args.run_b)
+    out = args.out or run_b.path
+    check_dir_target(out, f"--out {out}" if args.out else f"{out} (RUN_B; --out DIR writes the plot elsewhere)")
     curves_a, curves_b = build_curves(run_a.rows), build_curves(run_b.rows)
     if not curves_a or not curves_b:
         empty = run_a if not curves_a else run_b
@@ -135,6 +138,8 @@ def main(args: argparse.Namespace) -> int:
     if backend_a is not None:
         curves_a, curves_b = paired(curves_a, curves_b, run_a, run_b, backend_a, backend_b)
     rows = changes(curves_a, curves_b)
+    if not rows:
+        raise UsageError("the two runs share no backend, mode, dtype and size to compare")
     name_a, name_b = _name(run_a), _name(run_b)
     if backend_a is not None:
         name_a, name_b = f"{name_a} {backend_a}", f"{name_b} {backend_b}"
@@ -148,30 +153,24 @@ def main(args: argparse.Namespace) -> int:
             print(f"{side.upper()} ran {line}")
     if world_a != world_b:
         print(f"note: A ran {world_a} ranks, B ran {world_b}: latencies are not comparable like for like")
-    only_a = sorted({c.label for c in curves_a} - {c.label for c in curves_b})
-    only_b = sorted({c.label for c in curves_b} - {c.label for c in curves_a})
+    only_a = sorted({plots.curve_name(c) for c in curves_a} - {plots.curve_name(c) for c in curves_b})
+    only_b = sorted({plots.curve_name(c) for c in curves_b} - {plots.curve_name(c) for c in curves_a})
     if only_a:
         print(f"only in A: {', '.join(only_a)}")
     if only_b:
         print(f"only in B: {', '.join(only_b)}")
-    if not rows:
-        raise UsageError("the two runs share no backend, mode, dtype and size to compare")
     print("'beyond spread' = the latency change is larger than the jitter p10-p90 spread of both runs\n")
-    print(render(["backend", "size", "latency A us", "latency B us", "change", "p99 A us", "p99 B us", "p99 change",
-                  "verdict"],
-                 [[c.curve, format_bytes(c.message_bytes), fmt_us(c.latency_a_us), fmt_us(c.latency_b_us),
+    print(render(["backend", "dtype", "size", "latency A us", "latency B us", "change", "p99 A us", "p99 B us",
+                  "p99 change", "verdict"],
+                 [[c.curve, c.dtype, format_bytes(c.message_bytes), fmt_us(c.latency_a_us), fmt_us(c.latency_b_us),
                    fmt_pct(c.latency_change_pct), fmt_us(c.p99_a_us), fmt_us(c.p99_b_us), fmt_pct(c.p99_change_pct),
-                   c.verdict] for c in rows], right=(1, 2, 3, 4, 5, 6, 7)))
+                   c.verdict] for c in rows], right=(2, 3, 4, 5, 6, 7, 8)))
     slower = [c for c in rows if c.verdict == "B slower"]
     faster = [c for c in rows if c.verdict == "B faster"]
     print(f"\n{len(slower)} slower and {len(faster)} faster beyond spread, "
           f"{len(rows) - len(slower) - len(faster)} within spread or unknown, of {len(rows)} points")
 
-    out = args.out or run_b.path
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UsageError(f"{out}: cannot create ({exc.strerror})") from None
+    out.mkdir(parents=True, exist_ok=True)
     stem = out / f"compare_{run_a.path.resolve().name}_vs_{run_b.path.resolve().name}"
     if backend_a is not None:
         # no dots: the plot's suffix is added to the stem (2.29.7 would lose its ".7")

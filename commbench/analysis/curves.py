@@ -6,7 +6,8 @@ Every analysis command goes through here so that they agree on three rules:
 - between measured sizes, latency is interpolated linearly in log(bytes)-log(us) space, and a
   size outside the measured range is reported as out of range, never extrapolated;
 - a difference is "beyond the spread" when it is larger than the p10-p90 width of either
-  side (the call-to-call spread each run measured for itself in its jitter pass).
+  side (the call-to-call spread each run measured for itself in its jitter pass);
+- a winner that failed its check at some other size comes with a caution wherever it is shown.
 """
 
 from __future__ import annotations
@@ -266,6 +267,25 @@ def crossovers(curves: list[Curve]) -> list[Crossover]:
             out[-1] = Crossover(last.first_bytes, size, winner, last.sizes + 1)
         else:
             out.append(Crossover(size, size, winner, 1))
+    return out
+
+
+def cautions(rows: Iterable[Measurement], shown: Iterable[Curve]) -> list[str]:
+    """A shown curve whose backend returned wrong data or hung at some other size is a risk at
+    every size: one line per backend and settings (its failures in any dtype or mode), in the
+    order shown."""
+    rows = list(rows)
+    out: list[str] = []
+    for curve in shown:
+        bad = sorted({(r.message_bytes, r.status + (f" ({r.wrong_kind})" if r.wrong_kind else ""))
+                      for r in rows if is_failed_check(r)
+                      and r.backend == curve.backend and r.env_setting == curve.env_setting})
+        if bad:
+            where = ", ".join(f"{format_bytes(b)} {failure}" for b, failure in bad)
+            line = (f"{curve.key.variant} failed its check at {where}: enable it only if the engine "
+                    f"never sends messages of those sizes through it")
+            if line not in out:
+                out.append(line)
     return out
 
 

@@ -13,17 +13,18 @@ from __future__ import annotations
 
 import argparse
 import csv
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from commbench.analysis import models
-from commbench.analysis.curves import Curve, CurveKey, Point, baseline_name, decode_curves, ranking
-from commbench.analysis.output import check_json_target, write_json
+from commbench.analysis.curves import Curve, CurveKey, Point, baseline_name, cautions, decode_curves, ranking
+from commbench.files import check_file_target, read_text, write_json
 from commbench.errors import UsageError
 from commbench.analysis.models import Model
 from commbench.results import load_run
 from commbench.analysis.text import fmt_num, fmt_us, render
-from commbench.units import format_bytes, parse_bytes, parse_int_list
+from commbench.units import format_bytes, parse_bytes, parse_int_list, positive_finite
 
 HELP = "per-token allreduce floor for decode, per model, TP size and concurrency"
 
@@ -55,11 +56,7 @@ def floor_row(model: Model, curve: Curve, concurrency: int) -> FloorRow:
 
 def table_curve(path: Path) -> Curve:
     """A latency curve from a CSV with columns bytes,latency_us (bytes may use K/M/G)."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise UsageError(f"{path}: cannot read latency table ({exc.strerror})") from None
-    reader = csv.DictReader(text.splitlines())
+    reader = csv.DictReader(read_text(path, "a latency table (CSV with columns bytes,latency_us)").splitlines())
     if not reader.fieldnames or not {"bytes", "latency_us"} <= {f.strip() for f in reader.fieldnames}:
         raise UsageError(f"{path}: latency table needs a header with columns bytes,latency_us")
     points: dict[int, Point] = {}
@@ -71,8 +68,8 @@ def table_curve(path: Path) -> Curve:
         except (UsageError, ValueError):
             raise UsageError(f"{path}:{line_no}: expected bytes,latency_us, got "
                              f"{record.get('bytes')!r},{record.get('latency_us')!r}") from None
-        if latency_us <= 0:
-            raise UsageError(f"{path}:{line_no}: latency_us must be positive")
+        if not 0 < latency_us < math.inf:
+            raise UsageError(f"{path}:{line_no}: latency_us must be a positive, finite number, got {latency_us:g}")
         points[size] = Point(size, latency_us)
     if not points:
         raise UsageError(f"{path}: latency table has no rows")
@@ -161,18 +158,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    check_json_target(args.json)
+    check_file_target(args.json, "--json")
     model = models.requested(args)
     if model is None:
         return 0
-    if args.tp is not None and args.tp <= 0:
-        raise UsageError("--tp must be positive")
     if (args.run_dir is None) == (args.latency_table is None):
         raise UsageError("give a results dir or --latency-table FILE (one of them)")
-    if args.step_ms is not None and args.step_ms <= 0:
-        raise UsageError("--step-ms must be positive")
+    if args.step_ms is not None:
+        positive_finite(args.step_ms, "--step-ms", "milliseconds")
     if args.concurrency:
-        concurrencies = parse_int_list(args.concurrency, "concurrency")
+        concurrencies = parse_int_list(args.concurrency, "--concurrency")
     else:
         concurrencies = [1] if args.step_ms is not None else models.DEFAULT_CONCURRENCIES
     if args.step_ms is not None and len(concurrencies) != 1:
@@ -217,9 +212,16 @@ def main(args: argparse.Namespace) -> int:
         print()
         print(what_if_text(report))
 
+    # Every backend shown above (a row, the what-if's best) that failed its check at some size.
+    by_label = {c.label: c for c in curves}
+    shown = [r.backend for r in rows] + ([report.best.backend] if report else [])
+    warned = cautions(run.rows, [by_label[label] for label in shown]) if args.latency_table is None else []
+    for line in warned:
+        print(f"\ncaution: {line}")
+
     write_json(args.json, {"model": asdict(model), "allreduces_per_token": model.allreduces_per_token, "tp": tp,
                            "curve": origin, "rows": [asdict(r) for r in rows],
-                           "what_if": asdict(report) if report else None})
+                           "what_if": asdict(report) if report else None, "cautions": warned})
     return 0
 
 

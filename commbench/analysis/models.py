@@ -3,19 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
 from commbench.errors import UsageError
+from commbench.units import DTYPE_BYTES, dtype_name
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
-DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 # Decode batch sizes looked at when none are given (floor, recommend).
 DEFAULT_CONCURRENCIES = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 _FIELDS = {"name", "aliases", "layers", "hidden", "ar_per_layer", "dtype", "source", "note"}
@@ -86,8 +87,7 @@ def lookup(name: str) -> Model:
 def custom(layers: int, hidden: int, ar_per_layer: int, dtype: str) -> Model:
     if min(layers, hidden, ar_per_layer) <= 0:
         raise UsageError("--layers, --hidden and --ar-per-layer must be positive")
-    if dtype not in DTYPE_BYTES:
-        raise UsageError(f"unknown dtype {dtype!r}: choose from {', '.join(DTYPE_BYTES)}")
+    dtype = dtype_name(dtype)
     return Model(key="custom", name=f"custom ({layers} layers, hidden {hidden})", layers=layers,
                  hidden=hidden, ar_per_layer=ar_per_layer, dtype=dtype, source="command line")
 
@@ -108,12 +108,7 @@ def from_args(args: argparse.Namespace) -> Model:
         raise UsageError("give either --model or --layers/--hidden/--ar-per-layer, not both")
     if args.model:
         model = lookup(args.model)
-        if args.dtype and args.dtype != model.dtype:
-            if args.dtype not in DTYPE_BYTES:
-                raise UsageError(f"unknown dtype {args.dtype!r}: choose from {', '.join(DTYPE_BYTES)}")
-            model = Model(model.key, model.name, model.layers, model.hidden, model.ar_per_layer,
-                          args.dtype, model.source, model.note)
-        return model
+        return dataclasses.replace(model, dtype=dtype_name(args.dtype)) if args.dtype else model
     if all(custom_given):
         return custom(args.layers, args.hidden, args.ar_per_layer, args.dtype or "bf16")
     if any(custom_given):
@@ -122,10 +117,13 @@ def from_args(args: argparse.Namespace) -> Model:
 
 
 def requested(args: argparse.Namespace) -> Model | None:
-    """The model a floor / recommend command asks about; None after printing --list-models."""
+    """The model a floor / recommend command asks about (and its --tp checked); None after
+    printing --list-models."""
     if args.list_models:
         print(listing())
         return None
+    if args.tp is not None and args.tp <= 0:
+        raise UsageError(f"--tp must be a positive number of ranks (got {args.tp})")
     return from_args(args)
 
 

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from commbench.errors import UsageError
+from commbench.files import read_text
 
 PROGRAM = "all_reduce_perf"
 PLACEMENTS = ("out_of_place", "in_place")
@@ -217,7 +218,7 @@ def parse_nccl_tests_args(argv: list[str]) -> dict[str, str]:
 def read_output(path: str | Path, partial: bool = False) -> NcclTestsOutput:
     """Parse one nccl-tests output file (text or JSON). A truncated one is an error unless partial."""
     path = Path(path)
-    text = _read_text(path)
+    text = read_text(path, "nccl-tests output (its stdout or -J JSON)")
     stripped = text.lstrip()
     if not stripped:
         raise UsageError(f"{path}: empty file, not nccl-tests output")
@@ -231,23 +232,6 @@ def read_output(path: str | Path, partial: bool = False) -> NcclTestsOutput:
         raise UsageError(f"{path}: output ends at {out.ends_at or 'its last line'} before nccl-tests' footer "
                          f"(run cut short?); --partial imports its {len(out.results)} complete row(s)")
     return out
-
-
-def _read_text(path: Path) -> str:
-    if path.is_dir():
-        raise UsageError(f"{path}: is a directory; give the nccl-tests output files (stdout or -J JSON)")
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise UsageError(f"{path}: no such file") from None
-    except OSError as exc:
-        raise UsageError(f"{path}: cannot read ({exc.strerror})") from None
-    if b"\0" in data:
-        raise UsageError(f"{path}: binary file, not nccl-tests output")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise UsageError(f"{path}: binary file (not UTF-8 text), not nccl-tests output") from None
 
 
 # ---------------------------------------------------------------- text

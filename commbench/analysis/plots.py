@@ -2,12 +2,14 @@
 
 Conventions every figure follows: message size on a log2 axis labelled 4K/1M/...; one colour
 per backend variant, the same in every figure; CUDA-graph timings solid, eager dashed; the
-p10-p90 band shaded; measurements that failed their check marked with a red x.
+p10-p90 band shaded; measurements that failed their check marked in red, one marker shape
+per backend, named in the legend.
 """
 
 from __future__ import annotations
 
 import math
+import textwrap
 from pathlib import Path
 from typing import Iterable
 
@@ -82,25 +84,39 @@ def _new(title: str, height: float = 4.8) -> tuple[Figure, Axes]:
     return fig, ax
 
 
+# One red marker shape per backend whose rows failed their check, so the legend can say whose.
+_FAILED_MARKERS = ("x", "+", "1", "*", "d", "s")
+LEGEND_LABEL_CHARS = 40
+
+
+def _failed_label(backend: str, rows: list[Measurement]) -> str:
+    by_status: dict[str, list[Measurement]] = {}
+    for row in sorted(rows, key=lambda r: r.message_bytes):
+        by_status.setdefault(row.status, []).append(row)
+    parts = [f"{status} at {', '.join(format_bytes(r.message_bytes) for r in group)}"
+             + ("" if all(r.latency_us for r in group) else " (no latency: drawn at top)")
+             for status, group in by_status.items()]
+    # Wrapped: one long legend entry would squeeze this plot narrower than its neighbours.
+    return textwrap.fill(f"{backend} failed: {'; '.join(parts)}", width=LEGEND_LABEL_CHARS)
+
+
 def _mark_failed(ax: Axes, failed: list[Measurement]) -> None:
-    """Red x at the measured latency of a wrong row; hangs and crashes (no latency) along the top edge."""
-    wrong = [(r.message_bytes, r.latency_us) for r in failed if r.latency_us]
-    hung = [r.message_bytes for r in failed if not r.latency_us]
-    if wrong:
-        ax.scatter([w[0] for w in wrong], [w[1] for w in wrong], marker="x", s=70, color=FAILED_COLOR,
-                   linewidths=2, zorder=5, label="failed check (#wrong > 0)")
-    if hung:
-        ax.scatter(hung, [0.97] * len(hung), marker="x", s=70, color=FAILED_COLOR, linewidths=2, zorder=5,
-                   transform=ax.get_xaxis_transform(), clip_on=False, label="hang or crash (no latency, drawn at top)")
-    # Name the backend next to each mark: a red x alone does not say whose result failed.
-    for row in failed:
-        if row.latency_us:
-            ax.annotate(row.backend, (row.message_bytes, row.latency_us), xytext=(6, -10),
-                        textcoords="offset points", fontsize=7, color=FAILED_COLOR)
-        else:   # hangs and crashes sit side by side along the top: run their names downwards
-            ax.annotate(row.backend, (row.message_bytes, 0.95), xycoords=ax.get_xaxis_transform(),
-                        xytext=(5, 0), textcoords="offset points", fontsize=7, color=FAILED_COLOR,
-                        rotation=90, va="top")
+    """Red marks at the measured latency of wrong rows, hangs (no latency) along the top edge;
+    whose they are is said in the legend, where no name can cover a curve or another name."""
+    backends = sorted({r.backend for r in failed})
+    for i, backend in enumerate(backends):
+        rows = [r for r in failed if r.backend == backend]
+        style = {"marker": _FAILED_MARKERS[i % len(_FAILED_MARKERS)], "s": 70, "color": FAILED_COLOR,
+                 "linewidths": 2, "zorder": 5}
+        label: str | None = _failed_label(backend, rows)
+        measured = [r for r in rows if r.latency_us]
+        hung = [r.message_bytes for r in rows if not r.latency_us]
+        if measured:
+            ax.scatter([r.message_bytes for r in measured], [r.latency_us for r in measured], label=label, **style)
+            label = None
+        if hung:
+            ax.scatter(hung, [0.97] * len(hung), transform=ax.get_xaxis_transform(), clip_on=False, label=label,
+                       **style)
 
 
 def latency_figure(curves: list[Curve], failed: list[Measurement], title: str) -> Figure:
@@ -158,26 +174,32 @@ def speedup_figure(curves: list[Curve], baseline: str, title: str) -> Figure:
     return fig
 
 
+def curve_name(curve: Curve) -> str:
+    """A curve's label with its dtype, for figures and lists that hold several dtypes."""
+    return f"{curve.label} {curve.key.dtype}" if curve.key.dtype else curve.label
+
+
 def compare_figure(before: list[Curve], after: list[Curve], name_a: str, name_b: str, title: str) -> Figure:
     """Top: both runs' latency (A dashed and faint, B solid). Bottom: B/A per size."""
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(10.5, 7.2), sharex=True, layout="constrained",
                                       gridspec_kw={"height_ratios": [3, 2]})
     top.set_title(title, fontsize=11)
-    # One colour per curve (eager and graph apart): the line style already tells A from B here.
-    colors = colors_for([c.label for c in before] + [c.label for c in after])
+    # One colour per curve (eager and graph, bf16 and fp32 apart): the line style tells A from B.
+    colors = colors_for(curve_name(c) for c in before + after)
     b_by_key = {c.key: c for c in after}
     for curve in before:
-        color = colors[curve.label]
+        label = curve_name(curve)
+        color = colors[label]
         top.plot(curve.sizes(), [p.latency_us for p in curve.points], "--", color=color, alpha=0.6,
-                 label=f"{curve.label} A")
+                 label=f"{label} A")
         other = b_by_key.get(curve.key)
         if other is None:
             continue
         top.plot(other.sizes(), [p.latency_us for p in other.points], "-", marker="o", markersize=3, color=color,
-                 label=f"{curve.label} B")
+                 label=f"{label} B")
         shared = [(s, curve.point(s), other.point(s)) for s in curve.sizes() if other.point(s) is not None]
         bottom.plot([s for s, _, _ in shared], [b.latency_us / a.latency_us for _, a, b in shared],  # type: ignore[union-attr]
-                    "-", marker="o", markersize=3, color=color, label=curve.label)
+                    "-", marker="o", markersize=3, color=color, label=label)
     _log_y(top)
     top.set_ylabel("latency (us)")
     _legend(top)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import math
 import sys
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
@@ -19,11 +20,12 @@ from typing import Any
 
 from commbench.analysis.curves import Curve, build_curves, exceeds_spread, is_failed_check, pick_mode, run_world_size, select
 from commbench.errors import UsageError
+from commbench.files import check_file_target, read_text
 from commbench.results import CRASHED, ERROR, HANG, Run, load_run
 from commbench.analysis.text import render
 from commbench.topology import islands, nccl_checks
 from commbench.topology import pcie_findings as pf
-from commbench.units import format_bytes, parse_bytes
+from commbench.units import DTYPE_BYTES, format_bytes, parse_bytes
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -96,12 +98,22 @@ class Result:
 
 # ---------------------------------------------------------------- spec parsing
 
-def _unknown(path: Path, where: str, data: dict[str, Any], known: set[str]) -> None:
-    for key in data:
+def _table(path: Path, where: str, value: Any) -> dict[str, Any]:
+    """A TOML table, or bad input naming where (`spec = 5` is not a [spec] table)."""
+    if not isinstance(value, dict):
+        raise UsageError(f"{path}: {where} must be a table, got {value!r}")
+    return value
+
+
+def _unknown(path: Path, where: str, data: Any, known: set[str]) -> dict[str, Any]:
+    """The table, checked for keys the spec format does not have (with the nearest known one)."""
+    table = _table(path, where, data)
+    for key in table:
         if key not in known:
             hint = difflib.get_close_matches(key, sorted(known), n=1)
             suggestion = f" (did you mean {hint[0]!r}?)" if hint else f" (known: {', '.join(sorted(known))})"
             raise UsageError(f"{path}: unknown key {key!r} in {where}{suggestion}")
+    return table
 
 
 def _number(path: Path, where: str, data: dict[str, Any], key: str, required: bool = True) -> float | None:
@@ -110,12 +122,36 @@ def _number(path: Path, where: str, data: dict[str, Any], key: str, required: bo
             raise UsageError(f"{path}: {where} needs {key!r}")
         return None
     value = data[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-        raise UsageError(f"{path}: {where} {key} must be a non-negative number, got {value!r}")
+    # TOML has nan and inf: a limit of either would pass or fail everything without a word.
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+        raise UsageError(f"{path}: {where} {key} must be a non-negative finite number, got {value!r}")
     return float(value)
 
 
+def _text(path: Path, where: str, data: dict[str, Any], key: str, default: str) -> str:
+    value = data.get(key, default)
+    if not isinstance(value, str):
+        raise UsageError(f"{path}: {where} {key} must be a string, got {value!r}")
+    return value
+
+
+def _texts(path: Path, where: str, data: dict[str, Any], key: str) -> list[str] | None:
+    value = data.get(key)
+    if value is not None and not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
+        raise UsageError(f"{path}: {where} {key} must be a list of strings, got {value!r}")
+    return value
+
+
+def _world_size(path: Path, head: dict[str, Any]) -> int | None:
+    value = head.get("world_size")
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise UsageError(f"{path}: [spec] world_size must be a whole number of ranks, got {value!r}")
+    return value
+
+
 def _size(path: Path, where: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise UsageError(f"{path}: {where}: size must be bytes or a text like '4K', got {value!r}")
     try:
         return parse_bytes(str(value))
     except UsageError as exc:
@@ -129,64 +165,67 @@ def _limits(path: Path, table: str, entries: Any, keys: set[str], fail_key: str,
     out = []
     for i, entry in enumerate(entries, start=1):
         where = f"[[{table}]] #{i}"
-        _unknown(path, where, entry, keys)
+        entry = _unknown(path, where, entry, keys)
         if "size" not in entry:
             raise UsageError(f"{path}: {where} needs 'size'")
         out.append(Limit(_size(path, where, entry["size"]), _number(path, where, entry, fail_key),  # type: ignore[arg-type]
                          _number(path, where, entry, warn_key, required=False),
-                         str(entry.get("backend", default_backend)), str(entry.get("source", ""))))
+                         _text(path, where, entry, "backend", default_backend),
+                         _text(path, where, entry, "source", "")))
     return out
 
 
 def _fabric(path: Path, tables: Any) -> dict[str, dict[str, Any]]:
-    if not isinstance(tables, dict):
-        raise UsageError(f"{path}: [fabric] must be a table of [fabric.<check>] tables")
-    _unknown(path, "[fabric]", tables, set(_FABRIC_KEYS))
+    tables = _unknown(path, "[fabric]", tables, set(_FABRIC_KEYS))
     out = {}
     for check, entry in tables.items():
         where = f"[fabric.{check}]"
-        if not isinstance(entry, dict):
-            raise UsageError(f"{path}: {where} must be a table")
-        _unknown(path, where, entry, _FABRIC_KEYS[check])
-        out[check] = {k: (str(v) if k == "source" else _number(path, where, entry, k)) for k, v in entry.items()}
+        entry = _unknown(path, where, entry, _FABRIC_KEYS[check])
+        out[check] = {k: (_text(path, where, entry, k, "") if k == "source" else _number(path, where, entry, k))
+                      for k in entry}
     return out
+
+
+def _reference(path: Path, ref: Any) -> ReferenceSpec:
+    ref = _unknown(path, "[reference]", ref, _REFERENCE_KEYS)
+    if "run" not in ref:
+        raise UsageError(f"{path}: [reference] needs 'run' (a results dir, relative to the spec)")
+    sizes = ref.get("sizes")
+    if sizes is not None and not isinstance(sizes, list):
+        raise UsageError(f"{path}: [reference] sizes must be a list of sizes, got {sizes!r}")
+    return ReferenceSpec(
+        path.parent / _text(path, "[reference]", ref, "run", ""),
+        _number(path, "[reference]", ref, "max_slowdown_pct"),  # type: ignore[arg-type]
+        _number(path, "[reference]", ref, "warn_slowdown_pct", required=False),
+        [_size(path, "[reference] sizes", s) for s in sizes] if sizes is not None else None,
+        _texts(path, "[reference]", ref, "backends"), _text(path, "[reference]", ref, "source", ""))
 
 
 def load_spec(path: Path) -> Spec:
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise UsageError(f"{path}: no such spec file") from None
+        data = tomllib.loads(read_text(path, "a qualify spec (TOML)"))
     except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"{path}: not valid TOML ({exc})") from None
     _unknown(path, "the spec", data, _TOP_KEYS)
-    head = data.get("spec", {})
-    _unknown(path, "[spec]", head, _SPEC_KEYS)
-    mode = str(head.get("mode", "graph"))
+    head = _unknown(path, "[spec]", data.get("spec", {}), _SPEC_KEYS)
+    mode = _text(path, "[spec]", head, "mode", "graph")
     if mode not in ("graph", "eager", "any"):
         raise UsageError(f"{path}: [spec] mode must be graph, eager or any, got {mode!r}")
-    checks = data.get("checks", {})
-    _unknown(path, "[checks]", checks, _CHECK_KEYS)
+    dtype = _text(path, "[spec]", head, "dtype", "bf16")
+    if dtype not in DTYPE_BYTES:
+        raise UsageError(f"{path}: [spec] dtype must be one of {', '.join(DTYPE_BYTES)}, got {dtype!r}")
+    checks = _unknown(path, "[checks]", data.get("checks", {}), _CHECK_KEYS)
     for key, value in checks.items():
         if not isinstance(value, bool):
             raise UsageError(f"{path}: [checks] {key} must be true or false")
-    backend = str(head.get("backend", "nccl"))
-    world = head.get("world_size")
-    spec = Spec(path, str(head.get("name", path.stem)), int(world) if world is not None else None,
-                str(head.get("dtype", "bf16")), "auto" if mode == "any" else mode, dict(checks),
+    backend = _text(path, "[spec]", head, "backend", "nccl")
+    spec = Spec(path, _text(path, "[spec]", head, "name", path.stem), _world_size(path, head), dtype,
+                "auto" if mode == "any" else mode, dict(checks),
                 _limits(path, "latency", data.get("latency", []), _LATENCY_KEYS, "max_us", "warn_us", backend),
                 _limits(path, "busbw", data.get("busbw", []), _BUSBW_KEYS, "min_gbps", "warn_gbps", backend))
     spec.fabric = _fabric(path, data.get("fabric", {}))
     if "reference" in data:
-        ref = data["reference"]
-        _unknown(path, "[reference]", ref, _REFERENCE_KEYS)
-        if "run" not in ref:
-            raise UsageError(f"{path}: [reference] needs 'run' (a results dir, relative to the spec)")
-        spec.reference = ReferenceSpec(
-            (path.parent / str(ref["run"])), _number(path, "[reference]", ref, "max_slowdown_pct"),  # type: ignore[arg-type]
-            _number(path, "[reference]", ref, "warn_slowdown_pct", required=False),
-            [_size(path, "[reference] sizes", s) for s in ref["sizes"]] if "sizes" in ref else None,
-            [str(b) for b in ref["backends"]] if "backends" in ref else None, str(ref.get("source", "")))
+        spec.reference = _reference(path, data["reference"])
     return spec
 
 
@@ -581,8 +620,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    check_file_target(args.junit, "--junit")   # before the verdict is printed, not after
     spec = load_spec(args.spec)
     run = load_run(args.run_dir)
+    if args.max_slowdown_pct is not None and not 0 <= args.max_slowdown_pct < math.inf:
+        raise UsageError(f"--max-slowdown-pct must be a non-negative finite percentage, got {args.max_slowdown_pct:g}")
     if args.reference is not None:
         base = spec.reference or ReferenceSpec(args.reference, 10.0, None, None, None, "command line")
         spec.reference = ReferenceSpec(args.reference, args.max_slowdown_pct or base.max_slowdown_pct,

@@ -12,9 +12,9 @@ from dataclasses import asdict, dataclass
 
 from commbench.analysis import models
 from commbench import engines
-from commbench.analysis.curves import (Candidate, Curve, baseline_curve, baseline_name, decode_curves, exceeds_spread,
-                              is_failed_check, ranking, run_world_size)
-from commbench.analysis.output import check_json_target, write_json
+from commbench.analysis.curves import (Candidate, Curve, baseline_curve, baseline_name, cautions, decode_curves,
+                              exceeds_spread, ranking, run_world_size)
+from commbench.files import check_file_target, write_json
 from commbench.analysis.models import Model
 from commbench.results import Run, load_run
 from commbench.analysis.text import fmt_us, render
@@ -72,19 +72,6 @@ def _margin_text(m: Margin | None) -> str:
     return "-" if m is None else f"+{fmt_us(m.delta_us)} us {m.ratio:.2f}x"
 
 
-def cautions(run: Run, chosen: list[Curve]) -> list[str]:
-    """A winner that returned wrong data or hung at some other size is a risk at every size."""
-    out = []
-    for curve in chosen:
-        bad = sorted({(r.message_bytes, r.status) for r in run.rows if is_failed_check(r)
-                      and r.backend == curve.backend and r.env_setting == curve.env_setting})
-        if bad:
-            where = ", ".join(f"{format_bytes(b)} {status}" for b, status in bad)
-            out.append(f"{curve.key.variant} failed its check at {where}: enable it only if the engine "
-                       f"never sends messages of those sizes through it")
-    return out
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dir", help="results dir written by commbench sweep")
     models.add_model_arguments(parser)
@@ -110,11 +97,11 @@ def recorded_settings(run: Run, curve: Curve) -> engines.Settings | None:
 
 
 def main(args: argparse.Namespace) -> int:
-    check_json_target(args.json)
+    check_file_target(args.json, "--json")
     model = models.requested(args)
     if model is None:
         return 0
-    concurrencies = parse_int_list(args.concurrency, "concurrency") if args.concurrency else models.DEFAULT_CONCURRENCIES
+    concurrencies = parse_int_list(args.concurrency, "--concurrency") if args.concurrency else models.DEFAULT_CONCURRENCIES
     run = load_run(args.run_dir)
     curves = decode_curves(run, args.tp, model.dtype, args.mode)
     baseline = baseline_name(curves, None)
@@ -159,7 +146,8 @@ def main(args: argparse.Namespace) -> int:
         print(engines.render(chosen, tp) if chosen else
               f"# no engine settings recorded for {curve.backend} in this run's run.json (runs record what "
               "each backend declares since results schema 3)")
-    for line in cautions(run, [by_label[label] for label in winners]):
+    warned = cautions(run.rows, [by_label[label] for label in winners])
+    for line in warned:
         print(f"\ncaution: {line}")
     inert = inert_here(run, tp)
     if inert:
@@ -171,7 +159,7 @@ def main(args: argparse.Namespace) -> int:
           "short context: 157 vs 139 tok/s at concurrency 1; voipmonitor/rtx6kpro benchmarks, 2026-04-25).")
 
     write_json(args.json, {"model": asdict(model), "tp": tp, "baseline": baseline,
-                           "choices": [asdict(c) for c in choices],
+                           "choices": [asdict(c) for c in choices], "cautions": warned,
                            "settings": [chosen.to_dict() for label in winners
                                         if (chosen := recorded_settings(run, by_label[label])) is not None],
                            "engine_versions": engines.versions()})

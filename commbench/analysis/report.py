@@ -7,14 +7,16 @@ import base64
 import datetime
 import html
 import json
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from commbench.analysis import plots
-from commbench.analysis.curves import (Crossover, Curve, baseline_curve, baseline_name, build_curves, crossovers, groups,
-                              is_failed_check, ranking, run_world_size, select, variant_label)
+from commbench.analysis.curves import (Crossover, Curve, baseline_curve, baseline_name, build_curves, cautions,
+                              crossovers, groups, is_failed_check, ranking, run_world_size, select, variant_label)
 from commbench.errors import UsageError
+from commbench.files import check_dir_target
 from commbench.results import CRASHED, HANG, OK, WRONG, Measurement, Run, describe_setting, load_run
 from commbench.analysis.text import fmt_num, fmt_us, render
 from commbench.units import format_bytes
@@ -82,10 +84,11 @@ table { border-collapse: collapse; margin: 0.6em 0; font-size: 0.86em; }
 th, td { border: 1px solid #ddd; padding: 3px 8px; text-align: left; vertical-align: top; }
 th { background: #f4f4f4; position: sticky; top: 0; }
 td.n { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
-.wide { overflow-x: auto; } .wide td:last-child { min-width: 22em; }
+.wide { overflow-x: auto; } .wide td:last-child { min-width: 16em; }
+.sub { color: #666; font-size: 0.85em; font-weight: normal; }
 tr.bad td { background: #fde2e1; color: #a40000; font-weight: 600; }
 tr.muted td { color: #888; }
-.meta { color: #555; } .note { color: #555; font-size: 0.9em; }
+.meta { color: #555; } .note { color: #555; font-size: 0.9em; } .caution { color: #a40000; font-weight: 600; }
 img { max-width: 100%; border: 1px solid #eee; margin: 0.5em 0; }
 code, pre { background: #f6f6f6; padding: 1px 4px; } pre { padding: 0.6em; overflow-x: auto; font-size: 0.8em; }
 """
@@ -121,16 +124,19 @@ def _row_class(row: Measurement) -> str:
     return "" if row.status == OK else "muted"
 
 
+def _variant_cell(row: Measurement) -> str:
+    """Backend name, with its process-level settings and a fused op under it in small print: one
+    narrow column instead of three, so the reasons fit on a page."""
+    under = [" ".join(f"{k}={v}" for k, v in sorted(row.env_setting.items()))] if row.env_setting else []
+    under += [row.op] if row.op != "allreduce" else []
+    return _esc(row.backend) + "".join(f'<br><span class="sub">{_esc(text)}</span>' for text in under)
+
+
 def measurement_table(rows: list[Measurement]) -> str:
     ordered = sorted(rows, key=lambda r: (r.dtype, r.mode, r.backend, sorted(r.env_setting.items()), r.op,
                                           r.message_bytes))
-    # Columns that say the same thing on every row only take width from the reasons.
-    show_env = any(r.env_setting for r in ordered)
-    show_op = len({r.op for r in ordered}) > 1
-    headers = (["backend"] + (["settings"] if show_env else []) + (["op"] if show_op else [])
-               + ["mode", "dtype", "size", "status", "latency us", "jitter p10-p90 us", "jitter p99 us", "busbw GB/s", "#wrong",
-                  "reason / note"])
-    first_number = headers.index("size")
+    headers = ["backend", "mode", "dtype", "size", "status", "latency us", "jitter p10-p90 us", "jitter p99 us",
+               "busbw GB/s", "#wrong", "reason / note"]
     cells = []
     for r in ordered:
         band = (f"{fmt_us(r.jitter_p10_us)}-{fmt_us(r.jitter_p90_us)}"
@@ -141,16 +147,10 @@ def measurement_table(rows: list[Measurement]) -> str:
             notes.append(f"used {describe_setting(r.observed)}, not the requested {describe_setting(r.requested)}")
         if r.unsafe:
             notes.append(f"unsafe: {r.unsafe}")
-        row = [r.backend]
-        if show_env:
-            row.append(" ".join(f"{k}={v}" for k, v in sorted(r.env_setting.items())))
-        if show_op:
-            row.append(r.op)
-        row += [r.mode, r.dtype, format_bytes(r.message_bytes), r.status, fmt_us(r.latency_us), band,
-                fmt_us(r.jitter_p99_us), fmt_num(r.busbw_gbps), wrong, "; ".join(notes)]
-        cells.append([_esc(c) for c in row])
-    numeric = (first_number, first_number + 2, first_number + 3, first_number + 4, first_number + 5)
-    return _table(headers, cells, [_row_class(r) for r in ordered], numeric=numeric)
+        cells.append([_variant_cell(r)] + [_esc(c) for c in (
+            r.mode, r.dtype, format_bytes(r.message_bytes), r.status, fmt_us(r.latency_us), band,
+            fmt_us(r.jitter_p99_us), fmt_num(r.busbw_gbps), wrong, "; ".join(notes))])
+    return _table(headers, cells, [_row_class(r) for r in ordered], numeric=(3, 5, 6, 7, 8))
 
 
 def nccl_versions(rows: list[Measurement]) -> dict[str, dict[str, list[str]]]:
@@ -210,12 +210,29 @@ def _when(value: Any) -> Any:
     return value
 
 
-def _command(info: dict[str, Any]) -> str | None:
-    command = info.get("command")
-    if isinstance(command, list) and command:
-        # The first word is the interpreter's path to __main__.py: show what a user types instead.
-        return "commbench " + " ".join(map(str, command[1:]))
-    return None if command is None else str(command)
+def command_text(command: Any) -> str | None:
+    """run.json's command as a user would type it: the interpreter's path dropped, commbench's
+    entry point (a path to its __main__.py or its script) shown as `commbench`."""
+    if not isinstance(command, list) or not command:
+        return None if command is None else str(command)
+    words = [str(w) for w in command]
+    if Path(words[0]).name.startswith("python") and len(words) > 1:
+        words = (["python"] if words[1] == "-m" else []) + words[1:]
+    first = Path(words[0])
+    if first.name == "__main__.py" and first.parent.name == "commbench":
+        words[0] = "commbench"
+    elif words[0] != "python":
+        words[0] = first.name            # /usr/local/bin/torchrun -> torchrun
+    return shlex.join(words)
+
+
+def run_state(info: dict[str, Any]) -> str | None:
+    """None for a finished run; otherwise how it ended, for every place that shows the run."""
+    if info.get("finished"):
+        return None
+    if info.get("interrupted"):
+        return f"interrupted at {_when(info['interrupted'])} (partial run; --resume continues it)"
+    return "unfinished: it hung, was killed or is still running (partial run; --resume continues it)"
 
 
 def run_summary(run: Run) -> str:
@@ -229,8 +246,8 @@ def run_summary(run: Run) -> str:
         ("devices", ", ".join(f"{n}x {name}" for name, n in gpu_names.items()) or "none recorded"),
         ("world size", run_world_size(run)), ("nodes", info.get("nodes")),
         ("started", _when(info.get("started"))),
-        ("finished", _when(info.get("finished")) or "not finished (partial run)"),
-        ("command", _command(info)),
+        ("finished", run_state(info) or _when(info["finished"])),
+        ("command", command_text(info.get("command"))),
     ]
     items += [("note", note) for note in ([info["note"]] if info.get("note") else []) + list(info.get("notes") or [])]
     rows = [[_esc(k), _esc(v)] for k, v in items if v is not None]
@@ -261,6 +278,13 @@ class Section:
     mode: str
     curves: list[Curve]
     ranges: list[RangeRow]
+    cautions: list[str]   # winners here that failed their check at some size
+
+
+def build_section(run: Run, dtype: str, mode: str, curves: list[Curve], baseline: str | None) -> Section:
+    ranges = range_rows(curves, baseline)
+    by_label = {c.label: c for c in curves}
+    return Section(dtype, mode, curves, ranges, cautions(run.rows, [by_label[r.crossover.winner] for r in ranges]))
 
 
 def crossover_html(section: Section, baseline: str | None) -> str:
@@ -279,6 +303,8 @@ def write_html(run: Run, sections: list[Section], images: dict[str, list[tuple[P
              f"<h1>commbench report: {_esc(run.info.get('run_id', run.path.name))}</h1>",
              f"<p class='meta'>{_esc(run.info.get('host', ''))} &middot; world size {_esc(run_world_size(run))} "
              f"&middot; rows: {_esc(status_counts(run.rows))}</p>"]
+    if run_state(run.info):
+        parts.append(f"<p><b>Run {_esc(run_state(run.info))}.</b></p>")
     if run.emulation_line():
         parts.insert(2, f"<p><b>{_esc(run.emulation_line())}</b></p>")
     if failed:
@@ -293,6 +319,7 @@ def write_html(run: Run, sections: list[Section], images: dict[str, list[tuple[P
     for section in sections:
         parts.append(f"<h2>{_esc(section.dtype)}, {_esc(section.mode)} mode: which backend wins where</h2>")
         parts.append(crossover_html(section, baseline) if section.ranges else "<p>No trusted rows.</p>")
+        parts.extend(f"<p class='caution'>caution: {_esc(line)}</p>" for line in section.cautions)
     for title, imgs in images.items():
         parts.append(f"<h2>Plots: {_esc(title)}</h2>")
         parts.extend(_img(png, alt) for png, alt in imgs)
@@ -324,16 +351,13 @@ def main(args: argparse.Namespace) -> int:
     if not run.rows:
         raise UsageError(f"{run.path}: no measurements yet (measurements.jsonl is empty or missing)")
     out = args.out or run.path
-    plot_dir = out / "plots"
-    try:
-        plot_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UsageError(f"{plot_dir}: cannot create ({exc.strerror})") from None
+    check_dir_target(out, f"--out {out}" if args.out else f"{out} (the run dir; --out DIR writes elsewhere)")
     curves = build_curves(run.rows)
-    baseline = baseline_name(curves, args.baseline)
+    baseline = baseline_name(curves, args.baseline)   # a baseline the run lacks: nothing written yet
+    plot_dir = out / "plots"
+    plot_dir.mkdir(parents=True, exist_ok=True)
     world = run_world_size(run)
-    sections = [Section(dtype, mode, select(curves, dtype=dtype, mode=mode),
-                        range_rows(select(curves, dtype=dtype, mode=mode), baseline))
+    sections = [build_section(run, dtype, mode, select(curves, dtype=dtype, mode=mode), baseline)
                 for dtype, mode in groups(curves)]
 
     images: dict[str, list[tuple[Path, str]]] = {}
@@ -356,7 +380,8 @@ def main(args: argparse.Namespace) -> int:
 
     if run.emulation_line():
         print(run.emulation_line())
-    print(f"run {run.info.get('run_id', run.path.name)}: {status_counts(run.rows)}")
+    print(f"run {run.info.get('run_id', run.path.name)}: {status_counts(run.rows)}"
+          + (f"; {run_state(run.info)}" if run_state(run.info) else ""))
     for section in sections:
         print(f"\n{section.dtype}, {section.mode} mode: winner per size range "
               f"(trusted rows only; margins are latency ratios)")
@@ -364,6 +389,8 @@ def main(args: argparse.Namespace) -> int:
                      [[_range_text(r.crossover), r.crossover.winner,
                        f"{fmt_us(r.latency_first_us)}-{fmt_us(r.latency_last_us)}", r.runner_up or "-",
                        _x(r.margin_x), _x(r.vs_baseline_x)] for r in section.ranges], right=(2, 4, 5)))
+        for line in section.cautions:
+            print(f"caution: {line}")
     versions = nccl_version_lines(run.rows)
     if versions:
         print("\nNCCL each variant ran (ncclGetVersion of the library in its process):")

@@ -11,7 +11,6 @@ import json
 import os
 import shlex
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -25,12 +24,15 @@ from commbench.inflight import ENDED, FAILED, LEFT, PeerWatch, Recorder, recover
 from commbench.sweep import launcher
 from commbench.sweep.context import ControlGroupLost, RunContext, init_context, shutdown, torchrun_env, under_torchrun
 from commbench.sweep.engine import Engine, stopped_reason
+from commbench.files import check_dir_target, check_file_target
 from commbench.sweep.plan import SweepPlan, build_plan
 from commbench.results import (ROWS_FILE, RUN_FILE, SCHEMA_VERSION, Measurement, ResultsWriter, new_run_dir,
                                read_rows_checked, read_run_info, repair_torn_tail, resume_differences, stops_backend,
                                write_csv, write_run_info)
 from commbench.sweep.live import HEADER, LiveTable
-from commbench.sweep.versions import local_device_info, relevant_env, software_versions
+from commbench.units import positive_finite
+from commbench.sweep.versions import (LAUNCH_COMMAND_VAR, launch_command, local_device_info, relevant_env,
+                                      software_versions)
 
 HELP = "sweep allreduce sizes x dtypes x eager/graph over every backend that can run here"
 ENV_SETTING_VAR = "COMMBENCH_ENV_SETTING"   # set by the driver for each child torchrun
@@ -102,57 +104,65 @@ def _list_backends() -> int:
     return 0
 
 
-def _check_out_writable(path: Path) -> None:
-    """Fail before measuring anything if results could not be written (root ignores mode bits,
-    so this tries a real write in the nearest existing folder)."""
-    if path.exists() and not path.is_dir():
-        raise UsageError(f"--out {path}: exists and is not a directory")
-    probe = path
-    while not probe.exists():
-        probe = probe.parent
-    try:
-        with tempfile.TemporaryFile(dir=probe):
-            pass
-    except OSError as exc:
-        raise UsageError(f"--out {path}: not writable ({exc.strerror})") from None
-
-
 def main(args: argparse.Namespace) -> int:
     if args.list_backends:
         return _list_backends()
     on_gpu = torch.cuda.is_available() and not args.cpu
     plan = build_plan(args, on_gpu)
     env_settings = launcher.parse_env_settings(args.env, args.allow_multicast)
-    if args.resume and not (Path(args.resume) / "run.json").exists():
-        raise UsageError(f"--resume {args.resume}: not a commbench results dir (no run.json)")
-    _check_out_writable(Path(args.out))
+    if args.resume:   # one that cannot be read or written is bad input, before any work
+        read_run_info(Path(args.resume))
+        check_dir_target(Path(args.resume), f"--resume {args.resume}")
+    check_dir_target(Path(args.out), f"--out {args.out}")
     # Building the variants validates backend names and options before anything runs.
-    specs = backends.split_specs(args.backends) if args.backends else None
+    specs = backends.split_specs(args.backends) if args.backends is not None else None
+    if specs == []:
+        raise UsageError(f"--backends {args.backends!r}: the list is empty (leave it out for every backend)")
     variants = backends.expand(specs, backend_options(args, plan, None), on_gpu)
-    if args.qualify is not None:
-        from commbench.analysis.qualify import load_spec
-
-        load_spec(args.qualify)  # a broken spec is bad input: say so before measuring anything
+    _check_qualify_args(args)
     if args.mps and not (args.nproc and args.share_gpus):
         raise UsageError("--mps starts an MPS daemon for the children of the driver: use it with --nproc N "
                          "--share-gpus")
-    if args.nproc is not None or env_settings:
-        if under_torchrun():
-            raise UsageError("--nproc/--env launch torchrun themselves: run them outside torchrun")
-        status, run_dir = launcher.drive(args, env_settings, variants, plan)
-        return _qualify(args, run_dir) if status == 0 and args.qualify is not None else status
+    driver = args.nproc is not None or bool(env_settings)
+    if driver and under_torchrun():
+        raise UsageError("--nproc/--env launch torchrun themselves: run them outside torchrun")
+    if driver:
+        positive_finite(args.child_timeout, "--child-timeout", "seconds")
     rank, world, _, _ = torchrun_env()
     if specs is not None:
-        # A world size a backend can never use is bad input; spanning nodes is a fact of this
-        # machine, answered with skipped rows by the backend's check().
-        for backend in variants:
-            reason = backend.world_size_reason(world)
-            if reason:
-                raise UsageError(f"backend {backend.name} cannot run with {world} rank(s): {reason}")
+        # The driver knows its children's world size: saying so here is one line, where torchrun
+        # would follow each child's line with its own failure report.
+        _check_world_size(variants, args.nproc if driver and args.nproc else world)
+    if driver:
+        os.environ[LAUNCH_COMMAND_VAR] = json.dumps(sys.argv)   # the children record the driver's command
+        try:
+            status, run_dir = launcher.drive(args, env_settings, variants, plan)
+        finally:
+            del os.environ[LAUNCH_COMMAND_VAR]
+        return _qualify(args, run_dir) if status == 0 and args.qualify is not None else status
     status, run_dir = _run(args, plan, specs, on_gpu)
     if status == 0 and args.qualify is not None and rank == 0:
         return _qualify(args, run_dir)
     return status
+
+
+def _check_qualify_args(args: argparse.Namespace) -> None:
+    if args.junit is not None and args.qualify is None:
+        raise UsageError("--junit writes qualify's JUnit XML: give it with --qualify SPEC.toml")
+    if args.qualify is not None:
+        from commbench.analysis.qualify import load_spec
+
+        load_spec(args.qualify)  # a broken spec is bad input: say so before measuring anything
+        check_file_target(args.junit, "--junit")
+
+
+def _check_world_size(variants: list, world: int) -> None:
+    """A world size a backend can never use is bad input; spanning nodes is a fact of this
+    machine, answered with skipped rows by the backend's check()."""
+    for backend in variants:
+        reason = backend.world_size_reason(world)
+        if reason:
+            raise UsageError(f"backend {backend.name} cannot run with {world} rank(s): {reason}")
 
 
 def _qualify(args: argparse.Namespace, run_dir: Path) -> int:
@@ -220,13 +230,14 @@ def _sweep(ctx: RunContext, args: argparse.Namespace, plan: SweepPlan, variants:
     stopped = {row.backend: stopped_reason(row) for row in previous
                if stops_backend(row) and row.env_setting == env_setting}
     ctx.measured.extend(previous)
-    notes = ([note] if note else []) + opened + _probe(ctx, args, variants)
+    notes = ([note] if note else []) + opened + _oversubscribed(ctx) + _probe(ctx, args, variants)
     # After rank 0 has read a dead run's records: this rank's own start afresh. Ranks on nodes
     # that do not see the results dir keep none.
     recorder = Recorder(run_dir if run_dir.is_dir() else None, ctx.rank)
     engine: Engine | None = None
     writer = None
     unwritable = False
+    completed = False   # a Ctrl-C or an error ends the run interrupted, never "finished"
     try:
         if rank0:
             _write_run_json(ctx, args, plan, variants, run_dir, gpus, notes, env_setting)
@@ -249,6 +260,7 @@ def _sweep(ctx: RunContext, args: argparse.Namespace, plan: SweepPlan, variants:
         # makes that peer abort (seen on CPU with two torchrun agents).
         ctx.barrier()
         recorder.close()
+        completed = True
     except (ControlGroupLost, Terminated) as exc:
         return _after_peer_loss(ctx, engine, recorder, exc)
     except (KeyboardInterrupt, UsageError):
@@ -263,7 +275,7 @@ def _sweep(ctx: RunContext, args: argparse.Namespace, plan: SweepPlan, variants:
             writer.close()
             if not unwritable:
                 write_csv(run_dir)
-                _finish_run_json(run_dir)
+                _end_run_json(run_dir, completed)
     if rank0 and not args.run_dir:  # a driver's child: the driver names the results once, at the end
         print(f"# results: {run_dir}/measurements.jsonl (+ .csv, run.json)")
     return STOP_EXIT if engine.stops else 0
@@ -335,6 +347,16 @@ def _after_peer_loss(ctx: RunContext, engine: Engine | None, recorder: Recorder,
     return FAILED_EXIT
 
 
+def _oversubscribed(ctx: RunContext) -> list[str]:
+    """A warning when CPU ranks outnumber this host's cores: they then take turns, and what the
+    rows time is mostly the scheduler (8 ranks on 2 cores: p50 17-22 ms), not the transport."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if ctx.is_cuda or ctx.local_world_size <= cores:
+        return []
+    return [f"warning: {ctx.local_world_size} ranks share {cores} CPU core(s) on this host: the latencies are "
+            "mostly scheduler time, not the transport's"]
+
+
 def _fusion_summary(ctx: RunContext, run_dir: Path, table: LiveTable) -> None:
     fused = [r for r in ctx.measured if r.op != "allreduce"]
     if not fused:
@@ -354,7 +376,7 @@ def _write_run_json(ctx: RunContext, args: argparse.Namespace, plan: SweepPlan, 
     the resume adds an entry to `resumed` and the facts of backends new to the run."""
     info = read_run_info(run_dir) if (run_dir / RUN_FILE).exists() else {"run_id": run_dir.name,
                                                                            "started": time.time()}
-    command = {"command": sys.argv, "args": {k: v for k, v in vars(args).items() if not k.startswith("_")},
+    command = {"command": launch_command(), "args": {k: v for k, v in vars(args).items() if not k.startswith("_")},
                "versions": software_versions(), "env": relevant_env(), "notes": notes}
     # What each variant declares, for the offline analysis (it never imports a backend).
     facts = {b.name: backend_facts(b, ctx.world_size) for b in variants}
@@ -372,6 +394,7 @@ def _write_run_json(ctx: RunContext, args: argparse.Namespace, plan: SweepPlan, 
         if env_setting not in settings:
             settings.append(env_setting)
     info.pop("finished", None)
+    info.pop("interrupted", None)
     write_run_info(run_dir, info)
 
 
@@ -381,11 +404,13 @@ def backend_facts(backend, world_size: int) -> dict[str, Any]:
             "engine_settings": settings.to_dict() if settings is not None else None}
 
 
-def _finish_run_json(run_dir: Path) -> None:
+def _end_run_json(run_dir: Path, completed: bool) -> None:
+    """Record how the run ended: `finished` when every backend ran, `interrupted` when Ctrl-C
+    or an error stopped it (a hang ends the process and leaves neither: still unfinished)."""
     try:
         info = read_run_info(run_dir)
     except UsageError:
         return
-    info["finished"] = time.time()
+    info["finished" if completed else "interrupted"] = time.time()
     info.pop("schema", None)
     write_run_info(run_dir, info)

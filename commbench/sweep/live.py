@@ -39,7 +39,8 @@ class LiveTable:
 
     def __init__(self, enabled: bool, total_rows: int):
         self.enabled = enabled
-        self.console = Console(file=sys.stdout, highlight=False, soft_wrap=True)
+        # Rows hold text from backends and errors: printed literally (no markup, no :emoji: codes).
+        self.console = Console(file=sys.stdout, highlight=False, soft_wrap=True, emoji=False)
         self.progress: Progress | None = None
         self._task = None
         if enabled and total_rows > 0 and self.console.is_terminal:

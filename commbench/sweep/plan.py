@@ -7,6 +7,7 @@ writes nothing.
 from __future__ import annotations
 
 import argparse
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,7 +15,7 @@ import torch
 
 from commbench.errors import UsageError
 from commbench.sweep.dtypes import dtype_name, parse_dtypes
-from commbench.units import format_bytes, parse_bytes, parse_int_list
+from commbench.units import format_bytes, parse_bytes, parse_int_list, parse_list, positive_finite
 
 MODES = ("eager", "graph")
 
@@ -60,8 +61,7 @@ class SweepPlan:
 
     def sizes_for(self, dtype: torch.dtype) -> list[Shape]:
         """Shapes whose byte count is a whole number of elements of dtype."""
-        item = torch.tensor([], dtype=dtype).element_size()
-        return [s for s in self.shapes if s.message_bytes % item == 0]
+        return [s for s in self.shapes if s.message_bytes % dtype.itemsize == 0]
 
     def iterations_for(self, message_bytes: int) -> int:
         """Timed eager calls per pass."""
@@ -110,13 +110,21 @@ def geometric_sizes(min_bytes: int, max_bytes: int, factor: int) -> list[int]:
     return sizes
 
 
+def _mode(text: str) -> str:
+    if text not in MODES:
+        raise UsageError(f"unknown mode {text!r}: choose from {', '.join(MODES)}")
+    return text
+
+
+def timeout_s(value: float, flag: str) -> float:
+    """A watchdog limit in seconds: positive, finite and no longer than a thread timer can wait
+    (past that, starting the timer raises in its own thread and the watchdog is silently off)."""
+    return positive_finite(value, flag, "seconds", at_most=threading.TIMEOUT_MAX)
+
+
 def build_plan(args: argparse.Namespace, on_gpu: bool) -> SweepPlan:
-    dtype_text = args.dtype or ("bf16" if on_gpu else "fp32")
-    dtypes = parse_dtypes(dtype_text)
-    modes = [m.strip() for m in (args.mode or ("eager,graph" if on_gpu else "eager")).split(",") if m.strip()]
-    for mode in modes:
-        if mode not in MODES:
-            raise UsageError(f"unknown mode {mode!r}: choose from {', '.join(MODES)}")
+    dtypes = parse_dtypes(args.dtype if args.dtype is not None else ("bf16" if on_gpu else "fp32"))
+    modes = parse_list(args.mode if args.mode is not None else ("eager,graph" if on_gpu else "eager"), "--mode", _mode)
     if "graph" in modes and not on_gpu:
         raise UsageError("graph mode needs CUDA GPUs; on the CPU use --mode eager")
 
@@ -126,38 +134,36 @@ def build_plan(args: argparse.Namespace, on_gpu: bool) -> SweepPlan:
         value = getattr(args, name)
         if value is not None and value < (0 if name == "warmup" else 1):
             raise UsageError(f"--{name.replace('_', '-')} must be positive (got {value})")
-    for name in ("timeout", "setup_timeout"):
-        value = getattr(args, name)
-        if value <= 0:
-            raise UsageError(f"--{name.replace('_', '-')} must be positive seconds (got {value})")
-    return SweepPlan(shapes=shapes, dtypes=dtypes, modes=modes,
+    plan = SweepPlan(shapes=shapes, dtypes=dtypes, modes=modes,
                      warmup=args.warmup if args.warmup is not None else (5 if on_gpu else 2),
                      iterations=args.iters, min_iterations=low, max_iterations=high,
-                     graph_ops=args.graph_ops, timeout_s=args.timeout,
-                     setup_timeout_s=args.setup_timeout)
+                     graph_ops=args.graph_ops, timeout_s=timeout_s(args.timeout, "--timeout"),
+                     setup_timeout_s=timeout_s(args.setup_timeout, "--setup-timeout"))
+    for dtype in dtypes:
+        if not plan.sizes_for(dtype):   # the sweep would run nothing for it and say nothing
+            raise UsageError(f"no message size ({', '.join(format_bytes(s.message_bytes) for s in shapes)}) is a "
+                             f"whole number of {dtype_name(dtype)} elements ({dtype.itemsize} bytes each)")
+    return plan
 
 
 def _shapes(args: argparse.Namespace, on_gpu: bool, dtypes: list[torch.dtype]) -> list[Shape]:
-    chosen = [name for name, value in (("--sizes", args.sizes), ("--tokens", args.tokens)) if value]
+    chosen = [name for name, value in (("--sizes", args.sizes), ("--tokens", args.tokens)) if value is not None]
     if (args.min_bytes or args.max_bytes) and chosen:
         raise UsageError(f"-b/-e and {chosen[0]} choose sizes in two ways: use one")
     if len(chosen) == 2:
         raise UsageError("--sizes and --tokens choose sizes in two ways: use one")
-    if args.tokens or args.hidden:
-        if not (args.tokens and args.hidden):
+    if args.tokens is not None or args.hidden is not None:
+        if args.tokens is None or args.hidden is None:
             raise UsageError("model shapes need both --tokens and --hidden")
         if len(dtypes) != 1:
             raise UsageError("model shapes (--tokens/--hidden) take one --dtype")
-        item = torch.tensor([], dtype=dtypes[0]).element_size()
-        hidden = parse_int_list(str(args.hidden), "hidden")
+        item = dtypes[0].itemsize
+        hidden = parse_int_list(str(args.hidden), "--hidden")
         if len(hidden) != 1:
             raise UsageError("--hidden takes one value")
-        return [Shape(t * hidden[0] * item, t, hidden[0]) for t in parse_int_list(args.tokens, "tokens")]
-    if args.sizes:
-        sizes = sorted({parse_bytes(s) for s in args.sizes.split(",") if s.strip()})
-        if not sizes:
-            raise UsageError("--sizes is empty")
-        return [Shape(s) for s in sizes]
+        return [Shape(t * hidden[0] * item, t, hidden[0]) for t in parse_int_list(args.tokens, "--tokens")]
+    if args.sizes is not None:
+        return [Shape(s) for s in sorted(parse_list(args.sizes, "--sizes", parse_bytes))]
     min_bytes = parse_bytes(args.min_bytes) if args.min_bytes else (GPU_MIN_BYTES if on_gpu else CPU_MIN_BYTES)
     max_bytes = parse_bytes(args.max_bytes) if args.max_bytes else (GPU_MAX_BYTES if on_gpu else CPU_MAX_BYTES)
     factor = args.step_factor if args.step_factor is not None else (2 if on_gpu else 4)

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
+import sys
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from commbench.results import ENV_PREFIXES
 from commbench.topology.software import installed_versions
+
+LAUNCH_COMMAND_VAR = "COMMBENCH_LAUNCH_COMMAND"   # the --nproc driver's command line, for its children
+
 
 def _driver_version() -> str | None:
     try:
@@ -30,7 +36,23 @@ def software_versions() -> dict[str, Any]:
 
 
 def relevant_env() -> dict[str, str]:
-    return {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)}
+    return {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES) and k != LAUNCH_COMMAND_VAR}
+
+
+def launch_command() -> list[str]:
+    """The command line the user typed, for run.json: the --nproc driver's (handed to its
+    children), else torchrun's (a worker's parent process), else this process's own."""
+    handed = os.environ.get(LAUNCH_COMMAND_VAR)
+    if handed:
+        return json.loads(handed)
+    if "TORCHELASTIC_RUN_ID" in os.environ:   # started by torchrun's agent
+        try:
+            words = Path(f"/proc/{os.getppid()}/cmdline").read_bytes().split(b"\0")
+        except OSError:   # not Linux: the worker's own command is all there is
+            words = []
+        if any(words):
+            return [w.decode(errors="replace") for w in words if w]
+    return list(sys.argv)
 
 
 def local_device_info(device: torch.device) -> dict[str, Any]:

@@ -15,7 +15,6 @@ import os
 
 import pytest
 import torch
-from rich.console import Console
 
 from commbench.topology import nccl_checks
 from commbench.topology.findings import findings
@@ -89,7 +88,7 @@ def test_ab_machinery_with_two_ranks_sharing_gpu_0(tmp_path):
 
 def test_render_and_findings(snapshot):
     out = io.StringIO()
-    render(snapshot, max(GPUS, 2), False, Console(file=out, width=200))
+    render(snapshot, max(GPUS, 2), False, file=out, width=200)
     text = out.getvalue()
     assert "P2P paths per directed pair" in text and "NCCL's view of" in text and "Islands and placement" in text
     found = {f["code"] for f in findings(snapshot)}

@@ -1,0 +1,85 @@
+"""Files the user names: reading an input (a spec, a latency table, a snapshot, nccl-tests
+output) and checking an output (--json, --junit, --plot, --out) before the command does its work.
+
+Whatever is wrong with one (a directory, missing, unreadable, binary, not UTF-8, not writable)
+is bad input: one line naming the file, never a traceback, and nothing written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from commbench.errors import UsageError
+
+STDOUT = "-"   # --json - writes to standard output
+
+
+def read_text(path: Path, what: str) -> str:
+    """The file's text; `what` names what it should hold ("a qualify spec")."""
+    if path.is_dir():
+        raise UsageError(f"{path}: is a directory, not {what}")
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise UsageError(f"{path}: no such file") from None
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot read ({exc.strerror})") from None
+    if b"\0" in data:
+        raise UsageError(f"{path}: binary file, not {what}")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{path}: not UTF-8 text (byte {exc.start}), not {what}") from None
+
+
+def check_file_target(target: str | Path | None, flag: str) -> None:
+    """Fail early when `flag` names something that cannot become a file ('-' is stdout)."""
+    if target is None or str(target) == STDOUT:
+        return
+    path = Path(target)
+    if path.is_dir():
+        raise UsageError(f"{flag} {target}: is a directory (give a file name)")
+    if not path.parent.is_dir():
+        raise UsageError(f"{flag} {target}: no such directory {path.parent}")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise UsageError(f"{flag} {target}: not writable (permission denied)")
+    _check_writable_folder(path.parent, f"{flag} {target}")
+
+
+def check_dir_target(path: Path, what: str) -> None:
+    """Fail early when nothing could be written under `path` (created later, as needed);
+    `what` names it in the message ("--out results")."""
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"{what}: exists and is not a directory")
+    existing = path
+    while not existing.exists():
+        existing = existing.parent
+    _check_writable_folder(existing, what)
+
+
+def _check_writable_folder(folder: Path, what: str) -> None:
+    # Root ignores mode bits, so only a real write tells (a read-only mount, /proc).
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as exc:
+        raise UsageError(f"{what}: not writable ({exc.strerror})") from None
+
+
+def write_json(target: str | None, payload: Any) -> None:
+    """Write payload to the --json target (checked before with check_file_target)."""
+    if target is None:
+        return
+    text = json.dumps(payload, indent=2, default=str) + "\n"
+    if target == STDOUT:
+        sys.stdout.write(text)
+        return
+    try:
+        Path(target).write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"--json {target}: cannot write ({exc.strerror})") from None
