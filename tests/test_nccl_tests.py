@@ -501,3 +501,26 @@ def test_run_script_refuses_bad_usage(tmp_path: Path, args: list[str], words: st
     proc = _script(base + args)
     assert proc.returncode == 2 and words in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "o").exists()
+
+
+# ---------------------------------------------------------------- real output from an H200
+
+MEASURED = {"graph": DATA / "h200-measured-1gpu-graph", "eager": DATA / "h200-measured-1gpu-eager"}
+
+
+@pytest.mark.parametrize("mode", sorted(MEASURED))
+def test_measured_h200_output_imports_as_its_run(tmp_path: Path, mode: str) -> None:
+    """all_reduce_perf 2.19.6 as it ran on one H200 (NCCL 2.28.9, 4K-64M bf16, -a 3): the text
+    and its -J JSON are recognised as one run, and world size 1 is no_work, never a result."""
+    txt, js = MEASURED[mode].with_suffix(".txt"), MEASURED[mode].with_suffix(".json")
+    text_out, json_out = read_output(txt), read_output(js)
+    assert text_out.complete and json_out.complete
+    assert [r.size_bytes for r in text_out.results] == [r.size_bytes for r in json_out.results]
+    assert len(text_out.results) == 15 and text_out.results[0].size_bytes == 4096
+    assert text_out.results[-1].size_bytes == 64 << 20
+    run = _import(tmp_path, txt, js)
+    rows = _rows(run)
+    assert len(rows) == 2 * 15   # one run (the JSON checked against its text), out-of-place and in-place
+    assert {r["mode"] for r in rows} == {mode} and {r["dtype"] for r in rows} == {"bf16"}
+    assert {r["status"] for r in rows} == {NO_WORK} and all(r["wrong_elements"] == 0 for r in rows)
+    assert all(r["world_size"] == 1 for r in rows)

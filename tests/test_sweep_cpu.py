@@ -209,7 +209,7 @@ def test_unwritable_out_and_unusable_world_size_exit_2(tmp_path: Path) -> None:
 
 def test_ctrl_c_keeps_every_finished_row(tmp_path: Path) -> None:
     proc = subprocess.Popen([sys.executable, "-m", "commbench", "sweep", "--backends", "testfaults:exact",
-                             "-b", "1K", "-e", "1G", "-f", "2", "--iters", "20", "--out", str(tmp_path)],
+                             "-b", "1K", "-e", "256M", "-f", "2", "--iters", "100", "--out", str(tmp_path)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env())
     deadline = time.time() + 60
     while time.time() < deadline:

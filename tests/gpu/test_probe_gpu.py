@@ -8,7 +8,8 @@ import os
 import pytest
 
 from commbench.topology.snapshot import take_snapshot
-from commbench.topology.verdicts import backend_verdicts, reason_for
+from commbench.topology.needs import SHARED_GPU
+from commbench.topology.verdicts import backend_verdicts
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +52,8 @@ def test_multicast_never_created_under_policy(snapshot):
     if not any(os.environ.get(k) for k in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST")):
         pytest.skip("multicast policy variables are not set on this machine")
     assert snapshot["multicast"]["functional"]["status"].startswith("disabled by policy")
-    assert reason_for("symm_mem:multimem", snapshot, 2, True).startswith(("multicast disabled", "no multicast"))
+    reason = backend_verdicts(snapshot, 2, True)["symm_mem:multimem"]
+    assert reason is not None and reason.startswith(("multicast disabled", "no multicast")), reason
 
 
 def test_verdicts_on_this_box(snapshot):
@@ -60,4 +62,4 @@ def test_verdicts_on_this_box(snapshot):
     assert verdicts["p2p:oneshot"] is None, verdicts["p2p:oneshot"]
     assert verdicts["symm_mem:two_shot"] is None, verdicts["symm_mem:two_shot"]
     if len(snapshot["gpus"]) == 1:
-        assert verdicts["nccl"] == "ranks share a GPU: NCCL refuses two ranks on one device"
+        assert verdicts["nccl"] == SHARED_GPU, verdicts["nccl"]
