@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -32,7 +32,7 @@ from commbench.backends.base import (Backend, BackendFactory, BackendUnavailable
                                      parse_variant_options)
 from commbench.backends.nccl_libs import NcclLibrary, by_label, parse_nccl_libs, preload_env, preloaded_here
 from commbench.backends.nccl_log import (ALGORITHMS, PROTOCOLS, InitEvidence, process_nccl, process_switch,
-                                         read_lines, setting_applied, used_algo_proto, version_text)
+                                         logged_choice, read_lines, setting_applied, version_text)
 from commbench.errors import UsageError
 from commbench.sweep.context import RunContext
 from commbench.topology.needs import full_nvlink
@@ -149,18 +149,13 @@ class NcclBackend(ProcessGroupBackend):
             return {"nccl_observed": self._not_observed}
         self._passes += 1
         log_file = self._log_file(f"{message_bytes}B.{self._passes}")
-        with self._logging(log_file):
-            # Two calls, so what is recorded is a choice NCCL repeats (the most common one wins).
-            call()
-            call()
-            torch.cuda.synchronize()
+        logged_calls(call, self._logging(log_file))
         if log_file is None:
             return {"nccl_observed": self._not_observed}
-        algo, proto = used_algo_proto(read_lines(log_file), message_bytes)
-        if algo is None or proto is None:
-            return {"nccl_observed": f"NCCL logged no 'AllReduce: {message_bytes} Bytes -> Algo' line ({log_file})"}
-        used = {"NCCL_PROTO": proto, "NCCL_ALGO": algo}
-        return {"observed": used, "setting_applied": setting_applied(self.requested(), used, self._init)}
+        seen = logged_choice(read_lines(log_file), message_bytes, log_file)
+        if "observed" in seen:
+            seen["setting_applied"] = setting_applied(self.requested(), seen["observed"], self._init)
+        return seen
 
     def _why_not_observed(self, ctx: RunContext) -> str | None:
         """Why this rank records no NCCL choice; None where it logs and reads them."""
@@ -187,6 +182,15 @@ class NcclBackend(ProcessGroupBackend):
             return
         with process_switch().logging_to(log_file):
             yield
+
+
+def logged_calls(call: Callable[[], None], logging: AbstractContextManager[None]) -> None:
+    """Two calls under NCCL's log, so what is recorded is a choice NCCL repeats (the most common
+    one wins)."""
+    with logging:
+        call()
+        call()
+        torch.cuda.synchronize()
 
 
 def variant_name(parts: list[str]) -> str:

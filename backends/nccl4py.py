@@ -24,8 +24,8 @@ import torch
 
 from commbench import engines
 from commbench.backends.base import Backend, BackendFactory, BackendUnavailable, voted
-from commbench.backends.nccl import nccl_log_dir
-from commbench.backends.nccl_log import process_nccl, process_switch, read_lines, used_algo_proto
+from commbench.backends.nccl import logged_calls, nccl_log_dir
+from commbench.backends.nccl_log import logged_choice, process_nccl, process_switch, read_lines
 from commbench.errors import UsageError
 
 if TYPE_CHECKING:
@@ -129,16 +129,10 @@ class Nccl4pyAllreduce(Backend):
             return {"nccl_observed": self._observed_by}   # alike on every rank: none of them calls
         self._passes += 1
         log_file = self.log_dir / f"nccl4py.{message_bytes}B.{self._passes}.log" if self._observed_by is None else None
-        with process_switch().logging_to(log_file) if log_file is not None else nullcontext():
-            call()
-            call()
-            torch.cuda.synchronize()
+        logged_calls(call, process_switch().logging_to(log_file) if log_file is not None else nullcontext())
         if log_file is None:
             return {"nccl_observed": self._observed_by}
-        algo, proto = used_algo_proto(read_lines(log_file), message_bytes)
-        if algo is None or proto is None:
-            return {"nccl_observed": f"NCCL logged no 'AllReduce: {message_bytes} Bytes -> Algo' line ({log_file})"}
-        return {"observed": {"NCCL_PROTO": proto, "NCCL_ALGO": algo}}
+        return logged_choice(read_lines(log_file), message_bytes, log_file)
 
     def close(self) -> None:
         if self._comm is not None:

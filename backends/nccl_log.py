@@ -98,6 +98,15 @@ def used_algo_proto(lines: list[str], message_bytes: int) -> tuple[str | None, s
     return seen.most_common(1)[0][0]
 
 
+def logged_choice(lines: list[str], message_bytes: int, log_file: Path) -> dict[str, Any]:
+    """A row's view of NCCL's choice for this size: `observed` (NCCL_PROTO, NCCL_ALGO) as NCCL
+    logged it, or `nccl_observed` saying that it logged no such line."""
+    algo, proto = used_algo_proto(lines, message_bytes)
+    if algo is None or proto is None:
+        return {"nccl_observed": f"NCCL logged no 'AllReduce: {message_bytes} Bytes -> Algo' line ({log_file})"}
+    return {"observed": {"NCCL_PROTO": proto, "NCCL_ALGO": algo}}
+
+
 def env_settings(lines: list[str]) -> dict[str, str]:
     """Variables NCCL says it read: {"NCCL_PROTO": "LL", ...}. src/misc/param.cc's form ends
     in a period ("NCCL_NTHREADS set by environment to 256."), which is dropped."""

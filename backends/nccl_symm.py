@@ -34,7 +34,7 @@ import torch
 
 from commbench import engines
 from commbench.backends.base import voted
-from commbench.backends.nccl import NcclBackend
+from commbench.backends.nccl import NcclBackend, logged_calls
 from commbench.backends.nccl_libs import NcclLibrary
 from commbench.backends.nccl_log import (process_nccl, read_lines, symmetric_kernel, symmetric_unsupported,
                                          used_algo_proto, version_text)
@@ -186,10 +186,7 @@ class NcclSymmBackend(NcclBackend):
             return self._symmetric(None, self._expected or f"not observed: {self._not_observed}")
         self._passes += 1
         log_file = self._log_file(f"{message_bytes}B.{self._passes}")
-        with self._logging(log_file):
-            call()
-            call()
-            torch.cuda.synchronize()
+        logged_calls(call, self._logging(log_file))
         if log_file is None:
             return self._symmetric(None, self._expected or f"not observed: {self._not_observed}")
         return self._from_log(read_lines(log_file), message_bytes, log_file)
