@@ -387,6 +387,15 @@ def resume_differences(recorded: dict[str, Any], current: dict[str, Any]) -> lis
     return out
 
 
+def refuse_other_run(run_dir: Path, recorded: dict[str, Any], current: dict[str, Any]) -> None:
+    """Bad input when `--resume run_dir` would continue another run than `current` (the
+    differences named); nothing when it is the same run."""
+    differences = resume_differences(recorded, current)
+    if differences:
+        raise UsageError(f"--resume {run_dir}: not the run this command would make ({'; '.join(differences)}); "
+                         "leave out --resume to start a new one")
+
+
 def _gpu_differences(here: list[dict[str, Any]], there: Any) -> list[str]:
     def describe(gpus: Any) -> list[str]:
         return [" ".join(str(g.get(k)) for k in _GPU_KEYS if g.get(k)) for g in gpus or [] if isinstance(g, dict)]

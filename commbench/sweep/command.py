@@ -27,7 +27,7 @@ from commbench.sweep.engine import Engine, stopped_reason
 from commbench.files import check_dir_target, check_file_target
 from commbench.sweep.plan import SweepPlan, build_plan
 from commbench.results import (ROWS_FILE, RUN_FILE, SCHEMA_VERSION, Measurement, ResultsWriter, new_run_dir,
-                               read_rows_checked, read_run_info, repair_torn_tail, resume_differences, stops_backend,
+                               read_rows_checked, read_run_info, refuse_other_run, repair_torn_tail, stops_backend,
                                write_csv, write_run_info)
 from commbench.sweep.live import HEADER, LiveTable
 from commbench.units import positive_finite
@@ -288,10 +288,7 @@ def _open_run_dir(ctx: RunContext, plan: SweepPlan, gpus: list, run_dir: Path
     failure, every rank raises it; the lines that say what was done; the rows)."""
     try:
         info = read_run_info(run_dir) if (run_dir / RUN_FILE).exists() else {}
-        differences = resume_differences(info, run_identity(ctx, plan, gpus))
-        if differences:
-            raise UsageError(f"--resume {run_dir}: not the run this command would make ({'; '.join(differences)}); "
-                             "leave out --resume to start a new one")
+        refuse_other_run(run_dir, info, run_identity(ctx, plan, gpus))
         lines = [line for line in [repair_torn_tail(run_dir / ROWS_FILE)] if line] + recover(run_dir)
     except (UsageError, ResultsUnwritable) as exc:
         return exc, [], []

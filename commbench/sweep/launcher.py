@@ -35,7 +35,7 @@ from commbench.backends.base import Backend
 from commbench.policy import MULTICAST_POLICY_VARS, multicast_forbidden_by
 from commbench.errors import FAILED_EXIT, STOP_EXIT, UsageError
 from commbench.results import (HANG, SCHEMA_VERSION, Measurement, ResultsWriter, new_run_dir, read_rows, read_run_info,
-                               resume_differences, stops_backend, write_csv, write_run_info)
+                               refuse_other_run, stops_backend, write_csv, write_run_info)
 from commbench.sweep.plan import SweepPlan
 
 _NAME_RE = re.compile(r"^[A-Z_][A-Z0-9_]*$")
@@ -162,12 +162,9 @@ def drive(args: argparse.Namespace, env_settings: list[dict[str, str]], variants
 
 def _check_resume(run_dir: Path, nproc: int, plan: SweepPlan) -> None:
     """What the driver can compare before it starts a child (the children compare the GPUs)."""
-    differences = resume_differences(read_run_info(run_dir), {
+    refuse_other_run(run_dir, read_run_info(run_dir), {
         "schema": SCHEMA_VERSION, "host": socket.gethostname(), "world_size": nproc, "nodes": 1,
         "plan": plan.record()})
-    if differences:
-        raise UsageError(f"--resume {run_dir}: not the run this command would make ({'; '.join(differences)}); "
-                         "leave out --resume to start a new one")
 
 
 def _stop_count(run_dir: Path) -> int:
