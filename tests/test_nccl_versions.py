@@ -73,15 +73,23 @@ def test_a_row_records_the_loaded_version_and_any_second_nccl() -> None:
 
 
 def test_the_version_is_asked_of_the_mapped_library(tmp_path: Path) -> None:
-    import ctypes
-
+    # In a child: a stand-in libnccl mapped into pytest's own process would stay there and be
+    # "the loaded NCCL" for every later test that reads /proc/self/maps.
     library = build_fake_nccl(tmp_path / "fake", 22907)
-    ctypes.CDLL(str(library))   # mapped now, as torch maps its NCCL
     maps = tmp_path / "maps"
-    maps.write_text(f"7f00-7f10 r-xp 00000000 08:01 11 {library}\n")
-    assert loaded_nccl(maps) == LoadedNccl(str(library), 22907)
-    maps.write_text("7ffd-7ffe rw-p 00000000 00:00 0 [stack]\n")
-    assert loaded_nccl(maps).error == "no libnccl is mapped into this process"
+    code = f"""
+import ctypes
+from pathlib import Path
+from commbench.backends.nccl_log import LoadedNccl, loaded_nccl
+ctypes.CDLL({str(library)!r})   # mapped now, as torch maps its NCCL
+maps = Path({str(maps)!r})
+maps.write_text("7f00-7f10 r-xp 00000000 08:01 11 {library}\\n")
+assert loaded_nccl(maps) == LoadedNccl({str(library)!r}, 22907), loaded_nccl(maps)
+maps.write_text("7ffd-7ffe rw-p 00000000 00:00 0 [stack]\\n")
+assert loaded_nccl(maps).error == "no libnccl is mapped into this process", loaded_nccl(maps)
+"""
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert child.returncode == 0, child.stderr
 
 
 def test_a_preloaded_library_is_the_one_a_process_reports(tmp_path: Path) -> None:
