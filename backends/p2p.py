@@ -1,4 +1,5 @@
-"""p2p: commbench's own CUDA-IPC allreduce (one-shot push, one-shot pull, two-shot, auto).
+"""p2p: commbench's own CUDA-IPC allreduce (Lamport one-shot and two-shot, flag one-shot push and
+pull, flag two-shot, auto).
 
 The kernels (p2p_allreduce.cu beside this file) are compiled at run time by NVRTC through
 CuPy, once per process, device, dtype and world size, and launched on torch's current
@@ -8,12 +9,22 @@ Design (the ideas of vLLM's and TRT-LLM's custom allreduce, our own code):
 
 * One device allocation per rank holds the flags and data areas; its CUDA-IPC handle goes to
   every rank over the gloo control group and each rank opens its peers' allocations.
-* Flags carry an epoch, the call's sequence number. Every call is collective, so all ranks
-  agree on it. It is kept in device memory and advanced by the kernel itself, because a
-  graph replay re-launches with the arguments fixed at capture time. Data areas alternate by
-  epoch parity, so a peer that runs one call ahead never overwrites what this rank still
-  reads, and no end-of-call barrier is needed. Only plain stores and loads cross the
-  fabric; PCIe systems often lack peer atomics.
+* The kernels' table of buffers (Layout) is a kernel parameter passed by value, built once per
+  buffer; peer loops are unrolled at compile time (the world size is a template parameter).
+* Every kernel kind counts its calls in device memory, one counter per block, advanced by the
+  kernel itself, because a graph replay re-launches with the arguments fixed at capture time.
+  Every call is collective, so all ranks agree on the count. A peer never runs more than one
+  call ahead (finishing a call needs this rank's data of it), so buffers that rotate by count
+  are never overwritten while this rank still reads them, and no end-of-call barrier is
+  needed. Only plain stores and loads cross the fabric; PCIe systems often lack peer atomics.
+* Lamport kernels (``p2p:oneshot_lamport``, ``p2p:twoshot_lamport``; the idea of TRT-LLM's and
+  FlashInfer's Lamport one-shot and of MSCCL++'s LL packets, our own code): the data is its own
+  arrival flag. Buffers start filled with a 32-bit word no input can hold (the bits of fp32
+  -0.0, mapped to +0.0 on the way in, which changes no value); writers push 16-byte vectors,
+  readers poll their own memory until no word is empty. Three buffers rotate; each call empties
+  the one of the previous call while it waits. No fence and no flag round trip per call.
+* Flag kernels (``p2p:oneshot``, ``p2p:oneshot_pull``, ``p2p:twoshot``): data, then a system
+  fence and a flag per peer, then a wait for every peer's flag; data areas alternate by parity.
 * Staging happens inside the kernel, in eager and graph mode alike: the first step of every
   call copies the caller's input into the IPC buffers (push variants write it straight into
   the peers' receive areas, so there the copy is the transfer itself). We do not register
@@ -32,13 +43,16 @@ Design (the ideas of vLLM's and TRT-LLM's custom allreduce, our own code):
   must be resident on its GPU at once. The grid is capped at setup by what fits: the kernels'
   occupancy (blocks per SM) times the SMs a rank may count on (grid_capacity), the smallest
   rank's answer, so that every rank launches the same grid.
-* ``p2p:auto`` picks one-shot or two-shot by size. The crossover is measured at setup: both
-  kernels are graph-replayed at a few sizes on every rank (the median of several replays of
-  up to 100 calls), the slowest rank's time counts, and every rank applies the same rule to
-  the same gathered numbers. ``p2p_crossover_bytes`` in the options skips the measurement.
+* ``p2p:auto`` picks among the Lamport and flag kernels by size. The rule is measured at setup:
+  every kernel is graph-replayed at sizes from 4 KiB up by factors of 2 on every rank (the
+  median of several replays of up to 100 calls), the slowest rank's time counts, the fastest
+  kernel wins each size (a kernel with fewer round trips keeps ties), and every rank applies
+  the same rule to the same gathered numbers. ``p2p_auto_rule`` in the options skips the
+  measurement.
 
-World size 1 runs only ``p2p:oneshot``: the kernel with no peers, as the launch-and-copy
-floor of our kernel (rows carry ``extra.p2p_kernel_floor``).
+World size 1 runs only the one-shot kernels (``p2p:oneshot_lamport``, ``p2p:oneshot``): the
+kernels with no peers, as the launch-and-copy floor of our kernels (rows carry
+``extra.p2p_kernel_floor``).
 """
 
 from __future__ import annotations
@@ -47,7 +61,7 @@ import argparse
 import ctypes
 import statistics
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -69,13 +83,22 @@ if TYPE_CHECKING:
 
 KERNEL_SOURCE = Path(__file__).with_name("p2p_allreduce.cu")
 
-# These mirror P2P_MAX_RANKS / P2P_MAX_BLOCKS and the Layout struct in p2p_allreduce.cu.
+# These mirror P2P_MAX_RANKS / P2P_MAX_BLOCKS / LL_BUFFERS / LL_EMPTY and the Layout and Ctrl
+# structs in p2p_allreduce.cu.
 MAX_RANKS = 8
 MAX_BLOCKS = 64
 FLAG_PHASES = 2
 FLAG_AREA_BYTES = FLAG_PHASES * MAX_BLOCKS * MAX_RANKS * 4
-LAYOUT_WORDS = 4 * MAX_RANKS + 6
+LAYOUT_AREAS = ("flags", "recv", "gather", "stage", "ll", "ll_rs", "ll_ag")   # one pointer per rank each
+LAYOUT_SCALARS = ("slot_bytes", "slice_bytes", "timeout_ns", "ctrl", "report", "rank", "nranks")
+LAYOUT_WORDS = len(LAYOUT_AREAS) * MAX_RANKS + len(LAYOUT_SCALARS)
+LL_BUFFERS = 3
+LL_EMPTY = 0x80000000
+CTRL_WORDS = 8 + 3 * MAX_BLOCKS        # abort, units per Lamport buffer, three counters per block
 THREADS_PER_BLOCK = 512
+WARP_THREADS = 32                      # also more than MAX_RANKS: the flag barrier's threads 0..N-1
+MAX_VECTORS_PER_THREAD = 16
+SPREAD_THREADS = (128, 256, THREADS_PER_BLOCK)
 VECTOR_BYTES = 16                      # every thread moves 16-byte vectors
 AREA_ALIGN_BYTES = 4096
 PARITIES = 2
@@ -87,31 +110,38 @@ DEFAULT_TIMEOUT_MS = 5000.0
 
 DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 
+ONESHOT_LL, TWOSHOT_LL = "oneshot_lamport", "twoshot_lamport"
 ONESHOT_PUSH, ONESHOT_PULL, TWOSHOT = "oneshot_push", "oneshot_pull", "twoshot_push"
-KERNEL_NAMES = {ONESHOT_PUSH: "p2p_oneshot_push", ONESHOT_PULL: "p2p_oneshot_pull",
-                TWOSHOT: "p2p_twoshot_push"}
+KERNEL_NAMES = {ONESHOT_LL: "p2p_ll_oneshot", TWOSHOT_LL: "p2p_ll_twoshot", ONESHOT_PUSH: "p2p_oneshot_push",
+                ONESHOT_PULL: "p2p_oneshot_pull", TWOSHOT: "p2p_twoshot_push"}
+TWO_SHOT_KERNELS = (TWOSHOT_LL, TWOSHOT)     # each rank reduces one slice
 # variant -> kernels it may launch
 VARIANTS: dict[str, tuple[str, ...]] = {
+    "oneshot_lamport": (ONESHOT_LL,),
     "oneshot": (ONESHOT_PUSH,),
     "oneshot_pull": (ONESHOT_PULL,),
+    "twoshot_lamport": (TWOSHOT_LL,),
     "twoshot": (TWOSHOT,),
-    "auto": (ONESHOT_PUSH, TWOSHOT),
+    # In order of preference on a tie: fewer round trips first.
+    "auto": (ONESHOT_LL, ONESHOT_PUSH, TWOSHOT_LL, TWOSHOT),
 }
-DEFAULT_VARIANTS = ("oneshot", "twoshot", "auto")
+DEFAULT_VARIANTS = ("oneshot_lamport", "oneshot", "twoshot_lamport", "twoshot", "auto")
+FLOOR_VARIANTS = ("oneshot_lamport", "oneshot")      # the variants that also run at world size 1
+# The name a rule or a row gives a kernel: the variant that runs it alone.
+KERNEL_VARIANT = {kernels[0]: name for name, kernels in VARIANTS.items() if len(kernels) == 1}
 
-# Crossover calibration: graph-replayed kernel time at these sizes (up to the buffer size).
-CALIBRATION_SIZES = tuple(4096 << (2 * k) for k in range(6))   # 4 KiB ... 4 MiB
+# Auto calibration: graph-replayed kernel time at these sizes (up to the buffer size).
+CALIBRATION_SIZES = tuple(4096 << k for k in range(12))   # 4 KiB ... 8 MiB
 # Calls per graph: enough that launch and timer noise average out at small sizes, fewer at
 # large ones, where one call is long already (4 MiB: 16 calls).
 CALIBRATION_MAX_CALLS, CALIBRATION_MIN_CALLS = 100, 10
 CALIBRATION_GRAPH_BYTES = 64 << 20
 CALIBRATION_REPLAYS = 10          # timed per kernel and size; their median counts
-# Two-shot must beat one-shot by this fraction to count as faster: ties stay one-shot,
-# which has one barrier fewer.
-TWO_SHOT_MARGIN = 0.03
+# A kernel later in the preference order must be faster by this fraction to win a size.
+TIE_MARGIN = 0.03
 
 HOST_ALLOC_PORTABLE_MAPPED = 0x01 | 0x02   # cudaHostAllocPortable | cudaHostAllocMapped
-PHASE_NAMES = ("first barrier", "second barrier")
+PHASE_NAMES = ("first barrier", "second barrier", "one-shot data", "reduce-scatter data", "all-gather data")
 _REPORT = ctypes.c_uint32 * 4     # {1 = timeout, peer, epoch, phase}, read on every call
 
 
@@ -124,23 +154,89 @@ class P2PTimeoutError(BackendTimeout):
 
 
 @dataclass(frozen=True)
+class LaunchShape:
+    """How a launch covers its vectors (options p2p_threads and p2p_vectors_per_thread):
+    `threads` per block (None: by size, see spread_threads), each thread taking
+    `vectors_per_thread` of them before another block is added."""
+
+    threads: int | None = None
+    vectors_per_thread: int = 1
+
+
+# p2p:auto's rule: (largest message in bytes or None for "any larger", kernel), in size order.
+AutoRule = tuple[tuple[int | None, str], ...]
+
+
+@dataclass(frozen=True)
 class P2POptions:
     max_bytes: int = DEFAULT_MAX_BYTES
-    crossover_bytes: int | None = None      # None: measure at setup
+    auto_rule: AutoRule | None = None       # None: measure at setup
     timeout_ms: float = DEFAULT_TIMEOUT_MS
+    shape: LaunchShape = LaunchShape()
 
     @classmethod
     def from_options(cls, options: dict[str, Any]) -> "P2POptions":
         max_bytes = _as_bytes(options.get("p2p_max_bytes"), "p2p_max_bytes", DEFAULT_MAX_BYTES)
         if max_bytes % VECTOR_BYTES:
             raise UsageError(f"p2p_max_bytes {max_bytes} is not a multiple of {VECTOR_BYTES} bytes")
-        crossover = options.get("p2p_crossover_bytes")
-        crossover_bytes = None if crossover is None else _as_bytes(crossover, "p2p_crossover_bytes", 0)
+        rule = options.get("p2p_auto_rule")
+        auto_rule = None if rule is None else parse_auto_rule(rule)
         timeout = options.get("p2p_timeout_ms")
         timeout_ms = DEFAULT_TIMEOUT_MS if timeout is None else float(timeout)
         if not (0 < timeout_ms < float("inf")):   # also refuses NaN
             raise UsageError(f"p2p_timeout_ms must be positive and finite, got {timeout!r}")
-        return cls(max_bytes, crossover_bytes, timeout_ms)
+        threads = options.get("p2p_threads")
+        threads = None if threads is None else _as_int(threads, "p2p_threads", THREADS_PER_BLOCK)
+        if threads is not None and (threads % WARP_THREADS or not WARP_THREADS <= threads <= THREADS_PER_BLOCK):
+            raise UsageError(f"p2p_threads must be a multiple of {WARP_THREADS} from {WARP_THREADS} to "
+                             f"{THREADS_PER_BLOCK}, got {threads}")
+        vectors = _as_int(options.get("p2p_vectors_per_thread"), "p2p_vectors_per_thread", 1)
+        if not 1 <= vectors <= MAX_VECTORS_PER_THREAD:
+            raise UsageError(f"p2p_vectors_per_thread must be from 1 to {MAX_VECTORS_PER_THREAD}, got {vectors}")
+        return cls(max_bytes, auto_rule, timeout_ms, LaunchShape(threads, vectors))
+
+
+def parse_auto_rule(text: str) -> AutoRule:
+    """'oneshot_lamport<=64K,twoshot_lamport<=1M,twoshot': each kernel (named by its variant) up
+    to its size, the last one for every larger message."""
+    names = {KERNEL_VARIANT[k]: k for k in VARIANTS["auto"]}
+    entries: list[tuple[int | None, str]] = []
+    parts = [part.strip() for part in str(text).split(",")]
+    for i, part in enumerate(parts):
+        name, sep, size = part.partition("<=")
+        name = name.strip()
+        if name not in names:
+            raise UsageError(f"p2p auto rule {text!r}: unknown kernel {name!r} (choose from {', '.join(names)})")
+        last = i == len(parts) - 1
+        if last != (not sep):
+            raise UsageError(f"p2p auto rule {text!r}: every kernel but the last needs '<=SIZE', the last none "
+                             "(e.g. oneshot_lamport<=64K,twoshot_lamport)")
+        limit = None if last else _as_bytes(size.strip(), "p2p auto rule size", 0)
+        if limit is not None and entries and limit <= (entries[-1][0] or 0):
+            raise UsageError(f"p2p auto rule {text!r}: sizes must grow from one kernel to the next")
+        entries.append((limit, names[name]))
+    return tuple(entries)
+
+
+def format_auto_rule(rule: AutoRule) -> str:
+    return ",".join(KERNEL_VARIANT[kernel] + ("" if limit is None else f"<={format_bytes(limit)}")
+                    for limit, kernel in rule)
+
+
+def rule_kernel(rule: AutoRule, message_bytes: int) -> str:
+    for limit, kernel in rule:
+        if limit is None or message_bytes <= limit:
+            return kernel
+    return rule[-1][1]
+
+
+def _as_int(value: Any, key: str, default: int) -> int:
+    if value is None:
+        return default
+    try:
+        return int(str(value), 10)
+    except ValueError:
+        raise UsageError(f"{key} must be a whole number, got {value!r}") from None
 
 
 def _as_bytes(value: Any, key: str, default: int) -> int:
@@ -222,11 +318,33 @@ def grid_capacity(blocks_per_sm: int, sm_count: int, emulation: Emulation | None
     return GridCapacity(1, min(sm_count, whole_gpu // ranks))
 
 
-def grid_blocks(algorithm: str, units: int, nranks: int, cap_blocks: int) -> int:
-    """Blocks per launch; the same on every rank, since it depends only on size, world and the
-    cap that all ranks agreed on at setup."""
-    work_units = -(-units // nranks) if algorithm == TWOSHOT else units
-    return max(1, min(cap_blocks, MAX_BLOCKS, -(-work_units // THREADS_PER_BLOCK)))
+def _work_units(algorithm: str, units: int, nranks: int) -> int:
+    """The vectors one rank's threads cover: two-shot kernels work on one slice at a time."""
+    return -(-units // nranks) if algorithm in TWO_SHOT_KERNELS else units
+
+
+def spread_threads(work_units: int, sms: int) -> int:
+    """Threads per block when no option says: the fewest of SPREAD_THREADS whose blocks fit one
+    per SM this rank may count on, else the most. Measured under MPS at 2, 4 and 8 ranks
+    (tests/gpu/p2p_check.py tune; results/reference/h200-mps-p2p-tune/): against 512 threads
+    everywhere this rule lost 1.1% on average to each size's best shape, 512 lost 3.9%."""
+    for threads in SPREAD_THREADS:
+        if -(-work_units // threads) <= sms:
+            return threads
+    return THREADS_PER_BLOCK
+
+
+def launch_dims(algorithm: str, units: int, nranks: int, cap_blocks: int, sms: int,
+                shape: LaunchShape = LaunchShape()) -> tuple[int, int]:
+    """(blocks, threads per block) of one launch; the same on every rank, since it depends only
+    on size, world, the options and the cap and SM count that all ranks agreed on at setup. A
+    launch of one block takes only the whole warps its work needs."""
+    thread_work = -(-_work_units(algorithm, units, nranks) // shape.vectors_per_thread)
+    threads = shape.threads or spread_threads(thread_work, sms)
+    blocks = max(1, min(cap_blocks, MAX_BLOCKS, -(-thread_work // threads)))
+    if blocks == 1:
+        threads = min(threads, max(WARP_THREADS, -(-thread_work // WARP_THREADS) * WARP_THREADS))
+    return blocks, threads
 
 
 @dataclass(frozen=True)
@@ -234,10 +352,27 @@ class AreaPlan:
     """Byte offsets of the areas in one rank's IPC allocation (None: not allocated)."""
 
     slot_bytes: int
+    slice_bytes: int          # the largest two-shot slice of a slot_bytes message
     recv: int | None
     gather: int | None
     stage: int | None
+    ll: int | None
+    ll_rs: int | None
+    ll_ag: int | None
     total_bytes: int
+
+    def offsets(self) -> dict[str, int | None]:
+        """Every data area's offset, by its Layout name (flags at 0)."""
+        return {"flags": 0, "recv": self.recv, "gather": self.gather, "stage": self.stage,
+                "ll": self.ll, "ll_rs": self.ll_rs, "ll_ag": self.ll_ag}
+
+    def lamport_spans(self) -> list[tuple[int, int]]:
+        """(offset, bytes) of the Lamport areas, which start filled with LL_EMPTY."""
+        return [(start, end - start) for start, end in self._bounds() if start in (self.ll, self.ll_rs, self.ll_ag)]
+
+    def _bounds(self) -> list[tuple[int, int]]:
+        starts = sorted(o for o in self.offsets().values() if o is not None)
+        return list(zip(starts, starts[1:] + [self.total_bytes]))
 
 
 def plan_areas(algorithms: tuple[str, ...], nranks: int, slot_bytes: int) -> AreaPlan:
@@ -250,27 +385,40 @@ def plan_areas(algorithms: tuple[str, ...], nranks: int, slot_bytes: int) -> Are
         offset = start + nbytes
         return start
 
+    slice_bytes = -(-slot_bytes // (nranks * VECTOR_BYTES)) * VECTOR_BYTES
     push = any(a in (ONESHOT_PUSH, TWOSHOT) for a in algorithms)
     recv = take(PARITIES * nranks * slot_bytes) if push else None
     gather = take(PARITIES * slot_bytes) if TWOSHOT in algorithms else None
     stage = take(PARITIES * slot_bytes) if ONESHOT_PULL in algorithms else None
-    return AreaPlan(slot_bytes, recv, gather, stage, offset)
+    ll = take(LL_BUFFERS * nranks * slot_bytes) if ONESHOT_LL in algorithms else None
+    ll_rs = take(LL_BUFFERS * nranks * slice_bytes) if TWOSHOT_LL in algorithms else None
+    ll_ag = take(LL_BUFFERS * slot_bytes) if TWOSHOT_LL in algorithms else None
+    end = -(-offset // AREA_ALIGN_BYTES) * AREA_ALIGN_BYTES
+    return AreaPlan(slot_bytes, slice_bytes, recv, gather, stage, ll, ll_rs, ll_ag, end)
 
 
-def choose_crossover(sizes: list[int], oneshot_us: list[float], twoshot_us: list[float],
-                     margin: float = TWO_SHOT_MARGIN) -> int | None:
-    """The smallest measured size from which two-shot is faster (by `margin`) at every larger
-    measured size; None when one-shot is as fast at the largest size. Messages of at least
-    the crossover use two-shot."""
-    if not (len(sizes) == len(oneshot_us) == len(twoshot_us)):
+def choose_rule(sizes: list[int], times_us: dict[str, list[float]], margin: float = TIE_MARGIN) -> AutoRule:
+    """p2p:auto's rule from measured per-call times: at each size the fastest kernel, where a
+    kernel later in `times_us`'s order must beat the earlier ones by `margin`. A message uses the
+    choice of the smallest measured size at or above it (the largest size's above them all)."""
+    if any(len(t) != len(sizes) for t in times_us.values()) or not sizes or not times_us:
         raise ValueError("one time per size and kernel expected")
-    crossover = None
-    for size, one, two in sorted(zip(sizes, oneshot_us, twoshot_us), reverse=True):
-        if two * (1 + margin) < one:
-            crossover = size
+    order = list(times_us)
+    choices: list[tuple[int, str]] = []
+    for i, size in sorted(enumerate(sizes), key=lambda item: item[1]):
+        best = order[0]
+        for kernel in order[1:]:
+            if times_us[kernel][i] * (1 + margin) < times_us[best][i]:
+                best = kernel
+        choices.append((size, best))
+    rule: list[tuple[int | None, str]] = []
+    for size, kernel in choices:
+        if rule and rule[-1][1] == kernel:
+            rule[-1] = (size, kernel)
         else:
-            break
-    return crossover
+            rule.append((size, kernel))
+    rule[-1] = (None, rule[-1][1])
+    return tuple(rule)
 
 
 def calibration_calls(message_bytes: int) -> int:
@@ -352,17 +500,23 @@ class _SharedArea:
         self.report = 0
         self.opened: list[int] = []
         self.exchanged = False
-        self.layout: torch.Tensor | None = None
+        self.layout: numpy.ndarray | None = None      # the kernels' by-value Layout parameter
         self.ctrl: torch.Tensor | None = None
 
     def allocate(self) -> bytes | None:
-        """Local step: allocate and zero; returns the IPC handle to share (None at world size 1)."""
-        runtime = _cupy().cuda.runtime
+        """Local step: allocate, zero the flags, fill the Lamport areas with LL_EMPTY; returns the
+        IPC handle to share (None at world size 1)."""
+        cupy = _cupy()
+        runtime = cupy.cuda.runtime
         self.base = runtime.malloc(self.plan.total_bytes)
         runtime.memset(self.base, 0, self.plan.total_bytes)
+        memory = cupy.cuda.UnownedMemory(self.base, self.plan.total_bytes, owner=None)
+        for offset, nbytes in self.plan.lamport_spans():
+            words = cupy.ndarray((nbytes // 4,), dtype=numpy.uint32, memptr=cupy.cuda.MemoryPointer(memory, offset))
+            words.fill(LL_EMPTY)
         self.report = runtime.hostAlloc(16, HOST_ALLOC_PORTABLE_MAPPED)
         ctypes.memset(self.report, 0, 16)
-        self.ctrl = torch.zeros(4, dtype=torch.int32, device=self.ctx.device)
+        self.ctrl = torch.zeros(CTRL_WORDS, dtype=torch.int32, device=self.ctx.device)
         # Peers may write into this memory as soon as they hold the handle.
         runtime.deviceSynchronize()
         return runtime.ipcGetMemHandle(self.base) if self.ctx.world_size > 1 else None
@@ -378,16 +532,8 @@ class _SharedArea:
             else:
                 self.opened.append(runtime.ipcOpenMemHandle(handle))
                 bases.append(self.opened[-1])
-        plan = self.plan
-        words = [0] * LAYOUT_WORDS
-        for rank, base in enumerate(bases):
-            words[rank] = base
-            for area, offset in enumerate((plan.recv, plan.gather, plan.stage), start=1):
-                words[area * MAX_RANKS + rank] = base + offset if offset is not None else 0
-        words[4 * MAX_RANKS:] = [plan.slot_bytes, int(self.timeout_ms * 1e6), self.ctrl.data_ptr(),
-                                 self.report, self.ctx.rank, self.ctx.world_size]
-        # Every pointer fits in 63 bits, so int64 holds the uint64 words unchanged.
-        self.layout = torch.tensor(words, dtype=torch.int64, device=self.ctx.device)
+        self.layout = layout_parameter(self.plan, bases, int(self.timeout_ms * 1e6), self.ctrl.data_ptr(),
+                                       self.report, self.ctx.rank)
 
     def timeout_error(self) -> P2PTimeoutError | None:
         """The error the kernels recorded, read from host-mapped memory without a sync."""
@@ -398,7 +544,7 @@ class _SharedArea:
             return None
         return P2PTimeoutError(
             f"p2p: peer rank {peer} did not arrive within {self.timeout_ms:g} ms "
-            f"(rank {self.ctx.rank}, call {epoch}, {PHASE_NAMES[min(phase, 1)]}); "
+            f"(rank {self.ctx.rank}, call {epoch}, {PHASE_NAMES[phase] if phase < len(PHASE_NAMES) else phase}); "
             "p2p is unusable until it is set up again")
 
     def release(self) -> None:
@@ -419,17 +565,36 @@ class _SharedArea:
         self.layout = self.ctrl = None
 
 
+def layout_words(plan: AreaPlan, bases: list[int], timeout_ns: int, ctrl: int, report: int, rank: int) -> list[int]:
+    """The Layout struct's uint64 words: each area's address in every rank's allocation (0 where
+    not allocated), then the scalars, in the struct's order."""
+    words = [0] * LAYOUT_WORDS
+    for area, offset in enumerate(plan.offsets().values()):
+        for peer, base in enumerate(bases):
+            words[area * MAX_RANKS + peer] = base + offset if offset is not None else 0
+    words[len(LAYOUT_AREAS) * MAX_RANKS:] = [plan.slot_bytes, plan.slice_bytes, timeout_ns, ctrl, report, rank,
+                                             len(bases)]
+    return words
+
+
+def layout_parameter(plan: AreaPlan, bases: list[int], timeout_ns: int, ctrl: int, report: int,
+                     rank: int) -> numpy.ndarray:
+    """Layout as one structured value, which CuPy passes to the kernels by value."""
+    value = numpy.zeros(1, dtype=numpy.dtype([("words", numpy.uint64, (LAYOUT_WORDS,))]))
+    value["words"][0] = layout_words(plan, bases, timeout_ns, ctrl, report, rank)
+    return value
+
+
 # ---------------------------------------------------------------------------------------
 # The backend
 
 
 @dataclass
 class _Calibration:
-    sizes: list[int] = field(default_factory=list)
-    calls_per_graph: list[int] = field(default_factory=list)
-    oneshot_us: list[float] = field(default_factory=list)
-    twoshot_us: list[float] = field(default_factory=list)
-    crossover_bytes: int | None = None
+    sizes: list[int]
+    calls_per_graph: list[int]
+    times_us: dict[str, list[float]]    # kernel -> slowest rank's per-call time at each size
+    rule: AutoRule
 
 
 class P2PAllreduce(Backend):
@@ -444,12 +609,13 @@ class P2PAllreduce(Backend):
         self.name = f"p2p:{variant}"
         self.algorithms = VARIANTS[variant]
         self.options = options
-        # World size 1 is the kernel-only floor, measured with the plain one-shot kernel.
-        self.min_world_size = 1 if variant == "oneshot" else 2
+        # World size 1 is the kernel-only floor, measured with the one-shot kernels.
+        self.min_world_size = 1 if variant in FLOOR_VARIANTS else 2
         self._ctx: RunContext | None = None
         self._area: _SharedArea | None = None
         self._functions: dict[torch.dtype, dict[str, Any]] = {}
-        self._grid_caps: dict[torch.dtype, int] = {}       # most blocks per launch, agreed by all ranks
+        # (most blocks per launch, SMs a rank may count on), agreed by all ranks
+        self._grids: dict[torch.dtype, tuple[int, int]] = {}
         self._calibrations: dict[torch.dtype, _Calibration] = {}
         self._dtype: torch.dtype | None = None
         self._streams: dict[int, Any] = {}
@@ -491,9 +657,9 @@ class P2PAllreduce(Backend):
         else:
             self._functions[dtype] = voted(ctx, "p2p kernel compilation",
                                            lambda: kernel_functions(ctx.device.index, dtype, ctx.world_size))
-        if dtype not in self._grid_caps:
-            self._grid_caps[dtype] = self._agree_grid_cap(ctx, dtype)
-        if len(self.algorithms) > 1 and self.options.crossover_bytes is None and dtype not in self._calibrations:
+        if dtype not in self._grids:
+            self._grids[dtype] = self._agree_grid(ctx, dtype)
+        if len(self.algorithms) > 1 and self.options.auto_rule is None and dtype not in self._calibrations:
             self._calibrations[dtype] = self._calibrate(dtype)
 
     def _connect(self, ctx: "RunContext", slot_bytes: int, dtype: torch.dtype) -> None:
@@ -509,19 +675,20 @@ class P2PAllreduce(Backend):
         handles = voted_gather(ctx, "p2p buffer allocation", compile_and_allocate)
         voted(ctx, "opening peers' p2p buffers (CUDA IPC)", lambda: area.connect(handles))
 
-    def _agree_grid_cap(self, ctx: "RunContext", dtype: torch.dtype) -> int:
-        """Collective: the most blocks a launch may have. Every rank launches the same grid
-        (block b meets block b), so the smallest rank's capacity counts."""
-        def capacity_blocks() -> int:
-            capacity = grid_capacity(kernel_blocks_per_sm(ctx.device.index, self._functions[dtype], self.algorithms),
-                                     torch.cuda.get_device_properties(ctx.device).multi_processor_count,
-                                     ctx.emulation)
-            refusal = capacity.refusal()
+    def _agree_grid(self, ctx: "RunContext", dtype: torch.dtype) -> tuple[int, int]:
+        """Collective: the most blocks a launch may have and the SMs the block size is spread
+        over. Every rank launches the same grid (block b meets block b), so the smallest rank's
+        capacity counts."""
+        def capacity() -> tuple[int, int]:
+            cap = grid_capacity(kernel_blocks_per_sm(ctx.device.index, self._functions[dtype], self.algorithms),
+                                torch.cuda.get_device_properties(ctx.device).multi_processor_count, ctx.emulation)
+            refusal = cap.refusal()
             if refusal:
                 raise BackendUnavailable(refusal)
-            return capacity.blocks
+            return cap.blocks, cap.sms
 
-        return min(MAX_BLOCKS, *voted_gather(ctx, "p2p grid sizing", capacity_blocks))
+        caps = voted_gather(ctx, "p2p grid sizing", capacity)
+        return min(MAX_BLOCKS, *(blocks for blocks, _ in caps)), min(sms for _, sms in caps)
 
     def _release(self) -> None:
         # A new buffer may allow larger calibration sizes: measure again after a rebuild.
@@ -545,13 +712,12 @@ class P2PAllreduce(Backend):
     def algorithm_for(self, message_bytes: int, dtype: torch.dtype) -> str:
         if len(self.algorithms) == 1:
             return self.algorithms[0]
-        crossover = self._crossover(dtype)
-        return TWOSHOT if crossover is not None and message_bytes >= crossover else ONESHOT_PUSH
+        return rule_kernel(self._rule(dtype), message_bytes)
 
-    def _crossover(self, dtype: torch.dtype) -> int | None:
-        if self.options.crossover_bytes is not None:
-            return self.options.crossover_bytes
-        return self._calibrations[dtype].crossover_bytes
+    def _rule(self, dtype: torch.dtype) -> AutoRule:
+        if self.options.auto_rule is not None:
+            return self.options.auto_rule
+        return self._calibrations[dtype].rule
 
     def allreduce(self, x: torch.Tensor, out: torch.Tensor) -> None:
         if self._area is None:
@@ -563,17 +729,16 @@ class P2PAllreduce(Backend):
                   or tensor_reason(x, out, self._ctx.device))
         if reason:
             raise ValueError(f"{self.name}: {reason}")
-        if x.dtype not in self._grid_caps:
+        if x.dtype not in self._grids:
             raise RuntimeError(f"{self.name}: not set up for {x.dtype}")
         self._launch(self.algorithm_for(message_bytes, x.dtype), x, out)
 
     def _launch(self, algorithm: str, x: torch.Tensor, out: torch.Tensor) -> None:
         units = x.numel() * x.element_size() // VECTOR_BYTES
-        blocks = grid_blocks(algorithm, units, self._ctx.world_size, self._grid_caps[x.dtype])
+        blocks, threads = launch_dims(algorithm, units, self._ctx.world_size, *self._grids[x.dtype], self.options.shape)
         function = self._functions[x.dtype][algorithm]
-        function((blocks,), (THREADS_PER_BLOCK,),
-                 (numpy.uint64(self._area.layout.data_ptr()), numpy.uint64(x.data_ptr()),
-                  numpy.uint64(out.data_ptr()), numpy.uint32(units)),
+        function((blocks,), (threads,),
+                 (self._area.layout, numpy.uint64(x.data_ptr()), numpy.uint64(out.data_ptr()), numpy.uint32(units)),
                  stream=self._stream())
 
     def _stream(self) -> Any:
@@ -588,16 +753,16 @@ class P2PAllreduce(Backend):
             self._streams[ptr] = stream
         return stream
 
-    # -- crossover calibration ------------------------------------------------------------
+    # -- auto calibration -----------------------------------------------------------------
 
     def _calibrate(self, dtype: torch.dtype) -> _Calibration:
-        """Collective: graph-replay both kernels at a few sizes on every rank; every rank then
-        applies choose_crossover() to the same gathered numbers, so all pick the same."""
+        """Collective: graph-replay every kernel at a few sizes on every rank; every rank then
+        applies choose_rule() to the same gathered numbers, so all pick the same."""
         ctx, area = self._ctx, self._area
         sizes = [s for s in CALIBRATION_SIZES if s <= area.plan.slot_bytes]
         calls = [calibration_calls(s) for s in sizes]
         def measure() -> dict[str, list[float]]:
-            times: dict[str, list[float]] = {ONESHOT_PUSH: [], TWOSHOT: []}
+            times: dict[str, list[float]] = {algorithm: [] for algorithm in self.algorithms}
             x = torch.ones(area.plan.slot_bytes // dtype.itemsize, dtype=dtype, device=ctx.device)
             out = torch.empty_like(x)
             for size in sizes:
@@ -607,9 +772,8 @@ class P2PAllreduce(Backend):
             self.raise_if_failed()
             return times
 
-        slowest = slowest_rank_times(voted_gather(ctx, "p2p crossover calibration", measure))
-        return _Calibration(sizes, calls, slowest[ONESHOT_PUSH], slowest[TWOSHOT],
-                            choose_crossover(sizes, slowest[ONESHOT_PUSH], slowest[TWOSHOT]))
+        slowest = slowest_rank_times(voted_gather(ctx, "p2p auto calibration", measure))
+        return _Calibration(sizes, calls, slowest, choose_rule(sizes, slowest))
 
     def _kernel_us(self, algorithm: str, x: torch.Tensor, out: torch.Tensor) -> float:
         """This rank's per-call time of one kernel: timed replays of a graph of back-to-back calls."""
@@ -635,23 +799,25 @@ class P2PAllreduce(Backend):
             "p2p_max_bytes": self.options.max_bytes,
             "p2p_timeout_ms": self.options.timeout_ms,
             "p2p_staging": "in-kernel",
+            "p2p_threads": self.options.shape.threads or "by size",
+            "p2p_vectors_per_thread": self.options.shape.vectors_per_thread,
         }
         if self._ctx is not None and self._ctx.world_size == 1:
             extra["p2p_kernel_floor"] = True
-        if self._dtype in self._grid_caps:
-            extra["p2p_grid_cap_blocks"] = self._grid_caps[self._dtype]
+        if self._dtype in self._grids:
+            extra["p2p_grid_cap_blocks"], extra["p2p_grid_sms"] = self._grids[self._dtype]
         if len(self.algorithms) > 1 and self._dtype is not None:
-            extra["p2p_crossover_bytes"] = self._crossover(self._dtype)
+            extra["p2p_auto_rule"] = format_auto_rule(self._rule(self._dtype))
             calibration = self._calibrations.get(self._dtype)
-            if self.options.crossover_bytes is not None or calibration is None:
-                extra["p2p_crossover_source"] = "option"
+            if self.options.auto_rule is not None or calibration is None:
+                extra["p2p_auto_rule_source"] = "option"
             else:
-                extra["p2p_crossover_source"] = "measured"
+                extra["p2p_auto_rule_source"] = "measured"
                 extra["p2p_calibration"] = {"sizes": calibration.sizes,
                                             "calls_per_graph": calibration.calls_per_graph,
                                             "replays": CALIBRATION_REPLAYS,
-                                            "oneshot_us": [round(t, 3) for t in calibration.oneshot_us],
-                                            "twoshot_us": [round(t, 3) for t in calibration.twoshot_us]}
+                                            "per_call_us": {KERNEL_VARIANT[k]: [round(t, 3) for t in times]
+                                                            for k, times in calibration.times_us.items()}}
         return {"extra": extra}
 
 
@@ -670,14 +836,21 @@ class _P2PWorkload(AllreduceWorkload):
 
 def add_arguments(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--p2p-max-bytes", help="largest message for the p2p backends (default 8M)")
-    group.add_argument("--p2p-crossover", help="force p2p:auto's one-shot/two-shot crossover (default: measured)")
+    group.add_argument("--p2p-auto-rule", metavar="RULE",
+                       help="force p2p:auto's choice of kernel by size, e.g. "
+                            "'oneshot_lamport<=256K,twoshot_lamport' (default: measured at setup)")
     group.add_argument("--p2p-timeout-ms", type=float,
                        help="how long a p2p kernel waits for a peer before it gives up (default 5000)")
+    group.add_argument("--p2p-threads", help="threads per p2p block, a multiple of 32 up to "
+                                             f"{THREADS_PER_BLOCK} (default: by size)")
+    group.add_argument("--p2p-vectors-per-thread",
+                       help="16-byte vectors each p2p thread takes before another block is added (default 1)")
 
 
 def read_options(args: argparse.Namespace) -> dict[str, Any]:
-    options = {"p2p_max_bytes": args.p2p_max_bytes, "p2p_crossover_bytes": args.p2p_crossover,
-               "p2p_timeout_ms": args.p2p_timeout_ms}
+    options = {"p2p_max_bytes": args.p2p_max_bytes, "p2p_auto_rule": args.p2p_auto_rule,
+               "p2p_timeout_ms": args.p2p_timeout_ms, "p2p_threads": args.p2p_threads,
+               "p2p_vectors_per_thread": args.p2p_vectors_per_thread}
     P2POptions.from_options(options)    # bad values are bad input, said before anything runs
     return options
 
@@ -699,11 +872,13 @@ FACTORY = BackendFactory(
     summary="commbench's own CUDA-IPC allreduce kernels (NVRTC via CuPy), graph-capturable, "
             "timeout-bounded",
     variants_help=[
-        "p2p:oneshot       one-shot, push: every rank writes its input into every peer, reduces locally",
-        "p2p:oneshot_pull  one-shot, pull: every rank reads every peer's staged input (never by default)",
-        "p2p:twoshot       two-shot, push: reduce-scatter then all-gather, writes only",
-        "p2p:auto          one-shot below a crossover measured at setup, two-shot above "
-        "(--p2p-crossover, --p2p-max-bytes, --p2p-timeout-ms)",
+        "p2p:oneshot_lamport  one-shot, Lamport: every rank pushes its input into every peer; the data is its own flag",
+        "p2p:oneshot          one-shot, push, then a fence and a flag per peer; reduces locally",
+        "p2p:oneshot_pull     one-shot, pull: every rank reads every peer's staged input (never by default)",
+        "p2p:twoshot_lamport  two-shot, Lamport: reduce-scatter then all-gather, writes only, no flags",
+        "p2p:twoshot          two-shot, push, a fence and a flag per peer after each half",
+        "p2p:auto             the fastest of the four push kernels per size, measured at setup "
+        "(--p2p-auto-rule, --p2p-max-bytes, --p2p-timeout-ms)",
     ],
     probe_specs=(None, "oneshot_pull"),
     packages=("cupy-cuda12x", "cupy-cuda13x", "cupy"),

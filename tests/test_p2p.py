@@ -1,6 +1,6 @@
 """p2p backend rules that need no GPU: variants, options, eligibility, size and tensor rules,
-launch shapes and the grid cap, buffer plan, the crossover choice, the timeout report, and
-that the Python constants match the CUDA source."""
+launch shapes and the grid cap, buffer plan and Layout words, p2p:auto's rule, the timeout report,
+and that the Python constants match the CUDA source."""
 
 from __future__ import annotations
 
@@ -46,27 +46,47 @@ def fake_gpus(monkeypatch):
 def test_registry_exposes_the_family_and_its_default_variants():
     fac = factory("p2p")
     assert fac.family == "p2p"
-    assert [b.name for b in fac.make(None, {})] == ["p2p:oneshot", "p2p:twoshot", "p2p:auto"]
+    assert [b.name for b in fac.make(None, {})] == ["p2p:oneshot_lamport", "p2p:oneshot", "p2p:twoshot_lamport",
+                                                    "p2p:twoshot", "p2p:auto"]
     assert [b.name for b in fac.make("oneshot_pull", {})] == ["p2p:oneshot_pull"]
     assert all(b.node_local and b.graph_capturable for b in fac.make(None, {}))
 
 
 def test_unknown_variant_is_a_usage_error_naming_the_choices():
-    with pytest.raises(UsageError, match="oneshot, oneshot_pull, twoshot, auto"):
+    with pytest.raises(UsageError, match="oneshot_lamport, oneshot, oneshot_pull, twoshot_lamport, twoshot, auto"):
         p2p.make("threeshot", {})
 
 
 def test_options_accept_numbers_and_size_strings():
-    opts = p2p.P2POptions.from_options({"p2p_max_bytes": "4M", "p2p_crossover_bytes": 65536, "p2p_timeout_ms": 250})
-    assert (opts.max_bytes, opts.crossover_bytes, opts.timeout_ms) == (4 << 20, 65536, 250.0)
+    opts = p2p.P2POptions.from_options({"p2p_max_bytes": "4M", "p2p_auto_rule": "oneshot_lamport<=64K, twoshot",
+                                        "p2p_timeout_ms": 250})
+    assert (opts.max_bytes, opts.auto_rule, opts.timeout_ms) == \
+        (4 << 20, ((65536, p2p.ONESHOT_LL), (None, p2p.TWOSHOT)), 250.0)
     defaults = p2p.P2POptions.from_options({})
-    assert (defaults.max_bytes, defaults.crossover_bytes) == (8 << 20, None)
+    assert (defaults.max_bytes, defaults.auto_rule) == (8 << 20, None)
+
+
+def test_an_auto_rule_reads_back_as_it_was_written():
+    text = "oneshot_lamport<=4K,oneshot<=64K,twoshot_lamport<=4M,twoshot"
+    rule = p2p.parse_auto_rule(text)
+    assert p2p.format_auto_rule(rule) == text
+    assert [p2p.rule_kernel(rule, n) for n in (16, 4096, 4112, 65536, 4 << 20, 8 << 20)] == \
+        [p2p.ONESHOT_LL, p2p.ONESHOT_LL, p2p.ONESHOT_PUSH, p2p.ONESHOT_PUSH, p2p.TWOSHOT_LL, p2p.TWOSHOT]
 
 
 @pytest.mark.parametrize("options, message", [
     ({"p2p_max_bytes": 1000}, "not a multiple of 16"),
     ({"p2p_max_bytes": -16}, "positive number of bytes"),
     ({"p2p_timeout_ms": 0}, "must be positive"),
+    ({"p2p_auto_rule": "oneshot_pull<=4K,twoshot"}, "unknown kernel 'oneshot_pull'"),
+    ({"p2p_auto_rule": "oneshot<=4K"}, "the last none"),
+    ({"p2p_auto_rule": "oneshot,twoshot"}, "needs '<=SIZE'"),
+    ({"p2p_auto_rule": "oneshot<=64K,twoshot<=4K,twoshot_lamport"}, "sizes must grow"),
+    ({"p2p_auto_rule": "oneshot<=lots,twoshot"}, "lots"),
+    ({"p2p_threads": 100}, "multiple of 32 from 32 to 512"),
+    ({"p2p_threads": 1024}, "multiple of 32 from 32 to 512"),
+    ({"p2p_threads": "many"}, "whole number"),
+    ({"p2p_vectors_per_thread": 0}, "from 1 to 16"),
 ])
 def test_bad_options_are_usage_errors(options, message):
     with pytest.raises(UsageError, match=message):
@@ -143,20 +163,54 @@ def test_other_dtypes_refused():
 
 # -- launch shape and buffer plan ----------------------------------------------------------
 
-def test_grid_depends_only_on_size_and_world():
-    cap = p2p.MAX_BLOCKS
-    assert p2p.grid_blocks(p2p.ONESHOT_PUSH, 1, 8, cap) == 1
-    assert p2p.grid_blocks(p2p.ONESHOT_PUSH, 513, 8, cap) == 2
-    assert p2p.grid_blocks(p2p.ONESHOT_PUSH, (8 << 20) // 16, 8, cap) == p2p.MAX_BLOCKS
-    # Two-shot sizes its grid by one rank's slice.
-    assert p2p.grid_blocks(p2p.TWOSHOT, 4 * 512 + 1, 4, cap) == 2
-    assert p2p.grid_blocks(p2p.TWOSHOT, 3, 8, cap) == 1
+def dims(algorithm: str, units: int, world: int = 8, cap: int = 64, sms: int = 132,
+         shape: p2p.LaunchShape = p2p.LaunchShape()) -> tuple[int, int]:
+    return p2p.launch_dims(algorithm, units, world, cap, sms, shape)
+
+
+def test_grid_depends_only_on_size_world_and_the_agreed_cap_and_sms():
+    assert dims(p2p.ONESHOT_PUSH, 1) == (1, 32)
+    assert dims(p2p.ONESHOT_PUSH, 513) == (5, 128)
+    assert dims(p2p.ONESHOT_PUSH, (8 << 20) // 16) == (p2p.MAX_BLOCKS, 512)
+    # Two-shot sizes its grid by one rank's slice, Lamport or not.
+    assert dims(p2p.TWOSHOT, 4 * 512 + 1, world=4) == dims(p2p.TWOSHOT_LL, 4 * 512 + 1, world=4) == (5, 128)
+    assert dims(p2p.ONESHOT_LL, 4 * 512 + 1, world=4) == (17, 128)
+    assert dims(p2p.TWOSHOT, 3) == (1, 32)
+
+
+def test_blocks_spread_one_per_sm_with_the_fewest_threads_that_fit():
+    # 14 SMs (one of 8 MPS clients at 12%): 64 KiB one-shot is 4096 vectors, 8 blocks of 512.
+    assert dims(p2p.ONESHOT_LL, 4096, sms=14, cap=28) == (8, 512)
+    assert dims(p2p.ONESHOT_LL, 1024, sms=14, cap=28) == (8, 128)
+    # 256 KiB two-shot at 8 ranks: a 2048-vector slice, 8 blocks of 256.
+    assert dims(p2p.TWOSHOT_LL, 16384, sms=14, cap=28) == (8, 256)
+    # More work than the SMs hold at 512 threads a block: 512 threads, as many blocks as the cap.
+    assert dims(p2p.ONESHOT_LL, 1 << 18, sms=14, cap=28) == (28, 512)
+    assert p2p.spread_threads(66 * 128, 66) == 128 and p2p.spread_threads(66 * 128 + 1, 66) == 256
+
+
+def test_one_block_launches_take_only_the_warps_their_work_needs():
+    assert dims(p2p.ONESHOT_LL, 1) == (1, 32)
+    assert dims(p2p.ONESHOT_LL, 100) == (1, 128)
+    assert dims(p2p.ONESHOT_LL, 100, sms=1) == (1, 128)
+    assert dims(p2p.ONESHOT_LL, 257, sms=1) == (1, 288)
+    assert dims(p2p.TWOSHOT_LL, 256) == (1, 32)                    # a 32-vector slice
+    assert p2p.WARP_THREADS >= p2p.MAX_RANKS
+
+
+def test_options_fix_the_threads_and_the_vectors_per_thread():
+    # Four vectors a thread: a quarter of the blocks, and single blocks a quarter of the threads.
+    shape = p2p.LaunchShape(threads=256, vectors_per_thread=4)
+    assert dims(p2p.ONESHOT_LL, 4096, shape=shape) == (4, 256)
+    assert dims(p2p.ONESHOT_LL, 256, shape=shape) == (1, 64)
+    assert p2p.P2POptions.from_options({"p2p_threads": "256", "p2p_vectors_per_thread": 4}).shape == shape
+    assert p2p.P2POptions.from_options({}).shape == p2p.LaunchShape(None, 1)
 
 
 def test_grid_never_exceeds_the_agreed_cap():
-    assert p2p.grid_blocks(p2p.ONESHOT_PUSH, (8 << 20) // 16, 8, 16) == 16
-    assert p2p.grid_blocks(p2p.TWOSHOT, (8 << 20) // 16, 8, 3) == 3
-    assert p2p.grid_blocks(p2p.ONESHOT_PUSH, 513, 8, 16) == 2     # small messages stay small
+    assert dims(p2p.ONESHOT_PUSH, (8 << 20) // 16, cap=16) == (16, 512)
+    assert dims(p2p.TWOSHOT, (8 << 20) // 16, cap=3) == (3, 512)
+    assert dims(p2p.ONESHOT_PUSH, 513, cap=16) == (5, 128)     # small messages stay small
 
 
 H200_SMS = 132
@@ -182,7 +236,7 @@ def test_eight_ranks_under_mps_without_an_sm_limit_get_one_block_per_sm_of_a_fai
     # two blocks per SM (the occupancy API's answer) deadlocked too.
     capacity = p2p.grid_capacity(2, H200_SMS, shared_gpu(8, mps=True))
     assert (capacity.sms, capacity.blocks) == (16, 16)
-    assert p2p.grid_blocks(p2p.ONESHOT_PUSH, (256 << 10) // 16, 8, capacity.blocks) == 16
+    assert dims(p2p.ONESHOT_PUSH, (256 << 10) // 16, cap=capacity.blocks, sms=capacity.sms) == (16, 512)
 
 
 def test_an_unknown_mps_answer_counts_as_mps():
@@ -221,8 +275,8 @@ def grid_setup(monkeypatch, emulation: Emulation, peer_blocks: int) -> tuple[p2p
                         lambda device: SimpleNamespace(multi_processor_count=H200_SMS))
     ctx = ctx_for(2)
     ctx.emulation = emulation
-    # One gather carries each rank's (refusal, capacity); the peer has no refusal.
-    ctx.all_gather_objects = lambda obj: [obj, (None, peer_blocks)]
+    # One gather carries each rank's (refusal, (cap, sms)); the peer has no refusal.
+    ctx.all_gather_objects = lambda obj: [obj, (None, (peer_blocks, 10))]
     b = backend("auto")
     b._functions[torch.bfloat16] = {}
     return b, ctx
@@ -230,24 +284,26 @@ def grid_setup(monkeypatch, emulation: Emulation, peer_blocks: int) -> tuple[p2p
 
 def test_every_rank_takes_the_smallest_ranks_cap(monkeypatch):
     b, ctx = grid_setup(monkeypatch, shared_gpu(2, mps=True), peer_blocks=20)
-    assert b._agree_grid_cap(ctx, torch.bfloat16) == 20          # this rank fits 66
+    assert b._agree_grid(ctx, torch.bfloat16) == (20, 10)        # this rank fits 66 on 66 SMs
     b, ctx = grid_setup(monkeypatch, shared_gpu(2, mps=True), peer_blocks=100)
-    assert b._agree_grid_cap(ctx, torch.bfloat16) == p2p.MAX_BLOCKS
+    assert b._agree_grid(ctx, torch.bfloat16) == (p2p.MAX_BLOCKS, 10)
 
 
 def test_setup_refuses_when_not_one_block_per_rank_fits(monkeypatch):
     b, ctx = grid_setup(monkeypatch, shared_gpu(200, mps=True), peer_blocks=1)
     with pytest.raises(BackendUnavailable, match=r"^p2p grid sizing failed on rank 0: p2p needs every block .*"
                                                  r"count on 0 SMs .*fewer ranks per GPU"):
-        b._agree_grid_cap(ctx, torch.bfloat16)
+        b._agree_grid(ctx, torch.bfloat16)
 
 
-def test_rows_record_the_grid_cap():
+def test_rows_record_the_grid_cap_and_the_launch_shape():
     b = backend("oneshot")
     b._dtype = torch.bfloat16
     assert "p2p_grid_cap_blocks" not in b.row_fields()["extra"]     # before setup
-    b._grid_caps[torch.bfloat16] = 16
-    assert b.row_fields()["extra"]["p2p_grid_cap_blocks"] == 16
+    b._grids[torch.bfloat16] = (16, 14)
+    extra = b.row_fields()["extra"]
+    assert (extra["p2p_grid_cap_blocks"], extra["p2p_grid_sms"]) == (16, 14)
+    assert (extra["p2p_threads"], extra["p2p_vectors_per_thread"]) == ("by size", 1)
 
 
 # -- tensors a launch accepts ----------------------------------------------------------------
@@ -281,7 +337,7 @@ def test_allreduce_refuses_a_misaligned_view_before_any_launch(monkeypatch):
     b = backend("oneshot")
     b._ctx = ctx_for(2, device="cpu")
     b._area = p2p._SharedArea(b._ctx, p2p.plan_areas(b.algorithms, 2, 4096), b.options.timeout_ms)
-    b._grid_caps[torch.float32] = 8
+    b._grids[torch.float32] = (8, 8)
     launched = []
     monkeypatch.setattr(b, "_launch", lambda algorithm, x, out: launched.append((x.data_ptr(), out.data_ptr())))
     buffer = torch.zeros(64)
@@ -298,53 +354,75 @@ def test_area_plan_allocates_only_what_the_kernels_use_without_overlap():
     assert push.gather is None and push.stage is None and push.recv >= p2p.FLAG_AREA_BYTES
     pull = p2p.plan_areas(p2p.VARIANTS["oneshot_pull"], 4, slot)
     assert pull.recv is None and pull.gather is None
+    lamport = p2p.plan_areas(p2p.VARIANTS["oneshot_lamport"], 4, slot)
+    assert (lamport.recv, lamport.gather, lamport.ll_rs) == (None, None, None)
+    assert lamport.lamport_spans() == [(lamport.ll, 3 * 4 * slot)]
     auto = p2p.plan_areas(p2p.VARIANTS["auto"], 4, slot)
+    assert auto.stage is None and auto.slice_bytes == slot // 4
     spans = sorted([(0, p2p.FLAG_AREA_BYTES), (auto.recv, auto.recv + 2 * 4 * slot),
-                    (auto.gather, auto.gather + 2 * slot)])
+                    (auto.gather, auto.gather + 2 * slot), (auto.ll, auto.ll + 3 * 4 * slot),
+                    (auto.ll_rs, auto.ll_rs + 3 * 4 * auto.slice_bytes), (auto.ll_ag, auto.ll_ag + 3 * slot)])
     assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:]))
     assert spans[-1][1] == auto.total_bytes
-    assert all(offset % p2p.AREA_ALIGN_BYTES == 0 for offset in (auto.recv, auto.gather))
+    assert all(offset % p2p.AREA_ALIGN_BYTES == 0 for offset in (auto.recv, auto.gather, auto.ll, auto.ll_rs))
+    # Only the Lamport areas start filled with LL_EMPTY, and all of each of them.
+    filled = auto.lamport_spans()
+    assert [start for start, _ in filled] == [auto.ll, auto.ll_rs, auto.ll_ag]
+    assert all(nbytes >= need for (_, nbytes), need in zip(filled, (3 * 4 * slot, 3 * slot, 3 * slot)))
 
 
-# -- crossover choice --------------------------------------------------------------------
+def test_two_shot_slices_round_up_to_whole_vectors():
+    plan = p2p.plan_areas(p2p.VARIANTS["twoshot_lamport"], 3, 1040)     # 65 vectors over 3 ranks
+    assert plan.slice_bytes == 22 * 16
+
+
+def test_layout_words_follow_the_struct_and_leave_absent_areas_zero():
+    plan = p2p.plan_areas(p2p.VARIANTS["oneshot_lamport"], 2, 4096)
+    bases = [0x7000_0000_0000, 0x7100_0000_0000]
+    words = p2p.layout_words(plan, bases, timeout_ns=5_000_000, ctrl=0xC0, report=0xD0, rank=1)
+    assert len(words) == p2p.LAYOUT_WORDS
+    area = {name: words[i * p2p.MAX_RANKS:(i + 1) * p2p.MAX_RANKS] for i, name in enumerate(p2p.LAYOUT_AREAS)}
+    assert area["flags"] == bases + [0] * 6
+    assert area["ll"] == [b + plan.ll for b in bases] + [0] * 6
+    assert area["recv"] == area["ll_rs"] == [0] * 8
+    assert words[-len(p2p.LAYOUT_SCALARS):] == [4096, plan.slice_bytes, 5_000_000, 0xC0, 0xD0, 1, 2]
+    value = p2p.layout_parameter(plan, bases, 5_000_000, 0xC0, 0xD0, 1)
+    assert value.nbytes == 8 * p2p.LAYOUT_WORDS and list(value["words"][0]) == words
+
+
+# -- p2p:auto's rule ----------------------------------------------------------------------
 
 SIZES = [4096, 16384, 65536, 262144, 1 << 20, 4 << 20]
+LL1, PUSH1, LL2, PUSH2 = p2p.ONESHOT_LL, p2p.ONESHOT_PUSH, p2p.TWOSHOT_LL, p2p.TWOSHOT
 
 
-def test_crossover_is_where_two_shot_starts_winning_for_good():
-    one = [5.0, 5.5, 7.0, 12.0, 30.0, 100.0]
-    two = [8.0, 8.2, 8.5, 10.0, 20.0, 60.0]
-    assert p2p.choose_crossover(SIZES, one, two) == 262144
+def test_each_size_goes_to_its_fastest_kernel_and_runs_merge():
+    times = {LL1: [3.0, 3.2, 4.0, 9.0, 30.0, 110.0],
+             PUSH1: [5.0, 5.5, 7.0, 12.0, 30.0, 100.0],
+             LL2: [6.0, 6.1, 6.5, 8.0, 20.0, 70.0],
+             PUSH2: [8.0, 8.2, 8.5, 10.0, 18.0, 60.0]}
+    assert p2p.choose_rule(SIZES, times) == ((65536, LL1), (262144, LL2), (None, PUSH2))
 
 
-def test_an_early_two_shot_win_that_does_not_last_is_ignored():
-    one = [5.0, 9.0, 7.0, 12.0, 30.0, 100.0]
-    two = [8.0, 6.0, 8.5, 10.0, 20.0, 60.0]
-    assert p2p.choose_crossover(SIZES, one, two) == 262144
+def test_a_later_kernel_must_win_by_the_margin():
+    times = {LL1: [10.0, 10.0], PUSH1: [9.9, 9.0]}
+    assert p2p.choose_rule([4096, 8192], times) == ((4096, LL1), (None, PUSH1))
+    assert p2p.choose_rule([4096, 8192], {LL1: [10.0, 10.0], PUSH1: [5.0, 9.9]}) == ((4096, PUSH1), (None, LL1))
 
 
-def test_no_crossover_when_one_shot_holds_at_the_largest_size():
-    one = [5.0, 5.5, 7.0, 12.0, 30.0, 50.0]
-    two = [8.0, 8.2, 6.5, 10.0, 20.0, 60.0]
-    assert p2p.choose_crossover(SIZES, one, two) is None
+def test_one_kernel_everywhere_is_a_rule_of_one_entry_and_size_order_does_not_matter():
+    times = {LL1: [9.0] * 6, LL2: [3.0] * 6}
+    assert p2p.choose_rule(SIZES[::-1], times) == ((None, LL2),)
 
 
-def test_ties_within_the_margin_stay_one_shot():
-    assert p2p.choose_crossover([4096, 8192], [10.0, 10.0], [9.9, 9.0]) == 8192
-    assert p2p.choose_crossover([4096, 8192], [10.0, 10.0], [5.0, 9.9]) is None
-
-
-def test_two_shot_everywhere_gives_the_smallest_size_and_order_does_not_matter():
-    assert p2p.choose_crossover(SIZES[::-1], [9.0] * 6, [3.0] * 6) == 4096
-
-
-def test_crossover_needs_one_time_per_size():
+def test_the_rule_needs_one_time_per_size():
     with pytest.raises(ValueError):
-        p2p.choose_crossover(SIZES, [1.0], [1.0])
+        p2p.choose_rule(SIZES, {LL1: [1.0]})
 
 
 def test_calibration_graphs_hold_100_calls_at_small_sizes_and_fewer_at_large_ones():
     assert [p2p.calibration_calls(s) for s in SIZES] == [100, 100, 100, 100, 64, 16]
+    assert p2p.CALIBRATION_SIZES[0] == 4096 and p2p.CALIBRATION_SIZES[-1] == p2p.DEFAULT_MAX_BYTES
     assert p2p.calibration_calls(64 << 20) == p2p.CALIBRATION_MIN_CALLS
     assert p2p.CALIBRATION_REPLAYS >= 10
 
@@ -356,7 +434,7 @@ def noisy_replays_us(per_call_us: float, calls: int, late: int) -> list[float]:
             for k in range(p2p.CALIBRATION_REPLAYS)]
 
 
-def test_noisy_replays_do_not_move_the_crossover():
+def test_noisy_replays_do_not_move_the_rule():
     one = [5.0, 5.5, 7.0, 12.0, 30.0, 100.0]
     two = [8.0, 8.2, 8.5, 10.0, 20.0, 60.0]          # two-shot wins from 256 KiB on
     calls = [p2p.calibration_calls(s) for s in SIZES]
@@ -365,14 +443,14 @@ def test_noisy_replays_do_not_move_the_crossover():
     per_rank = [{algo: [noisy_replays_us(true[i], calls[i], rank_late[algo].get(i, 0)) for i in range(len(SIZES))]
                  for algo, true in (("oneshot_push", one), ("twoshot_push", two))} for rank_late in late]
 
-    def crossover(per_call) -> int | None:
+    def rule(per_call) -> p2p.AutoRule:
         slowest = p2p.slowest_rank_times([{algo: [per_call(r, c) for r, c in zip(replays, calls)]
                                            for algo, replays in rank.items()} for rank in per_rank])
-        return p2p.choose_crossover(SIZES, slowest["oneshot_push"], slowest["twoshot_push"])
+        return p2p.choose_rule(SIZES, slowest)
 
-    assert crossover(p2p.per_call_median_us) == 262144
-    # The mean of the same replays would have kept one-shot everywhere.
-    assert crossover(lambda replays, c: statistics.mean(replays) / c) is None
+    assert rule(p2p.per_call_median_us) == ((65536, "oneshot_push"), (None, "twoshot_push"))
+    # The mean of the same replays would have sent 64 KiB to two-shot and 4 MiB to one-shot.
+    assert rule(lambda replays, c: statistics.mean(replays) / c) != rule(p2p.per_call_median_us)
 
 
 def test_the_slowest_rank_counts():
@@ -381,13 +459,14 @@ def test_the_slowest_rank_counts():
     assert p2p.slowest_rank_times(per_rank) == {"oneshot_push": [1.5, 5.0], "twoshot_push": [2.5, 3.0]}
 
 
-def test_auto_with_a_given_crossover_splits_by_size_and_records_it():
-    auto = backend("auto", p2p_crossover_bytes="64K")
-    assert auto.algorithm_for(65536 - 16, torch.bfloat16) == p2p.ONESHOT_PUSH
-    assert auto.algorithm_for(65536, torch.bfloat16) == p2p.TWOSHOT
+def test_auto_with_a_given_rule_splits_by_size_and_records_it():
+    auto = backend("auto", p2p_auto_rule="oneshot_lamport<=64K,twoshot_lamport")
+    assert auto.algorithm_for(65536, torch.bfloat16) == p2p.ONESHOT_LL
+    assert auto.algorithm_for(65536 + 16, torch.bfloat16) == p2p.TWOSHOT_LL
     auto._dtype = torch.bfloat16
     extra = auto.row_fields()["extra"]
-    assert (extra["p2p_crossover_bytes"], extra["p2p_crossover_source"]) == (65536, "option")
+    assert (extra["p2p_auto_rule"], extra["p2p_auto_rule_source"]) == ("oneshot_lamport<=64K,twoshot_lamport",
+                                                                        "option")
     assert backend("oneshot_pull").algorithm_for(1 << 20, torch.float32) == p2p.ONESHOT_PULL
 
 
@@ -424,6 +503,15 @@ def test_cuda_source_constants_match():
     fields = re.findall(r"^\s*u64 (\w+)(\[P2P_MAX_RANKS\])?;", layout, re.M)
     words = sum(p2p.MAX_RANKS if array else 1 for _, array in fields)
     assert words == p2p.LAYOUT_WORDS
-    assert [name for name, _ in fields][:4] == ["flags", "recv", "gather", "stage"]
+    assert [name for name, array in fields if array] == list(p2p.LAYOUT_AREAS)
+    assert [name for name, array in fields if not array] == list(p2p.LAYOUT_SCALARS)
+    assert int(re.search(r"#define LL_BUFFERS (\d+)", source).group(1)) == p2p.LL_BUFFERS
+    assert int(re.search(r"#define LL_EMPTY (0x[0-9a-f]+)u", source).group(1), 16) == p2p.LL_EMPTY
+    ctrl = re.search(r"struct Ctrl \{(.*?)\};", source, re.S).group(1)
+    ctrl_words = sum(int({"LL_BUFFERS": p2p.LL_BUFFERS, "P2P_MAX_BLOCKS": p2p.MAX_BLOCKS}.get(n, n or 1))
+                     for n in re.findall(r"^\s*u32 \w+(?:\[(\w+)\])?;", ctrl, re.M))
+    assert ctrl_words == p2p.CTRL_WORDS
+    phases = re.findall(r"#define PHASE_\w+ (\d+)", source)
+    assert [int(n) for n in phases] == list(range(len(p2p.PHASE_NAMES)))
     for name in p2p.KERNEL_NAMES.values():
-        assert f"void __launch_bounds__({p2p.THREADS_PER_BLOCK}) {name}(" in source
+        assert f"void __launch_bounds__({p2p.THREADS_PER_BLOCK}) {name}(const __grid_constant__ Layout L," in source

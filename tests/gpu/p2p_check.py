@@ -6,8 +6,11 @@ works between processes on one device).
   python3 tests/gpu/p2p_check.py long --world 2 --calls 10000 --replays 1000 [--budget-s 60]
                                                       back-to-back eager calls and graph replays, every result checked
   python3 tests/gpu/p2p_check.py timeout              rank 1 never arrives: rank 0 must get P2PTimeoutError
-  python3 tests/gpu/p2p_check.py calibrate --world 2  p2p:auto measures its crossover and all ranks agree
-  python3 tests/gpu/p2p_check.py floor                world size 1: graph-replayed one-shot kernel, 1 KiB - 1 MiB
+                                                      (flag one-shot, Lamport one-shot and two-shot)
+  python3 tests/gpu/p2p_check.py calibrate --world 2  p2p:auto measures its rule and all ranks agree
+  python3 tests/gpu/p2p_check.py floor                world size 1: graph-replayed one-shot kernels, 1 KiB - 1 MiB
+  python3 tests/gpu/p2p_check.py tune --world 8       per kernel and size, the graph-replayed time of each launch
+                                                      shape (threads per block x vectors per thread), slowest rank
 
 Every call writes its sum into an output tensor the caller owns. Under an MPS daemon
 (CUDA_MPS_PIPE_DIRECTORY set, as tests/gpu/run.sh does) each spawned rank runs with
@@ -28,13 +31,14 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 import torch.multiprocessing as mp
 
-from commbench.backends.p2p import P2PAllreduce, P2PTimeoutError, make
+from commbench.backends.p2p import FLOOR_VARIANTS, LaunchShape, P2PAllreduce, P2PTimeoutError, make
 from commbench.sweep.context import MPS_PERCENT_VAR, RunContext, init_context, shutdown
 from commbench.sweep.mps import client_env
 from commbench.sweep.workload import exact_pattern, expected_sum
@@ -45,9 +49,11 @@ MAX_BYTES = 8 << 20
 # blocks, two-shot slices of unequal length, the largest buffer.
 EXACT_SIZES = (16, 48, 1040, 4096, 65536 + 16, 262144, 1 << 20, (3 << 20) + 48, MAX_BYTES)
 RANDOM_SIZES = (1040, 65536 + 16)
-VARIANTS = ("oneshot", "oneshot_pull", "twoshot", "auto")
-# auto switches to two-shot here in exact/long runs, so both kernels run inside one variant.
-TEST_CROSSOVER_BYTES = 65536
+VARIANTS = ("oneshot_lamport", "oneshot", "oneshot_pull", "twoshot_lamport", "twoshot", "auto")
+# In exact/long runs auto follows this rule, so all four of its kernels run inside one variant,
+# back to back (LONG_SIZES: 16 B Lamport one-shot, 4 KiB flag one-shot, 64 KiB + 16 Lamport
+# two-shot, 256 KiB flag two-shot).
+TEST_AUTO_RULE = "oneshot_lamport<=1K,oneshot<=4K,twoshot_lamport<=128K,twoshot"
 LONG_SIZES = (16, 4096, 65536 + 16, 262144)    # consecutive calls change grid and kernel
 LONG_EPOCHS = 3                                 # coprime with len(LONG_SIZES): every pair occurs
 LONG_CHUNK = 500
@@ -140,7 +146,7 @@ def exact_worker(ctx: RunContext, args: argparse.Namespace) -> dict[str, Any]:
     random_mismatch: list[str] = []
     grid_caps: set[int] = set()
     for variant in VARIANTS:
-        backend = _backend(variant, {"p2p_crossover_bytes": TEST_CROSSOVER_BYTES, "p2p_max_bytes": MAX_BYTES}, ctx)
+        backend = _backend(variant, {"p2p_auto_rule": TEST_AUTO_RULE, "p2p_max_bytes": MAX_BYTES}, ctx)
         try:
             for dtype in DTYPES:
                 backend.setup(ctx, MAX_BYTES, dtype)
@@ -165,6 +171,9 @@ def exact_worker(ctx: RunContext, args: argparse.Namespace) -> dict[str, Any]:
                 for size in RANDOM_SIZES:
                     count = size // dtype.itemsize
                     inputs = _random_inputs(world, count, dtype, dev, seed=size)
+                    # Zeros of both signs, where the Lamport kernels map the empty word to +0.0.
+                    inputs[0][::7] = -0.0
+                    inputs[-1][::5] = 0.0
                     out = _reduced(backend, inputs[ctx.rank])
                     reference = _fp32_rank_order_sum(inputs, dtype)
                     same_bits = bool(torch.equal(out.view(torch.uint8), reference.view(torch.uint8)))
@@ -202,7 +211,7 @@ def _chunks(ctx: RunContext, total: int, deadline: float) -> Any:
 
 def long_worker(ctx: RunContext, args: argparse.Namespace) -> dict[str, Any]:
     world, dev, dtype = ctx.world_size, ctx.device, torch.bfloat16
-    backend = _backend(args.variant, {"p2p_crossover_bytes": TEST_CROSSOVER_BYTES}, ctx)
+    backend = _backend(args.variant, {"p2p_auto_rule": TEST_AUTO_RULE}, ctx)
     counts = [size // dtype.itemsize for size in LONG_SIZES]
     inputs = [[exact_pattern(ctx.rank, e, n, world, dev, dtype) for n in counts] for e in range(LONG_EPOCHS)]
     expected = [[expected_sum(e, n, world, dev, dtype) for n in counts] for e in range(LONG_EPOCHS)]
@@ -253,10 +262,18 @@ def long_worker(ctx: RunContext, args: argparse.Namespace) -> dict[str, Any]:
 # timeout: a peer that never arrives
 
 
+TIMEOUT_VARIANTS = ("oneshot", "oneshot_lamport", "twoshot_lamport")
+
+
 def timeout_worker(ctx: RunContext, args: argparse.Namespace) -> dict[str, Any]:
+    """For each kernel kind: one healthy call, then rank 1 stays away from the second call."""
+    return {"world": ctx.world_size, "variants": {v: _timeout_case(ctx, v) for v in TIMEOUT_VARIANTS}}
+
+
+def _timeout_case(ctx: RunContext, variant: str) -> dict[str, Any]:
     dev, dtype, count = ctx.device, torch.bfloat16, 4096
-    backend = _backend("oneshot", {"p2p_timeout_ms": TIMEOUT_MS}, ctx)
-    result: dict[str, Any] = {"world": ctx.world_size}
+    backend = _backend(variant, {"p2p_timeout_ms": TIMEOUT_MS}, ctx)
+    result: dict[str, Any] = {}
     try:
         backend.setup(ctx, 1 << 20, dtype)
         out = _reduced(backend, exact_pattern(ctx.rank, 1, count, ctx.world_size, dev, dtype))
@@ -283,7 +300,7 @@ def timeout_worker(ctx: RunContext, args: argparse.Namespace) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------
-# calibrate: p2p:auto measures its crossover (numbers from a shared GPU mean nothing)
+# calibrate: p2p:auto measures its rule (numbers from a shared GPU are the protocol's, no fabric's)
 
 
 def calibrate_worker(ctx: RunContext, args: argparse.Namespace) -> dict[str, Any]:
@@ -296,9 +313,46 @@ def calibrate_worker(ctx: RunContext, args: argparse.Namespace) -> dict[str, Any
         wrong = int((out != expected_sum(1, count, ctx.world_size, ctx.device, torch.bfloat16)).sum().item())
     finally:
         backend.close()
-    crossovers = ctx.all_gather_objects(extra["p2p_crossover_bytes"])
-    return {"world": ctx.world_size, "crossover_per_rank": crossovers, "source": extra["p2p_crossover_source"],
+    rules = ctx.all_gather_objects(extra["p2p_auto_rule"])
+    return {"world": ctx.world_size, "rule_per_rank": rules, "source": extra["p2p_auto_rule_source"],
             "calibration": extra["p2p_calibration"], "wrong": wrong}
+
+
+# ---------------------------------------------------------------------------------------
+# tune: launch shapes per kernel and size (under MPS: the protocol's cost, no fabric's)
+
+TUNE_SIZES = (4096, 16384, 65536, 262144, 1 << 20, 4 << 20, 8 << 20)
+TUNE_SHAPES = ((512, 1), (256, 1), (128, 1), (512, 2), (256, 2), (512, 4))
+
+
+def tune_worker(ctx: RunContext, args: argparse.Namespace) -> dict[str, Any]:
+    dtype = torch.bfloat16
+    backend = _backend("auto", {"p2p_auto_rule": TEST_AUTO_RULE}, ctx)
+    times: dict[str, dict[str, list[float]]] = {}
+    try:
+        backend.setup(ctx, max(TUNE_SIZES), dtype)
+        x = torch.ones(max(TUNE_SIZES) // dtype.itemsize, dtype=dtype, device=ctx.device)
+        out = torch.empty_like(x)
+        for kernel in backend.algorithms:
+            times[kernel] = {}
+            for threads, vectors in TUNE_SHAPES:
+                backend.options = replace(backend.options, shape=LaunchShape(threads, vectors))
+                mine = [backend._kernel_us(kernel, x[:n // dtype.itemsize], out[:n // dtype.itemsize]) for n in TUNE_SIZES]
+                slowest = [max(t) for t in zip(*ctx.all_gather_objects(mine))]
+                times[kernel][f"{threads}x{vectors}"] = [round(t, 3) for t in slowest]
+        backend.raise_if_failed()
+    finally:
+        backend.close()
+    if ctx.rank == 0:
+        print(f"world {ctx.world_size}: best shape (threads x vectors per thread) and us per call, slowest rank")
+        print(f"{'kernel':>16} " + " ".join(f"{n:>16}" for n in TUNE_SIZES))
+        for kernel, by_shape in times.items():
+            cells = []
+            for i in range(len(TUNE_SIZES)):
+                best = min(by_shape, key=lambda shape: by_shape[shape][i])
+                cells.append(f"{best} {by_shape[best][i]:.2f}/{by_shape['512x1'][i]:.2f}")
+            print(f"{kernel:>16} " + " ".join(f"{c:>16}" for c in cells))
+    return {"world": ctx.world_size, "sizes": list(TUNE_SIZES), "us_per_call": times}
 
 
 # ---------------------------------------------------------------------------------------
@@ -325,31 +379,38 @@ def _graph_us_per_call(call: Callable[[], None]) -> float:
 def floor_main() -> dict[str, Any]:
     ctx, _ = init_context()
     dtype = torch.bfloat16
-    backend = _backend("oneshot", {}, ctx)
+    backends = {name: _backend(name, {}, ctx) for name in FLOOR_VARIANTS}
     rows = []
     try:
-        backend.setup(ctx, max(FLOOR_SIZES), dtype)
+        for backend in backends.values():
+            backend.setup(ctx, max(FLOOR_SIZES), dtype)
         for size in FLOOR_SIZES:
             count = size // dtype.itemsize
             x = exact_pattern(0, 1, count, 1, ctx.device, dtype)
-            exact = bool(torch.equal(_reduced(backend, x), x))
             out, y = torch.empty_like(x), torch.empty_like(x)
-            rows.append({"bytes": size,
-                         "p2p_oneshot_us": round(_graph_us_per_call(lambda: backend.allreduce(x, out)), 3),
-                         "torch_copy_us": round(_graph_us_per_call(lambda: y.copy_(x)), 3), "exact": exact})
-        backend.raise_if_failed()
+            row: dict[str, Any] = {"bytes": size, "exact": True}
+            for name, backend in backends.items():
+                row["exact"] = row["exact"] and bool(torch.equal(_reduced(backend, x), x))
+                row[f"p2p_{name}_us"] = round(_graph_us_per_call(lambda: backend.allreduce(x, out)), 3)
+            row["torch_copy_us"] = round(_graph_us_per_call(lambda: y.copy_(x)), 3)
+            rows.append(row)
+        for backend in backends.values():
+            backend.raise_if_failed()
     finally:
-        backend.close()
+        for backend in backends.values():
+            backend.close()
         shutdown()
-    print(f"{'bytes':>8}  {'p2p:oneshot us':>14}  {'torch copy_ us':>14}  exact")
+    columns = [f"p2p_{name}_us" for name in backends] + ["torch_copy_us"]
+    print(f"{'bytes':>8}  " + "  ".join(f"{c:>20}" for c in columns) + "  exact")
     for row in rows:
-        print(f"{row['bytes']:>8}  {row['p2p_oneshot_us']:>14.3f}  {row['torch_copy_us']:>14.3f}  {row['exact']}")
+        print(f"{row['bytes']:>8}  " + "  ".join(f"{row[c]:>20.3f}" for c in columns) + f"  {row['exact']}")
     return {"device": torch.cuda.get_device_name(0), "dtype": "bf16", "calls_per_graph": FLOOR_CALLS_PER_GRAPH,
             "replays": FLOOR_REPLAYS, "rows": rows}
 
 
 WORKERS: dict[str, Callable[[RunContext, argparse.Namespace], dict[str, Any]]] = {
-    "exact": exact_worker, "long": long_worker, "timeout": timeout_worker, "calibrate": calibrate_worker}
+    "exact": exact_worker, "long": long_worker, "timeout": timeout_worker, "calibrate": calibrate_worker,
+    "tune": tune_worker}
 
 
 def main(argv: list[str] | None = None) -> int:
