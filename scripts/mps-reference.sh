@@ -12,8 +12,10 @@
 #      (the same run's fastest correct allreduce at each size); fusion.json in each run dir.
 # Then `commbench report` on every run dir, and `commbench table` over all of them (every run
 # under OUT_DIR, this call's and earlier ones') into OUT_DIR/README-table.md.
-# Timing: --iters ${MPS_REFERENCE_ITERS:-20} replays per pass (the sweep's graph default is 20-50)
-# to fit all three world sizes in about 9 minutes on an H200; MPS_REFERENCE_ITERS overrides it.
+# Timing: --iters 10 graph replays per pass (of 128 calls each up to 2 MiB; the sweep's default
+# is 20-50) to fit all three world sizes in about 9 minutes on an H200 (an estimate from the
+# earlier 2/4/8-rank runs, FlashInfer's first JIT build of ~2.5 min included, not yet measured);
+# MPS_REFERENCE_ITERS=N overrides it.
 # MSCCLPP_NCCL_LIB=PATH passes --mscclpp-nccl-lib (the shim is still skipped with its reason:
 # NCCL's API refuses ranks that share a GPU). NVLink multicast stays off for every process.
 # These rows measure each backend's protocol with no fabric between the ranks (README, emulation).
@@ -39,7 +41,7 @@ for n in ${ranks//,/ }; do
   case $seen in *",$n,"*) bad "--ranks lists $n twice" ;; esac
   seen="$seen$n,"
 done
-iters=${MPS_REFERENCE_ITERS:-20}
+iters=${MPS_REFERENCE_ITERS:-10}
 [[ $iters =~ ^[1-9][0-9]*$ ]] || bad "MPS_REFERENCE_ITERS must be a positive whole number, got '$iters'"
 [ ! -e "$out" ] || [ -d "$out" ] || bad "$out exists and is not a directory"
 py=${PYTHON:-python3}
