@@ -254,8 +254,9 @@ class BackendFactory:
     """How a family turns specs into variants, and what it adds to commbench.
 
     make(variant, options) -> list of backends; variant is the text after ``family:`` or None
-    for the family's default variants. options holds the sweep's own (hidden, allow_multicast,
-    log_dir) and whatever read_options returned for every family.
+    for the family's default variants. options holds the sweep's own (hidden, message_bytes:
+    every planned size, allow_multicast, run_dir) and whatever read_options returned for every
+    family.
     """
 
     family: str

@@ -1,38 +1,47 @@
 """FlashInfer allreduce (optional: ``pip install 'commbench[flashinfer]'``).
 
-Variants (facts from FlashInfer 0.6-0.7's ``flashinfer.comm`` source and docs):
+Checked against FlashInfer 0.7.4's source (``flashinfer/comm/allreduce.py``, ``trtllm_ar.py``,
+``pcie_ipc_ar.py``, ``pcie_ipc_policy.py``, ``pcie_ipc_tuning.py``, ``jit/comm.py``); older
+0.6-0.7 releases have the same calls where named below.
 
 - ``trtllm_oneshot`` / ``trtllm_twoshot``: plain allreduce through the TRT-LLM fusion
   kernels (pattern kAllReduce). Workspace from ``create_allreduce_fusion_workspace`` with
   ``backend="trtllm"`` named explicitly: "auto" picks MNNVL, which creates multicast objects,
-  whenever the device reports multicast support.
+  whenever every rank reports multicast support. Its buffers are ``SymmDeviceMemory``
+  (cuMemCreate, POSIX-fd handles swapped over ``group``) unless confidential computing is on.
 - ``fused_oneshot`` / ``fused_twoshot``: the same kernels doing allreduce + residual add +
   RMSNorm (pattern kARResidualRMSNorm) on (tokens x hidden) shapes; compared with
   ``unfused:best`` by commbench.analysis.fusion.
-- ``pcie_ipc``: ``PcieIpcAllReduceWorkspace`` where the installed version has it (0.7.2+).
+- ``pcie_ipc``: ``PcieIpcAllReduceWorkspace`` (0.7.2+), tuned at setup the way its docstring
+  asks (``tune_batches`` = the run's size buckets, ``tune([hidden])``, then ``prepare(shapes)``
+  so that CUDA graphs capture no collective); every row records the launch configuration it ran.
 - ``mnnvl``: the multicast backend, only with --allow-multicast and no policy variable set.
 
-Limits that are checked before anything runs: world sizes 2/4/8/16, SM 9.x/10.x/12.x (the
-TRT-LLM kernels use thread-block clusters and PDL, so FlashInfer JIT-builds them for those
-archs only), hidden a multiple of 16 bytes, two-shot needs tokens > world size, one-shot needs
-its Lamport buffer under MAX_COMM_SIZE (FlashInfer would silently run two-shot instead).
+Limits that are checked before anything runs: world sizes 2/4/8/16 (the kernels are
+instantiated for those rank counts), SM 9.x/10.x/12.x (``gen_trtllm_comm_module`` builds for
+those majors only), hidden a multiple of 16 bytes, two-shot needs tokens > world size (an
+assert in ``trtllm_allreduce_fusion``), one-shot needs its Lamport buffer under MAX_COMM_SIZE
+(FlashInfer would silently run two-shot instead). PCIe IPC: 2/4/8 ranks, bf16/fp16, whole
+16-byte packs and at least one pack per rank (``pcie_ipc_policy._admits``).
 
 Plain message sizes run as (count / 4096) tokens x 4096 when count is a multiple of 4096
-elements, else as one token of count elements: FlashInfer reduces 2-D (tokens, hidden) inputs
-and its two-shot splits tokens across ranks.
+elements, else as one token of count elements: FlashInfer reduces 2-D (tokens, hidden) inputs,
+its two-shot splits tokens across ranks, and PCIe IPC's tune buckets are token counts.
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import re
 from importlib import metadata
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable
 
 import torch
 
 from commbench import engines
-from commbench.backends.base import Backend, BackendFactory, voted
+from commbench.backends.base import Backend, BackendFactory, BackendUnavailable, voted
 from commbench.backends.fused import RMS_EPS, TOLERANCE, FusedBackend
 
 if TYPE_CHECKING:
@@ -44,13 +53,16 @@ MIN_VERSION = (0, 6)            # create_allreduce_fusion_workspace / allreduce_
 TRTLLM_WORLD_SIZES = (2, 4, 8, 16)
 TRTLLM_SM_MAJORS = (9, 10, 12)
 MNNVL_SM_MAJORS = (9, 10)
-PCIE_WORLD_SIZES = (2, 4, 8)
+PCIE_WORLD_SIZES = (2, 4, 8)    # pcie_ipc_ar._SUPPORTED_WORLD_SIZES
 PCIE_DTYPES = (torch.bfloat16, torch.float16)
+PCIE_PACK_BYTES = 16            # pcie_ipc_collectives._constants.PACK_BYTES
+PCIE_TUNE_DIR = "flashinfer-pcie-ipc"   # tune caches, inside the run dir
+PCIE_TUNE_OPTION = "flashinfer_pcie_tune"
 PLAIN_HIDDEN = 4096             # elements per token when a plain size is reshaped
 BYTES_PER_ACCESS = 16           # the kernels load 16 bytes per thread: hidden must be a multiple
 WORKSPACE_ROW = 256             # workspace sized as rows of this many elements (only the product counts)
-BARRIER_FLAGS = 256             # FlashInfer trtllm_ar.BarrierFlagCount, for the allocation probe
-MAX_COMM_SIZE = 2147483647 & ~((1 << 21) - 1)   # trtllm_ar.MAX_COMM_SIZE: Lamport buffer cap
+BARRIER_FLAGS = 256             # trtllm_ar.BarrierFlagCount, for the allocation probe
+MAX_COMM_SIZE = 2147483647 & ~((1 << 21) - 1)   # trtllm_ar.MAX_COMM_SIZE (2145386496): Lamport buffer cap
 K_ALLREDUCE = 0                 # AllReduceFusionPattern.kAllReduce
 K_AR_RESIDUAL_RMSNORM = 1       # AllReduceFusionPattern.kARResidualRMSNorm
 
@@ -208,6 +220,11 @@ class _TrtllmWorkspaceBackend(_FlashInferBase):
 
     def _destroy(self) -> None:
         if self._workspace is not None:
+            if self.workspace_backend == "trtllm":
+                # destroy() only drops the workspace's attributes; trtllm_ar keeps its own
+                # reference to the buffers (_symm_workspace_refs) until this call releases it.
+                importlib.import_module("flashinfer.comm.trtllm_ar") \
+                    .trtllm_destroy_ipc_workspace_for_all_reduce_fusion(self._workspace.ipc_handles)
             self._workspace.destroy()
         self._workspace = None
         self._scratch = None
@@ -285,20 +302,65 @@ class MnnvlAllreduce(_TrtllmWorkspaceBackend):
         return {"extra": {"workspace_backend": "mnnvl", "pattern": "kAllReduce", "plain_hidden": PLAIN_HIDDEN}}
 
 
-class PcieIpcAllreduce(_FlashInferBase):
-    """FlashInfer's PCIe IPC allreduce (for GPUs without NVLink).
+def pcie_shapes(message_bytes: Iterable[int], itemsize: int, hidden: int | None) -> list[tuple[int, int]]:
+    """The (tokens, hidden) shapes PCIe IPC will reduce for these message sizes, sorted: model
+    shapes keep their hidden, plain sizes are reshaped like every FlashInfer variant's."""
+    shapes = set()
+    for nbytes in message_bytes:
+        count = nbytes // itemsize
+        shapes.add((count // hidden, hidden) if hidden and count % hidden == 0 else plain_shape(count))
+    return sorted(shapes)
 
-    Not captured in graphs: a workspace serves one CUDA stream and rejects a second one, and a
-    graph is captured on another stream than the eager calls."""
+
+def pcie_admits(world_size: int, numel: int, itemsize: int) -> bool:
+    """pcie_ipc_policy._admits: whole 16-byte packs and at least one pack per rank."""
+    pack = PCIE_PACK_BYTES // itemsize
+    return world_size in PCIE_WORLD_SIZES and numel % pack == 0 and numel >= pack * world_size
+
+
+def pcie_tune_plan(shapes: list[tuple[int, int]]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(hiddens, batches) for ``tune(hiddens)`` and the workspace's ``tune_batches``: one bucket
+    per token count the run will capture, so every row's shape is measured, none inferred from a
+    neighbouring bucket (buckets map downwards)."""
+    return tuple(sorted({h for _, h in shapes})), tuple(sorted({t for t, _ in shapes}))
+
+
+def describe_config(config: Any) -> str | None:
+    """An IpcLaunchConfig (blocks, threads, variant) as one short string; None if unsupported."""
+    if config is None:
+        return None
+    variant = getattr(config.variant, "name", config.variant)
+    return f"{variant} blocks={config.blocks} threads={config.threads}"
+
+
+class PcieIpcAllreduce(_FlashInferBase):
+    """FlashInfer's PCIe IPC allreduce (for GPUs without NVLink), tuned per size bucket.
+
+    FlashInfer's seed launch configurations are "workable rather than fast" (pcie_ipc_policy;
+    vLLM warns its untuned seed was slower than NCCL at TP4), and the workspace warns when it
+    runs them. So setup builds the workspace with ``tune_batches`` = the token counts of this
+    run's shapes, calls ``tune(hiddens)`` (collective: every candidate is checked for the right
+    answer, timed with TUNE_WARMUP/TUNE_REPEAT = 10/50 calls, the ranks agree over a gloo
+    group) and then ``prepare(shapes)``, which resolves each shape's configuration ahead of
+    time: a shape first met inside a capture would need a host-side collective and fails to
+    capture, a prepared one captures no collective (``_check_stream`` exempts capture). The
+    tuned table is saved as ``RUN/flashinfer-pcie-ipc/w<N>-<dtype>.json`` (``tune_cache``).
+    ``--flashinfer-pcie-tune seed`` skips the tuning, to measure FlashInfer's seed policy."""
 
     name = "flashinfer:pcie_ipc"
-    graph_capturable = False
     world_sizes = PCIE_WORLD_SIZES
     needs = ("cuda", "node", "p2p", "ipc")     # cudaMalloc + cudaIpcGetMemHandle buffers, no cuMemCreate
 
-    def __init__(self) -> None:
+    def __init__(self, options: dict[str, Any]) -> None:
         super().__init__()
+        self._hidden: int | None = options.get("hidden")
+        self._planned_bytes: list[int] = list(options.get("message_bytes") or [])
+        self._run_dir: Path | None = options.get("run_dir")
+        self.tune = options.get(PCIE_TUNE_OPTION, "measure") == "measure"
         self._workspace: Any = None
+        self._itemsize = 2
+        self._tuning: dict[str, Any] = {}
+        self._choices: dict[tuple[int, int], dict[str, Any]] = {}
 
     def software_reason(self) -> str | None:
         reason = super().software_reason()
@@ -311,37 +373,85 @@ class PcieIpcAllreduce(_FlashInferBase):
         return engines.Settings(self.name, vllm_env=dict(engines.FLASHINFER_PCIE_IPC_ENV), sglang_supported=False,
                                 notes=[engines.SGLANG_PCIE_IPC])
 
+    def _shape(self, message_bytes: int) -> tuple[int, int]:
+        return pcie_shapes([message_bytes], self._itemsize, self._hidden)[0]
+
     def supports(self, message_bytes: int, dtype: torch.dtype) -> str | None:
-        return None if dtype in PCIE_DTYPES else "PCIe IPC allreduce takes bf16 and fp16 only"
+        if dtype not in PCIE_DTYPES:
+            return "PCIe IPC allreduce takes bf16 and fp16 only"
+        count = message_bytes // dtype.itemsize
+        if not pcie_admits(self._world_size or 2, count, dtype.itemsize):
+            pack = PCIE_PACK_BYTES // dtype.itemsize
+            return (f"PCIe IPC needs whole 16-byte packs and at least one per rank "
+                    f"({count} elements, {pack} per pack, {self._world_size} ranks)")
+        return None
+
+    def _cache_path(self, world_size: int, dtype: torch.dtype) -> str | None:
+        if self._run_dir is None:
+            return None     # FlashInfer's default: FLASHINFER_AUTOTUNE_DIR or its workspace dir
+        return str(Path(self._run_dir) / PCIE_TUNE_DIR / f"w{world_size}-{str(dtype).replace('torch.', '')}.json")
 
     def setup(self, ctx: "RunContext", max_bytes: int, dtype: torch.dtype) -> None:
         self.close()
         comm = importlib.import_module("flashinfer.comm")
+        self._itemsize = dtype.itemsize
+        planned = [b for b in self._planned_bytes if b <= max_bytes] or [max_bytes]
+        shapes = [s for s in pcie_shapes(planned, dtype.itemsize, self._hidden)
+                  if pcie_admits(ctx.world_size, s[0] * s[1], dtype.itemsize)]
+        if not shapes:
+            raise BackendUnavailable("no planned size is one PCIe IPC admits (whole 16-byte packs, one per rank)")
+        hiddens, batches = pcie_tune_plan(shapes)
+        cache = self._cache_path(ctx.world_size, dtype)
+        # Sized to the largest shape: the epoch double buffer's halves sit world * max_numel
+        # elements apart, and FlashInfer warns that an oversized workspace costs time.
+        max_numel = max(t * h for t, h in shapes)
         # The constructor validates jointly on every rank and raises on all of them together.
         self._workspace = comm.PcieIpcAllReduceWorkspace(
-            group=ctx.control_group, max_numel=-(-max_bytes // dtype.itemsize), dtype=dtype)
+            group=ctx.control_group, max_numel=max_numel, dtype=dtype, tune_batches=batches, tune_cache=cache)
+        if self.tune:
+            self._workspace.tune(list(hiddens), dtype=dtype, cache=cache)
+        resolved = self._workspace.prepare(shapes, dtype=dtype)
+        policy = importlib.import_module("flashinfer.comm.pcie_ipc_policy")
+        self._choices = {
+            shape: {"pcie_ipc_config": describe_config(config),
+                    "pcie_ipc_seed": describe_config(policy.get_pcie_ipc_launch_config(
+                        ctx.world_size, shape[0] * shape[1], dtype.itemsize, self._workspace.max_blocks))}
+            for shape, config in resolved.items()}
+        self._tuning = {"tuned": self.tune, "tune_cache": cache, "tune_batches": list(batches),
+                        "tune_hiddens": list(hiddens), "max_numel": max_numel,
+                        "profile": self._workspace.profile}
+
+    def observe(self, call: Any, message_bytes: int) -> dict[str, Any]:
+        choice = self._choices.get(self._shape(message_bytes))
+        if choice is None:      # not in the setup's plan: resolved by the first (eager) call
+            choice = {"pcie_ipc_config": "resolved lazily by FlashInfer (shape not in the tuned plan)"}
+        return {"extra": {**choice, "pcie_ipc_shape": list(self._shape(message_bytes))}}
 
     def allreduce(self, x: torch.Tensor, out: torch.Tensor) -> None:
         assert self._workspace is not None, "setup() first"
-        # The workspace returns its own result tensor: copied into the caller's out.
-        out.copy_(self._workspace.all_reduce(x))
+        tokens, hidden = self._shape(x.numel() * x.element_size())
+        self._workspace.all_reduce(x.view(tokens, hidden), out=out.view(tokens, hidden))
+
+    def row_fields(self) -> dict[str, Any]:
+        return {"extra": {"pcie_ipc_tuning": dict(self._tuning)}} if self._tuning else {}
 
     def close(self) -> None:
         if self._workspace is not None:
             self._workspace.destroy()
         self._workspace = None
+        self._choices = {}
 
 
 VARIANTS = ("trtllm_oneshot", "trtllm_twoshot", "fused_oneshot", "fused_twoshot", "pcie_ipc", "mnnvl")
 
 
-def _build(variant: str) -> Backend:
+def _build(variant: str, options: dict[str, Any]) -> Backend:
     if variant.startswith("trtllm_"):
         return TrtllmAllreduce(oneshot=variant.endswith("oneshot"))
     if variant.startswith("fused_"):
         return TrtllmFused(oneshot=variant.endswith("oneshot"))
     if variant == "pcie_ipc":
-        return PcieIpcAllreduce()
+        return PcieIpcAllreduce(options)
     return MnnvlAllreduce()
 
 
@@ -349,12 +459,22 @@ def make(variant: str | None, options: dict[str, Any]) -> list[Backend]:
     if variant is None:
         # The fused variants only make sense on model shapes.
         names = [v for v in VARIANTS if options.get("hidden") or not v.startswith("fused_")]
-        return [_build(v) for v in names]
+        return [_build(v, options) for v in names]
     if variant not in VARIANTS:
         from commbench.errors import UsageError
 
         raise UsageError(f"flashinfer: unknown variant {variant!r}; choose from {', '.join(VARIANTS)}")
-    return [_build(variant)]
+    return [_build(variant, options)]
+
+
+def add_arguments(group: argparse._ArgumentGroup) -> None:
+    group.add_argument("--flashinfer-pcie-tune", choices=("measure", "seed"), default="measure",
+                       help="flashinfer:pcie_ipc: tune every size bucket at setup (measure, the default) or run "
+                            "FlashInfer's untuned seed configurations (seed)")
+
+
+def read_options(args: argparse.Namespace) -> dict[str, Any]:
+    return {PCIE_TUNE_OPTION: args.flashinfer_pcie_tune}
 
 
 FACTORY = BackendFactory(
@@ -367,9 +487,10 @@ FACTORY = BackendFactory(
         "flashinfer:trtllm_twoshot  TRT-LLM two-shot allreduce (tokens > world size)",
         "flashinfer:fused_oneshot   allreduce + residual + RMSNorm, one kernel, one-shot (model shapes)",
         "flashinfer:fused_twoshot   allreduce + residual + RMSNorm, one kernel, two-shot (model shapes)",
-        "flashinfer:pcie_ipc        PcieIpcAllReduceWorkspace (flashinfer >= 0.7.2; eager only)",
+        "flashinfer:pcie_ipc        PcieIpcAllReduceWorkspace, tuned per size bucket at setup (flashinfer >= 0.7.2)",
         "flashinfer:mnnvl           multicast allreduce (needs --allow-multicast)",
     ],
     probe_specs=VARIANTS,
     packages=(DISTRIBUTION,),
+    add_arguments=add_arguments, read_options=read_options,
 )

@@ -11,16 +11,28 @@ Two ways in (facts from microsoft/mscclpp 0.9.0's Python package and NCCL shim):
 - ``mscclpp:shim``: NCCL's API served by ``libmscclpp_nccl.so``, preloaded into a child
   torchrun (``--mscclpp-nccl-lib PATH``); the shim chooses its algorithm internally.
 
+Every default allreduce algorithm (DEFAULT_ALGORITHMS, the ten that 0.9.0's
+``src/ext/collectives/algorithm_collection_builder.cc`` registers) is a variant of its own:
+``mscclpp`` alone sweeps auto, each of them and the shim; ``mscclpp:each`` each of them.
 NVLS (multicast) algorithms stay off unless multicast is allowed: MSCCLPP_FORCE_DISABLE_NVLS=1
-is set before MSCCL++ is imported, and NVLS algorithm names are refused.
+is set before MSCCL++ is imported, and NVLS variants are skipped with the reason.
+
+Before any rank sets up, ``software_reason`` runs MSCCL++'s TCP bootstrap once in a child
+process (``bootstrap_reason``): a build whose bootstrap dies (SIGSEGV in ``create_unique_id`` on
+the H200 image, docs/mscclpp.md) is then a skip naming the signal and MSCCL++'s last Python
+frame, in the sweep and in ``probe``, instead of a crashed rank.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import importlib.util
 import os
+import signal
+import subprocess
+import sys
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -43,6 +55,27 @@ AUTO_RULE: tuple[tuple[int, str], ...] = (
     (1 << 20, "default_allreduce_packet"),
 )
 AUTO_LARGE = "default_allreduce_fullmesh"
+# buildDefaultNativeAlgorithms in 0.9.0, registration order; NVLS ones need multicast.
+DEFAULT_ALGORITHMS = (
+    "default_allreduce_allpair_packet", "default_allreduce_nvls_packet", "default_allreduce_nvls_warp_pipeline",
+    "default_allreduce_nvls_block_pipeline", "default_allreduce_packet", "default_allreduce_nvls_zero_copy",
+    "default_allreduce_fullmesh", "default_allreduce_rsag", "default_allreduce_rsag_pipeline",
+    "default_allreduce_rsag_zero_copy",
+)
+BOOTSTRAP_TIMEOUT_S = 120
+# One process, one rank: what docs/mscclpp.md's case 6 ran. Prints after each step, so the
+# last line printed says how far it got.
+BOOTSTRAP_CHECK = """
+import faulthandler, sys
+faulthandler.enable()
+import mscclpp
+print("imported", flush=True)
+from mscclpp._mscclpp import CppTcpBootstrap
+bootstrap = CppTcpBootstrap.create(0, 1)
+print("created", flush=True)
+bootstrap.create_unique_id()
+print("create_unique_id ok", flush=True)
+"""
 SHIM_LIB_OPTION = "mscclpp_nccl_lib"
 MSCCLPP_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 
@@ -69,7 +102,46 @@ def import_reason() -> str | None:
         import_mscclpp(allow_multicast=False)
     except Exception as exc:  # a missing dependency or a broken build: say which
         return f"mscclpp is installed but does not import: {type(exc).__name__}: {exc}"
-    return None
+    return bootstrap_reason()
+
+
+def last_python_frame(stderr: str) -> str | None:
+    """The innermost frame of a faulthandler dump ('File "...", line N in f'), shortened."""
+    frames = [line.strip() for line in stderr.splitlines() if line.strip().startswith("File ")]
+    if not frames:
+        return None
+    # faulthandler lists the innermost frame first
+    return frames[0].replace("File ", "", 1)
+
+
+def describe_bootstrap_failure(returncode: int, stdout: str, stderr: str) -> str | None:
+    """The child's outcome as a reason, or None when the bootstrap worked."""
+    reached = (stdout.strip().splitlines() or ["nothing"])[-1]
+    if returncode == 0 and reached == "create_unique_id ok":
+        return None
+    if returncode < 0:
+        how = f"died with {signal.Signals(-returncode).name}"
+    else:
+        lines = [line for line in stderr.strip().splitlines() if line.strip()]
+        how = f"failed: {lines[-1].strip() if lines else f'exit status {returncode}'}"
+    frame = last_python_frame(stderr)
+    where = f" at {frame}" if frame else ""
+    return (f"MSCCL++'s TCP bootstrap {how}{where} after '{reached}' "
+            "(one process: CppTcpBootstrap.create(0, 1).create_unique_id()); needs an MSCCL++ build whose "
+            "bootstrap runs on this machine (docs/mscclpp.md, 'Known problem')")
+
+
+@functools.lru_cache(maxsize=None)
+def bootstrap_reason() -> str | None:
+    """Run MSCCL++'s bootstrap in a child once per process; None when it works."""
+    env = dict(os.environ, **{DISABLE_NVLS_ENV: os.environ.get(DISABLE_NVLS_ENV, "1")})
+    try:
+        done = subprocess.run([sys.executable, "-c", BOOTSTRAP_CHECK], capture_output=True, text=True,
+                              timeout=BOOTSTRAP_TIMEOUT_S, env=env)
+    except subprocess.TimeoutExpired:
+        return (f"MSCCL++'s TCP bootstrap did not finish within {BOOTSTRAP_TIMEOUT_S} s "
+                "(one process: CppTcpBootstrap.create(0, 1).create_unique_id())")
+    return describe_bootstrap_failure(done.returncode, done.stdout, done.stderr)
 
 
 def engine_settings(name: str) -> engines.Settings:
@@ -221,18 +293,21 @@ def read_options(args: argparse.Namespace) -> dict[str, Any]:
 
 def make(variant: str | None, options: dict[str, Any]) -> list[Backend]:
     library = options.get(SHIM_LIB_OPTION)
+    each: list[Backend] = [MscclppAllreduce(name) for name in DEFAULT_ALGORITHMS]
     if variant is None:
-        return [MscclppAllreduce(None), MscclppShim(library)]
+        return [MscclppAllreduce(None), *each, MscclppShim(library)]
     opts = parse_variant_options(variant)
     if variant == "auto":
         return [MscclppAllreduce(None)]
+    if variant == "each":
+        return each
     if variant == "shim":
         return [MscclppShim(library)]
     if set(opts) == {"algo"} and opts["algo"] != "algo":
         return [MscclppAllreduce(opts["algo"])]
     from commbench.errors import UsageError
 
-    raise UsageError(f"mscclpp: unknown variant {variant!r}; choose auto, shim or algo=NAME")
+    raise UsageError(f"mscclpp: unknown variant {variant!r}; choose auto, each, shim or algo=NAME")
 
 
 FACTORY = BackendFactory(
@@ -243,9 +318,9 @@ FACTORY = BackendFactory(
     variants_help=[
         "mscclpp:auto        per size: allpair_packet <= 16K, packet <= 1M, else fullmesh (no NVLS)",
         "mscclpp:algo=NAME   one default algorithm, e.g. algo=default_allreduce_packet",
+        "mscclpp:each        every default allreduce algorithm, one variant each (NVLS ones need multicast)",
         "mscclpp:shim        libmscclpp_nccl.so in place of NCCL (--mscclpp-nccl-lib PATH)",
     ],
-    probe_specs=("auto", "shim"),
     packages=("mscclpp",),
     add_arguments=add_arguments, read_options=read_options,
 )

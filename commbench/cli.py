@@ -22,6 +22,7 @@ SUBCOMMANDS: dict[str, str] = {
     "recommend": "commbench.analysis.recommend",
     "qualify": "commbench.analysis.qualify",
     "compare": "commbench.analysis.compare",
+    "table": "commbench.analysis.table",
     "import-nccl-tests": "commbench.analysis.nccl_tests_import",
 }
 

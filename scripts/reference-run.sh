@@ -5,8 +5,13 @@
 # many GPUs exist (subsets through CUDA_VISIBLE_DEVICES), bf16, eager and graph, 4K..256M, every
 # backend that can run here (nccl4py among them, skipped with its reason when not installed) plus
 # the NCCL protocol x algorithm matrix and nccl:symm (symmetric windows: the rows say which
-# symmetric kernel NCCL ran, or why none); then report, floor (DeepSeek-V3 and GLM-5), recommend
-# and qualify (NVSwitch spec) on each sweep.
+# symmetric kernel NCCL ran, or why none); FlashInfer (trtllm one/two-shot, pcie_ipc tuned per
+# size, mnnvl skipped: multicast stays off) and MSCCL++ (auto, each default algorithm, and the
+# shim when MSCCLPP_NCCL_LIB=PATH names libmscclpp_nccl.so) where installed, else skipped with
+# the reason; then fused vs unfused allreduce + residual + RMSNorm on model shapes (--tokens
+# 1..256 at --hidden 7168 and 6144: flashinfer fused one/two-shot against unfused:best, fusion.json
+# in each run dir); then report, floor (DeepSeek-V3 and GLM-5), recommend and qualify (NVSwitch
+# spec) on each plain sweep, report on each fused one, and `commbench table` over all of them.
 # Other NCCL versions side by side: NCCL_LIBS="LABEL=PATH ..." (e.g. the libnccl.so.2 of an
 # nvidia-nccl-cu13 wheel installed with pip install --target DIR) runs every nccl variant once
 # more per library, in a child torchrun with it preloaded, and compares nccl with nccl:lib=LABEL.
@@ -29,6 +34,11 @@ for entry in ${NCCL_LIBS:-}; do
     *) echo "reference-run: NCCL_LIBS entries are LABEL=PATH, got $entry" >&2; exit 2 ;;
   esac
 done
+mscclpp_args=()
+if [ -n "${MSCCLPP_NCCL_LIB:-}" ]; then
+  [ -f "$MSCCLPP_NCCL_LIB" ] || { echo "reference-run: MSCCLPP_NCCL_LIB=$MSCCLPP_NCCL_LIB: no such file" >&2; exit 2; }
+  mscclpp_args=(--mscclpp-nccl-lib "$(realpath "$MSCCLPP_NCCL_LIB")")
+fi
 start=$(date +%s)
 log() { echo "# reference-run: $*" | tee -a "$out/commands.txt"; }
 
@@ -39,6 +49,7 @@ torchrun --standalone --nproc-per-node "$gpus" -m commbench probe --bandwidth --
 
 tps="8 4 2"
 sizes=()
+runs=()
 if [ "$gpus" -lt 2 ]; then
   # Dry run on a one-GPU machine: the whole flow at world size 1 on small sizes. Its rows are
   # `no_work` (nothing is communicated), so the analysis steps say they have nothing to rank.
@@ -51,12 +62,12 @@ for tp in $tps; do
   devices=$(seq -s, 0 $((tp - 1)))
   dir="$out/tp$tp"
   mkdir -p "$dir"
-  log "CUDA_VISIBLE_DEVICES=$devices python3 -m commbench sweep --nproc $tp --nccl-proto LL,LL128,Simple --nccl-algo Ring,Tree --nccl-symm ${lib_args[*]} --timeout 60"
-  # The driver (--nproc) launches torchrun (one more per --nccl-lib, with it preloaded) and
-  # resumes it without a backend that hangs.
+  log "CUDA_VISIBLE_DEVICES=$devices python3 -m commbench sweep --nproc $tp --nccl-proto LL,LL128,Simple --nccl-algo Ring,Tree --nccl-symm ${lib_args[*]} ${mscclpp_args[*]} --timeout 60"
+  # The driver (--nproc) launches torchrun (one more per --nccl-lib, and one for the MSCCL++
+  # shim, each with its library preloaded) and resumes it without a backend that hangs or crashes.
   CUDA_VISIBLE_DEVICES=$devices python3 -m commbench sweep --nproc "$tp" \
-    --nccl-proto LL,LL128,Simple --nccl-algo Ring,Tree --nccl-symm "${lib_args[@]}" --timeout 60 "${sizes[@]}" \
-    --out "$dir" 2>&1 | tee "$dir/sweep.txt"
+    --nccl-proto LL,LL128,Simple --nccl-algo Ring,Tree --nccl-symm "${lib_args[@]}" "${mscclpp_args[@]}" \
+    --timeout 60 "${sizes[@]}" --out "$dir" 2>&1 | tee "$dir/sweep.txt"
   run=$(ls -d "$dir"/*/ | head -n 1)
   log "commbench report $run; floor deepseek-v3 / glm-5 at TP $tp; recommend; qualify nvswitch"
   python3 -m commbench report "$run" 2>&1 | tee "$dir/report.txt"
@@ -72,5 +83,21 @@ for tp in $tps; do
   done
   python3 -m commbench qualify --spec commbench/specs/nvswitch-8x-h100-h200.toml "$run" \
     --junit "$dir/qualify.xml" 2>&1 | tee "$dir/qualify.txt"
+  runs+=("${run%/}")
+  [ "$tp" -ge 2 ] || continue
+  for hidden in 7168 6144; do
+    fdir="$out/tp$tp-fused-h$hidden"
+    mkdir -p "$fdir"
+    log "CUDA_VISIBLE_DEVICES=$devices python3 -m commbench sweep --nproc $tp --tokens 1,2,4,8,16,32,64,128,256 --hidden $hidden --backends nccl,p2p,symm_mem,flashinfer,unfused:best"
+    # unfused:best is the fastest correct plain allreduce of the same run at each size, so the
+    # plain backends it may pick run on these shapes too.
+    CUDA_VISIBLE_DEVICES=$devices python3 -m commbench sweep --nproc "$tp" --tokens 1,2,4,8,16,32,64,128,256 \
+      --hidden "$hidden" --backends nccl,p2p,symm_mem,flashinfer,unfused:best --timeout 60 --out "$fdir" 2>&1 \
+      | tee "$fdir/sweep.txt"
+    frun=$(ls -td "$fdir"/*/ | head -n 1)
+    python3 -m commbench report "$frun" 2>&1 | tee "$fdir/report.txt"
+    runs+=("${frun%/}")
+  done
 done
+[ ${#runs[@]} -eq 0 ] || python3 -m commbench table "${runs[@]}" --out "$out/README-table.md"
 log "wall time $(( $(date +%s) - start )) s on $gpus GPU(s)"

@@ -173,6 +173,10 @@ BAD_INPUT = [
     (["compare", *ONE_RUN, "{runs}/synthetic-pcie-8gpu", "--out", "out"], "share no backend"),
     (["compare", *ONE_RUN, "{runs}/cpu-gloo-4rank-b", "--out", "{in}/a-file"], "exists and is not a directory"),
     (["compare", *ONE_RUN, "/no/such/run"], "no such results directory"),
+    # ---- table
+    (["table", "/no/such/run"], "no such results directory"),
+    (["table", *ONE_RUN, *ONE_RUN], "a run dir is listed twice"),
+    (["table", *ONE_RUN, "--out", "{in}"], "--out {in}: is a directory (give a file name)"),
     (["compare", *ONE_RUN, "{in}/run-not-utf8"], "run.json: not UTF-8 text (byte 26)"),
     (["compare", "{in}/run-json-dir", *ONE_RUN], "run.json: is a directory, not a commbench run.json"),
     # ---- import-nccl-tests

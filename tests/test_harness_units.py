@@ -86,6 +86,14 @@ def test_model_shapes_bring_the_unfused_baseline_into_the_gpu_defaults(argv: lis
     assert unfused == (["unfused:best"] if hidden else [])
 
 
+def test_backends_get_every_planned_size() -> None:
+    """flashinfer:pcie_ipc tunes one bucket per planned size at setup, so it is told them all."""
+    args = sweep_args("--tokens", "1,8", "--hidden", "4096")
+    assert backend_options(args, build_plan(args, on_gpu=True), None)["message_bytes"] == [8192, 65536]
+    args = sweep_args("--sizes", "1M,8K,64K")
+    assert backend_options(args, build_plan(args, on_gpu=True), None)["message_bytes"] == [8192, 65536, 1 << 20]
+
+
 @pytest.mark.parametrize("argv, message", [
     (["-b", "4K", "--sizes", "8K"], "two ways"),
     (["--hidden", "4096"], "need both"),

@@ -43,7 +43,9 @@ def test_default_variants_leave_fused_work_to_model_shape_sweeps():
     assert names("unfused", None) == []
     assert names("unfused", None, {"hidden": 4096}) == ["unfused:best"]
     assert names("symm_mem", None) == ["symm_mem:one_shot", "symm_mem:two_shot", "symm_mem:multimem"]
-    assert names("mscclpp", None) == ["mscclpp:auto", "mscclpp:shim"]
+    each = [f"mscclpp:algo={name}" for name in mp_backend.DEFAULT_ALGORITHMS]
+    assert names("mscclpp", None) == ["mscclpp:auto", *each, "mscclpp:shim"]
+    assert names("mscclpp", "each") == each and len(each) == 10
     assert names("mscclpp", "algo=default_allreduce_packet") == ["mscclpp:algo=default_allreduce_packet"]
 
 
@@ -101,6 +103,43 @@ def test_mscclpp_shim_needs_a_library_path(tmp_path):
     assert not mp_backend.shim_preloaded(str(missing))
 
 
+SEGV_BOOTSTRAP = """
+import os, signal
+class CppTcpBootstrap:
+    @staticmethod
+    def create(rank, size):
+        return CppTcpBootstrap()
+    def create_unique_id(self):
+        os.kill(os.getpid(), signal.SIGSEGV)
+"""
+
+
+def test_mscclpp_whose_bootstrap_dies_is_skipped_with_the_signal(tmp_path, monkeypatch):
+    package = tmp_path / "mscclpp"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "_mscclpp.py").write_text(SEGV_BOOTSTRAP)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    mp_backend.bootstrap_reason.cache_clear()
+    try:
+        reason = factory("mscclpp").make("auto", {})[0].software_reason()
+    finally:
+        mp_backend.bootstrap_reason.cache_clear()
+        for name in ("mscclpp", "mscclpp._mscclpp"):
+            monkeypatch.delitem(__import__("sys").modules, name, raising=False)
+    assert reason.startswith("MSCCL++'s TCP bootstrap died with SIGSEGV at ")
+    assert "_mscclpp.py\", line 8 in create_unique_id after 'created'" in reason
+    assert reason.endswith("needs an MSCCL++ build whose bootstrap runs on this machine "
+                           "(docs/mscclpp.md, 'Known problem')")
+
+
+def test_mscclpp_bootstrap_outcomes():
+    assert mp_backend.describe_bootstrap_failure(0, "imported\ncreated\ncreate_unique_id ok\n", "") is None
+    failed = mp_backend.describe_bootstrap_failure(1, "imported\n", "Traceback...\nmscclpp._mscclpp.Error: no iface\n")
+    assert failed.startswith("MSCCL++'s TCP bootstrap failed: mscclpp._mscclpp.Error: no iface after 'imported'")
+
+
 def test_mscclpp_auto_rule_follows_the_shim_selector():
     assert mp_backend.auto_algorithm(16 << 10) == "default_allreduce_allpair_packet"
     assert mp_backend.auto_algorithm((16 << 10) + 2) == "default_allreduce_packet"
@@ -144,12 +183,56 @@ def test_flashinfer_world_sizes(world, reason):
     assert factory("flashinfer").make("trtllm_twoshot", {})[0].check(cpu_ctx(world)) == reason
 
 
-def test_pcie_ipc_world_sizes_and_dtypes():
+def test_pcie_ipc_world_sizes_dtypes_and_packs():
     backend = factory("flashinfer").make("pcie_ipc", {})[0]
     assert backend.check(cpu_ctx(16)) == "world size 16 not supported (needs one of 2, 4, 8)"
     assert backend.supports(4096, torch.float32) == "PCIe IPC allreduce takes bf16 and fp16 only"
     assert backend.supports(4096, torch.bfloat16) is None
-    assert backend.graph_capturable is False
+    # 8 ranks need one 16-byte pack each: 64 elements of bf16 is the least
+    assert fi.pcie_admits(8, 64, 2) and not fi.pcie_admits(8, 56, 2) and not fi.pcie_admits(8, 68, 2)
+    assert not fi.pcie_admits(16, 4096, 2)
+    # prepared shapes capture no collective (pcie_ipc_ar: capture is exempt from the stream check)
+    assert backend.graph_capturable is True
+
+
+def test_pcie_ipc_tunes_one_bucket_per_planned_token_count():
+    plain = fi.pcie_shapes([4 << 10, 8 << 10, 64 << 10, 8 << 20], 2, None)
+    assert plain == [(1, 2048), (1, 4096), (8, 4096), (1024, 4096)]
+    assert fi.pcie_tune_plan(plain) == ((2048, 4096), (1, 8, 1024))
+    model = fi.pcie_shapes([t * 7168 * 2 for t in (1, 2, 4, 256)], 2, 7168)
+    assert model == [(1, 7168), (2, 7168), (4, 7168), (256, 7168)]
+    assert fi.pcie_tune_plan(model) == ((7168,), (1, 2, 4, 256))
+
+
+def test_pcie_ipc_records_the_launch_configuration_it_ran():
+    class Variant:
+        name = "STAGED_RING"
+
+    class Config:
+        blocks, threads, variant = 4, 512, Variant()
+
+    assert fi.describe_config(Config()) == "STAGED_RING blocks=4 threads=512"
+    assert fi.describe_config(None) is None
+    backend = factory("flashinfer").make("pcie_ipc", {"hidden": 7168})[0]
+    backend._choices = {(2, 7168): {"pcie_ipc_config": "STAGED_RING blocks=4 threads=512",
+                                    "pcie_ipc_seed": "UNSTAGED blocks=16 threads=128"}}
+    observed = backend.observe(lambda: None, 2 * 7168 * 2)["extra"]
+    assert observed == {"pcie_ipc_config": "STAGED_RING blocks=4 threads=512",
+                        "pcie_ipc_seed": "UNSTAGED blocks=16 threads=128", "pcie_ipc_shape": [2, 7168]}
+    assert "not in the tuned plan" in backend.observe(lambda: None, 4 * 7168 * 2)["extra"]["pcie_ipc_config"]
+
+
+def test_pcie_ipc_tune_option_and_cache_path(tmp_path):
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    fi.add_arguments(parser.add_argument_group("flashinfer"))
+    assert fi.read_options(parser.parse_args([])) == {"flashinfer_pcie_tune": "measure"}
+    options = {**fi.read_options(parser.parse_args(["--flashinfer-pcie-tune", "seed"])), "run_dir": tmp_path}
+    backend = factory("flashinfer").make("pcie_ipc", options)[0]
+    assert backend.tune is False
+    assert backend._cache_path(4, torch.bfloat16) == str(tmp_path / "flashinfer-pcie-ipc" / "w4-bfloat16.json")
+    assert factory("flashinfer").make("pcie_ipc", {})[0]._cache_path(4, torch.bfloat16) is None
 
 
 def test_node_local_backends_refuse_several_nodes():

@@ -93,6 +93,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def backend_options(args: argparse.Namespace, plan: SweepPlan, run_dir: Path | None) -> dict[str, Any]:
     """The sweep's own options every family may read, plus what each family read from its flags."""
     return {"hidden": plan.shapes[0].hidden,   # model shapes share one hidden size; None for plain sizes
+            # every planned size, for backends that tune per size at setup (flashinfer:pcie_ipc)
+            "message_bytes": sorted({shape.message_bytes for shape in plan.shapes}),
             "allow_multicast": args.allow_multicast, "run_dir": run_dir, **backends.read_options(args)}
 
 

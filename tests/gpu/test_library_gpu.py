@@ -8,6 +8,7 @@ result (written to $OUT/library_gpu_<n>.json when $OUT is set) and printed.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import socket
@@ -21,7 +22,7 @@ from commbench.backends.base import Backend
 
 GRAPH_CALLS = 3
 PLAIN_BYTES = (8 << 10, 96 << 10, 1 << 20)        # 4K..512K bf16 elements
-SHAPES = ((1, 4096), (16, 4096), (64, 5120))       # (tokens, hidden)
+SHAPES = ((1, 7168), (16, 7168), (64, 6144))       # (tokens, hidden): DeepSeek-V3's and GLM-5's hidden
 
 
 def _free_port() -> int:
@@ -36,7 +37,7 @@ def _variants() -> list[Backend]:
     specs = ["symm_mem:one_shot", "symm_mem:two_shot", "symm_mem:multimem",
              "flashinfer:trtllm_oneshot", "flashinfer:trtllm_twoshot",
              "flashinfer:fused_oneshot", "flashinfer:fused_twoshot",
-             "flashinfer:pcie_ipc", "flashinfer:mnnvl", "mscclpp:auto", "mscclpp:shim"]
+             "flashinfer:pcie_ipc", "flashinfer:mnnvl", "mscclpp"]    # mscclpp: auto, each algorithm, shim
     # COMMBENCH_GPU_TEST_FAMILIES=symm_mem,flashinfer runs a subset (the test then checks only those).
     families = os.environ.get("COMMBENCH_GPU_TEST_FAMILIES")
     if families:
@@ -44,7 +45,8 @@ def _variants() -> list[Backend]:
     out: list[Backend] = []
     for spec in specs:
         family, _, variant = spec.partition(":")
-        out.extend(factory(family).make(variant, {"hidden": 4096}))
+        # message_bytes: the sizes pcie_ipc tunes a bucket for at setup, as the sweep passes them
+        out.extend(factory(family).make(variant or None, {"hidden": 4096, "message_bytes": list(PLAIN_BYTES)}))
     return out
 
 
@@ -100,11 +102,19 @@ def _run_variant(ctx, backend: Backend, dtype: torch.dtype) -> dict:
             except Exception as exc:
                 rows.append({"count": count, "shape": shape, "status": "unsupported", "reason": str(exc)})
                 continue
+            try:
+                workload.prepare(0)
+                observed = backend.observe(lambda: workload.call(0), count * dtype.itemsize)
+            except Exception as exc:
+                rows.append({"count": count, "shape": shape, "status": "error",
+                             "reason": f"observe: {type(exc).__name__}: {exc}"})
+                continue
             for graph in ([False, True] if backend.graph_capturable else [False]):
                 try:
                     wrong, kind = _check_calls(workload, graph, epoch=3)
                     rows.append({"count": count, "shape": shape, "graph": graph, "wrong": wrong, "kind": kind,
-                                 "status": "ok" if wrong == 0 else "wrong", **backend.row_fields()})
+                                 "status": "ok" if wrong == 0 else "wrong", "observed": observed,
+                                 **backend.row_fields()})
                 except Exception as exc:
                     rows.append({"count": count, "shape": shape, "graph": graph, "status": "error",
                                  "reason": f"{type(exc).__name__}: {exc}"})
@@ -156,6 +166,7 @@ def _fp16_probe(ctx, backend) -> dict:
         backend.close()
 
 
+@functools.lru_cache(maxsize=None)
 def _run_world(world: int) -> dict:
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
@@ -197,3 +208,41 @@ def test_library_backends_on_shared_gpu(world: int) -> None:
     # Every variant either ran or says why not.
     for name, result in report.items():
         assert result["status"] == "ran" or result.get("reason"), (name, result)
+    # Every MSCCL++ variant is there; NVLS algorithms stay off with multicast off.
+    assert sum(name.startswith("mscclpp:") for name in report) == 12, sorted(report)
+    for name in report:
+        if name.startswith("mscclpp:algo=") and "nvls" in name:
+            assert report[name]["status"] == "skipped", (name, report[name])
+    # pcie_ipc: each row ran the launch configuration its tuned bucket chose.
+    pcie = report.get("flashinfer:pcie_ipc", {})
+    for row in pcie.get("rows", []):
+        if row["status"] == "ok":
+            assert row["extra"]["pcie_ipc_tuning"]["tuned"] is True, row
+            assert row["observed"]["extra"]["pcie_ipc_config"], row
+
+
+def _library_report(reason: str | None) -> dict:
+    if reason:
+        pytest.skip(reason)
+    return _run_world(2)[0]
+
+
+def test_flashinfer_trtllm_and_fused_run_exact_when_installed() -> None:
+    from commbench.backends.flashinfer import import_reason
+
+    report = _library_report(import_reason())
+    for name in ("flashinfer:trtllm_oneshot", "flashinfer:trtllm_twoshot", "flashinfer:fused_oneshot",
+                 "flashinfer:fused_twoshot"):
+        assert report[name]["status"] == "ran", (name, report[name])
+        assert any(r["status"] == "ok" for r in report[name]["rows"]), (name, report[name])
+    assert report["flashinfer:pcie_ipc"]["status"] == "ran" or report["flashinfer:pcie_ipc"]["reason"]
+
+
+def test_mscclpp_runs_or_says_why_when_installed() -> None:
+    import importlib.util
+
+    from commbench.backends.mscclpp import BUILD_HINT
+
+    report = _library_report(BUILD_HINT if importlib.util.find_spec("mscclpp") is None else None)
+    auto = report["mscclpp:auto"]
+    assert auto["status"] == "ran" or "MSCCL++" in auto.get("reason", "") or "mscclpp" in auto.get("reason", ""), auto

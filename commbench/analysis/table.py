@@ -1,0 +1,139 @@
+"""`commbench table RUN [RUN ...]`: several runs side by side as one markdown file.
+
+Made for the same sweep at several world sizes (scripts/mps-reference.sh runs 2, 4 and 8
+ranks): one table per (dtype, mode, world size) of plain allreduce, message size down, backend
+across, each cell the headline ``latency_us`` and the jitter pass's p50 (the fastest correct one
+per size in bold; a row that did not measure shows its status); then fused vs unfused per model
+shape with the saving per call (commbench.analysis.fusion); then every backend that measured
+nothing, with its first reason, so a refusal is part of the result.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+
+from commbench.analysis.fusion import summarize
+from commbench.analysis.text import fmt_pct, fmt_us
+from commbench.errors import UsageError
+from commbench.files import STDOUT, check_file_target
+from commbench.results import OK, Measurement, Run, load_run
+from commbench.units import format_bytes
+
+HELP = "several runs (e.g. world sizes 2, 4, 8) side by side as markdown: latency per size and backend, fused saving"
+
+GroupKey = tuple[str, str, int]      # dtype, mode, world size
+
+
+@dataclass
+class Table:
+    title: str
+    headers: list[str]
+    rows: list[list[str]]
+
+
+def markdown(table: Table) -> str:
+    lines = [f"### {table.title}", "", "| " + " | ".join(table.headers) + " |",
+             "|" + "|".join(" --- " for _ in table.headers) + "|"]
+    lines.extend("| " + " | ".join(row) + " |" for row in table.rows)
+    return "\n".join(lines) + "\n"
+
+
+def _cell(row: Measurement | None, best: bool) -> str:
+    if row is None:
+        return ""
+    if row.status != OK or row.latency_us is None:
+        return row.status
+    text = f"{fmt_us(row.latency_us)} / {fmt_us(row.jitter_p50_us)}"
+    return f"**{text}**" if best else text
+
+
+def allreduce_tables(rows: list[Measurement]) -> list[Table]:
+    """One table per (dtype, mode, world size): sizes down, backends across."""
+    groups: dict[GroupKey, list[Measurement]] = {}
+    for row in rows:
+        if row.op == "allreduce":
+            groups.setdefault((row.dtype, row.mode, row.world_size), []).append(row)
+    tables = []
+    for (dtype, mode, world), members in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2])):
+        backends = list(dict.fromkeys(r.backend for r in members))
+        by_cell = {(r.message_bytes, r.backend): r for r in members}
+        body = []
+        for size in sorted({r.message_bytes for r in members}):
+            measured = [r for r in members if r.message_bytes == size and r.status == OK and r.latency_us is not None]
+            fastest = min(measured, key=lambda r: r.latency_us).backend if measured else None  # type: ignore[arg-type, return-value]
+            body.append([format_bytes(size)] + [_cell(by_cell.get((size, b)), b == fastest) for b in backends])
+        tables.append(Table(f"allreduce, {dtype}, {mode}, {world} ranks: latency_us / jitter p50 us",
+                            ["size"] + backends, body))
+    return tables
+
+
+def fusion_table(rows: list[Measurement]) -> Table | None:
+    """Fused vs unfused per model shape, every world size in one table."""
+    pairs = summarize(rows)
+    if not pairs:
+        return None
+    body = [[str(p["world_size"]), p["mode"], p["dtype"], str(p["hidden"]), str(p["tokens"]), p["fused_backend"],
+             fmt_us(p["fused_us"]), p["unfused_allreduce"] or p["unfused_backend"] or "-", fmt_us(p["unfused_us"]),
+             fmt_us(p["saving_us"]), fmt_pct(p["saving_pct"])]
+            for p in sorted(pairs, key=lambda p: (p["world_size"], p["mode"], p["dtype"], p["hidden"] or 0,
+                                                  p["tokens"] or 0, p["fused_backend"]))]
+    return Table("allreduce + residual + RMSNorm: fused vs unfused, latency_us per call",
+                 ["ranks", "mode", "dtype", "hidden", "tokens", "fused", "fused us", "unfused allreduce",
+                  "unfused us", "saving us", "saving"], body)
+
+
+def refusals(rows: list[Measurement]) -> list[str]:
+    """'backend at N ranks: reason' for every backend and world size with no measured row."""
+    out = []
+    for backend, world in dict.fromkeys((r.backend, r.world_size) for r in rows):
+        own = [r for r in rows if r.backend == backend and r.world_size == world]
+        if not any(r.status == OK for r in own):
+            first = next((r for r in own if r.reason), own[0])
+            out.append(f"`{backend}` at {world} ranks: {first.status}: {first.reason or 'no reason recorded'}")
+    return out
+
+
+def render_runs(runs: list[Run]) -> str:
+    rows = [row for run in runs for row in run.rows]
+    parts = ["# commbench side by side", "",
+             "Runs: " + ", ".join(f"`{run.path}`" for run in runs) + ".", ""]
+    emulated = [run.emulation_line() for run in runs if run.emulation_line()]
+    if emulated:
+        parts += [f"> {line}" for line in dict.fromkeys(emulated)] + [""]
+    parts += ["Cells: headline `latency_us` (one timer around the timed pass, slowest rank) / the jitter pass's "
+              "p50; the fastest correct backend per size in bold; a status (skipped, hang, crashed, wrong, ...) "
+              "where the row did not measure.", ""]
+    parts += [markdown(t) for t in allreduce_tables(rows)]
+    fused = fusion_table(rows)
+    if fused is not None:
+        parts += ["saving = unfused - fused per call (positive: fusion is faster); unfused = the run's fastest "
+                  "correct plain allreduce at that size, then torch's add and RMSNorm in the same graph.", "",
+                  markdown(fused)]
+    refused = refusals(rows)
+    if refused:
+        parts += ["### Measured nothing, and why", ""] + [f"- {line}" for line in refused] + [""]
+    return "\n".join(parts)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_dirs", nargs="+", metavar="RUN", help="results dirs written by commbench sweep")
+    parser.add_argument("--out", help="markdown file to write (default: stdout)")
+
+
+def main(args: argparse.Namespace) -> int:
+    check_file_target(args.out, "--out")
+    if len(set(args.run_dirs)) != len(args.run_dirs):
+        raise UsageError("a run dir is listed twice")
+    runs = [load_run(path) for path in args.run_dirs]
+    empty = [str(run.path) for run in runs if not run.rows]
+    if empty:
+        raise UsageError(f"{empty[0]}: no measurements yet (measurements.jsonl is empty or missing)")
+    text = render_runs(runs)
+    if args.out is None or args.out == STDOUT:
+        print(text, end="")
+    else:
+        Path(args.out).write_text(text, encoding="utf-8")
+        print(f"wrote {args.out}")
+    return 0

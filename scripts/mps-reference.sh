@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# The emulated reference run on ONE GPU: several ranks share it, concurrently under MPS.
+#   bash scripts/mps-reference.sh OUT_DIR [--ranks 2,4,8]
+# Per world size N (default 2, 4 and 8; --ranks 8 runs one, so world sizes can go in separate
+# calls into the same OUT_DIR), graph mode, bf16, through the crash-proof --nproc driver with
+# --share-gpus --mps (a private MPS daemon, each rank 100/N % of the SMs):
+#   1. plain allreduce 4K..8M: every p2p variant the registry offers (asked of the factory),
+#      symm_mem one/two-shot, flashinfer trtllm one/two-shot and pcie_ipc (tuned per size at
+#      setup), every mscclpp variant (auto, each default algorithm, the shim);
+#   2. fused vs unfused on model shapes, --tokens 1..256 at --hidden 7168 and at 6144:
+#      flashinfer fused one/two-shot, unfused:best, and the plain backends unfused:best picks from
+#      (the same run's fastest correct allreduce at each size); fusion.json in each run dir.
+# Then `commbench report` on every run dir, and `commbench table` over all of them (every run
+# under OUT_DIR, this call's and earlier ones') into OUT_DIR/README-table.md.
+# Timing: --iters 10 graph replays per pass (of 128 calls each up to 2 MiB; the sweep's default
+# is 20-50) to fit all three world sizes in about 9 minutes on an H200 (an estimate from the
+# earlier 2/4/8-rank runs, FlashInfer's first JIT build of ~2.5 min included, not yet measured);
+# MPS_REFERENCE_ITERS=N overrides it.
+# MSCCLPP_NCCL_LIB=PATH passes --mscclpp-nccl-lib (the shim is still skipped with its reason:
+# NCCL's API refuses ranks that share a GPU). NVLink multicast stays off for every process.
+# These rows measure each backend's protocol with no fabric between the ranks (README, emulation).
+set -uo pipefail
+usage="usage: scripts/mps-reference.sh OUT_DIR [--ranks 2,4,8]"
+bad() { echo "mps-reference: $*" >&2; exit 2; }
+[ $# -ge 1 ] || bad "needs OUT_DIR ($usage)"
+case $1 in -*) bad "needs OUT_DIR first, got $1 ($usage)" ;; esac
+out=$1
+shift
+ranks=2,4,8
+while [ $# -gt 0 ]; do
+  case $1 in
+    --ranks) [ $# -ge 2 ] || bad "--ranks needs a list, e.g. --ranks 2,4,8"; ranks=$2; shift 2 ;;
+    --ranks=*) ranks=${1#--ranks=}; shift ;;
+    *) bad "unknown argument $1 ($usage)" ;;
+  esac
+done
+[[ $ranks =~ ^[0-9]+(,[0-9]+)*$ ]] || bad "--ranks takes a comma-separated list such as 2,4,8, got '$ranks'"
+seen=","
+for n in ${ranks//,/ }; do
+  case $n in 2|4|8) ;; *) bad "--ranks takes 2, 4 and 8 (the world sizes every backend here supports), got $n" ;; esac
+  case $seen in *",$n,"*) bad "--ranks lists $n twice" ;; esac
+  seen="$seen$n,"
+done
+iters=${MPS_REFERENCE_ITERS:-10}
+[[ $iters =~ ^[1-9][0-9]*$ ]] || bad "MPS_REFERENCE_ITERS must be a positive whole number, got '$iters'"
+[ ! -e "$out" ] || [ -d "$out" ] || bad "$out exists and is not a directory"
+py=${PYTHON:-python3}
+"$py" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" \
+  || bad "needs a CUDA GPU (this run puts every rank on one GPU under MPS)"
+command -v nvidia-cuda-mps-control >/dev/null || bad "needs nvidia-cuda-mps-control (the ranks share the GPU under MPS)"
+mkdir -p "$out" 2>/dev/null && [ -w "$out" ] || bad "$out: cannot write there"
+out=$(cd "$out" && pwd)
+lib=${MSCCLPP_NCCL_LIB:-}
+[ -z "$lib" ] || [ -f "$lib" ] || bad "MSCCLPP_NCCL_LIB=$lib: no such file"
+[ -z "$lib" ] || lib=$(realpath "$lib")
+
+cd "$(dirname "$0")/.."
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 MSCCLPP_FORCE_DISABLE_NVLS=1
+export PYTHONUNBUFFERED=1
+if ! "$py" -c "import commbench.backends" 2>/dev/null; then
+  "$py" -m pip install -q --no-deps --no-build-isolation --no-index -e . >"$out/install.log" 2>&1 \
+    || { echo "mps-reference: installing commbench failed (see $out/install.log)" >&2; exit 1; }
+fi
+
+# Every variant the p2p family offers, from its own factory (the probe's list of it).
+p2p=$("$py" -c "from commbench import backends; print(','.join(b.name for b in backends.probe_variants({}) if b.family == 'p2p'))")
+[ -n "$p2p" ] || { echo "mps-reference: the p2p family offers no variant here" >&2; exit 1; }
+plain="$p2p,symm_mem:one_shot,symm_mem:two_shot,flashinfer:trtllm_oneshot,flashinfer:trtllm_twoshot"
+shim=()
+[ -z "$lib" ] || shim=(--mscclpp-nccl-lib "$lib")
+start=$(date +%s)
+log() { echo "# mps-reference: $*" | tee -a "$out/commands.txt"; }
+status=0
+
+sweep() {   # sweep DIR ARGS...: one run dir under DIR; its exit status joins the script's
+  local dir=$1
+  shift
+  mkdir -p "$dir"
+  log "python3 -m commbench sweep $* --out $dir  ($(( $(date +%s) - start )) s so far)"
+  "$py" -m commbench sweep "$@" "${shim[@]}" --out "$dir" 2>&1 | tee "$dir/sweep.txt"
+  local rc=${PIPESTATUS[0]}
+  [ "$rc" -eq 0 ] || { log "exit status $rc (3: a backend hung or crashed; its rows say which)"; status=$rc; }
+}
+
+for n in ${ranks//,/ }; do
+  common=(--nproc "$n" --share-gpus --mps --mode graph --dtype bf16 --iters "$iters")
+  sweep "$out/world$n/allreduce" "${common[@]}" -b 4K -e 8M -f 2 \
+    --backends "$plain,flashinfer:pcie_ipc,mscclpp"
+  for hidden in 7168 6144; do
+    sweep "$out/world$n/fused-h$hidden" "${common[@]}" --tokens 1,2,4,8,16,32,64,128,256 --hidden "$hidden" \
+      --backends "$plain,flashinfer:fused_oneshot,flashinfer:fused_twoshot,unfused:best"
+  done
+done
+
+runs=()
+for parent in "$out"/world*/*/; do
+  run=$(ls -td "$parent"*/ 2>/dev/null | head -n 1)   # the newest run under each sweep's --out
+  [ -n "$run" ] && [ -f "$run/run.json" ] || continue
+  runs+=("${run%/}")
+  log "commbench report $run"
+  "$py" -m commbench report "$run" >"$parent/report.txt" 2>&1 || log "report of $run failed: $(tail -n 1 "$parent/report.txt")"
+done
+if [ ${#runs[@]} -gt 0 ]; then
+  log "commbench table (${#runs[@]} runs) --out $out/README-table.md"
+  "$py" -m commbench table "${runs[@]}" --out "$out/README-table.md" || status=1
+fi
+log "wall time $(( $(date +%s) - start )) s, world sizes $ranks, --iters $iters"
+exit "$status"
