@@ -361,6 +361,7 @@ class PcieIpcAllreduce(_FlashInferBase):
         self._itemsize = 2
         self._tuning: dict[str, Any] = {}
         self._choices: dict[tuple[int, int], dict[str, Any]] = {}
+        self._stream: Any = None       # the stream of the last eager call
 
     def software_reason(self) -> str | None:
         reason = super().software_reason()
@@ -429,8 +430,22 @@ class PcieIpcAllreduce(_FlashInferBase):
 
     def allreduce(self, x: torch.Tensor, out: torch.Tensor) -> None:
         assert self._workspace is not None, "setup() first"
+        self._follow_stream(x.device)
         tokens, hidden = self._shape(x.numel() * x.element_size())
         self._workspace.all_reduce(x.view(tokens, hidden), out=out.view(tokens, hidden))
+
+    def _follow_stream(self, device: torch.device) -> None:
+        """A workspace serves one stream and refuses a call from another (0.7.4's bind_stream),
+        but graph capture warms up on a side stream first. Calls from a new stream are first
+        ordered after everything queued on the old one, which is what rebind_stream() asks of
+        its caller; capture itself is exempt and binds nothing."""
+        if torch.cuda.is_current_stream_capturing():
+            return
+        current = torch.cuda.current_stream(device)
+        if self._stream is not None and current != self._stream:
+            current.wait_stream(self._stream)
+            self._workspace.rebind_stream()
+        self._stream = current
 
     def row_fields(self) -> dict[str, Any]:
         return {"extra": {"pcie_ipc_tuning": dict(self._tuning)}} if self._tuning else {}
@@ -440,6 +455,7 @@ class PcieIpcAllreduce(_FlashInferBase):
             self._workspace.destroy()
         self._workspace = None
         self._choices = {}
+        self._stream = None
 
 
 VARIANTS = ("trtllm_oneshot", "trtllm_twoshot", "fused_oneshot", "fused_twoshot", "pcie_ipc", "mnnvl")

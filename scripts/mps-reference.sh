@@ -6,10 +6,13 @@
 # --share-gpus --mps (a private MPS daemon, each rank 100/N % of the SMs):
 #   1. plain allreduce 4K..8M: every p2p variant the registry offers (asked of the factory),
 #      symm_mem one/two-shot, flashinfer trtllm one/two-shot and pcie_ipc (tuned per size at
-#      setup), every mscclpp variant (auto, each default algorithm, the shim);
+#      setup);
 #   2. fused vs unfused on model shapes, --tokens 1..256 at --hidden 7168 and at 6144:
 #      flashinfer fused one/two-shot, unfused:best, and the plain backends unfused:best picks from
-#      (the same run's fastest correct allreduce at each size); fusion.json in each run dir.
+#      (p2p:auto, itself the fastest p2p kernel per size, and flashinfer trtllm one/two-shot);
+#      fusion.json in each run dir;
+#   3. after every world size: every mscclpp variant (auto, each default algorithm, the shim), so
+#      that an MSCCL++ build started beside this script has the most time to finish.
 # Then `commbench report` on every run dir, and `commbench table` over all of them (every run
 # under OUT_DIR, this call's and earlier ones') into OUT_DIR/README-table.md.
 # Timing: --iters 10 graph replays per pass (of 128 calls each up to 2 MiB; the sweep's default
@@ -82,14 +85,18 @@ sweep() {   # sweep DIR ARGS...: one run dir under DIR; its exit status joins th
   [ "$rc" -eq 0 ] || { log "exit status $rc (3: a backend hung or crashed; its rows say which)"; status=$rc; }
 }
 
+unfused_from="p2p:auto,flashinfer:trtllm_oneshot,flashinfer:trtllm_twoshot"
 for n in ${ranks//,/ }; do
   common=(--nproc "$n" --share-gpus --mps --mode graph --dtype bf16 --iters "$iters")
-  sweep "$out/world$n/allreduce" "${common[@]}" -b 4K -e 8M -f 2 \
-    --backends "$plain,flashinfer:pcie_ipc,mscclpp"
+  sweep "$out/world$n/allreduce" "${common[@]}" -b 4K -e 8M -f 2 --backends "$plain,flashinfer:pcie_ipc"
   for hidden in 7168 6144; do
     sweep "$out/world$n/fused-h$hidden" "${common[@]}" --tokens 1,2,4,8,16,32,64,128,256 --hidden "$hidden" \
-      --backends "$plain,flashinfer:fused_oneshot,flashinfer:fused_twoshot,unfused:best"
+      --backends "$unfused_from,flashinfer:fused_oneshot,flashinfer:fused_twoshot,unfused:best"
   done
+done
+for n in ${ranks//,/ }; do
+  sweep "$out/world$n/mscclpp" --nproc "$n" --share-gpus --mps --mode graph --dtype bf16 --iters "$iters" \
+    -b 4K -e 8M -f 4 --backends mscclpp
 done
 
 runs=()

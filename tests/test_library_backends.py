@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -312,3 +313,30 @@ def test_one_failing_rank_fails_every_rank_with_its_reason():
         p.join(timeout=30)
     expected = "workspace probe failed on rank 2: cuMemCreate of 2097152 bytes failed: CUDA_ERROR_OUT_OF_MEMORY"
     assert got == {0: expected, 1: expected, 2: expected}
+
+
+def test_pcie_ipc_moves_to_a_new_stream_only_after_ordering_it_behind_the_old(monkeypatch):
+    # 0.7.4's workspace refuses a second stream; graph capture warms up on a side stream first.
+    class Stream:
+        def __init__(self) -> None:
+            self.waited_for: list["Stream"] = []
+
+        def wait_stream(self, other: "Stream") -> None:
+            self.waited_for.append(other)
+
+    eager, side = Stream(), Stream()
+    current, capturing, rebinds = [eager], [False], []
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: current[0])
+    backend = factory("flashinfer").make("pcie_ipc", {})[0]
+    backend._workspace = SimpleNamespace(rebind_stream=lambda: rebinds.append(current[0]))
+    backend._follow_stream(torch.device("cpu"))
+    backend._follow_stream(torch.device("cpu"))
+    assert rebinds == [] and eager.waited_for == []
+    current[0] = side
+    backend._follow_stream(torch.device("cpu"))
+    assert side.waited_for == [eager] and rebinds == [side]
+    capturing[0] = True           # a capture binds nothing
+    current[0] = Stream()
+    backend._follow_stream(torch.device("cpu"))
+    assert rebinds == [side] and backend._stream is side

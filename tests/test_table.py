@@ -14,7 +14,15 @@ from commbench.results import Measurement, load_run
 from commbench.units import format_bytes
 
 REFERENCE = Path(__file__).parents[1] / "results" / "reference" / "h200-mps-emulated"
-WORLDS = [REFERENCE / f"world{n}" for n in (2, 4, 8)]
+
+
+def _run_dir(parent: Path) -> Path:
+    """The one run under a sweep's --out folder."""
+    (run,) = [p for p in parent.iterdir() if (p / "run.json").is_file()]
+    return run
+
+
+WORLDS = [_run_dir(REFERENCE / f"world{n}" / "allreduce") for n in (2, 4, 8)]
 
 
 def test_recorded_world_sizes_side_by_side(tmp_path):

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the GPU tests on a CUDA machine (the device tool's H200 among them):
-#   bash tests/gpu/run.sh [pytest args...]
+#   bash tests/gpu/run.sh [pytest args...]        (e.g. tests/gpu/test_p2p_gpu.py -k exact)
 # Installs commbench from this checkout without touching the network, then runs tests/gpu.
 # Ranks that share a GPU run concurrently under a private MPS daemon started here (its own pipe
 # and log directories; stopped on exit; no other daemon is touched), each test giving its ranks
@@ -38,4 +38,7 @@ else
     rm -rf "$pipe"
   fi
 fi
-python3 -m pytest tests/gpu -q -rs -p no:cacheprovider "$@" 2>&1 | tee "$logs/pytest.log"
+# Arguments go to pytest; when the first names a test file or node, only what they name runs.
+targets=(tests/gpu)
+[ $# -gt 0 ] && [ -e "${1%%::*}" ] && targets=()
+python3 -m pytest "${targets[@]}" -q -rs -p no:cacheprovider "$@" 2>&1 | tee "$logs/pytest.log"
