@@ -159,13 +159,7 @@ class NcclBackend(ProcessGroupBackend):
 
     def _why_not_observed(self, ctx: RunContext) -> str | None:
         """Why this rank records no NCCL choice; None where it logs and reads them."""
-        if self.log_dir is None:
-            return "NCCL's log was not asked for (--no-nccl-log)"
-        if ctx.world_size == 1:
-            return "world size 1: NCCL's tuner chooses no algorithm and logs none"
-        if ctx.rank != 0:
-            return "NCCL logs its choices on comm rank 0 only"
-        return process_switch().unavailable
+        return unlogged_reason(self.log_dir, ctx) or process_switch().unavailable
 
     def _log_file(self, step: str) -> Path | None:
         """Where this rank's NCCL logs `step`; None where nothing is logged."""
@@ -182,6 +176,17 @@ class NcclBackend(ProcessGroupBackend):
             return
         with process_switch().logging_to(log_file):
             yield
+
+
+def unlogged_reason(log_dir: Path | None, ctx: RunContext) -> str | None:
+    """Why NCCL logs no choice for this rank to read, whichever binding calls it; None if it may."""
+    if log_dir is None:
+        return "NCCL's log was not asked for (--no-nccl-log)"
+    if ctx.world_size == 1:
+        return "world size 1: NCCL's tuner chooses no algorithm and logs none"
+    if ctx.rank != 0:
+        return "NCCL logs its choices on comm rank 0 only"
+    return None
 
 
 def logged_calls(call: Callable[[], None], logging: AbstractContextManager[None]) -> None:

@@ -24,7 +24,7 @@ import torch
 
 from commbench import engines
 from commbench.backends.base import Backend, BackendFactory, BackendUnavailable, voted
-from commbench.backends.nccl import logged_calls, nccl_log_dir
+from commbench.backends.nccl import logged_calls, nccl_log_dir, unlogged_reason
 from commbench.backends.nccl_log import logged_choice, process_nccl, process_switch, read_lines
 from commbench.errors import UsageError
 
@@ -113,12 +113,9 @@ class Nccl4pyAllreduce(Backend):
     def _why_not_observed(self, ctx: "RunContext") -> str | None:
         """Why this rank reads no NCCL choice: commbench's log switch controls the libnccl the
         process mapped first, so nccl4py's calls are observed only when they go to that one."""
-        if self.log_dir is None:
-            return "NCCL's log was not asked for (--no-nccl-log)"
-        if ctx.world_size == 1:
-            return "world size 1: NCCL's tuner chooses no algorithm and logs none"
-        if ctx.rank != 0:
-            return "NCCL logs its choices on comm rank 0 only"
+        reason = unlogged_reason(self.log_dir, ctx)
+        if reason:
+            return reason
         mapped = process_nccl().path
         if self._facts.get("nccl_lib_loaded") not in (None, mapped):
             return f"nccl4py calls {self._facts['nccl_lib_loaded']}, commbench's log switch controls {mapped}"

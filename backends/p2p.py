@@ -360,19 +360,12 @@ class AreaPlan:
     ll_rs: int | None
     ll_ag: int | None
     total_bytes: int
+    lamport_spans: tuple[tuple[int, int], ...]   # (offset, bytes) of the areas that start LL_EMPTY
 
     def offsets(self) -> dict[str, int | None]:
         """Every data area's offset, by its Layout name (flags at 0)."""
         return {"flags": 0, "recv": self.recv, "gather": self.gather, "stage": self.stage,
                 "ll": self.ll, "ll_rs": self.ll_rs, "ll_ag": self.ll_ag}
-
-    def lamport_spans(self) -> list[tuple[int, int]]:
-        """(offset, bytes) of the Lamport areas, which start filled with LL_EMPTY."""
-        return [(start, end - start) for start, end in self._bounds() if start in (self.ll, self.ll_rs, self.ll_ag)]
-
-    def _bounds(self) -> list[tuple[int, int]]:
-        starts = sorted(o for o in self.offsets().values() if o is not None)
-        return list(zip(starts, starts[1:] + [self.total_bytes]))
 
 
 def plan_areas(algorithms: tuple[str, ...], nranks: int, slot_bytes: int) -> AreaPlan:
@@ -390,11 +383,17 @@ def plan_areas(algorithms: tuple[str, ...], nranks: int, slot_bytes: int) -> Are
     recv = take(PARITIES * nranks * slot_bytes) if push else None
     gather = take(PARITIES * slot_bytes) if TWOSHOT in algorithms else None
     stage = take(PARITIES * slot_bytes) if ONESHOT_PULL in algorithms else None
-    ll = take(LL_BUFFERS * nranks * slot_bytes) if ONESHOT_LL in algorithms else None
-    ll_rs = take(LL_BUFFERS * nranks * slice_bytes) if TWOSHOT_LL in algorithms else None
-    ll_ag = take(LL_BUFFERS * slot_bytes) if TWOSHOT_LL in algorithms else None
+    lamport: list[tuple[int, int]] = []
+
+    def take_lamport(nbytes: int) -> int:
+        lamport.append((take(nbytes), nbytes))
+        return lamport[-1][0]
+
+    ll = take_lamport(LL_BUFFERS * nranks * slot_bytes) if ONESHOT_LL in algorithms else None
+    ll_rs = take_lamport(LL_BUFFERS * nranks * slice_bytes) if TWOSHOT_LL in algorithms else None
+    ll_ag = take_lamport(LL_BUFFERS * slot_bytes) if TWOSHOT_LL in algorithms else None
     end = -(-offset // AREA_ALIGN_BYTES) * AREA_ALIGN_BYTES
-    return AreaPlan(slot_bytes, slice_bytes, recv, gather, stage, ll, ll_rs, ll_ag, end)
+    return AreaPlan(slot_bytes, slice_bytes, recv, gather, stage, ll, ll_rs, ll_ag, end, tuple(lamport))
 
 
 def choose_rule(sizes: list[int], times_us: dict[str, list[float]], margin: float = TIE_MARGIN) -> AutoRule:
@@ -511,7 +510,7 @@ class _SharedArea:
         self.base = runtime.malloc(self.plan.total_bytes)
         runtime.memset(self.base, 0, self.plan.total_bytes)
         memory = cupy.cuda.UnownedMemory(self.base, self.plan.total_bytes, owner=None)
-        for offset, nbytes in self.plan.lamport_spans():
+        for offset, nbytes in self.plan.lamport_spans:
             words = cupy.ndarray((nbytes // 4,), dtype=numpy.uint32, memptr=cupy.cuda.MemoryPointer(memory, offset))
             words.fill(LL_EMPTY)
         self.report = runtime.hostAlloc(16, HOST_ALLOC_PORTABLE_MAPPED)

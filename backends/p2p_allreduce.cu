@@ -463,8 +463,8 @@ __global__ void __launch_bounds__(512) p2p_ll_twoshot(const __grid_constant__ La
 
 // ---- flag kernels ----
 
+// After P2P_THREAD_RANGE (which the push kernel needs first, for its early input load).
 #define P2P_FLAG_PROLOGUE                                      \
-  P2P_THREAD_RANGE                                             \
   Ctrl* c = (Ctrl*)L.ctrl;                                     \
   const Call call = begin_call(L, c->calls);                   \
   const u32 rank = (u32)L.rank;                                \
@@ -477,8 +477,8 @@ template <int DT, int N>
 __global__ void __launch_bounds__(512) p2p_oneshot_push(const __grid_constant__ Layout L,
                                                         const uint4* __restrict__ in,
                                                         uint4* __restrict__ out, u32 units) {
-  const u32 first_unit = blockIdx.x * blockDim.x + threadIdx.x;
-  const uint4 in_first = first_unit < units ? in[first_unit] : uint4();   // in flight with the count
+  P2P_THREAD_RANGE
+  const uint4 in_first = first < units ? in[first] : uint4();   // in flight with the count
   P2P_FLAG_PROLOGUE
   if (!call.failed) {
 #pragma unroll
@@ -505,6 +505,7 @@ template <int DT, int N>
 __global__ void __launch_bounds__(512) p2p_oneshot_pull(const __grid_constant__ Layout L,
                                                         const uint4* __restrict__ in,
                                                         uint4* __restrict__ out, u32 units) {
+  P2P_THREAD_RANGE
   P2P_FLAG_PROLOGUE
   if (!call.failed) {
     if (N > 1) {
@@ -530,6 +531,7 @@ template <int DT, int N>
 __global__ void __launch_bounds__(512) p2p_twoshot_push(const __grid_constant__ Layout L,
                                                         const uint4* __restrict__ in,
                                                         uint4* __restrict__ out, u32 units) {
+  P2P_THREAD_RANGE
   P2P_FLAG_PROLOGUE
   if (!call.failed) {
 #pragma unroll

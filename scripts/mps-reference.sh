@@ -86,17 +86,16 @@ sweep() {   # sweep DIR ARGS...: one run dir under DIR; its exit status joins th
 }
 
 unfused_from="p2p:auto,flashinfer:trtllm_oneshot,flashinfer:trtllm_twoshot"
+common=(--share-gpus --mps --mode graph --dtype bf16 --iters "$iters")
 for n in ${ranks//,/ }; do
-  common=(--nproc "$n" --share-gpus --mps --mode graph --dtype bf16 --iters "$iters")
-  sweep "$out/world$n/allreduce" "${common[@]}" -b 4K -e 8M -f 2 --backends "$plain,flashinfer:pcie_ipc"
+  sweep "$out/world$n/allreduce" --nproc "$n" "${common[@]}" -b 4K -e 8M -f 2 --backends "$plain,flashinfer:pcie_ipc"
   for hidden in 7168 6144; do
-    sweep "$out/world$n/fused-h$hidden" "${common[@]}" --tokens 1,2,4,8,16,32,64,128,256 --hidden "$hidden" \
-      --backends "$unfused_from,flashinfer:fused_oneshot,flashinfer:fused_twoshot,unfused:best"
+    sweep "$out/world$n/fused-h$hidden" --nproc "$n" "${common[@]}" --tokens 1,2,4,8,16,32,64,128,256 \
+      --hidden "$hidden" --backends "$unfused_from,flashinfer:fused_oneshot,flashinfer:fused_twoshot,unfused:best"
   done
 done
 for n in ${ranks//,/ }; do
-  sweep "$out/world$n/mscclpp" --nproc "$n" --share-gpus --mps --mode graph --dtype bf16 --iters "$iters" \
-    -b 4K -e 8M -f 4 --backends mscclpp
+  sweep "$out/world$n/mscclpp" --nproc "$n" "${common[@]}" -b 4K -e 8M -f 4 --backends mscclpp
 done
 
 runs=()

@@ -356,7 +356,7 @@ def test_area_plan_allocates_only_what_the_kernels_use_without_overlap():
     assert pull.recv is None and pull.gather is None
     lamport = p2p.plan_areas(p2p.VARIANTS["oneshot_lamport"], 4, slot)
     assert (lamport.recv, lamport.gather, lamport.ll_rs) == (None, None, None)
-    assert lamport.lamport_spans() == [(lamport.ll, 3 * 4 * slot)]
+    assert lamport.lamport_spans == ((lamport.ll, 3 * 4 * slot),)
     auto = p2p.plan_areas(p2p.VARIANTS["auto"], 4, slot)
     assert auto.stage is None and auto.slice_bytes == slot // 4
     spans = sorted([(0, p2p.FLAG_AREA_BYTES), (auto.recv, auto.recv + 2 * 4 * slot),
@@ -366,7 +366,7 @@ def test_area_plan_allocates_only_what_the_kernels_use_without_overlap():
     assert spans[-1][1] == auto.total_bytes
     assert all(offset % p2p.AREA_ALIGN_BYTES == 0 for offset in (auto.recv, auto.gather, auto.ll, auto.ll_rs))
     # Only the Lamport areas start filled with LL_EMPTY, and all of each of them.
-    filled = auto.lamport_spans()
+    filled = auto.lamport_spans
     assert [start for start, _ in filled] == [auto.ll, auto.ll_rs, auto.ll_ag]
     assert all(nbytes >= need for (_, nbytes), need in zip(filled, (3 * 4 * slot, 3 * slot, 3 * slot)))
 
