@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import re
 from importlib import metadata
 from pathlib import Path
@@ -58,6 +59,7 @@ PCIE_DTYPES = (torch.bfloat16, torch.float16)
 PCIE_PACK_BYTES = 16            # pcie_ipc_collectives._constants.PACK_BYTES
 PCIE_TUNE_DIR = "flashinfer-pcie-ipc"   # tune caches, inside the run dir
 PCIE_TUNE_OPTION = "flashinfer_pcie_tune"
+PDL_OPTION = "flashinfer_pdl"
 PLAIN_HIDDEN = 4096             # elements per token when a plain size is reshaped
 BYTES_PER_ACCESS = 16           # the kernels load 16 bytes per thread: hidden must be a multiple
 WORKSPACE_ROW = 256             # workspace sized as rows of this many elements (only the product counts)
@@ -168,9 +170,11 @@ class _TrtllmWorkspaceBackend(_FlashInferBase):
 
     workspace_backend = "trtllm"
 
-    def __init__(self, oneshot: bool | None):
+    def __init__(self, oneshot: bool | None, options: dict[str, Any]):
         super().__init__()
         self.oneshot = oneshot
+        # PDL as in serving, unless --flashinfer-pdl off asks what it is worth.
+        self.pdl = options.get(PDL_OPTION, "on") == "on"
         self._workspace: Any = None
         self._scratch: torch.Tensor | None = None   # the fused pattern's allreduce output, unused
 
@@ -209,9 +213,9 @@ class _TrtllmWorkspaceBackend(_FlashInferBase):
         comm = importlib.import_module("flashinfer.comm")
         comm.allreduce_fusion(
             input=x2d, workspace=self._workspace, pattern=pattern,
-            # As in serving: PDL on, fp32 accumulation; completion triggered at the end of the
-            # kernel, the setting that is safe for every token count (vLLM, flashinfer#1223).
-            launch_with_pdl=True, trigger_completion_at_end=True, fp32_acc=True,
+            # As in serving: fp32 accumulation; completion triggered at the end of the kernel,
+            # the setting that is safe for every token count (vLLM, flashinfer#1223).
+            launch_with_pdl=self.pdl, trigger_completion_at_end=True, fp32_acc=True,
             use_oneshot=self.oneshot, output=output, **outputs)
 
     def allreduce(self, x: torch.Tensor, out: torch.Tensor) -> None:
@@ -234,8 +238,8 @@ class _TrtllmWorkspaceBackend(_FlashInferBase):
 
 
 class TrtllmAllreduce(_TrtllmWorkspaceBackend):
-    def __init__(self, oneshot: bool):
-        super().__init__(oneshot)
+    def __init__(self, oneshot: bool, options: dict[str, Any]):
+        super().__init__(oneshot, options)
         self.name = f"flashinfer:trtllm_{'oneshot' if oneshot else 'twoshot'}"
 
     def supports(self, message_bytes: int, dtype: torch.dtype) -> str | None:
@@ -247,12 +251,12 @@ class TrtllmAllreduce(_TrtllmWorkspaceBackend):
 
     def row_fields(self) -> dict[str, Any]:
         return {"extra": {"workspace_backend": "trtllm", "pattern": "kAllReduce", "oneshot": self.oneshot,
-                          "plain_hidden": PLAIN_HIDDEN}}
+                          "plain_hidden": PLAIN_HIDDEN, "launch_with_pdl": self.pdl}}
 
 
 class TrtllmFused(_TrtllmWorkspaceBackend, FusedBackend):
-    def __init__(self, oneshot: bool):
-        super().__init__(oneshot)
+    def __init__(self, oneshot: bool, options: dict[str, Any]):
+        super().__init__(oneshot, options)
         self.name = f"flashinfer:fused_{'oneshot' if oneshot else 'twoshot'}"
 
     def shape_reason(self, world_size: int, tokens: int, hidden: int, dtype: torch.dtype) -> str | None:
@@ -274,7 +278,7 @@ class TrtllmFused(_TrtllmWorkspaceBackend, FusedBackend):
 
     def row_fields(self) -> dict[str, Any]:
         return {"extra": {"workspace_backend": "trtllm", "pattern": "kARResidualRMSNorm",
-                          "oneshot": self.oneshot, "rms_eps": RMS_EPS,
+                          "oneshot": self.oneshot, "rms_eps": RMS_EPS, "launch_with_pdl": self.pdl,
                           "tolerance": {str(k).replace("torch.", ""): v for k, v in TOLERANCE.items()}}}
 
 
@@ -287,8 +291,8 @@ class MnnvlAllreduce(_TrtllmWorkspaceBackend):
     # Multicast across ranks that share a GPU means nothing.
     needs = ("cuda", "multicast", "own_gpu", "node", "p2p", "vmm")
 
-    def __init__(self) -> None:
-        super().__init__(oneshot=None)
+    def __init__(self, options: dict[str, Any]) -> None:
+        super().__init__(None, options)
 
     def _build_kernels(self) -> None:
         importlib.import_module("flashinfer.comm.trtllm_mnnvl_ar").get_trtllm_mnnvl_comm_module()
@@ -323,6 +327,18 @@ def pcie_tune_plan(shapes: list[tuple[int, int]]) -> tuple[tuple[int, ...], tupl
     per token count the run will capture, so every row's shape is measured, none inferred from a
     neighbouring bucket (buckets map downwards)."""
     return tuple(sorted({h for _, h in shapes})), tuple(sorted({t for t, _ in shapes}))
+
+
+def saved_configs(cache: str | None) -> int:
+    """How many tuned configurations FlashInfer's tune cache holds (its keys other than the
+    ``_metadata``-style ones); 0 when it wrote none or no file."""
+    if cache is None:
+        return 0
+    try:
+        table = json.loads(Path(cache).read_text())
+    except (OSError, ValueError):
+        return 0
+    return sum(1 for key in table if not key.startswith("_")) if isinstance(table, dict) else 0
 
 
 def describe_config(config: Any) -> str | None:
@@ -409,8 +425,8 @@ class PcieIpcAllreduce(_FlashInferBase):
         # The constructor validates jointly on every rank and raises on all of them together.
         self._workspace = comm.PcieIpcAllReduceWorkspace(
             group=ctx.control_group, max_numel=max_numel, dtype=dtype, tune_batches=batches, tune_cache=cache)
-        if self.tune:
-            self._workspace.tune(list(hiddens), dtype=dtype, cache=cache)
+        # tune() returns {(hidden, batch): config} for what it measured; what it saved is in the file.
+        measured = self._workspace.tune(list(hiddens), dtype=dtype, cache=cache) if self.tune else {}
         resolved = self._workspace.prepare(shapes, dtype=dtype)
         policy = importlib.import_module("flashinfer.comm.pcie_ipc_policy")
         self._choices = {
@@ -420,7 +436,10 @@ class PcieIpcAllreduce(_FlashInferBase):
             for shape, config in resolved.items()}
         self._tuning = {"tuned": self.tune, "tune_cache": cache, "tune_batches": list(batches),
                         "tune_hiddens": list(hiddens), "max_numel": max_numel,
-                        "profile": self._workspace.profile}
+                        "profile": self._workspace.profile,
+                        "tune_result": {f"{batch}x{hidden}": describe_config(config)
+                                        for (hidden, batch), config in sorted(measured.items())},
+                        "saved_configs": saved_configs(cache) if self.tune else None}
 
     def observe(self, call: Any, message_bytes: int) -> dict[str, Any]:
         choice = self._choices.get(self._shape(message_bytes))
@@ -463,12 +482,12 @@ VARIANTS = ("trtllm_oneshot", "trtllm_twoshot", "fused_oneshot", "fused_twoshot"
 
 def _build(variant: str, options: dict[str, Any]) -> Backend:
     if variant.startswith("trtllm_"):
-        return TrtllmAllreduce(oneshot=variant.endswith("oneshot"))
+        return TrtllmAllreduce(variant.endswith("oneshot"), options)
     if variant.startswith("fused_"):
-        return TrtllmFused(oneshot=variant.endswith("oneshot"))
+        return TrtllmFused(variant.endswith("oneshot"), options)
     if variant == "pcie_ipc":
         return PcieIpcAllreduce(options)
-    return MnnvlAllreduce()
+    return MnnvlAllreduce(options)
 
 
 def make(variant: str | None, options: dict[str, Any]) -> list[Backend]:
@@ -487,10 +506,13 @@ def add_arguments(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--flashinfer-pcie-tune", choices=("measure", "seed"), default="measure",
                        help="flashinfer:pcie_ipc: tune every size bucket at setup (measure, the default) or run "
                             "FlashInfer's untuned seed configurations (seed)")
+    group.add_argument("--flashinfer-pdl", choices=("on", "off"), default="on",
+                       help="flashinfer trtllm and fused variants: launch with programmatic dependent launch "
+                            "(on, the default, as vLLM and SGLang serve) or without it (off), to see what it saves")
 
 
 def read_options(args: argparse.Namespace) -> dict[str, Any]:
-    return {PCIE_TUNE_OPTION: args.flashinfer_pcie_tune}
+    return {PCIE_TUNE_OPTION: args.flashinfer_pcie_tune, PDL_OPTION: args.flashinfer_pdl}
 
 
 FACTORY = BackendFactory(

@@ -1,39 +1,49 @@
 #!/usr/bin/env bash
 # The emulated reference run on ONE GPU: several ranks share it, concurrently under MPS.
-#   bash scripts/mps-reference.sh OUT_DIR [--ranks 2,4,8]
-# Per world size N (default 2, 4 and 8; --ranks 8 runs one, so world sizes can go in separate
-# calls into the same OUT_DIR), graph mode, bf16, through the crash-proof --nproc driver with
-# --share-gpus --mps (a private MPS daemon, each rank 100/N % of the SMs):
-#   1. plain allreduce 4K..8M: every p2p variant the registry offers (asked of the factory),
-#      symm_mem one/two-shot, flashinfer trtllm one/two-shot and pcie_ipc (tuned per size at
-#      setup);
-#   2. fused vs unfused on model shapes, --tokens 1..256 at --hidden 7168 and at 6144:
-#      flashinfer fused one/two-shot, unfused:best, and the plain backends unfused:best picks from
-#      (p2p:auto, itself the fastest p2p kernel per size, and flashinfer trtllm one/two-shot);
-#      fusion.json in each run dir;
-#   3. after every world size: every mscclpp variant (auto, each default algorithm, the shim), so
-#      that an MSCCL++ build started beside this script has the most time to finish.
+#   bash scripts/mps-reference.sh OUT_DIR [--ranks 2,4,8] [--parts allreduce,fused,pcie,nopdl,mscclpp]
+# Per world size N (default 2, 4 and 8), graph mode, bf16, through the crash-proof --nproc driver
+# with --share-gpus --mps (a private MPS daemon, each rank 100/N % of the SMs), each part its own
+# run dir OUT_DIR/worldN/PART (default every part; --ranks and --parts split the work into
+# separate calls writing into the same OUT_DIR):
+#   allreduce  plain allreduce 4K..8M: every p2p variant the registry offers (asked of the
+#              factory), symm_mem one/two-shot, flashinfer trtllm one/two-shot;
+#   fused      fused vs unfused on model shapes, --tokens 1..256 at --hidden 7168 and at 6144
+#              (run dirs fused-h7168, fused-h6144): flashinfer fused one/two-shot, unfused:best,
+#              and the plain backends unfused:best picks from (p2p:auto, itself the fastest p2p
+#              kernel per size, and flashinfer trtllm one/two-shot); fusion.json in each run dir;
+#   pcie       flashinfer:pcie_ipc tuned per size bucket (FlashInfer's autotuner), beside p2p:auto,
+#              on the sizes 8K..8M by factor 4: one hidden (4096) and six token buckets, because
+#              FlashInfer's tune() profiles every bucket again for each bucket it tunes (about
+#              3 s a profile at 2 ranks under MPS); then pcie-seed, the same sizes with
+#              FlashInfer's untuned seed configurations (--flashinfer-pcie-tune seed);
+#   nopdl      flashinfer trtllm one-shot and p2p:auto with programmatic dependent launch off
+#              (--flashinfer-pdl off), 4K..8M: what PDL is worth against the allreduce part;
+#   mscclpp    every mscclpp variant (auto, each default algorithm, the shim), after every
+#              other part of every world size, so that an MSCCL++ build started beside this
+#              script has the most time to finish.
 # Then `commbench report` on every run dir, and `commbench table` over all of them (every run
 # under OUT_DIR, this call's and earlier ones') into OUT_DIR/README-table.md.
 # Timing: --iters 10 graph replays per pass (of 128 calls each up to 2 MiB; the sweep's default
-# is 20-50) to fit all three world sizes in about 9 minutes on an H200 (an estimate from the
-# earlier 2/4/8-rank runs, FlashInfer's first JIT build of ~2.5 min included, not yet measured);
-# MPS_REFERENCE_ITERS=N overrides it.
+# is 20-50); MPS_REFERENCE_ITERS=N overrides it.
 # MSCCLPP_NCCL_LIB=PATH passes --mscclpp-nccl-lib (the shim is still skipped with its reason:
 # NCCL's API refuses ranks that share a GPU). NVLink multicast stays off for every process.
 # These rows measure each backend's protocol with no fabric between the ranks (README, emulation).
 set -uo pipefail
-usage="usage: scripts/mps-reference.sh OUT_DIR [--ranks 2,4,8]"
+usage="usage: scripts/mps-reference.sh OUT_DIR [--ranks 2,4,8] [--parts allreduce,fused,pcie,nopdl,mscclpp]"
+all_parts=allreduce,fused,pcie,nopdl,mscclpp
 bad() { echo "mps-reference: $*" >&2; exit 2; }
 [ $# -ge 1 ] || bad "needs OUT_DIR ($usage)"
 case $1 in -*) bad "needs OUT_DIR first, got $1 ($usage)" ;; esac
 out=$1
 shift
 ranks=2,4,8
+parts=$all_parts
 while [ $# -gt 0 ]; do
   case $1 in
     --ranks) [ $# -ge 2 ] || bad "--ranks needs a list, e.g. --ranks 2,4,8"; ranks=$2; shift 2 ;;
     --ranks=*) ranks=${1#--ranks=}; shift ;;
+    --parts) [ $# -ge 2 ] || bad "--parts needs a list, e.g. --parts $all_parts"; parts=$2; shift 2 ;;
+    --parts=*) parts=${1#--parts=}; shift ;;
     *) bad "unknown argument $1 ($usage)" ;;
   esac
 done
@@ -44,6 +54,14 @@ for n in ${ranks//,/ }; do
   case $seen in *",$n,"*) bad "--ranks lists $n twice" ;; esac
   seen="$seen$n,"
 done
+[[ $parts =~ ^[a-z]+(,[a-z]+)*$ ]] || bad "--parts takes a comma-separated list such as $all_parts, got '$parts'"
+seen=","
+for part in ${parts//,/ }; do
+  case ",$all_parts," in *",$part,"*) ;; *) bad "--parts takes $all_parts, got $part" ;; esac
+  case $seen in *",$part,"*) bad "--parts lists $part twice" ;; esac
+  seen="$seen$part,"
+done
+wants() { case ",$parts," in *",$1,"*) return 0 ;; esac; return 1; }
 iters=${MPS_REFERENCE_ITERS:-10}
 [[ $iters =~ ^[1-9][0-9]*$ ]] || bad "MPS_REFERENCE_ITERS must be a positive whole number, got '$iters'"
 [ ! -e "$out" ] || [ -d "$out" ] || bad "$out exists and is not a directory"
@@ -86,17 +104,32 @@ sweep() {   # sweep DIR ARGS...: one run dir under DIR; its exit status joins th
 }
 
 unfused_from="p2p:auto,flashinfer:trtllm_oneshot,flashinfer:trtllm_twoshot"
-common=(--share-gpus --mps --mode graph --dtype bf16 --iters "$iters")
+# A row here takes well under a second: a hung one (FlashInfer's one-shot at 8 ranks) costs 30 s,
+# not the default 120, before the driver resumes without it.
+common=(--share-gpus --mps --mode graph --dtype bf16 --iters "$iters" --timeout 30)
 for n in ${ranks//,/ }; do
-  sweep "$out/world$n/allreduce" --nproc "$n" "${common[@]}" -b 4K -e 8M -f 2 --backends "$plain,flashinfer:pcie_ipc"
-  for hidden in 7168 6144; do
-    sweep "$out/world$n/fused-h$hidden" --nproc "$n" "${common[@]}" --tokens 1,2,4,8,16,32,64,128,256 \
-      --hidden "$hidden" --backends "$unfused_from,flashinfer:fused_oneshot,flashinfer:fused_twoshot,unfused:best"
+  world=(--nproc "$n" "${common[@]}")
+  ! wants allreduce || sweep "$out/world$n/allreduce" "${world[@]}" -b 4K -e 8M -f 2 --backends "$plain"
+  if wants fused; then
+    for hidden in 7168 6144; do
+      sweep "$out/world$n/fused-h$hidden" "${world[@]}" --tokens 1,2,4,8,16,32,64,128,256 \
+        --hidden "$hidden" --backends "$unfused_from,flashinfer:fused_oneshot,flashinfer:fused_twoshot,unfused:best"
+    done
+  fi
+  if wants pcie; then
+    pcie_sizes=(-b 8K -e 8M -f 4)
+    sweep "$out/world$n/pcie" "${world[@]}" "${pcie_sizes[@]}" --backends flashinfer:pcie_ipc,p2p:auto
+    sweep "$out/world$n/pcie-seed" "${world[@]}" "${pcie_sizes[@]}" --backends flashinfer:pcie_ipc \
+      --flashinfer-pcie-tune seed
+  fi
+  ! wants nopdl || sweep "$out/world$n/nopdl" "${world[@]}" -b 4K -e 8M -f 2 \
+    --backends flashinfer:trtllm_oneshot,p2p:auto --flashinfer-pdl off
+done
+if wants mscclpp; then
+  for n in ${ranks//,/ }; do
+    sweep "$out/world$n/mscclpp" --nproc "$n" "${common[@]}" -b 4K -e 8M -f 4 --backends mscclpp
   done
-done
-for n in ${ranks//,/ }; do
-  sweep "$out/world$n/mscclpp" --nproc "$n" "${common[@]}" -b 4K -e 8M -f 4 --backends mscclpp
-done
+fi
 
 runs=()
 for parent in "$out"/world*/*/; do
@@ -110,5 +143,5 @@ if [ ${#runs[@]} -gt 0 ]; then
   log "commbench table (${#runs[@]} runs) --out $out/README-table.md"
   "$py" -m commbench table "${runs[@]}" --out "$out/README-table.md" || status=1
 fi
-log "wall time $(( $(date +%s) - start )) s, world sizes $ranks, --iters $iters"
+log "wall time $(( $(date +%s) - start )) s, world sizes $ranks, parts $parts, --iters $iters"
 exit "$status"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -228,12 +229,43 @@ def test_pcie_ipc_tune_option_and_cache_path(tmp_path):
 
     parser = argparse.ArgumentParser()
     fi.add_arguments(parser.add_argument_group("flashinfer"))
-    assert fi.read_options(parser.parse_args([])) == {"flashinfer_pcie_tune": "measure"}
+    assert fi.read_options(parser.parse_args([])) == {"flashinfer_pcie_tune": "measure", "flashinfer_pdl": "on"}
     options = {**fi.read_options(parser.parse_args(["--flashinfer-pcie-tune", "seed"])), "run_dir": tmp_path}
     backend = factory("flashinfer").make("pcie_ipc", options)[0]
     assert backend.tune is False
     assert backend._cache_path(4, torch.bfloat16) == str(tmp_path / "flashinfer-pcie-ipc" / "w4-bfloat16.json")
     assert factory("flashinfer").make("pcie_ipc", {})[0]._cache_path(4, torch.bfloat16) is None
+
+
+@pytest.mark.parametrize("argv, pdl", [([], True), (["--flashinfer-pdl", "off"], False)])
+def test_trtllm_variants_launch_with_pdl_unless_asked_not_to(monkeypatch, argv, pdl):
+    import argparse
+    import types
+
+    parser = argparse.ArgumentParser()
+    fi.add_arguments(parser.add_argument_group("flashinfer"))
+    options = fi.read_options(parser.parse_args(argv))
+    calls = []
+    fake = types.ModuleType("flashinfer.comm")
+    fake.allreduce_fusion = lambda **kwargs: calls.append(kwargs)
+    monkeypatch.setitem(sys.modules, "flashinfer.comm", fake)
+    for variant in ("trtllm_oneshot", "fused_twoshot"):
+        backend = factory("flashinfer").make(variant, {**options, "hidden": 4096})[0]
+        assert backend.row_fields()["extra"]["launch_with_pdl"] is pdl, variant
+        backend._workspace = object()
+        backend._fusion(torch.zeros(1, 4096), fi.K_ALLREDUCE, torch.zeros(1, 4096))
+        assert calls.pop()["launch_with_pdl"] is pdl, variant
+
+
+def test_pcie_ipc_counts_the_configurations_its_tuning_saved(tmp_path):
+    cache = tmp_path / "w2-bfloat16.json"
+    assert fi.saved_configs(str(cache)) == 0 and fi.saved_configs(None) == 0
+    cache.write_text('{"_metadata": {"flashinfer_version": "0.7.4"}, "_generation": "7ec5"}')
+    assert fi.saved_configs(str(cache)) == 0       # what 0.7.4 wrote under MPS: nothing tuned
+    cache.write_text('{"_metadata": {}, "(1, 4096)": [0, 1], "(4, 4096)": [0, 2]}')
+    assert fi.saved_configs(str(cache)) == 2
+    cache.write_text("not json")
+    assert fi.saved_configs(str(cache)) == 0
 
 
 def test_node_local_backends_refuse_several_nodes():

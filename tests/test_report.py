@@ -11,6 +11,7 @@ import pytest
 
 from commbench.cli import main as cli
 from commbench.analysis.curves import baseline_name, build_curves, crossovers, ranking, select
+from commbench.analysis.fusion import COMPARISON_HEADERS, FUSED_OP, comparison_cells
 from commbench.analysis.report import range_rows
 from commbench.results import Measurement, load_run
 
@@ -108,6 +109,23 @@ def test_report_of_a_cpu_sweep_into_the_run_dir(tmp_path):
     assert "gloo (eager)" in page and "commbench sweep -b 1K -e 1M" in page
     assert sorted(p.name for p in (run / "plots").glob("*.png")) == [
         "busbw_bf16.png", "busbw_fp32.png", "latency_bf16.png", "latency_fp32.png"]
+
+
+def test_report_shows_fused_against_unfused_from_a_recorded_run(tmp_path, capsys):
+    (fused_run,) = (Path(__file__).parents[1] / "results" / "reference" / "h200-mps-emulated" / "world2"
+                    / "fused-h7168").glob("*/run.json")
+    rows = load_run(fused_run.parent).rows
+    expected = comparison_cells(rows)
+    assert len(expected) == len([r for r in rows if r.op == FUSED_OP and r.status == "ok"
+                                 and r.backend != "unfused:best"]) > 0
+    assert cli(["report", str(fused_run.parent), "--out", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("allreduce + residual + RMSNorm: fused vs unfused"))
+    assert lines[start + 1].split() == COMPARISON_HEADERS[:5] + ["fused", "fused", "us", "unfused", "allreduce",
+                                                                 "unfused", "us", "saving", "us", "saving"]
+    assert [line.split() for line in lines[start + 3:start + 3 + len(expected)]] == expected
+    page = (tmp_path / "report.html").read_text()
+    assert "fused vs unfused</h2>" in page and f"<td>{expected[0][5]}</td>" in page
 
 
 def test_other_schema_version_and_missing_dir_exit_2(tmp_path, capsys):

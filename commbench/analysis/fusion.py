@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from commbench.analysis.text import fmt_pct, fmt_us
 from commbench.results import OK, Measurement
 
 FUSED_OP = "allreduce_residual_rmsnorm"
@@ -72,3 +73,16 @@ def best_allreduce_rows(rows: list[Measurement], dtype: str, world_size: int) ->
             best[row.message_bytes] = row
     return best
 
+
+
+COMPARISON_HEADERS = ["ranks", "mode", "dtype", "hidden", "tokens", "fused", "fused us", "unfused allreduce",
+                      "unfused us", "saving us", "saving"]
+
+
+def comparison_cells(rows: list[Measurement]) -> list[list[str]]:
+    """summarize() as table cells under COMPARISON_HEADERS, one line per fused row, in order."""
+    pairs = sorted(summarize(rows), key=lambda p: (p["world_size"], p["mode"], p["dtype"], p["hidden"] or 0,
+                                                   p["tokens"] or 0, p["fused_backend"]))
+    return [[str(p["world_size"]), p["mode"], p["dtype"], str(p["hidden"]), str(p["tokens"]), p["fused_backend"],
+             fmt_us(p["fused_us"]), p["unfused_allreduce"] or p["unfused_backend"] or "-", fmt_us(p["unfused_us"]),
+             fmt_us(p["saving_us"]), fmt_pct(p["saving_pct"])] for p in pairs]

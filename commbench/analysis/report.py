@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from commbench.analysis import plots
+from commbench.analysis.fusion import COMPARISON_HEADERS, comparison_cells
 from commbench.analysis.curves import (Crossover, Curve, baseline_curve, baseline_name, build_curves, cautions,
                               crossovers, groups, is_failed_check, ranking, run_world_size, select, variant_label)
 from commbench.errors import UsageError
@@ -21,7 +22,10 @@ from commbench.results import CRASHED, HANG, OK, WRONG, Measurement, Run, descri
 from commbench.analysis.text import fmt_num, fmt_us, render
 from commbench.units import format_bytes
 
-HELP = "plots, crossover table and a self-contained report.html for one results dir"
+HELP = "plots, crossover table, fused vs unfused and a self-contained report.html for one results dir"
+FUSION_TITLE = "allreduce + residual + RMSNorm: fused vs unfused"
+FUSION_NOTE = ("latency per call of the fused kernel and of unfused:best (the fastest measured allreduce, then "
+               "torch's residual add and RMSNorm) on the same shape; saving > 0: fusion is faster")
 
 
 @dataclass
@@ -320,6 +324,12 @@ def write_html(run: Run, sections: list[Section], images: dict[str, list[tuple[P
         parts.append(f"<h2>{_esc(section.dtype)}, {_esc(section.mode)} mode: which backend wins where</h2>")
         parts.append(crossover_html(section, baseline) if section.ranges else "<p>No trusted rows.</p>")
         parts.extend(f"<p class='caution'>caution: {_esc(line)}</p>" for line in section.cautions)
+    fused = comparison_cells(run.rows)
+    if fused:
+        parts.append(f"<h2>{_esc(FUSION_TITLE)}</h2>")
+        parts.append(f"<p class='note'>{_esc(FUSION_NOTE)}</p>")
+        parts.append(_table(COMPARISON_HEADERS, [[_esc(c) for c in cells] for cells in fused],
+                            numeric=(0, 3, 4, 6, 8, 9, 10)))
     for title, imgs in images.items():
         parts.append(f"<h2>Plots: {_esc(title)}</h2>")
         parts.extend(_img(png, alt) for png, alt in imgs)
@@ -391,6 +401,10 @@ def main(args: argparse.Namespace) -> int:
                        _x(r.margin_x), _x(r.vs_baseline_x)] for r in section.ranges], right=(2, 4, 5)))
         for line in section.cautions:
             print(f"caution: {line}")
+    fused = comparison_cells(run.rows)
+    if fused:
+        print(f"\n{FUSION_TITLE} ({FUSION_NOTE})")
+        print(render(COMPARISON_HEADERS, fused, right=(0, 3, 4, 6, 8, 9, 10)))
     versions = nccl_version_lines(run.rows)
     if versions:
         print("\nNCCL each variant ran (ncclGetVersion of the library in its process):")

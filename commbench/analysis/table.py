@@ -14,8 +14,8 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-from commbench.analysis.fusion import summarize
-from commbench.analysis.text import fmt_pct, fmt_us
+from commbench.analysis.fusion import COMPARISON_HEADERS, comparison_cells
+from commbench.analysis.text import fmt_us
 from commbench.errors import UsageError
 from commbench.files import STDOUT, check_file_target
 from commbench.results import OK, Measurement, Run, load_run
@@ -71,17 +71,10 @@ def allreduce_tables(rows: list[Measurement]) -> list[Table]:
 
 def fusion_table(rows: list[Measurement]) -> Table | None:
     """Fused vs unfused per model shape, every world size in one table."""
-    pairs = summarize(rows)
-    if not pairs:
+    cells = comparison_cells(rows)
+    if not cells:
         return None
-    body = [[str(p["world_size"]), p["mode"], p["dtype"], str(p["hidden"]), str(p["tokens"]), p["fused_backend"],
-             fmt_us(p["fused_us"]), p["unfused_allreduce"] or p["unfused_backend"] or "-", fmt_us(p["unfused_us"]),
-             fmt_us(p["saving_us"]), fmt_pct(p["saving_pct"])]
-            for p in sorted(pairs, key=lambda p: (p["world_size"], p["mode"], p["dtype"], p["hidden"] or 0,
-                                                  p["tokens"] or 0, p["fused_backend"]))]
-    return Table("allreduce + residual + RMSNorm: fused vs unfused, latency_us per call",
-                 ["ranks", "mode", "dtype", "hidden", "tokens", "fused", "fused us", "unfused allreduce",
-                  "unfused us", "saving us", "saving"], body)
+    return Table("allreduce + residual + RMSNorm: fused vs unfused, latency_us per call", COMPARISON_HEADERS, cells)
 
 
 def refusals(rows: list[Measurement]) -> list[str]:

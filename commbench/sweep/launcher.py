@@ -143,14 +143,16 @@ def drive(args: argparse.Namespace, env_settings: list[dict[str, str]], variants
     for line in inflight.recover(run_dir):   # what a run before this command left in flight
         print(f"# driver: {line}", flush=True)
     stops_before = _stop_count(run_dir)
-    with mps.private_daemon(run_dir / "mps-logs") if args.mps else nullcontext({}) as daemon_env:
-        if daemon_env:
-            import torch
+    daemon = nullcontext(None)
+    if args.mps:
+        import torch
 
-            daemon_env = {**daemon_env, **mps.client_env(args.nproc, torch.cuda.device_count())}
+        daemon = mps.private_daemon(run_dir / "mps-logs", mps.client_env(args.nproc, torch.cuda.device_count()))
+    with daemon as mps_daemon:
+        if mps_daemon is not None:
             print(f"# driver: private MPS daemon for the children ({mps.MPS_PERCENT_VAR}="
-                  f"{daemon_env[mps.MPS_PERCENT_VAR]})", flush=True)
-        failed = [_run_setting(args, run_dir, setting, sweep_args, daemon_env, len(variants))
+                  f"{mps_daemon.share[mps.MPS_PERCENT_VAR]})", flush=True)
+        failed = [_run_setting(args, run_dir, setting, sweep_args, mps_daemon, len(variants))
                   for setting, sweep_args in child_runs(getattr(args, "_argv", []), env_settings, variants,
                                                         args.allow_multicast)]
     write_csv(run_dir)
@@ -172,7 +174,7 @@ def _stop_count(run_dir: Path) -> int:
 
 
 def _run_setting(args: argparse.Namespace, run_dir: Path, setting: dict[str, str], sweep_args: list[str],
-                 daemon_env: dict[str, str], max_resumes: int) -> bool:
+                 daemon: mps.PrivateDaemon | None, max_resumes: int) -> bool:
     """One setting's child torchrun, resumed as long as each child that ends early recorded
     why (each such row takes a backend out of the next child); True if it failed anyway."""
     # --standalone: a private rendezvous on a free local port for each child.
@@ -181,7 +183,12 @@ def _run_setting(args: argparse.Namespace, run_dir: Path, setting: dict[str, str
     label = " ".join(f"{k}={v}" for k, v in setting.items()) or "default environment"
     for attempt in range(max_resumes + 1):
         stops_before = _stop_count(run_dir)
-        env = {**os.environ, **daemon_env, **setting, "COMMBENCH_ENV_SETTING": json.dumps(setting, sort_keys=True)}
+        if attempt and daemon is not None:
+            print("# driver: a fresh private MPS daemon for the resumed child (the old server may still hold "
+                  "the ended child's kernel)", flush=True)
+            daemon.restart()
+        client = daemon.client_env() if daemon is not None else {}
+        env = {**os.environ, **client, **setting, "COMMBENCH_ENV_SETTING": json.dumps(setting, sort_keys=True)}
         print(f"# driver: torchrun x{args.nproc} with {label}" + (f" (resume {attempt})" if attempt else ""),
               flush=True)
         proc = subprocess.Popen(command, env=env, start_new_session=True)

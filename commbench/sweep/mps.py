@@ -4,15 +4,19 @@ Ranks that share a GPU take turns on it without MPS (every call then costs a tim
 milliseconds); under an MPS daemon they run concurrently, each client limited to an equal share
 of the SMs, so the protocol's own cost can be measured on one GPU (never a fabric: the rows say
 so). commbench starts a daemon only when asked, in fresh pipe and log directories of its own,
-stops it when the driver ends, and never touches a daemon it did not start.
+stops it when the driver ends, and never touches a daemon it did not start. Before resuming a
+child that ended early it starts a fresh daemon, because a server whose client died with a kernel
+still spinning on the GPU (a hung backend) accepts no new client.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -22,7 +26,9 @@ from commbench.errors import UsageError
 
 CONTROL = "nvidia-cuda-mps-control"
 PIPE_VAR, LOG_VAR = "CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"
+SERVER_COMM = "nvidia-cuda-mps"   # /proc/PID/comm of nvidia-cuda-mps-server (15 characters kept)
 CONTROL_TIMEOUT_S = 30.0
+SERVER_EXIT_S = 5.0               # how long a server may take to exit after quit
 
 
 def client_env(nproc: int, gpus: int) -> dict[str, str]:
@@ -39,24 +45,75 @@ def control_path() -> str:
     return control
 
 
-@contextmanager
-def private_daemon(log_dir: Path) -> Iterator[dict[str, str]]:
-    """Start an MPS control daemon with a new pipe directory and its log in log_dir; yields the
-    variables its clients need."""
-    control = control_path()
-    pipe = tempfile.mkdtemp(prefix="commbench-mps-pipe-")
-    log_dir.mkdir(parents=True, exist_ok=True)
-    daemon_env = {PIPE_VAR: pipe, LOG_VAR: str(log_dir)}
-    env = {**os.environ, **daemon_env}
+def _alive_server(pid: int) -> bool:
+    """True while pid is still a running MPS server process (so a reused pid is never signalled;
+    a killed one that its parent has not reaped yet counts as gone)."""
     try:
-        started = subprocess.run([control, "-d"], env=env, capture_output=True, text=True, timeout=CONTROL_TIMEOUT_S)
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    comm, _, rest = stat.partition("(")[2].rpartition(")")
+    return comm.startswith(SERVER_COMM) and rest.split()[0] != "Z"
+
+
+class PrivateDaemon:
+    """An MPS control daemon of the driver's own: fresh pipe directory, log in log_dir."""
+
+    def __init__(self, log_dir: Path, share: dict[str, str]):
+        self.control = control_path()
+        self.log_dir = log_dir
+        self.share = share          # each client's SM share (client_env)
+        self.env: dict[str, str] = {}
+
+    def client_env(self) -> dict[str, str]:
+        """What a child needs to be this daemon's client."""
+        return {**self.env, **self.share}
+
+    def _run(self, args: list[str], stdin: str | None = None) -> subprocess.CompletedProcess:
+        return subprocess.run([self.control, *args], input=stdin, env={**os.environ, **self.env},
+                              capture_output=True, text=True, timeout=CONTROL_TIMEOUT_S)
+
+    def start(self) -> None:
+        pipe = tempfile.mkdtemp(prefix="commbench-mps-pipe-")
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.env = {PIPE_VAR: pipe, LOG_VAR: str(self.log_dir)}
+        started = self._run(["-d"])
         if started.returncode != 0:
+            self._forget()
             raise UsageError(f"--mps: {CONTROL} -d failed: {(started.stderr or started.stdout).strip()[:200]}")
-        try:
-            yield daemon_env
-        finally:
-            # The pipe directory names this daemon and no other.
-            subprocess.run([control], input="quit\n", env=env, capture_output=True, text=True,
-                           timeout=CONTROL_TIMEOUT_S)
+
+    def stop(self) -> None:
+        """Quit the daemon, then end any of its servers still running: a server whose client was
+        killed mid-kernel (a hung backend) keeps that kernel on the GPU and refuses new clients
+        ("MPS server is not ready"). Only servers this daemon lists are touched."""
+        if not self.env:
+            return
+        listed = self._run([], "get_server_list\n").stdout.split()
+        servers = [int(pid) for pid in listed if pid.isdigit()]
+        self._run([], "quit\n")
+        deadline = time.monotonic() + SERVER_EXIT_S
+        while any(_alive_server(pid) for pid in servers) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for pid in servers:
+            if _alive_server(pid):
+                os.kill(pid, signal.SIGKILL)
+        self._forget()
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def _forget(self) -> None:
+        shutil.rmtree(self.env[PIPE_VAR], ignore_errors=True)   # the pipe directory names this daemon only
+        self.env = {}
+
+
+@contextmanager
+def private_daemon(log_dir: Path, share: dict[str, str]) -> Iterator[PrivateDaemon]:
+    """A started PrivateDaemon, stopped when the block ends."""
+    daemon = PrivateDaemon(log_dir, share)
+    daemon.start()
+    try:
+        yield daemon
     finally:
-        shutil.rmtree(pipe, ignore_errors=True)
+        daemon.stop()
