@@ -49,6 +49,13 @@ Design (the ideas of vLLM's and TRT-LLM's custom allreduce, our own code):
   kernel wins each size (a kernel with fewer round trips keeps ties), and every rank applies
   the same rule to the same gathered numbers. ``p2p_auto_rule`` in the options skips the
   measurement.
+* Programmatic dependent launch (PDL, ``p2p_pdl``, on by default): the kernels are launched
+  through cuLaunchKernelEx (cuda-python) with programmatic stream serialization, so a call's
+  blocks may start while the previous kernel in the stream finishes; every kernel waits
+  (``griddepcontrol.wait``) before it touches global memory. Used only where every rank can:
+  cuda-python imports, SM 9.0+, and no ranks that run concurrently on one GPU without SM shares
+  of their own (a next call's waiting blocks could hold the SMs a peer's blocks need). Otherwise
+  CuPy launches plainly; rows record ``p2p_pdl`` and, when off, ``p2p_pdl_reason``.
 
 World size 1 runs only the one-shot kernels (``p2p:oneshot_lamport``, ``p2p:oneshot``): the
 kernels with no peers, as the launch-and-copy floor of our kernels (rows carry
@@ -173,6 +180,7 @@ class P2POptions:
     auto_rule: AutoRule | None = None       # None: measure at setup
     timeout_ms: float = DEFAULT_TIMEOUT_MS
     shape: LaunchShape = LaunchShape()
+    pdl: bool = True                        # launch with PDL where it can work
 
     @classmethod
     def from_options(cls, options: dict[str, Any]) -> "P2POptions":
@@ -193,7 +201,8 @@ class P2POptions:
         vectors = _as_int(options.get("p2p_vectors_per_thread"), "p2p_vectors_per_thread", 1)
         if not 1 <= vectors <= MAX_VECTORS_PER_THREAD:
             raise UsageError(f"p2p_vectors_per_thread must be from 1 to {MAX_VECTORS_PER_THREAD}, got {vectors}")
-        return cls(max_bytes, auto_rule, timeout_ms, LaunchShape(threads, vectors))
+        return cls(max_bytes, auto_rule, timeout_ms, LaunchShape(threads, vectors),
+                   pdl=_as_switch(options.get("p2p_pdl"), "p2p_pdl", True))
 
 
 def parse_auto_rule(text: str) -> AutoRule:
@@ -237,6 +246,17 @@ def _as_int(value: Any, key: str, default: int) -> int:
         return int(str(value), 10)
     except ValueError:
         raise UsageError(f"{key} must be a whole number, got {value!r}") from None
+
+
+def _as_switch(value: Any, key: str, default: bool) -> bool:
+    """'on' or 'off' (booleans too)."""
+    if value is None:
+        return default
+    if value is True or value == "on":
+        return True
+    if value is False or value == "off":
+        return False
+    raise UsageError(f"{key} must be on or off, got {value!r}")
 
 
 def _as_bytes(value: Any, key: str, default: int) -> int:
@@ -298,6 +318,42 @@ class GridCapacity:
                 f"each MPS client a larger SM share ({MPS_PERCENT_VAR})")
 
 
+def competes_for_sms(emulation: Emulation | None) -> bool:
+    """Whether ranks run concurrently on one GPU (MPS, or an unknown answer) without SM shares that
+    give each its own SMs, so that one rank's blocks can take the SMs another rank's blocks need."""
+    if emulation is None or emulation.mps is False:
+        return False
+    share = emulation.sm_percent
+    return share is None or share * emulation.ranks_per_gpu > 100
+
+
+def pdl_reason(enabled: bool, import_error: str | None, capability: tuple[int, int],
+               emulation: Emulation | None) -> str | None:
+    """Why this rank cannot launch with PDL; None when it can. import_error: why cuda-python's
+    driver module did not import (None: it did)."""
+    if not enabled:
+        return "off (--p2p-pdl off)"
+    if import_error is not None:
+        return f"cuda-python not installed ({import_error})"
+    if capability < (9, 0):
+        return f"SM {capability[0]}.{capability[1]}: PDL needs SM 9.0+"
+    if competes_for_sms(emulation):
+        # A call's blocks start before the previous call ends and sit resident while they wait;
+        # a peer's blocks of that previous call may then find no SM (see grid_capacity).
+        return "ranks share a GPU concurrently without SM shares of their own: early blocks could starve a peer's"
+    return None
+
+
+def agreed_pdl_reason(reasons: list[str | None]) -> str | None:
+    """All ranks launch alike: PDL only when no rank has a reason against it. Otherwise the first
+    such rank's reason, naming the rank unless every rank gave the same one."""
+    against = [(rank, reason) for rank, reason in enumerate(reasons) if reason is not None]
+    if not against:
+        return None
+    rank, reason = against[0]
+    return reason if len(set(reasons)) == 1 else f"rank {rank}: {reason}"
+
+
 def grid_capacity(blocks_per_sm: int, sm_count: int, emulation: Emulation | None) -> GridCapacity:
     """The blocks one rank may launch so that every rank's blocks are resident at once.
 
@@ -309,11 +365,9 @@ def grid_capacity(blocks_per_sm: int, sm_count: int, emulation: Emulation | None
     overlap, an unknown MPS answer): one block per SM of a fair split of the GPU, because eight
     ranks under MPS with no share deadlocked with two blocks per SM where the occupancy API
     allowed them (blocks of different clients did not fill an SM together)."""
-    if emulation is None or emulation.mps is False:
+    if not competes_for_sms(emulation):
         return GridCapacity(blocks_per_sm, sm_count)
     share, ranks = emulation.sm_percent, emulation.ranks_per_gpu
-    if share is not None and share * ranks <= 100:
-        return GridCapacity(blocks_per_sm, sm_count)
     whole_gpu = sm_count if share is None else int(sm_count * 100 / share)
     return GridCapacity(1, min(sm_count, whole_gpu // ranks))
 
@@ -459,6 +513,45 @@ def _cupy() -> Any:
     return cupy
 
 
+@dataclass(frozen=True)
+class KernelParams:
+    """cuLaunchKernelEx's kernelParams for (Layout L, const uint4* in, uint4* out, u32 units): one
+    void* per argument, each pointing at that argument's bytes. It holds the values the pointers
+    point into, so they live as long as it does (the driver copies them at the launch)."""
+
+    layout: numpy.ndarray
+    pointers: Any          # ctypes c_uint64 * 2: in, out
+    units: ctypes.c_uint32
+    array: Any             # ctypes c_void_p * 4
+
+    @property
+    def address(self) -> int:
+        return ctypes.addressof(self.array)
+
+
+def kernel_params(layout: numpy.ndarray, in_ptr: int, out_ptr: int, units: int) -> KernelParams:
+    """The Layout's own bytes (the structured value, not a copy), the two u64 pointers, the u32 count."""
+    pointers = (ctypes.c_uint64 * 2)(in_ptr, out_ptr)
+    count = ctypes.c_uint32(units)
+    size = ctypes.sizeof(ctypes.c_uint64)
+    array = (ctypes.c_void_p * 4)(layout.ctypes.data, ctypes.addressof(pointers),
+                                  ctypes.addressof(pointers) + size, ctypes.addressof(count))
+    return KernelParams(layout, pointers, count, array)
+
+
+@lru_cache(maxsize=1)
+def _cuda_driver() -> tuple[Any, str | None]:
+    """cuda-python's driver module and None, or None and why it did not import."""
+    try:
+        from cuda.bindings import driver
+    except ImportError as exc:
+        try:
+            from cuda import cuda as driver     # cuda-python before cuda.bindings (12.x)
+        except ImportError:
+            return None, str(exc)
+    return driver, None
+
+
 # ---------------------------------------------------------------------------------------
 # Kernels and the shared area (GPU only)
 
@@ -485,6 +578,33 @@ def kernel_blocks_per_sm(device_index: int, functions: dict[str, Any], algorithm
     with cupy.cuda.Device(device_index):
         return min(cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(functions[a].ptr, THREADS_PER_BLOCK, 0)
                    for a in algorithms)
+
+
+class _PdlLauncher:
+    """Launches a CUfunction through cuLaunchKernelEx with programmatic stream serialization
+    allowed: the kernel may start before the previous kernel in the stream ends (it waits for it
+    in griddepcontrol.wait)."""
+
+    def __init__(self, driver: Any):
+        self.driver = driver
+        attribute = driver.CUlaunchAttribute()
+        attribute.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        attribute.value.programmaticStreamSerializationAllowed = 1
+        self.attrs = [attribute]
+
+    def launch(self, function_ptr: int, blocks: int, threads: int, stream_ptr: int, params: KernelParams) -> None:
+        driver = self.driver
+        config = driver.CUlaunchConfig()
+        config.gridDimX, config.gridDimY, config.gridDimZ = blocks, 1, 1
+        config.blockDimX, config.blockDimY, config.blockDimZ = threads, 1, 1
+        config.sharedMemBytes = 0
+        config.hStream = driver.CUstream(stream_ptr)
+        config.numAttrs = len(self.attrs)
+        config.attrs = self.attrs
+        (result,) = driver.cuLaunchKernelEx(config, driver.CUfunction(function_ptr), params.address, 0)
+        if result != driver.CUresult.CUDA_SUCCESS:
+            _, name = driver.cuGetErrorName(result)
+            raise RuntimeError(f"p2p: cuLaunchKernelEx failed: {name.decode()}")
 
 
 class _SharedArea:
@@ -618,6 +738,10 @@ class P2PAllreduce(Backend):
         self._calibrations: dict[torch.dtype, _Calibration] = {}
         self._dtype: torch.dtype | None = None
         self._streams: dict[int, Any] = {}
+        # PDL, decided at the first setup by all ranks: the launcher when on, else why not.
+        self._pdl_decided = False
+        self._pdl: _PdlLauncher | None = None
+        self._pdl_reason: str | None = None
 
     # -- eligibility --------------------------------------------------------------------
 
@@ -658,6 +782,8 @@ class P2PAllreduce(Backend):
                                            lambda: kernel_functions(ctx.device.index, dtype, ctx.world_size))
         if dtype not in self._grids:
             self._grids[dtype] = self._agree_grid(ctx, dtype)
+        if not self._pdl_decided:
+            self._decide_pdl(ctx)
         if len(self.algorithms) > 1 and self.options.auto_rule is None and dtype not in self._calibrations:
             self._calibrations[dtype] = self._calibrate(dtype)
 
@@ -688,6 +814,17 @@ class P2PAllreduce(Backend):
 
         caps = voted_gather(ctx, "p2p grid sizing", capacity)
         return min(MAX_BLOCKS, *(blocks for blocks, _ in caps)), min(sms for _, sms in caps)
+
+    def _decide_pdl(self, ctx: "RunContext") -> None:
+        """Collective: PDL on every rank or on none, so that no rank launches differently."""
+        def local_reason() -> str | None:
+            import_error = _cuda_driver()[1]
+            return pdl_reason(self.options.pdl, import_error, torch.cuda.get_device_capability(ctx.device),
+                              ctx.emulation)
+
+        self._pdl_reason = agreed_pdl_reason(voted_gather(ctx, "p2p PDL check", local_reason))
+        self._pdl = _PdlLauncher(_cuda_driver()[0]) if self._pdl_reason is None else None
+        self._pdl_decided = True
 
     def _release(self) -> None:
         # A new buffer may allow larger calibration sizes: measure again after a rebuild.
@@ -736,6 +873,10 @@ class P2PAllreduce(Backend):
         units = x.numel() * x.element_size() // VECTOR_BYTES
         blocks, threads = launch_dims(algorithm, units, self._ctx.world_size, *self._grids[x.dtype], self.options.shape)
         function = self._functions[x.dtype][algorithm]
+        if self._pdl is not None:
+            self._pdl.launch(function.ptr, blocks, threads, torch.cuda.current_stream(self._ctx.device).cuda_stream,
+                             kernel_params(self._area.layout, x.data_ptr(), out.data_ptr(), units))
+            return
         function((blocks,), (threads,),
                  (self._area.layout, numpy.uint64(x.data_ptr()), numpy.uint64(out.data_ptr()), numpy.uint32(units)),
                  stream=self._stream())
@@ -803,6 +944,10 @@ class P2PAllreduce(Backend):
         }
         if self._ctx is not None and self._ctx.world_size == 1:
             extra["p2p_kernel_floor"] = True
+        if self._pdl_decided:
+            extra["p2p_pdl"] = self._pdl is not None
+            if self._pdl_reason is not None:
+                extra["p2p_pdl_reason"] = self._pdl_reason
         if self._dtype in self._grids:
             extra["p2p_grid_cap_blocks"], extra["p2p_grid_sms"] = self._grids[self._dtype]
         if len(self.algorithms) > 1 and self._dtype is not None:
@@ -844,12 +989,15 @@ def add_arguments(group: argparse._ArgumentGroup) -> None:
                                              f"{THREADS_PER_BLOCK} (default: by size)")
     group.add_argument("--p2p-vectors-per-thread",
                        help="16-byte vectors each p2p thread takes before another block is added (default 1)")
+    group.add_argument("--p2p-pdl", choices=("on", "off"),
+                       help="launch the p2p kernels with programmatic dependent launch where every rank can "
+                            "(cuda-python, SM 9.0+; rows say why not) (default on)")
 
 
 def read_options(args: argparse.Namespace) -> dict[str, Any]:
     options = {"p2p_max_bytes": args.p2p_max_bytes, "p2p_auto_rule": args.p2p_auto_rule,
                "p2p_timeout_ms": args.p2p_timeout_ms, "p2p_threads": args.p2p_threads,
-               "p2p_vectors_per_thread": args.p2p_vectors_per_thread}
+               "p2p_vectors_per_thread": args.p2p_vectors_per_thread, "p2p_pdl": args.p2p_pdl}
     P2POptions.from_options(options)    # bad values are bad input, said before anything runs
     return options
 

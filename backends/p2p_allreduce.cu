@@ -18,6 +18,8 @@
 // * Waits are bounded by the globaltimer; on timeout the rank records the peer in a host-mapped
 //   report, sets Ctrl.abort, and every later launch returns at once.
 // * Sums run in fp32 in rank order 0..N-1 on every rank: bit-identical results.
+// * Every kernel first waits for the previous kernel in its stream (P2P_BEGIN): launched with
+//   programmatic dependent launch, it may start before that kernel ends.
 //
 // Lamport kernels: data carries its own arrival flag. Buffers start filled with a word the data
 // can never hold (LL_EMPTY, the bits of fp32 -0.0; in 16-bit dtypes a pair whose high half is
@@ -353,9 +355,25 @@ template <int N> __device__ __forceinline__ u32 slice_start(u32 units, u32 s) {
   return (u32)(((u64)units * s) / N);
 }
 
-#define P2P_THREAD_RANGE                                   \
+// Programmatic dependent launch (PDL). A kernel launched with programmatic stream serialization
+// may start while the previous kernel in its stream still runs; griddepcontrol.wait holds it until
+// that kernel has completed and its memory is visible, so no kernel touches global memory before
+// it (the by-value Layout and the indices are all that may come first). launch_dependents then
+// lets the next PDL launch start its blocks at once: safe this early, because that kernel's own
+// wait still waits for this whole grid to complete and flush. Both are no-ops in a plain launch.
+// The instructions need sm_90; older GPUs build without them.
+__device__ __forceinline__ void pdl_wait_then_release_dependents() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Every kernel begins here: its thread range, then the PDL wait before any global memory access.
+#define P2P_BEGIN                                          \
   const u32 first = blockIdx.x * blockDim.x + threadIdx.x; \
-  const u32 stride = gridDim.x * blockDim.x;
+  const u32 stride = gridDim.x * blockDim.x;               \
+  pdl_wait_then_release_dependents();
 
 // ---- Lamport kernels ----
 
@@ -365,7 +383,7 @@ template <int DT, int N>
 __global__ void __launch_bounds__(512) p2p_ll_oneshot(const __grid_constant__ Layout L,
                                                       const uint4* __restrict__ in,
                                                       uint4* __restrict__ out, u32 units) {
-  P2P_THREAD_RANGE
+  P2P_BEGIN
   const uint4 in_first = first < units ? in[first] : ll_empty4();   // in flight with the count
   Ctrl* c = (Ctrl*)L.ctrl;
   const Call call = begin_call(L, c->ll_calls);
@@ -398,7 +416,7 @@ template <int DT, int N>
 __global__ void __launch_bounds__(512) p2p_ll_twoshot(const __grid_constant__ Layout L,
                                                       const uint4* __restrict__ in,
                                                       uint4* __restrict__ out, u32 units) {
-  P2P_THREAD_RANGE
+  P2P_BEGIN
   Ctrl* c = (Ctrl*)L.ctrl;
   const Call call = begin_call(L, c->ll2_calls);
   if (!call.failed) {
@@ -463,7 +481,7 @@ __global__ void __launch_bounds__(512) p2p_ll_twoshot(const __grid_constant__ La
 
 // ---- flag kernels ----
 
-// After P2P_THREAD_RANGE (which the push kernel needs first, for its early input load).
+// After P2P_BEGIN (which the push kernel needs first, for its early input load).
 #define P2P_FLAG_PROLOGUE                                      \
   Ctrl* c = (Ctrl*)L.ctrl;                                     \
   const Call call = begin_call(L, c->calls);                   \
@@ -477,7 +495,7 @@ template <int DT, int N>
 __global__ void __launch_bounds__(512) p2p_oneshot_push(const __grid_constant__ Layout L,
                                                         const uint4* __restrict__ in,
                                                         uint4* __restrict__ out, u32 units) {
-  P2P_THREAD_RANGE
+  P2P_BEGIN
   const uint4 in_first = first < units ? in[first] : uint4();   // in flight with the count
   P2P_FLAG_PROLOGUE
   if (!call.failed) {
@@ -505,7 +523,7 @@ template <int DT, int N>
 __global__ void __launch_bounds__(512) p2p_oneshot_pull(const __grid_constant__ Layout L,
                                                         const uint4* __restrict__ in,
                                                         uint4* __restrict__ out, u32 units) {
-  P2P_THREAD_RANGE
+  P2P_BEGIN
   P2P_FLAG_PROLOGUE
   if (!call.failed) {
     if (N > 1) {
@@ -531,7 +549,7 @@ template <int DT, int N>
 __global__ void __launch_bounds__(512) p2p_twoshot_push(const __grid_constant__ Layout L,
                                                         const uint4* __restrict__ in,
                                                         uint4* __restrict__ out, u32 units) {
-  P2P_THREAD_RANGE
+  P2P_BEGIN
   P2P_FLAG_PROLOGUE
   if (!call.failed) {
 #pragma unroll

@@ -85,6 +85,7 @@ BAD_INPUT = [
     ([*SWEEP, "--nproc", "1", "--child-timeout", "nan"], "--child-timeout must be a positive, finite number"),
     ([*SWEEP, "--p2p-timeout-ms", "-1"], "p2p_timeout_ms must be positive and finite, got -1.0"),
     ([*SWEEP, "--p2p-timeout-ms", "nan"], "p2p_timeout_ms must be positive and finite, got nan"),
+    ([*SWEEP, "--p2p-pdl", "maybe"], "argument --p2p-pdl: invalid choice: 'maybe'"),
     ([*SWEEP, "--iters", "0"], "--iters must be positive"),
     # ---- sweep: flags that would be ignored, targets that cannot be written, the driver
     ([*SWEEP, "--junit", "j.xml"], "--junit writes qualify's JUnit XML: give it with --qualify"),

@@ -1,13 +1,17 @@
 """p2p backend rules that need no GPU: variants, options, eligibility, size and tensor rules,
 launch shapes and the grid cap, buffer plan and Layout words, p2p:auto's rule, the timeout report,
-and that the Python constants match the CUDA source."""
+PDL (the decision, its reasons, the launch parameters and the call into cuda-python), and that the
+Python constants match the CUDA source."""
 
 from __future__ import annotations
 
+import argparse
 import ctypes
 import re
 import statistics
+import struct
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
@@ -87,6 +91,7 @@ def test_an_auto_rule_reads_back_as_it_was_written():
     ({"p2p_threads": 1024}, "multiple of 32 from 32 to 512"),
     ({"p2p_threads": "many"}, "whole number"),
     ({"p2p_vectors_per_thread": 0}, "from 1 to 16"),
+    ({"p2p_pdl": "maybe"}, "p2p_pdl must be on or off, got 'maybe'"),
 ])
 def test_bad_options_are_usage_errors(options, message):
     with pytest.raises(UsageError, match=message):
@@ -515,3 +520,165 @@ def test_cuda_source_constants_match():
     assert [int(n) for n in phases] == list(range(len(p2p.PHASE_NAMES)))
     for name in p2p.KERNEL_NAMES.values():
         assert f"void __launch_bounds__({p2p.THREADS_PER_BLOCK}) {name}(const __grid_constant__ Layout L," in source
+
+
+# -- programmatic dependent launch ----------------------------------------------------------
+
+def test_pdl_is_on_unless_the_option_says_off():
+    assert p2p.P2POptions.from_options({}).pdl is True
+    assert p2p.P2POptions.from_options({"p2p_pdl": "on"}).pdl is True
+    assert p2p.P2POptions.from_options({"p2p_pdl": "off"}).pdl is False
+    assert p2p.P2POptions.from_options({"p2p_pdl": False}).pdl is False
+    parser = argparse.ArgumentParser()
+    p2p.add_arguments(parser.add_argument_group("p2p"))
+    assert p2p.read_options(parser.parse_args([]))["p2p_pdl"] is None
+    assert p2p.P2POptions.from_options(p2p.read_options(parser.parse_args(["--p2p-pdl", "off"]))).pdl is False
+
+
+SM90, SM86 = (9, 0), (8, 6)
+
+
+@pytest.mark.parametrize("enabled, import_error, capability, emulation, reason", [
+    (True, None, SM90, None, None),
+    (True, None, (10, 0), None, None),
+    (False, None, SM90, None, "off (--p2p-pdl off)"),
+    (False, "No module named 'cuda'", SM86, None, "off (--p2p-pdl off)"),      # the option speaks first
+    (True, "No module named 'cuda'", SM90, None, "cuda-python not installed (No module named 'cuda')"),
+    (True, None, SM86, None, "SM 8.6: PDL needs SM 9.0+"),
+    # Ranks that take turns, or MPS clients with SM shares of their own, launch with PDL.
+    (True, None, SM90, shared_gpu(8, mps=False), None),
+    (True, None, SM90, shared_gpu(8, mps=True, sm_percent=12.5), None),
+    (True, None, SM90, shared_gpu(8, mps=True), "ranks share a GPU concurrently without SM shares of their own"),
+    (True, None, SM90, shared_gpu(8, mps=None), "ranks share a GPU concurrently"),
+    (True, None, SM90, shared_gpu(8, mps=True, sm_percent=50), "ranks share a GPU concurrently"),
+])
+def test_pdl_reason_says_why_a_rank_cannot_launch_with_pdl(enabled, import_error, capability, emulation, reason):
+    got = p2p.pdl_reason(enabled, import_error, capability, emulation)
+    assert got == reason if reason is None else (got or "").startswith(reason), got
+
+
+def test_ranks_agree_on_pdl_and_a_lone_rank_is_named():
+    missing = "cuda-python not installed (No module named 'cuda')"
+    assert p2p.agreed_pdl_reason([None, None, None]) is None
+    assert p2p.agreed_pdl_reason(["off (--p2p-pdl off)"] * 2) == "off (--p2p-pdl off)"
+    assert p2p.agreed_pdl_reason([None, missing, None]) == f"rank 1: {missing}"
+    assert p2p.agreed_pdl_reason([None, None, "SM 8.6: PDL needs SM 9.0+", missing]) == \
+        "rank 2: SM 8.6: PDL needs SM 9.0+"
+
+
+def test_kernel_params_point_at_each_arguments_bytes():
+    plan = p2p.plan_areas(p2p.VARIANTS["auto"], 2, 4096)
+    layout = p2p.layout_parameter(plan, [0x7000_0000_0000, 0x7100_0000_0000], 5_000_000, 0xC0, 0xD0, 1)
+    params = p2p.kernel_params(layout, 0x7f00_1234_5670, 0x7f00_89ab_cde0, 4097)
+    array = (ctypes.c_void_p * 4).from_address(params.address)
+    # The Layout by value: the very bytes of the structured value, all LAYOUT_WORDS of them.
+    assert array[0] == layout.ctypes.data
+    assert ctypes.string_at(array[0], 8 * p2p.LAYOUT_WORDS) == layout.tobytes()
+    assert ctypes.string_at(array[1], 8) == struct.pack("<Q", 0x7f00_1234_5670)
+    assert ctypes.string_at(array[2], 8) == struct.pack("<Q", 0x7f00_89ab_cde0)
+    assert ctypes.string_at(array[3], 4) == struct.pack("<I", 4097)
+
+
+class FakeDriver:
+    """The parts of cuda-python's driver module a PDL launch uses; records every launch."""
+
+    class CUresult:
+        CUDA_SUCCESS = 0
+
+    CUlaunchAttributeID = SimpleNamespace(CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION=6)
+
+    def __init__(self, result: int = 0):
+        self.result = result
+        self.launches: list[tuple[SimpleNamespace, Any, bytes]] = []
+
+    @staticmethod
+    def CUlaunchAttribute() -> SimpleNamespace:
+        return SimpleNamespace(id=None, value=SimpleNamespace())
+
+    @staticmethod
+    def CUlaunchConfig() -> SimpleNamespace:
+        return SimpleNamespace()
+
+    @staticmethod
+    def CUstream(ptr: int) -> tuple[str, int]:
+        return ("stream", ptr)
+
+    @staticmethod
+    def CUfunction(ptr: int) -> tuple[str, int]:
+        return ("function", ptr)
+
+    def cuLaunchKernelEx(self, config, function, kernel_params: int, extra: int) -> tuple[int]:
+        units = ctypes.string_at((ctypes.c_void_p * 4).from_address(kernel_params)[3], 4)
+        self.launches.append((config, function, units, extra))
+        return (self.result,)
+
+    @staticmethod
+    def cuGetErrorName(result: int) -> tuple[int, bytes]:
+        return 0, b"CUDA_ERROR_INVALID_VALUE"
+
+
+def pdl_setup(monkeypatch, peer_reason: str | None, driver: FakeDriver | None = None) -> p2p.P2PAllreduce:
+    """A backend that decided PDL on an SM 9.0 rank with cuda-python, its peer answering peer_reason."""
+    monkeypatch.setattr(p2p, "_cuda_driver", lambda: (driver or FakeDriver(), None))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: SM90)
+    ctx = ctx_for(2)
+    ctx.all_gather_objects = lambda obj: [obj, (None, peer_reason)]
+    b = backend("oneshot")
+    b._decide_pdl(ctx)
+    return b
+
+
+def test_rows_say_whether_pdl_is_on_and_why_not(monkeypatch):
+    assert "p2p_pdl" not in backend().row_fields()["extra"]          # before setup
+    extra = pdl_setup(monkeypatch, None).row_fields()["extra"]
+    assert extra["p2p_pdl"] is True and "p2p_pdl_reason" not in extra
+    b = pdl_setup(monkeypatch, "cuda-python not installed (No module named 'cuda')")
+    extra = b.row_fields()["extra"]
+    assert (extra["p2p_pdl"], extra["p2p_pdl_reason"]) == (False, "rank 1: cuda-python not installed "
+                                                                   "(No module named 'cuda')")
+    assert b._pdl is None
+
+
+def launch_ready(b: p2p.P2PAllreduce, monkeypatch, function: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """Give a backend what _launch reads: a shared area with a Layout, a grid, one kernel."""
+    b._ctx = ctx_for(2, device="cpu")
+    plan = p2p.plan_areas(b.algorithms, 2, 4096)
+    b._area = p2p._SharedArea(b._ctx, plan, b.options.timeout_ms)
+    b._area.layout = p2p.layout_parameter(plan, [0x7000_0000_0000, 0x7100_0000_0000], 1, 2, 3, 0)
+    b._grids[torch.float32] = (8, 8)
+    b._functions[torch.float32] = {p2p.ONESHOT_PUSH: function}
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device: SimpleNamespace(cuda_stream=0x5000))
+    return torch.zeros(1024), torch.zeros(1024)
+
+
+def test_a_pdl_launch_asks_cuda_python_for_programmatic_stream_serialization(monkeypatch):
+    driver = FakeDriver()
+    b = pdl_setup(monkeypatch, None, driver)
+    x, out = launch_ready(b, monkeypatch, SimpleNamespace(ptr=0xF00))
+    b._launch(p2p.ONESHOT_PUSH, x, out)
+    [(config, function, units, extra)] = driver.launches
+    assert function == ("function", 0xF00) and extra == 0
+    blocks, threads = p2p.launch_dims(p2p.ONESHOT_PUSH, 256, 2, 8, 8)
+    assert (config.gridDimX, config.gridDimY, config.gridDimZ) == (blocks, 1, 1)
+    assert (config.blockDimX, config.blockDimY, config.blockDimZ) == (threads, 1, 1)
+    assert (config.sharedMemBytes, config.hStream, config.numAttrs) == (0, ("stream", 0x5000), 1)
+    [attribute] = config.attrs
+    assert attribute.id == 6 and attribute.value.programmaticStreamSerializationAllowed == 1
+    assert units == struct.pack("<I", 256)                  # 4 KiB of fp32 in 16-byte vectors
+
+
+def test_a_failed_pdl_launch_raises_with_the_drivers_name(monkeypatch):
+    b = pdl_setup(monkeypatch, None, FakeDriver(result=1))
+    x, out = launch_ready(b, monkeypatch, SimpleNamespace(ptr=0xF00))
+    with pytest.raises(RuntimeError, match="^p2p: cuLaunchKernelEx failed: CUDA_ERROR_INVALID_VALUE$"):
+        b._launch(p2p.ONESHOT_PUSH, x, out)
+
+
+def test_without_pdl_the_kernel_launches_through_cupy(monkeypatch):
+    b = pdl_setup(monkeypatch, "off (--p2p-pdl off)", FakeDriver())
+    calls = []
+    x, out = launch_ready(b, monkeypatch, lambda grid, block, args, stream: calls.append((grid, block, args)))
+    monkeypatch.setattr(b, "_stream", lambda: "cupy stream")
+    b._launch(p2p.ONESHOT_PUSH, x, out)
+    [(grid, block, args)] = calls
+    assert args[0] is b._area.layout and [int(a) for a in args[1:]] == [x.data_ptr(), out.data_ptr(), 256]

@@ -8,7 +8,8 @@ works between processes on one device).
   python3 tests/gpu/p2p_check.py timeout              rank 1 never arrives: rank 0 must get P2PTimeoutError
                                                       (flag one-shot, Lamport one-shot and two-shot)
   python3 tests/gpu/p2p_check.py calibrate --world 2  p2p:auto measures its rule and all ranks agree
-  python3 tests/gpu/p2p_check.py floor                world size 1: graph-replayed one-shot kernels, 1 KiB - 1 MiB
+  python3 tests/gpu/p2p_check.py floor                world size 1: graph-replayed one-shot kernels, 1 KiB - 1 MiB,
+                                                      each with PDL on and off
   python3 tests/gpu/p2p_check.py tune --world 8       per kernel and size, the graph-replayed time of each launch
                                                       shape (threads per block x vectors per thread), slowest rank
 
@@ -17,8 +18,10 @@ Every call writes its sum into an output tensor the caller owns. Under an MPS da
 CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100/world, rounded down; --no-sm-limit runs them with none,
 the case where the ranks' spinning blocks once filled the SMs a peer's blocks needed.
 
-The last line printed is a JSON summary (tests/gpu/test_p2p_gpu.py reads it). Timings from
-ranks that share a GPU mean nothing: only the world-size-1 floor prints times.
+Every mode but floor launches as --p2p-pdl says (default on, as in the sweep); the exact and long
+summaries record whether PDL was used. The last line printed is a JSON summary
+(tests/gpu/test_p2p_gpu.py reads it). Timings from ranks that share a GPU mean nothing: only the
+world-size-1 floor prints times.
 """
 
 from __future__ import annotations
@@ -114,8 +117,8 @@ def _reduced(backend: P2PAllreduce, x: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _backend(variant: str, options: dict[str, Any], ctx: RunContext) -> P2PAllreduce:
-    backend = make(variant, options)[0]
+def _backend(variant: str, options: dict[str, Any], ctx: RunContext, pdl: str) -> P2PAllreduce:
+    backend = make(variant, {**options, "p2p_pdl": pdl})[0]
     reason = backend.check(ctx)
     if reason is not None:
         raise RuntimeError(f"{backend.name}: check() says {reason}")
@@ -145,12 +148,16 @@ def exact_worker(ctx: RunContext, args: argparse.Namespace) -> dict[str, Any]:
     wrong: list[torch.Tensor] = []
     random_mismatch: list[str] = []
     grid_caps: set[int] = set()
+    pdl: set[bool] = set()
     for variant in VARIANTS:
-        backend = _backend(variant, {"p2p_auto_rule": TEST_AUTO_RULE, "p2p_max_bytes": MAX_BYTES}, ctx)
+        options = {"p2p_auto_rule": TEST_AUTO_RULE, "p2p_max_bytes": MAX_BYTES}
+        backend = _backend(variant, options, ctx, args.p2p_pdl)
         try:
             for dtype in DTYPES:
                 backend.setup(ctx, MAX_BYTES, dtype)
-                grid_caps.add(backend.row_fields()["extra"]["p2p_grid_cap_blocks"])
+                extra = backend.row_fields()["extra"]
+                grid_caps.add(extra["p2p_grid_cap_blocks"])
+                pdl.add(extra["p2p_pdl"])
                 for size in EXACT_SIZES:
                     count = size // dtype.itemsize
                     for epoch in (1, 2):       # eager, back to back
@@ -188,7 +195,7 @@ def exact_worker(ctx: RunContext, args: argparse.Namespace) -> dict[str, Any]:
     per_rank = ctx.all_gather_objects({"failed": failed, "random_mismatch": random_mismatch,
                                        "wrong": int(sum(counts))})
     return {"world": world, "checked_cases": len(cases), "random_cases": len(VARIANTS) * len(DTYPES) * len(RANDOM_SIZES),
-            "grid_cap_blocks": sorted(grid_caps),
+            "grid_cap_blocks": sorted(grid_caps), "pdl": sorted(pdl),
             "wrong": sum(r["wrong"] for r in per_rank),
             "failed": [f"rank {i}: {f}" for i, r in enumerate(per_rank) for f in r["failed"]][:20],
             "random_mismatch": [f"rank {i}: {m}" for i, r in enumerate(per_rank) for m in r["random_mismatch"]][:20]}
@@ -211,7 +218,7 @@ def _chunks(ctx: RunContext, total: int, deadline: float) -> Any:
 
 def long_worker(ctx: RunContext, args: argparse.Namespace) -> dict[str, Any]:
     world, dev, dtype = ctx.world_size, ctx.device, torch.bfloat16
-    backend = _backend(args.variant, {"p2p_auto_rule": TEST_AUTO_RULE}, ctx)
+    backend = _backend(args.variant, {"p2p_auto_rule": TEST_AUTO_RULE}, ctx, args.p2p_pdl)
     counts = [size // dtype.itemsize for size in LONG_SIZES]
     inputs = [[exact_pattern(ctx.rank, e, n, world, dev, dtype) for n in counts] for e in range(LONG_EPOCHS)]
     expected = [[expected_sum(e, n, world, dev, dtype) for n in counts] for e in range(LONG_EPOCHS)]
@@ -250,10 +257,11 @@ def long_worker(ctx: RunContext, args: argparse.Namespace) -> dict[str, Any]:
             replays += step
         torch.cuda.synchronize()
         backend.raise_if_failed()
+        pdl = backend.row_fields()["extra"]["p2p_pdl"]
     finally:
         backend.close()
     per_rank = ctx.all_gather_objects((int(eager_wrong.item()), int(graph_wrong.item())))
-    return {"world": world, "variant": backend.name, "eager_calls": calls, "graph_replays": replays,
+    return {"world": world, "variant": backend.name, "pdl": pdl, "eager_calls": calls, "graph_replays": replays,
             "calls_per_replay": len(LONG_SIZES),
             "eager_wrong": sum(r[0] for r in per_rank), "graph_wrong": sum(r[1] for r in per_rank)}
 
@@ -267,12 +275,12 @@ TIMEOUT_VARIANTS = ("oneshot", "oneshot_lamport", "twoshot_lamport")
 
 def timeout_worker(ctx: RunContext, args: argparse.Namespace) -> dict[str, Any]:
     """For each kernel kind: one healthy call, then rank 1 stays away from the second call."""
-    return {"world": ctx.world_size, "variants": {v: _timeout_case(ctx, v) for v in TIMEOUT_VARIANTS}}
+    return {"world": ctx.world_size, "variants": {v: _timeout_case(ctx, v, args.p2p_pdl) for v in TIMEOUT_VARIANTS}}
 
 
-def _timeout_case(ctx: RunContext, variant: str) -> dict[str, Any]:
+def _timeout_case(ctx: RunContext, variant: str, pdl: str) -> dict[str, Any]:
     dev, dtype, count = ctx.device, torch.bfloat16, 4096
-    backend = _backend(variant, {"p2p_timeout_ms": TIMEOUT_MS}, ctx)
+    backend = _backend(variant, {"p2p_timeout_ms": TIMEOUT_MS}, ctx, pdl)
     result: dict[str, Any] = {}
     try:
         backend.setup(ctx, 1 << 20, dtype)
@@ -304,7 +312,7 @@ def _timeout_case(ctx: RunContext, variant: str) -> dict[str, Any]:
 
 
 def calibrate_worker(ctx: RunContext, args: argparse.Namespace) -> dict[str, Any]:
-    backend = _backend("auto", {}, ctx)
+    backend = _backend("auto", {}, ctx, args.p2p_pdl)
     try:
         backend.setup(ctx, MAX_BYTES, torch.bfloat16)
         extra = backend.row_fields()["extra"]
@@ -327,7 +335,7 @@ TUNE_SHAPES = ((512, 1), (256, 1), (128, 1), (512, 2), (256, 2), (512, 4))
 
 def tune_worker(ctx: RunContext, args: argparse.Namespace) -> dict[str, Any]:
     dtype = torch.bfloat16
-    backend = _backend("auto", {"p2p_auto_rule": TEST_AUTO_RULE}, ctx)
+    backend = _backend("auto", {"p2p_auto_rule": TEST_AUTO_RULE}, ctx, args.p2p_pdl)
     times: dict[str, dict[str, list[float]]] = {}
     try:
         backend.setup(ctx, max(TUNE_SIZES), dtype)
@@ -376,22 +384,32 @@ def _graph_us_per_call(call: Callable[[], None]) -> float:
     return statistics.median(s.elapsed_time(e) for s, e in events) * 1000.0 / FLOOR_CALLS_PER_GRAPH
 
 
+FLOOR_PDL = ("on", "off")
+
+
 def floor_main() -> dict[str, Any]:
+    """Every floor kernel with PDL on and off, in one run; rows carry both times and off / on."""
     ctx, _ = init_context()
     dtype = torch.bfloat16
-    backends = {name: _backend(name, {}, ctx) for name in FLOOR_VARIANTS}
+    backends = {f"p2p_{name}_pdl_{pdl}": _backend(name, {}, ctx, pdl)
+                for name in FLOOR_VARIANTS for pdl in FLOOR_PDL}
     rows = []
     try:
         for backend in backends.values():
             backend.setup(ctx, max(FLOOR_SIZES), dtype)
+        pdl = {key: {k: v for k, v in backend.row_fields()["extra"].items() if k.startswith("p2p_pdl")}
+               for key, backend in backends.items()}
         for size in FLOOR_SIZES:
             count = size // dtype.itemsize
             x = exact_pattern(0, 1, count, 1, ctx.device, dtype)
             out, y = torch.empty_like(x), torch.empty_like(x)
             row: dict[str, Any] = {"bytes": size, "exact": True}
-            for name, backend in backends.items():
+            for key, backend in backends.items():
                 row["exact"] = row["exact"] and bool(torch.equal(_reduced(backend, x), x))
-                row[f"p2p_{name}_us"] = round(_graph_us_per_call(lambda: backend.allreduce(x, out)), 3)
+                row[f"{key}_us"] = round(_graph_us_per_call(lambda: backend.allreduce(x, out)), 3)
+            for name in FLOOR_VARIANTS:
+                off_us, on_us = row[f"p2p_{name}_pdl_off_us"], row[f"p2p_{name}_pdl_on_us"]
+                row[f"p2p_{name}_pdl_off_over_on"] = round(off_us / on_us, 3)
             row["torch_copy_us"] = round(_graph_us_per_call(lambda: y.copy_(x)), 3)
             rows.append(row)
         for backend in backends.values():
@@ -400,12 +418,18 @@ def floor_main() -> dict[str, Any]:
         for backend in backends.values():
             backend.close()
         shutdown()
-    columns = [f"p2p_{name}_us" for name in backends] + ["torch_copy_us"]
-    print(f"{'bytes':>8}  " + "  ".join(f"{c:>20}" for c in columns) + "  exact")
-    for row in rows:
-        print(f"{row['bytes']:>8}  " + "  ".join(f"{row[c]:>20.3f}" for c in columns) + f"  {row['exact']}")
+    _print_floor(rows, pdl)
     return {"device": torch.cuda.get_device_name(0), "dtype": "bf16", "calls_per_graph": FLOOR_CALLS_PER_GRAPH,
-            "replays": FLOOR_REPLAYS, "rows": rows}
+            "replays": FLOOR_REPLAYS, "pdl": pdl, "rows": rows}
+
+
+def _print_floor(rows: list[dict[str, Any]], pdl: dict[str, dict[str, Any]]) -> None:
+    for key, facts in pdl.items():
+        print(f"{key}: " + ", ".join(f"{k} {v}" for k, v in facts.items()))
+    columns = [c for c in rows[0] if c not in ("bytes", "exact")]
+    print(f"{'bytes':>8}  " + "  ".join(columns) + "  exact")
+    for row in rows:
+        print(f"{row['bytes']:>8}  " + "  ".join(f"{row[c]:>{len(c)}.3f}" for c in columns) + f"  {row['exact']}")
 
 
 WORKERS: dict[str, Callable[[RunContext, argparse.Namespace], dict[str, Any]]] = {
@@ -422,6 +446,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--replays", type=int, default=1_000)
     parser.add_argument("--budget-s", type=float, default=60.0,
                         help="long mode: stop eager calls (and, separately, replays) after this long")
+    parser.add_argument("--p2p-pdl", choices=("on", "off"), default="on",
+                        help="launch with programmatic dependent launch where it can work (every mode but floor, "
+                             "which measures both)")
     parser.add_argument("--no-sm-limit", action="store_true",
                         help=f"under an MPS daemon, run the ranks without {MPS_PERCENT_VAR}")
     args = parser.parse_args(argv)

@@ -38,6 +38,7 @@ def _run(args: list[str], timeout_s: float) -> dict[str, Any]:
 
 def _assert_exact(summary: dict[str, Any]) -> None:
     assert summary["checked_cases"] == 6 * 3 * 9 * 4
+    assert len(summary["pdl"]) == 1, summary["pdl"]          # every variant and dtype launched alike
     assert summary["wrong"] == 0, summary["failed"]
     assert summary["random_mismatch"] == []
     assert summary["grid_cap_blocks"] and min(summary["grid_cap_blocks"]) >= 1, summary
@@ -97,8 +98,15 @@ def test_auto_measures_one_rule_for_all_ranks() -> None:
     assert calibration["replays"] >= 10 and max(calibration["calls_per_graph"]) >= 100, calibration
 
 
-def test_world_size_one_kernel_floor_runs_and_is_exact() -> None:
-    summary = _run(["floor"], timeout_s=120)
+def test_world_size_one_kernel_floor_runs_and_is_exact_with_pdl_on_and_off() -> None:
+    summary = _run(["floor"], timeout_s=180)
     assert [row["bytes"] for row in summary["rows"]] == [1024 << k for k in range(11)]
-    assert all(row["exact"] and row["p2p_oneshot_us"] > 0 and row["p2p_oneshot_lamport_us"] > 0
-               for row in summary["rows"])
+    kernels = ("oneshot", "oneshot_lamport")
+    timed = [f"p2p_{kernel}_pdl_{pdl}_us" for kernel in kernels for pdl in ("on", "off")]
+    assert all(row["exact"] and all(row[key] > 0 for key in timed) for row in summary["rows"]), summary["rows"]
+    # Off is off; on is on wherever this GPU and its cuda-python allow (SM 9.0+), else says why.
+    pdl = summary["pdl"]
+    for kernel in kernels:
+        assert pdl[f"p2p_{kernel}_pdl_off"] == {"p2p_pdl": False, "p2p_pdl_reason": "off (--p2p-pdl off)"}
+        on = pdl[f"p2p_{kernel}_pdl_on"]
+        assert on["p2p_pdl"] is True or on["p2p_pdl_reason"], on
