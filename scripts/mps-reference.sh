@@ -17,7 +17,8 @@
 #              3 s a profile at 2 ranks under MPS); then pcie-seed, the same sizes with
 #              FlashInfer's untuned seed configurations (--flashinfer-pcie-tune seed);
 #   nopdl      flashinfer trtllm one-shot and p2p:auto with programmatic dependent launch off
-#              (--flashinfer-pdl off), 4K..8M: what PDL is worth against the allreduce part;
+#              (--flashinfer-pdl off --p2p-pdl off), 4K..8M: what PDL is worth against the
+#              allreduce part;
 #   mscclpp    every mscclpp variant (auto, each default algorithm, the shim), after every
 #              other part of every world size, so that an MSCCL++ build started beside this
 #              script has the most time to finish.
@@ -123,7 +124,7 @@ for n in ${ranks//,/ }; do
       --flashinfer-pcie-tune seed
   fi
   ! wants nopdl || sweep "$out/world$n/nopdl" "${world[@]}" -b 4K -e 8M -f 2 \
-    --backends flashinfer:trtllm_oneshot,p2p:auto --flashinfer-pdl off
+    --backends flashinfer:trtllm_oneshot,p2p:auto --flashinfer-pdl off --p2p-pdl off
 done
 if wants mscclpp; then
   for n in ${ranks//,/ }; do

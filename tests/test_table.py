@@ -58,6 +58,28 @@ def _row(backend: str, us: float | None, tokens: int, *, op: str = FUSED_OP, sta
                        reason=reason, extra=extra or {})
 
 
+def test_the_same_backend_from_two_runs_gets_a_column_each(tmp_path):
+    """A run with other options (here PDL off) must not fill the cells of another run."""
+    rows_by_run = {"allreduce": 1.5, "nopdl": 2.3}
+    runs = []
+    for name, us in rows_by_run.items():
+        (tmp_path / name).mkdir()
+        _write_run(tmp_path / name / "run1", [_row("p2p:auto", us, 1, op="allreduce")])
+        runs.append(load_run(tmp_path / name / "run1"))
+    (only,) = table.allreduce_tables(runs)
+    assert only.headers == ["size", "p2p:auto (allreduce)", "p2p:auto (nopdl)"]
+    assert only.rows == [[format_bytes(7168 * 2), "**1.50 / 1.50**", "2.30 / 2.30"]]
+    (tmp_path / "other").mkdir()
+    _write_run(tmp_path / "other" / "run2", [_row("p2p:auto", 1.7, 1, op="allreduce")])
+    same_parent = [load_run(tmp_path / "nopdl" / "run1"), load_run(tmp_path / "other" / "run2")]
+    assert table.column_labels(same_parent, [(0, "p2p:auto"), (1, "p2p:auto")]) == [
+        "p2p:auto (nopdl)", "p2p:auto (other)"]
+    _write_run(tmp_path / "nopdl" / "run3", [_row("p2p:auto", 2.4, 1, op="allreduce")])
+    one_parent = [load_run(tmp_path / "nopdl" / "run1"), load_run(tmp_path / "nopdl" / "run3")]
+    assert table.column_labels(one_parent, [(0, "p2p:auto"), (1, "p2p:auto")]) == [
+        "p2p:auto (run1)", "p2p:auto (run3)"]
+
+
 def test_fused_saving_and_refusals(tmp_path):
     run = tmp_path / "fused"
     _write_run(run, [

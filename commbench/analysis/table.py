@@ -49,23 +49,45 @@ def _cell(row: Measurement | None, best: bool) -> str:
     return f"**{text}**" if best else text
 
 
-def allreduce_tables(rows: list[Measurement]) -> list[Table]:
-    """One table per (dtype, mode, world size): sizes down, backends across."""
-    groups: dict[GroupKey, list[Measurement]] = {}
-    for row in rows:
-        if row.op == "allreduce":
-            groups.setdefault((row.dtype, row.mode, row.world_size), []).append(row)
+def column_labels(runs: list[Run], columns: list[tuple[int, str]]) -> list[str]:
+    """A header per (run index, backend) column: the backend, and where the same backend comes
+    from several runs of one table, which run (its sweep's --out folder, else its run id), so a
+    run with other options (e.g. PDL off) never fills another run's cells."""
+    def run_name(index: int, siblings: list[int]) -> str:
+        parents = [runs[i].path.parent.name for i in siblings]
+        unique = parents.count(runs[index].path.parent.name) == 1
+        return runs[index].path.parent.name if unique else runs[index].path.name
+
+    labels = []
+    for index, backend in columns:
+        siblings = [i for i, b in columns if b == backend]
+        labels.append(backend if len(siblings) == 1 else f"{backend} ({run_name(index, siblings)})")
+    return labels
+
+
+def allreduce_tables(runs: list[Run]) -> list[Table]:
+    """One table per (dtype, mode, world size): sizes down, a column per backend and run."""
+    groups: dict[GroupKey, list[tuple[int, Measurement]]] = {}
+    for index, run in enumerate(runs):
+        for row in run.rows:
+            if row.op == "allreduce":
+                groups.setdefault((row.dtype, row.mode, row.world_size), []).append((index, row))
     tables = []
     for (dtype, mode, world), members in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2])):
-        backends = list(dict.fromkeys(r.backend for r in members))
-        by_cell = {(r.message_bytes, r.backend): r for r in members}
+        columns = list(dict.fromkeys((i, r.backend) for i, r in members))
+        by_cell = {(r.message_bytes, i, r.backend): r for i, r in members}
         body = []
-        for size in sorted({r.message_bytes for r in members}):
-            measured = [r for r in members if r.message_bytes == size and r.status == OK and r.latency_us is not None]
-            fastest = min(measured, key=lambda r: r.latency_us).backend if measured else None  # type: ignore[arg-type, return-value]
-            body.append([format_bytes(size)] + [_cell(by_cell.get((size, b)), b == fastest) for b in backends])
+        for size in sorted({r.message_bytes for _, r in members}):
+            measured = [(i, r) for i, r in members
+                        if r.message_bytes == size and r.status == OK and r.latency_us is not None]
+            fastest = None
+            if measured:
+                index, row = min(measured, key=lambda m: m[1].latency_us)   # type: ignore[arg-type, return-value]
+                fastest = (index, row.backend)
+            body.append([format_bytes(size)] + [_cell(by_cell.get((size, *column)), column == fastest)
+                                                for column in columns])
         tables.append(Table(f"allreduce, {dtype}, {mode}, {world} ranks: latency_us / jitter p50 us",
-                            ["size"] + backends, body))
+                            ["size"] + column_labels(runs, columns), body))
     return tables
 
 
@@ -98,7 +120,7 @@ def render_runs(runs: list[Run]) -> str:
     parts += ["Cells: headline `latency_us` (one timer around the timed pass, slowest rank) / the jitter pass's "
               "p50; the fastest correct backend per size in bold; a status (skipped, hang, crashed, wrong, ...) "
               "where the row did not measure.", ""]
-    parts += [markdown(t) for t in allreduce_tables(rows)]
+    parts += [markdown(t) for t in allreduce_tables(runs)]
     fused = fusion_table(rows)
     if fused is not None:
         parts += ["saving = unfused - fused per call (positive: fusion is faster); unfused = the run's fastest "
