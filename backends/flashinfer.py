@@ -34,10 +34,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import logging
 import re
+from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 import torch
 
@@ -329,6 +331,53 @@ def pcie_tune_plan(shapes: list[tuple[int, int]]) -> tuple[tuple[int, ...], tupl
     return tuple(sorted({h for _, h in shapes})), tuple(sorted({t for t, _ in shapes}))
 
 
+PROFILE_FAILURE = "due to failure while profiling: "   # the autotuner's DEBUG line for a candidate that raised
+
+
+class _Collect(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.errors: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if message.startswith("[Autotuner]: Skipping tactic") and PROFILE_FAILURE in message:
+            self.errors.append(message.split(PROFILE_FAILURE, 1)[1])
+
+
+def _set_level(logger: logging.Logger, level: int) -> None:
+    # FlashInfer's logger is built directly, not by logging.getLogger, so setLevel cannot reach
+    # its cache of isEnabledFor answers: clear it, or an earlier answer outlives the new level.
+    logger.setLevel(level)
+    getattr(logger, "_cache", {}).clear()
+
+
+@contextmanager
+def profiling_failures(logger: logging.Logger) -> Iterator[list[str]]:
+    """The errors of the candidates FlashInfer's autotuner failed to profile, collected while the
+    block runs: it says why only at DEBUG, so the logger goes to DEBUG for the block while its
+    own handlers keep printing what they printed before."""
+    collect = _Collect()
+    saved_level = logger.level
+    saved_handlers = [(handler, handler.level) for handler in logger.handlers]
+    for handler, level in saved_handlers:
+        handler.setLevel(max(level, logger.getEffectiveLevel()))
+    logger.addHandler(collect)
+    _set_level(logger, logging.DEBUG)
+    try:
+        yield collect.errors
+    finally:
+        logger.removeHandler(collect)
+        _set_level(logger, saved_level)
+        for handler, level in saved_handlers:
+            handler.setLevel(level)
+
+
+def failure_summary(errors: list[str]) -> dict[str, Any]:
+    """How many candidate profiles failed, and the distinct errors (the first three)."""
+    return {"profile_failures": len(errors), "profile_errors": list(dict.fromkeys(errors))[:3]}
+
+
 def saved_configs(cache: str | None) -> int:
     """How many tuned configurations FlashInfer's tune cache holds (its keys other than the
     ``_metadata``-style ones); 0 when it wrote none or no file."""
@@ -426,7 +475,11 @@ class PcieIpcAllreduce(_FlashInferBase):
         self._workspace = comm.PcieIpcAllReduceWorkspace(
             group=ctx.control_group, max_numel=max_numel, dtype=dtype, tune_batches=batches, tune_cache=cache)
         # tune() returns {(hidden, batch): config} for what it measured; what it saved is in the file.
-        measured = self._workspace.tune(list(hiddens), dtype=dtype, cache=cache) if self.tune else {}
+        measured: dict[tuple[int, int], Any] = {}
+        failures: list[str] = []
+        if self.tune:
+            with profiling_failures(importlib.import_module("flashinfer.jit.core").logger) as failures:
+                measured = self._workspace.tune(list(hiddens), dtype=dtype, cache=cache)
         resolved = self._workspace.prepare(shapes, dtype=dtype)
         policy = importlib.import_module("flashinfer.comm.pcie_ipc_policy")
         self._choices = {
@@ -439,7 +492,8 @@ class PcieIpcAllreduce(_FlashInferBase):
                         "profile": self._workspace.profile,
                         "tune_result": {f"{batch}x{hidden}": describe_config(config)
                                         for (hidden, batch), config in sorted(measured.items())},
-                        "saved_configs": saved_configs(cache) if self.tune else None}
+                        "saved_configs": saved_configs(cache) if self.tune else None,
+                        **(failure_summary(failures) if self.tune else {})}
 
     def observe(self, call: Any, message_bytes: int) -> dict[str, Any]:
         choice = self._choices.get(self._shape(message_bytes))

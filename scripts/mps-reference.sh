@@ -13,8 +13,8 @@
 #              kernel per size, and flashinfer trtllm one/two-shot); fusion.json in each run dir;
 #   pcie       flashinfer:pcie_ipc tuned per size bucket (FlashInfer's autotuner), beside p2p:auto,
 #              on the sizes 8K..8M by factor 4: one hidden (4096) and six token buckets, because
-#              FlashInfer's tune() profiles every bucket again for each bucket it tunes (about
-#              3 s a profile at 2 ranks under MPS); then pcie-seed, the same sizes with
+#              a search that keeps no winner profiles every bucket again for each bucket (about
+#              3 s a profile at 2 ranks under MPS, README); then pcie-seed, the same sizes with
 #              FlashInfer's untuned seed configurations (--flashinfer-pcie-tune seed);
 #   nopdl      flashinfer trtllm one-shot and p2p:auto with programmatic dependent launch off
 #              (--flashinfer-pdl off --p2p-pdl off), 4K..8M: what PDL is worth against the

@@ -268,6 +268,28 @@ def test_pcie_ipc_counts_the_configurations_its_tuning_saved(tmp_path):
     assert fi.saved_configs(str(cache)) == 0
 
 
+def test_pcie_ipc_tuning_collects_why_candidates_failed_without_printing_debug_lines():
+    import io
+    import logging
+
+    printed = io.StringIO()
+    logger = logging.Logger("flashinfer.jit", logging.INFO)   # as FlashInfer builds its own
+    logger.addHandler(logging.StreamHandler(printed))
+    logger.debug("before the block")        # a cached "DEBUG is off" must not hide the lines below
+    with fi.profiling_failures(logger) as errors:
+        logger.debug("[Autotuner]: Skipping tactic runner 5, due to failure while profiling: workspace is bound")
+        logger.debug("[Autotuner]: Failed when profiling runner 5, shapes=[]. Error occurred: workspace is bound")
+        logger.debug("[Autotuner]: Skipping tactic runner 6, due to failure while profiling: workspace is bound")
+        logger.debug("[Autotuner]: cache miss")
+        logger.info("[Autotuner]: Skipped 2 unsupported tactic(s)")
+    assert errors == ["workspace is bound", "workspace is bound"]
+    assert printed.getvalue() == "[Autotuner]: Skipped 2 unsupported tactic(s)\n"   # no debug line printed
+    assert logger.level == logging.INFO and len(logger.handlers) == 1 and logger.handlers[0].level == logging.NOTSET
+    assert fi.failure_summary(errors) == {"profile_failures": 2, "profile_errors": ["workspace is bound"]}
+    logger.debug("after the block")
+    assert "after the block" not in printed.getvalue()
+
+
 def test_node_local_backends_refuse_several_nodes():
     ctx = cpu_ctx(world_size=8, local_world_size=4)
     for spec in ("symm_mem:one_shot", "flashinfer:trtllm_oneshot", "mscclpp:auto"):
