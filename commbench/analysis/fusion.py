@@ -75,6 +75,7 @@ def best_allreduce_rows(rows: list[Measurement], dtype: str, world_size: int) ->
 
 
 
+COMPARISON_TITLE = "allreduce + residual + RMSNorm: fused vs unfused"
 COMPARISON_HEADERS = ["ranks", "mode", "dtype", "hidden", "tokens", "fused", "fused us", "unfused allreduce",
                       "unfused us", "saving us", "saving"]
 

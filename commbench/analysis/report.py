@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from commbench.analysis import plots
-from commbench.analysis.fusion import COMPARISON_HEADERS, comparison_cells
+from commbench.analysis.fusion import COMPARISON_HEADERS, COMPARISON_TITLE, comparison_cells
 from commbench.analysis.curves import (Crossover, Curve, baseline_curve, baseline_name, build_curves, cautions,
                               crossovers, groups, is_failed_check, ranking, run_world_size, select, variant_label)
 from commbench.errors import UsageError
@@ -23,7 +23,7 @@ from commbench.analysis.text import fmt_num, fmt_us, render
 from commbench.units import format_bytes
 
 HELP = "plots, crossover table, fused vs unfused and a self-contained report.html for one results dir"
-FUSION_TITLE = "allreduce + residual + RMSNorm: fused vs unfused"
+FUSION_NUMBERS = (0, 3, 4, 6, 8, 9, 10)   # COMPARISON_HEADERS' numeric columns, right-aligned
 FUSION_NOTE = ("latency per call of the fused kernel and of unfused:best (the fastest measured allreduce, then "
                "torch's residual add and RMSNorm) on the same shape; saving > 0: fusion is faster")
 
@@ -299,8 +299,8 @@ def crossover_html(section: Section, baseline: str | None) -> str:
                    "margin over runner-up", f"vs {baseline or 'baseline'}"], rows, numeric=(2, 3, 5, 6))
 
 
-def write_html(run: Run, sections: list[Section], images: dict[str, list[tuple[Path, str]]],
-               baseline: str | None, path: Path) -> None:
+def write_html(run: Run, sections: list[Section], fused: list[list[str]],
+               images: dict[str, list[tuple[Path, str]]], baseline: str | None, path: Path) -> None:
     failed = [r for r in run.rows if is_failed_check(r)]
     parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>commbench report: "
              f"{_esc(run.info.get('run_id', run.path.name))}</title><style>{_CSS}</style></head><body>",
@@ -324,12 +324,11 @@ def write_html(run: Run, sections: list[Section], images: dict[str, list[tuple[P
         parts.append(f"<h2>{_esc(section.dtype)}, {_esc(section.mode)} mode: which backend wins where</h2>")
         parts.append(crossover_html(section, baseline) if section.ranges else "<p>No trusted rows.</p>")
         parts.extend(f"<p class='caution'>caution: {_esc(line)}</p>" for line in section.cautions)
-    fused = comparison_cells(run.rows)
     if fused:
-        parts.append(f"<h2>{_esc(FUSION_TITLE)}</h2>")
+        parts.append(f"<h2>{_esc(COMPARISON_TITLE)}</h2>")
         parts.append(f"<p class='note'>{_esc(FUSION_NOTE)}</p>")
         parts.append(_table(COMPARISON_HEADERS, [[_esc(c) for c in cells] for cells in fused],
-                            numeric=(0, 3, 4, 6, 8, 9, 10)))
+                            numeric=FUSION_NUMBERS))
     for title, imgs in images.items():
         parts.append(f"<h2>Plots: {_esc(title)}</h2>")
         parts.extend(_img(png, alt) for png, alt in imgs)
@@ -386,7 +385,8 @@ def main(args: argparse.Namespace) -> int:
             written.extend(paths)
             images.setdefault(dtype, []).append((paths[0], f"{name} {dtype}"))
     html_path = out / "report.html"
-    write_html(run, sections, images, baseline, html_path)
+    fused = comparison_cells(run.rows)
+    write_html(run, sections, fused, images, baseline, html_path)
 
     if run.emulation_line():
         print(run.emulation_line())
@@ -401,10 +401,9 @@ def main(args: argparse.Namespace) -> int:
                        _x(r.margin_x), _x(r.vs_baseline_x)] for r in section.ranges], right=(2, 4, 5)))
         for line in section.cautions:
             print(f"caution: {line}")
-    fused = comparison_cells(run.rows)
     if fused:
-        print(f"\n{FUSION_TITLE} ({FUSION_NOTE})")
-        print(render(COMPARISON_HEADERS, fused, right=(0, 3, 4, 6, 8, 9, 10)))
+        print(f"\n{COMPARISON_TITLE} ({FUSION_NOTE})")
+        print(render(COMPARISON_HEADERS, fused, right=FUSION_NUMBERS))
     versions = nccl_version_lines(run.rows)
     if versions:
         print("\nNCCL each variant ran (ncclGetVersion of the library in its process):")

@@ -14,7 +14,7 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-from commbench.analysis.fusion import COMPARISON_HEADERS, comparison_cells
+from commbench.analysis.fusion import COMPARISON_HEADERS, COMPARISON_TITLE, comparison_cells
 from commbench.analysis.text import fmt_us
 from commbench.errors import UsageError
 from commbench.files import STDOUT, check_file_target
@@ -96,7 +96,7 @@ def fusion_table(rows: list[Measurement]) -> Table | None:
     cells = comparison_cells(rows)
     if not cells:
         return None
-    return Table("allreduce + residual + RMSNorm: fused vs unfused, latency_us per call", COMPARISON_HEADERS, cells)
+    return Table(f"{COMPARISON_TITLE}, latency_us per call", COMPARISON_HEADERS, cells)
 
 
 def refusals(rows: list[Measurement]) -> list[str]:
