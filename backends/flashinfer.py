@@ -373,16 +373,30 @@ def profiling_failures(logger: logging.Logger) -> Iterator[list[str]]:
             handler.setLevel(level)
 
 
+PROFILE_ERROR_CHARS = 1000     # per distinct error kept on a row: a failed JIT build's is ninja's whole output
+
+
+def clip(text: str, limit: int = PROFILE_ERROR_CHARS) -> str:
+    """The text, or its start and end when longer than limit (a compiler's first error comes
+    first, ninja's verdict last)."""
+    if len(text) <= limit:
+        return text
+    half = (limit - 5) // 2
+    return f"{text[:half]} ... {text[-half:]}"
+
+
 def failure_summary(errors: list[str]) -> dict[str, Any]:
-    """How many candidate profiles failed, and the distinct errors (the first three)."""
-    return {"profile_failures": len(errors), "profile_errors": list(dict.fromkeys(errors))[:3]}
+    """How many candidate profiles failed, and the distinct errors (the first three, clipped)."""
+    return {"profile_failures": len(errors), "profile_errors": [clip(e) for e in list(dict.fromkeys(errors))[:3]]}
 
 
-def saved_configs(cache: str | None) -> int:
+def saved_configs(cache: str | None) -> int | None:
     """How many tuned configurations FlashInfer's tune cache holds (its keys other than the
-    ``_metadata``-style ones); 0 when it wrote none or no file."""
+    ``_metadata``-style ones); 0 when it wrote none or no file. None without a path of ours:
+    FlashInfer's default file may hold other runs' entries, so its count would not say what
+    this tuning kept."""
     if cache is None:
-        return 0
+        return None
     try:
         table = json.loads(Path(cache).read_text())
     except (OSError, ValueError):
@@ -396,6 +410,14 @@ def describe_config(config: Any) -> str | None:
         return None
     variant = getattr(config.variant, "name", config.variant)
     return f"{variant} blocks={config.blocks} threads={config.threads}"
+
+
+def launch_choice(config: Any, seed: Any) -> dict[str, Any]:
+    """A shape's row fields: the configuration it runs, the seed, and whether they are one.
+    tune() hands back the seed for a bucket whose every candidate failed, so "runs the seed" is
+    what holds whether the seed won or nothing did."""
+    ran, seeded = describe_config(config), describe_config(seed)
+    return {"pcie_ipc_config": ran, "pcie_ipc_seed": seeded, "pcie_ipc_runs_seed": ran == seeded}
 
 
 class PcieIpcAllreduce(_FlashInferBase):
@@ -483,9 +505,8 @@ class PcieIpcAllreduce(_FlashInferBase):
         resolved = self._workspace.prepare(shapes, dtype=dtype)
         policy = importlib.import_module("flashinfer.comm.pcie_ipc_policy")
         self._choices = {
-            shape: {"pcie_ipc_config": describe_config(config),
-                    "pcie_ipc_seed": describe_config(policy.get_pcie_ipc_launch_config(
-                        ctx.world_size, shape[0] * shape[1], dtype.itemsize, self._workspace.max_blocks))}
+            shape: launch_choice(config, policy.get_pcie_ipc_launch_config(
+                ctx.world_size, shape[0] * shape[1], dtype.itemsize, self._workspace.max_blocks))
             for shape, config in resolved.items()}
         self._tuning = {"tuned": self.tune, "tune_cache": cache, "tune_batches": list(batches),
                         "tune_hiddens": list(hiddens), "max_numel": max_numel,

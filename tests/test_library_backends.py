@@ -215,6 +215,10 @@ def test_pcie_ipc_records_the_launch_configuration_it_ran():
 
     assert fi.describe_config(Config()) == "STAGED_RING blocks=4 threads=512"
     assert fi.describe_config(None) is None
+    assert fi.launch_choice(Config(), Config()) == {"pcie_ipc_config": "STAGED_RING blocks=4 threads=512",
+                                                    "pcie_ipc_seed": "STAGED_RING blocks=4 threads=512",
+                                                    "pcie_ipc_runs_seed": True}
+    assert fi.launch_choice(Config(), None)["pcie_ipc_runs_seed"] is False
     backend = factory("flashinfer").make("pcie_ipc", {"hidden": 7168})[0]
     backend._choices = {(2, 7168): {"pcie_ipc_config": "STAGED_RING blocks=4 threads=512",
                                     "pcie_ipc_seed": "UNSTAGED blocks=16 threads=128"}}
@@ -259,7 +263,8 @@ def test_trtllm_variants_launch_with_pdl_unless_asked_not_to(monkeypatch, argv, 
 
 def test_pcie_ipc_counts_the_configurations_its_tuning_saved(tmp_path):
     cache = tmp_path / "w2-bfloat16.json"
-    assert fi.saved_configs(str(cache)) == 0 and fi.saved_configs(None) == 0
+    assert fi.saved_configs(str(cache)) == 0
+    assert fi.saved_configs(None) is None       # FlashInfer's default file: not this run's alone
     cache.write_text('{"_metadata": {"flashinfer_version": "0.7.4"}, "_generation": "7ec5"}')
     assert fi.saved_configs(str(cache)) == 0       # what 0.7.4 wrote under MPS: nothing tuned
     cache.write_text('{"_metadata": {}, "(1, 4096)": [0, 1], "(4, 4096)": [0, 2]}')
@@ -288,6 +293,17 @@ def test_pcie_ipc_tuning_collects_why_candidates_failed_without_printing_debug_l
     assert fi.failure_summary(errors) == {"profile_failures": 2, "profile_errors": ["workspace is bound"]}
     logger.debug("after the block")
     assert "after the block" not in printed.getvalue()
+
+
+def test_pcie_ipc_keeps_the_start_and_end_of_a_long_profiling_error():
+    # What 0.7.4's autotuner raises for every candidate when its delay-kernel module cannot build.
+    ninja = ("Ninja build failed. Ninja output:\nninja: Entering directory `/x/cached_ops/trtllm_utils'\n"
+             + "[1/5] nvcc -c envUtils.cpp\n" * 200
+             + "ninja: error: '/x/csrc/nv_internal/tensorrt_llm/kernels/delayStream.cu', missing and no known rule")
+    (kept,) = fi.failure_summary([ninja, ninja])["profile_errors"]
+    assert len(kept) <= fi.PROFILE_ERROR_CHARS
+    assert kept.startswith("Ninja build failed.") and kept.endswith("missing and no known rule") and " ... " in kept
+    assert fi.clip("short") == "short"
 
 
 def test_node_local_backends_refuse_several_nodes():

@@ -87,6 +87,8 @@ def test_flashinfer_plain_variants_and_tuned_pcie_ipc(tmp_path: Path) -> None:
         assert row["status"] == "ok" and row["wrong_elements"] == 0, row
         tuning = row["extra"]["pcie_ipc_tuning"]
         assert tuning["tuned"] is True and tuning["tune_batches"] == [1, 8, 128], tuning
+        # Tuning that kept nothing runs the seeds and says why in profile_errors.
+        assert tuning["saved_configs"], tuning
         assert row["extra"]["pcie_ipc_config"] and row["extra"]["pcie_ipc_seed"], row["extra"]
     assert (run_dir / "flashinfer-pcie-ipc" / "w2-bfloat16.json").is_file()
 
