@@ -29,6 +29,7 @@ PIPE_VAR, LOG_VAR = "CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"
 SERVER_COMM = "nvidia-cuda-mps"   # /proc/PID/comm of nvidia-cuda-mps-server (15 characters kept)
 CONTROL_TIMEOUT_S = 30.0
 SERVER_EXIT_S = 5.0               # how long a server may take to exit after quit
+KILLED_EXIT_S = 2.0               # and to be gone after SIGKILL (the kernel ends it asynchronously)
 
 
 def client_env(nproc: int, gpus: int) -> dict[str, str]:
@@ -54,6 +55,12 @@ def _alive_server(pid: int) -> bool:
         return False
     comm, _, rest = stat.partition("(")[2].rpartition(")")
     return comm.startswith(SERVER_COMM) and rest.split()[0] != "Z"
+
+
+def _wait_gone(pids: list[int], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while any(_alive_server(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 class PrivateDaemon:
@@ -91,12 +98,12 @@ class PrivateDaemon:
         listed = self._run([], "get_server_list\n").stdout.split()
         servers = [int(pid) for pid in listed if pid.isdigit()]
         self._run([], "quit\n")
-        deadline = time.monotonic() + SERVER_EXIT_S
-        while any(_alive_server(pid) for pid in servers) and time.monotonic() < deadline:
-            time.sleep(0.1)
+        _wait_gone(servers, SERVER_EXIT_S)
         for pid in servers:
             if _alive_server(pid):
                 os.kill(pid, signal.SIGKILL)
+        # The next daemon must not meet a server that is still dying.
+        _wait_gone(servers, KILLED_EXIT_S)
         self._forget()
 
     def restart(self) -> None:
