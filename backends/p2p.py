@@ -591,17 +591,32 @@ class _PdlLauncher:
         attribute.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
         attribute.value.programmaticStreamSerializationAllowed = 1
         self.attrs = [attribute]
+        # Built once per grid and stream, and once per kernel: filling them is host time on
+        # every eager call, and a backend launches a handful of grids on one or two streams.
+        self._configs: dict[tuple[int, int, int], Any] = {}
+        self._functions: dict[int, Any] = {}
+
+    def _config(self, blocks: int, threads: int, stream_ptr: int) -> Any:
+        key = (blocks, threads, stream_ptr)
+        config = self._configs.get(key)
+        if config is None:
+            driver = self.driver
+            config = driver.CUlaunchConfig()
+            config.gridDimX, config.gridDimY, config.gridDimZ = blocks, 1, 1
+            config.blockDimX, config.blockDimY, config.blockDimZ = threads, 1, 1
+            config.sharedMemBytes = 0
+            config.hStream = driver.CUstream(stream_ptr)
+            config.numAttrs = len(self.attrs)
+            config.attrs = self.attrs
+            self._configs[key] = config
+        return config
 
     def launch(self, function_ptr: int, blocks: int, threads: int, stream_ptr: int, params: KernelParams) -> None:
         driver = self.driver
-        config = driver.CUlaunchConfig()
-        config.gridDimX, config.gridDimY, config.gridDimZ = blocks, 1, 1
-        config.blockDimX, config.blockDimY, config.blockDimZ = threads, 1, 1
-        config.sharedMemBytes = 0
-        config.hStream = driver.CUstream(stream_ptr)
-        config.numAttrs = len(self.attrs)
-        config.attrs = self.attrs
-        (result,) = driver.cuLaunchKernelEx(config, driver.CUfunction(function_ptr), params.address, 0)
+        function = self._functions.get(function_ptr)
+        if function is None:
+            function = self._functions[function_ptr] = driver.CUfunction(function_ptr)
+        (result,) = driver.cuLaunchKernelEx(self._config(blocks, threads, stream_ptr), function, params.address, 0)
         if result != driver.CUresult.CUDA_SUCCESS:
             _, name = driver.cuGetErrorName(result)
             raise RuntimeError(f"p2p: cuLaunchKernelEx failed: {name.decode()}")

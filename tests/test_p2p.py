@@ -667,6 +667,25 @@ def test_a_pdl_launch_asks_cuda_python_for_programmatic_stream_serialization(mon
     assert units == struct.pack("<I", 256)                  # 4 KiB of fp32 in 16-byte vectors
 
 
+def test_pdl_launches_reuse_one_config_per_grid_and_stream(monkeypatch):
+    driver = FakeDriver()
+    b = pdl_setup(monkeypatch, None, driver)
+    x, out = launch_ready(b, monkeypatch, SimpleNamespace(ptr=0xF00))
+    b._launch(p2p.ONESHOT_PUSH, x, out)
+    b._launch(p2p.ONESHOT_PUSH, x, out)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device: SimpleNamespace(cuda_stream=0x6000))
+    b._launch(p2p.ONESHOT_PUSH, x, out)
+    b._launch(p2p.ONESHOT_PUSH, x[:512], out[:512])          # 2 KiB: a smaller grid
+    b._launch(p2p.ONESHOT_PUSH, x[:512], out[:512])
+    first, second, other_stream, smaller, smaller_again = driver.launches
+    assert first[0] is second[0] and other_stream[0] is not first[0]
+    assert other_stream[0].hStream == ("stream", 0x6000) and first[0].hStream == ("stream", 0x5000)
+    assert smaller[0] is smaller_again[0] and smaller[0].gridDimX < other_stream[0].gridDimX
+    assert (first[0].gridDimX, first[0].blockDimX) == (other_stream[0].gridDimX, other_stream[0].blockDimX)
+    assert first[1] is second[1] is other_stream[1] is smaller[1]
+    assert (first[2], smaller[2]) == (struct.pack("<I", 256), struct.pack("<I", 128))   # units: per call
+
+
 def test_a_failed_pdl_launch_raises_with_the_drivers_name(monkeypatch):
     b = pdl_setup(monkeypatch, None, FakeDriver(result=1))
     x, out = launch_ready(b, monkeypatch, SimpleNamespace(ptr=0xF00))
