@@ -239,7 +239,7 @@ def format_auto_rule(rule: AutoRule) -> str:
                     for limit, kernel in rule)
 
 
-def auto_kernels(read_kernels: "set[str] | tuple[str, ...]") -> tuple[str, ...]:
+def auto_kernels(read_kernels: set[str] | tuple[str, ...]) -> tuple[str, ...]:
     """p2p:auto's kernels in preference order: the push kernels, then those of read_kernels
     that read peer memory."""
     return (*VARIANTS["auto"], *(k for k in AUTO_READ_KERNELS if k in read_kernels))
@@ -758,7 +758,8 @@ class P2PAllreduce(Backend):
         self.name = f"p2p:{variant}"
         self.algorithms = VARIANTS[variant]
         self.options = options
-        # p2p:auto's read kernels: decided at the first setup (None before; a forced rule decides).
+        # Why p2p:auto measures without the kernels that read peer memory, decided at its first
+        # setup; None when they are in, or before, or when a forced rule picks the kernels.
         self._pull_reason: str | None = None
         if variant == "auto" and options.auto_rule is not None:
             self.algorithms = auto_kernels({kernel for _, kernel in options.auto_rule})
