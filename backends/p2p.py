@@ -35,7 +35,10 @@ Design (the ideas of vLLM's and TRT-LLM's custom allreduce, our own code):
 * Push is the default: every byte crosses the fabric as a posted write. Reads of peer
   memory are the pattern that never completes on some PCIe systems, and such a read cannot
   be bounded by a timeout, so the pull variant (``p2p:oneshot_pull``) runs only when asked
-  for, and ``p2p:auto`` and two-shot never read peer memory.
+  for, two-shot never reads peer memory, and ``p2p:auto`` adds the pull kernel to its
+  candidates only where a peer's memory is known to answer reads: every rank on one GPU, or
+  every pair of GPUs joined by NVLink in the probe's snapshot (``peer_reads_reason``; rows
+  say why not in ``p2p_auto_pull_reason``), or when a forced rule names it.
 * Waits are bounded: a peer missing for ``p2p_timeout_ms`` makes the kernel give up, record
   the peer in host-mapped memory and mark this rank's state broken; every later call returns
   at once on the GPU and raises ``P2PTimeoutError`` on the host.
@@ -43,7 +46,8 @@ Design (the ideas of vLLM's and TRT-LLM's custom allreduce, our own code):
   must be resident on its GPU at once. The grid is capped at setup by what fits: the kernels'
   occupancy (blocks per SM) times the SMs a rank may count on (grid_capacity), the smallest
   rank's answer, so that every rank launches the same grid.
-* ``p2p:auto`` picks among the Lamport and flag kernels by size. The rule is measured at setup:
+* ``p2p:auto`` picks among the Lamport and flag kernels by size (the four push kernels, and
+  the pull one-shot where reads are safe, above). The rule is measured at setup:
   every kernel is graph-replayed at sizes from 4 KiB up by factors of 2 on every rank (the
   median of several replays of up to 100 calls), the slowest rank's time counts, the fastest
   kernel wins each size (a kernel with fewer round trips keeps ties), and every rank applies
@@ -84,6 +88,7 @@ from commbench.errors import UsageError
 from commbench.sweep.timing import capture_graph, per_step_us
 from commbench.units import format_bytes, parse_bytes
 from commbench.sweep.workload import AllreduceWorkload, PassCheck
+from commbench.topology.selection import gpu_pairs, is_nvlink, link, used_gpus
 
 if TYPE_CHECKING:
     from commbench.sweep.context import RunContext
@@ -132,6 +137,8 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     # In order of preference on a tie: fewer round trips first.
     "auto": (ONESHOT_LL, ONESHOT_PUSH, TWOSHOT_LL, TWOSHOT),
 }
+# What p2p:auto adds, last (it must win by the margin), where reads of peer memory complete.
+AUTO_READ_KERNELS = (ONESHOT_PULL,)
 DEFAULT_VARIANTS = ("oneshot_lamport", "oneshot", "twoshot_lamport", "twoshot", "auto")
 FLOOR_VARIANTS = ("oneshot_lamport", "oneshot")      # the variants that also run at world size 1
 # The name a rule or a row gives a kernel: the variant that runs it alone.
@@ -208,7 +215,7 @@ class P2POptions:
 def parse_auto_rule(text: str) -> AutoRule:
     """'oneshot_lamport<=64K,twoshot_lamport<=1M,twoshot': each kernel (named by its variant) up
     to its size, the last one for every larger message."""
-    names = {KERNEL_VARIANT[k]: k for k in VARIANTS["auto"]}
+    names = {KERNEL_VARIANT[k]: k for k in (*VARIANTS["auto"], *AUTO_READ_KERNELS)}
     entries: list[tuple[int | None, str]] = []
     parts = [part.strip() for part in str(text).split(",")]
     for i, part in enumerate(parts):
@@ -230,6 +237,12 @@ def parse_auto_rule(text: str) -> AutoRule:
 def format_auto_rule(rule: AutoRule) -> str:
     return ",".join(KERNEL_VARIANT[kernel] + ("" if limit is None else f"<={format_bytes(limit)}")
                     for limit, kernel in rule)
+
+
+def auto_kernels(read_kernels: set[str] | tuple[str, ...]) -> tuple[str, ...]:
+    """p2p:auto's kernels in preference order: the push kernels, then those of read_kernels
+    that read peer memory."""
+    return (*VARIANTS["auto"], *(k for k in AUTO_READ_KERNELS if k in read_kernels))
 
 
 def rule_kernel(rule: AutoRule, message_bytes: int) -> str:
@@ -503,6 +516,23 @@ def quick_p2p_reason(local_world_size: int) -> str | None:
     return None
 
 
+def peer_reads_reason(snapshot: dict[str, Any] | None, world_size: int, emulation: Emulation | None) -> str | None:
+    """Why p2p:auto leaves the kernels that read peer memory out here, or None where such reads
+    are known to complete: every rank on one GPU (a peer's memory is this GPU's), or every pair
+    of the GPUs the ranks use joined by NVLink in the probe's snapshot (the same on every rank:
+    rank 0's, broadcast). A read over PCIe may never complete, and no timeout can bound it."""
+    if emulation is not None and emulation.gpus == 1:
+        return None
+    if not snapshot or not snapshot.get("gpus"):
+        return "no probe snapshot says how the GPUs are linked (reads of peer memory may never complete on PCIe)"
+    for a, b in gpu_pairs(used_gpus(snapshot, world_size)):
+        label = link(snapshot, a, b)
+        if not is_nvlink(label):
+            return (f"GPU {a} and GPU {b} are linked by {label}, not NVLink: a read of peer memory may "
+                    "never complete there, and no timeout can bound it")
+    return None
+
+
 @lru_cache(maxsize=1)
 def _cupy() -> Any:
     """The cupy module, or None when it is not installed (imported only when needed)."""
@@ -743,6 +773,11 @@ class P2PAllreduce(Backend):
         self.name = f"p2p:{variant}"
         self.algorithms = VARIANTS[variant]
         self.options = options
+        # Why p2p:auto measures without the kernels that read peer memory, decided at its first
+        # setup; None when they are in, or before, or when a forced rule picks the kernels.
+        self._pull_reason: str | None = None
+        if variant == "auto" and options.auto_rule is not None:
+            self.algorithms = auto_kernels({kernel for _, kernel in options.auto_rule})
         # World size 1 is the kernel-only floor, measured with the one-shot kernels.
         self.min_world_size = 1 if variant in FLOOR_VARIANTS else 2
         self._ctx: RunContext | None = None
@@ -783,6 +818,8 @@ class P2PAllreduce(Backend):
             raise BackendUnavailable("cupy not installed")
         self._ctx = ctx
         self._dtype = dtype
+        if self._area is None:
+            self._choose_auto_kernels(ctx)
         slot_bytes = -(-min(max_bytes, self.options.max_bytes) // VECTOR_BYTES) * VECTOR_BYTES
         slot_bytes = max(slot_bytes, VECTOR_BYTES)
         area = self._area
@@ -801,6 +838,13 @@ class P2PAllreduce(Backend):
             self._decide_pdl(ctx)
         if len(self.algorithms) > 1 and self.options.auto_rule is None and dtype not in self._calibrations:
             self._calibrations[dtype] = self._calibrate(dtype)
+
+    def _choose_auto_kernels(self, ctx: "RunContext") -> None:
+        """p2p:auto measuring its rule: add the kernels that read peer memory where reads
+        complete (the same answer on every rank: the snapshot is rank 0's, broadcast)."""
+        if self.variant == "auto" and self.options.auto_rule is None:
+            self._pull_reason = peer_reads_reason(ctx.snapshot, ctx.world_size, ctx.emulation)
+            self.algorithms = auto_kernels(() if self._pull_reason else AUTO_READ_KERNELS)
 
     def _connect(self, ctx: "RunContext", slot_bytes: int, dtype: torch.dtype) -> None:
         _cupy().cuda.Device(ctx.device.index).use()
@@ -965,6 +1009,8 @@ class P2PAllreduce(Backend):
                 extra["p2p_pdl_reason"] = self._pdl_reason
         if self._dtype in self._grids:
             extra["p2p_grid_cap_blocks"], extra["p2p_grid_sms"] = self._grids[self._dtype]
+        if self.variant == "auto" and self._pull_reason is not None:
+            extra["p2p_auto_pull_reason"] = self._pull_reason
         if len(self.algorithms) > 1 and self._dtype is not None:
             extra["p2p_auto_rule"] = format_auto_rule(self._rule(self._dtype))
             calibration = self._calibrations.get(self._dtype)
@@ -997,7 +1043,8 @@ def add_arguments(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--p2p-max-bytes", help="largest message for the p2p backends (default 8M)")
     group.add_argument("--p2p-auto-rule", metavar="RULE",
                        help="force p2p:auto's choice of kernel by size, e.g. "
-                            "'oneshot_lamport<=256K,twoshot_lamport' (default: measured at setup)")
+                            "'oneshot_lamport<=256K,twoshot_lamport' (default: measured at setup); a rule that names "
+                            "oneshot_pull asks for reads of peer memory")
     group.add_argument("--p2p-timeout-ms", type=float,
                        help="how long a p2p kernel waits for a peer before it gives up (default 5000)")
     group.add_argument("--p2p-threads", help="threads per p2p block, a multiple of 32 up to "
@@ -1039,7 +1086,8 @@ FACTORY = BackendFactory(
         "p2p:oneshot_pull     one-shot, pull: every rank reads every peer's staged input (never by default)",
         "p2p:twoshot_lamport  two-shot, Lamport: reduce-scatter then all-gather, writes only, no flags",
         "p2p:twoshot          two-shot, push, a fence and a flag per peer after each half",
-        "p2p:auto             the fastest of the four push kernels per size, measured at setup "
+        "p2p:auto             the fastest of the four push kernels per size, measured at setup, and of the pull "
+        "one-shot where peer reads are safe (one GPU, or NVLink between every pair) "
         "(--p2p-auto-rule, --p2p-max-bytes, --p2p-timeout-ms)",
     ],
     probe_specs=(None, "oneshot_pull"),

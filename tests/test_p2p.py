@@ -82,7 +82,7 @@ def test_an_auto_rule_reads_back_as_it_was_written():
     ({"p2p_max_bytes": 1000}, "not a multiple of 16"),
     ({"p2p_max_bytes": -16}, "positive number of bytes"),
     ({"p2p_timeout_ms": 0}, "must be positive"),
-    ({"p2p_auto_rule": "oneshot_pull<=4K,twoshot"}, "unknown kernel 'oneshot_pull'"),
+    ({"p2p_auto_rule": "oneshot_push<=4K,twoshot"}, "unknown kernel 'oneshot_push'"),
     ({"p2p_auto_rule": "oneshot<=4K"}, "the last none"),
     ({"p2p_auto_rule": "oneshot,twoshot"}, "needs '<=SIZE'"),
     ({"p2p_auto_rule": "oneshot<=64K,twoshot<=4K,twoshot_lamport"}, "sizes must grow"),
@@ -473,6 +473,59 @@ def test_auto_with_a_given_rule_splits_by_size_and_records_it():
     assert (extra["p2p_auto_rule"], extra["p2p_auto_rule_source"]) == ("oneshot_lamport<=64K,twoshot_lamport",
                                                                         "option")
     assert backend("oneshot_pull").algorithm_for(1 << 20, torch.float32) == p2p.ONESHOT_PULL
+
+
+def linked(labels: list[list[str]]) -> dict:
+    """A probe snapshot of len(labels) GPUs with this link matrix."""
+    return {"gpus": [{"index": i} for i in range(len(labels))], "links": {"matrix": labels}}
+
+
+NV4 = linked([["X", "NV18", "NV18", "NV18"], ["NV18", "X", "NV18", "NV18"],
+              ["NV18", "NV18", "X", "NV18"], ["NV18", "NV18", "NV18", "X"]])
+PCIE4 = linked([["X", "NV12", "SYS", "SYS"], ["NV12", "X", "SYS", "SYS"],
+                ["SYS", "SYS", "X", "NV12"], ["SYS", "SYS", "NV12", "X"]])
+
+
+def test_auto_reads_peer_memory_only_where_reads_are_known_to_complete():
+    assert p2p.peer_reads_reason(None, 8, shared_gpu(8, mps=True)) is None        # one GPU: local memory
+    assert p2p.peer_reads_reason(NV4, 4, None) is None
+    assert p2p.peer_reads_reason(PCIE4, 2, None) is None                           # GPUs 0 and 1: NVLink
+    assert p2p.peer_reads_reason(PCIE4, 4, None) == (
+        "GPU 0 and GPU 2 are linked by SYS, not NVLink: a read of peer memory may never complete there, "
+        "and no timeout can bound it")
+    two = Emulation(gpus=2, ranks=8, mps=True, sm_percent=25)      # 8 ranks sharing 2 GPUs
+    assert p2p.peer_reads_reason(linked([["X", "NV18"], ["NV18", "X"]]), 8, two) is None
+    assert p2p.peer_reads_reason(linked([["X", "PIX"], ["PIX", "X"]]), 8, two).startswith(
+        "GPU 0 and GPU 1 are linked by PIX, not NVLink")
+    for snapshot in (None, {"error": "RuntimeError: no NVML"}):
+        assert p2p.peer_reads_reason(snapshot, 4, None).startswith("no probe snapshot says how the GPUs are linked")
+
+
+@pytest.mark.parametrize("snapshot, emulation, pull", [(NV4, None, True), (PCIE4, None, False),
+                                                       (None, shared_gpu(4, mps=True), True), (None, None, False)])
+def test_auto_adds_the_pull_kernel_last_and_rows_say_why_not(snapshot, emulation, pull):
+    b = backend("auto")
+    ctx = ctx_for(4)
+    ctx.snapshot, ctx.emulation = snapshot, emulation
+    b._choose_auto_kernels(ctx)
+    assert b.algorithms == ((*p2p.VARIANTS["auto"], p2p.ONESHOT_PULL) if pull else p2p.VARIANTS["auto"])
+    extra = b.row_fields()["extra"]
+    assert extra["p2p_kernels"] == list(b.algorithms)
+    assert ("p2p_auto_pull_reason" in extra) is not pull
+    assert (p2p.plan_areas(b.algorithms, 4, 1 << 20).stage is not None) is pull    # its staging area
+    fixed = backend("oneshot")
+    fixed._choose_auto_kernels(ctx)
+    assert fixed.algorithms == (p2p.ONESHOT_PUSH,) and "p2p_auto_pull_reason" not in fixed.row_fields()["extra"]
+
+
+def test_a_forced_auto_rule_that_names_the_pull_kernel_asks_for_it():
+    b = backend("auto", p2p_auto_rule="oneshot_lamport<=64K,oneshot_pull<=2M,twoshot")
+    assert b.algorithms == (*p2p.VARIANTS["auto"], p2p.ONESHOT_PULL)
+    ctx = ctx_for(4)
+    ctx.snapshot = PCIE4
+    b._choose_auto_kernels(ctx)                    # the rule decides, not the links
+    assert p2p.ONESHOT_PULL in b.algorithms and b.algorithm_for(1 << 20, torch.bfloat16) == p2p.ONESHOT_PULL
+    assert backend("auto", p2p_auto_rule="oneshot_lamport<=64K,twoshot").algorithms == p2p.VARIANTS["auto"]
 
 
 # -- the timeout report ------------------------------------------------------------------

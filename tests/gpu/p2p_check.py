@@ -323,7 +323,9 @@ def calibrate_worker(ctx: RunContext, args: argparse.Namespace) -> dict[str, Any
         backend.close()
     rules = ctx.all_gather_objects(extra["p2p_auto_rule"])
     return {"world": ctx.world_size, "rule_per_rank": rules, "source": extra["p2p_auto_rule_source"],
-            "calibration": extra["p2p_calibration"], "wrong": wrong}
+            "calibration": extra["p2p_calibration"], "wrong": wrong, "kernels": extra["p2p_kernels"],
+            "pull_reason": extra.get("p2p_auto_pull_reason"),
+            "emulation": ctx.emulation.to_dict() if ctx.emulation else None}
 
 
 # ---------------------------------------------------------------------------------------

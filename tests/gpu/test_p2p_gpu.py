@@ -96,6 +96,11 @@ def test_auto_measures_one_rule_for_all_ranks() -> None:
     calibration = summary["calibration"]
     assert calibration["sizes"] and summary["wrong"] == 0
     assert calibration["replays"] >= 10 and max(calibration["calls_per_graph"]) >= 100, calibration
+    # The pull one-shot is measured exactly where reads of peer memory are known to complete.
+    assert ("oneshot_pull" in calibration["per_call_us"]) is (summary["pull_reason"] is None), summary
+    emulation = summary["emulation"]
+    if emulation and emulation["gpus"] == 1:        # every rank on one GPU: a peer's memory is local
+        assert summary["pull_reason"] is None and "oneshot_pull" in summary["kernels"], summary
 
 
 def test_world_size_one_kernel_floor_runs_and_is_exact_with_pdl_on_and_off() -> None:
