@@ -52,7 +52,7 @@ def test_flashinfer_fused_vs_unfused_on_model_shapes(tmp_path: Path) -> None:
                            "--tokens", MODEL_TOKENS, "--hidden", MODEL_HIDDEN, "--mode", "graph", "--iters", "5")
     for row in rows:
         assert row["status"] in ("ok", "skipped"), row
-        assert row["wrong_elements"] == 0, row
+        assert row["status"] == "skipped" or row["wrong_elements"] == 0, row
     oneshot = [r for r in rows if r["backend"] == "flashinfer:fused_oneshot"]
     assert sorted(r["tokens"] for r in oneshot if r["status"] == "ok") == [1, 4, 16], oneshot
     twoshot = {r["tokens"]: r for r in rows if r["backend"] == "flashinfer:fused_twoshot"}
