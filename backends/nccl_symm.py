@@ -38,7 +38,7 @@ from commbench.backends.nccl import NcclBackend, logged_calls
 from commbench.backends.nccl_libs import NcclLibrary
 from commbench.backends.nccl_log import (process_nccl, read_lines, symmetric_kernel, symmetric_unsupported,
                                          used_algo_proto, version_text)
-from commbench.topology.selection import gpu_pairs, is_nvlink, link, used_gpus
+from commbench.topology.selection import non_nvlink_pairs
 
 if TYPE_CHECKING:
     from commbench.sweep.context import RunContext
@@ -73,11 +73,11 @@ def all_nvlink_reason(snapshot: dict[str, Any] | None, world_size: int) -> str |
     (or the snapshot cannot tell)."""
     if not snapshot or not snapshot.get("gpus"):
         return None
-    for a, b in gpu_pairs(used_gpus(snapshot, world_size)):
-        label = link(snapshot, a, b)
-        if label != "?" and not is_nvlink(label):
-            return f"GPU {a} - GPU {b} is {label}"
-    return None
+    known = [pair for pair in non_nvlink_pairs(snapshot, world_size) if pair[2] != "?"]
+    if not known:
+        return None
+    a, b, label = known[0]
+    return f"GPU {a} - GPU {b} is {label}"
 
 
 def expected_reason(version_code: int | None, world_size: int, nodes: int, snapshot: dict[str, Any] | None,

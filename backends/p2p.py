@@ -88,7 +88,7 @@ from commbench.errors import UsageError
 from commbench.sweep.timing import capture_graph, per_step_us
 from commbench.units import format_bytes, parse_bytes
 from commbench.sweep.workload import AllreduceWorkload, PassCheck
-from commbench.topology.selection import gpu_pairs, is_nvlink, link, used_gpus
+from commbench.topology.selection import non_nvlink_pairs
 
 if TYPE_CHECKING:
     from commbench.sweep.context import RunContext
@@ -525,12 +525,12 @@ def peer_reads_reason(snapshot: dict[str, Any] | None, world_size: int, emulatio
         return None
     if not snapshot or not snapshot.get("gpus"):
         return "no probe snapshot says how the GPUs are linked (reads of peer memory may never complete on PCIe)"
-    for a, b in gpu_pairs(used_gpus(snapshot, world_size)):
-        label = link(snapshot, a, b)
-        if not is_nvlink(label):
-            return (f"GPU {a} and GPU {b} are linked by {label}, not NVLink: a read of peer memory may "
-                    "never complete there, and no timeout can bound it")
-    return None
+    pairs = non_nvlink_pairs(snapshot, world_size)
+    if not pairs:
+        return None
+    a, b, label = pairs[0]
+    return (f"GPU {a} and GPU {b} are linked by {label}, not NVLink: a read of peer memory may never "
+            "complete there, and no timeout can bound it")
 
 
 @lru_cache(maxsize=1)
@@ -1009,7 +1009,7 @@ class P2PAllreduce(Backend):
                 extra["p2p_pdl_reason"] = self._pdl_reason
         if self._dtype in self._grids:
             extra["p2p_grid_cap_blocks"], extra["p2p_grid_sms"] = self._grids[self._dtype]
-        if self.variant == "auto" and self._pull_reason is not None:
+        if self._pull_reason is not None:     # only p2p:auto decides one
             extra["p2p_auto_pull_reason"] = self._pull_reason
         if len(self.algorithms) > 1 and self._dtype is not None:
             extra["p2p_auto_rule"] = format_auto_rule(self._rule(self._dtype))

@@ -52,5 +52,12 @@ def is_nvlink(label: str) -> bool:
     return label.startswith("NV")
 
 
+def non_nvlink_pairs(snapshot: dict[str, Any], world_size: int) -> list[tuple[int, int, str]]:
+    """The run's directed pairs of different GPUs that the snapshot does not show joined by
+    NVLink, with their link label ("?" where it recorded none)."""
+    pairs = [(a, b, link(snapshot, a, b)) for a, b in gpu_pairs(used_gpus(snapshot, world_size))]
+    return [(a, b, label) for a, b, label in pairs if not is_nvlink(label)]
+
+
 def participant_gpu(snapshot: dict[str, Any]) -> dict[int, int | None]:
     return {p["id"]: p.get("gpu") for p in snapshot.get("participants") or []}
