@@ -78,6 +78,7 @@ def best_allreduce_rows(rows: list[Measurement], dtype: str, world_size: int) ->
 COMPARISON_TITLE = "allreduce + residual + RMSNorm: fused vs unfused"
 COMPARISON_HEADERS = ["ranks", "mode", "dtype", "hidden", "tokens", "fused", "fused us", "unfused allreduce",
                       "unfused us", "saving us", "saving"]
+COMPARISON_NUMERIC = (0, 3, 4, 6, 8, 9, 10)     # the numeric ones of COMPARISON_HEADERS, right-aligned
 
 
 def comparison_cells(rows: list[Measurement]) -> list[list[str]]:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from commbench.analysis import plots
-from commbench.analysis.fusion import COMPARISON_HEADERS, COMPARISON_TITLE, comparison_cells
+from commbench.analysis.fusion import COMPARISON_HEADERS, COMPARISON_NUMERIC, COMPARISON_TITLE, comparison_cells
 from commbench.analysis.curves import (Crossover, Curve, baseline_curve, baseline_name, build_curves, cautions,
                               crossovers, groups, is_failed_check, ranking, run_world_size, select, variant_label)
 from commbench.errors import UsageError
@@ -23,7 +23,6 @@ from commbench.analysis.text import fmt_num, fmt_us, render
 from commbench.units import format_bytes
 
 HELP = "plots, crossover table, fused vs unfused and a self-contained report.html for one results dir"
-FUSION_NUMBERS = (0, 3, 4, 6, 8, 9, 10)   # COMPARISON_HEADERS' numeric columns, right-aligned
 FUSION_NOTE = ("latency per call of the fused kernel and of unfused:best (the fastest measured allreduce, then "
                "torch's residual add and RMSNorm) on the same shape; saving > 0: fusion is faster")
 
@@ -328,7 +327,7 @@ def write_html(run: Run, sections: list[Section], fused: list[list[str]],
         parts.append(f"<h2>{_esc(COMPARISON_TITLE)}</h2>")
         parts.append(f"<p class='note'>{_esc(FUSION_NOTE)}</p>")
         parts.append(_table(COMPARISON_HEADERS, [[_esc(c) for c in cells] for cells in fused],
-                            numeric=FUSION_NUMBERS))
+                            numeric=COMPARISON_NUMERIC))
     for title, imgs in images.items():
         parts.append(f"<h2>Plots: {_esc(title)}</h2>")
         parts.extend(_img(png, alt) for png, alt in imgs)
@@ -403,7 +402,7 @@ def main(args: argparse.Namespace) -> int:
             print(f"caution: {line}")
     if fused:
         print(f"\n{COMPARISON_TITLE} ({FUSION_NOTE})")
-        print(render(COMPARISON_HEADERS, fused, right=FUSION_NUMBERS))
+        print(render(COMPARISON_HEADERS, fused, right=COMPARISON_NUMERIC))
     versions = nccl_version_lines(run.rows)
     if versions:
         print("\nNCCL each variant ran (ncclGetVersion of the library in its process):")
