@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import inspect
 import json
 import logging
 import re
@@ -44,8 +45,9 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator
 import torch
 
 from commbench import engines
-from commbench.backends.base import Backend, BackendFactory, BackendUnavailable, voted
+from commbench.backends.base import Backend, BackendFactory, BackendUnavailable, voted, voted_gather
 from commbench.backends.fused import RMS_EPS, TOLERANCE, FusedBackend
+from commbench.sweep.context import own_sms
 
 if TYPE_CHECKING:
     from commbench.sweep.context import RunContext
@@ -59,6 +61,7 @@ MNNVL_SM_MAJORS = (9, 10)
 PCIE_WORLD_SIZES = (2, 4, 8)    # pcie_ipc_ar._SUPPORTED_WORLD_SIZES
 PCIE_DTYPES = (torch.bfloat16, torch.float16)
 PCIE_PACK_BYTES = 16            # pcie_ipc_collectives._constants.PACK_BYTES
+PCIE_MAX_THREADS = 1024         # the largest block pcie_ipc_tuning.TUNE_THREADS tries
 PCIE_TUNE_DIR = "flashinfer-pcie-ipc"   # tune caches, inside the run dir
 PCIE_TUNE_OPTION = "flashinfer_pcie_tune"
 PDL_OPTION = "flashinfer_pdl"
@@ -331,6 +334,20 @@ def pcie_tune_plan(shapes: list[tuple[int, int]]) -> tuple[tuple[int, ...], tupl
     return tuple(sorted({h for _, h in shapes})), tuple(sorted({t for t, _ in shapes}))
 
 
+def pcie_max_blocks(default_blocks: int, sms_by_rank: list[int], threads_per_sm: int,
+                    shares_gpu: bool) -> tuple[int, str | None]:
+    """The workspace's ``max_blocks`` and why it differs from FlashInfer's default (None: it does
+    not). PCIe IPC's kernels wait for their peers' blocks with no timeout (block_barrier), so a
+    grid should be resident at once; the default (128) fits a GPU of one's own. Ranks that share
+    a GPU each count on part of its SMs (sms_by_rank, sweep.context.own_sms), so the grid is capped
+    at what the smallest part holds of the largest block the tuner tries (PCIE_MAX_THREADS)."""
+    blocks = min(sms_by_rank) * max(1, threads_per_sm // PCIE_MAX_THREADS)
+    if not shares_gpu or blocks >= default_blocks:
+        return default_blocks, None
+    return blocks, (f"ranks share a GPU: {blocks} blocks of {PCIE_MAX_THREADS} threads fit on the {min(sms_by_rank)} "
+                    f"SMs a rank may count on (FlashInfer's default is {default_blocks})")
+
+
 PROFILE_FAILURE = "due to failure while profiling: "   # the autotuner's DEBUG line for a candidate that raised
 
 
@@ -432,7 +449,9 @@ class PcieIpcAllreduce(_FlashInferBase):
     time: a shape first met inside a capture would need a host-side collective and fails to
     capture, a prepared one captures no collective (``_check_stream`` exempts capture). The
     tuned table is saved as ``RUN/flashinfer-pcie-ipc/w<N>-<dtype>.json`` (``tune_cache``).
-    ``--flashinfer-pcie-tune seed`` skips the tuning, to measure FlashInfer's seed policy."""
+    Where ranks share a GPU, ``max_blocks`` is capped to what a rank's SMs hold (pcie_max_blocks;
+    the row's ``pcie_ipc_tuning`` says so). ``--flashinfer-pcie-tune seed`` skips the tuning, to
+    measure FlashInfer's seed policy."""
 
     name = "flashinfer:pcie_ipc"
     world_sizes = PCIE_WORLD_SIZES
@@ -493,9 +512,15 @@ class PcieIpcAllreduce(_FlashInferBase):
         # Sized to the largest shape: the epoch double buffer's halves sit world * max_numel
         # elements apart, and FlashInfer warns that an oversized workspace costs time.
         max_numel = max(t * h for t, h in shapes)
+        props = torch.cuda.get_device_properties(ctx.device)
+        sms = voted_gather(ctx, "SM count", lambda: own_sms(props.multi_processor_count, ctx.emulation))
+        default_blocks = inspect.signature(comm.PcieIpcAllReduceWorkspace).parameters["max_blocks"].default
+        max_blocks, max_blocks_reason = pcie_max_blocks(default_blocks, sms, props.max_threads_per_multi_processor,
+                                                        ctx.emulation is not None)
         # The constructor validates jointly on every rank and raises on all of them together.
         self._workspace = comm.PcieIpcAllReduceWorkspace(
-            group=ctx.control_group, max_numel=max_numel, dtype=dtype, tune_batches=batches, tune_cache=cache)
+            group=ctx.control_group, max_numel=max_numel, dtype=dtype, max_blocks=max_blocks, tune_batches=batches,
+            tune_cache=cache)
         # tune() returns {(hidden, batch): config} for what it measured; what it saved is in the file.
         measured: dict[tuple[int, int], Any] = {}
         failures: list[str] = []
@@ -510,6 +535,7 @@ class PcieIpcAllreduce(_FlashInferBase):
             for shape, config in resolved.items()}
         self._tuning = {"tuned": self.tune, "tune_cache": cache, "tune_batches": list(batches),
                         "tune_hiddens": list(hiddens), "max_numel": max_numel,
+                        "max_blocks": max_blocks, "max_blocks_reason": max_blocks_reason,
                         "profile": self._workspace.profile,
                         "tune_result": {f"{batch}x{hidden}": describe_config(config)
                                         for (hidden, batch), config in sorted(measured.items())},

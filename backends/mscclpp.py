@@ -33,6 +33,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -46,6 +47,7 @@ from commbench.policy import multicast_policy_reason
 if TYPE_CHECKING:
     from commbench.sweep.context import RunContext
 
+BOOTSTRAP_DOC = "docs/mscclpp.md, 'SIGSEGV in MSCCL++'s TCP bootstrap'"
 BUILD_HINT = "mscclpp not installed: build it from a checkout with scripts/build-mscclpp.sh (docs/mscclpp.md)"
 DISABLE_NVLS_ENV = "MSCCLPP_FORCE_DISABLE_NVLS"
 SCRATCH_BYTES = 1 << 27          # scratch for the packet algorithms, as SGLang sizes it
@@ -114,8 +116,27 @@ def last_python_frame(stderr: str) -> str | None:
     return frames[0].replace("File ", "", 1)
 
 
-def describe_bootstrap_failure(returncode: int, stdout: str, stderr: str) -> str | None:
-    """The child's outcome as a reason, or None when the bootstrap worked."""
+def links_shared_libstdcxx(library: Path) -> bool | None:
+    """Whether a shared library needs libstdc++.so (ldd's list); None when ldd cannot say."""
+    try:
+        done = subprocess.run(["ldd", str(library)], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return "libstdc++" in done.stdout if done.returncode == 0 else None
+
+
+def static_runtime_libraries() -> list[str]:
+    """The installed package's libmscclpp*.so that carry a C++ runtime of their own."""
+    spec = importlib.util.find_spec("mscclpp")
+    folders = list(spec.submodule_search_locations or []) if spec else []
+    found = sorted({lib for folder in folders for lib in Path(folder, "lib").glob("libmscclpp*.so")})
+    return [lib.name for lib in found if links_shared_libstdcxx(lib) is False]
+
+
+def describe_bootstrap_failure(returncode: int, stdout: str, stderr: str,
+                               static_runtime: list[str] | None = None) -> str | None:
+    """The child's outcome as a reason, or None when the bootstrap worked. static_runtime: the
+    package's libraries that link libstdc++ statically (the known cause of a SIGSEGV here)."""
     reached = (stdout.strip().splitlines() or ["nothing"])[-1]
     if returncode == 0 and reached == "create_unique_id ok":
         return None
@@ -126,9 +147,13 @@ def describe_bootstrap_failure(returncode: int, stdout: str, stderr: str) -> str
         how = f"failed: {lines[-1].strip() if lines else f'exit status {returncode}'}"
     frame = last_python_frame(stderr)
     where = f" at {frame}" if frame else ""
-    return (f"MSCCL++'s TCP bootstrap {how}{where} after '{reached}' "
-            "(one process: CppTcpBootstrap.create(0, 1).create_unique_id()); needs an MSCCL++ build whose "
-            "bootstrap runs on this machine (docs/mscclpp.md, 'Known problem')")
+    head = (f"MSCCL++'s TCP bootstrap {how}{where} after '{reached}' "
+            "(one process: CppTcpBootstrap.create(0, 1).create_unique_id()); ")
+    if static_runtime:
+        return head + (f"{', '.join(static_runtime)} link libstdc++ statically, and a second C++ runtime beside "
+                       "torch's breaks C++ streams: rebuild with scripts/build-mscclpp.sh, or preload the shared "
+                       f"libstdc++ (LD_PRELOAD) ({BOOTSTRAP_DOC})")
+    return head + f"needs an MSCCL++ build whose bootstrap runs on this machine ({BOOTSTRAP_DOC})"
 
 
 @functools.lru_cache(maxsize=None)
@@ -141,7 +166,8 @@ def bootstrap_reason() -> str | None:
     except subprocess.TimeoutExpired:
         return (f"MSCCL++'s TCP bootstrap did not finish within {BOOTSTRAP_TIMEOUT_S} s "
                 "(one process: CppTcpBootstrap.create(0, 1).create_unique_id())")
-    return describe_bootstrap_failure(done.returncode, done.stdout, done.stderr)
+    static = static_runtime_libraries() if done.returncode < 0 else None
+    return describe_bootstrap_failure(done.returncode, done.stdout, done.stderr, static)
 
 
 def engine_settings(name: str) -> engines.Settings:
@@ -161,6 +187,7 @@ class MscclppAllreduce(Backend):
         self._scratch: Any = None
         self._algorithms: dict[str, Any] = {}
         self._dtype: Any = None
+        self._accum_dtype: Any = None
         self._last_algorithm: str | None = None
 
     @property
@@ -178,6 +205,9 @@ class MscclppAllreduce(Backend):
         mscclpp = import_mscclpp(ctx.multicast_reason is None)
         self._mscclpp = mscclpp
         self._dtype = getattr(mscclpp.DataType, MSCCLPP_DTYPES[dtype])
+        # Algorithm.execute (0.9.0) hands int(accum_dtype) to C++, defaulting it to dtype; an enum
+        # of a nanobind 2+ build refuses int() (TypeError), its value does not.
+        self._accum_dtype = enum_number(self._dtype)
         if self._comm is None:
             # CommGroup bootstraps over TCP and broadcasts its id as a CPU tensor: the gloo group.
             self._comm = mscclpp.CommGroup(torch_group=ctx.control_group)
@@ -210,8 +240,9 @@ class MscclppAllreduce(Backend):
         name = self._pick(nbytes)
         result = self._algorithms[name].execute(
             self._comm.communicator, x.data_ptr(), out.data_ptr(), nbytes, nbytes, self._dtype,
-            op=self._mscclpp.ReduceOp.SUM, stream=torch.cuda.current_stream().cuda_stream)
-        if int(result) != 0:
+            op=self._mscclpp.ReduceOp.SUM, stream=torch.cuda.current_stream().cuda_stream,
+            accum_dtype=self._accum_dtype)
+        if enum_number(result) != 0:    # CommResult (or a plain int in older builds); 0 is success
             raise RuntimeError(f"MSCCL++ {name} returned {result}")
         self._last_algorithm = name
 
@@ -223,6 +254,12 @@ class MscclppAllreduce(Backend):
         self._algorithms = {}
         self._comm = None
         self._scratch = None
+
+
+def enum_number(value: Any) -> int:
+    """The number of an MSCCL++ enum member: nanobind 2+ makes enums Python Enums, which refuse
+    int() (MSCCL++ pins nanobind 1.9, whose enums take it); plain ints pass through."""
+    return int(getattr(value, "value", value))
 
 
 def shim_preloaded(path: str) -> bool:

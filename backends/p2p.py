@@ -83,7 +83,7 @@ import torch
 from commbench import engines
 from commbench.backends.base import (ALL_DTYPES, Backend, BackendFactory, BackendTimeout, BackendUnavailable, voted,
                                      voted_gather)
-from commbench.sweep.context import MPS_PERCENT_VAR, Emulation
+from commbench.sweep.context import MPS_PERCENT_VAR, Emulation, competes_for_sms, own_sms
 from commbench.errors import UsageError
 from commbench.sweep.timing import capture_graph, per_step_us
 from commbench.units import format_bytes, parse_bytes
@@ -331,15 +331,6 @@ class GridCapacity:
                 f"each MPS client a larger SM share ({MPS_PERCENT_VAR})")
 
 
-def competes_for_sms(emulation: Emulation | None) -> bool:
-    """Whether ranks run concurrently on one GPU (MPS, or an unknown answer) without SM shares that
-    give each its own SMs, so that one rank's blocks can take the SMs another rank's blocks need."""
-    if emulation is None or emulation.mps is False:
-        return False
-    share = emulation.sm_percent
-    return share is None or share * emulation.ranks_per_gpu > 100
-
-
 def pdl_reason(enabled: bool, import_error: str | None, capability: tuple[int, int],
                emulation: Emulation | None) -> str | None:
     """Why this rank cannot launch with PDL; None when it can. import_error: why cuda-python's
@@ -368,21 +359,12 @@ def agreed_pdl_reason(reasons: list[str | None]) -> str | None:
 
 
 def grid_capacity(blocks_per_sm: int, sm_count: int, emulation: Emulation | None) -> GridCapacity:
-    """The blocks one rank may launch so that every rank's blocks are resident at once.
-
-    sm_count is what CUDA reports to this process: under MPS with an SM share it is already the
-    client's share (14 of an H200's 132 SMs at 12%). One GPU per rank, or ranks taking turns on
-    a shared GPU (time slicing preempts a spinning rank, and while a rank runs the GPU is its
-    own): the whole GPU. Ranks running concurrently under MPS with shares that add up to at
-    most the GPU: the client's own SMs. Any other concurrent sharing (no share, shares that
-    overlap, an unknown MPS answer): one block per SM of a fair split of the GPU, because eight
-    ranks under MPS with no share deadlocked with two blocks per SM where the occupancy API
-    allowed them (blocks of different clients did not fill an SM together)."""
-    if not competes_for_sms(emulation):
-        return GridCapacity(blocks_per_sm, sm_count)
-    share, ranks = emulation.sm_percent, emulation.ranks_per_gpu
-    whole_gpu = sm_count if share is None else int(sm_count * 100 / share)
-    return GridCapacity(1, min(sm_count, whole_gpu // ranks))
+    """The blocks one rank may launch so that every rank's blocks are resident at once: the
+    occupancy on the SMs the rank may count on (sweep.context.own_sms), or one block per SM where
+    ranks compete for SMs, because eight ranks under MPS with no share deadlocked with two blocks
+    per SM where the occupancy API allowed them (blocks of different clients did not fill an SM
+    together)."""
+    return GridCapacity(1 if competes_for_sms(emulation) else blocks_per_sm, own_sms(sm_count, emulation))
 
 
 def _work_units(algorithm: str, units: int, nranks: int) -> int:

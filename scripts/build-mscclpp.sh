@@ -18,7 +18,8 @@
 # Other settings: MSCCLPP_GPU_ARCHS (90), MSCCLPP_BUILD_TYPE (Release), MSCCLPP_USE_IB (OFF),
 # MSCCLPP_STEPS (shim,wheel), MSCCLPP_JOBS (nproc), MSCCLPP_OFFLINE (auto|1|0),
 # MSCCLPP_CMAKE_ARGS (extra CMake arguments for both builds), MSCCLPP_INSTALL (0|1),
-# MSCCLPP_VERBOSE (0|1), PYTHON (python3), CUDACXX or CUDA_HOME (to find nvcc).
+# MSCCLPP_VERBOSE (0|1), PYTHON (python3), CUDACXX or CUDA_HOME (to find nvcc), MSCCLPP_CXX (the C++
+# compiler; CXX, else c++, else one on PATH: it must link the shared libstdc++, docs/mscclpp.md).
 # Exit status: 0 built, 1 a step failed (its log is named), 2 bad usage or a missing prerequisite.
 set -euo pipefail
 
@@ -84,6 +85,50 @@ if [ -z "$NVCC" ] || ! [ -x "$NVCC" ]; then
 else
   NVCC_VERSION=$("$NVCC" --version 2>/dev/null | sed -n 's/.*release \([0-9.]*\).*/\1/p' | head -n1)
   say "   nvcc $NVCC_VERSION ($NVCC)"
+fi
+
+# The C++ compiler must link the shared libstdc++. A library carrying a copy of its own (a
+# compiler set up to link it statically) breaks C++ streams in a process that also has the
+# shared one, as torch and CuPy do: MSCCL++'s TCP bootstrap then dies with SIGSEGV reading a
+# number from /proc (docs/mscclpp.md). CMake and nvcc take CXX and CUDAHOSTCXX; both get the
+# compiler chosen here (MSCCLPP_CXX, else CXX, else c++), or another one on PATH that passes.
+links_shared_cxx() {  # COMPILER: does a shared library it links need libstdc++.so?
+  local dir ok=1
+  dir=$(mktemp -d)
+  printf '#include <sstream>\nint parse() { std::istringstream s("60"); int i = 0; s >> i; return i; }\n' >"$dir/t.cc"
+  if "$1" -shared -fPIC -o "$dir/t.so" "$dir/t.cc" >/dev/null 2>&1 && LC_ALL=C ldd "$dir/t.so" 2>/dev/null | grep -q 'libstdc++'; then
+    ok=0
+  fi
+  rm -rf "$dir"
+  return $ok
+}
+CXX_ASKED=${MSCCLPP_CXX:-${CXX:-$(command -v c++ 2>/dev/null || command -v g++ 2>/dev/null || true)}}
+CXX_USED=""
+if [ -z "$CXX_ASKED" ] || ! command -v "$CXX_ASKED" >/dev/null 2>&1; then
+  miss "C++ compiler: ${CXX_ASKED:-none} not found (set CXX or MSCCLPP_CXX)"
+elif links_shared_cxx "$CXX_ASKED"; then
+  CXX_USED=$CXX_ASKED
+elif [ -z "${MSCCLPP_CXX:-}" ]; then
+  for c in g++ c++ /usr/bin/g++ /usr/bin/c++; do
+    alt=$(command -v "$c" 2>/dev/null || true)
+    if [ -n "$alt" ] && [ "$(realpath "$alt")" != "$(realpath "$(command -v "$CXX_ASKED")")" ] && links_shared_cxx "$alt"; then
+      CXX_USED=$alt
+      notes+=("C++ compiler: $CXX_ASKED links libstdc++ statically; building with $alt, which links the shared one (MSCCLPP_CXX chooses)")
+      break
+    fi
+  done
+fi
+if [ -n "$CXX_ASKED" ] && [ -z "$CXX_USED" ] && command -v "$CXX_ASKED" >/dev/null 2>&1; then
+  why="C++ compiler: $CXX_ASKED links libstdc++ statically (or cannot link a shared library)"
+  if [ -n "${MSCCLPP_CXX:-}" ]; then
+    miss "$why: set MSCCLPP_CXX to one that links the shared libstdc++"
+  else
+    miss "$why, and no other on PATH links the shared one: set MSCCLPP_CXX to one that does"
+  fi
+fi
+if [ -n "$CXX_USED" ]; then
+  export CXX=$CXX_USED CUDAHOSTCXX=$CXX_USED
+  say "   C++ $("$CXX_USED" --version 2>/dev/null | head -n1) ($CXX_USED, shared libstdc++)"
 fi
 
 # CMake >= 3.25 and ninja.
@@ -256,6 +301,7 @@ say "   prerequisites: $(( $(now) - T0 )) s"
 LOGS=$OUT/logs
 mkdir -p "$LOGS"
 COMMON=(-G Ninja -DCMAKE_BUILD_TYPE="$BUILD_TYPE" -DCMAKE_CUDA_COMPILER="$NVCC"
+        -DCMAKE_CXX_COMPILER="$CXX_USED" -DCMAKE_CUDA_HOST_COMPILER="$CXX_USED"
         -DMSCCLPP_USE_CUDA=ON -DMSCCLPP_BYPASS_GPU_CHECK=ON -DMSCCLPP_USE_IB="$USE_IB"
         -DMSCCLPP_GPU_ARCHS="$ARCHS" -DMSCCLPP_BUILD_TESTS=OFF)
 
@@ -284,6 +330,16 @@ step() {  # NUMBER TITLE LOG CMD...
   say "   done in $(( $(now) - t )) s (log: $log)"
 }
 
+shared_runtime_or_fail() {  # BUILD_DIR: the libmscclpp.so built there must need libstdc++.so
+  local lib
+  lib=$(find "$1" -name 'libmscclpp.so*' -type f -print -quit)
+  [ -n "$lib" ] || { say "   no libmscclpp.so under $1"; exit 1; }
+  if ! LC_ALL=C ldd "$lib" 2>/dev/null | grep -q 'libstdc++'; then
+    say "   FAILED: $lib carries its own C++ runtime (it does not link libstdc++.so.6): it would crash"
+    say "   in C++ streams beside torch or CuPy. Build with a compiler that links the shared one (MSCCLPP_CXX)."
+    exit 1
+  fi
+}
 SHIM_LIB="" WHEEL=""
 n=2
 if want shim; then
@@ -302,6 +358,7 @@ if want shim; then
   n=$((n + 1))
   SHIM_LIB=$(ls "$B"/lib/lib${SHIM_TARGET}.so 2>/dev/null || find "$B" -name "lib${SHIM_TARGET}.so" -print -quit)
   [ -n "$SHIM_LIB" ] || { say "   no lib${SHIM_TARGET}.so under $B"; exit 1; }
+  shared_runtime_or_fail "$B"
   unresolved=$(ldd "$SHIM_LIB" 2>/dev/null | awk '/not found/ {print $1}' | tr '\n' ' ' || true)
   [ -z "$unresolved" ] || say "   note: $SHIM_LIB: unresolved here: $unresolved(libcuda.so.1 comes with the driver)"
 fi
@@ -317,7 +374,7 @@ if want wheel; then
   # scikit-build-core runs CMake itself; the same settings go in as cmake.define, extra
   # arguments through CMAKE_ARGS, which scikit-build-core reads.
   CS=(-C "build-dir=$OUT/build/wheel" -C "cmake.build-type=$BUILD_TYPE")
-  for d in "CMAKE_CUDA_COMPILER=$NVCC" MSCCLPP_USE_CUDA=ON MSCCLPP_BYPASS_GPU_CHECK=ON \
+  for d in "CMAKE_CUDA_COMPILER=$NVCC" "CMAKE_CXX_COMPILER=$CXX_USED" "CMAKE_CUDA_HOST_COMPILER=$CXX_USED" MSCCLPP_USE_CUDA=ON MSCCLPP_BYPASS_GPU_CHECK=ON \
            "MSCCLPP_USE_IB=$USE_IB" "MSCCLPP_GPU_ARCHS=$ARCHS" MSCCLPP_BUILD_TESTS=OFF \
            MSCCLPP_BUILD_PYTHON_BINDINGS=ON ${FC_DEFINES[@]+"${FC_DEFINES[@]}"} ${NB_DEFINES[@]+"${NB_DEFINES[@]}"} \
            ${NUMA_ARGS[@]+"${NUMA_ARGS[@]#-D}"} ${IBV_ARGS[@]+"${IBV_ARGS[@]#-D}"}; do
@@ -332,6 +389,7 @@ if want wheel; then
   n=$((n + 1))
   WHEEL=$(ls "$OUT"/dist/mscclpp-*.whl 2>/dev/null | tail -n1 || true)
   [ -n "$WHEEL" ] || { say "   no mscclpp-*.whl in $OUT/dist"; exit 1; }
+  shared_runtime_or_fail "$OUT/build/wheel"
   libs=$("$PY" -c 'import sys, zipfile; n = zipfile.ZipFile(sys.argv[1]).namelist()
 print(", ".join(sorted(x for x in n if x.endswith(".so") or ".so." in x)) or "no shared libraries")' "$WHEEL")
   say "   wheel holds: $libs"

@@ -119,7 +119,9 @@ for n in ${ranks//,/ }; do
   fi
   if wants pcie; then
     pcie_sizes=(-b 8K -e 8M -f 4)
-    sweep "$out/world$n/pcie" "${world[@]}" "${pcie_sizes[@]}" --backends flashinfer:pcie_ipc,p2p:auto
+    # Tuning at 2 ranks takes under a minute; a tune that hangs costs 300 s, not the default 900.
+    sweep "$out/world$n/pcie" "${world[@]}" "${pcie_sizes[@]}" --backends flashinfer:pcie_ipc,p2p:auto \
+      --setup-timeout 300
     sweep "$out/world$n/pcie-seed" "${world[@]}" "${pcie_sizes[@]}" --backends flashinfer:pcie_ipc \
       --flashinfer-pcie-tune seed
   fi

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 import sys
 from types import SimpleNamespace
 
@@ -133,13 +135,52 @@ def test_mscclpp_whose_bootstrap_dies_is_skipped_with_the_signal(tmp_path, monke
     assert reason.startswith("MSCCL++'s TCP bootstrap died with SIGSEGV at ")
     assert "_mscclpp.py\", line 8 in create_unique_id after 'created'" in reason
     assert reason.endswith("needs an MSCCL++ build whose bootstrap runs on this machine "
-                           "(docs/mscclpp.md, 'Known problem')")
+                           "(docs/mscclpp.md, 'SIGSEGV in MSCCL++'s TCP bootstrap')")
 
 
 def test_mscclpp_bootstrap_outcomes():
     assert mp_backend.describe_bootstrap_failure(0, "imported\ncreated\ncreate_unique_id ok\n", "") is None
     failed = mp_backend.describe_bootstrap_failure(1, "imported\n", "Traceback...\nmscclpp._mscclpp.Error: no iface\n")
     assert failed.startswith("MSCCL++'s TCP bootstrap failed: mscclpp._mscclpp.Error: no iface after 'imported'")
+
+
+def test_mscclpp_bootstrap_that_dies_beside_a_static_cxx_runtime_says_so():
+    died = mp_backend.describe_bootstrap_failure(-11, "imported\ncreated\n", "", ["libmscclpp.so"])
+    assert died == ("MSCCL++'s TCP bootstrap died with SIGSEGV after 'created' (one process: "
+                    "CppTcpBootstrap.create(0, 1).create_unique_id()); libmscclpp.so link libstdc++ statically, "
+                    "and a second C++ runtime beside torch's breaks C++ streams: rebuild with "
+                    "scripts/build-mscclpp.sh, or preload the shared libstdc++ (LD_PRELOAD) "
+                    "(docs/mscclpp.md, 'SIGSEGV in MSCCL++'s TCP bootstrap')")
+
+
+@pytest.mark.skipif(shutil.which("g++") is None or shutil.which("ldd") is None, reason="needs g++ and ldd")
+def test_mscclpp_libraries_that_carry_their_own_cxx_runtime_are_found(tmp_path, monkeypatch):
+    lib = tmp_path / "mscclpp" / "lib"
+    lib.mkdir(parents=True)
+    (tmp_path / "mscclpp" / "__init__.py").write_text("")
+    source = tmp_path / "s.cc"
+    source.write_text('#include <sstream>\nint parse() { std::istringstream s("60"); int i = 0; s >> i; return i; }\n')
+    for name, flags in (("libmscclpp.so", ["-static-libstdc++"]), ("libmscclpp_collectives.so", [])):
+        subprocess.run(["g++", "-shared", "-fPIC", *flags, "-o", str(lib / name), str(source)], check=True)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "mscclpp", raising=False)
+    assert mp_backend.static_runtime_libraries() == ["libmscclpp.so"]
+    assert mp_backend.links_shared_libstdcxx(tmp_path / "nothing.so") is None
+
+
+def test_mscclpp_enums_of_any_nanobind_become_numbers():
+    import enum
+
+    class CommResult(enum.Enum):        # what a nanobind 2+ build makes: int() refuses it
+        SUCCESS = 0
+        INVALID_USAGE = 3
+
+    with pytest.raises(TypeError):
+        int(CommResult.SUCCESS)
+    assert mp_backend.enum_number(CommResult.SUCCESS) == 0
+    assert mp_backend.enum_number(CommResult.INVALID_USAGE) == 3
+    assert mp_backend.enum_number(enum.IntEnum("DataType", {"bfloat16": 5}).bfloat16) == 5
+    assert mp_backend.enum_number(0) == 0
 
 
 def test_mscclpp_auto_rule_follows_the_shim_selector():
@@ -226,6 +267,21 @@ def test_pcie_ipc_records_the_launch_configuration_it_ran():
     assert observed == {"pcie_ipc_config": "STAGED_RING blocks=4 threads=512",
                         "pcie_ipc_seed": "UNSTAGED blocks=16 threads=128", "pcie_ipc_shape": [2, 7168]}
     assert "not in the tuned plan" in backend.observe(lambda: None, 4 * 7168 * 2)["extra"]["pcie_ipc_config"]
+
+
+def test_pcie_ipc_caps_its_grid_where_ranks_share_a_gpu():
+    # A GPU of one's own keeps FlashInfer's default, whatever its SM count.
+    assert fi.pcie_max_blocks(128, [132, 132], 2048, shares_gpu=False) == (128, None)
+    assert fi.pcie_max_blocks(128, [46, 46], 2048, shares_gpu=False) == (128, None)
+    # Two ranks under MPS: 66 SMs each hold two 1024-thread blocks apiece, more than 128.
+    assert fi.pcie_max_blocks(128, [66, 66], 2048, shares_gpu=True) == (128, None)
+    # Four and eight: the smallest rank's part decides, for every rank alike.
+    blocks, reason = fi.pcie_max_blocks(128, [33, 32, 33, 33], 2048, shares_gpu=True)
+    assert blocks == 64
+    assert reason == ("ranks share a GPU: 64 blocks of 1024 threads fit on the 32 SMs a rank may count on "
+                      "(FlashInfer's default is 128)")
+    assert fi.pcie_max_blocks(128, [14] * 8, 2048, shares_gpu=True)[0] == 28
+    assert fi.pcie_max_blocks(128, [14] * 8, 1024, shares_gpu=True)[0] == 14   # one such block per SM
 
 
 def test_pcie_ipc_tune_option_and_cache_path(tmp_path):

@@ -73,6 +73,20 @@ def test_the_probed_machines_software_answers_for_its_snapshot(hgx):
     assert verdicts.software_record([variant("gloo")]) == {"gloo": None}
 
 
+def test_the_sweeps_verdicts_take_the_software_answer_of_its_own_variants(hgx, tmp_path):
+    # The snapshot's record comes from variants built without the run's options; a sweep given
+    # --mscclpp-nccl-lib must not be told by it that the shim needs that flag.
+    library = tmp_path / "libmscclpp_nccl.so"
+    library.write_bytes(b"\x7fELF")
+    (shim,) = backends.factory("mscclpp").make("shim", {"mscclpp_nccl_lib": str(library)})
+    recorded = {**hgx, "backend_software": verdicts.software_record(backends.probe_variants())}
+    assert "--mscclpp-nccl-lib" in verdicts.reason_for(shim, recorded, 8, False)
+    assert verdicts.run_verdicts([shim], recorded, 8, False) == {"mscclpp:shim": None}
+    (missing,) = backends.factory("mscclpp").make("shim", {"mscclpp_nccl_lib": str(tmp_path / "gone.so")})
+    assert verdicts.run_verdicts([missing], recorded, 8, False) == {
+        "mscclpp:shim": f"--mscclpp-nccl-lib {tmp_path / 'gone.so'}: no such file"}
+
+
 def test_no_gpu_snapshot_skips_every_gpu_backend(hgx):
     empty = {**hgx, "gpus": [], "p2p": [], "participants": []}
     verdicts = backend_verdicts(empty, 2, allow_multicast=True)

@@ -37,6 +37,15 @@ def software_record(variants: list["Backend"]) -> dict[str, str | None]:
     return {b.name: b.software_reason() for b in variants}
 
 
+def run_verdicts(variants: list["Backend"], snapshot: dict[str, Any], world_size: int,
+                 allow_multicast: bool) -> dict[str, str | None]:
+    """The sweep's verdicts for its own variants: as backend_verdicts, but with the software
+    answer each variant gives with the run's options (the snapshot's record was taken from
+    variants with none, e.g. mscclpp:shim without --mscclpp-nccl-lib)."""
+    return backend_verdicts({**snapshot, "backend_software": software_record(variants)}, world_size,
+                            allow_multicast, variants)
+
+
 def backend_verdicts(snapshot: dict[str, Any], world_size: int, allow_multicast: bool,
                      variants: list["Backend"] | None = None) -> dict[str, str | None]:
     """Variant name -> reason it cannot run (None: it can), for every registered variant."""

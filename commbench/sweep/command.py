@@ -202,7 +202,7 @@ def _probe(ctx: RunContext, args: argparse.Namespace, variants: list) -> list[st
         return ["probe skipped (--no-probe)"]
     try:
         from commbench.topology.snapshot import take_snapshot
-        from commbench.topology.verdicts import reason_for
+        from commbench.topology.verdicts import run_verdicts
     except ImportError as exc:
         return [f"probe unavailable: {exc}"]
     notes: list[str] = []
@@ -213,7 +213,7 @@ def _probe(ctx: RunContext, args: argparse.Namespace, variants: list) -> list[st
         notes.append(f"probe failed on rank {ctx.rank}: {exc}")
     # Rank 0 holds the merged snapshot; every rank decides skips from the same verdicts.
     if ctx.rank == 0 and "error" not in snapshot:
-        verdicts = {b.name: reason_for(b, snapshot, ctx.world_size, args.allow_multicast) for b in variants}
+        verdicts = run_verdicts(variants, snapshot, ctx.world_size, args.allow_multicast)
     else:
         verdicts = {}
     ctx.snapshot, ctx.verdicts = ctx.broadcast_object((snapshot, verdicts) if ctx.rank == 0 else None)

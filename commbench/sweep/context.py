@@ -49,6 +49,32 @@ class Emulation:
         return describe_emulation(self.to_dict())
 
 
+def competes_for_sms(emulation: Emulation | None) -> bool:
+    """Whether ranks run concurrently on one GPU (MPS, or an unknown answer) without SM shares that
+    give each its own SMs, so that one rank's blocks can take the SMs another rank's blocks need."""
+    if emulation is None or emulation.mps is False:
+        return False
+    share = emulation.sm_percent
+    return share is None or share * emulation.ranks_per_gpu > 100
+
+
+def own_sms(sm_count: int, emulation: Emulation | None) -> int:
+    """The SMs one rank's blocks may count on while every rank's blocks are resident, for kernels
+    whose blocks wait for their peers' (with no timeout, a block that finds no SM hangs them all).
+
+    sm_count is what CUDA reports to this process: under MPS with an SM share it is already the
+    client's share (14 of an H200's 132 SMs at 12%). One GPU per rank, or ranks taking turns on
+    a shared GPU (time slicing preempts a spinning rank, and while a rank runs the GPU is its
+    own): the whole GPU. Ranks running concurrently under MPS with shares that add up to at most
+    the GPU: the client's own SMs. Any other concurrent sharing (no share, shares that overlap,
+    an unknown MPS answer): a fair split of the GPU."""
+    if emulation is None or not competes_for_sms(emulation):
+        return sm_count
+    share, ranks = emulation.sm_percent, emulation.ranks_per_gpu
+    whole_gpu = sm_count if share is None else int(sm_count * 100 / share)
+    return min(sm_count, whole_gpu // ranks)
+
+
 def mps_sm_percent() -> float | None:
     """This process's MPS SM share, when CUDA_MPS_ACTIVE_THREAD_PERCENTAGE is a number."""
     try:

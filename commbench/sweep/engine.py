@@ -157,7 +157,7 @@ class Engine:
             self.recorder.leave(ENDED)
             self.record_stop(stop, template)
 
-        with Watchdog(timeout_s, what, on_stop, peers):
+        with Watchdog(timeout_s, what, on_stop, peers, who=f"rank {self.ctx.rank}"):
             yield
 
     def record_stop(self, stop: Stop, template: dict[str, Any]) -> None:

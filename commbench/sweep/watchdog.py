@@ -9,6 +9,8 @@ without that backend.
 
 It looks at the peers only once a region has lasted POLL_AFTER_S, once a second: a short row
 never shares the GIL with it, and a long one loses a few hundred microseconds per second.
+A region that runs out of time is named with where its thread was (the innermost WHERE_FRAMES
+Python frames), so a hang inside a library says which of its steps never returned.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import os
 import sys
 import threading
 import time
+from pathlib import Path
+from types import FrameType
 from typing import Callable
 
 from commbench.errors import STOP_EXIT
@@ -28,12 +32,24 @@ POLL_S = 1.0
 # own bounded wait (p2p gives up on a missing peer after --p2p-timeout-ms, 5 s by default), so
 # that such peers come to the vote and the row is an error without ending the processes.
 PEER_WAIT_S = 10.0
+WHERE_FRAMES = 3
+
+
+def where(frame: FrameType | None, depth: int = WHERE_FRAMES) -> str | None:
+    """The innermost `depth` Python frames from `frame` outwards, written as a crash's frame is
+    (inflight.Record.fault_frame): "tuning.py:748 in get_valid_tactics <- autotuner.py:3083 in ..."."""
+    parts = []
+    while frame is not None and len(parts) < depth:
+        parts.append(f"{Path(frame.f_code.co_filename).name}:{frame.f_lineno} in {frame.f_code.co_name}")
+        frame = frame.f_back
+    return " <- ".join(parts) or None
 
 
 class Watchdog:
     def __init__(self, timeout_s: float, what: str, on_stop: Callable[[Stop, bool], None],
-                 peers: Callable[[], Stop | None] | None = None):
+                 peers: Callable[[], Stop | None] | None = None, who: str = "this rank"):
         self.timeout_s = timeout_s
+        self.who = who           # names the region's process in a hang's reason ("rank 0")
         self.what = what
         self.on_stop = on_stop   # (stop, this rank's own time limit passed)
         self.peers = peers or (lambda: None)
@@ -41,6 +57,7 @@ class Watchdog:
         self._lock = threading.Lock()   # a region ends either normally or by the watchdog, never both
         self._finished = False
         self._thread: threading.Thread | None = None
+        self._watched: int | None = None    # the thread that runs the region
 
     def _watch(self) -> None:
         start = time.monotonic()
@@ -57,8 +74,12 @@ class Watchdog:
                     self._fire(stop, timed_out=False)
                     return
         stop = self.peers()
-        self._fire(stop or Stop(HANG, f"no progress within {self.timeout_s:g} s during {self.what}"),
-                   timed_out=stop is None)
+        self._fire(stop or Stop(HANG, self._hang_reason()), timed_out=stop is None)
+
+    def _hang_reason(self) -> str:
+        reason = f"no progress within {self.timeout_s:g} s during {self.what}"
+        stuck = where(sys._current_frames().get(self._watched)) if self._watched is not None else None
+        return reason if stuck is None else f"{reason}; {self.who} was in {stuck}"
 
     def _fire(self, stop: Stop, timed_out: bool) -> None:
         with self._lock:
@@ -75,6 +96,7 @@ class Watchdog:
                 os._exit(STOP_EXIT)
 
     def __enter__(self) -> "Watchdog":
+        self._watched = threading.get_ident()
         self._thread = threading.Thread(target=self._watch, name="commbench-watchdog", daemon=True)
         self._thread.start()
         return self
