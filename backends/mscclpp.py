@@ -116,13 +116,24 @@ def last_python_frame(stderr: str) -> str | None:
     return frames[0].replace("File ", "", 1)
 
 
-def links_shared_libstdcxx(library: Path) -> bool | None:
-    """Whether a shared library needs libstdc++.so (ldd's list); None when ldd cannot say."""
+def _ldd(library: Path | str) -> str | None:
+    """ldd's list of what the loader maps for a shared library; None when ldd cannot say."""
     try:
         done = subprocess.run(["ldd", str(library)], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    return "libstdc++" in done.stdout if done.returncode == 0 else None
+    return done.stdout if done.returncode == 0 else None
+
+
+def links_shared_libstdcxx(library: Path) -> bool | None:
+    """Whether a shared library needs libstdc++.so; None when ldd cannot say."""
+    listing = _ldd(library)
+    return None if listing is None else "libstdc++" in listing
+
+
+def unresolved_libraries(library: str) -> list[str]:
+    """What the loader would not find for a shared library (ldd's "not found"); [] when unknown."""
+    return [line.split()[0] for line in (_ldd(library) or "").splitlines() if "not found" in line]
 
 
 def static_runtime_libraries() -> list[str]:
@@ -286,8 +297,9 @@ class MscclppShim(ProcessGroupBackend):
         self.library = library
 
     def process_env(self, allow_multicast: bool) -> dict[str, str] | None:
-        """Environment of the child torchrun that loads the shim in place of NCCL."""
-        if not self.library:
+        """Environment of the child torchrun that loads the shim in place of NCCL; None when the
+        library cannot be preloaded (the rows then give software_reason's words)."""
+        if not self.library or self.software_reason() is not None:
             return None
         env = {"LD_PRELOAD": os.path.realpath(self.library)}
         if multicast_policy_reason(allow_multicast):
@@ -299,6 +311,11 @@ class MscclppShim(ProcessGroupBackend):
             return "needs the MSCCL++ NCCL shim: pass --mscclpp-nccl-lib PATH (build/lib/libmscclpp_nccl.so)"
         if not os.path.isfile(self.library):
             return f"--mscclpp-nccl-lib {self.library}: no such file"
+        missing = unresolved_libraries(self.library)
+        if missing:
+            # A preload that fails stops python itself from starting: no row would say why.
+            return (f"--mscclpp-nccl-lib {self.library}: the loader finds no {', '.join(missing)} for it (use the "
+                    "shim from scripts/build-mscclpp.sh's shim step, whose RPATH finds its neighbours)")
         return None
 
     def check(self, ctx: "RunContext") -> str | None:

@@ -102,6 +102,7 @@ def test_mscclpp_shim_needs_a_library_path(tmp_path):
     shim = factory("mscclpp").make("shim", {"mscclpp_nccl_lib": str(missing)})[0]
     assert shim.software_reason() == f"--mscclpp-nccl-lib {missing}: no such file"
     assert shim.check(cpu_ctx()) == "needs CUDA GPUs; this run is on the CPU"
+    assert shim.process_env(allow_multicast=False) is None     # nothing to preload: no child of its own
     missing.write_bytes(b"")
     assert shim.process_env(allow_multicast=False) == {"LD_PRELOAD": str(missing.resolve()), "MSCCLPP_FORCE_DISABLE_NVLS": "1"}
     assert not mp_backend.shim_preloaded(str(missing))
@@ -181,6 +182,24 @@ def test_mscclpp_enums_of_any_nanobind_become_numbers():
     assert mp_backend.enum_number(CommResult.INVALID_USAGE) == 3
     assert mp_backend.enum_number(enum.IntEnum("DataType", {"bfloat16": 5}).bfloat16) == 5
     assert mp_backend.enum_number(0) == 0
+
+
+@pytest.mark.skipif(shutil.which("cc") is None or shutil.which("ldd") is None, reason="needs cc and ldd")
+def test_mscclpp_shim_whose_neighbours_the_loader_cannot_find_gets_no_child_of_its_own(tmp_path):
+    # The wheel's copy of the shim has no RPATH to libmscclpp*.so: preloaded, python would not start.
+    (tmp_path / "dep.c").write_text("int dep(void) { return 1; }\n")
+    (tmp_path / "shim.c").write_text("int dep(void);\nint ncclAllReduce(void) { return dep(); }\n")
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(tmp_path / "libmscclpp_collectives.so.0"), str(tmp_path / "dep.c"),
+                    "-Wl,-soname,libmscclpp_collectives.so.0"], check=True)
+    library = tmp_path / "libmscclpp_nccl.so"
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(library), str(tmp_path / "shim.c"),
+                    str(tmp_path / "libmscclpp_collectives.so.0")], check=True)
+    (tmp_path / "libmscclpp_collectives.so.0").unlink()
+    shim = factory("mscclpp").make("shim", {"mscclpp_nccl_lib": str(library)})[0]
+    assert shim.software_reason() == (f"--mscclpp-nccl-lib {library}: the loader finds no libmscclpp_collectives.so.0 "
+                                      "for it (use the shim from scripts/build-mscclpp.sh's shim step, whose RPATH "
+                                      "finds its neighbours)")
+    assert shim.process_env(allow_multicast=False) is None
 
 
 def test_mscclpp_auto_rule_follows_the_shim_selector():
