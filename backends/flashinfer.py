@@ -61,7 +61,6 @@ MNNVL_SM_MAJORS = (9, 10)
 PCIE_WORLD_SIZES = (2, 4, 8)    # pcie_ipc_ar._SUPPORTED_WORLD_SIZES
 PCIE_DTYPES = (torch.bfloat16, torch.float16)
 PCIE_PACK_BYTES = 16            # pcie_ipc_collectives._constants.PACK_BYTES
-PCIE_MAX_THREADS = 1024         # the largest block pcie_ipc_tuning.TUNE_THREADS tries
 PCIE_TUNE_DIR = "flashinfer-pcie-ipc"   # tune caches, inside the run dir
 PCIE_TUNE_OPTION = "flashinfer_pcie_tune"
 PDL_OPTION = "flashinfer_pdl"
@@ -334,18 +333,19 @@ def pcie_tune_plan(shapes: list[tuple[int, int]]) -> tuple[tuple[int, ...], tupl
     return tuple(sorted({h for _, h in shapes})), tuple(sorted({t for t, _ in shapes}))
 
 
-def pcie_max_blocks(default_blocks: int, sms_by_rank: list[int], threads_per_sm: int,
-                    shares_gpu: bool) -> tuple[int, str | None]:
+def pcie_max_blocks(default_blocks: int, sms_by_rank: list[int], shares_gpu: bool) -> tuple[int, str | None]:
     """The workspace's ``max_blocks`` and why it differs from FlashInfer's default (None: it does
     not). PCIe IPC's kernels wait for their peers' blocks with no timeout (block_barrier), so a
     grid should be resident at once; the default (128) fits a GPU of one's own. Ranks that share
     a GPU each count on part of its SMs (sms_by_rank, sweep.context.own_sms), so the grid is capped
-    at what the smallest part holds of the largest block the tuner tries (PCIE_MAX_THREADS)."""
-    blocks = min(sms_by_rank) * max(1, threads_per_sm // PCIE_MAX_THREADS)
-    if not shares_gpu or blocks >= default_blocks:
+    at one block per SM of the smallest part: the kernels are built with __launch_bounds__(1024, 1),
+    which promises one 1024-thread block per SM and no more (ptxas on 0.7.4's: 26 registers a
+    thread for the 2-rank kernels, 42-64 for the 4- and 8-rank ones, i.e. one such block per SM)."""
+    sms = min(sms_by_rank)
+    if not shares_gpu or sms >= default_blocks:
         return default_blocks, None
-    return blocks, (f"ranks share a GPU: {blocks} blocks of {PCIE_MAX_THREADS} threads fit on the {min(sms_by_rank)} "
-                    f"SMs a rank may count on (FlashInfer's default is {default_blocks})")
+    return sms, (f"ranks share a GPU: one block per SM a rank may count on ({sms}; FlashInfer's default is "
+                 f"{default_blocks}), so that every block of every rank is resident at once")
 
 
 PROFILE_FAILURE = "due to failure while profiling: "   # the autotuner's DEBUG line for a candidate that raised
@@ -512,11 +512,10 @@ class PcieIpcAllreduce(_FlashInferBase):
         # Sized to the largest shape: the epoch double buffer's halves sit world * max_numel
         # elements apart, and FlashInfer warns that an oversized workspace costs time.
         max_numel = max(t * h for t, h in shapes)
-        props = torch.cuda.get_device_properties(ctx.device)
-        sms = voted_gather(ctx, "SM count", lambda: own_sms(props.multi_processor_count, ctx.emulation))
+        sms = voted_gather(ctx, "SM count", lambda: own_sms(
+            torch.cuda.get_device_properties(ctx.device).multi_processor_count, ctx.emulation))
         default_blocks = inspect.signature(comm.PcieIpcAllReduceWorkspace).parameters["max_blocks"].default
-        max_blocks, max_blocks_reason = pcie_max_blocks(default_blocks, sms, props.max_threads_per_multi_processor,
-                                                        ctx.emulation is not None)
+        max_blocks, max_blocks_reason = pcie_max_blocks(default_blocks, sms, ctx.emulation is not None)
         # The constructor validates jointly on every rank and raises on all of them together.
         self._workspace = comm.PcieIpcAllReduceWorkspace(
             group=ctx.control_group, max_numel=max_numel, dtype=dtype, max_blocks=max_blocks, tune_batches=batches,

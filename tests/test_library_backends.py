@@ -290,17 +290,16 @@ def test_pcie_ipc_records_the_launch_configuration_it_ran():
 
 def test_pcie_ipc_caps_its_grid_where_ranks_share_a_gpu():
     # A GPU of one's own keeps FlashInfer's default, whatever its SM count.
-    assert fi.pcie_max_blocks(128, [132, 132], 2048, shares_gpu=False) == (128, None)
-    assert fi.pcie_max_blocks(128, [46, 46], 2048, shares_gpu=False) == (128, None)
-    # Two ranks under MPS: 66 SMs each hold two 1024-thread blocks apiece, more than 128.
-    assert fi.pcie_max_blocks(128, [66, 66], 2048, shares_gpu=True) == (128, None)
-    # Four and eight: the smallest rank's part decides, for every rank alike.
-    blocks, reason = fi.pcie_max_blocks(128, [33, 32, 33, 33], 2048, shares_gpu=True)
-    assert blocks == 64
-    assert reason == ("ranks share a GPU: 64 blocks of 1024 threads fit on the 32 SMs a rank may count on "
-                      "(FlashInfer's default is 128)")
-    assert fi.pcie_max_blocks(128, [14] * 8, 2048, shares_gpu=True)[0] == 28
-    assert fi.pcie_max_blocks(128, [14] * 8, 1024, shares_gpu=True)[0] == 14   # one such block per SM
+    assert fi.pcie_max_blocks(128, [132, 132], shares_gpu=False) == (128, None)
+    assert fi.pcie_max_blocks(128, [46, 46], shares_gpu=False) == (128, None)
+    # Ranks sharing a GPU: one block per SM of the smallest rank's part, for every rank alike.
+    blocks, reason = fi.pcie_max_blocks(128, [33, 32, 33, 33], shares_gpu=True)
+    assert blocks == 32
+    assert reason == ("ranks share a GPU: one block per SM a rank may count on (32; FlashInfer's default is 128), "
+                      "so that every block of every rank is resident at once")
+    assert fi.pcie_max_blocks(128, [66, 66], shares_gpu=True)[0] == 66
+    assert fi.pcie_max_blocks(128, [14] * 8, shares_gpu=True)[0] == 14
+    assert fi.pcie_max_blocks(128, [132], shares_gpu=True) == (128, None)   # a share as large as the default
 
 
 def test_pcie_ipc_tune_option_and_cache_path(tmp_path):
