@@ -301,7 +301,11 @@ class MscclppShim(ProcessGroupBackend):
         library cannot be preloaded (the rows then give software_reason's words)."""
         if not self.library or self.software_reason() is not None:
             return None
-        env = {"LD_PRELOAD": os.path.realpath(self.library)}
+        return self._preload_env(self.library, allow_multicast)
+
+    @staticmethod
+    def _preload_env(library: str, allow_multicast: bool) -> dict[str, str]:
+        env = {"LD_PRELOAD": os.path.realpath(library)}
         if multicast_policy_reason(allow_multicast):
             env[DISABLE_NVLS_ENV] = "1"
         return env
@@ -321,7 +325,8 @@ class MscclppShim(ProcessGroupBackend):
     def check(self, ctx: "RunContext") -> str | None:
         reason = super().check(ctx)
         if reason is None and not shim_preloaded(self.library):
-            env = " ".join(f"{k}={v}" for k, v in (self.process_env(ctx.allow_multicast) or {}).items())
+            # software_reason (in super().check) passed: the library is there and loads.
+            env = " ".join(f"{k}={v}" for k, v in self._preload_env(self.library, ctx.allow_multicast).items())
             return f"runs in a child torchrun with {env} (started by the sweep's driver)"
         return reason
 

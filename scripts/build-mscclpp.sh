@@ -92,11 +92,12 @@ fi
 # shared one, as torch and CuPy do: MSCCL++'s TCP bootstrap then dies with SIGSEGV reading a
 # number from /proc (docs/mscclpp.md). CMake and nvcc take CXX and CUDAHOSTCXX; both get the
 # compiler chosen here (MSCCLPP_CXX, else CXX, else c++), or another one on PATH that passes.
+needs_libstdcxx() { LC_ALL=C ldd "$1" 2>/dev/null | grep -q 'libstdc++'; }   # FILE: a shared library
 links_shared_cxx() {  # COMPILER: does a shared library it links need libstdc++.so?
   local dir ok=1
   dir=$(mktemp -d)
   printf '#include <sstream>\nint parse() { std::istringstream s("60"); int i = 0; s >> i; return i; }\n' >"$dir/t.cc"
-  if "$1" -shared -fPIC -o "$dir/t.so" "$dir/t.cc" >/dev/null 2>&1 && LC_ALL=C ldd "$dir/t.so" 2>/dev/null | grep -q 'libstdc++'; then
+  if "$1" -shared -fPIC -o "$dir/t.so" "$dir/t.cc" >/dev/null 2>&1 && needs_libstdcxx "$dir/t.so"; then
     ok=0
   fi
   rm -rf "$dir"
@@ -334,7 +335,7 @@ shared_runtime_or_fail() {  # BUILD_DIR: the libmscclpp.so built there must need
   local lib
   lib=$(find "$1" -name 'libmscclpp.so*' -type f -print -quit)
   [ -n "$lib" ] || { say "   no libmscclpp.so under $1"; exit 1; }
-  if ! LC_ALL=C ldd "$lib" 2>/dev/null | grep -q 'libstdc++'; then
+  if ! needs_libstdcxx "$lib"; then
     say "   FAILED: $lib carries its own C++ runtime (it does not link libstdc++.so.6): it would crash"
     say "   in C++ streams beside torch or CuPy. Build with a compiler that links the shared one (MSCCLPP_CXX)."
     exit 1
