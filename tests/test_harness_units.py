@@ -196,3 +196,6 @@ def test_driver_gives_a_preloaded_nccl_replacement_its_own_child(tmp_path) -> No
     assert env == {"LD_PRELOAD": str(library.resolve()), "MSCCLPP_FORCE_DISABLE_NVLS": "1"}
     assert args == ["-b", "4K", "--mscclpp-nccl-lib", str(library), "--backends", "mscclpp:shim"]
     assert len(runs) == 2
+    # Ranks that share a GPU: the shim needs one GPU per rank, so the first child's rows say why
+    # and no preloaded child is started to say it again.
+    assert child_runs(argv, [], variants, allow_multicast=False, shares_gpus=True) == runs[:1]

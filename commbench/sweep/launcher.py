@@ -115,11 +115,15 @@ def _kill(proc: subprocess.Popen, run_dir: Path) -> None:
 
 
 def child_runs(argv: list[str], env_settings: list[dict[str, str]], variants: list[Backend],
-               allow_multicast: bool) -> list[tuple[dict[str, str], list[str]]]:
+               allow_multicast: bool, shares_gpus: bool = False) -> list[tuple[dict[str, str], list[str]]]:
     """(environment, sweep arguments) of every child torchrun: one per --env setting, plus one
-    for each backend that needs a process of its own (e.g. a preloaded NCCL replacement)."""
+    for each backend that needs a process of its own (e.g. a preloaded NCCL replacement),
+    unless it needs one GPU per rank and the ranks share GPUs: the first child's rows already
+    say why it cannot run, and a child of its own would only say it again."""
     runs = [(setting, child_arguments(argv)) for setting in env_settings or [{}]]
     for backend in variants:
+        if shares_gpus and "own_gpu" in backend.needs:
+            continue
         env = backend.process_env(allow_multicast)
         if env:
             runs.append((env, child_arguments(argv, frozenset({"--backends"})) + ["--backends", backend.name]))
@@ -143,10 +147,12 @@ def drive(args: argparse.Namespace, env_settings: list[dict[str, str]], variants
     for line in inflight.recover(run_dir):   # what a run before this command left in flight
         print(f"# driver: {line}", flush=True)
     stops_before = _stop_count(run_dir)
+    import torch
+
+    # As each child's ranks will see it (init_context): more ranks than visible GPUs share them.
+    shares_gpus = bool(args.share_gpus) and torch.cuda.is_available() and args.nproc > torch.cuda.device_count()
     daemon = nullcontext(None)
     if args.mps:
-        import torch
-
         daemon = mps.private_daemon(run_dir / "mps-logs", mps.client_env(args.nproc, torch.cuda.device_count()))
     with daemon as mps_daemon:
         if mps_daemon is not None:
@@ -154,7 +160,7 @@ def drive(args: argparse.Namespace, env_settings: list[dict[str, str]], variants
                   f"{mps_daemon.share[mps.MPS_PERCENT_VAR]})", flush=True)
         failed = [_run_setting(args, run_dir, setting, sweep_args, mps_daemon, len(variants))
                   for setting, sweep_args in child_runs(getattr(args, "_argv", []), env_settings, variants,
-                                                        args.allow_multicast)]
+                                                        args.allow_multicast, shares_gpus)]
     write_csv(run_dir)
     print(f"# results: {run_dir}/measurements.jsonl (+ .csv, run.json)")
     if any(failed):
