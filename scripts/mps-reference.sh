@@ -19,7 +19,8 @@
 #   nopdl      flashinfer trtllm one-shot and p2p:auto with programmatic dependent launch off
 #              (--flashinfer-pdl off --p2p-pdl off), 4K..8M: what PDL is worth against the
 #              allreduce part;
-#   mscclpp    every mscclpp variant (auto, each default algorithm, the shim), after every
+#   mscclpp    every mscclpp variant (auto, each default algorithm, the shim) beside p2p:auto
+#              (a peer measured in the same run), 4K..4M by factor 4, after every
 #              other part of every world size, so that an MSCCL++ build started beside this
 #              script has the most time to finish.
 # Then `commbench report` on every run dir, and `commbench table` over all of them (every run
@@ -130,7 +131,7 @@ for n in ${ranks//,/ }; do
 done
 if wants mscclpp; then
   for n in ${ranks//,/ }; do
-    sweep "$out/world$n/mscclpp" --nproc "$n" "${common[@]}" -b 4K -e 8M -f 4 --backends mscclpp
+    sweep "$out/world$n/mscclpp" --nproc "$n" "${common[@]}" -b 4K -e 8M -f 4 --backends mscclpp,p2p:auto
   done
 fi
 
