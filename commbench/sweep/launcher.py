@@ -29,6 +29,8 @@ import time
 from contextlib import nullcontext
 from pathlib import Path
 
+import torch
+
 from commbench import inflight
 from commbench.sweep import mps
 from commbench.backends.base import Backend
@@ -147,8 +149,6 @@ def drive(args: argparse.Namespace, env_settings: list[dict[str, str]], variants
     for line in inflight.recover(run_dir):   # what a run before this command left in flight
         print(f"# driver: {line}", flush=True)
     stops_before = _stop_count(run_dir)
-    import torch
-
     # As each child's ranks will see it (init_context): more ranks than visible GPUs share them.
     shares_gpus = bool(args.share_gpus) and torch.cuda.is_available() and args.nproc > torch.cuda.device_count()
     daemon = nullcontext(None)
