@@ -149,11 +149,13 @@ def drive(args: argparse.Namespace, env_settings: list[dict[str, str]], variants
     for line in inflight.recover(run_dir):   # what a run before this command left in flight
         print(f"# driver: {line}", flush=True)
     stops_before = _stop_count(run_dir)
-    # As each child's ranks will see it (init_context): more ranks than visible GPUs share them.
-    shares_gpus = bool(args.share_gpus) and torch.cuda.is_available() and args.nproc > torch.cuda.device_count()
+    # Asked only where ranks may share GPUs (--mps needs --share-gpus): no CUDA call in the driver
+    # otherwise. As each child's ranks will see it (init_context): more ranks than GPUs share them.
+    gpus = torch.cuda.device_count() if args.share_gpus else 0
+    shares_gpus = 0 < gpus < args.nproc
     daemon = nullcontext(None)
     if args.mps:
-        daemon = mps.private_daemon(run_dir / "mps-logs", mps.client_env(args.nproc, torch.cuda.device_count()))
+        daemon = mps.private_daemon(run_dir / "mps-logs", mps.client_env(args.nproc, gpus))
     with daemon as mps_daemon:
         if mps_daemon is not None:
             print(f"# driver: private MPS daemon for the children ({mps.MPS_PERCENT_VAR}="
