@@ -183,7 +183,8 @@ def bootstrap_reason() -> str | None:
 
 def engine_settings(name: str) -> engines.Settings:
     return engines.Settings(name, sglang_flags=[engines.SGLANG_MSCCLPP], sglang_env=dict(engines.MSCCLPP_NO_NVLS_ENV),
-                            vllm_supported=False, notes=[engines.MSCCLPP_NO_VLLM, engines.MSCCLPP_SGLANG])
+                            vllm_supported=False, notes=[engines.MSCCLPP_NO_VLLM, engines.MSCCLPP_SGLANG],
+                            engine_paths=engines.claim(engines.MSCCLPP, engines.SGLANG))
 
 
 class MscclppAllreduce(Backend):

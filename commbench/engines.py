@@ -34,7 +34,9 @@ SGLANG_MSCCLPP = "--enable-mscclpp"
 MSCCLPP_NO_NVLS_ENV = {"MSCCLPP_FORCE_DISABLE_NVLS": "1"}
 VLLM_FLASHINFER_TRTLLM_ENV = {"VLLM_ALLREDUCE_USE_FLASHINFER": "1", "VLLM_FLASHINFER_ALLREDUCE_BACKEND": "trtllm"}
 SGLANG_FLASHINFER_TRTLLM = ["--flashinfer-allreduce-fusion-backend", "trtllm"]
-VLLM_FUSE_ALLREDUCE_RMS = ["--compilation-config", '\'{"pass_config": {"fuse_allreduce_rms": true}}\'']
+# The raw JSON: paste-ready lines quote every value themselves (shlex.quote).
+FUSE_ALLREDUCE_RMS_CONFIG = '{"pass_config": {"fuse_allreduce_rms": true}}'
+VLLM_FUSE_ALLREDUCE_RMS = ["--compilation-config", FUSE_ALLREDUCE_RMS_CONFIG]
 
 # Custom (CUDA-IPC) allreduce gates, vLLM custom_all_reduce.py / .cuh.
 CUSTOM_AR_WORLD_SIZES = (2, 4, 6, 8)
@@ -72,6 +74,28 @@ UNFUSED_BASELINE = ("the unfused baseline is plain allreduce + a separate residu
 GLOO_CPU = ("gloo is the CPU backend: this run measured the host, not GPUs, and no engine serves decode "
             "through it")
 
+# --- engine paths: the allreduce implementations an engine dispatches to ---------------------
+# A backend says which engine path its rows price (Settings.engine_paths): the path id per
+# engine, and whether it runs that path's own kernels or only stands in for them (commbench's
+# p2p kernels stand in for the engines' custom allreduce until the engines' kernels are measured).
+
+VLLM, SGLANG = "vllm", "sglang"
+ENGINES = (VLLM, SGLANG)
+ENGINE_NAMES = {VLLM: "vLLM", SGLANG: "SGLang"}
+CUSTOM_AR = "custom_ar"                  # the engines' CUDA-IPC custom allreduce
+NCCL_PATH = "nccl"                       # PyNccl: NCCL's own kernels
+TORCH_SYMM_MEM = "torch_symm_mem"        # torch symmetric-memory one/two-shot or multimem
+NCCL_SYMM = "nccl_symm"                  # NCCL symmetric-memory kernels on registered windows
+FLASHINFER_AR = "flashinfer_ar"          # FlashInfer trtllm allreduce (vLLM's standalone path)
+FLASHINFER_PCIE_IPC = "flashinfer_pcie_ipc"
+FLASHINFER_FUSED = "flashinfer_fused"    # FlashInfer allreduce + residual + RMSNorm, one kernel
+MSCCLPP = "mscclpp"
+
+
+def claim(path: str, *engine_ids: str, stand_in: bool = False) -> dict[str, dict[str, Any]]:
+    """engine_paths for a backend that runs `path` (stand_in: a similar kernel, not the engine's own)."""
+    return {engine: {"path": path, "stand_in": stand_in} for engine in engine_ids}
+
 
 @dataclass
 class Settings:
@@ -86,6 +110,8 @@ class Settings:
     notes: list[str] = field(default_factory=list)
     vllm_supported: bool = True
     sglang_supported: bool = True
+    # engine -> {"path": path id, "stand_in": bool}: the engine path these rows price (claim()).
+    engine_paths: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
