@@ -9,6 +9,8 @@ each engine would take on a given box). No torch here: the analysis reads it too
 
 from __future__ import annotations
 
+import re
+import shlex
 from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple
 
@@ -128,6 +130,35 @@ class Settings:
         return Settings(**{**asdict(self), "nccl_env": {**env_setting, **self.nccl_env}, "notes": notes})
 
 
+def declared_paths(s: Settings) -> dict[str, dict[str, Any]]:
+    """The engine paths a backend's settings claim. Runs recorded before backends declared
+    engine_paths get them from the settings themselves: what an engine's variables and flags
+    select is the path (a custom-allreduce claim from then can only be commbench's stand-in)."""
+    if s.engine_paths:
+        return {e: dict(c) for e, c in s.engine_paths.items()
+                if e in ENGINES and isinstance(c, dict) and isinstance(c.get("path"), str)}
+    out: dict[str, dict[str, Any]] = {}
+    env, flags = s.vllm_env, " ".join(s.vllm_flags)
+    vllm = (FLASHINFER_PCIE_IPC if env.get("VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC") == "1"
+            else FLASHINFER_FUSED if "fuse_allreduce_rms" in flags
+            else FLASHINFER_AR if env.get("VLLM_ALLREDUCE_USE_FLASHINFER") == "1"
+            else NCCL_SYMM if env.get("VLLM_USE_NCCL_SYMM_MEM") == "1"
+            else TORCH_SYMM_MEM if env.get("VLLM_ALLREDUCE_USE_SYMM_MEM") == "1"
+            else NCCL_PATH if DISABLE_CUSTOM_ALLREDUCE in s.vllm_flags
+            else CUSTOM_AR if env == VLLM_ONLY_CUSTOM_ALLREDUCE else None)
+    if s.vllm_supported and vllm:
+        out[VLLM] = {"path": vllm, "stand_in": vllm == CUSTOM_AR}
+    sg = s.sglang_flags
+    sglang = (MSCCLPP if SGLANG_MSCCLPP in sg else TORCH_SYMM_MEM if SGLANG_TORCH_SYMM_MEM in sg
+              else NCCL_SYMM if "--enable-symm-mem" in sg
+              else FLASHINFER_FUSED if SGLANG_FLASHINFER_TRTLLM[0] in sg and FLASHINFER_FUSED == vllm
+              else NCCL_PATH if DISABLE_CUSTOM_ALLREDUCE in sg
+              else CUSTOM_AR if vllm == CUSTOM_AR else None)
+    if s.sglang_supported and sglang:
+        out[SGLANG] = {"path": sglang, "stand_in": sglang == CUSTOM_AR}
+    return out
+
+
 def none_selects(variant: str, why: str) -> Settings:
     """A path that no engine setting selects."""
     return Settings(variant, notes=[why], vllm_supported=False, sglang_supported=False)
@@ -153,6 +184,63 @@ def _engine_block(engine: str, supported: bool, env: dict[str, str], command: st
         return [f"# {engine}: no setting selects this path"]
     prefix = "".join(f"{k}={v} " for k, v in sorted(env.items()))
     return [f"# {engine}", f"{prefix}{command}{''.join(' ' + f for f in flags)}"]
+
+
+# --- paste-ready lines: only what an engine accepts, shell-quoted -----------------------------
+# Settings come from run.json, which users forward: a value is printed only when it has the form
+# the engine reads, and every token goes through shlex.quote.
+
+ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
+ENV_PREFIXES = ("NCCL_", "VLLM_", "SGLANG_", "MSCCLPP_", "TORCH_", "NVSHMEM_")
+ENV_VALUE = re.compile(r"^[A-Za-z0-9_.,:+-]{1,64}$")
+# Flags an engine setting may carry, with the values each takes (None: a switch).
+KNOWN_FLAGS: dict[str, frozenset[str] | None] = {
+    DISABLE_CUSTOM_ALLREDUCE: None, SGLANG_TORCH_SYMM_MEM: None, SGLANG_MSCCLPP: None, "--enable-symm-mem": None,
+    SGLANG_FLASHINFER_TRTLLM[0]: frozenset({"trtllm"}),
+    # runs recorded before the raw form carried the JSON in single quotes
+    VLLM_FUSE_ALLREDUCE_RMS[0]: frozenset({FUSE_ALLREDUCE_RMS_CONFIG, f"'{FUSE_ALLREDUCE_RMS_CONFIG}'"}),
+}
+COMMANDS = {VLLM: "vllm serve MODEL --tensor-parallel-size {tp}",
+            SGLANG: "python -m sglang.launch_server --model-path MODEL --tp {tp}"}
+
+
+def env_refusal(env: dict[str, Any]) -> str | None:
+    for name, value in env.items():
+        if not isinstance(name, str) or not ENV_NAME.match(name) or not name.startswith(ENV_PREFIXES):
+            return f"variable name {name!r} is not an engine or NCCL variable"
+        if not isinstance(value, str) or not ENV_VALUE.match(value):
+            return f"value {value!r} of {name} is not of a plain form"
+    return None
+
+
+def flags_refusal(flags: list[Any]) -> str | None:
+    items = list(flags)
+    while items:
+        flag = items.pop(0)
+        if flag not in KNOWN_FLAGS:
+            return f"flag {flag!r} is not one commbench knows"
+        values = KNOWN_FLAGS[flag]
+        if values is not None and (not items or items.pop(0) not in values):
+            return f"flag {flag} lacks a value the engine accepts"
+    return None
+
+
+def _unquoted(token: str) -> str:
+    return token[1:-1] if len(token) > 1 and token[0] == token[-1] == "'" else token
+
+
+def paste_lines(s: Settings, engine: str, tp: int | None) -> tuple[list[str], str | None]:
+    """The shell lines that select this setting in `engine` (NCCL exports first), or a refusal."""
+    env = s.vllm_env if engine == VLLM else s.sglang_env
+    flags = s.vllm_flags if engine == VLLM else s.sglang_flags
+    refusal = env_refusal(s.nccl_env) or env_refusal(env) or flags_refusal(flags)
+    if refusal:
+        return [], refusal
+    lines = [f"export {k}={shlex.quote(v)}" for k, v in sorted(s.nccl_env.items())]
+    prefix = "".join(f"{k}={shlex.quote(v)} " for k, v in sorted(env.items()))
+    command = COMMANDS[engine].format(tp=int(tp) if tp else "TP")
+    lines.append(prefix + command + "".join(" " + shlex.quote(_unquoted(str(f))) for f in flags))
+    return lines, None
 
 
 def versions() -> dict[str, str]:
