@@ -234,9 +234,21 @@ def state(rule: PathRule, b: Box, dtype: str) -> PathState:
 
 
 def states(engine: str, snapshot: dict[str, Any] | None, world_size: int, dtype: str) -> list[PathState]:
-    """Every path of `engine` on this box at this TP, in the engine's dispatch order."""
+    """Every path of `engine` on this box at this TP, in the engine's dispatch order. A path that
+    engines.inert_settings() calls inert is off here with that rule's reason, whatever the gates
+    above say: the two never disagree in one output."""
     b = box(snapshot, world_size)
-    return [state(rule, b, dtype) for rule in RULES if rule.engine == engine]
+    inert = engines.inert_settings(snapshot, world_size) if b.has_gpus else []
+    out = []
+    for rule in RULES:
+        if rule.engine != engine:
+            continue
+        current = state(rule, b, dtype)
+        off = next((r for r in inert if (engine, rule.path) in r.paths), None)
+        if off is not None and current.available is not False:
+            current = PathState(rule, False, f"{off.why} ({off.source})")
+        out.append(current)
+    return out
 
 
 @dataclass(frozen=True)

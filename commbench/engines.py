@@ -164,28 +164,6 @@ def none_selects(variant: str, why: str) -> Settings:
     return Settings(variant, notes=[why], vllm_supported=False, sglang_supported=False)
 
 
-def render(s: Settings, tp: int | None) -> str:
-    """Shell-ready blocks for one backend; the NCCL block is exported once for either engine."""
-    size = str(tp) if tp else "TP"
-    lines = []
-    if s.nccl_env:
-        lines.append(f"# NCCL environment (NCCL {NCCL_VERSION} semantics), for either engine")
-        lines.extend(f"export {k}={v}" for k, v in sorted(s.nccl_env.items()))
-    lines += _engine_block(f"vLLM {VLLM_VERSION}", s.vllm_supported, s.vllm_env,
-                           f"vllm serve MODEL --tensor-parallel-size {size}", s.vllm_flags)
-    lines += _engine_block(f"SGLang {SGLANG_VERSION}", s.sglang_supported, s.sglang_env,
-                           f"python -m sglang.launch_server --model-path MODEL --tp {size}", s.sglang_flags)
-    lines.extend(f"# note: {n}" for n in s.notes)
-    return "\n".join(lines)
-
-
-def _engine_block(engine: str, supported: bool, env: dict[str, str], command: str, flags: list[str]) -> list[str]:
-    if not supported:
-        return [f"# {engine}: no setting selects this path"]
-    prefix = "".join(f"{k}={v} " for k, v in sorted(env.items()))
-    return [f"# {engine}", f"{prefix}{command}{''.join(' ' + f for f in flags)}"]
-
-
 # --- paste-ready lines: only what an engine accepts, shell-quoted -----------------------------
 # Settings come from run.json, which users forward: a value is printed only when it has the form
 # the engine reads, and every token goes through shlex.quote.
@@ -204,12 +182,29 @@ COMMANDS = {VLLM: "vllm serve MODEL --tensor-parallel-size {tp}",
             SGLANG: "python -m sglang.launch_server --model-path MODEL --tp {tp}"}
 
 
+# Settings whose only effect is to turn a path off: left out of a paste-ready line where that
+# path is off on the box anyway (printing them would name settings this box ignores).
+TURN_OFF_ENV = {("VLLM_ALLREDUCE_USE_FLASHINFER", "0"): FLASHINFER_AR, ("VLLM_ALLREDUCE_USE_SYMM_MEM", "0"): TORCH_SYMM_MEM}
+TURN_OFF_FLAGS = {DISABLE_CUSTOM_ALLREDUCE: CUSTOM_AR}
+
+
+def without_offs(s: Settings, engine: str, off_here: set[str]) -> Settings:
+    """The settings less what only turns off a path that is off here anyway."""
+    env = {k: v for k, v in (s.vllm_env if engine == VLLM else s.sglang_env).items()
+           if TURN_OFF_ENV.get((k, v)) not in off_here}
+    flags = [f for f in (s.vllm_flags if engine == VLLM else s.sglang_flags) if TURN_OFF_FLAGS.get(f) not in off_here]
+    if engine == VLLM:
+        return Settings(**{**asdict(s), "vllm_env": env, "vllm_flags": flags})
+    return Settings(**{**asdict(s), "sglang_env": env, "sglang_flags": flags})
+
+
 def env_refusal(env: dict[str, Any]) -> str | None:
     for name, value in env.items():
+        # The refusal never repeats the text it refuses: run.json is untrusted.
         if not isinstance(name, str) or not ENV_NAME.match(name) or not name.startswith(ENV_PREFIXES):
-            return f"variable name {name!r} is not an engine or NCCL variable"
+            return "a variable that is not an NCCL, vLLM, SGLang, MSCCL++ or torch variable"
         if not isinstance(value, str) or not ENV_VALUE.match(value):
-            return f"value {value!r} of {name} is not of a plain form"
+            return f"the value of {name} is not a plain word"
     return None
 
 
@@ -218,7 +213,7 @@ def flags_refusal(flags: list[Any]) -> str | None:
     while items:
         flag = items.pop(0)
         if flag not in KNOWN_FLAGS:
-            return f"flag {flag!r} is not one commbench knows"
+            return "a flag that is not one of the engine flags commbench knows"
         values = KNOWN_FLAGS[flag]
         if values is not None and (not items or items.pop(0) not in values):
             return f"flag {flag} lacks a value the engine accepts"
@@ -258,6 +253,7 @@ class InertSetting(NamedTuple):
     setting: str
     why: str
     source: str
+    paths: tuple[tuple[str, str], ...] = ()     # the (engine, path id) pairs it leaves off
 
 
 def nccl_version(snapshot: dict[str, Any]) -> tuple[int, ...] | None:
@@ -274,11 +270,13 @@ def _fusion_rules(cc: str) -> list[InertSetting]:
         InertSetting("vLLM compilation pass fuse_allreduce_rms (FlashInfer allreduce + RMSNorm fusion)",
                      f"turned on automatically at -O2 on SM 9.0 and 10.0 only; its size table "
                      f"FI_ALLREDUCE_FUSION_MAX_SIZE_MB has no row for compute capability {cc}, so nothing is fused",
-                     f"vLLM {VLLM_VERSION} compilation/passes/fusion/allreduce_rms_fusion.py"),
+                     f"vLLM {VLLM_VERSION} compilation/passes/fusion/allreduce_rms_fusion.py",
+                     ((VLLM, FLASHINFER_FUSED),)),
         InertSetting("SGLang --enable-flashinfer-allreduce-fusion",
                      f"an alias of --flashinfer-allreduce-fusion-backend=auto, which needs SM90 or SM10x: on compute "
                      f"capability {cc} it silently does nothing",
-                     f"SGLang {SGLANG_VERSION} srt/layers/flashinfer_comm_fusion.py, srt/arg_groups/serving_hook.py"),
+                     f"SGLang {SGLANG_VERSION} srt/layers/flashinfer_comm_fusion.py, srt/arg_groups/serving_hook.py",
+                     ((SGLANG, FLASHINFER_FUSED),)),
     ]
 
 
@@ -288,11 +286,13 @@ def _symm_mem_rules(cc: str, multicast: bool) -> list[InertSetting]:
         out.append(InertSetting("vLLM VLLM_ALLREDUCE_USE_SYMM_MEM=1 (torch symmetric-memory allreduce, on by default)",
                                 "SYMM_MEM_ALL_REDUCE_MAX_SIZES gives sizes for compute capability 9.0 and 10.0 and "
                                 "none for 12.0: no message takes this path",
-                                f"vLLM {VLLM_VERSION} distributed/device_communicators/symm_mem.py"))
+                                f"vLLM {VLLM_VERSION} distributed/device_communicators/symm_mem.py",
+                                ((VLLM, TORCH_SYMM_MEM),)))
     if not multicast:
         out.append(InertSetting("SGLang --enable-torch-symm-mem",
                                 "the communicator disables itself when the GPUs have no multicast (PCIe GPUs never do)",
-                                f"SGLang {SGLANG_VERSION} distributed/device_communicators/torch_symm_mem.py"))
+                                f"SGLang {SGLANG_VERSION} distributed/device_communicators/torch_symm_mem.py",
+                                ((SGLANG, TORCH_SYMM_MEM),)))
     return out
 
 
@@ -304,7 +304,7 @@ def _custom_allreduce_rule(world_size: int, nvlink: bool) -> list[InertSetting]:
                          f"above 2 GPUs it needs NVLink between every pair ('not supported on more than two "
                          f"PCIe-only GPUs'); at TP {world_size} without full NVLink both engines fall back to NCCL",
                          f"vLLM {VLLM_VERSION} distributed/device_communicators/custom_all_reduce.py; "
-                         f"SGLang {SGLANG_VERSION} custom_all_reduce.py")]
+                         f"SGLang {SGLANG_VERSION} custom_all_reduce.py", ((VLLM, CUSTOM_AR), (SGLANG, CUSTOM_AR)))]
 
 
 def _nccl_symmetric_rule(version: tuple[int, ...] | None, world_size: int, nvlink: bool) -> list[InertSetting]:
@@ -315,7 +315,7 @@ def _nccl_symmetric_rule(version: tuple[int, ...] | None, world_size: int, nvlin
                          "NCCL_SYM_KERNEL)",
                          f"from NCCL 2.29.2 the built-in symmetric kernels run only on fully NVLink-connected systems "
                          f"(ncclSymkAvailable() is false otherwise): NCCL {shown} here uses its regular kernels",
-                         "NCCL 2.29.2, commit ebd1e929 (src/sym_kernels.cc)")]
+                         "NCCL 2.29.2, commit ebd1e929 (src/sym_kernels.cc)", ((VLLM, NCCL_SYMM), (SGLANG, NCCL_SYMM)))]
 
 
 def inert_settings(snapshot: dict[str, Any], world_size: int) -> list[InertSetting]:
@@ -328,7 +328,10 @@ def inert_settings(snapshot: dict[str, Any], world_size: int) -> list[InertSetti
     distinct = sorted(set(gpus_used))
     nvlink = len(distinct) > 1 and full_nvlink(snapshot, distinct)
     multicast = all((gpus[g].get("attributes") or {}).get("multicast") == 1 for g in distinct)
-    return (_fusion_rules(cc) + _symm_mem_rules(cc, multicast) + _custom_allreduce_rule(world_size, nvlink)
+    rules = _fusion_rules(cc) + _symm_mem_rules(cc, multicast)
+    if len(distinct) < len(gpus_used):
+        return rules    # ranks share GPUs (an emulation): no fabric to read the NVLink gates from
+    return (rules + _custom_allreduce_rule(world_size, nvlink)
             + _nccl_symmetric_rule(nccl_version(snapshot), world_size, nvlink))
 
 

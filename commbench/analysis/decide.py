@@ -9,13 +9,16 @@ take here are headroom, never a setting. Shared by recommend and floor.
 
 from __future__ import annotations
 
+import argparse
 import json
+import re
 from dataclasses import dataclass, field
 
 from commbench import engine_paths, engines
 from commbench.analysis.curves import Curve, Point, exceeds_spread, ranking
 from commbench.analysis.models import Model
 from commbench.engine_paths import ALLREDUCE, PathState
+from commbench.errors import UsageError
 from commbench.results import Run
 
 
@@ -64,6 +67,8 @@ class Option:
 
     @property
     def label(self) -> str:
+        if engines.env_refusal(self.settings.nccl_env):     # run.json is untrusted: never echo it
+            return f"{self.state.rule.title} [settings refused]"
         knobs = " ".join(f"{k}={v}" for k, v in sorted(self.settings.nccl_env.items()))
         return self.state.rule.title + (f" [{knobs}]" if knobs else "")
 
@@ -190,9 +195,22 @@ def decide_size(model: Model, e_states: list[PathState], opts: list[Option], con
     return SizeDecision(concurrency, size, default, d_opt, d_price, prices, best, best_price, gain, why)
 
 
+def box_snapshot(run: Run) -> dict | None:
+    """The run's probe snapshot; the NCCL the run recorded fills in one the probe did not."""
+    snapshot = run.info.get("snapshot")
+    if not isinstance(snapshot, dict):
+        return None
+    versions = run.info.get("versions")
+    nccl = versions.get("nccl") if isinstance(versions, dict) else None
+    software = snapshot.get("software") if isinstance(snapshot.get("software"), dict) else {}
+    if isinstance(nccl, str) and not software.get("nccl"):
+        return {**snapshot, "software": {**software, "nccl": nccl}}
+    return snapshot
+
+
 def decide(engine: str, run: Run, curves: list[Curve], model: Model, concurrencies: list[int],
            world_size: int, version: str | None = None) -> EngineDecision:
-    e_states = engine_paths.states(engine, run.info.get("snapshot"), world_size, model.dtype)
+    e_states = engine_paths.states(engine, box_snapshot(run), world_size, model.dtype)
     opts = options(engine, e_states, run, curves)
     return EngineDecision(engine, version or engines.versions()[engine], e_states, opts,
                           [decide_size(model, e_states, opts, c) for c in concurrencies])
@@ -219,13 +237,21 @@ def headroom_curves(run: Run, curves: list[Curve], decisions: list[EngineDecisio
         if curve.key.op != ALLREDUCE or id(curve) in used:
             continue
         settings = recorded_settings(run, curve)
-        claims = engines.declared_paths(settings) if settings else {}
+        if settings is None:
+            out.append((curve, f"no engine settings recorded for {curve.backend} in this run's run.json (runs "
+                               "record what each backend declares since results schema 3)"))
+            continue
+        claims = engines.declared_paths(settings)
         reasons = []
         for d in decisions:
             claim = claims.get(d.engine)
             state = next((s for s in d.states if claim and s.path == claim["path"]), None)
-            reasons.append(f"{d.name}: no path runs it" if state is None else
-                           f"{d.name}: its {state.rule.title} path is off here ({state.why})")
+            if state is None:
+                reasons.append(f"{d.name} has no path that runs it")
+            elif state.available is None:
+                reasons.append(f"{d.name}: whether its {state.rule.title} path runs here cannot be told ({state.why})")
+            else:
+                reasons.append(f"{d.name}: its {state.rule.title} path is off here ({state.why})")
         out.append((curve, "; ".join(reasons)))
     return out
 
@@ -247,3 +273,56 @@ def headroom(model: Model, run: Run, curves: list[Curve], decisions: list[Engine
             gain = saving(model, concurrency, price, versus)[0] if versus else None
             out.append(Headroom(curve.label, why, concurrency, size, price, versus, gain))
     return out
+
+
+# --- what the commands share: engine arguments, the data's kind ------------------------------
+
+DATA_WORDS = {"measured": "measured", "emulated": "MPS-emulated, no fabric", "imported": "imported from nccl-tests",
+              "fixture": "fixture, not a measurement", "cpu": "CPU (gloo), no GPU"}
+
+
+def data_tag(run: Run) -> str:
+    """The few words every line about the run's numbers carries."""
+    from commbench.analysis import provenance
+    return DATA_WORDS.get(provenance.of(run).kind, "unknown origin")
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--engine", action="append", default=None, metavar="vllm|sglang",
+                        help="the serving engine(s) to answer for (repeatable or a comma list; default: both)")
+    parser.add_argument("--engine-version", action="append", default=None, metavar="ENGINE=VERSION",
+                        help="the engine version you serve with, e.g. vllm=0.33.0 (the rules are read at "
+                             f"vLLM {engines.VLLM_VERSION} and SGLang {engines.SGLANG_VERSION}; another version "
+                             "is named in the output as unchecked)")
+
+
+def requested_engines(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """(engine, version) pairs in the order asked; one line and exit 2 for anything else."""
+    names: list[str] = []
+    for item in args.engine or [",".join(engines.ENGINES)]:
+        for name in item.split(","):
+            name = name.strip().lower()
+            if name not in engines.ENGINES:
+                raise UsageError(f"--engine {name!r}: choose from {', '.join(engines.ENGINES)}")
+            if name in names:
+                raise UsageError(f"--engine {name} is given twice")
+            names.append(name)
+    versions = dict(engines.versions())
+    for item in args.engine_version or []:
+        engine, sep, version = item.partition("=")
+        engine = engine.strip().lower()
+        if not sep or engine not in engines.ENGINES or not VERSION.match(version.strip()):
+            raise UsageError(f"--engine-version {item!r}: expected ENGINE=VERSION, e.g. vllm=0.33.0")
+        versions[engine] = version.strip()
+    return [(name, versions[name]) for name in names]
+
+
+VERSION = re.compile(r"^[0-9][0-9A-Za-z.+-]{0,31}$")
+
+
+def version_note(d: EngineDecision) -> str | None:
+    known = engines.versions()[d.engine]
+    if d.version == known:
+        return None
+    return (f"you asked for {engines.ENGINE_NAMES[d.engine]} {d.version}; these rules were read at {known} "
+            "and were not checked against your version")
