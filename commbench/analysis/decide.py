@@ -275,6 +275,15 @@ def headroom(model: Model, run: Run, curves: list[Curve], decisions: list[Engine
     return out
 
 
+def fastest_headroom(rooms: list[Headroom]) -> list[Headroom]:
+    """Per size, the fastest kernel no requested engine can run here."""
+    fastest: dict[int, Headroom] = {}
+    for r in rooms:
+        if r.concurrency not in fastest or r.price.latency_us < fastest[r.concurrency].price.latency_us:
+            fastest[r.concurrency] = r
+    return sorted(fastest.values(), key=lambda r: r.concurrency)
+
+
 # --- what the commands share: engine arguments, the data's kind ------------------------------
 
 DATA_WORDS = {"measured": "measured", "emulated": "MPS-emulated, no fabric", "imported": "imported from nccl-tests",

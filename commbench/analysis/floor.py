@@ -267,12 +267,13 @@ def main(args: argparse.Namespace) -> int:
             engine_json["what_if"] = asdict(report) if report else None
             engine_json["why_no_what_if"] = why or None
         engines_json.append(engine_json)
-    room_rows = _headroom_rows(model, rooms)
+    best_rooms = decide.fastest_headroom(rooms)
+    room_rows = [priced_row(model, r.concurrency, r.price, "headroom") for r in best_rooms]
     if room_rows:
         print()
         print(_table(room_rows, f"headroom: the fastest kernel no requested engine can run here, per size ({tag}); "
                                 "never a setting", args.wide))
-        shown += [r.backend for r in room_rows]
+        shown += [r.curve for r in best_rooms]
     if named:
         print()
         print(_table(rows_for(model, named, concurrencies), f"as measured: {', '.join(args.backend)} ({tag})",
@@ -292,15 +293,6 @@ def main(args: argparse.Namespace) -> int:
                            "rows": [asdict(r) for r in rows_for(model, named, concurrencies)],
                            "cautions": warned})
     return 0
-
-
-def _headroom_rows(model: Model, rooms: list[decide.Headroom]) -> list[FloorRow]:
-    fastest: dict[int, decide.Headroom] = {}
-    for r in rooms:
-        if r.concurrency not in fastest or r.price.latency_us < fastest[r.concurrency].price.latency_us:
-            fastest[r.concurrency] = r
-    return [priced_row(model, r.concurrency, r.price, "headroom") for r in sorted(fastest.values(),
-                                                                                  key=lambda r: r.concurrency)]
 
 
 def _table_main(args: argparse.Namespace, model: Model, concurrencies: list[int]) -> int:

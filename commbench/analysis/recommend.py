@@ -141,12 +141,8 @@ def _headroom_lines(rooms: list[Headroom], model: models.Model, tag: str, args: 
         if r.curve not in kernels:
             kernels.append(r.curve)
     lines.extend(f"  {', '.join(kernels)}: {why}" for why, kernels in by_why.items())
-    fastest: dict[int, Headroom] = {}
-    for r in rooms:     # per size, the fastest of them
-        if r.concurrency not in fastest or r.price.latency_us < fastest[r.concurrency].price.latency_us:
-            fastest[r.concurrency] = r
     rows = []
-    for r in sorted(fastest.values(), key=lambda r: r.concurrency):
+    for r in decide.fastest_headroom(rooms):
         if r.saving is not None and r.saving.beyond_spread is False:
             said = "no measurable difference from the best engine path (inside the p10-p90 spread)"
         elif r.saving is not None and r.saving.per_call_us > 0:
