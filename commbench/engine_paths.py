@@ -126,8 +126,7 @@ def box(snapshot: dict[str, Any] | None, world_size: int) -> Box:
     gpus = snapshot["gpus"]
     distinct = sorted(set(gpus_used))
     pairs = gpu_pairs(gpus_used)
-    nvlink = bool(pairs) and all(((p2p_entry(snapshot, a, b) or {}).get("nvml") or {}).get("nvlink") == "OK"
-                                 for a, b in pairs)
+    nvlink = len(distinct) > 1 and engines.nvlink_everywhere(snapshot, distinct)
     return Box(world_size=world_size, has_gpus=True, shares_gpus=len(distinct) < len(gpus_used),
                multi_node=len(used_hosts(snapshot, world_size)) > 1,
                cc=str(gpus[distinct[0]].get("compute_capability", "?")), nvlink_all=nvlink,

@@ -326,7 +326,7 @@ def inert_settings(snapshot: dict[str, Any], world_size: int) -> list[InertSetti
     gpus = snapshot["gpus"]
     cc = str(gpus[gpus_used[0]].get("compute_capability", "?"))
     distinct = sorted(set(gpus_used))
-    nvlink = len(distinct) > 1 and full_nvlink(snapshot, distinct)
+    nvlink = len(distinct) > 1 and nvlink_everywhere(snapshot, distinct)
     multicast = all((gpus[g].get("attributes") or {}).get("multicast") == 1 for g in distinct)
     rules = _fusion_rules(cc) + _symm_mem_rules(cc, multicast)
     if len(distinct) < len(gpus_used):
@@ -349,6 +349,11 @@ def _nvml_nvlink_all(snapshot: dict[str, Any], gpu_ids: list[int]) -> bool:
         if nv.get("nvlink") != "OK":
             return False
     return True
+
+
+def nvlink_everywhere(snapshot: dict[str, Any], gpu_ids: list[int]) -> bool:
+    """NVLink between every pair, by the link matrix or by NVML (vLLM's is_fully_connected asks NVML)."""
+    return full_nvlink(snapshot, gpu_ids) or _nvml_nvlink_all(snapshot, gpu_ids)
 
 
 def _can_access_all(snapshot: dict[str, Any], gpu_ids: list[int]) -> bool:

@@ -46,16 +46,16 @@ class FloorRow:
     latency_source: str               # measured | interpolated | out of range <lo>-<hi>
 
 
-def priced_row(model: Model, concurrency: int, price: Price | None, what: str) -> FloorRow:
+def priced_row(model: Model, concurrency: int, price: Price | None) -> FloorRow:
     """The floor of an engine path from its price (None: not measured at this size)."""
     size = model.message_bytes(concurrency)
     n = model.allreduces_per_token
     if price is None:
-        return FloorRow(concurrency, size, n, what, None, None, None, "not measured")
+        return FloorRow(concurrency, size, n, "-", None, None, None, "not measured")
     floor_ms = n * price.latency_us / 1000.0
     source = ("interpolated" if price.interpolated else "measured") + (", stand-in" if price.stand_in else "")
-    label = f"{what}: {price.curve}"
-    return FloorRow(concurrency, size, n, label, price.latency_us, floor_ms, concurrency * 1000.0 / floor_ms, source)
+    return FloorRow(concurrency, size, n, price.curve, price.latency_us, floor_ms, concurrency * 1000.0 / floor_ms,
+                    source)
 
 
 def floor_row(model: Model, curve: Curve, concurrency: int) -> FloorRow:
@@ -143,13 +143,14 @@ def takeable(d: EngineDecision, message_bytes: int) -> list[Curve]:
 
 def engine_rows(model: Model, d: EngineDecision) -> list[tuple[FloorRow, FloorRow]]:
     """Per size: the floor of the engine's default path and of the fastest path it can take."""
-    out = []
-    for s in d.sizes:
-        default = f"default: {s.default.path.rule.title}" if s.default.path else "default: cannot tell"
-        best = f"fastest: {s.best.label}" if s.best else "fastest: no path it can take was measured"
-        out.append((priced_row(model, s.concurrency, s.default_price, default),
-                    priced_row(model, s.concurrency, s.best_price, best)))
-    return out
+    return [(priced_row(model, s.concurrency, s.default_price), priced_row(model, s.concurrency, s.best_price))
+            for s in d.sizes]
+
+
+def _paths(d: EngineDecision) -> list[tuple[str, str]]:
+    """Per size, the default path's and the fastest path's names, as engine_rows orders them."""
+    return [(s.default.path.rule.title if s.default.path else "cannot tell",
+             s.best.label if s.best else "none measured") for s in d.sizes]
 
 
 def match_curves(curves: list[Curve], names: list[str]) -> list[Curve]:
@@ -182,17 +183,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     render.add_arguments(parser)
 
 
-HEADERS = ["concurrency", "message", "ARs/token", "backend", "latency_us", "floor_ms/step", "max_tok/s",
-           "latency from"]
+HEADERS = ["concurrency", "message", "backend", "us/call", "floor ms/step", "max tok/s", "latency"]
 
 
 def _cells(r: FloorRow) -> list[str]:
-    return [str(r.concurrency), format_bytes(r.message_bytes), str(r.allreduces_per_token), r.backend,
-            fmt_us(r.latency_us), fmt_num(r.floor_ms_per_token), fmt_num(r.max_tokens_per_s, 0), r.latency_source]
+    return [str(r.concurrency), format_bytes(r.message_bytes), r.backend, fmt_us(r.latency_us),
+            fmt_num(r.floor_ms_per_token), fmt_num(r.max_tokens_per_s, 0), r.latency_source]
 
 
-def _table(rows: list[FloorRow], title: str, wide: bool) -> str:
-    return render.table(HEADERS, [_cells(r) for r in rows], right=(0, 1, 2, 4, 5, 6), title=title, wide=wide)
+def _table(rows: list[FloorRow], title: str, wide: bool, roles: list[str] | None = None) -> str:
+    """Rows under HEADERS; `roles` adds a first column that says what each row is."""
+    if roles is None:
+        return render.table(HEADERS, [_cells(r) for r in rows], right=(0, 1, 3, 4, 5), title=title, wide=wide)
+    return render.table(["path", *HEADERS], [[role, *_cells(r)] for role, r in zip(roles, rows)],
+                        right=(1, 2, 4, 5, 6), title=title, wide=wide)
 
 
 def _engine_what_if(model: Model, d: EngineDecision, curves: list[Curve], args: argparse.Namespace,
@@ -250,15 +254,18 @@ def main(args: argparse.Namespace) -> int:
     for d in decisions:
         pairs = engine_rows(model, d)
         rows = [r for pair in pairs for r in pair]
+        roles = ["default", "fastest"] * len(pairs)
         print()
         note = decide.version_note(d)
         if note:
             print(f"caution: {note}")
-        print(_table(rows, f"{d.name}: its default path, then the fastest path it can take here ({tag})", args.wide))
+        print(_table(rows, f"{d.name}: per size its default path, then the fastest path it can take here ({tag})",
+                     args.wide, roles))
         shown += [s.best_price.curve for s in d.sizes if s.best_price] + \
                  [s.default_price.curve for s in d.sizes if s.default_price]
         engine_json: dict = {"engine": d.engine, "version": d.version, "version_note": note,
-                             "rows": [{"default": asdict(a), "fastest": asdict(b)} for a, b in pairs]}
+                             "rows": [{"default": asdict(a), "default_path": names[0], "fastest": asdict(b),
+                                       "fastest_path": names[1]} for (a, b), names in zip(pairs, _paths(d))]}
         if args.step_ms is not None:
             report, why = _engine_what_if(model, d, curves, args, concurrencies[0])
             print(what_if_text(report, d.name) if report else why)
@@ -268,7 +275,7 @@ def main(args: argparse.Namespace) -> int:
             engine_json["why_no_what_if"] = why or None
         engines_json.append(engine_json)
     best_rooms = decide.fastest_headroom(rooms)
-    room_rows = [priced_row(model, r.concurrency, r.price, "headroom") for r in best_rooms]
+    room_rows = [priced_row(model, r.concurrency, r.price) for r in best_rooms]
     if room_rows:
         print()
         print(_table(room_rows, f"headroom: the fastest kernel no requested engine can run here, per size ({tag}); "
