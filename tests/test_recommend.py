@@ -138,9 +138,9 @@ def test_variants_with_the_same_settings_are_one_block_listing_them(capsys):
     assert cli(["recommend", str(EMULATED_ALLREDUCE), "--model", "glm-5", "--engine", "vllm",
                 "--concurrency", "16,32", "--wide"]) == 0
     text = capsys.readouterr().out
-    (legend,) = [x for x in text.splitlines() if x.startswith("  custom allreduce (CUDA IPC): ")]
+    (legend,) = [x for x in text.splitlines() if x.startswith("  ") and " = custom allreduce (CUDA IPC): " in x]
     assert "stand-in (not the engine's kernel): p2p:auto (graph), p2p:oneshot (graph)" in legend
-    (fi,) = [x for x in text.splitlines() if x.startswith("  FlashInfer allreduce (trtllm): ")]
+    (fi,) = [x for x in text.splitlines() if x.startswith("  ") and " = FlashInfer allreduce (trtllm): " in x]
     assert "flashinfer:trtllm_oneshot (graph), flashinfer:trtllm_twoshot (graph)" in fi
     assert text.count("\nfastest vLLM 0.33.0 path here") == 1
     # the custom allreduce's NVLink gate cannot be read with 8 ranks on one GPU: never a choice

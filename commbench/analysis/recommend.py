@@ -74,25 +74,31 @@ def _paths_table(d: EngineDecision, args: argparse.Namespace) -> str:
                         title=f"{d.name} paths at TP {args.tp_shown}", wide=args.wide)
 
 
-def _legend(o: Option) -> str:
+def _letter(i: int) -> str:
+    return chr(ord("A") + i) if i < 26 else f"Z{i - 25}"
+
+
+def _legend(key: str, o: Option) -> str:
     own = ", ".join(c.label for c in o.own)
     stand = ", ".join(c.label for c in o.stand_ins)
     parts = [f"priced by {own}" if own else "",
              (f"stand-in (not the engine's kernel): {stand}" + (", used only where no own kernel was measured"
                                                               if own else "")) if stand else ""]
-    return f"  {o.label}: " + "; ".join(p for p in parts if p)
+    return f"  {key} = {o.label}: " + "; ".join(p for p in parts if p)
 
 
 def _costs_table(d: EngineDecision, tag: str, args: argparse.Namespace) -> str:
+    """One column per option (a letter, explained under the table): cells fit any terminal."""
     shown = [i for i, o in enumerate(d.options) if o.state.available is not False]
-    headers = ["concurrency", "message", "default path", *(d.options[i].label for i in shown)]
+    headers = ["concurrency", "message", "default path", *(_letter(n) for n in range(len(shown)))]
     rows = []
     for s in d.sizes:
         default = s.default.path.rule.title if s.default.path else "cannot tell"
         rows.append([str(s.concurrency), format_bytes(s.message_bytes), default, *(_cost(s.prices[i]) for i in shown)])
-    return render.table(headers, rows, right=tuple(range(3, 3 + len(shown))),
-                        title=f"{d.name}: us per allreduce call ({tag})",
-                        wide=args.wide)
+    table = render.table(headers, rows, right=(0, 1, *range(3, 3 + len(shown))),
+                         title=f"{d.name}: us per allreduce call ({tag})", wide=args.wide)
+    legend = [_legend(_letter(n), d.options[i]) for n, i in enumerate(shown)]
+    return "\n".join([table, "  * a stand-in's cost, ~ interpolated between measured sizes", *legend])
 
 
 def _choices(d: EngineDecision) -> dict[int, list[decide.SizeDecision]]:
@@ -190,8 +196,6 @@ def main(args: argparse.Namespace) -> int:
         if d.options:
             print()
             print(_costs_table(d, tag, args))
-            print("  * a stand-in's cost, ~ interpolated between measured sizes")
-            print("\n".join(_legend(o) for o in d.options if o.state.available is not False))
         else:
             print(f"\nno row of this run prices a path {d.name} can take here")
         lines, choices = _choice_lines(d, tag, tp)
