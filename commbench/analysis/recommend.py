@@ -70,8 +70,8 @@ def _paths_table(d: EngineDecision, args: argparse.Namespace) -> str:
     measured = {o.state.path for o in d.options}
     rows = [[s.rule.title, "on" if s.rule.default_on else f"opt-in ({s.rule.turn_on})", _availability(s),
              "yes" if s.path in measured else "not measured"] for s in d.states]
-    return render.table(["path", "by default", "on this box", "in this run"], rows,
-                        title=f"{d.name} paths at TP {args.tp_shown}", wide=args.wide)
+    return f"{d.name} paths at TP {args.tp_shown}\n" + render.table(["path", "by default", "on this box", "in this run"],
+                                                                  rows, wide=args.wide)
 
 
 def _letter(i: int) -> str:
@@ -95,10 +95,11 @@ def _costs_table(d: EngineDecision, tag: str, args: argparse.Namespace) -> str:
     for s in d.sizes:
         default = s.default.path.rule.title if s.default.path else "cannot tell"
         rows.append([str(s.concurrency), format_bytes(s.message_bytes), default, *(_cost(s.prices[i]) for i in shown)])
-    table = render.table(headers, rows, right=(0, 1, *range(3, 3 + len(shown))),
-                         title=f"{d.name}: us per allreduce call ({tag})", wide=args.wide)
+    # The title is a line of its own: a table's title folds to the table's width.
+    table = render.table(headers, rows, right=(0, 1, *range(3, 3 + len(shown))), wide=args.wide)
     legend = [_legend(_letter(n), d.options[i]) for n, i in enumerate(shown)]
-    return "\n".join([table, "  * a stand-in's cost, ~ interpolated between measured sizes", *legend])
+    return "\n".join([f"{d.name}: us per allreduce call ({tag})", table,
+                      "  * a stand-in's cost, ~ interpolated between measured sizes", *legend])
 
 
 def _choices(d: EngineDecision) -> dict[int, list[decide.SizeDecision]]:
