@@ -321,8 +321,6 @@ def write_html(run: Run, sections: list[Section], fused: list[list[str]],
              f"&middot; rows: {_esc(status_counts(run.rows))}</p>"]
     if run_state(run.info):
         parts.append(f"<p><b>Run {_esc(run_state(run.info))}.</b></p>")
-    if run.emulation_line():
-        parts.append(f"<p><b>{_esc(run.emulation_line())}</b></p>")
     if failed:
         names = sorted({r.backend for r in failed})
         parts.append(f"<p><b style='color:#a40000'>{len(failed)} measurement(s) failed their check "
@@ -400,9 +398,7 @@ def main(args: argparse.Namespace) -> int:
     fused = comparison_cells(run.rows)
     write_html(run, sections, fused, images, baseline, html_path)
 
-    print(provenance.describe(run))
-    if run.emulation_line():
-        print(run.emulation_line())
+    print(provenance.describe(run))   # says "emulated: ..." for ranks that shared GPUs
     print(f"run {run.info.get('run_id', run.path.name)}: {status_counts(run.rows)}"
           + (f"; {run_state(run.info)}" if run_state(run.info) else ""))
     for section in sections:
