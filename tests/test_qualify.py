@@ -163,6 +163,8 @@ def test_reference_run_and_junit(tmp_path):
     # A CPU run is no hardware: it FAILs "real hardware", and its reference checks never PASS.
     assert cli(["qualify", "--spec", str(spec), str(CPU_B), "--junit", str(junit)]) == 1
     suite = ET.parse(junit).getroot().find("testsuite")
+    properties = {p.get("name"): p.get("value") for p in suite.find("properties")}
+    assert properties["provenance"].startswith("data: cpu: 4 ranks of gloo on the CPU")
     failed = [c for c in suite.findall("testcase") if c.find("failure") is not None]
     assert [c.get("name") for c in failed] == ["real hardware"]
     references = [c for c in suite.findall("testcase") if c.get("classname") == "commbench.qualify.reference"]

@@ -649,8 +649,9 @@ def qualify(spec: Spec, run: Run, reference: Run | None, probe: dict[str, Any] |
 def junit_xml(spec: Spec, run: Run, results: list[Result]) -> str:
     suite = ET.Element("testsuite", name=f"commbench qualify: {spec.name}", tests=str(len(results)),
                        failures=str(sum(r.status == FAIL for r in results)), errors="0", skipped="0")
-    ET.SubElement(ET.SubElement(suite, "properties"), "property", name="run",
-                  value=str(run.info.get("run_id", run.path)))
+    properties = ET.SubElement(suite, "properties")
+    ET.SubElement(properties, "property", name="run", value=str(run.info.get("run_id", run.path)))
+    ET.SubElement(properties, "property", name="provenance", value=provenance.describe(run))
     for r in results:
         case = ET.SubElement(suite, "testcase", classname=f"commbench.qualify.{r.group}", name=r.name)
         text = r.detail + (f" [source: {r.source}]" if r.source else "")

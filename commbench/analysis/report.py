@@ -384,7 +384,7 @@ def main(args: argparse.Namespace) -> int:
     for dtype in sorted({c.key.dtype for c in curves} | {r.dtype for r in run.rows if is_failed_check(r)}):
         typed = select(curves, dtype=dtype)
         failed = [r for r in run.rows if is_failed_check(r) and r.dtype == dtype]
-        where = f"{dtype}, {world} ranks, {run.info.get('host', run.path.name)}"
+        where = f"{dtype}, {world} ranks, {provenance.of(run).kind}, {run.info.get('host', run.path.name)}"
         figs = [("latency", plots.latency_figure(typed, failed, f"allreduce latency vs size ({where})"))]
         if any(p.busbw_gbps for c in typed for p in c.points):
             figs.append(("busbw", plots.busbw_figure(typed, f"allreduce bus bandwidth ({where})")))
