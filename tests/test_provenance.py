@@ -84,15 +84,20 @@ def test_differences_name_what_differs():
 def test_table_folds_to_the_width_and_wide_keeps_one_line_per_row():
     headers = ["backend", "latency us", "reason"]
     rows = [["nccl[NCCL_MIN_NCHANNELS=8]", "1,234", "word " * 30], ["gloo", "7.50", "short"]]
-    folded = render.table(headers, rows, right=(1,), width=60)
-    assert max(len(line) for line in folded.splitlines()) <= 60
-    assert "nccl[NCCL_MIN_NCHANNELS=8]" not in folded        # folded onto two lines, not cut
-    assert "NCCL_MIN_NCH" in folded and "1,234" in folded      # the number is never split
+    between_words = render.table(headers, rows, right=(1,), width=60)
+    assert max(len(line) for line in between_words.splitlines()) == 60
+    assert "nccl[NCCL_MIN_NCHANNELS=8]       1,234  word word" in between_words   # whole words, number whole
+    assert len(between_words.splitlines()) > 4                                      # the reason folded
+    inside_words = render.table(headers, rows, right=(1,), width=30)
+    assert max(len(line) for line in inside_words.splitlines()) <= 30
+    assert "nccl[NCCL_MIN_NCHANNELS=8]" not in inside_words and "1,234" in inside_words
     wide = render.table(headers, rows, right=(1,), wide=True)
     assert len(wide.splitlines()) == 4                         # header, rule, two rows
     assert "nccl[NCCL_MIN_NCHANNELS=8]" in wide               # a '[' is text, not markup
     assert all(line == line.rstrip() for line in wide.splitlines())
-    assert wide.splitlines()[2].endswith(" 1,234   " + ("word " * 30).strip())   # numbers right-aligned
+    assert wide.splitlines()[2].endswith(" 1,234  " + ("word " * 30).strip())   # numbers right-aligned
+    # Too narrow even to fold: printed unfolded, never a column dropped or cut.
+    assert render.table(headers, rows, right=(1,), width=20) == wide
 
 
 def test_number_formats():

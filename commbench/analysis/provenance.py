@@ -107,6 +107,9 @@ def of(run: Run) -> Provenance:
     host = info.get("host") if isinstance(info.get("host"), str) else None
     run_id = info.get("run_id") if isinstance(info.get("run_id"), str) and info.get("run_id") else run.path.name
     gpus = () if kind == CPU else _gpu_names(info)
+    shared = emulation.get("gpus") if kind == EMULATED and isinstance(emulation, dict) else None
+    if isinstance(shared, int) and 0 < shared < len(gpus):
+        gpus = gpus[:shared]   # ranks listed without GPU ids: the emulation knows how many GPUs they shared
     snapshot = info.get("snapshot") if isinstance(info.get("snapshot"), dict) else {}
     fabric = None if kind in (EMULATED, CPU) else fabric_of(snapshot, len(gpus))
     return Provenance(kind, run_id, host, world, gpus, fabric, emulation if kind == EMULATED else None)
