@@ -103,7 +103,7 @@ def test_floor_per_engine_default_best_and_headroom_apart(capsys, tmp_path):
     assert "p2p:" not in engine_part and "+78%" not in out
     assert re.search(r"default +1 +12K +nccl \(graph\) ", engine_part)
     assert re.search(r"fastest +1 +12K +nccl:proto=LL,algo=Ring \(graph\) ", engine_part)
-    assert "SGLang 0.5.23 what-if: measured step 17.28 ms" in engine_part
+    assert "SGLang 0.5.23 (fixture, not a measurement) what-if: measured step 17.28 ms" in engine_part
     assert "with nccl:proto=LL,algo=Ring (graph)" in engine_part and "p2p:oneshot (graph)" in headroom
     data = json.loads(out_json.read_text())
     assert [e["engine"] for e in data["engines"]] == ["vllm", "sglang"]

@@ -268,7 +268,7 @@ def main(args: argparse.Namespace) -> int:
                                        "fastest_path": names[1]} for (a, b), names in zip(pairs, _paths(d))]}
         if args.step_ms is not None:
             report, why = _engine_what_if(model, d, curves, args, concurrencies[0])
-            print(what_if_text(report, d.name) if report else why)
+            print(what_if_text(report, f"{d.name} ({tag})") if report else why)
             if report:
                 shown += [report.best.backend]
             engine_json["what_if"] = asdict(report) if report else None

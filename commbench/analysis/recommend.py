@@ -119,7 +119,7 @@ def _choice_lines(d: EngineDecision, tag: str, tp: int | None) -> tuple[list[str
         span = ", ".join(str(s.concurrency) for s in sizes)
         lines.append(f"\nfastest {d.name} path here at concurrency {span}: {option.label} ({tag})")
         for s in sizes:
-            said = decide.verdict(s.saving) if s.saving else s.why_no_saving
+            said = f"{decide.verdict(s.saving)}; {tag}" if s.saving else s.why_no_saving
             lines.append(f"  concurrency {s.concurrency} ({format_bytes(s.message_bytes)}): {said}")
         is_default = all(s.best is s.default_option for s in sizes)
         off_here = {st.path for st in d.states if st.available is False}
