@@ -183,6 +183,9 @@ def _flashinfer(b: Box, engine: str, fused: bool) -> tuple[bool | None, str, int
     if b.vmm_reason:
         return (None if "not tested" in b.vmm_reason else False), f"cuMemCreate workspace: {b.vmm_reason}", cap
     kind = "fused AR+residual+RMSNorm" if fused else "trtllm"
+    if engine == VLLM and b.multicast and not fused:
+        # vLLM flashinfer_all_reduce.py _resolve_fi_ar_backend: auto -> mnnvl on one node
+        kind += " (its default 'auto' picks mnnvl where multicast works; trtllm is VLLM_FLASHINFER_ALLREDUCE_BACKEND=trtllm)"
     return True, f"{kind} up to {cap >> 10} KiB" if cap else kind, cap
 
 
