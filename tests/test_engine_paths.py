@@ -95,3 +95,14 @@ def test_a_path_the_inert_list_names_is_never_available(snapshot):
         for state in engine_paths.states(engine, snapshot, 8, "bf16"):
             if (engine, state.path) in inert:
                 assert state.available is False, (engine, state.path)
+
+
+def test_the_fastest_path_at_a_size_for_callers_without_a_model():
+    from commbench.analysis import decide
+    from commbench.analysis.curves import decode_curves
+    from commbench.results import load_run
+    run = load_run(ROOT / "tests/data/runs/synthetic-pcie-8gpu")
+    curves = decode_curves(run, 8, "bf16", "auto")
+    option, price = decide.best_path_at(SGLANG, run, curves, 8, "bf16", 16 * KiB)
+    # p2p:oneshot (13 us) is faster there, but SGLang cannot run it on 8 PCIe GPUs
+    assert option.state.path == NCCL_PATH and price.curve == "nccl:proto=LL,algo=Ring (graph)" and price.latency_us == 54

@@ -169,18 +169,32 @@ def _default_option(opts: list[Option], state: PathState | None) -> Option | Non
     return next((o for o in opts if state is not None and o.state is state and o.plain), None)
 
 
+def fastest(opts: list[Option], prices: list[Price | None], message_bytes: int) -> tuple[Option | None, Price | None]:
+    """The fastest priced option on a path the engine can take at this size."""
+    takeable = [(p, o) for o, p in zip(opts, prices)
+                if p is not None and o.state.available is True and o.state.rule.op == ALLREDUCE
+                and o.state.admits(message_bytes)]
+    if not takeable:
+        return None, None
+    price, option = min(takeable, key=lambda po: (po[0].latency_us, po[1].label))
+    return option, price
+
+
+def best_path_at(engine: str, run: Run, curves: list[Curve], world_size: int, dtype: str,
+                 message_bytes: int) -> tuple[Option | None, Price | None]:
+    """The fastest path `engine` can take on the run's box for one message size (for a caller
+    that has sizes rather than a model, e.g. a profiler trace's allreduces)."""
+    opts = options(engine, engine_paths.states(engine, box_snapshot(run), world_size, dtype), run, curves)
+    return fastest(opts, [o.price(message_bytes) for o in opts], message_bytes)
+
+
 def decide_size(model: Model, e_states: list[PathState], opts: list[Option], concurrency: int) -> SizeDecision:
     size = model.message_bytes(concurrency)
     default = engine_paths.default_path(e_states, size)
     d_opt = _default_option(opts, default.path)
     d_price = d_opt.price(size) if d_opt else None
     prices = [o.price(size) for o in opts]
-    takeable = [(p, o) for o, p in zip(opts, prices)
-                if p is not None and o.state.available is True and o.state.rule.op == ALLREDUCE
-                and o.state.admits(size)]
-    best, best_price = (None, None)
-    if takeable:
-        best_price, best = min(takeable, key=lambda po: (po[0].latency_us, po[1].label))
+    best, best_price = fastest(opts, prices, size)
     gain, why = None, ""
     if best is None:
         why = "no path this engine can take here was measured at this size"
