@@ -155,7 +155,8 @@ class _FlashInferBase(Backend):
     def engine_settings(self, world_size: int | None) -> engines.Settings:
         return engines.Settings(self.name, vllm_env=dict(engines.VLLM_FLASHINFER_TRTLLM_ENV),
                                 sglang_flags=list(engines.SGLANG_FLASHINFER_TRTLLM),
-                                notes=[engines.FLASHINFER_NEVER_AUTO, engines.FLASHINFER_ARCHS])
+                                notes=[engines.FLASHINFER_NEVER_AUTO, engines.FLASHINFER_ARCHS],
+                                engine_paths=engines.claim(engines.FLASHINFER_AR, engines.VLLM))
 
     def check(self, ctx: "RunContext") -> str | None:
         reason = super().check(ctx)
@@ -270,6 +271,7 @@ class TrtllmFused(_TrtllmWorkspaceBackend, FusedBackend):
         settings = super().engine_settings(world_size)
         settings.vllm_flags = list(engines.VLLM_FUSE_ALLREDUCE_RMS)
         settings.notes.insert(1, engines.FUSED_TIMING)
+        settings.engine_paths = engines.claim(engines.FLASHINFER_FUSED, engines.VLLM, engines.SGLANG)
         return settings
 
     def allreduce_residual_rmsnorm(self, x: torch.Tensor, residual_in: torch.Tensor, gamma: torch.Tensor,
@@ -478,7 +480,8 @@ class PcieIpcAllreduce(_FlashInferBase):
 
     def engine_settings(self, world_size: int | None) -> engines.Settings:
         return engines.Settings(self.name, vllm_env=dict(engines.FLASHINFER_PCIE_IPC_ENV), sglang_supported=False,
-                                notes=[engines.SGLANG_PCIE_IPC])
+                                notes=[engines.SGLANG_PCIE_IPC],
+                                engine_paths=engines.claim(engines.FLASHINFER_PCIE_IPC, engines.VLLM))
 
     def _shape(self, message_bytes: int) -> tuple[int, int]:
         return pcie_shapes([message_bytes], self._itemsize, self._hidden)[0]

@@ -181,9 +181,11 @@ def bootstrap_reason() -> str | None:
     return describe_bootstrap_failure(done.returncode, done.stdout, done.stderr, static)
 
 
-def engine_settings(name: str) -> engines.Settings:
+def engine_settings(name: str, stand_in: bool = False) -> engines.Settings:
+    """stand_in: a forced algorithm, where SGLang picks its own by size."""
     return engines.Settings(name, sglang_flags=[engines.SGLANG_MSCCLPP], sglang_env=dict(engines.MSCCLPP_NO_NVLS_ENV),
-                            vllm_supported=False, notes=[engines.MSCCLPP_NO_VLLM, engines.MSCCLPP_SGLANG])
+                            vllm_supported=False, notes=[engines.MSCCLPP_NO_VLLM, engines.MSCCLPP_SGLANG],
+                            engine_paths=engines.claim(engines.MSCCLPP, engines.SGLANG, stand_in=stand_in))
 
 
 class MscclppAllreduce(Backend):
@@ -210,7 +212,7 @@ class MscclppAllreduce(Backend):
         return import_reason()
 
     def engine_settings(self, world_size: int | None) -> engines.Settings:
-        return engine_settings(self.name)
+        return engine_settings(self.name, stand_in=self.algorithm is not None)
 
     def setup(self, ctx: "RunContext", max_bytes: int, dtype: torch.dtype) -> None:
         mscclpp = import_mscclpp(ctx.multicast_reason is None)

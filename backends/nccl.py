@@ -109,7 +109,8 @@ class NcclBackend(ProcessGroupBackend):
                          "in place of torch's")
         return engines.Settings(self.name, nccl_env=requested, vllm_env=dict(engines.VLLM_ONLY_NCCL),
                                 vllm_flags=[engines.DISABLE_CUSTOM_ALLREDUCE],
-                                sglang_flags=[engines.DISABLE_CUSTOM_ALLREDUCE], notes=notes)
+                                sglang_flags=[engines.DISABLE_CUSTOM_ALLREDUCE], notes=notes,
+                                engine_paths=engines.claim(engines.NCCL_PATH, engines.VLLM, engines.SGLANG))
 
     def requested(self) -> dict[str, str]:
         """What this variant asks NCCL for, by the variables that ask it."""

@@ -133,6 +133,7 @@ class NcclSymmBackend(NcclBackend):
         settings.vllm_env = {**engines.VLLM_ONLY_NCCL, **VLLM_SYMM_ENV}
         settings.sglang_flags = [SGLANG_SYMM_FLAG]
         settings.notes = [*settings.notes, engines.NCCL_SYMM_VLLM]
+        settings.engine_paths = engines.claim(engines.NCCL_SYMM, engines.VLLM, engines.SGLANG)
         return settings
 
     def setup(self, ctx: "RunContext", max_bytes: int, dtype: torch.dtype) -> None:

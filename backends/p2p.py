@@ -788,7 +788,10 @@ class P2PAllreduce(Backend):
         notes = [engines.CUSTOM_AR_ON_BY_DEFAULT]
         if world_size is None or world_size > 2:
             notes += [engines.CUSTOM_AR_PCIE_GATE, engines.FLASHINFER_PCIE_ALTERNATIVE]
-        return engines.Settings(self.name, vllm_env=dict(engines.VLLM_ONLY_CUSTOM_ALLREDUCE), notes=notes)
+        # commbench's own kernels: the same CUDA-IPC technique, not the engines' code.
+        return engines.Settings(self.name, vllm_env=dict(engines.VLLM_ONLY_CUSTOM_ALLREDUCE), notes=notes,
+                                engine_paths=engines.claim(engines.CUSTOM_AR, engines.VLLM, engines.SGLANG,
+                                                           stand_in=True))
 
     def supports(self, message_bytes: int, dtype: torch.dtype) -> str | None:
         return super().supports(message_bytes, dtype) or size_reason(message_bytes, self.options.max_bytes)

@@ -73,7 +73,8 @@ class SymmMemAllreduce(Backend):
         if self.algo == "multimem":
             notes.append(engines.MULTIMEM_NEEDS_NVSWITCH)
         return engines.Settings(self.name, vllm_env=dict(engines.VLLM_ONLY_SYMM_MEM),
-                                sglang_flags=[engines.SGLANG_TORCH_SYMM_MEM], notes=notes)
+                                sglang_flags=[engines.SGLANG_TORCH_SYMM_MEM], notes=notes,
+                                engine_paths=engines.claim(engines.TORCH_SYMM_MEM, engines.VLLM, engines.SGLANG))
 
     def supports(self, message_bytes: int, dtype: torch.dtype) -> str | None:
         if dtype not in SYMM_MEM_DTYPES:

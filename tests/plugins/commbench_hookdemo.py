@@ -38,8 +38,10 @@ class HookDemo(Backend):
         return "hookdemo-lib not installed (pip install hookdemo-lib)" if self.variant == "missing" else None
 
     def engine_settings(self, world_size: int | None) -> engines.Settings:
+        # A stand-in for vLLM's NCCL path (the claim recommend prices paths by).
         return engines.Settings(self.name, vllm_env={"HOOKDEMO_LEVEL": str(self.level)}, sglang_supported=False,
-                                notes=[f"hookdemo at level {self.level} on {world_size} ranks"])
+                                notes=[f"hookdemo at level {self.level} on {world_size} ranks"],
+                                engine_paths=engines.claim(engines.NCCL_PATH, engines.VLLM, stand_in=True))
 
     def setup(self, ctx, max_bytes: int, dtype: torch.dtype) -> None:
         if self.group is None:

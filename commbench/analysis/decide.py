@@ -1,0 +1,351 @@
+"""Per engine: the paths it can take on the run's box, what each costs at a model's decode sizes,
+its default, the fastest path it can take, and the saving, only where both were measured.
+
+A path is priced by the rows of the backends that declare it (run.json backend_facts ->
+engines.Settings.engine_paths): the engine's own kernels first, a declared stand-in only where
+no own kernel was measured, and always named as one. Backends that price no path an engine can
+take here are headroom, never a setting. Shared by recommend and floor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from dataclasses import dataclass, field
+
+from commbench import engine_paths, engines
+from commbench.analysis.curves import Curve, Point, exceeds_spread, ranking
+from commbench.analysis.models import Model
+from commbench.engine_paths import ALLREDUCE, PathState
+from commbench.errors import UsageError
+from commbench.results import Run
+
+
+def recorded_settings(run: Run, curve: Curve) -> engines.Settings | None:
+    """What the backend declared in this run (run.json backend_facts), under the curve's process env."""
+    facts = run.info.get("backend_facts")
+    entry = facts.get(curve.backend) if isinstance(facts, dict) else None
+    declared = entry.get("engine_settings") if isinstance(entry, dict) else None
+    if not isinstance(declared, dict):
+        return None
+    try:
+        settings = engines.Settings.from_dict(declared)
+    except TypeError:
+        return None
+    return settings.with_process_env(curve.env_setting)
+
+
+@dataclass(frozen=True)
+class Price:
+    latency_us: float
+    point: Point
+    curve: str          # the curve label that priced it
+    stand_in: bool
+    interpolated: bool
+    mode: str
+
+
+@dataclass
+class Option:
+    """One distinct setting of one path of one engine, with the measured variants that price it."""
+
+    engine: str
+    state: PathState
+    settings: engines.Settings
+    own: list[Curve] = field(default_factory=list)
+    stand_ins: list[Curve] = field(default_factory=list)
+
+    @property
+    def variants(self) -> list[str]:
+        return [c.label for c in self.own + self.stand_ins]
+
+    @property
+    def plain(self) -> bool:
+        """The path as the engine runs it without process-wide knobs (NCCL_* left alone)."""
+        return not self.settings.nccl_env
+
+    @property
+    def label(self) -> str:
+        if engines.env_refusal(self.settings.nccl_env):     # run.json is untrusted: never echo it
+            return f"{self.state.rule.title} [settings refused]"
+        knobs = " ".join(f"{k}={v}" for k, v in sorted(self.settings.nccl_env.items()))
+        return self.state.rule.title + (f" [{knobs}]" if knobs else "")
+
+    def price(self, message_bytes: int) -> Price | None:
+        for curves, stand_in in ((self.own, False), (self.stand_ins, True)):
+            ranked = ranking(curves, message_bytes)
+            if ranked:
+                best = ranked[0]
+                return Price(best.point.latency_us, best.point, best.curve.label, stand_in, best.interpolated,
+                             best.curve.key.mode)
+        return None
+
+
+def _setting_key(engine: str, s: engines.Settings) -> str:
+    env = s.vllm_env if engine == engines.VLLM else s.sglang_env
+    flags = s.vllm_flags if engine == engines.VLLM else s.sglang_flags
+    return json.dumps([s.nccl_env, env, flags], sort_keys=True, default=str)
+
+
+def options(engine: str, states: list[PathState], run: Run, curves: list[Curve]) -> list[Option]:
+    """Options in the engine's dispatch order; variants with the same settings merged into one."""
+    by_path = {s.path: s for s in states}
+    found: dict[tuple[str, str], Option] = {}
+    for curve in curves:
+        settings = recorded_settings(run, curve)
+        if settings is None:
+            continue
+        claim = engines.declared_paths(settings).get(engine)
+        state = by_path.get(claim["path"]) if claim else None
+        if state is None or state.rule.op != curve.key.op:
+            continue
+        slot = (state.path, _setting_key(engine, settings))
+        option = found.setdefault(slot, Option(engine, state, settings))
+        (option.stand_ins if claim.get("stand_in") else option.own).append(curve)
+    order = {s.path: i for i, s in enumerate(states)}
+    return sorted(found.values(), key=lambda o: (order[o.state.path], not o.plain, o.label))
+
+
+@dataclass(frozen=True)
+class Saving:
+    versus: str             # the default's curve label, measured in this run
+    per_call_us: float
+    per_step_ms: float      # allreduces per token x per call: each sequence's time per output token
+    per_token_ms: float     # per step / concurrency: GPU time per generated token
+    ratio: float            # default latency / chosen latency
+    beyond_spread: bool | None
+
+
+def saving(model: Model, concurrency: int, chosen: Price, default: Price) -> tuple[Saving | None, str]:
+    """The saving of `chosen` over `default`, or why none is claimed."""
+    if chosen.stand_in or default.stand_in:
+        who = chosen.curve if chosen.stand_in else default.curve
+        return None, f"{who} is a stand-in, not the engine's kernel: no saving claimed"
+    if chosen.mode != default.mode:
+        return None, f"{chosen.curve} and {default.curve} were timed in different modes"
+    delta = default.latency_us - chosen.latency_us
+    per_step = model.allreduces_per_token * delta / 1000.0
+    return Saving(default.curve, delta, per_step, per_step / concurrency, default.latency_us / chosen.latency_us,
+                  exceeds_spread(delta, chosen.point, default.point)), ""
+
+
+def verdict(s: Saving) -> str:
+    if s.beyond_spread is False:
+        return f"no measurable difference from {s.versus} (inside the p10-p90 spread)"
+    spread = "" if s.beyond_spread else ", spread not measured"
+    return (f"{s.per_call_us:.1f} us/call, {s.per_step_ms:.2f} ms/step faster than {s.versus} "
+            f"({s.ratio:.2f}x{spread})")
+
+
+@dataclass
+class SizeDecision:
+    concurrency: int
+    message_bytes: int
+    default: engine_paths.Default
+    default_option: Option | None
+    default_price: Price | None
+    prices: list[Price | None]          # per option, in Engine.options order
+    best: Option | None                 # fastest option the engine can take here, priced
+    best_price: Price | None
+    saving: Saving | None
+    why_no_saving: str
+
+
+@dataclass
+class EngineDecision:
+    engine: str
+    version: str
+    states: list[PathState]
+    options: list[Option]
+    sizes: list[SizeDecision]
+
+    @property
+    def name(self) -> str:
+        return f"{engines.ENGINE_NAMES[self.engine]} {self.version}"
+
+
+def _default_option(opts: list[Option], state: PathState | None) -> Option | None:
+    return next((o for o in opts if state is not None and o.state is state and o.plain), None)
+
+
+def fastest(opts: list[Option], prices: list[Price | None], message_bytes: int) -> tuple[Option | None, Price | None]:
+    """The fastest priced option on a path the engine can take at this size."""
+    takeable = [(p, o) for o, p in zip(opts, prices)
+                if p is not None and o.state.available is True and o.state.rule.op == ALLREDUCE
+                and o.state.admits(message_bytes)]
+    if not takeable:
+        return None, None
+    price, option = min(takeable, key=lambda po: (po[0].latency_us, po[1].label))
+    return option, price
+
+
+def best_path_at(engine: str, run: Run, curves: list[Curve], world_size: int, dtype: str,
+                 message_bytes: int) -> tuple[Option | None, Price | None]:
+    """The fastest path `engine` can take on the run's box for one message size (for a caller
+    that has sizes rather than a model, e.g. a profiler trace's allreduces)."""
+    opts = options(engine, engine_paths.states(engine, box_snapshot(run), world_size, dtype), run, curves)
+    return fastest(opts, [o.price(message_bytes) for o in opts], message_bytes)
+
+
+def decide_size(model: Model, e_states: list[PathState], opts: list[Option], concurrency: int) -> SizeDecision:
+    size = model.message_bytes(concurrency)
+    default = engine_paths.default_path(e_states, size)
+    d_opt = _default_option(opts, default.path)
+    d_price = d_opt.price(size) if d_opt else None
+    prices = [o.price(size) for o in opts]
+    best, best_price = fastest(opts, prices, size)
+    gain, why = None, ""
+    if best is None:
+        why = "no path this engine can take here was measured at this size"
+    elif default.path is None:
+        why = f"the default path cannot be told here: {default.why}"
+    elif d_price is None:
+        why = f"the default ({default.path.rule.title}) was not measured in this run"
+    elif best is d_opt:
+        why = "the default is the fastest path measured here"
+    else:
+        gain, why = saving(model, concurrency, best_price, d_price)  # type: ignore[arg-type]
+    return SizeDecision(concurrency, size, default, d_opt, d_price, prices, best, best_price, gain, why)
+
+
+def box_snapshot(run: Run) -> dict | None:
+    """The run's probe snapshot; the NCCL the run recorded fills in one the probe did not."""
+    snapshot = run.info.get("snapshot")
+    if not isinstance(snapshot, dict):
+        return None
+    versions = run.info.get("versions")
+    nccl = versions.get("nccl") if isinstance(versions, dict) else None
+    software = snapshot.get("software") if isinstance(snapshot.get("software"), dict) else {}
+    if isinstance(nccl, str) and not software.get("nccl"):
+        return {**snapshot, "software": {**software, "nccl": nccl}}
+    return snapshot
+
+
+def decide(engine: str, run: Run, curves: list[Curve], model: Model, concurrencies: list[int],
+           world_size: int, version: str | None = None) -> EngineDecision:
+    e_states = engine_paths.states(engine, box_snapshot(run), world_size, model.dtype)
+    opts = options(engine, e_states, run, curves)
+    return EngineDecision(engine, version or engines.versions()[engine], e_states, opts,
+                          [decide_size(model, e_states, opts, c) for c in concurrencies])
+
+
+@dataclass(frozen=True)
+class Headroom:
+    """A measured kernel no requested engine can run here, against the best path one can."""
+
+    curve: str
+    why: str
+    concurrency: int
+    message_bytes: int
+    price: Price
+    versus: Price | None
+    saving: Saving | None
+
+
+def headroom_curves(run: Run, curves: list[Curve], decisions: list[EngineDecision]) -> list[tuple[Curve, str]]:
+    """Plain-allreduce curves that price no path a requested engine can take here, with why."""
+    used = {id(c) for d in decisions for o in d.options if o.state.available is True for c in o.own + o.stand_ins}
+    out = []
+    for curve in curves:
+        if curve.key.op != ALLREDUCE or id(curve) in used:
+            continue
+        settings = recorded_settings(run, curve)
+        if settings is None:
+            out.append((curve, f"no engine settings recorded for {curve.backend} in this run's run.json (runs "
+                               "record what each backend declares since results schema 3)"))
+            continue
+        claims = engines.declared_paths(settings)
+        reasons = []
+        for d in decisions:
+            claim = claims.get(d.engine)
+            state = next((s for s in d.states if claim and s.path == claim["path"]), None)
+            if state is None:
+                reasons.append(f"{d.name} has no path that runs it")
+            elif state.available is None:
+                reasons.append(f"{d.name}: whether its {state.rule.title} path runs here cannot be told ({state.why})")
+            else:
+                reasons.append(f"{d.name}: its {state.rule.title} path is off here ({state.why})")
+        out.append((curve, "; ".join(reasons)))
+    return out
+
+
+def headroom(model: Model, run: Run, curves: list[Curve], decisions: list[EngineDecision],
+             concurrencies: list[int]) -> list[Headroom]:
+    out = []
+    for curve, why in headroom_curves(run, curves, decisions):
+        for i, concurrency in enumerate(concurrencies):
+            size = model.message_bytes(concurrency)
+            ranked = ranking([curve], size)
+            if not ranked:
+                continue
+            price = Price(ranked[0].point.latency_us, ranked[0].point, curve.label, False, ranked[0].interpolated,
+                          curve.key.mode)
+            rivals = [d.sizes[i].best_price for d in decisions]
+            measured = [p for p in rivals if p is not None and not p.stand_in]
+            versus = min(measured, key=lambda p: p.latency_us) if measured else None
+            gain = saving(model, concurrency, price, versus)[0] if versus else None
+            out.append(Headroom(curve.label, why, concurrency, size, price, versus, gain))
+    return out
+
+
+def fastest_headroom(rooms: list[Headroom]) -> list[Headroom]:
+    """Per size, the fastest kernel no requested engine can run here."""
+    fastest: dict[int, Headroom] = {}
+    for r in rooms:
+        if r.concurrency not in fastest or r.price.latency_us < fastest[r.concurrency].price.latency_us:
+            fastest[r.concurrency] = r
+    return sorted(fastest.values(), key=lambda r: r.concurrency)
+
+
+# --- what the commands share: engine arguments, the data's kind ------------------------------
+
+DATA_WORDS = {"measured": "measured", "emulated": "MPS-emulated, no fabric", "imported": "imported from nccl-tests",
+              "fixture": "fixture, not a measurement", "cpu": "CPU (gloo), no GPU"}
+
+
+def data_tag(run: Run) -> str:
+    """The few words every line about the run's numbers carries."""
+    from commbench.analysis import provenance
+    return DATA_WORDS.get(provenance.of(run).kind, "unknown origin")
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--engine", action="append", default=None, metavar="vllm|sglang",
+                        help="the serving engine(s) to answer for (repeatable or a comma list; default: both)")
+    parser.add_argument("--engine-version", action="append", default=None, metavar="ENGINE=VERSION",
+                        help="the engine version you serve with, e.g. vllm=0.33.0 (the rules are read at "
+                             f"vLLM {engines.VLLM_VERSION} and SGLang {engines.SGLANG_VERSION}; another version "
+                             "is named in the output as unchecked)")
+
+
+def requested_engines(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """(engine, version) pairs in the order asked; one line and exit 2 for anything else."""
+    names: list[str] = []
+    for item in args.engine or [",".join(engines.ENGINES)]:
+        for name in item.split(","):
+            name = name.strip().lower()
+            if name not in engines.ENGINES:
+                raise UsageError(f"--engine {name!r}: choose from {', '.join(engines.ENGINES)}")
+            if name in names:
+                raise UsageError(f"--engine {name} is given twice")
+            names.append(name)
+    versions = dict(engines.versions())
+    for item in args.engine_version or []:
+        engine, sep, version = item.partition("=")
+        engine = engine.strip().lower()
+        if not sep or engine not in engines.ENGINES or not VERSION.match(version.strip()):
+            raise UsageError(f"--engine-version {item!r}: expected ENGINE=VERSION, e.g. vllm=0.33.0")
+        versions[engine] = version.strip()
+    return [(name, versions[name]) for name in names]
+
+
+VERSION = re.compile(r"^[0-9][0-9A-Za-z.+-]{0,31}$")
+
+
+def version_note(d: EngineDecision) -> str | None:
+    known = engines.versions()[d.engine]
+    if d.version == known:
+        return None
+    return (f"you asked for {engines.ENGINE_NAMES[d.engine]} {d.version}; these rules were read at {known} "
+            "and were not checked against your version")

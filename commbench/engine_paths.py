@@ -1,0 +1,273 @@
+"""Which allreduce paths vLLM and SGLang can take on a probed box at one TP size, which of them
+each engine takes by default at a message size, and what turns each on.
+
+The engines' rules are the facts in commbench/engines.py (versions and sources there and in the
+comments below); this module applies them to a probe snapshot. No torch: the analysis reads it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from commbench import engines
+from commbench.engines import (CUSTOM_AR, FLASHINFER_AR, FLASHINFER_FUSED, FLASHINFER_PCIE_IPC, MSCCLPP, NCCL_PATH,
+                               NCCL_SYMM, SGLANG, TORCH_SYMM_MEM, VLLM)
+from commbench.topology.needs import p2p_reason, vmm_reason
+from commbench.topology.selection import gpu_pairs, p2p_entry, used_gpus, used_hosts
+
+MiB = 1 << 20
+ALLREDUCE, FUSED_OP = "allreduce", "allreduce_residual_rmsnorm"
+
+# vLLM 0.33.0 all_reduce_utils.py CUSTOM_ALL_REDUCE_MAX_SIZES: the custom allreduce's cap where the
+# torch symm-mem communicator is on (multicast); else CUSTOM_AR_MAX_BYTES (8 MiB).
+CUSTOM_AR_CAP_WITH_SYMM = {"9.0": {2: 64 * MiB, 4: 32 * MiB, 6: 512 << 10, 8: 256 << 10},
+                           "10.0": {2: 2 * MiB, 4: 2 * MiB, 6: 1 * MiB, 8: 1 * MiB}}
+# vLLM 0.33.0 symm_mem.py SYMM_MEM_ALL_REDUCE_MAX_SIZES.
+VLLM_SYMM_MEM_MAX = {"9.0": {2: 64 * MiB, 4: 32 * MiB, 6: 64 * MiB, 8: 64 * MiB},
+                     "10.0": {2: 8 * MiB, 4: 32 * MiB, 6: 128 * MiB, 8: 128 * MiB}}
+# vLLM 0.33.0 FI_ALLREDUCE_FUSION_MAX_SIZE_MB (allreduce_rms_fusion.py), which also sizes the
+# standalone FlashInfer allreduce's workspace (flashinfer_all_reduce.py max_workspace_size).
+FLASHINFER_MAX = {"9.0": {2: 64 * MiB, 4: 2 * MiB, 8: MiB // 2},
+                  "10.0": {2: 64 * MiB, 4: 32 * MiB, 8: 1 * MiB, 16: 64 * MiB}}
+FLASHINFER_WORLD_SIZES = (2, 4, 8, 16)
+PCIE_IPC_WORLD_SIZES = (2, 4, 8)
+MSCCLPP_WORLD_SIZES = (4, 8, 16, 32, 64)
+
+
+@dataclass(frozen=True)
+class PathRule:
+    """One path of one engine, in the order the engine tries them for a call."""
+
+    engine: str
+    path: str
+    title: str
+    op: str
+    default_on: bool        # taken without any setting where it is available
+    turn_on: str            # what selects it (opt-in) or keeps it (default)
+    source: str
+
+
+RULES: tuple[PathRule, ...] = (
+    # vLLM 0.33.0 cuda_communicator.py CudaCommunicator.all_reduce, dispatch order (ROCm paths left out).
+    PathRule(VLLM, NCCL_SYMM, "NCCL symmetric memory", ALLREDUCE, False, "VLLM_USE_NCCL_SYMM_MEM=1",
+             f"vLLM {engines.VLLM_VERSION} all_reduce_utils.py"),
+    PathRule(VLLM, FLASHINFER_PCIE_IPC, "FlashInfer PCIe IPC allreduce", ALLREDUCE, False,
+             "VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC=1", "vLLM #53576, flashinfer_pcie_ipc_all_reduce.py"),
+    PathRule(VLLM, FLASHINFER_AR, "FlashInfer allreduce (trtllm)", ALLREDUCE, True,
+             "VLLM_ALLREDUCE_USE_FLASHINFER=1 (default)", f"vLLM {engines.VLLM_VERSION} flashinfer_all_reduce.py"),
+    PathRule(VLLM, CUSTOM_AR, "custom allreduce (CUDA IPC)", ALLREDUCE, True,
+             "on unless --disable-custom-all-reduce", f"vLLM {engines.VLLM_VERSION} custom_all_reduce.py"),
+    PathRule(VLLM, TORCH_SYMM_MEM, "torch symmetric memory", ALLREDUCE, True,
+             "VLLM_ALLREDUCE_USE_SYMM_MEM=1 (default)", f"vLLM {engines.VLLM_VERSION} symm_mem.py"),
+    PathRule(VLLM, NCCL_PATH, "NCCL (PyNccl)", ALLREDUCE, True, "the fallback for every other size",
+             f"vLLM {engines.VLLM_VERSION} pynccl.py"),
+    PathRule(VLLM, FLASHINFER_FUSED, "FlashInfer allreduce+RMSNorm fusion", FUSED_OP, False,
+             "--compilation-config fuse_allreduce_rms", f"vLLM {engines.VLLM_VERSION} allreduce_rms_fusion.py"),
+    # SGLang 0.5.23 parallel_state.py all_reduce: custom AR, then the opt-in communicators, then PyNccl.
+    PathRule(SGLANG, CUSTOM_AR, "custom allreduce (CUDA IPC)", ALLREDUCE, True,
+             "on unless --disable-custom-all-reduce", f"SGLang {engines.SGLANG_VERSION} custom_all_reduce.py"),
+    PathRule(SGLANG, MSCCLPP, "MSCCL++", ALLREDUCE, False, "--enable-mscclpp",
+             f"SGLang {engines.SGLANG_VERSION} pymscclpp.py"),
+    PathRule(SGLANG, TORCH_SYMM_MEM, "torch symmetric memory", ALLREDUCE, False, "--enable-torch-symm-mem",
+             f"SGLang {engines.SGLANG_VERSION} torch_symm_mem.py"),
+    PathRule(SGLANG, NCCL_SYMM, "NCCL symmetric memory", ALLREDUCE, False, "--enable-symm-mem",
+             f"SGLang {engines.SGLANG_VERSION} pynccl_allocator.py"),
+    PathRule(SGLANG, NCCL_PATH, "NCCL (PyNccl)", ALLREDUCE, True, "the fallback for every other size",
+             f"SGLang {engines.SGLANG_VERSION} pynccl.py"),
+    PathRule(SGLANG, FLASHINFER_FUSED, "FlashInfer allreduce+RMSNorm fusion", FUSED_OP, True,
+             "--flashinfer-allreduce-fusion-backend trtllm (auto by default on SM90/SM10x)",
+             f"SGLang {engines.SGLANG_VERSION} flashinfer_comm_fusion.py"),
+)
+
+
+@dataclass(frozen=True)
+class PathState:
+    """One engine path on one box: can it run, why (not), and up to which size the engine sends it."""
+
+    rule: PathRule
+    available: bool | None      # None: this run cannot tell (ranks share a GPU, a fact not probed)
+    why: str
+    max_bytes: int | None = None    # the engine routes a message here only below this size
+    inclusive: bool = False         # max_bytes itself included (symm-mem, FlashInfer) or not (custom AR)
+
+    @property
+    def path(self) -> str:
+        return self.rule.path
+
+    def admits(self, message_bytes: int) -> bool:
+        if self.max_bytes is None:
+            return True
+        return message_bytes <= self.max_bytes if self.inclusive else message_bytes < self.max_bytes
+
+
+@dataclass(frozen=True)
+class Box:
+    """The facts of a snapshot the engines' gates read, at one world size."""
+
+    world_size: int
+    has_gpus: bool
+    shares_gpus: bool           # ranks share GPUs (an MPS emulation): fabric gates cannot be read
+    multi_node: bool
+    cc: str
+    nvlink_all: bool
+    can_access_all: bool
+    p2p_ok: bool
+    multicast: bool
+    vmm_reason: str | None
+    nccl_version: tuple[int, ...] | None
+
+
+def box(snapshot: dict[str, Any] | None, world_size: int) -> Box:
+    snapshot = snapshot if isinstance(snapshot, dict) else {}
+    gpus_used = used_gpus(snapshot, world_size) if snapshot.get("gpus") else []
+    if not gpus_used:
+        return Box(world_size, False, False, False, "?", False, False, False, False, "no GPU in the snapshot", None)
+    gpus = snapshot["gpus"]
+    distinct = sorted(set(gpus_used))
+    pairs = gpu_pairs(gpus_used)
+    nvlink = len(distinct) > 1 and engines.nvlink_everywhere(snapshot, distinct)
+    return Box(world_size=world_size, has_gpus=True, shares_gpus=len(distinct) < len(gpus_used),
+               multi_node=len(used_hosts(snapshot, world_size)) > 1,
+               cc=str(gpus[distinct[0]].get("compute_capability", "?")), nvlink_all=nvlink,
+               can_access_all=all((p2p_entry(snapshot, a, b) or {}).get("can_access_peer") is True for a, b in pairs),
+               p2p_ok=p2p_reason(snapshot, world_size) is None,
+               multicast=all((gpus[g].get("attributes") or {}).get("multicast") == 1 for g in distinct),
+               vmm_reason=vmm_reason(snapshot, world_size), nccl_version=engines.nccl_version(snapshot))
+
+
+SHARED = "ranks share one GPU in this run (an emulation): the engine's gate on the fabric cannot be read"
+
+
+def _custom_ar(b: Box, engine: str) -> tuple[bool | None, str, int | None]:
+    if b.multi_node:
+        return False, "the group spans nodes", None
+    if b.world_size not in engines.CUSTOM_AR_WORLD_SIZES:
+        return False, f"world size {b.world_size} is not one of {engines.CUSTOM_AR_WORLD_SIZES}", None
+    cap = engines.CUSTOM_AR_MAX_BYTES
+    if engine == VLLM and b.multicast:
+        cap = CUSTOM_AR_CAP_WITH_SYMM.get(b.cc, {}).get(b.world_size, cap)
+    if b.shares_gpus and b.world_size > 2:
+        return None, SHARED, cap
+    if b.world_size > 2 and not b.nvlink_all:
+        return False, ("above 2 GPUs it needs NVLink between every pair ('not supported on more than two "
+                       "PCIe-only GPUs'; vLLM #56128)"), cap
+    if not b.can_access_all:
+        return False, "cudaDeviceCanAccessPeer is false on some pair", cap
+    return True, f"on by default below {cap >> 10} KiB", cap
+
+
+def _symm_mem(b: Box, engine: str) -> tuple[bool | None, str, int | None]:
+    if not b.multicast:
+        return False, "the communicator turns itself off without multicast, even for two-shot (vLLM #50179)", None
+    if engine == VLLM:
+        cap = VLLM_SYMM_MEM_MAX.get(b.cc, {}).get(b.world_size)
+        if cap is None:
+            return False, f"no SYMM_MEM_ALL_REDUCE_MAX_SIZES entry for compute capability {b.cc}", None
+        return True, f"up to {cap >> 20} MiB, after the custom allreduce's sizes", cap
+    return True, "multimem at 4/6/8 ranks on SM9/SM10, else two-shot", None
+
+
+def _flashinfer(b: Box, engine: str, fused: bool) -> tuple[bool | None, str, int | None]:
+    if b.multi_node:
+        return False, "trtllm is single-node only", None
+    if b.world_size not in FLASHINFER_WORLD_SIZES:
+        return False, f"world size {b.world_size} is not one of {FLASHINFER_WORLD_SIZES}", None
+    if b.cc == "?":
+        return None, "the snapshot has no compute capability", None
+    if engine == SGLANG and b.cc.split(".")[0] not in ("9", "10"):
+        return False, f"needs SM90 or SM10x, this is compute capability {b.cc}", None
+    cap = FLASHINFER_MAX.get(b.cc, {}).get(b.world_size)
+    if engine == VLLM and cap is None:
+        return False, f"FI_ALLREDUCE_FUSION_MAX_SIZE_MB has no entry for compute capability {b.cc}", None
+    if b.vmm_reason:
+        return (None if "not tested" in b.vmm_reason else False), f"cuMemCreate workspace: {b.vmm_reason}", cap
+    kind = "fused AR+residual+RMSNorm" if fused else "trtllm"
+    if engine == VLLM and b.multicast and not fused:
+        # vLLM flashinfer_all_reduce.py _resolve_fi_ar_backend: auto -> mnnvl on one node
+        kind += " (its default 'auto' picks mnnvl where multicast works; trtllm is VLLM_FLASHINFER_ALLREDUCE_BACKEND=trtllm)"
+    return True, f"{kind} up to {cap >> 10} KiB" if cap else kind, cap
+
+
+def _nccl_symm(b: Box) -> tuple[bool | None, str, int | None]:
+    if b.world_size < 4:
+        return False, "used from 4 ranks only (NCCL_SYMM_MEM_ALL_REDUCE_CONFIG)", None
+    if b.shares_gpus:
+        return None, SHARED, None
+    version = b.nccl_version
+    if version is not None and version >= engines.NCCL_SYMMETRIC_PCIE_OFF and not b.nvlink_all:
+        return False, "NCCL >= 2.29.2 runs its symmetric kernels only on fully NVLink-connected systems", None
+    return True, "opt-in", None
+
+
+def _pcie_ipc(b: Box, dtype: str) -> tuple[bool | None, str, int | None]:
+    if b.world_size not in PCIE_IPC_WORLD_SIZES:
+        return False, f"world size {b.world_size} is not one of {PCIE_IPC_WORLD_SIZES}", None
+    if dtype not in ("bf16", "fp16"):
+        return False, f"bf16/fp16 only, not {dtype}", None
+    if b.multi_node or not b.p2p_ok:
+        return False, "needs working P2P between the GPUs of one node", None
+    return True, "opt-in, bf16/fp16", None
+
+
+def _mscclpp(b: Box) -> tuple[bool | None, str, int | None]:
+    if b.world_size not in MSCCLPP_WORLD_SIZES:
+        return False, f"world size {b.world_size} is not one of {MSCCLPP_WORLD_SIZES}", None
+    if not b.p2p_ok:
+        return False, "P2P does not work here", None
+    return True, "opt-in; runs only inside CUDA graphs", None
+
+
+def state(rule: PathRule, b: Box, dtype: str) -> PathState:
+    if not b.has_gpus:
+        return PathState(rule, False, "no CUDA GPU in this run's snapshot")
+    if b.world_size < 2:
+        return PathState(rule, False, f"world size {b.world_size}: nothing to all-reduce")
+    gate = {CUSTOM_AR: lambda: _custom_ar(b, rule.engine),
+            TORCH_SYMM_MEM: lambda: _symm_mem(b, rule.engine),
+            FLASHINFER_AR: lambda: _flashinfer(b, rule.engine, False),
+            FLASHINFER_FUSED: lambda: _flashinfer(b, rule.engine, True),
+            NCCL_SYMM: lambda: _nccl_symm(b),
+            FLASHINFER_PCIE_IPC: lambda: _pcie_ipc(b, dtype),
+            MSCCLPP: lambda: _mscclpp(b),
+            NCCL_PATH: lambda: (True, "always available", None)}[rule.path]
+    available, why, cap = gate()
+    return PathState(rule, available, why, cap, inclusive=rule.path != CUSTOM_AR)
+
+
+def states(engine: str, snapshot: dict[str, Any] | None, world_size: int, dtype: str) -> list[PathState]:
+    """Every path of `engine` on this box at this TP, in the engine's dispatch order. A path that
+    engines.inert_settings() calls inert is off here with that rule's reason, whatever the gates
+    above say: the two never disagree in one output."""
+    b = box(snapshot, world_size)
+    inert = engines.inert_settings(snapshot, world_size) if b.has_gpus else []
+    out = []
+    for rule in RULES:
+        if rule.engine != engine:
+            continue
+        current = state(rule, b, dtype)
+        off = next((r for r in inert if (engine, rule.path) in r.paths), None)
+        if off is not None and current.available is not False:
+            current = PathState(rule, False, f"{off.why} ({off.source})")
+        out.append(current)
+    return out
+
+
+@dataclass(frozen=True)
+class Default:
+    """The path an engine takes for one message size with no settings changed."""
+
+    path: PathState | None     # None: cannot be told (a default-on path's gate is unknown here)
+    why: str
+
+
+def default_path(paths: list[PathState], message_bytes: int, op: str = ALLREDUCE) -> Default:
+    """The first default-on path, in dispatch order, that runs here and takes this size."""
+    for p in paths:
+        if not p.rule.default_on or p.rule.op != op:
+            continue
+        if p.available is None:
+            return Default(None, f"{p.rule.title} is on by default and {p.why}")
+        if p.available and p.admits(message_bytes):
+            return Default(p, p.why)
+    return Default(None, "no default-on path runs here")

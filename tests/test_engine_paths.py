@@ -1,0 +1,108 @@
+"""The engine-path model: which allreduce paths vLLM and SGLang can take on a probed box at a TP
+size, and which one each takes by default at a message size (commbench/engine_paths.py)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from commbench import engine_paths, engines
+from commbench.engines import CUSTOM_AR, FLASHINFER_AR, NCCL_PATH, NCCL_SYMM, SGLANG, TORCH_SYMM_MEM, VLLM
+
+ROOT = Path(__file__).parent.parent
+PCIE = json.loads((ROOT / "tests/data/runs/synthetic-pcie-8gpu/run.json").read_text())["snapshot"]
+EMULATED = json.loads((ROOT / "results/reference/h200-mps-emulated/world8/allreduce/20261201-171600-vm/run.json")
+                      .read_text())["snapshot"]
+KiB = 1024
+
+
+def nvswitch_h200(multicast: bool) -> dict:
+    """The PCIe fixture's 8 GPUs made into H200s with NVLink on every pair and a working
+    cuMemCreate exchange between every pair."""
+    snap = copy.deepcopy(PCIE)
+    for gpu in snap["gpus"]:
+        gpu["compute_capability"] = "9.0"
+        gpu["attributes"] = {"multicast": 1 if multicast else 0}
+    for entry in snap["p2p"]:
+        entry["nvml"] = {"nvlink": "OK"}
+    snap["participants"] = [{"id": g, "gpu": g} for g in range(8)]
+    snap["vmm"] = {"tested": True, "exports": [],
+                   "pairs": [{"writer": a, "owner": b, "status": "ok"} for a in range(8) for b in range(8) if a != b]}
+    return snap
+
+
+def by_path(engine: str, snapshot: dict, world_size: int = 8, dtype: str = "bf16") -> dict:
+    return {s.path: s for s in engine_paths.states(engine, snapshot, world_size, dtype)}
+
+
+def default(engine: str, snapshot: dict, message_bytes: int, world_size: int = 8) -> str | None:
+    chosen = engine_paths.default_path(engine_paths.states(engine, snapshot, world_size, "bf16"), message_bytes)
+    return chosen.path.path if chosen.path else None
+
+
+def test_on_8_pcie_gpus_both_engines_fall_back_to_nccl_at_every_size():
+    for engine in engines.ENGINES:
+        paths = by_path(engine, PCIE)
+        assert paths[CUSTOM_AR].available is False and "NVLink between every pair" in paths[CUSTOM_AR].why
+        assert paths[TORCH_SYMM_MEM].available is False
+        assert all(default(engine, PCIE, size) == NCCL_PATH for size in (4 * KiB, 12 * KiB, 3 << 20))
+    # NCCL >= 2.29.2 (the fixture's 2.30.7, from run.json when the probe did not record it) has no
+    # symmetric kernels off NVLink
+    with_nccl = {**PCIE, "software": {"nccl": "2.30.7"}}
+    assert by_path(VLLM, with_nccl)[NCCL_SYMM].available is False
+
+
+def test_two_pcie_gpus_take_the_custom_allreduce_below_8_mib():
+    for engine in engines.ENGINES:
+        assert default(engine, PCIE, 64 * KiB, world_size=2) == CUSTOM_AR
+        assert default(engine, PCIE, 8 << 20, world_size=2) == NCCL_PATH     # inp_size < max_size
+
+
+def test_nvswitch_h200_dispatch_order_and_size_caps():
+    snap = nvswitch_h200(multicast=True)
+    # vLLM: FlashInfer first (up to 512 KiB at TP8 on SM90), then the custom allreduce (capped at
+    # 256 KiB where symm-mem is on, so FlashInfer covers its sizes), then torch symm-mem (64 MiB).
+    assert default(VLLM, snap, 12 * KiB) == FLASHINFER_AR
+    assert default(VLLM, snap, 1 << 20) == TORCH_SYMM_MEM
+    assert default(VLLM, snap, 128 << 20) == NCCL_PATH
+    assert by_path(VLLM, snap)[CUSTOM_AR].max_bytes == 256 * KiB
+    # SGLang: its custom allreduce up to 8 MiB, NCCL above; torch symm-mem is opt-in
+    assert default(SGLANG, snap, 1 << 20) == CUSTOM_AR and default(SGLANG, snap, 16 << 20) == NCCL_PATH
+    assert by_path(SGLANG, snap)[TORCH_SYMM_MEM].available is True
+    # without multicast the symm-mem communicator is off and the custom allreduce keeps 8 MiB
+    plain = nvswitch_h200(multicast=False)
+    assert by_path(VLLM, plain)[TORCH_SYMM_MEM].available is False
+    assert by_path(VLLM, plain)[CUSTOM_AR].max_bytes == engines.CUSTOM_AR_MAX_BYTES
+
+
+def test_ranks_sharing_one_gpu_leave_the_fabric_gates_unknown():
+    paths = by_path(SGLANG, EMULATED)
+    assert paths[CUSTOM_AR].available is None and "ranks share one GPU" in paths[CUSTOM_AR].why
+    assert default(SGLANG, EMULATED, 12 * KiB) is None
+    # vLLM tries FlashInfer before its custom allreduce: its default at small sizes is known
+    assert default(VLLM, EMULATED, 12 * KiB) == FLASHINFER_AR and default(VLLM, EMULATED, 1 << 20) is None
+    # and the inert list no longer calls the custom allreduce inert on one shared GPU
+    assert not any((VLLM, CUSTOM_AR) in r.paths for r in engines.inert_settings(EMULATED, 8))
+
+
+@pytest.mark.parametrize("snapshot", [PCIE, EMULATED, nvswitch_h200(True), nvswitch_h200(False)])
+def test_a_path_the_inert_list_names_is_never_available(snapshot):
+    inert = {p for rule in engines.inert_settings(snapshot, 8) for p in rule.paths}
+    for engine in engines.ENGINES:
+        for state in engine_paths.states(engine, snapshot, 8, "bf16"):
+            if (engine, state.path) in inert:
+                assert state.available is False, (engine, state.path)
+
+
+def test_the_fastest_path_at_a_size_for_callers_without_a_model():
+    from commbench.analysis import decide
+    from commbench.analysis.curves import decode_curves
+    from commbench.results import load_run
+    run = load_run(ROOT / "tests/data/runs/synthetic-pcie-8gpu")
+    curves = decode_curves(run, 8, "bf16", "auto")
+    option, price = decide.best_path_at(SGLANG, run, curves, 8, "bf16", 16 * KiB)
+    # p2p:oneshot (13 us) is faster there, but SGLang cannot run it on 8 PCIe GPUs
+    assert option.state.path == NCCL_PATH and price.curve == "nccl:proto=LL,algo=Ring (graph)" and price.latency_us == 54
