@@ -160,9 +160,12 @@ def fabric_of(snapshot: dict[str, Any], gpu_count: int) -> str | None:
 def differences(a: Provenance, b: Provenance) -> list[str]:
     """What makes two runs' numbers incomparable as one machine's: kind (measured, emulated,
     ...), host, GPU models and count, fabric, world size. Empty when none of them differ."""
+    def fabric(p: Provenance) -> str | None:
+        return "none" if p.kind in (EMULATED, CPU) else p.fabric
+
     out = []
     for name, left, right in (("data", a.kind, b.kind), ("host", a.host, b.host),
-                              ("GPUs", a.gpus_text(), b.gpus_text()), ("fabric", a.fabric, b.fabric),
+                              ("GPUs", a.gpus_text(), b.gpus_text()), ("fabric", fabric(a), fabric(b)),
                               ("world size", a.world_size, b.world_size)):
         if left != right:
             out.append(f"{name}: {left if left is not None else 'not recorded'} vs "
