@@ -78,3 +78,10 @@ def test_model_sweep_on_cpu_runs_the_preset_sizes_and_prints_the_next_command(tm
     # The printed command runs as printed.
     assert cli(last.removeprefix("# next: commbench ").split()) == 0
     assert "GLM-5" in capsys.readouterr().out
+
+
+def test_the_driver_hands_qualify_to_its_children_for_the_plan_and_runs_it_once():
+    from commbench.sweep.launcher import child_arguments
+
+    assert child_arguments(["--qualify", "s.toml", "--junit", "j.xml", "--nproc", "2", "--model", "glm-5"]) == [
+        "--qualify", "s.toml", "--model", "glm-5"]
