@@ -79,6 +79,8 @@ def test_differences_name_what_differs():
     words = " | ".join(provenance.differences(a, b))
     assert "data: fixture vs emulated" in words and "host: synthetic-host vs vm" in words
     assert provenance.differences(a, a) == []
+    time_sliced = provenance.Provenance(**{**b.__dict__, "emulation": {**b.emulation, "mps": False}})
+    assert provenance.differences(b, time_sliced) == ["emulation: MPS 12% of the SMs vs time-sliced"]
 
 
 def test_table_folds_to_the_width_and_wide_keeps_one_line_per_row():
