@@ -98,6 +98,10 @@ def test_table_folds_to_the_width_and_wide_keeps_one_line_per_row():
     assert "nccl[NCCL_MIN_NCHANNELS=8]" in wide               # a '[' is text, not markup
     assert all(line == line.rstrip() for line in wide.splitlines())
     assert wide.splitlines()[2].endswith(" 1,234  " + ("word " * 30).strip())   # numbers right-aligned
+    title = "latency per backend: " + " ".join(["long words"] * 8)
+    titled = render.table(headers, rows, right=(1,), title=title, width=30)
+    assert titled.splitlines()[0] == title                     # a line of its own, never folded
+    assert titled.splitlines()[1:] == inside_words.splitlines()
     # Too narrow even to fold: printed unfolded, never a column dropped or cut.
     assert render.table(headers, rows, right=(1,), width=20) == wide
 
