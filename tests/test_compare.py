@@ -118,3 +118,22 @@ def test_bf16_and_fp32_rows_are_told_apart(tmp_path, capsys):
     fig = plots.compare_figure(curves_a, curves_b, "a", "b", "t")
     labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     assert "gloo (eager) bf16 A" in labels and "gloo (eager) fp32 A" in labels and len(set(labels)) == len(labels)
+
+
+def test_curves_pair_across_runs_by_the_whole_key_and_name_what_sets_them_apart():
+    from commbench.results import Measurement
+
+    def row(us: float, version: str, world: int = 8) -> Measurement:
+        return Measurement(backend="nccl", mode="graph", dtype="bf16", message_bytes=4096, world_size=world,
+                           status="ok", latency_us=us, extra={"nccl_version_loaded": version})
+
+    one_run = build_curves([row(40.0, "2.28.9"), row(30.0, "2.30.7")])   # two NCCLs in one run: two curves
+    assert sorted(c.label for c in one_run) == ["nccl {NCCL 2.28.9} (graph)", "nccl {NCCL 2.30.7} (graph)"]
+    # A before/after of one NCCL upgrade: each run has one nccl curve, so they are compared.
+    (upgrade,) = changes(build_curves([row(40.0, "2.28.9")]), build_curves([row(30.0, "2.30.7")]))
+    assert upgrade.latency_change_pct == pytest.approx(-25.0)
+    # Against a run with both, each side pairs with its own library only.
+    paired = changes(one_run, build_curves([row(44.0, "2.28.9"), row(33.0, "2.30.7")]))
+    assert sorted(round(c.latency_change_pct) for c in paired) == [10, 10]
+    mixed = build_curves([row(40.0, "2.28.9", world=4), row(50.0, "2.28.9", world=8)])
+    assert sorted(c.label for c in mixed) == ["nccl {4 ranks} (graph)", "nccl {8 ranks} (graph)"]

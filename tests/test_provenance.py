@@ -79,6 +79,8 @@ def test_differences_name_what_differs():
     words = " | ".join(provenance.differences(a, b))
     assert "data: fixture vs emulated" in words and "host: synthetic-host vs vm" in words
     assert provenance.differences(a, a) == []
+    time_sliced = provenance.Provenance(**{**b.__dict__, "emulation": {**b.emulation, "mps": False}})
+    assert provenance.differences(b, time_sliced) == ["emulation: MPS 12% of the SMs vs time-sliced"]
 
 
 def test_table_folds_to_the_width_and_wide_keeps_one_line_per_row():
@@ -96,6 +98,10 @@ def test_table_folds_to_the_width_and_wide_keeps_one_line_per_row():
     assert "nccl[NCCL_MIN_NCHANNELS=8]" in wide               # a '[' is text, not markup
     assert all(line == line.rstrip() for line in wide.splitlines())
     assert wide.splitlines()[2].endswith(" 1,234  " + ("word " * 30).strip())   # numbers right-aligned
+    title = "latency per backend: " + " ".join(["long words"] * 8)
+    titled = render.table(headers, rows, right=(1,), title=title, width=30)
+    assert titled.splitlines()[0] == title                     # a line of its own, never folded
+    assert titled.splitlines()[1:] == inside_words.splitlines()
     # Too narrow even to fold: printed unfolded, never a column dropped or cut.
     assert render.table(headers, rows, right=(1,), width=20) == wide
 

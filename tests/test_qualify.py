@@ -78,7 +78,7 @@ def test_wrong_and_hung_rows_fail_the_checks_of_their_backend_only(tmp_path, cap
     assert cli(["qualify", "--spec", str(spec), str(run), "--wide"]) == 1
     out = capsys.readouterr().out
     assert re.search(r"FAIL +correctness +zero #wrong +1 row\(s\) with wrong results: p2p:oneshot graph 1M", out)
-    assert re.search(r"FAIL +correctness +no hangs +2 hang\(s\): p2p:oneshot graph 2M hang", out)
+    assert re.search(r"FAIL +correctness +no hangs +2 hang\(s\): p2p:oneshot 2M hang", out)
 
 
 def test_a_fixture_or_an_emulated_run_never_passes_hardware(tmp_path, capsys):

@@ -81,6 +81,10 @@ def test_report_writes_self_contained_html_with_red_rows(tmp_path, capsys):
     assert "cuMemCreate probe failed on rank 3" in page                   # probe verdicts
     out = capsys.readouterr().out
     assert "2M-4M    nccl[NCCL_MIN_NCHANNELS=8] (graph)" in out
+    # What the data is comes first, on the console and on the page.
+    line = "data: fixture: hand-made test data, not a measurement"
+    assert out.startswith(line)
+    assert page.split("<body>")[1].startswith(f"\n<p class='provenance'><b>{line}")
 
 
 CAUTION = ("caution: p2p:oneshot failed its check at 1M wrong (stale), 2M hang, 4M hang: enable it only if "
@@ -217,3 +221,21 @@ def test_in_a_real_browser_no_table_overflows_a_1400_px_page(tmp_path):
     match = re.search(r'data-overflow="(\d+):(\d+)"', done.stdout)
     assert match, done.stderr[-2000:]
     assert match.group(1) == "0" and int(match.group(2)) <= 1400
+
+
+def test_winners_are_ranked_within_one_world_size(tmp_path):
+    """Rows of two world sizes in one dir (nccl-tests imports can hold both): a section each, so an
+    8-rank curve never 'wins' against a 4-rank one."""
+    from commbench.analysis.report import build_sections
+    from commbench.results import Run
+
+    def row(backend: str, world: int, us: float) -> Measurement:
+        return Measurement(backend=backend, mode="graph", dtype="bf16", message_bytes=4096, world_size=world,
+                           status="ok", latency_us=us)
+
+    rows = [row("nccl", 4, 10.0), row("nccl", 8, 20.0), row("p2p:auto", 8, 15.0)]
+    sections = build_sections(Run(tmp_path, {}, rows), build_curves(rows), "nccl")
+    assert [(s.title, [r.crossover.winner for r in s.ranges]) for s in sections] == [
+        ("bf16, graph mode, 4 ranks", ["nccl {4 ranks} (graph)"]),
+        ("bf16, graph mode, 8 ranks", ["p2p:auto (graph)"])]
+    assert sections[1].ranges[0].vs_baseline_x == (20.0 / 15.0, 20.0 / 15.0)   # against the 8-rank nccl

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from commbench.analysis import plots, provenance, render
-from commbench.analysis.curves import Curve, CurveKey, build_curves, exceeds_spread, variant_label
+from commbench.analysis.curves import Curve, CurveKey, build_curves, counterpart, exceeds_spread, variant_label
 from commbench.files import check_dir_target, check_file_target, write_json
 from commbench.errors import UsageError
 from commbench.results import Measurement, Run, load_run
@@ -54,22 +54,6 @@ class Change:
         if not self.beyond_spread:
             return "same (within spread)"
         return "B slower" if self.latency_b_us > self.latency_a_us else "B faster"
-
-
-def counterpart(before: Curve, b: list[Curve], a: list[Curve]) -> Curve | None:
-    """B's curve of the same experiment as A's `before`: the same key, else the one curve of the
-    same variant, mode, dtype and op where each run has exactly one (the runs then differ in
-    world size, loaded NCCL or emulation, which the command says first)."""
-    exact = [c for c in b if c.key == before.key]
-    if exact:
-        return exact[0]
-
-    def slot(curve: Curve) -> tuple[str, str, str, str]:
-        return (curve.key.variant, curve.key.mode, curve.key.dtype, curve.key.op)
-
-    mine = [c for c in a if slot(c) == slot(before)]
-    theirs = [c for c in b if slot(c) == slot(before)]
-    return theirs[0] if len(mine) == 1 and len(theirs) == 1 else None
 
 
 def changes(a: list[Curve], b: list[Curve]) -> list[Change]:

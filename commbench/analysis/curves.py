@@ -296,6 +296,22 @@ def ranking(curves: Iterable[Curve], message_bytes: int) -> list[Candidate]:
     return out
 
 
+def counterpart(before: Curve, b: list[Curve], a: list[Curve]) -> Curve | None:
+    """B's curve of the same experiment as A's `before` (two runs compared): the same key, else
+    the one curve of the same variant, mode, dtype and op where each run has exactly one (the
+    runs then differ in world size, loaded NCCL or emulation, which compare says first)."""
+    exact = [c for c in b if c.key == before.key]
+    if exact:
+        return exact[0]
+
+    def slot(curve: Curve) -> tuple[str, str, str, str]:
+        return (curve.key.variant, curve.key.mode, curve.key.dtype, curve.key.op)
+
+    mine = [c for c in a if slot(c) == slot(before)]
+    theirs = [c for c in b if slot(c) == slot(before)]
+    return theirs[0] if len(mine) == 1 and len(theirs) == 1 else None
+
+
 def exceeds_spread(delta_us: float, a: Point, b: Point) -> bool | None:
     """Is |delta| larger than the p10-p90 spread of both a and b? None when a spread is unknown."""
     if a.spread_us is None or b.spread_us is None:

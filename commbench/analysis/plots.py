@@ -21,7 +21,7 @@ from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullLocator  # noqa: E402
 
-from commbench.analysis.curves import Curve, baseline_curve  # noqa: E402
+from commbench.analysis.curves import Curve, baseline_curve, counterpart  # noqa: E402
 from commbench.results import Measurement  # noqa: E402
 from commbench.units import format_bytes  # noqa: E402
 
@@ -186,13 +186,12 @@ def compare_figure(before: list[Curve], after: list[Curve], name_a: str, name_b:
     top.set_title(title, fontsize=11)
     # One colour per curve (eager and graph, bf16 and fp32 apart): the line style tells A from B.
     colors = colors_for(curve_name(c) for c in before + after)
-    b_by_key = {c.key: c for c in after}
     for curve in before:
         label = curve_name(curve)
         color = colors[label]
         top.plot(curve.sizes(), [p.latency_us for p in curve.points], "--", color=color, alpha=0.6,
                  label=f"{label} A")
-        other = b_by_key.get(curve.key)
+        other = counterpart(curve, after, before)
         if other is None:
             continue
         top.plot(other.sizes(), [p.latency_us for p in other.points], "-", marker="o", markersize=3, color=color,

@@ -55,6 +55,10 @@ class Provenance:
         return " + ".join(f"{n}x {name}" for name, n in counts.items()) or "no GPU recorded"
 
     def line(self) -> str:
+        return f"{self.what()}; run {self.run_id}"
+
+    def what(self) -> str:
+        """The line without its run id: the same for every run of one machine and kind."""
         ranks = f"{self.world_size} ranks" if self.world_size else "ranks not recorded"
         if self.kind == FIXTURE:
             what = (f"fixture: hand-made test data, not a measurement (it claims {ranks} on "
@@ -75,7 +79,7 @@ class Provenance:
         else:
             what = f"measured: {ranks} on {self.gpus_text()}{_over(self.fabric)}"
         host = f", host {self.host}" if self.host else ""
-        return f"data: {what}{host}; run {self.run_id}"
+        return f"data: {what}{host}"
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "run_id": self.run_id, "host": self.host, "world_size": self.world_size,
@@ -159,11 +163,23 @@ def fabric_of(snapshot: dict[str, Any], gpu_count: int) -> str | None:
 
 def differences(a: Provenance, b: Provenance) -> list[str]:
     """What makes two runs' numbers incomparable as one machine's: kind (measured, emulated,
-    ...), host, GPU models and count, fabric, world size. Empty when none of them differ."""
+    ...), host, GPU models and count, fabric, world size, how emulated ranks shared GPUs.
+    Empty when none of them differ."""
+    def fabric(p: Provenance) -> str | None:
+        return "none" if p.kind in (EMULATED, CPU) else p.fabric
+
+    def sharing(p: Provenance) -> str | None:
+        """How emulated ranks shared their GPUs (MPS and its SM share, or time slices)."""
+        if p.emulation is None:
+            return None
+        share = p.emulation.get("sm_percent")
+        return ("MPS" + (f" {share:g}% of the SMs" if isinstance(share, (int, float)) else "")
+                if p.emulation.get("mps") else "time-sliced")
+
     out = []
     for name, left, right in (("data", a.kind, b.kind), ("host", a.host, b.host),
-                              ("GPUs", a.gpus_text(), b.gpus_text()), ("fabric", a.fabric, b.fabric),
-                              ("world size", a.world_size, b.world_size)):
+                              ("GPUs", a.gpus_text(), b.gpus_text()), ("fabric", fabric(a), fabric(b)),
+                              ("world size", a.world_size, b.world_size), ("emulation", sharing(a), sharing(b))):
         if left != right:
             out.append(f"{name}: {left if left is not None else 'not recorded'} vs "
                        f"{right if right is not None else 'not recorded'}")

@@ -473,9 +473,13 @@ def check_tp_socket(snapshot: dict[str, Any], limits: dict[str, Any], world_size
 
 # ---------------------------------------------------------------- measurement checks
 
-def _failures_text(rows: list[Measurement], what: str) -> str:
-    return ", ".join(sorted({f"{r.backend} {r.mode} {format_bytes(r.message_bytes)} {what.format(r=r)}"
+def _wrong_text(rows: list[Measurement]) -> str:
+    return ", ".join(sorted({f"{r.backend} {r.mode} {format_bytes(r.message_bytes)} #wrong {r.wrong_elements}"
                              for r in rows})[:6])
+
+
+def _hung_text(rows: list[Measurement]) -> str:
+    return ", ".join(sorted({f"{r.backend} {format_bytes(r.message_bytes)} {r.status}" for r in rows})[:6])
 
 
 def check_wrong(run: Run, scope: set[str]) -> Result:
@@ -483,12 +487,12 @@ def check_wrong(run: Run, scope: set[str]) -> Result:
     mine = [r for r in bad if in_scope(r.backend, scope)]
     if mine:
         return Result("correctness", "zero #wrong", FAIL,
-                      f"{len(mine)} row(s) with wrong results: {_failures_text(mine, '#wrong {r.wrong_elements}')}")
+                      f"{len(mine)} row(s) with wrong results: {_wrong_text(mine)}")
     checked = sum(1 for r in run.rows if r.wrong_elements is not None and in_scope(r.backend, scope))
     if bad:
         return Result("correctness", "zero #wrong", WARN,
                       f"{checked} checked rows of {', '.join(sorted(scope))}, none wrong; outside the spec's backends, "
-                      f"{len(bad)} row(s) with wrong results: {_failures_text(bad, '#wrong {r.wrong_elements}')}")
+                      f"{len(bad)} row(s) with wrong results: {_wrong_text(bad)}")
     return Result("correctness", "zero #wrong", PASS, f"{checked} checked rows of {', '.join(sorted(scope))}, none wrong")
 
 
@@ -500,8 +504,8 @@ def check_hangs(run: Run, scope: set[str]) -> Result:
     if mine:
         crashes = sum(r.status == CRASHED for r in mine)
         counted = ", ".join(f"{n} {what}" for n, what in ((len(mine) - crashes, "hang(s)"), (crashes, "crash(es)")) if n)
-        return Result("correctness", "no hangs", FAIL, f"{counted}: {_failures_text(mine, '{r.status}')}")
-    outside = (f"; outside the spec's backends, {len(hung)} hang(s) or crash(es): {_failures_text(hung, '{r.status}')}"
+        return Result("correctness", "no hangs", FAIL, f"{counted}: {_hung_text(mine)}")
+    outside = (f"; outside the spec's backends, {len(hung)} hang(s) or crash(es): {_hung_text(hung)}"
                if hung else "")
     if errors:
         return Result("correctness", "no hangs", WARN, f"no hangs, but {len(errors)} row(s) raised errors: "

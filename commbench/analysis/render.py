@@ -66,6 +66,8 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Cell]], right: Sequenc
     the columns fit that way, else inside words. Where even that cannot fit, or with `wide`, the
     table is printed unfolded: a column is never dropped or cut. A str cell is shown as written:
     a '[' in it is not rich markup."""
+    if title is not None:   # a line of its own: a rich title would fold to the table's width
+        return title + "\n" + table(headers, rows, right, None, wide, width)
     width = WIDE_WIDTH if wide else (width or terminal_width())
     numeric = [_widest(headers[i], rows, i, whole=True) for i in range(len(headers)) if i in right]
     words = [_widest(headers[i], rows, i, whole=False) for i in range(len(headers)) if i not in right]
@@ -75,15 +77,15 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Cell]], right: Sequenc
     elif sum(numeric) + MIN_TEXT_WIDTH * len(words) + gaps <= width:
         text_min = MIN_TEXT_WIDTH              # fold inside words
     else:
-        return _capture(build(headers, rows, right, title), WIDE_WIDTH)
-    return _capture(build(headers, rows, right, title, text_min), width)
+        return _capture(build(headers, rows, right), WIDE_WIDTH)
+    return _capture(build(headers, rows, right, text_min), width)
 
 
 def build(headers: Sequence[str], rows: Sequence[Sequence[Cell]], right: Sequence[int] = (),
-          title: str | None = None, text_min: int | None = None) -> Table:
+          text_min: int | None = None) -> Table:
     """The rich Table; a text column is at least its longest word wide, or `text_min` when given."""
     out = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, COLUMN_GAP - 1, 0, 0),
-                title=title, title_justify="left", title_style="", header_style="bold", highlight=False)
+                header_style="bold", highlight=False)
     for i, header in enumerate(headers):
         numeric = i in right
         least = _widest(header, rows, i, whole=numeric)

@@ -14,7 +14,7 @@ from typing import Any
 
 from commbench.analysis import plots, provenance, render
 from commbench.analysis.fusion import COMPARISON_HEADERS, COMPARISON_NUMERIC, COMPARISON_TITLE, comparison_cells
-from commbench.analysis.curves import (Crossover, Curve, Group, baseline_curve, baseline_name, build_curves, cautions,
+from commbench.analysis.curves import (Crossover, Curve, baseline_curve, baseline_name, build_curves, cautions,
                               crossovers, groups, is_failed_check, ranking, run_world_size, select, variant_label)
 from commbench.errors import UsageError
 from commbench.files import check_dir_target
@@ -277,7 +277,6 @@ def status_counts(rows: list[Measurement]) -> str:
 
 @dataclass
 class Section:
-    group: Group
     title: str            # "bf16, graph mode", plus world size and emulation where the run has several
     curves: list[Curve]
     ranges: list[RangeRow]
@@ -297,7 +296,7 @@ def build_sections(run: Run, curves: list[Curve], baseline: str | None) -> list[
             title += f", {group.world_size} ranks"
         if len({g.emulation for g in found}) > 1:
             title += f", {group.emulation or 'real GPUs'}"
-        out.append(Section(group, title, members, ranges,
+        out.append(Section(title, members, ranges,
                            cautions(run.rows, [by_label[r.crossover.winner] for r in ranges])))
     return out
 

@@ -121,9 +121,13 @@ def refusals(rows: list[Measurement]) -> list[str]:
 
 def render_runs(runs: list[Run]) -> str:
     rows = [row for run in runs for row in run.rows]
-    # First, what each run is (one line per run: "> data: emulated: ... ; run ID").
-    parts = [f"> {provenance.describe(run)}  " for run in runs] + ["", "# commbench side by side", "",
-             "Runs: " + ", ".join(f"`{run.path}`" for run in runs) + ".", ""]
+    # First, what the runs are: one line per machine and kind, naming its runs.
+    kinds: dict[str, list[str]] = {}
+    for run in runs:
+        origin = provenance.of(run)
+        kinds.setdefault(origin.what(), []).append(origin.run_id)
+    parts = [f"> {what}; run{'s' if len(ids) > 1 else ''} {', '.join(ids)}  " for what, ids in kinds.items()]
+    parts += ["", "# commbench side by side", "", "Runs: " + ", ".join(f"`{run.path}`" for run in runs) + ".", ""]
     parts += ["Cells: headline `latency_us` (one timer around the timed pass, slowest rank) / the jitter pass's "
               "p50; the fastest correct backend per size in bold; a status (skipped, hang, crashed, wrong, ...) "
               "where the row did not measure.", ""]
