@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+
+import pytest
 import shutil
 from pathlib import Path
 
@@ -110,3 +112,31 @@ def test_number_formats():
     assert render.fmt_us(None) == "-" and render.fmt_us(1234.4) == "1,234" and render.fmt_us(7.5) == "7.50"
     assert render.fmt_pct(12.34) == "+12.3%" and render.fmt_pct(5, signed=False) == "5.0%"
     assert render.fmt_num(1.234, 1) == "1.2"
+
+
+def _visible(text: str) -> str:
+    return "".join(ch for ch in text if not ch.isspace() and ch != "─")
+
+
+@pytest.mark.parametrize("width", [100, 90, 80, 70])
+def test_a_folded_table_keeps_every_character(width):
+    """rich crops a cell whose column ends up narrower than its wrapped text (the last column lost
+    'd' of 'would' at 100 columns, and a number header wider than its numbers cut 'interpolated')."""
+    cases = [
+        (["path", "concurrency", "message", "backend", "us/call", "floor ms/step", "max tok/s", "latency"],
+         [["default", "1", "12K", "nccl (graph)", "59.9", "9.34", "107", "interpolated"],
+          ["fastest", "1", "12K", "nccl:proto=LL,algo=Ring (graph)", "47.7", "7.44", "134", "interpolated"]],
+         (1, 2, 4, 5, 6)),
+        (["fastest of them", "concurrency", "message", "us/call", "best engine path", "headroom"],
+         [["p2p:oneshot (graph)", "1", "12K", "11.4", "nccl:proto=LL,algo=Ring (graph) 47.7",
+           "a kernel like this would save 36.3 us per call / 5.66 ms per step on this box"]], (1, 2, 3)),
+    ]
+    for headers, rows, right in cases:
+        out = render.table(headers, rows, right=right, width=width)
+        lines = out.splitlines()
+        folded = all(len(line) <= width for line in lines)
+        assert folded or out == render.table(headers, rows, right=right, wide=True)
+        # Every character of every cell is there: count each visible character.
+        shown = _visible(out)
+        for ch in set(_visible("".join(headers) + "".join("".join(r) for r in rows))):
+            assert shown.count(ch) >= _visible("".join(headers) + "".join("".join(r) for r in rows)).count(ch), ch

@@ -69,28 +69,40 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Cell]], right: Sequenc
     if title is not None:   # a line of its own: a rich title would fold to the table's width
         return title + "\n" + table(headers, rows, right, None, wide, width)
     width = WIDE_WIDTH if wide else (width or terminal_width())
-    numeric = [_widest(headers[i], rows, i, whole=True) for i in range(len(headers)) if i in right]
-    words = [_widest(headers[i], rows, i, whole=False) for i in range(len(headers)) if i not in right]
-    gaps = COLUMN_GAP * (len(headers) - 1)
-    if sum(numeric) + sum(words) + gaps <= width:
-        text_min = None                        # fold between words
-    elif sum(numeric) + MIN_TEXT_WIDTH * len(words) + gaps <= width:
-        text_min = MIN_TEXT_WIDTH              # fold inside words
-    else:
+    widths = column_widths(headers, rows, right, width - COLUMN_GAP * (len(headers) - 1))
+    if widths is None:   # too narrow even to fold inside words: unfolded, never cut
         return _capture(build(headers, rows, right), WIDE_WIDTH)
-    return _capture(build(headers, rows, right, text_min), width)
+    return _capture(build(headers, rows, right, widths), width)
+
+
+def column_widths(headers: Sequence[str], rows: Sequence[Sequence[Cell]], right: Sequence[int],
+                  available: int) -> list[int] | None:
+    """Each column's width so that the table fits `available` characters (gaps excluded): every
+    column as wide as its widest cell where that fits; else text columns narrowed, the widest
+    first, down to their longest word (folding between words) or else MIN_TEXT_WIDTH (inside
+    words); None where even that does not fit. Number columns, headers included, stay whole.
+    The widths are given to rich exactly: left to itself, rich crops a cell it wrapped wider."""
+    natural = [_widest(headers[i], rows, i, whole=True) for i in range(len(headers))]
+    words = [natural[i] if i in right else _widest(headers[i], rows, i, whole=False) for i in range(len(headers))]
+    for least in (words, [w if i in right else min(w, MIN_TEXT_WIDTH) for i, w in enumerate(words)]):
+        if sum(least) <= available:
+            widths = list(natural)
+            while sum(widths) > available:
+                widest = max((i for i in range(len(widths)) if widths[i] > least[i]), key=lambda i: widths[i])
+                widths[widest] -= 1
+            return widths
+    return None
 
 
 def build(headers: Sequence[str], rows: Sequence[Sequence[Cell]], right: Sequence[int] = (),
-          text_min: int | None = None) -> Table:
-    """The rich Table; a text column is at least its longest word wide, or `text_min` when given."""
-    out = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, COLUMN_GAP - 1, 0, 0),
+          widths: Sequence[int] | None = None) -> Table:
+    """The rich Table; with `widths`, each column exactly that wide (text folds inside it)."""
+    out = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 0, 0, COLUMN_GAP - 1),
                 header_style="bold", highlight=False)
     for i, header in enumerate(headers):
         numeric = i in right
-        least = _widest(header, rows, i, whole=numeric)
         out.add_column(header, justify="right" if numeric else "left", no_wrap=numeric,
-                       min_width=least if numeric or text_min is None else min(least, text_min), overflow="fold")
+                       width=widths[i] if widths else None, overflow="fold")
     for row in rows:
         out.add_row(*(cell if isinstance(cell, Text) else Text(str(cell)) for cell in row))
     return out
@@ -100,7 +112,9 @@ def _widest(header: str, rows: Sequence[Sequence[Cell]], index: int, whole: bool
     """The widest cell of a column (whole) or its longest word, the header's words included."""
     cells = [_plain(row[index]) for row in rows if index < len(row)]
     pieces = cells if whole else [word for cell in cells for word in cell.split()]
-    return max([len(p) for p in pieces] + [len(w) for w in header.split()], default=0)
+    # A number column never wraps, its header included (rich keeps a no_wrap header whole).
+    heads = [header] if whole else header.split()
+    return max([len(p) for p in pieces] + [len(h) for h in heads], default=0)
 
 
 def _plain(cell: Cell) -> str:
