@@ -12,8 +12,6 @@ from commbench.errors import UsageError
 from commbench.files import STDOUT, check_file_target, write_json
 from commbench.units import positive_finite
 
-HELP = "probe the GPUs and the fabric between them: links, P2P, IPC, VMM, multicast, host facts, verdicts"
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", metavar="FILE", help="save the snapshot as JSON")

@@ -28,8 +28,6 @@ from commbench.analysis.report import nccl_version_lines
 from commbench.analysis.text import fmt_pct, fmt_us, render
 from commbench.units import format_bytes
 
-HELP = "per backend and size: latency and p99 change between two runs and whether it beats their spread"
-
 
 @dataclass
 class Change:

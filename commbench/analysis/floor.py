@@ -26,8 +26,6 @@ from commbench.results import load_run
 from commbench.analysis.text import fmt_num, fmt_us, render
 from commbench.units import format_bytes, parse_bytes, parse_int_list, positive_finite
 
-HELP = "per-token allreduce floor for decode, per model, TP size and concurrency"
-
 
 @dataclass
 class FloorRow:

@@ -20,8 +20,6 @@ from commbench.results import Run, load_run
 from commbench.analysis.text import fmt_us, render
 from commbench.units import format_bytes, parse_int_list
 
-HELP = "backend per message size for a model, TP size and concurrency range, with engine settings"
-
 
 @dataclass
 class Margin:

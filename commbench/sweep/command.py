@@ -34,7 +34,6 @@ from commbench.units import positive_finite
 from commbench.sweep.versions import (LAUNCH_COMMAND_VAR, launch_command, local_device_info, relevant_env,
                                       software_versions)
 
-HELP = "sweep allreduce sizes x dtypes x eager/graph over every backend that can run here"
 ENV_SETTING_VAR = "COMMBENCH_ENV_SETTING"   # set by the driver for each child torchrun
 
 
