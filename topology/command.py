@@ -68,7 +68,8 @@ def main(args: argparse.Namespace) -> int:
     if args.from_file:
         snapshot = load_snapshot(args.from_file)
     else:
-        from commbench.sweep.context import init_context, shutdown, under_torchrun
+        from commbench.launch_env import under_torchrun
+        from commbench.sweep.context import init_context, shutdown
 
         if under_torchrun():
             ctx, _note = init_context(allow_multicast=args.allow_multicast, share_gpus=args.share_gpus)
