@@ -73,6 +73,14 @@ BAD_INPUT = [
     (["sweep", "--sizes", ",", "--out", "out"], "--sizes ',': the list is empty"),
     (["sweep", "--tokens", "1,1", "--hidden", "1024", "--out", "out"], "--tokens '1,1': 1 is listed twice"),
     (["sweep", "--tokens", "1,x", "--hidden", "1024", "--out", "out"], "--tokens '1,x': 'x' is not a whole number"),
+    # ---- sweep: nccl-tests' short flags
+    (["sweep", "-G", "10", "--mode", "eager", "--out", "out"], "-G 10 chooses the mode"),
+    (["sweep", "-G", "-1", "--out", "out"], "-G must be 0 (eager) or a number of graph launches"),
+    (["sweep", "-G", "10", "-n", "5", "--graph-ops", "5", "--out", "out"], "give -n or --graph-ops, not both"),
+    (["sweep", "-G", "10", "--out", "out"], "graph mode needs CUDA"),
+    (["sweep", "-c", "2", "--out", "out"], "argument -c/--check: invalid choice: 2"),
+    (["sweep", "-n", "0", "--out", "out"], "--iters must be positive"),
+    (["sweep", "-d", "double", "--out", "out"], "unknown dtype 'double'"),
     (["sweep", "--tokens", "0", "--hidden", "1024", "--out", "out"], "--tokens '0': 0 is not positive"),
     (["sweep", "--tokens", "1,2", "--out", "out"], "need both --tokens and --hidden"),
     # ---- sweep: limits that are no limit (NaN fails every comparison; inf overflows the timer)

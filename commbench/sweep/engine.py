@@ -33,8 +33,8 @@ from commbench.errors import Terminated
 from commbench.inflight import ENDED, HUNG, RAISED, PeerWatch, Recorder, Stop, stop_line
 from commbench.sweep.context import ControlGroupLost, RunContext
 from commbench.sweep.plan import Shape, SweepPlan
-from commbench.results import (CRASHED, ERROR, HANG, NO_WORK, OK, SKIPPED, WRONG, Measurement, ResultsWriter, row_key,
-                               stops_backend)
+from commbench.results import (CHECK_OFF, CRASHED, ERROR, HANG, NO_WORK, OK, SKIPPED, WRONG, Measurement,
+                               ResultsWriter, row_key, stops_backend)
 from commbench.sweep.live import LiveTable
 from commbench.sweep.timing import (capture_graph, count_work_nodes, headline_us, jitter_stats, loop_total_us,
                               per_step_us, synchronize)
@@ -296,7 +296,7 @@ class Engine:
         over calls + 1 pairs, whose outputs are all checked."""
         self._warm_up(workload, calls + 1)
 
-        def run_pass(base_epoch: int, timer: Callable) -> tuple[Any, PassCheck]:
+        def run_pass(base_epoch: int, timer: Callable) -> tuple[Any, PassCheck | None]:
             workload.prepare(base_epoch)
             synchronize(self.ctx)
             self.ctx.barrier()
@@ -305,7 +305,7 @@ class Engine:
             workload.call(0)
             timed = timer(self.ctx, lambda i: workload.call(i + 1), calls)
             synchronize(self.ctx)
-            return timed, workload.verify(0, calls + 1)
+            return timed, workload.verify(0, calls + 1) if self.plan.check else None
 
         total_us, timed_check = run_pass(TIMED_EPOCH, loop_total_us)
         samples, jitter_check = run_pass(JITTER_EPOCH, per_step_us)
@@ -322,12 +322,14 @@ class Engine:
         for _ in range(self.plan.warmup):
             graph.replay()
 
-        def run_pass(base_epoch: int, timer: Callable) -> tuple[Any, PassCheck]:
+        def run_pass(base_epoch: int, timer: Callable) -> tuple[Any, PassCheck | None]:
             workload.prepare(base_epoch)
             synchronize(self.ctx)
             self.ctx.barrier()
             graph.replay()   # aligns the ranks, as the first eager call does
             timed = timer(self.ctx, lambda i: graph.replay(), replays)
+            if not self.plan.check:
+                return timed, None
             if workload.destroys_inputs:
                 # Each replay re-reduced the previous one's output: check a replay of fresh inputs.
                 workload.prepare(base_epoch)
@@ -365,8 +367,11 @@ class Engine:
         first = gathered[0]
         row.iterations = first["replays"] if mode == "graph" else first["timed_calls"]
         row.ops_per_graph = first.get("ops", 1)
-        row.extra["check"] = first["check_scope"]
-        self._apply_checks(row, [g["checks"] for g in gathered])
+        if self.plan.check:
+            row.extra["check"] = first["check_scope"]
+            self._apply_checks(row, [g["checks"] for g in gathered])
+        else:   # wrong_elements stays None, so analysis trusts the row no more than #wrong N/A
+            row.extra["check"] = CHECK_OFF
         empty_graph = mode == "graph" and any(g.get("work_nodes") == 0 for g in gathered)
         if not empty_graph:
             self._apply_fields(row, headline_us([g["total_us"] for g in gathered], first["timed_calls"]))
