@@ -13,10 +13,7 @@ import sys
 import time
 
 from commbench.errors import FAILED_EXIT, TERMINATED_EXIT, USAGE_EXIT, ResultsUnwritable, Terminated, UsageError
-
-# Seconds the other ranks wait after bad input, so that rank 0's line is out before torchrun
-# stops every worker (it does so as soon as the first one exits).
-USAGE_ERROR_GRACE_S = 2.0
+from commbench.waits import waits
 
 # name -> (module, one-line help). The help lives here, not in the module, so that
 # `commbench --help` lists every subcommand without importing one.
@@ -49,7 +46,7 @@ def usage_error(line: str) -> None:
     if os.environ.get("RANK", "0") == "0":
         print(line, file=sys.stderr)
     else:
-        time.sleep(USAGE_ERROR_GRACE_S)
+        time.sleep(waits().usage_error_grace_s)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -77,6 +74,11 @@ def build_parser(chosen: str | None = None) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    try:
+        waits()   # a malformed COMMBENCH_WAITS is bad input before anything else
+    except UsageError as exc:
+        print(f"commbench: error: {exc}", file=sys.stderr)
+        return USAGE_EXIT
     # The top-level parser has no options of its own but -h, so the subcommand is the first word.
     parser = build_parser(argv[0] if argv else None)
     args = parser.parse_args(argv)

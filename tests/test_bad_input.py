@@ -253,12 +253,14 @@ def test_the_table_covers_every_subcommand():
     ([*SWEEP, "--nproc", "2", "--backends", "testfaults:solo"], "cannot run with 2 rank(s)"),
     ([*QUALIFY, str(SPEC), "--junit", "/proc/q.xml"], "--junit /proc/q.xml: not writable"),
 ])
+@pytest.mark.procs
 def test_the_real_entry_point_answers_the_same(argv, expected, tmp_path):
     done = run_cli(_expand(argv, tmp_path))
     assert_one_line(done.returncode, done.stdout, done.stderr, expected)
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.procs
 def test_under_torchrun_the_line_comes_once_before_torchrun_reports(tmp_path):
     """torchrun adds its own report of the failed workers (README says so); commbench's part is
     one line from rank 0, with no traceback of ours."""

@@ -54,6 +54,7 @@ def test_a_change_smaller_than_the_spread_is_noise(tmp_path):
     assert all(c.latency_change_pct == pytest.approx(5.0) and c.beyond_spread is False for c in shifted)
 
 
+@pytest.mark.procs
 def test_cli_on_two_cpu_sweeps(tmp_path, capsys):
     out = tmp_path / "cmp.json"
     assert cli(["compare", str(CPU_A), str(CPU_B), "--out", str(tmp_path), "--json", str(out)]) == 0
@@ -71,6 +72,7 @@ def test_runs_with_nothing_in_common_exit_2(tmp_path, capsys):
     assert cli(["compare", str(CPU_A), "/no/such/run"]) == 2
 
 
+@pytest.mark.procs
 def test_bf16_and_fp32_rows_are_told_apart(tmp_path, capsys):
     from commbench.analysis import plots
 

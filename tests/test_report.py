@@ -200,6 +200,7 @@ def test_all_measurements_fit_a_1400_px_page():
 CHROMIUM = shutil.which("chromium")
 
 
+@pytest.mark.procs
 @pytest.mark.skipif(CHROMIUM is None, reason="no chromium here (Debian: apt-get install chromium)")
 def test_in_a_real_browser_no_table_overflows_a_1400_px_page(tmp_path):
     import subprocess

@@ -32,6 +32,7 @@ from commbench.results import (ROWS_FILE, RUN_FILE, SCHEMA_VERSION, Measurement,
                                write_csv, write_run_info)
 from commbench.sweep.live import LiveTable, header_lines
 from commbench.units import positive_finite
+from commbench.waits import waits
 from commbench.sweep.versions import (LAUNCH_COMMAND_VAR, launch_command, local_device_info, relevant_env,
                                       software_versions)
 
@@ -326,17 +327,12 @@ def resume_command(args: argparse.Namespace, ctx: RunContext, run_dir: Path) -> 
     return f"torchrun --nnodes {ctx.nodes} --nproc-per-node {ctx.local_world_size} <your rendezvous flags> {sweep}"
 
 
-# How long a rank whose control group failed looks for the peer that caused it: its records
-# are written before its process ends, so a short look suffices.
-CAUSE_LOOK_S = 3.0
-
-
 def _after_peer_loss(ctx: RunContext, engine: Engine | None, recorder: Recorder, exc: BaseException) -> int:
     """A peer is gone (the control group failed) or torchrun or the driver is stopping this
     rank: record what the peers' in-flight records say (rank 0), say it once, and end."""
     peers = PeerWatch(recorder.run_dir, ctx.rank, engine.step if engine else 0, peer_wait_s=0.0)
     stop = peers()
-    deadline = time.monotonic() + CAUSE_LOOK_S
+    deadline = time.monotonic() + waits().cause_look_s
     while stop is None and time.monotonic() < deadline:
         time.sleep(0.2)
         stop = peers()

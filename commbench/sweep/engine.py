@@ -13,7 +13,7 @@ before the next starts.
 Before each step of a backend (check, setup, row, close) every rank records what it is about to
 run (commbench.inflight), and a rank that catches a backend's exception marks its record
 before it goes to the vote: if its peers are inside a collective it never joins, their
-watchdogs see the mark and end the row as an error naming it, within PEER_WAIT_S.
+watchdogs see the mark and end the row as an error naming it, within waits().peer_wait_s.
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ from commbench.sweep.timing import (capture_graph, count_work_nodes, headline_us
                               per_step_us, synchronize)
 from commbench.sweep.dtypes import dtype_name
 from commbench.units import format_bytes
-from commbench.sweep.watchdog import PEER_WAIT_S, Watchdog
+from commbench.sweep.watchdog import Watchdog
+from commbench.waits import waits
 from commbench.sweep.workload import PassCheck, Workload, bandwidths_gbps
 
 # First epochs of the exact input pattern per pass (each pass uses three, see workload.py), so
@@ -149,7 +150,7 @@ class Engine:
         if timeout_s is None:
             yield
             return
-        peers = PeerWatch(self.recorder.run_dir, self.ctx.rank, self.step, PEER_WAIT_S)
+        peers = PeerWatch(self.recorder.run_dir, self.ctx.rank, self.step, waits().peer_wait_s)
 
         def on_stop(stop: Stop, timed_out: bool) -> None:
             if timed_out:
