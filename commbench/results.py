@@ -113,7 +113,7 @@ _NCCL_COLUMNS = {"nccl_proto_requested": ("requested", "NCCL_PROTO"), "nccl_algo
 
 
 def migrate_row(data: dict[str, Any]) -> dict[str, Any]:
-    """Older rows read as the current schema (the migration notes are in the README).
+    """Older rows read as the current schema (the migration notes are in docs/results.md).
 
     1 -> 2: the p50 of per-call samples stands for the headline (that is how version 1 reported
     it), the percentiles become the jitter fields, one call was checked (after the timed loop),

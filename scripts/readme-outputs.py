@@ -6,7 +6,7 @@
 
 A block is a marker line naming the exact command, then a ```text fence with its output:
 
-    <!-- output: commbench floor results/reference/.../RUN --model deepseek-v3 -->
+    <!-- output: commbench floor RUN_DIR --model deepseek-v3 -->
     ```text
     ...
     ```

@@ -262,7 +262,7 @@ def test_the_real_entry_point_answers_the_same(argv, expected, tmp_path):
 
 @pytest.mark.procs
 def test_under_torchrun_the_line_comes_once_before_torchrun_reports(tmp_path):
-    """torchrun adds its own report of the failed workers (README says so); commbench's part is
+    """torchrun adds its own report of the failed workers (docs/sweep.md says so); commbench's part is
     one line from rank 0, with no traceback of ours."""
     done = run_torchrun(2, ["sweep", "--timeout", "nan", "--out", str(tmp_path / "out")])
     ours = [line for line in done.stderr.splitlines() if line.startswith("commbench sweep: error:")]
