@@ -1,4 +1,8 @@
-"""`commbench <subcommand>`: one module per subcommand, each with HELP, add_arguments, main."""
+"""`commbench <subcommand>`: one module per subcommand, each with add_arguments and main.
+
+Only the chosen subcommand's module is imported: `commbench --help` imports none, and an
+analysis command never pays for torch or the backends (issue 32: every command took 6-18 s).
+"""
 
 from __future__ import annotations
 
@@ -9,21 +13,32 @@ import sys
 import time
 
 from commbench.errors import FAILED_EXIT, TERMINATED_EXIT, USAGE_EXIT, ResultsUnwritable, Terminated, UsageError
+from commbench.waits import waits
 
-# Seconds the other ranks wait after bad input, so that rank 0's line is out before torchrun
-# stops every worker (it does so as soon as the first one exits).
-USAGE_ERROR_GRACE_S = 2.0
-
-SUBCOMMANDS: dict[str, str] = {
-    "probe": "commbench.topology.command",
-    "sweep": "commbench.sweep.command",
-    "report": "commbench.analysis.report",
-    "floor": "commbench.analysis.floor",
-    "recommend": "commbench.analysis.recommend",
-    "qualify": "commbench.analysis.qualify",
-    "compare": "commbench.analysis.compare",
-    "table": "commbench.analysis.table",
-    "import-nccl-tests": "commbench.analysis.nccl_tests_import",
+# name -> (module, one-line help). The help lives here, not in the module, so that
+# `commbench --help` lists every subcommand without importing one.
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "probe": ("commbench.topology.command",
+              "probe the GPUs and the fabric between them: links, P2P, IPC, VMM, multicast, host facts, verdicts"),
+    "sweep": ("commbench.sweep.command",
+              "sweep allreduce sizes x dtypes x eager/graph over every backend that can run here"),
+    "report": ("commbench.analysis.report",
+               "plots, crossover table, fused vs unfused and a self-contained report.html for one results dir"),
+    "floor": ("commbench.analysis.floor",
+              "per-token allreduce floor for decode, per model, TP size and concurrency"),
+    "recommend": ("commbench.analysis.recommend",
+                  "per engine: the allreduce paths it can take here, its default, their costs and the fastest, "
+                  "with settings"),
+    "qualify": ("commbench.analysis.qualify",
+                "PASS/WARN/FAIL a results dir against a machine-class spec (exit 1 on FAIL, JUnit XML on request)"),
+    "compare": ("commbench.analysis.compare",
+                "per backend and size: latency and p99 change between two runs and whether it beats their spread"),
+    "table": ("commbench.analysis.table",
+              "several runs (e.g. world sizes 2, 4, 8) side by side as markdown: latency per size and backend, "
+              "fused saving"),
+    "import-nccl-tests": ("commbench.analysis.nccl_tests_import",
+                          "read nccl-tests all_reduce_perf output (stdout table or -J JSON) into a commbench "
+                          "results dir"),
 }
 
 
@@ -32,7 +47,7 @@ def usage_error(line: str) -> None:
     if os.environ.get("RANK", "0") == "0":
         print(line, file=sys.stderr)
     else:
-        time.sleep(USAGE_ERROR_GRACE_S)
+        time.sleep(waits().usage_error_grace_s)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -43,22 +58,30 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(USAGE_EXIT)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(chosen: str | None = None) -> argparse.ArgumentParser:
+    """Every subcommand is listed; only `chosen` gets its module imported and its options."""
     parser = _Parser(prog="commbench", description=(
         "GPU allreduce benchmark for tensor-parallel inference: probe the fabric, sweep backends, "
         "and turn the curves into a per-token floor, a backend choice and a qualification."))
     sub = parser.add_subparsers(dest="command", metavar="SUBCOMMAND", parser_class=_Parser)
-    for name, module_name in SUBCOMMANDS.items():
-        module = importlib.import_module(module_name)
-        sp = sub.add_parser(name, help=module.HELP, description=module.HELP)
-        module.add_arguments(sp)
-        sp.set_defaults(_module=module)
+    for name, (module_name, help_text) in SUBCOMMANDS.items():
+        sp = sub.add_parser(name, help=help_text, description=help_text)
+        if name == chosen:
+            module = importlib.import_module(module_name)
+            module.add_arguments(sp)
+            sp.set_defaults(_module=module)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
     argv = sys.argv[1:] if argv is None else argv
+    try:
+        waits()   # a malformed COMMBENCH_WAITS is bad input before anything else
+    except UsageError as exc:
+        print(f"commbench: error: {exc}", file=sys.stderr)
+        return USAGE_EXIT
+    # The top-level parser has no options of its own but -h, so the subcommand is the first word.
+    parser = build_parser(argv[0] if argv else None)
     args = parser.parse_args(argv)
     args._argv = argv[1:]  # the subcommand's own arguments, for the sweep driver's children
     if not getattr(args, "command", None):

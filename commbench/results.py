@@ -40,6 +40,11 @@ STATUSES = (OK, WRONG, HANG, CRASHED, ERROR, SKIPPED, NO_WORK)
 # extra key on an error row whose raising rank left its peers inside a collective it never
 # joined: the processes had to end, and the backend is not run again in this results dir.
 STRANDED = "stranded_peers"
+# extra "check" of a sweep row under -c 0. Its inputs were still prepared and its calls timed as
+# usual; only no output was read back, so a backend that wrote nothing, stale or wrong sums would
+# time like a correct one.
+CHECK_OFF = ("off (-c 0): no output was checked; a no-op or wrong backend would look as fast, "
+             "so no analysis trusts this row")
 # Environment variables run.json records (every one that starts so).
 ENV_PREFIXES = ("NCCL_", "TORCH_", "MSCCLPP_", "CUDA_", "NVSHMEM_", "COMMBENCH_", "FLASHINFER_")
 
@@ -108,7 +113,7 @@ _NCCL_COLUMNS = {"nccl_proto_requested": ("requested", "NCCL_PROTO"), "nccl_algo
 
 
 def migrate_row(data: dict[str, Any]) -> dict[str, Any]:
-    """Older rows read as the current schema (the migration notes are in the README).
+    """Older rows read as the current schema (the migration notes are in docs/results.md).
 
     1 -> 2: the p50 of per-call samples stands for the headline (that is how version 1 reported
     it), the percentiles become the jitter fields, one call was checked (after the timed loop),
@@ -133,6 +138,11 @@ def migrate_row(data: dict[str, Any]) -> dict[str, Any]:
             out.setdefault(target, {})[key] = value
     out["schema"] = SCHEMA_VERSION
     return out
+
+
+def is_checked(row: Measurement) -> bool:
+    """Whether its outputs were checked: #wrong is N/A after nccl-tests -c 0 or a sweep's -c 0."""
+    return row.wrong_elements is not None
 
 
 def stops_backend(row: Measurement) -> bool:
@@ -363,7 +373,8 @@ def read_run_info(run_dir: Path) -> dict[str, Any]:
 # rows would join curves measured under something else. Timeouts may change (a longer one after
 # a hang is the usual reason to resume).
 IDENTITY_KEYS = ("schema", "host", "world_size", "nodes", "device_type", "gpus", "emulation", "plan")
-MEASURED_PLAN_KEYS = ("message_bytes", "shapes", "dtypes", "modes", "warmup", "iterations", "graph_ops")
+MEASURED_PLAN_KEYS = ("message_bytes", "shapes", "dtypes", "modes", "warmup", "iterations", "graph_ops",
+                      "graph_replays")
 _GPU_KEYS = ("host", "device", "name", "uuid", "pci_bus_id")
 
 

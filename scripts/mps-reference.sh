@@ -14,7 +14,7 @@
 #   pcie       flashinfer:pcie_ipc tuned per size bucket (FlashInfer's autotuner), beside p2p:auto,
 #              on the sizes 8K..8M by factor 4: one hidden (4096) and six token buckets, because
 #              a search that keeps no winner profiles every bucket again for each bucket (about
-#              3 s a profile at 2 ranks under MPS, README); then pcie-seed, the same sizes with
+#              3 s a profile at 2 ranks under MPS, docs/backends.md); then pcie-seed, the same sizes with
 #              FlashInfer's untuned seed configurations (--flashinfer-pcie-tune seed);
 #   nopdl      flashinfer trtllm one-shot and p2p:auto with programmatic dependent launch off
 #              (--flashinfer-pdl off --p2p-pdl off), 4K..8M: what PDL is worth against the
@@ -29,7 +29,7 @@
 # is 20-50); MPS_REFERENCE_ITERS=N overrides it.
 # MSCCLPP_NCCL_LIB=PATH passes --mscclpp-nccl-lib (the shim is still skipped with its reason:
 # NCCL's API refuses ranks that share a GPU). NVLink multicast stays off for every process.
-# These rows measure each backend's protocol with no fabric between the ranks (README, emulation).
+# These rows measure each backend's protocol with no fabric between the ranks (docs/emulation.md).
 set -uo pipefail
 usage="usage: scripts/mps-reference.sh OUT_DIR [--ranks 2,4,8] [--parts allreduce,fused,pcie,nopdl,mscclpp]"
 all_parts=allreduce,fused,pcie,nopdl,mscclpp

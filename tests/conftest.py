@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -20,3 +21,14 @@ def test_data_stays_untouched():
     after = _listing()
     changed = sorted(set(after) ^ set(before) | {p for p in before if p in after and after[p] != before[p]})
     assert not changed, f"the suite wrote into the checkout: {changed[:5]}"
+
+
+@pytest.fixture(autouse=True)
+def only_procs_tests_launch_processes(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):
+    """The `procs` mark is what `-m "not procs"` leaves out: a test without it that starts a
+    process fails here, so the in-process tier stays in-process (and fast)."""
+    if request.node.get_closest_marker("procs") is None:
+        def refuse(*args, **kwargs):
+            raise AssertionError("this test launches a process: mark it @pytest.mark.procs")
+        monkeypatch.setattr(subprocess.Popen, "__init__", refuse)
+    yield

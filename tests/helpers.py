@@ -9,12 +9,20 @@ import sys
 from pathlib import Path
 
 PLUGINS = Path(__file__).parent / "plugins"
+# The harness's fixed waits (commbench/waits.py), shrunk for the processes tests start: a fault
+# scenario then waits seconds for a peer or a kill instead of the defaults' tens of seconds. Each
+# stays longer than what it waits for here (testfaults backends have no bounded waits of their own).
+# poll_after_s keeps its 2 s: tests with a 1 s row limit expect a rank's own watchdog to fire
+# before it looks at its peers.
+TEST_WAITS = ("poll_s=0.25,peer_wait_s=3,cause_look_s=1.5,driver_poll_s=0.2,"
+              "overdue_grace_s=2,kill_wait_s=2,usage_error_grace_s=1")
 
 
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PLUGINS), env.get("PYTHONPATH", "")]))
     env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("COMMBENCH_WAITS", TEST_WAITS)
     env.pop("RANK", None)
     env.pop("WORLD_SIZE", None)
     env.update(extra or {})

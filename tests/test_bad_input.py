@@ -73,6 +73,14 @@ BAD_INPUT = [
     (["sweep", "--sizes", ",", "--out", "out"], "--sizes ',': the list is empty"),
     (["sweep", "--tokens", "1,1", "--hidden", "1024", "--out", "out"], "--tokens '1,1': 1 is listed twice"),
     (["sweep", "--tokens", "1,x", "--hidden", "1024", "--out", "out"], "--tokens '1,x': 'x' is not a whole number"),
+    # ---- sweep: nccl-tests' short flags
+    (["sweep", "-G", "10", "--mode", "eager", "--out", "out"], "-G 10 chooses the mode"),
+    (["sweep", "-G", "-1", "--out", "out"], "-G must be 0 (eager) or a number of graph launches"),
+    (["sweep", "-G", "10", "-n", "5", "--graph-ops", "5", "--out", "out"], "give -n or --graph-ops, not both"),
+    (["sweep", "-G", "10", "--out", "out"], "graph mode needs CUDA"),
+    (["sweep", "-c", "2", "--out", "out"], "argument -c/--check: invalid choice: 2"),
+    (["sweep", "-n", "0", "--out", "out"], "--iters must be positive"),
+    (["sweep", "-d", "double", "--out", "out"], "unknown dtype 'double'"),
     (["sweep", "--tokens", "0", "--hidden", "1024", "--out", "out"], "--tokens '0': 0 is not positive"),
     (["sweep", "--tokens", "1,2", "--out", "out"], "need both --tokens and --hidden"),
     # ---- sweep: limits that are no limit (NaN fails every comparison; inf overflows the timer)
@@ -246,14 +254,16 @@ def test_the_table_covers_every_subcommand():
     ([*SWEEP, "--nproc", "2", "--backends", "testfaults:solo"], "cannot run with 2 rank(s)"),
     ([*QUALIFY, str(SPEC), "--junit", "/proc/q.xml"], "--junit /proc/q.xml: not writable"),
 ])
+@pytest.mark.procs
 def test_the_real_entry_point_answers_the_same(argv, expected, tmp_path):
     done = run_cli(_expand(argv, tmp_path))
     assert_one_line(done.returncode, done.stdout, done.stderr, expected)
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.procs
 def test_under_torchrun_the_line_comes_once_before_torchrun_reports(tmp_path):
-    """torchrun adds its own report of the failed workers (README says so); commbench's part is
+    """torchrun adds its own report of the failed workers (docs/sweep.md says so); commbench's part is
     one line from rank 0, with no traceback of ours."""
     done = run_torchrun(2, ["sweep", "--timeout", "nan", "--out", str(tmp_path / "out")])
     ours = [line for line in done.stderr.splitlines() if line.startswith("commbench sweep: error:")]

@@ -13,8 +13,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "build-mscclpp.sh"
 
-pytestmark = pytest.mark.skipif(shutil.which("g++") is None or shutil.which("ldd") is None,
-                                reason="needs g++ and ldd")
+pytestmark = [pytest.mark.procs,   # every test here launches processes
+              pytest.mark.skipif(shutil.which("g++") is None or shutil.which("ldd") is None, reason="needs g++ and ldd")]
 
 
 @pytest.fixture

@@ -54,6 +54,7 @@ def test_a_change_smaller_than_the_spread_is_noise(tmp_path):
     assert all(c.latency_change_pct == pytest.approx(5.0) and c.beyond_spread is False for c in shifted)
 
 
+@pytest.mark.procs
 def test_cli_on_two_cpu_sweeps(tmp_path, capsys):
     out = tmp_path / "cmp.json"
     assert cli(["compare", str(CPU_A), str(CPU_B), "--out", str(tmp_path), "--json", str(out)]) == 0
@@ -102,6 +103,7 @@ def test_same_machine_runs_start_with_their_provenance(tmp_path, capsys):
     assert lines[1].startswith("B: data: cpu: 4 ranks of gloo on the CPU") and not lines[2].startswith("note:")
 
 
+@pytest.mark.procs
 def test_bf16_and_fp32_rows_are_told_apart(tmp_path, capsys):
     from commbench.analysis import plots
 
@@ -125,7 +127,7 @@ def test_curves_pair_across_runs_by_the_whole_key_and_name_what_sets_them_apart(
 
     def row(us: float, version: str, world: int = 8) -> Measurement:
         return Measurement(backend="nccl", mode="graph", dtype="bf16", message_bytes=4096, world_size=world,
-                           status="ok", latency_us=us, extra={"nccl_version_loaded": version})
+                           status="ok", latency_us=us, wrong_elements=0, extra={"nccl_version_loaded": version})
 
     one_run = build_curves([row(40.0, "2.28.9"), row(30.0, "2.30.7")])   # two NCCLs in one run: two curves
     assert sorted(c.label for c in one_run) == ["nccl {NCCL 2.28.9} (graph)", "nccl {NCCL 2.30.7} (graph)"]

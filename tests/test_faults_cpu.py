@@ -14,7 +14,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from helpers import child_env, only_run_dir, rows, run_cli, run_torchrun
+
+pytestmark = pytest.mark.procs   # every test here launches processes
 
 REPO = Path(__file__).resolve().parents[1]
 SIZES = ["--sizes", "4K,16K,64K", "--iters", "2"]

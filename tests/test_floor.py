@@ -164,7 +164,7 @@ def test_the_what_if_against_a_named_current_backend(capsys):
 
 
 def test_on_a_cpu_run_the_suggested_dtype_works(tmp_path, capsys):
-    """The README's `floor RUN --model glm-5` on a CPU sweep, whose rows are fp32: the error names
+    """docs/commands.md's `floor RUN --model glm-5` on a CPU sweep, whose rows are fp32: the error names
     the --dtype to pass, and passing it gives the floor."""
     run = tmp_path / "cpu"
     shutil.copytree(CPU_A, run)

@@ -201,6 +201,7 @@ def _run_unfused(baseline: str) -> dict[int, dict]:
     return got
 
 
+@pytest.mark.procs
 def test_unfused_best_runs_the_fastest_measured_allreduce_then_torch_norm():
     got = _run_unfused("cpugloo:plain")   # the same backend twice: the faster row wins
     for rank, out in got.items():
@@ -212,6 +213,7 @@ def test_unfused_best_runs_the_fastest_measured_allreduce_then_torch_norm():
                                      "run the allreduce variants on the same shapes")
 
 
+@pytest.mark.procs
 def test_unfused_check_catches_an_allreduce_that_does_nothing():
     got = _run_unfused("cpugloo:noop")
     for rank, out in got.items():

@@ -183,6 +183,7 @@ def test_driver_never_turns_multicast_on_under_a_policy(monkeypatch: pytest.Monk
     assert parse_env_settings(["NCCL_NVLS_ENABLE=0"], allow_multicast=False) == [{"NCCL_NVLS_ENABLE": "0"}]
 
 
+@pytest.mark.procs
 def test_driver_gives_a_preloaded_nccl_replacement_its_own_child(tmp_path) -> None:
     from commbench.sweep.launcher import child_runs
 

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from commbench.backends.base import NEEDS
 from commbench.topology.needs import CHECKS
 
@@ -16,6 +18,7 @@ ANALYSIS = ["commbench.analysis." + p.stem for p in (REPO / "commbench" / "analy
             if p.stem != "__init__"]
 
 
+@pytest.mark.procs
 def test_the_analysis_half_imports_no_torch() -> None:
     modules = ANALYSIS + ["commbench.results", "commbench.engines", "commbench.units", "commbench.policy",
                          "commbench.files"]
@@ -44,6 +47,7 @@ def tracked_text_files() -> list[Path]:
             and f != "tests/test_layout.py"]
 
 
+@pytest.mark.procs
 def test_the_repository_points_only_at_files_it_contains() -> None:
     missing = []
     for path in tracked_text_files():

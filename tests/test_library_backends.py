@@ -95,6 +95,7 @@ def test_mscclpp_missing_says_build_from_source():
     assert os.environ.get("MSCCLPP_FORCE_DISABLE_NVLS") == "1"
 
 
+@pytest.mark.procs
 def test_mscclpp_shim_needs_a_library_path(tmp_path):
     assert factory("mscclpp").make("shim", {})[0].software_reason() == \
         "needs the MSCCL++ NCCL shim: pass --mscclpp-nccl-lib PATH (build/lib/libmscclpp_nccl.so)"
@@ -119,6 +120,7 @@ class CppTcpBootstrap:
 """
 
 
+@pytest.mark.procs
 def test_mscclpp_whose_bootstrap_dies_is_skipped_with_the_signal(tmp_path, monkeypatch):
     package = tmp_path / "mscclpp"
     package.mkdir()
@@ -154,6 +156,7 @@ def test_mscclpp_bootstrap_that_dies_beside_a_static_cxx_runtime_says_so():
                     "(docs/mscclpp.md, 'SIGSEGV in MSCCL++'s TCP bootstrap')")
 
 
+@pytest.mark.procs
 @pytest.mark.skipif(shutil.which("g++") is None or shutil.which("ldd") is None, reason="needs g++ and ldd")
 def test_mscclpp_libraries_that_carry_their_own_cxx_runtime_are_found(tmp_path, monkeypatch):
     lib = tmp_path / "mscclpp" / "lib"
@@ -184,6 +187,7 @@ def test_mscclpp_enums_of_any_nanobind_become_numbers():
     assert mp_backend.enum_number(0) == 0
 
 
+@pytest.mark.procs
 @pytest.mark.skipif(shutil.which("cc") is None or shutil.which("ldd") is None, reason="needs cc and ldd")
 def test_mscclpp_shim_whose_neighbours_the_loader_cannot_find_gets_no_child_of_its_own(tmp_path):
     # The wheel's copy of the shim has no RPATH to libmscclpp*.so: preloaded, python would not start.
@@ -443,6 +447,7 @@ def _vote_worker(rank: int, world: int, port: int, failing_rank: int, results) -
     shutdown()
 
 
+@pytest.mark.procs
 def test_one_failing_rank_fails_every_rank_with_its_reason():
     from commbench.sweep.context import _free_port
 

@@ -49,6 +49,7 @@ def started(log: Path) -> list[tuple[str, int]]:
     return [(words[1], int(words[2])) for words in map(str.split, log.read_text().splitlines()) if words[0] == "start"]
 
 
+@pytest.mark.procs
 def test_restart_ends_the_stuck_server_and_starts_a_new_daemon(fake_mps: Path, tmp_path: Path) -> None:
     with mps.private_daemon(tmp_path / "mps-logs", {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50"}) as daemon:
         first = daemon.client_env()
@@ -69,6 +70,7 @@ def test_a_pid_that_is_no_mps_server_is_never_signalled() -> None:
     assert not mps._alive_server(os.getpid())
 
 
+@pytest.mark.procs
 def test_the_driver_gives_every_resumed_child_a_fresh_daemon(fake_mps: Path, tmp_path: Path) -> None:
     result = run_cli(["sweep", "--nproc", "2", "--share-gpus", "--mps", "--backends",
                       "testfaults:segv_rank1@16384,testfaults:exact", "--sizes", "4K,16K,64K", "--iters", "2",

@@ -12,6 +12,8 @@ import torch
 
 from helpers import child_env
 
+pytestmark = pytest.mark.procs   # every test here launches processes
+
 SCRIPT = Path(__file__).parent.parent / "scripts" / "mps-reference.sh"
 
 

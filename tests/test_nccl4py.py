@@ -58,6 +58,7 @@ def test_the_family_has_one_variant_and_logs_into_the_run_dir(tmp_path: Path) ->
         backends.expand(["nccl4py:fast"], {}, True)
 
 
+@pytest.mark.procs
 def test_a_cpu_sweep_skips_nccl4py_with_its_reason(tmp_path: Path) -> None:
     result = run_cli(["sweep", "--cpu", "--no-probe", "--sizes", "1K", "--backends", "nccl4py,gloo",
                       "--out", str(tmp_path)], timeout=180)

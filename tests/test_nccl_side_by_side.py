@@ -53,6 +53,7 @@ def test_each_variant_says_which_nccl_its_processes_ran(tmp_path: Path) -> None:
         f"nccl[NCCL_MIN_NCHANNELS=8]: NCCL 2.28.9 ({TORCH_LIB})"]
 
 
+@pytest.mark.procs
 def test_compare_puts_two_nccl_versions_of_one_run_side_by_side(tmp_path: Path, capsys) -> None:
     run = two_versions(tmp_path, 1.25)
     out = tmp_path / "cmp.json"

@@ -198,6 +198,7 @@ def test_bad_symm_variants_are_usage_errors(spec: str, message: str) -> None:
         backends.expand([spec], {}, True)
 
 
+@pytest.mark.procs
 def test_a_bad_symm_variant_is_one_line_and_exit_2(tmp_path: Path) -> None:
     result = run_cli(["sweep", "--cpu", "--out", str(tmp_path), "--backends", "nccl:symm,algo=Ring"])
     assert result.returncode == 2

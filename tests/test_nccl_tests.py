@@ -394,6 +394,7 @@ def test_bad_file_is_one_line_and_exit_2(tmp_path: Path, capsys, case: str) -> N
     assert not out.exists()
 
 
+@pytest.mark.procs
 def test_bad_file_in_a_real_process(tmp_path: Path) -> None:
     binary = _write_bytes(tmp_path / "x.bin", b"\0\1\2")
     proc = run_cli(["import-nccl-tests", str(binary), str(GRAPH8_JSON), "--out", str(tmp_path / "out")])
@@ -471,6 +472,7 @@ def _script(args: list[str], env: dict[str, str] | None = None):
     return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=300, env=full)
 
 
+@pytest.mark.procs
 def test_run_script_runs_each_setting_and_imports_it(tmp_path: Path) -> None:
     out = tmp_path / "res"
     proc = _script(["--bin", str(_stand_in(tmp_path)), "--out", str(out), "--launch", "threads", "--nproc", "8",
@@ -496,6 +498,7 @@ def test_run_script_runs_each_setting_and_imports_it(tmp_path: Path) -> None:
     (["--launch", "threads", "--nproc", "8", "--dtype", "int8"], "unknown dtype"),
     (["--launch", "threads", "--nproc", "8", "-b", "4KiB"], "malformed size"),
 ])
+@pytest.mark.procs
 def test_run_script_refuses_bad_usage(tmp_path: Path, args: list[str], words: str) -> None:
     base = [] if not args or args[0] == "--bin" else ["--bin", str(_stand_in(tmp_path)), "--out", str(tmp_path / "o")]
     proc = _script(base + args)

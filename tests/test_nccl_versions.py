@@ -72,6 +72,7 @@ def test_a_row_records_the_loaded_version_and_any_second_nccl() -> None:
                                 "nccl_version_error": "no libnccl is mapped into this process"}
 
 
+@pytest.mark.procs
 def test_the_version_is_asked_of_the_mapped_library(tmp_path: Path) -> None:
     # In a child: a stand-in libnccl mapped into pytest's own process would stay there and be
     # "the loaded NCCL" for every later test that reads /proc/self/maps.
@@ -92,6 +93,7 @@ assert loaded_nccl(maps).error == "no libnccl is mapped into this process", load
     assert child.returncode == 0, child.stderr
 
 
+@pytest.mark.procs
 def test_a_preloaded_library_is_the_one_a_process_reports(tmp_path: Path) -> None:
     """The child's view: LD_PRELOAD maps the library, /proc/self/maps finds it, it says 2.29.7."""
     library = build_fake_nccl(tmp_path / "nccl-2.29.7" / "lib", 22907)
@@ -222,6 +224,7 @@ def test_rows_carry_the_library_they_asked_for_and_the_one_that_ran(monkeypatch:
     (["--nccl-lib", "/nonexistent/libnccl.so.2"], "--nccl-lib /nonexistent/libnccl.so.2: no such file"),
     (["--backends", "nccl:lib=missing"], "nccl:lib=missing: no --nccl-lib has that label"),
 ])
+@pytest.mark.procs
 def test_bad_library_input_is_one_line_and_exit_2(tmp_path: Path, args: list[str], message: str) -> None:
     result = run_cli(["sweep", "--cpu", "--out", str(tmp_path), *args])
     assert result.returncode == 2
@@ -230,6 +233,7 @@ def test_bad_library_input_is_one_line_and_exit_2(tmp_path: Path, args: list[str
     assert not any(tmp_path.iterdir())
 
 
+@pytest.mark.procs
 @pytest.mark.skipif(torch.distributed.is_available() and torch.distributed.is_nccl_available(),
                     reason="the CPU end-to-end run expects a torch without NCCL")
 def test_the_driver_runs_a_preloaded_child_whose_rows_name_its_nccl(tmp_path: Path) -> None:

@@ -7,7 +7,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from helpers import only_run_dir, rows, run_cli, run_torchrun
+
+pytestmark = pytest.mark.procs   # every test here launches processes
 
 SNAPSHOTS = Path(__file__).parent / "fixtures" / "snapshots"
 

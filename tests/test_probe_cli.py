@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.procs   # every test here launches processes
+
 SNAPSHOTS = Path(__file__).parent / "fixtures" / "snapshots"
 ENV = {**os.environ, "COLUMNS": "200"}
 

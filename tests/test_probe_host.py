@@ -89,6 +89,7 @@ def test_iommu_mode_sources(tmp_path):
     assert found["mode"] == "translated" and found["gpu_group_types"] == {"0000:03:00.0": "DMA-FQ"}
 
 
+@pytest.mark.procs
 def test_child_time_limit_gives_partial_records_and_the_hung_step():
     code = ("import json,time;print(json.dumps({'kind':'start','step':'P2P write GPU 0 -> GPU 1','src':0,'dst':1}),"
             "flush=True);time.sleep(60)")
@@ -98,11 +99,13 @@ def test_child_time_limit_gives_partial_records_and_the_hung_step():
     assert result.elapsed_s < 10
 
 
+@pytest.mark.procs
 def test_child_crash_is_reported_not_raised():
     result = Child([sys.executable, "-c", "import sys; sys.exit('boom')"]).wait(__import__("time").monotonic() + 20)
     assert result.failure() == "child exited with status 1: boom"
 
 
+@pytest.mark.procs
 def test_local_checks_child_without_a_driver_reports_a_row():
     result = run_child("commbench.topology.local_checks", {"task": "caps", "devices": "all", "pairs": "all"}, 30)
     kinds = [r["kind"] for r in result.records]
@@ -121,6 +124,7 @@ def fake_report(records: list[dict], failures: list[dict]) -> dict:
                                    for i in range(3)], *records]}
 
 
+@pytest.mark.procs
 def test_merge_marks_the_hung_pair_and_the_pairs_that_never_ran():
     records = [{"kind": "can_access", "src": 0, "dst": 1, "value": True},
                {"kind": "enable_peer", "src": 0, "dst": 1, "status": "ok"},
@@ -135,6 +139,7 @@ def test_merge_marks_the_hung_pair_and_the_pairs_that_never_ran():
     assert "NVML unavailable" in s["notes"] and s["errors"][0]["step"] == "driver facts and P2P pair checks"
 
 
+@pytest.mark.procs
 def test_merge_group_names_who_failed():
     parts = [{"id": k, "rank": k, "host": "h", "device": k} for k in range(3)]
     group = [{"participant": 0, "failure": None, "last_step": None, "records": [

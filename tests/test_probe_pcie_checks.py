@@ -60,6 +60,7 @@ def test_ab_meaning(p2p, control, meaning):
     assert nccl_checks.ab_meaning(p2p, control)[0] == meaning
 
 
+@pytest.mark.procs
 def test_one_gpu_gets_a_note_and_still_dumps_the_topology(fakes_on_path):
     report = nccl_checks.nccl_report([None], LIMIT_S, False, module=FAULT_CHILD, backend="gloo")
     assert report["ab"] == [] and report["ab_note"] == nccl_checks.ONE_GPU_NOTE
@@ -69,6 +70,7 @@ def test_one_gpu_gets_a_note_and_still_dumps_the_topology(fakes_on_path):
     assert topology["topo_xml"] is None and topology["small_message"] == {"bytes": 32768, "algo": None, "proto": None}
 
 
+@pytest.mark.procs
 def test_topology_run_keeps_what_nccl_wrote(fakes_on_path):
     fakes_on_path.setenv("COMMBENCH_TEST_NCCL_DUMPS", str(Path(__file__).parent / "fixtures" / "nccl"))
     report = nccl_checks.nccl_report([None, None], LIMIT_S, False, module=FAULT_CHILD, backend="gloo")
@@ -82,6 +84,7 @@ def test_topology_run_keeps_what_nccl_wrote(fakes_on_path):
     assert [f["code"] for f in nccl_patterns(topology)] == ["nccl_all_sys", "nccl_two_channels", "nccl_simple_small"]
 
 
+@pytest.mark.procs
 def test_ab_with_a_hang_only_over_p2p_at_the_ll_size(fakes_on_path, tmp_path):
     fakes_on_path.setenv("COMMBENCH_TEST_FAULT", "hang")
     fakes_on_path.setenv("COMMBENCH_TEST_FAULT_BYTES", "4")
@@ -99,6 +102,7 @@ def test_ab_with_a_hang_only_over_p2p_at_the_ll_size(fakes_on_path, tmp_path):
     ("wrong", WRONG, "rank 1: 1 wrong element(s)"),
     ("error", INCONCLUSIVE, "rank 1 failed: RuntimeError: NCCL error: unhandled cuda error (injected)"),
 ])
+@pytest.mark.procs
 def test_a_faulty_rank_is_named(fakes_on_path, tmp_path, fault, verdict, detail):
     fakes_on_path.setenv("COMMBENCH_TEST_FAULT", fault)
     results = nccl_checks.run_ranks([None, None], [4], {}, LIMIT_S, tmp_path, FAULT_CHILD, "gloo")
@@ -178,6 +182,7 @@ def test_pointer_ring_closes():
     assert words == [0x1040, 0x1080, 0x10C0, 0x1000]
 
 
+@pytest.mark.procs
 def test_peer_checks_child_without_a_driver_reports_a_row():
     result = run_child("commbench.topology.peer_checks", {"pairs": [[0, 0]]}, 30)
     kinds = [r["kind"] for r in result.records]
@@ -303,6 +308,7 @@ def test_nccl_child_values_sum_exactly():
     assert bool((total == expected_sum(world, count)).all()) and float(total.max()) < 2 ** 24
 
 
+@pytest.mark.procs
 def test_bad_spec_in_a_child_is_an_error_row():
     result = run_child("commbench.topology.nccl_child", {"rank": 0}, 30)
     assert [r["kind"] for r in result.records] == ["error", "done"]

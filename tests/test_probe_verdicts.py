@@ -73,6 +73,7 @@ def test_the_probed_machines_software_answers_for_its_snapshot(hgx):
     assert verdicts.software_record([variant("gloo")]) == {"gloo": None}
 
 
+@pytest.mark.procs
 def test_the_sweeps_verdicts_take_the_software_answer_of_its_own_variants(hgx, tmp_path):
     # The snapshot's record comes from variants built without the run's options; a sweep given
     # --mscclpp-nccl-lib must not be told by it that the shim needs that flag.

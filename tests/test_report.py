@@ -204,6 +204,7 @@ def test_all_measurements_fit_a_1400_px_page():
 CHROMIUM = shutil.which("chromium")
 
 
+@pytest.mark.procs
 @pytest.mark.skipif(CHROMIUM is None, reason="no chromium here (Debian: apt-get install chromium)")
 def test_in_a_real_browser_no_table_overflows_a_1400_px_page(tmp_path):
     import subprocess
@@ -231,7 +232,7 @@ def test_winners_are_ranked_within_one_world_size(tmp_path):
 
     def row(backend: str, world: int, us: float) -> Measurement:
         return Measurement(backend=backend, mode="graph", dtype="bf16", message_bytes=4096, world_size=world,
-                           status="ok", latency_us=us)
+                           status="ok", latency_us=us, wrong_elements=0)
 
     rows = [row("nccl", 4, 10.0), row("nccl", 8, 20.0), row("p2p:auto", 8, 15.0)]
     sections = build_sections(Run(tmp_path, {}, rows), build_curves(rows), "nccl")

@@ -7,6 +7,8 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
+
 from helpers import child_env, only_run_dir, rows, run_cli
 
 RUNS = Path(__file__).parent / "data" / "runs"
@@ -26,6 +28,7 @@ def _garbled_copy(tmp_path: Path) -> tuple[Path, int]:
     return run_dir, len(lines)
 
 
+@pytest.mark.procs
 def test_every_analysis_names_the_lines_it_skips_and_keeps_every_row(tmp_path: Path) -> None:
     run_dir, row_count = _garbled_copy(tmp_path)
     expected = (f"commbench: warning: {run_dir}/measurements.jsonl: skipped 6 line(s) that are not rows: "
@@ -73,6 +76,7 @@ MAKE_FAILS = BackendFactory(family="makefails", make=_make, on_cpu_by_default=Tr
 '''
 
 
+@pytest.mark.procs
 def test_broken_plugins_are_skipped_with_one_warning_unless_named(tmp_path: Path) -> None:
     (tmp_path / "site").mkdir()
     env = _install_plugins(tmp_path / "site", BROKEN, {"brokenplugin_values": BROKEN_SOURCE})

@@ -6,6 +6,8 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
+
 from helpers import run_cli
 
 from commbench.analysis import table
@@ -26,6 +28,7 @@ def _run_dir(parent: Path) -> Path:
 WORLDS = [_run_dir(REFERENCE / f"world{n}" / "allreduce") for n in (2, 4, 8)]
 
 
+@pytest.mark.procs
 def test_recorded_world_sizes_side_by_side(tmp_path):
     out = tmp_path / "README-table.md"
     done = run_cli(["table", *map(str, WORLDS), "--out", str(out)])

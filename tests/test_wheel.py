@@ -23,6 +23,8 @@ from pathlib import Path
 import pytest
 from packaging.version import Version  # pytest's own dependency
 
+pytestmark = pytest.mark.procs   # every test here launches processes
+
 REPO = Path(__file__).resolve().parents[1]
 # The first setuptools that builds a wheel without the `wheel` package; the test extra's pin.
 SETUPTOOLS_MIN = "70.1"

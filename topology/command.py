@@ -12,8 +12,6 @@ from commbench.errors import UsageError
 from commbench.files import STDOUT, check_file_target, write_json
 from commbench.units import positive_finite
 
-HELP = "probe the GPUs and the fabric between them: links, P2P, IPC, VMM, multicast, host facts, verdicts"
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", metavar="FILE", help="save the snapshot as JSON")
@@ -70,7 +68,8 @@ def main(args: argparse.Namespace) -> int:
     if args.from_file:
         snapshot = load_snapshot(args.from_file)
     else:
-        from commbench.sweep.context import init_context, shutdown, under_torchrun
+        from commbench.launch_env import under_torchrun
+        from commbench.sweep.context import init_context, shutdown
 
         if under_torchrun():
             ctx, _note = init_context(allow_multicast=args.allow_multicast, share_gpus=args.share_gpus)

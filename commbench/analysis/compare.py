@@ -31,8 +31,6 @@ from commbench.analysis.report import nccl_version_lines
 from commbench.analysis.render import fmt_pct, fmt_us
 from commbench.units import format_bytes
 
-HELP = "per backend and size: latency and p99 change between two runs and whether it beats their spread"
-
 
 @dataclass
 class Change:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Iterable
 
 from commbench.errors import UsageError
-from commbench.results import CRASHED, HANG, OK, WRONG, Measurement, Run
+from commbench.results import CRASHED, HANG, OK, WRONG, Measurement, Run, is_checked
 from commbench.units import format_bytes
 
 DEFAULT_BASELINE = "nccl"
@@ -26,7 +26,8 @@ FALLBACK_BASELINE = "gloo"
 
 
 def is_trusted(row: Measurement) -> bool:
-    return row.status == OK and not (row.wrong_elements or 0) > 0
+    """An ok row whose outputs were checked and right: an unchecked time may be a no-op's."""
+    return row.status == OK and is_checked(row) and not row.wrong_elements
 
 
 def is_failed_check(row: Measurement) -> bool:

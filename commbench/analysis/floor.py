@@ -31,8 +31,6 @@ from commbench.results import load_run
 from commbench.analysis.render import fmt_num, fmt_us
 from commbench.units import format_bytes, parse_bytes, parse_int_list, positive_finite
 
-HELP = "per-token allreduce floor for decode, per model, TP size and concurrency"
-
 
 @dataclass
 class FloorRow:

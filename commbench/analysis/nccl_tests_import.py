@@ -36,7 +36,6 @@ from commbench.results import (ENV_PREFIXES, NO_WORK, OK, ROWS_FILE, RUN_FILE, W
                                percentile, read_run_info, write_csv, write_run_info)
 from commbench.units import format_bytes
 
-HELP = "read nccl-tests all_reduce_perf output (stdout table or -J JSON) into a commbench results dir"
 
 SOURCE = "nccl-tests"
 BACKENDS = {"out_of_place": "nccl-tests:out-of-place", "in_place": "nccl-tests:in-place"}

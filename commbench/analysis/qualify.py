@@ -39,7 +39,6 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
-HELP = "PASS/WARN/FAIL a results dir against a machine-class spec (exit 1 on FAIL, JUnit XML on request)"
 PASS, WARN, FAIL = "PASS", "WARN", "FAIL"
 
 _SPEC_KEYS = {"name", "description", "world_size", "dtype", "mode", "backend"}

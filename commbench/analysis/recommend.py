@@ -25,8 +25,6 @@ from commbench.files import check_file_target, write_json
 from commbench.results import Run, load_run
 from commbench.units import format_bytes, parse_int_list
 
-HELP = "per engine: the allreduce paths it can take here, its default, their costs and the fastest, with settings"
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dir", help="results dir written by commbench sweep")

@@ -22,7 +22,6 @@ from commbench.results import CRASHED, HANG, OK, WRONG, Measurement, Run, descri
 from commbench.analysis.render import fmt_num, fmt_us
 from commbench.units import format_bytes
 
-HELP = "plots, crossover table, fused vs unfused and a self-contained report.html for one results dir"
 FUSION_NOTE = ("latency per call of the fused kernel and of unfused:best (the fastest measured allreduce, then "
                "torch's residual add and RMSNorm) on the same shape; saving > 0: fusion is faster")
 

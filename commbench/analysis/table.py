@@ -23,7 +23,6 @@ from commbench.files import STDOUT, check_file_target
 from commbench.results import OK, Measurement, Run, load_run
 from commbench.units import format_bytes
 
-HELP = "several runs (e.g. world sizes 2, 4, 8) side by side as markdown: latency per size and backend, fused saving"
 
 GroupKey = tuple[str, str, int, str]      # dtype, mode, world size, emulation_text or ""
 

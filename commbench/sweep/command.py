@@ -22,19 +22,20 @@ from commbench.backends.base import describe
 from commbench.errors import FAILED_EXIT, STOP_EXIT, TERMINATED_EXIT, ResultsUnwritable, Terminated, UsageError
 from commbench.inflight import ENDED, FAILED, LEFT, PeerWatch, Recorder, recover
 from commbench.sweep import launcher
-from commbench.sweep.context import ControlGroupLost, RunContext, init_context, shutdown, torchrun_env, under_torchrun
+from commbench.launch_env import torchrun_env, under_torchrun
+from commbench.sweep.context import ControlGroupLost, RunContext, init_context, shutdown
 from commbench.sweep.engine import Engine, stopped_reason
 from commbench.files import check_dir_target, check_file_target
 from commbench.sweep.plan import SweepPlan, build_plan
 from commbench.results import (ROWS_FILE, RUN_FILE, SCHEMA_VERSION, Measurement, ResultsWriter, new_run_dir,
                                read_rows_checked, read_run_info, refuse_other_run, repair_torn_tail, stops_backend,
                                write_csv, write_run_info)
-from commbench.sweep.live import HEADER, LiveTable
+from commbench.sweep.live import LiveTable, header_lines
 from commbench.units import positive_finite
+from commbench.waits import waits
 from commbench.sweep.versions import (LAUNCH_COMMAND_VAR, launch_command, local_device_info, relevant_env,
                                       software_versions)
 
-HELP = "sweep allreduce sizes x dtypes x eager/graph over every backend that can run here"
 ENV_SETTING_VAR = "COMMBENCH_ENV_SETTING"   # set by the driver for each child torchrun
 
 
@@ -56,16 +57,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     what.add_argument("--backends", help="comma list of backend specs (default: every backend for this machine); "
                       "see --list-backends")
     what.add_argument("--list-backends", action="store_true", help="list backend families and example variants")
-    what.add_argument("--dtype", help="bf16,fp16,fp32 (default bf16 on GPU, fp32 on CPU)")
+    what.add_argument("-d", "--dtype", help="bf16,fp16,fp32, or as nccl-tests spells them: bfloat16,half,float "
+                      "(default bf16 on GPU, fp32 on CPU)")
     what.add_argument("--mode", help="eager,graph (default both on GPU; eager on CPU)")
-    timing = p.add_argument_group("timing")
-    timing.add_argument("--iters", type=int,
+    timing = p.add_argument_group("timing and checks (nccl-tests' -n -w -G -c -T where they mean the same)")
+    timing.add_argument("-n", "--iters", type=int,
                         help="timed calls per pass in eager mode, timed graph replays in graph mode "
-                             "(default: scales down with size)")
-    timing.add_argument("--warmup", type=int, help="warm-up calls per row (default 5 on GPU, 2 on CPU)")
+                             "(default: scales down with size); with -G: calls captured per graph, as in nccl-tests")
+    timing.add_argument("-w", "--warmup", type=int, help="warm-up calls per row (default 5 on GPU, 2 on CPU)")
     timing.add_argument("--graph-ops", type=int,
                         help="calls captured per CUDA graph (default: 128, fewer for messages above 2 MiB)")
-    timing.add_argument("--timeout", type=float, default=120.0, help="watchdog seconds per row (default 120)")
+    timing.add_argument("-G", "--graph-launches", type=int, metavar="N",
+                        help="nccl-tests' -G: graph mode only, each pass replaying the captured graph N times "
+                             "(-n then counts the calls captured per graph); -G 0 is eager mode only")
+    timing.add_argument("-c", "--check", type=int, choices=(0, 1), default=1,
+                        help="1 (default): check every timed call's output; 0: check nothing, the rows say "
+                             "so and analysis trusts none of them")
+    timing.add_argument("-T", "--timeout", type=float, default=120.0, help="watchdog seconds per row (default 120)")
     timing.add_argument("--setup-timeout", type=float, default=900.0,
                         help="watchdog seconds for a backend's setup, which may build its kernels on first use "
                              "(FlashInfer's JIT build takes minutes) (default 900)")
@@ -286,7 +294,8 @@ def _sweep(ctx: RunContext, args: argparse.Namespace, plan: SweepPlan, variants:
                 table.line(f"# {line}")
             table.line(f"# commbench sweep: {ctx.world_size} rank(s) on {ctx.nodes} node(s), "
                        f"{'CUDA' if ctx.is_cuda else 'CPU/gloo'}; results in {run_dir}")
-            table.line("#" + HEADER[1:])
+            for line in header_lines(plan.check):
+                table.line(line)
             engine = Engine(ctx, plan, writer, table, done_keys, stopped, env_setting,
                             on_stop_flush=lambda: write_csv(run_dir), recorder=recorder,
                             resume_hint=None if args.run_dir else resume_command(args, ctx, run_dir))
@@ -353,17 +362,12 @@ def resume_command(args: argparse.Namespace, ctx: RunContext, run_dir: Path) -> 
     return f"torchrun --nnodes {ctx.nodes} --nproc-per-node {ctx.local_world_size} <your rendezvous flags> {sweep}"
 
 
-# How long a rank whose control group failed looks for the peer that caused it: its records
-# are written before its process ends, so a short look suffices.
-CAUSE_LOOK_S = 3.0
-
-
 def _after_peer_loss(ctx: RunContext, engine: Engine | None, recorder: Recorder, exc: BaseException) -> int:
     """A peer is gone (the control group failed) or torchrun or the driver is stopping this
     rank: record what the peers' in-flight records say (rank 0), say it once, and end."""
     peers = PeerWatch(recorder.run_dir, ctx.rank, engine.step if engine else 0, peer_wait_s=0.0)
     stop = peers()
-    deadline = time.monotonic() + CAUSE_LOOK_S
+    deadline = time.monotonic() + waits().cause_look_s
     while stop is None and time.monotonic() < deadline:
         time.sleep(0.2)
         stop = peers()

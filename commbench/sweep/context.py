@@ -16,6 +16,7 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 
+from commbench.launch_env import torchrun_env, under_torchrun
 from commbench.policy import multicast_policy_reason
 
 MPS_PERCENT_VAR = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
@@ -146,19 +147,6 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def torchrun_env() -> tuple[int, int, int, int]:
-    """RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE; a world of one without torchrun."""
-    rank = int(os.environ.get("RANK", "0"))
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    local_rank = int(os.environ.get("LOCAL_RANK", str(rank)))
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
-    return rank, world, local_rank, local_world
-
-
-def under_torchrun() -> bool:
-    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
 def init_context(allow_multicast: bool = False, force_cpu: bool = False, share_gpus: bool = False,

@@ -13,7 +13,7 @@ before the next starts.
 Before each step of a backend (check, setup, row, close) every rank records what it is about to
 run (commbench.inflight), and a rank that catches a backend's exception marks its record
 before it goes to the vote: if its peers are inside a collective it never joins, their
-watchdogs see the mark and end the row as an error naming it, within PEER_WAIT_S.
+watchdogs see the mark and end the row as an error naming it, within waits().peer_wait_s.
 """
 
 from __future__ import annotations
@@ -33,14 +33,15 @@ from commbench.errors import Terminated
 from commbench.inflight import ENDED, HUNG, RAISED, PeerWatch, Recorder, Stop, stop_line
 from commbench.sweep.context import ControlGroupLost, RunContext
 from commbench.sweep.plan import Shape, SweepPlan
-from commbench.results import (CRASHED, ERROR, HANG, NO_WORK, OK, SKIPPED, WRONG, Measurement, ResultsWriter, row_key,
-                               stops_backend)
+from commbench.results import (CHECK_OFF, CRASHED, ERROR, HANG, NO_WORK, OK, SKIPPED, WRONG, Measurement,
+                               ResultsWriter, row_key, stops_backend)
 from commbench.sweep.live import LiveTable
 from commbench.sweep.timing import (capture_graph, count_work_nodes, headline_us, jitter_stats, loop_total_us,
                               per_step_us, synchronize)
 from commbench.sweep.dtypes import dtype_name
 from commbench.units import format_bytes
-from commbench.sweep.watchdog import PEER_WAIT_S, Watchdog
+from commbench.sweep.watchdog import Watchdog
+from commbench.waits import waits
 from commbench.sweep.workload import PassCheck, Workload, bandwidths_gbps
 
 # First epochs of the exact input pattern per pass (each pass uses three, see workload.py), so
@@ -149,7 +150,7 @@ class Engine:
         if timeout_s is None:
             yield
             return
-        peers = PeerWatch(self.recorder.run_dir, self.ctx.rank, self.step, PEER_WAIT_S)
+        peers = PeerWatch(self.recorder.run_dir, self.ctx.rank, self.step, waits().peer_wait_s)
 
         def on_stop(stop: Stop, timed_out: bool) -> None:
             if timed_out:
@@ -296,7 +297,7 @@ class Engine:
         over calls + 1 pairs, whose outputs are all checked."""
         self._warm_up(workload, calls + 1)
 
-        def run_pass(base_epoch: int, timer: Callable) -> tuple[Any, PassCheck]:
+        def run_pass(base_epoch: int, timer: Callable) -> tuple[Any, PassCheck | None]:
             workload.prepare(base_epoch)
             synchronize(self.ctx)
             self.ctx.barrier()
@@ -305,7 +306,7 @@ class Engine:
             workload.call(0)
             timed = timer(self.ctx, lambda i: workload.call(i + 1), calls)
             synchronize(self.ctx)
-            return timed, workload.verify(0, calls + 1)
+            return timed, workload.verify(0, calls + 1) if self.plan.check else None
 
         total_us, timed_check = run_pass(TIMED_EPOCH, loop_total_us)
         samples, jitter_check = run_pass(JITTER_EPOCH, per_step_us)
@@ -322,12 +323,14 @@ class Engine:
         for _ in range(self.plan.warmup):
             graph.replay()
 
-        def run_pass(base_epoch: int, timer: Callable) -> tuple[Any, PassCheck]:
+        def run_pass(base_epoch: int, timer: Callable) -> tuple[Any, PassCheck | None]:
             workload.prepare(base_epoch)
             synchronize(self.ctx)
             self.ctx.barrier()
             graph.replay()   # aligns the ranks, as the first eager call does
             timed = timer(self.ctx, lambda i: graph.replay(), replays)
+            if not self.plan.check:
+                return timed, None
             if workload.destroys_inputs:
                 # Each replay re-reduced the previous one's output: check a replay of fresh inputs.
                 workload.prepare(base_epoch)
@@ -365,8 +368,11 @@ class Engine:
         first = gathered[0]
         row.iterations = first["replays"] if mode == "graph" else first["timed_calls"]
         row.ops_per_graph = first.get("ops", 1)
-        row.extra["check"] = first["check_scope"]
-        self._apply_checks(row, [g["checks"] for g in gathered])
+        if self.plan.check:
+            row.extra["check"] = first["check_scope"]
+            self._apply_checks(row, [g["checks"] for g in gathered])
+        else:   # wrong_elements stays None, so analysis trusts the row no more than #wrong N/A
+            row.extra["check"] = CHECK_OFF
         empty_graph = mode == "graph" and any(g.get("work_nodes") == 0 for g in gathered)
         if not empty_graph:
             self._apply_fields(row, headline_us([g["total_us"] for g in gathered], first["timed_calls"]))

@@ -39,6 +39,7 @@ from commbench.errors import FAILED_EXIT, STOP_EXIT, UsageError
 from commbench.results import (HANG, SCHEMA_VERSION, Measurement, ResultsWriter, new_run_dir, read_rows, read_run_info,
                                refuse_other_run, stops_backend, write_csv, write_run_info)
 from commbench.sweep.plan import SweepPlan
+from commbench.waits import waits
 
 _NAME_RE = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 # Flags the driver consumes; everything else is passed to each child unchanged (--qualify too:
@@ -96,9 +97,6 @@ def _new_run_dir(args: argparse.Namespace) -> Path:
     return path
 
 
-KILL_WAIT_S = 5.0
-
-
 def _kill(proc: subprocess.Popen, run_dir: Path) -> None:
     """SIGTERM, then SIGKILL, to the child torchrun and to every rank it left a record for:
     torchrun starts its workers in sessions of their own, so killing torchrun alone would
@@ -110,7 +108,7 @@ def _kill(proc: subprocess.Popen, run_dir: Path) -> None:
                 send()
             except ProcessLookupError:
                 pass
-        deadline = time.monotonic() + KILL_WAIT_S
+        deadline = time.monotonic() + waits().kill_wait_s
         while time.monotonic() < deadline:
             if proc.poll() is not None and not any(inflight.is_alive(r) for r in inflight.read_records(run_dir)):
                 return
@@ -221,21 +219,17 @@ def _run_setting(args: argparse.Namespace, run_dir: Path, setting: dict[str, str
     return True
 
 
-# A step whose watchdog should have fired this long ago is stuck where no watchdog can run (a
-# thread holding the GIL on every rank that could see it): the driver ends the child itself.
-OVERDUE_GRACE_S = 5.0
-POLL_S = 1.0
-
-
 def _wait(proc: subprocess.Popen, run_dir: Path, child_timeout_s: float) -> tuple[int, str | None]:
     """The child's exit status, and why the driver killed it (None when it ended by itself)."""
     limit = time.monotonic() + child_timeout_s
     while True:
         try:
-            return proc.wait(timeout=POLL_S), None
+            return proc.wait(timeout=waits().driver_poll_s), None
         except subprocess.TimeoutExpired:
             pass
-        late = inflight.overdue(run_dir, OVERDUE_GRACE_S)
+        # A step whose watchdog should have fired by now is stuck where no watchdog can run:
+        # the driver ends the child itself.
+        late = inflight.overdue(run_dir, waits().overdue_grace_s)
         if time.monotonic() > limit:
             reason = f"child torchrun exceeded --child-timeout {child_timeout_s:g} s and was killed"
         elif late is not None:

@@ -3,14 +3,28 @@
 from __future__ import annotations
 
 import sys
+import textwrap
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from commbench.results import OK, Measurement, describe_setting
+from commbench.results import OK, Measurement, describe_setting, is_checked
 
-HEADER = (f"{'size(B)':>12} {'count':>11} {'type':>5} {'mode':>5}  {'backend':<28} "
+# Rows fit a 120-column terminal: a status that does not fit goes on to indented lines.
+WIDTH = 120
+CONTINUATION = " " * 8
+HEADER = (f"{'size(B)':>10} {'count':>10} {'type':>4} {'mode':>5}  {'backend':<26} "
           f"{'time(us)':>9} {'p99(us)':>9} {'algbw':>7} {'busbw':>7} {'#wrong':>6}  status")
+# time and p99 come from two passes over the same calls (sweep/engine.py), so p99 may be below it.
+PASSES_NOTE = ("time: one timer around the timed pass, slowest rank; p99: a timer per call in a separate "
+               "jitter pass")
+CHECK_OFF_NOTE = "-c 0: no output is checked (#wrong -, status \"ok, unchecked\"); analysis trusts none of these rows"
+
+
+def header_lines(check: bool) -> list[str]:
+    """The comment lines above the rows."""
+    notes = [PASSES_NOTE] + ([] if check else [CHECK_OFF_NOTE])
+    return ["#" + HEADER[1:]] + [f"# {note}" for note in notes]
 
 
 def _num(value: float | None, width: int, digits: int = 2) -> str:
@@ -23,15 +37,20 @@ def _num(value: float | None, width: int, digits: int = 2) -> str:
 
 
 def format_row(row: Measurement) -> str:
+    """One row, nccl-tests-like; lines after the first (a long status) start with CONTINUATION."""
     wrong = "-" if row.wrong_elements is None else str(row.wrong_elements)
     status = row.status if row.status == OK else f"{row.status}: {row.wrong_kind or row.reason or ''}".rstrip(": ")
+    if row.status == OK and not is_checked(row):
+        status += ", unchecked"   # -c 0: the header says so
     if row.setting_applied == "ignored":
         status += f" (used {describe_setting(row.observed)})"
     if row.unsafe:
         status += f" [unsafe: {row.unsafe}]"
-    return (f"{row.message_bytes:>12} {row.count:>11} {row.dtype:>5} {row.mode:>5}  {row.backend:<28.28} "
+    head = (f"{row.message_bytes:>10} {row.count:>10} {row.dtype:>4} {row.mode:>5}  {row.backend:<26.26} "
             f"{_num(row.latency_us, 9)} {_num(row.jitter_p99_us, 9)} {_num(row.algbw_gbps, 7)} "
-            f"{_num(row.busbw_gbps, 7)} {wrong:>6}  {status}")
+            f"{_num(row.busbw_gbps, 7)} {wrong:>6}  ")
+    return "\n".join(textwrap.wrap(status, WIDTH, initial_indent=head, subsequent_indent=CONTINUATION,
+                                   break_on_hyphens=False)) or head.rstrip()
 
 
 class LiveTable:

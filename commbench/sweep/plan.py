@@ -56,8 +56,10 @@ class SweepPlan:
     min_iterations: int
     max_iterations: int
     graph_ops: int | None         # None: by size (graph_ops_for)
+    graph_replays: int | None     # -G N: timed replays per pass; None: the iterations (graph_replays_for)
     timeout_s: float              # watchdog per row
     setup_timeout_s: float        # watchdog per backend setup: first-use kernel builds take minutes
+    check: bool = True            # -c 0: no output is checked (every row says so)
     notes: list[str] = field(default_factory=list)
 
     def sizes_for(self, dtype: torch.dtype) -> list[Shape]:
@@ -80,6 +82,8 @@ class SweepPlan:
 
     def graph_replays_for(self, message_bytes: int) -> int:
         """Timed replays of the graph per pass."""
+        if self.graph_replays is not None:
+            return self.graph_replays
         if self.iterations is not None:
             return self.iterations
         low, high = GRAPH_REPLAYS
@@ -95,7 +99,7 @@ class SweepPlan:
                 "shapes": [[s.tokens, s.hidden] for s in self.shapes if s.tokens],
                 "dtypes": [dtype_name(d) for d in self.dtypes], "modes": self.modes,
                 "warmup": self.warmup, "iterations": self.iterations, "graph_ops": self.graph_ops,
-                "timeout_s": self.timeout_s, "setup_timeout_s": self.setup_timeout_s}
+                "graph_replays": self.graph_replays, "check": self.check, "timeout_s": self.timeout_s, "setup_timeout_s": self.setup_timeout_s}
 
 
 def geometric_sizes(min_bytes: int, max_bytes: int, factor: int) -> list[int]:
@@ -123,6 +127,23 @@ def timeout_s(value: float, flag: str) -> float:
     return positive_finite(value, flag, "seconds", at_most=threading.TIMEOUT_MAX)
 
 
+def _graph_launches(args: argparse.Namespace) -> tuple[str | None, int | None, int | None, int | None]:
+    """nccl-tests' -G N as (modes, iterations, graph ops, graph replays): -G 0 launches eagerly;
+    -G N captures the -n calls in one graph and launches it N times per pass."""
+    launches = args.graph_launches
+    if launches is None:
+        return args.mode, args.iters, args.graph_ops, None
+    if args.mode is not None:
+        raise UsageError(f"-G {launches} chooses the mode (graph; -G 0: eager): leave out --mode")
+    if launches < 0:
+        raise UsageError(f"-G must be 0 (eager) or a number of graph launches (got {launches})")
+    if launches == 0:
+        return "eager", args.iters, args.graph_ops, None
+    if args.iters is not None and args.graph_ops is not None:
+        raise UsageError("with -G, -n is the calls captured per graph: give -n or --graph-ops, not both")
+    return "graph", None, args.iters if args.iters is not None else args.graph_ops, launches
+
+
 def model_of(args: argparse.Namespace) -> Model | None:
     """The --model preset a sweep measures the decode sizes of, if any."""
     name = getattr(args, "model", None)
@@ -138,10 +159,11 @@ def build_plan(args: argparse.Namespace, on_gpu: bool, checked_bytes: list[int] 
     dtypes = parse_dtypes(args.dtype if args.dtype is not None else default_dtype)
     # Decode runs in CUDA graphs: a model's sizes are measured in graph mode where it exists.
     default_modes = ("graph" if model else "eager,graph") if on_gpu else "eager"
-    modes = parse_list(args.mode if args.mode is not None else default_modes, "--mode", _mode)
+    mode, iterations, graph_ops, graph_replays = _graph_launches(args)
+    modes = parse_list(mode if mode is not None else default_modes, "--mode", _mode)
     if "graph" in modes and not on_gpu:
         raise UsageError("graph mode needs CUDA GPUs; on the CPU use --mode eager")
-    if model and not on_gpu and args.mode is None:
+    if model and not on_gpu and mode is None:
         notes.append(f"{model.name}: graph mode needs CUDA GPUs, so on the CPU its decode sizes run in eager mode")
 
     shapes = _shapes(args, on_gpu, dtypes, model)
@@ -150,15 +172,16 @@ def build_plan(args: argparse.Namespace, on_gpu: bool, checked_bytes: list[int] 
         shapes += [Shape(b) for b in added]
         notes.append(f"--qualify: added {', '.join(format_bytes(b) for b in added)}, the size(s) its spec checks")
     low, high = GPU_ITERATIONS if on_gpu else CPU_ITERATIONS
-    for name in ("iters", "warmup", "graph_ops"):
-        value = getattr(args, name)
+    for name, value in (("iters", args.iters), ("warmup", args.warmup), ("graph-ops", args.graph_ops)):
         if value is not None and value < (0 if name == "warmup" else 1):
-            raise UsageError(f"--{name.replace('_', '-')} must be positive (got {value})")
+            raise UsageError(f"--{name} must be positive (got {value})")
     plan = SweepPlan(shapes=shapes, dtypes=dtypes, modes=modes,
                      warmup=args.warmup if args.warmup is not None else (5 if on_gpu else 2),
-                     iterations=args.iters, min_iterations=low, max_iterations=high,
-                     graph_ops=args.graph_ops, timeout_s=timeout_s(args.timeout, "--timeout"),
-                     setup_timeout_s=timeout_s(args.setup_timeout, "--setup-timeout"), notes=notes)
+                     iterations=iterations, min_iterations=low, max_iterations=high,
+                     graph_ops=graph_ops, graph_replays=graph_replays,
+                     timeout_s=timeout_s(args.timeout, "--timeout"),
+                     setup_timeout_s=timeout_s(args.setup_timeout, "--setup-timeout"), check=bool(args.check),
+                     notes=notes)
     for dtype in dtypes:
         if not plan.sizes_for(dtype):   # the sweep would run nothing for it and say nothing
             raise UsageError(f"no message size ({', '.join(format_bytes(s.message_bytes) for s in shapes)}) is a "

@@ -7,8 +7,9 @@ watchdog runs `on_stop` (rank 0 writes the row and flushes the results) and ends
 with STOP_EXIT. torchrun then stops the other ranks; the --nproc driver resumes the run
 without that backend.
 
-It looks at the peers only once a region has lasted POLL_AFTER_S, once a second: a short row
-never shares the GIL with it, and a long one loses a few hundred microseconds per second.
+It looks at the peers only once a region has lasted waits().poll_after_s, then every poll_s (a
+second): a short row never shares the GIL with it, and a long one loses a few hundred microseconds
+per second.
 A region that runs out of time is named with where its thread was (the innermost WHERE_FRAMES
 Python frames), so a hang inside a library says which of its steps never returned.
 """
@@ -25,13 +26,8 @@ from typing import Callable
 
 from commbench.errors import STOP_EXIT
 from commbench.inflight import HANG, Stop
+from commbench.waits import waits
 
-POLL_AFTER_S = 2.0
-POLL_S = 1.0
-# How long ranks wait at a vote for a peer that raised, once one did: longer than a backend's
-# own bounded wait (p2p gives up on a missing peer after --p2p-timeout-ms, 5 s by default), so
-# that such peers come to the vote and the row is an error without ending the processes.
-PEER_WAIT_S = 10.0
 WHERE_FRAMES = 3
 
 
@@ -61,14 +57,15 @@ class Watchdog:
 
     def _watch(self) -> None:
         start = time.monotonic()
+        poll_after_s, poll_s = waits().poll_after_s, waits().poll_s
         while True:
             elapsed = time.monotonic() - start
             if elapsed >= self.timeout_s:
                 break
-            pause = POLL_S if elapsed >= POLL_AFTER_S else POLL_AFTER_S - elapsed
+            pause = poll_s if elapsed >= poll_after_s else poll_after_s - elapsed
             if self._done.wait(min(pause, self.timeout_s - elapsed)):
                 return
-            if time.monotonic() - start >= POLL_AFTER_S:
+            if time.monotonic() - start >= poll_after_s:
                 stop = self.peers()
                 if stop is not None:
                     self._fire(stop, timed_out=False)
