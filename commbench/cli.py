@@ -24,6 +24,7 @@ SUBCOMMANDS: dict[str, str] = {
     "compare": "commbench.analysis.compare",
     "table": "commbench.analysis.table",
     "import-nccl-tests": "commbench.analysis.nccl_tests_import",
+    "attribute": "commbench.analysis.attribute",
 }
 
 

@@ -22,6 +22,23 @@ NCCL_VERSION = "2.30.7"      # the NCCL whose environment semantics the settings
 
 # --- facts, with their sources --------------------------------------------------------------
 
+# Engines' own allreduce kernels as they appear in a profiler trace, for `commbench attribute`
+# (same layout as a backend module's TRACE_KERNELS: regex, library, floor variants, note). They
+# move into the engines' custom-allreduce backend modules once those exist.
+TRACE_KERNELS = (
+    # vLLM csrc/custom_all_reduce.cuh; SGLang's sgl-kernel and FlashInfer's port keep the vllm:: names.
+    (r"\bvllm::cross_device_reduce_(1|2)stage\b",
+     "vLLM-style custom allreduce (vLLM, SGLang or FlashInfer's port)", r"^vllm:custom_ar", ""),
+    # SGLang python/sglang/jit_kernel/csrc/distributed/custom_all_reduce_{pull,push}.cuh (custom AR v2, JIT)
+    (r"\ball_reduce_(one_shot|two_shot|one_shot_push)_kernel\b", "SGLang JIT custom allreduce",
+     r"^sglang:custom_ar", ""),
+    # vLLM csrc/quickreduce (ROCm)
+    (r"\bquickreduce::allreduce_prototype_", "vLLM quick allreduce (ROCm)", "", ""),
+    # TensorRT-LLM cpp/tensorrt_llm/kernels/communicationKernels/allReduceFusionKernels.cu
+    (r"\btensorrt_llm::kernels::ar_fusion::", "TensorRT-LLM allreduce fusion", "", ""),
+)
+
+
 # vLLM's dispatch order tries FlashInfer and torch symm-mem before/around its custom allreduce
 # (vllm/distributed/device_communicators/cuda_communicator.py): turning them off makes the path
 # a backend stands for the one that runs.
