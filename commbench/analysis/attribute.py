@@ -94,6 +94,22 @@ def load_ranks(paths: list[Path]) -> list[tuple[int, RankTrace]]:
     return sorted(((t.rank, t) for t in traces), key=lambda x: x[0])  # type: ignore[misc]
 
 
+def analyse_traces(paths: list[Path], hint: SizeHint, rule: str = "auto", annotation: re.Pattern[str] | None = None,
+                   gap_us: float | None = None) -> tuple[list[tuple[int, RankTrace]], list[RankResult]]:
+    ranks = load_ranks(paths)
+    return ranks, [analyse_rank(t, rank, hint, rule, annotation, gap_us) for rank, t in ranks]
+
+
+def floor_lines(run: Run, ranks: list[tuple[int, RankTrace]], results: list[RankResult], dtype: str | None,
+                batch: int | None) -> list[FloorLine]:
+    """The decode steps' calls (all steps where none is told to be decode) against the run."""
+    world = ranks[0][1].world_size or len(ranks)
+    curves = decode_curves(run, world, dtype_name(dtype) if dtype else "bf16", "auto")
+    steps = [s for r in results for s in r.steps]
+    decode = [s for s in steps if s.phase == "decode"] or steps
+    return against_floor(decode, curves, batch)
+
+
 def trace_provenance(ranks: list[tuple[int, RankTrace]]) -> str:
     first = ranks[0][1]
     what = first.provenance or "a profiler trace as given"
@@ -204,8 +220,7 @@ def main(args: argparse.Namespace) -> int:
     except re.error as exc:
         raise UsageError(f"--step-annotation: not a regular expression ({exc})") from None
     run = load_run(args.run) if args.run else None
-    ranks = load_ranks(args.traces)
-    results = [analyse_rank(t, rank, hint, args.steps, annotation, args.gap_us) for rank, t in ranks]
+    ranks, results = analyse_traces(args.traces, hint, args.steps, annotation, args.gap_us)
     steps = [s for r in results for s in r.steps]
 
     print(textwrap.fill(trace_provenance(ranks), WIDTH, subsequent_indent="  "))
@@ -250,10 +265,7 @@ def main(args: argparse.Namespace) -> int:
 
     floor: list[FloorLine] = []
     if run is not None:
-        world = ranks[0][1].world_size or len(ranks)
-        curves = decode_curves(run, world, dtype_name(args.dtype) if args.dtype else "bf16", "auto")
-        decode = [s for s in steps if s.phase == "decode"] or steps
-        floor = against_floor(decode, curves, args.batch)
+        floor = floor_lines(run, ranks, results, args.dtype, args.batch)
         print()
         print(floor_text(floor))
     write_json(args.json, {
@@ -298,8 +310,8 @@ def floor_text(lines: list[FloorLine]) -> str:
                      fmt_us(p.latency_us), f"{p.saving_per_call_us:+.1f}", f"{p.saving_per_step_us:+.0f}",
                      "-" if p.saving_per_token_us is None else f"{p.saving_per_token_us:+.1f}",
                      f"{100 * p.share_of_step:+.1f}%"])
-    out = ["against the floor: the same library's fastest trusted rows in the run at that size (+ = the engine "
-           "pays more)"]
+    out = ["against the floor: the same library's fastest trusted rows in the run at that size\n"
+           "(d = engine minus floor: + = the engine pays more; of step = d/step over the mean step wall)"]
     if rows:
         out.append(render(["library", "size", "/step", "engine_us", "floor_us", "d/call", "d/step_us",
                            "d/token_us", "of step"], rows, right=range(1, 9)))
