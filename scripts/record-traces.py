@@ -158,6 +158,9 @@ def _graph_rank(rank: int, world: int, port: int, name: str, spec: str, out_dir:
         for _ in range(WARMUP_STEPS):
             step()
         torch.cuda.synchronize()
+        # CUPTI starts before the capture, so the graph's kernels are traced when it replays.
+        with profile(activities=[ProfilerActivity.CUDA]):
+            torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             step()

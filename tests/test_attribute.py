@@ -315,7 +315,7 @@ def test_recorded_gpu_traces_match_what_the_generator_built(entry: dict) -> None
             assert not s.other_comm
     if graph:
         ours = [(len(s.calls), s.share) for r in results for s in r.steps]
-        names = re.compile("|".join(re.escape(c.name) for r in results for s in r.steps for c in s.calls))
+        names = re.compile("|".join(re.escape(n) for n in {c.name for r in results for s in r.steps for c in s.calls}))
         theirs = _independent_steps(paths, names)
         assert sorted(n for n, _ in ours) == sorted(n for n, _ in theirs)
         assert sorted(x for _, x in ours) == pytest.approx(sorted(x for _, x in theirs), rel=0.02)
