@@ -3,7 +3,6 @@ constructed traces (tests/data/traces/README.md says how each was made)."""
 
 from __future__ import annotations
 
-import argparse
 import gzip
 import json
 import re
@@ -14,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from commbench.analysis import attribute, trace_read
-from commbench.analysis.attribution import SizeHint, analyse_rank
+from commbench.analysis.attribution import SizeHint
 from commbench.analysis.trace_kernels import _pattern, all_patterns, classify, literal_patterns
 from commbench.cli import main as cli_main
 from helpers import run_cli
@@ -165,6 +164,31 @@ def _graph_trace(path: Path, kernel: str, steps: int = 3, calls: int = 4, rank: 
                 ts += dur + 1
         ts += 1000
     path.write_text(json.dumps({"distributedInfo": {"rank": rank, "world_size": 2}, "traceEvents": events}))
+
+
+def test_overlap_busy_time_and_a_merged_file_of_two_devices(tmp_path: Path) -> None:
+    """Per replay: an allreduce on stream 7 (ts 0-30) beside a GEMM on stream 9 (ts 10-50); the
+    merged file holds two devices and no rank, so each device is a rank."""
+    events = []
+    for device in (0, 1):
+        for corr in range(3):
+            t = 1000.0 + 5000 * corr
+            events += [{"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(x)", "pid": device,
+                        "tid": 7, "ts": t, "dur": 30.0, "args": {"stream": 7, "correlation": corr, "graph id": 1}},
+                       {"ph": "X", "cat": "kernel", "name": "gemm", "pid": device, "tid": 9, "ts": t + 10, "dur": 40.0,
+                        "args": {"stream": 9, "correlation": corr, "graph id": 1}}]
+    path = tmp_path / "merged.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    results = _ranks([path])
+    assert [r.rank for r in results] == [0, 1]
+    for s in (s for r in results for s in r.steps):
+        assert (s.wall_us, s.busy_us, s.overlap_us) == (50.0, 50.0, 20.0)
+        assert s.share == pytest.approx(30 / 50)
+
+
+def test_a_rule_the_trace_cannot_follow_is_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = attribute_cli(capsys, str(SGLANG[0]), "--steps", "annotation")
+    assert code == 2 and "no step annotation" in err
 
 
 def test_run_prices_each_call_against_the_same_librarys_floor(capsys: pytest.CaptureFixture[str],

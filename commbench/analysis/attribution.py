@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from commbench.analysis.trace_kernels import Classification, classify
 from commbench.analysis.trace_read import HostSpan, Kernel, RankTrace
+from commbench.errors import UsageError
 from commbench.results import percentile
 
 RULES = ("graph", "annotation", "gap")
@@ -261,6 +262,12 @@ def analyse_rank(trace: RankTrace, rank: int, size_hint: SizeHint, rule: str = "
             named, detail = found
             groups = [(name, g) for name, g in named]
             used = "annotation"
+    if not groups and rule == "graph":
+        raise UsageError(f"{trace.source}: no CUDA-graph replays in this trace (use --steps annotation or gap)")
+    if not groups and rule == "annotation":
+        wanted = annotation.pattern if annotation else f"{ENGINE_STEP_ANNOTATION.pattern} or {PROFILER_STEP_ANNOTATION.pattern}"
+        raise UsageError(f"{trace.source}: no step annotation matching {wanted} encloses a kernel's launch "
+                         "(give --step-annotation REGEX, or use --steps gap)")
     if not groups and rule in ("auto", "gap"):
         threshold = gap_us if gap_us is not None else gap_threshold_us(items)
         groups = [(None, g) for g in _gap_groups(items, threshold)]
