@@ -171,7 +171,8 @@ BAD_INPUT = [
     ([*QUALIFY, str(SPEC), "--snapshot", "{in}/not-utf8.json"], "not-utf8.json: not UTF-8 text"),
     # ---- compare
     (["compare", *ONE_RUN, "{runs}/cpu-gloo-4rank-b", "--json", "{in}"], "--json {in}: is a directory"),
-    (["compare", *ONE_RUN, "{runs}/synthetic-pcie-8gpu", "--out", "out"], "share no backend"),
+    (["compare", *ONE_RUN, "{runs}/synthetic-pcie-8gpu", "--out", "out", "--different-machines"], "share no backend"),
+    (["compare", *ONE_RUN, "{runs}/synthetic-pcie-8gpu", "--out", "out"], "pass --different-machines"),
     (["compare", *ONE_RUN, "{runs}/cpu-gloo-4rank-b", "--out", "{in}/a-file"], "exists and is not a directory"),
     (["compare", *ONE_RUN, "/no/such/run"], "no such results directory"),
     # ---- table

@@ -66,16 +66,47 @@ def test_cli_on_two_cpu_sweeps(tmp_path, capsys):
 
 
 def test_runs_with_nothing_in_common_exit_2(tmp_path, capsys):
-    assert cli(["compare", str(CPU_A), str(SYNTHETIC), "--out", str(tmp_path)]) == 2
+    assert cli(["compare", str(CPU_A), str(SYNTHETIC), "--out", str(tmp_path), "--different-machines"]) == 2
     assert "share no backend" in capsys.readouterr().err
     assert cli(["compare", str(CPU_A), "/no/such/run"]) == 2
+
+
+EMULATED = next((Path(__file__).parents[1] / "results" / "reference" / "h200-mps-emulated" / "world8"
+                 / "allreduce").glob("*/run.json")).parent
+
+
+def test_runs_of_different_machines_are_refused_without_the_flag(tmp_path, capsys):
+    """The synthetic PCIe fixture against an emulated one-GPU H200 run: no verdict, one line why."""
+    assert cli(["compare", str(SYNTHETIC), str(EMULATED), "--out", str(tmp_path)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and len(captured.err.strip().splitlines()) == 1
+    assert "not one machine's runs (data: fixture vs emulated; host: synthetic-host vs vm" in captured.err
+    assert "--different-machines" in captured.err and not list(tmp_path.iterdir())   # nothing written
+
+    out = tmp_path / "cmp.json"
+    assert cli(["compare", str(SYNTHETIC), str(EMULATED), "--out", str(tmp_path), "--json", str(out),
+                "--different-machines"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("A: data: fixture: hand-made test data")
+    assert lines[1].startswith("B: data: emulated: 8 ranks on 1x NVIDIA H200 under MPS")
+    assert lines[2].startswith("note: A and B are not one machine's runs (data: fixture vs emulated;")
+    data = json.loads(out.read_text())
+    assert data["provenance_a"]["kind"] == "fixture" and data["provenance_b"]["kind"] == "emulated"
+    assert data["different_machines"][0] == "data: fixture vs emulated" and data["changes"]
+
+
+def test_same_machine_runs_start_with_their_provenance(tmp_path, capsys):
+    assert cli(["compare", str(CPU_A), str(CPU_B), "--out", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "A: data: cpu: 4 ranks of gloo on the CPU, no GPU and no fabric, host vm; run 20261129-133158-vm"
+    assert lines[1].startswith("B: data: cpu: 4 ranks of gloo on the CPU") and not lines[2].startswith("note:")
 
 
 def test_bf16_and_fp32_rows_are_told_apart(tmp_path, capsys):
     from commbench.analysis import plots
 
     out = tmp_path / "cmp.json"
-    assert cli(["compare", str(CPU_A), str(CPU_B), "--out", str(tmp_path), "--json", str(out)]) == 0
+    assert cli(["compare", str(CPU_A), str(CPU_B), "--out", str(tmp_path), "--json", str(out), "--wide"]) == 0
     lines = capsys.readouterr().out.splitlines()
     header = next(line for line in lines if line.startswith("backend"))
     assert header.split()[:3] == ["backend", "dtype", "size"]

@@ -29,7 +29,7 @@ def load(name: str) -> dict:
 
 
 def qualify(capsys, *args: str) -> tuple[int, str, str]:
-    code = cli(["qualify", *args])
+    code = cli(["qualify", *args, "--wide"])   # one line per check, to read them by line
     out = capsys.readouterr()
     return code, out.out, out.err
 

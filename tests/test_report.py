@@ -68,7 +68,7 @@ def test_baseline_is_nccl_else_gloo():
 
 
 def test_report_writes_self_contained_html_with_red_rows(tmp_path, capsys):
-    assert cli(["report", str(SYNTHETIC), "--out", str(tmp_path)]) == 0
+    assert cli(["report", str(SYNTHETIC), "--out", str(tmp_path), "--wide"]) == 0
     page = (tmp_path / "report.html").read_text()
     for name in ("latency_bf16", "busbw_bf16", "speedup_bf16"):
         assert (tmp_path / "plots" / f"{name}.png").stat().st_size > 10_000
@@ -89,7 +89,7 @@ CAUTION = ("caution: p2p:oneshot failed its check at 1M wrong (stale), 2M hang, 
 
 def test_a_winner_that_failed_at_other_sizes_is_cautioned_under_its_table(tmp_path, capsys):
     # p2p:oneshot wins 4K-64K in graph mode; eager mode's winner (nccl) never failed.
-    assert cli(["report", str(SYNTHETIC), "--out", str(tmp_path)]) == 0
+    assert cli(["report", str(SYNTHETIC), "--out", str(tmp_path), "--wide"]) == 0
     out = capsys.readouterr().out
     graph, eager = out.split("bf16, eager mode")
     assert graph.count(CAUTION) == 1 and graph.index("4K-64K   p2p:oneshot") < graph.index(CAUTION)
@@ -118,7 +118,7 @@ def test_report_shows_fused_against_unfused_from_a_recorded_run(tmp_path, capsys
     expected = comparison_cells(rows)
     assert len(expected) == len([r for r in rows if r.op == FUSED_OP and r.status == "ok"
                                  and r.backend != "unfused:best"]) > 0
-    assert cli(["report", str(fused_run.parent), "--out", str(tmp_path)]) == 0
+    assert cli(["report", str(fused_run.parent), "--out", str(tmp_path), "--wide"]) == 0
     lines = capsys.readouterr().out.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("allreduce + residual + RMSNorm: fused vs unfused"))
     assert lines[start + 1].split() == COMPARISON_HEADERS[:5] + ["fused", "fused", "us", "unfused", "allreduce",
@@ -204,7 +204,7 @@ CHROMIUM = shutil.which("chromium")
 def test_in_a_real_browser_no_table_overflows_a_1400_px_page(tmp_path):
     import subprocess
 
-    assert cli(["report", str(SYNTHETIC), "--out", str(tmp_path)]) == 0
+    assert cli(["report", str(SYNTHETIC), "--out", str(tmp_path), "--wide"]) == 0
     page = tmp_path / "report.html"
     probe = ("<script>document.body.dataset.overflow = [...document.querySelectorAll('table')]"
              ".filter(t => t.getBoundingClientRect().right > document.documentElement.clientWidth).length"

@@ -9,6 +9,7 @@ from pathlib import Path
 from helpers import run_cli
 
 from commbench.analysis import table
+from commbench.analysis.curves import CurveKey
 from commbench.analysis.fusion import FUSED_OP
 from commbench.results import Measurement, load_run
 from commbench.units import format_bytes
@@ -32,8 +33,11 @@ def test_recorded_world_sizes_side_by_side(tmp_path):
     assert done.stdout.strip() == f"wrote {out}"
     text = out.read_text()
     for n in (2, 4, 8):
-        assert f"### allreduce, bf16, graph, {n} ranks: latency_us / jitter p50 us" in text
-    assert "> " in text and "emulat" in text.lower()   # the runs' own emulation line, quoted
+        assert f"### allreduce, bf16, graph, {n} ranks, MPS, {n} ranks on 1 GPU: latency_us / jitter p50 us" in text
+    # First, what each run is: its provenance line, quoted.
+    assert [line.split("; run ")[0] for line in text.splitlines()[:3]] == [
+        f"> data: emulated: {n} ranks on 1x NVIDIA H200 under MPS, {100 // n}% of the SMs each: the protocol's cost, "
+        f"no fabric (not NVLink, not PCIe), host vm" for n in (2, 4, 8)]
     # One recorded row, as its cell: the headline and the jitter p50.
     row = next(r for r in load_run(WORLDS[1]).rows if r.backend == "symm_mem:two_shot" and r.message_bytes == 1 << 20)
     section = next(part for part in text.split("### ") if part.startswith("allreduce, bf16, graph, 4 ranks"))
@@ -52,10 +56,38 @@ def _write_run(run_dir: Path, rows: list[Measurement]) -> None:
 
 
 def _row(backend: str, us: float | None, tokens: int, *, op: str = FUSED_OP, status: str = "ok",
-         reason: str | None = None, extra: dict | None = None) -> Measurement:
+         reason: str | None = None, extra: dict | None = None, env: dict | None = None) -> Measurement:
     return Measurement(backend=backend, mode="graph", dtype="bf16", message_bytes=tokens * 7168 * 2, world_size=2,
                        status=status, op=op, tokens=tokens, hidden=7168, latency_us=us, jitter_p50_us=us,
-                       reason=reason, extra=extra or {})
+                       reason=reason, extra=extra or {}, env_setting=env or {})
+
+
+def test_settings_and_libraries_never_share_a_cell_or_the_bold(tmp_path):
+    """The NCCL_MIN_NCHANNELS=8 rows, and rows of another loaded NCCL, are columns of their own:
+    the default nccl cell keeps its own number and the bold goes to what really was fastest."""
+    torch_nccl, other_nccl = {"nccl_version_loaded": "2.28.9"}, {"nccl_version_loaded": "2.30.7"}
+    _write_run(tmp_path / "run", [
+        _row("nccl", 60.0, 64, op="allreduce", env={"NCCL_MIN_NCHANNELS": "8"}, extra=torch_nccl),
+        _row("symm_mem:two_shot", 80.0, 64, op="allreduce"),
+        _row("nccl", 100.0, 64, op="allreduce", extra=torch_nccl),
+        _row("nccl", 70.0, 32, op="allreduce", extra=torch_nccl),
+        _row("nccl", 50.0, 32, op="allreduce", extra=other_nccl),
+        _row("symm_mem:two_shot", 55.0, 32, op="allreduce"),
+    ])
+    (only,) = table.allreduce_tables([load_run(tmp_path / "run")])
+    for row in only.rows:   # the one bold cell of a size holds that size's smallest latency
+        latencies = {cell: float(cell.strip("*").split(" / ")[0]) for cell in row[1:] if cell}
+        (bold,) = [cell for cell in latencies if cell.startswith("**")]
+        assert latencies[bold] == min(latencies.values()), row
+    by_size = {row[0]: dict(zip(only.headers, row)) for row in only.rows}
+    big = by_size[format_bytes(64 * 7168 * 2)]
+    assert big["nccl[NCCL_MIN_NCHANNELS=8]"] == "**60.0 / 60.0**"
+    assert big["nccl {NCCL 2.28.9}"] == "100 / 100"
+    assert big["symm_mem:two_shot"] == "80.0 / 80.0"
+    small = by_size[format_bytes(32 * 7168 * 2)]
+    assert small["nccl {NCCL 2.30.7}"] == "**50.0 / 50.0**"
+    assert small["nccl {NCCL 2.28.9}"] == "70.0 / 70.0"
+    assert sum(cell.startswith("**") for cell in small.values()) == 1
 
 
 def test_the_same_backend_from_two_runs_gets_a_column_each(tmp_path):
@@ -72,11 +104,12 @@ def test_the_same_backend_from_two_runs_gets_a_column_each(tmp_path):
     (tmp_path / "other").mkdir()
     _write_run(tmp_path / "other" / "run2", [_row("p2p:auto", 1.7, 1, op="allreduce")])
     same_parent = [load_run(tmp_path / "nopdl" / "run1"), load_run(tmp_path / "other" / "run2")]
-    assert table.column_labels(same_parent, [(0, "p2p:auto"), (1, "p2p:auto")]) == [
+    auto = CurveKey("p2p:auto", "graph", "bf16", "allreduce", 2)
+    assert table.column_labels(same_parent, [(0, auto), (1, auto)]) == [
         "p2p:auto (nopdl)", "p2p:auto (other)"]
     _write_run(tmp_path / "nopdl" / "run3", [_row("p2p:auto", 2.4, 1, op="allreduce")])
     one_parent = [load_run(tmp_path / "nopdl" / "run1"), load_run(tmp_path / "nopdl" / "run3")]
-    assert table.column_labels(one_parent, [(0, "p2p:auto"), (1, "p2p:auto")]) == [
+    assert table.column_labels(one_parent, [(0, auto), (1, auto)]) == [
         "p2p:auto (run1)", "p2p:auto (run3)"]
 
 

@@ -1,9 +1,13 @@
 """`commbench compare RUN_A RUN_B`: what changed between two runs, per backend and size.
 
-For every (backend variant, mode, dtype, op) and size both runs measured: the change in the
-headline latency and in the jitter pass's p99, and whether the latency change is larger than the
-p10-p90 spread of both runs (smaller changes
-are noise the runs themselves show). Plus a plot of both curves and their ratio.
+Both runs' provenance lines come first. Runs that are not one machine's (measured vs emulated
+or a fixture, another host, other GPU models or count, another fabric or world size) are refused
+with one line naming what differs, unless `--different-machines` is given.
+
+For every curve (backend variant, mode, dtype, op: curves.key_of) and size both runs measured:
+the change in the headline latency and in the jitter pass's p99, and whether the latency change
+is larger than the p10-p90 spread of both runs (smaller changes are noise the runs themselves
+show). Plus a plot of both curves and their ratio.
 
 ``--backend-a X --backend-b Y`` compares backend X of RUN_A with backend Y of RUN_B instead,
 mode by mode; RUN_B may be RUN_A. That puts two NCCL versions of one run side by side
@@ -18,14 +22,13 @@ import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from commbench.analysis import plots
-from commbench.analysis.curves import (Curve, CurveKey, build_curves, exceeds_spread, run_world_size,
-                                      variant_label)
+from commbench.analysis import plots, provenance, render
+from commbench.analysis.curves import Curve, CurveKey, build_curves, exceeds_spread, variant_label
 from commbench.files import check_dir_target, check_file_target, write_json
 from commbench.errors import UsageError
 from commbench.results import Measurement, Run, load_run
 from commbench.analysis.report import nccl_version_lines
-from commbench.analysis.text import fmt_pct, fmt_us, render
+from commbench.analysis.render import fmt_pct, fmt_us
 from commbench.units import format_bytes
 
 HELP = "per backend and size: latency and p99 change between two runs and whether it beats their spread"
@@ -53,11 +56,26 @@ class Change:
         return "B slower" if self.latency_b_us > self.latency_a_us else "B faster"
 
 
+def counterpart(before: Curve, b: list[Curve], a: list[Curve]) -> Curve | None:
+    """B's curve of the same experiment as A's `before`: the same key, else the one curve of the
+    same variant, mode, dtype and op where each run has exactly one (the runs then differ in
+    world size, loaded NCCL or emulation, which the command says first)."""
+    exact = [c for c in b if c.key == before.key]
+    if exact:
+        return exact[0]
+
+    def slot(curve: Curve) -> tuple[str, str, str, str]:
+        return (curve.key.variant, curve.key.mode, curve.key.dtype, curve.key.op)
+
+    mine = [c for c in a if slot(c) == slot(before)]
+    theirs = [c for c in b if slot(c) == slot(before)]
+    return theirs[0] if len(mine) == 1 and len(theirs) == 1 else None
+
+
 def changes(a: list[Curve], b: list[Curve]) -> list[Change]:
-    by_key = {c.key: c for c in b}
     out = []
     for before in a:
-        after = by_key.get(before.key)
+        after = counterpart(before, b, a)
         if after is None:
             continue
         for size in before.sizes():
@@ -121,11 +139,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "or nccl[VAR=V] where it ran under several --env settings")
     parser.add_argument("--backend-b", metavar="NAME",
                         help="...with this backend of RUN_B, e.g. nccl:lib=cu13-2.29.7 (another NCCL)")
+    parser.add_argument("--different-machines", action="store_true",
+                        help="compare runs that are not one machine's (other data kind, host, GPUs, fabric or "
+                             "world size): without it such a comparison is refused")
+    render.add_arguments(parser)
 
 
 def main(args: argparse.Namespace) -> int:
     check_file_target(args.json, "--json")
     run_a, run_b = load_run(args.run_a), load_run(args.run_b)
+    origin_a, origin_b = provenance.of(run_a), provenance.of(run_b)
+    differ = provenance.differences(origin_a, origin_b)
+    if differ and not args.different_machines:
+        raise UsageError(f"A and B are not one machine's runs ({'; '.join(differ)}): their latencies differ for "
+                         f"that reason too; pass --different-machines to compare them anyway")
     out = args.out or run_b.path
     check_dir_target(out, f"--out {out}" if args.out else f"{out} (RUN_B; --out DIR writes the plot elsewhere)")
     curves_a, curves_b = build_curves(run_a.rows), build_curves(run_b.rows)
@@ -143,16 +170,18 @@ def main(args: argparse.Namespace) -> int:
     name_a, name_b = _name(run_a), _name(run_b)
     if backend_a is not None:
         name_a, name_b = f"{name_a} {backend_a}", f"{name_b} {backend_b}"
-    world_a, world_b = run_world_size(run_a), run_world_size(run_b)
 
+    print(f"A: {origin_a.line()}")
+    print(f"B: {origin_b.line()}")
+    if differ:
+        print(f"note: A and B are not one machine's runs ({'; '.join(differ)}): a change below is "
+              "partly the machines' difference, not a before/after of one setting")
     print(f"A = {name_a} ({run_a.path}), B = {name_b} ({run_b.path})")
     nccl_ran = {side: nccl_version_lines(_rows_of(run, backend))
                 for side, run, backend in (("a", run_a, backend_a), ("b", run_b, backend_b))}
     for side, lines in nccl_ran.items():
         for line in lines:
             print(f"{side.upper()} ran {line}")
-    if world_a != world_b:
-        print(f"note: A ran {world_a} ranks, B ran {world_b}: latencies are not comparable like for like")
     only_a = sorted({plots.curve_name(c) for c in curves_a} - {plots.curve_name(c) for c in curves_b})
     only_b = sorted({plots.curve_name(c) for c in curves_b} - {plots.curve_name(c) for c in curves_a})
     if only_a:
@@ -160,11 +189,12 @@ def main(args: argparse.Namespace) -> int:
     if only_b:
         print(f"only in B: {', '.join(only_b)}")
     print("'beyond spread' = the latency change is larger than the jitter p10-p90 spread of both runs\n")
-    print(render(["backend", "dtype", "size", "latency A us", "latency B us", "change", "p99 A us", "p99 B us",
-                  "p99 change", "verdict"],
-                 [[c.curve, c.dtype, format_bytes(c.message_bytes), fmt_us(c.latency_a_us), fmt_us(c.latency_b_us),
-                   fmt_pct(c.latency_change_pct), fmt_us(c.p99_a_us), fmt_us(c.p99_b_us), fmt_pct(c.p99_change_pct),
-                   c.verdict] for c in rows], right=(2, 3, 4, 5, 6, 7, 8)))
+    print(render.table(["backend", "dtype", "size", "latency A us", "latency B us", "change", "p99 A us",
+                        "p99 B us", "p99 change", "verdict"],
+                       [[c.curve, c.dtype, format_bytes(c.message_bytes), fmt_us(c.latency_a_us),
+                         fmt_us(c.latency_b_us), fmt_pct(c.latency_change_pct), fmt_us(c.p99_a_us), fmt_us(c.p99_b_us),
+                         fmt_pct(c.p99_change_pct), c.verdict] for c in rows],
+                       right=(2, 3, 4, 5, 6, 7, 8), wide=args.wide))
     slower = [c for c in rows if c.verdict == "B slower"]
     faster = [c for c in rows if c.verdict == "B faster"]
     print(f"\n{len(slower)} slower and {len(faster)} faster beyond spread, "
@@ -178,6 +208,8 @@ def main(args: argparse.Namespace) -> int:
     fig = plots.compare_figure(curves_a, curves_b, name_a, name_b, f"allreduce latency: A = {name_a} vs B = {name_b}")
     for path in plots.save(fig, stem):
         print(f"wrote {path}")
-    write_json(args.json, {"a": name_a, "b": name_b, "nccl_a": nccl_ran["a"], "nccl_b": nccl_ran["b"],
+    write_json(args.json, {"provenance_a": origin_a.to_dict(), "provenance_b": origin_b.to_dict(),
+                           "different_machines": differ, "a": name_a, "b": name_b,
+                           "nccl_a": nccl_ran["a"], "nccl_b": nccl_ran["b"],
                            "changes": [{**asdict(c), "verdict": c.verdict} for c in rows]})
     return 0

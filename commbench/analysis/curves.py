@@ -13,7 +13,7 @@ Every analysis command goes through here so that they agree on three rules:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterable
 
 from commbench.errors import UsageError
@@ -60,17 +60,35 @@ class Point:
 
 @dataclass(frozen=True)
 class CurveKey:
-    variant: str       # variant_label()
+    """Everything that makes a curve a different experiment: rows of one key are one curve, and
+    two keys never share a table cell, a bold 'fastest' or a comparison."""
+
+    variant: str       # variant_label(): backend (incl. lib=) and its env_setting
     mode: str          # eager | graph
     dtype: str
     op: str
+    world_size: int | None = None
+    library: str | None = None     # the NCCL the rows' processes loaded, where they recorded it
+    emulation: str | None = None   # emulation_text() of ranks sharing GPUs; None on real GPUs
+    # What tells this key from another of the same variant, mode, dtype and op in the same
+    # output (set by distinguish()); not part of the identity.
+    qualifier: str = field(default="", compare=False)
+
+    @property
+    def name(self) -> str:
+        """The variant, plus the qualifier where one is needed to tell curves apart."""
+        return f"{self.variant} {{{self.qualifier}}}" if self.qualifier else self.variant
 
     @property
     def label(self) -> str:
         op = "" if self.op == "allreduce" else f" {self.op}"
         if not self.mode:   # a latency table: no mode to tell apart
-            return self.variant
-        return f"{self.variant} ({self.mode}{op})"
+            return self.name
+        return f"{self.name} ({self.mode}{op})"
+
+    def setting(self) -> tuple[int | None, str | None, str | None]:
+        """The part of the key outside variant, mode, dtype and op."""
+        return (self.world_size, self.library, self.emulation)
 
 
 @dataclass
@@ -139,13 +157,50 @@ def point_of(row: Measurement) -> Point:
                  row.jitter_p99_us, row.busbw_gbps)
 
 
+def emulation_text(emulation: dict | None) -> str | None:
+    """'MPS, 8 ranks on 1 GPU' for rows whose ranks shared GPUs; None on real GPUs."""
+    if not isinstance(emulation, dict):
+        return None
+    how = "MPS" if emulation.get("mps") else "time-sliced" if emulation.get("mps") is False else "shared"
+    return f"{how}, {emulation.get('ranks')} ranks on {emulation.get('gpus')} GPU"
+
+
+def library_of(row: Measurement) -> str | None:
+    """The NCCL version the row's process loaded (extra.nccl_version_loaded), where recorded."""
+    loaded = row.extra.get("nccl_version_loaded") if isinstance(row.extra, dict) else None
+    return str(loaded) if loaded is not None else None
+
+
 def key_of(row: Measurement) -> CurveKey:
-    return CurveKey(variant_label(row), row.mode, row.dtype, row.op)
+    return CurveKey(variant_label(row), row.mode, row.dtype, row.op, row.world_size, library_of(row),
+                    emulation_text(row.emulation))
+
+
+def qualifier_text(key: CurveKey, fields: set[str]) -> str:
+    words = {"world_size": f"{key.world_size} ranks", "library": f"NCCL {key.library or 'not recorded'}",
+             "emulation": key.emulation or "real GPUs"}
+    return ", ".join(words[name] for name in ("world_size", "library", "emulation") if name in fields)
+
+
+def distinguish(keys: Iterable[CurveKey]) -> dict[CurveKey, CurveKey]:
+    """Each key with its qualifier set where another key has the same variant, mode, dtype and op
+    but another world size, NCCL library or emulation: the qualifier names what differs."""
+    keys = list(dict.fromkeys(keys))
+    by_slot: dict[tuple[str, str, str, str], list[CurveKey]] = {}
+    for key in keys:
+        by_slot.setdefault((key.variant, key.mode, key.dtype, key.op), []).append(key)
+    out = {}
+    for key in keys:
+        siblings = by_slot[(key.variant, key.mode, key.dtype, key.op)]
+        differs = {name for name in ("world_size", "library", "emulation")
+                   if len({getattr(k, name) for k in siblings}) > 1}
+        out[key] = replace(key, qualifier=qualifier_text(key, differs)) if differs else key
+    return out
 
 
 def build_curves(rows: Iterable[Measurement]) -> list[Curve]:
-    """One curve per (variant, mode, dtype, op) from trusted rows; the last row of a size wins
-    (a resumed or repeated sweep appends a newer measurement of the same point)."""
+    """One curve per key_of() from trusted rows; the last row of a size wins (a resumed or
+    repeated sweep appends a newer measurement of the same point)."""
     by_key: dict[CurveKey, tuple[Measurement, dict[int, Point]]] = {}
     failed: dict[CurveKey, set[int]] = {}
     for row in rows:
@@ -156,12 +211,13 @@ def build_curves(rows: Iterable[Measurement]) -> list[Curve]:
         key = key_of(row)
         first, points = by_key.setdefault(key, (row, {}))
         points[row.message_bytes] = point_of(row)
+    named = distinguish(by_key)
     curves = []
     for key, (first, points) in by_key.items():
         bad = frozenset(failed.get(key, set()))
-        curves.append(Curve(key, first.backend, dict(first.env_setting),
+        curves.append(Curve(named[key], first.backend, dict(first.env_setting),
                             [points[b] for b in sorted(points) if b not in bad], bad))
-    curves.sort(key=lambda c: (c.key.dtype, c.key.mode, c.key.variant, c.key.op))
+    curves.sort(key=lambda c: (c.key.dtype, c.key.mode, c.key.variant, c.key.op, c.key.qualifier))
     return curves
 
 
@@ -176,9 +232,9 @@ def select(curves: Iterable[Curve], dtype: str | None = None, mode: str | None =
 def prefer_graph(curves: Iterable[Curve]) -> list[Curve]:
     """One curve per variant and op: its graph curve when measured, else its eager one.
     Decode runs in CUDA graphs, so graph numbers are the ones that matter where they exist."""
-    chosen: dict[tuple[str, str, str], Curve] = {}
+    chosen: dict[tuple, Curve] = {}
     for curve in curves:
-        slot = (curve.key.variant, curve.key.dtype, curve.key.op)
+        slot = (curve.key.variant, curve.key.dtype, curve.key.op, curve.key.setting())
         current = chosen.get(slot)
         if current is None or (curve.key.mode == "graph" and current.key.mode != "graph"):
             chosen[slot] = curve
@@ -210,12 +266,14 @@ def baseline_name(curves: Iterable[Curve], requested: str | None) -> str | None:
 
 
 def baseline_curve(curves: Iterable[Curve], name: str | None, like: Curve) -> Curve | None:
-    """The baseline's curve in the same mode, dtype and plain-allreduce op as `like`."""
+    """The baseline's curve in the same mode, dtype, plain-allreduce op, world size and emulation
+    as `like` (its NCCL library is the baseline's own)."""
     if name is None:
         return None
     for curve in curves:
         if (curve.backend == name and not curve.env_setting and curve.key.mode == like.key.mode
-                and curve.key.dtype == like.key.dtype and curve.key.op == "allreduce"):
+                and curve.key.dtype == like.key.dtype and curve.key.op == "allreduce"
+                and curve.key.world_size == like.key.world_size and curve.key.emulation == like.key.emulation):
             return curve
     return None
 
@@ -289,10 +347,25 @@ def cautions(rows: Iterable[Measurement], shown: Iterable[Curve]) -> list[str]:
     return out
 
 
-def groups(curves: list[Curve]) -> list[tuple[str, str]]:
-    """(dtype, mode) pairs present, graph first: winners are only compared within one pair."""
-    pairs = {(c.key.dtype, c.key.mode) for c in curves}
-    return sorted(pairs, key=lambda p: (p[0], p[1] != "graph"))
+@dataclass(frozen=True)
+class Group:
+    """Curves whose winners may be compared: one dtype, one mode, one world size and emulation
+    (NCCL libraries are compared with each other: that is what lib= variants are for)."""
+
+    dtype: str
+    mode: str
+    world_size: int | None
+    emulation: str | None
+
+    def members(self, curves: Iterable[Curve]) -> list[Curve]:
+        return [c for c in curves if (c.key.dtype, c.key.mode, c.key.world_size, c.key.emulation)
+                == (self.dtype, self.mode, self.world_size, self.emulation)]
+
+
+def groups(curves: list[Curve]) -> list[Group]:
+    """The groups present, graph first within a dtype."""
+    found = {Group(c.key.dtype, c.key.mode, c.key.world_size, c.key.emulation) for c in curves}
+    return sorted(found, key=lambda g: (g.dtype, g.mode != "graph", g.world_size or 0, g.emulation or ""))
 
 
 def run_world_size(run: Run) -> int | None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from commbench.analysis.text import fmt_pct, fmt_us
+from commbench.analysis.render import fmt_pct, fmt_us
 from commbench.results import OK, Measurement
 
 FUSED_OP = "allreduce_residual_rmsnorm"

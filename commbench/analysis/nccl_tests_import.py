@@ -319,6 +319,9 @@ def _base_row(ctx: RowContext, result: ResultRow, name: str) -> Measurement:
     row.extra.update({"source": f"{SOURCE} {out.program or 'all_reduce_perf'} ({out.format})",
                       "source_file": out.path.name, "source_sha256": ctx.source.sha256, "source_row": result.where,
                       "nccl_tests_type": result.type_name, "nccl_tests_flags": ctx.flags})
+    if out.nccl_library:
+        # As commbench's own NCCL rows record it: imports of two NCCL versions are two curves.
+        row.extra["nccl_version_loaded"] = nccl_version_text(out.nccl_library)
     if result.cycle:
         row.extra["nccl_tests_cycle"] = result.cycle
     if result.timestamp:

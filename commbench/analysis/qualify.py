@@ -5,6 +5,13 @@ the probe snapshot stored in run.json; anything the probe did not record is a WA
 never a silent PASS. Measurement checks read trusted rows only. The PCIe-box checks (SM peer
 path, NCCL A/B, links under load, AER, NCCL's view, TP across sockets) run where a spec turns
 them on, on a probe snapshot taken with --bandwidth --nccl (`--snapshot FILE`).
+
+The output starts with the run's provenance. A run that is not real hardware (a fixture, an
+emulated run, a CPU run) FAILs "real hardware", and no check that its data would pass about the
+machine (fabric from its own snapshot, latency, bus bandwidth, reference; a fixture's correctness
+too) is a PASS: each becomes a WARN that says why. The correctness checks are scoped to the
+backends the spec names ([spec] backend, each limit's backend, [reference] backends): a failing
+kernel outside them is a WARN, never a FAIL of a spec about NCCL and the machine.
 """
 
 from __future__ import annotations
@@ -18,11 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from commbench.analysis import provenance, render
 from commbench.analysis.curves import Curve, build_curves, exceeds_spread, is_failed_check, pick_mode, run_world_size, select
 from commbench.errors import UsageError
 from commbench.files import check_file_target, read_text
-from commbench.results import CRASHED, ERROR, HANG, Run, load_run
-from commbench.analysis.text import render
+from commbench.results import CRASHED, ERROR, HANG, Measurement, Run, load_run
 from commbench.topology import islands, nccl_checks
 from commbench.topology import pcie_findings as pf
 from commbench.units import DTYPE_BYTES, format_bytes, parse_bytes
@@ -85,6 +92,22 @@ class Spec:
     busbw: list[Limit] = field(default_factory=list)
     reference: ReferenceSpec | None = None
     fabric: dict[str, dict[str, Any]] = field(default_factory=dict)
+    backend: str = "nccl"   # [spec] backend: the default of every limit
+
+    def backends(self) -> set[str]:
+        """The backends the spec is about: its own, each limit's, its reference's."""
+        names = {self.backend} | {limit.backend for limit in self.latency + self.busbw}
+        return names | set(self.reference.backends or []) if self.reference is not None else names
+
+    def message_sizes(self) -> list[int]:
+        """Every size a latency or busbw limit reads (a sweep for this spec must cover them)."""
+        return sorted({limit.message_bytes for limit in self.latency + self.busbw})
+
+
+def in_scope(backend: str, names: set[str]) -> bool:
+    """Is a row's backend one the spec names? A family name (nccl) covers its variants
+    (nccl:proto=LL, nccl:lib=...); a variant name covers itself only."""
+    return backend in names or backend.split(":")[0] in {n for n in names if ":" not in n}
 
 
 @dataclass
@@ -222,7 +245,8 @@ def load_spec(path: Path) -> Spec:
     spec = Spec(path, _text(path, "[spec]", head, "name", path.stem), _world_size(path, head), dtype,
                 "auto" if mode == "any" else mode, dict(checks),
                 _limits(path, "latency", data.get("latency", []), _LATENCY_KEYS, "max_us", "warn_us", backend),
-                _limits(path, "busbw", data.get("busbw", []), _BUSBW_KEYS, "min_gbps", "warn_gbps", backend))
+                _limits(path, "busbw", data.get("busbw", []), _BUSBW_KEYS, "min_gbps", "warn_gbps", backend),
+                backend=backend)
     spec.fabric = _fabric(path, data.get("fabric", {}))
     if "reference" in data:
         spec.reference = _reference(path, data["reference"])
@@ -449,29 +473,46 @@ def check_tp_socket(snapshot: dict[str, Any], limits: dict[str, Any], world_size
 
 # ---------------------------------------------------------------- measurement checks
 
-def check_wrong(run: Run) -> Result:
+def _wrong_text(rows: list[Measurement]) -> str:
+    return ", ".join(sorted({f"{r.backend} {r.mode} {format_bytes(r.message_bytes)} #wrong {r.wrong_elements}"
+                             for r in rows})[:6])
+
+
+def _hung_text(rows: list[Measurement]) -> str:
+    return ", ".join(sorted({f"{r.backend} {format_bytes(r.message_bytes)} {r.status}" for r in rows})[:6])
+
+
+def check_wrong(run: Run, scope: set[str]) -> Result:
     bad = [r for r in run.rows if is_failed_check(r) and r.status not in (HANG, CRASHED)]
+    mine = [r for r in bad if in_scope(r.backend, scope)]
+    if mine:
+        return Result("correctness", "zero #wrong", FAIL,
+                      f"{len(mine)} row(s) with wrong results: {_wrong_text(mine)}")
+    checked = sum(1 for r in run.rows if r.wrong_elements is not None and in_scope(r.backend, scope))
     if bad:
-        listed = ", ".join(sorted({f"{r.backend} {r.mode} {format_bytes(r.message_bytes)} "
-                                   f"#wrong {r.wrong_elements}" for r in bad})[:6])
-        return Result("correctness", "zero #wrong", FAIL, f"{len(bad)} row(s) with wrong results: {listed}")
-    checked = sum(1 for r in run.rows if r.wrong_elements is not None)
-    return Result("correctness", "zero #wrong", PASS, f"{checked} checked rows, none wrong")
+        return Result("correctness", "zero #wrong", WARN,
+                      f"{checked} checked rows of {', '.join(sorted(scope))}, none wrong; outside the spec's backends, "
+                      f"{len(bad)} row(s) with wrong results: {_wrong_text(bad)}")
+    return Result("correctness", "zero #wrong", PASS, f"{checked} checked rows of {', '.join(sorted(scope))}, none wrong")
 
 
-def check_hangs(run: Run) -> Result:
+def check_hangs(run: Run, scope: set[str]) -> Result:
     """A hang or a crash (a rank's process died) FAILs: neither may happen while serving."""
     hung = [r for r in run.rows if r.status in (HANG, CRASHED)]
-    errors = [r for r in run.rows if r.status == ERROR]
-    if hung:
-        listed = ", ".join(sorted({f"{r.backend} {format_bytes(r.message_bytes)} {r.status}" for r in hung})[:6])
-        crashes = sum(r.status == CRASHED for r in hung)
-        counted = ", ".join(f"{n} {what}" for n, what in ((len(hung) - crashes, "hang(s)"), (crashes, "crash(es)")) if n)
-        return Result("correctness", "no hangs", FAIL, f"{counted}: {listed}")
+    mine = [r for r in hung if in_scope(r.backend, scope)]
+    errors = [r for r in run.rows if r.status == ERROR and in_scope(r.backend, scope)]
+    if mine:
+        crashes = sum(r.status == CRASHED for r in mine)
+        counted = ", ".join(f"{n} {what}" for n, what in ((len(mine) - crashes, "hang(s)"), (crashes, "crash(es)")) if n)
+        return Result("correctness", "no hangs", FAIL, f"{counted}: {_hung_text(mine)}")
+    outside = (f"; outside the spec's backends, {len(hung)} hang(s) or crash(es): {_hung_text(hung)}"
+               if hung else "")
     if errors:
         return Result("correctness", "no hangs", WARN, f"no hangs, but {len(errors)} row(s) raised errors: "
-                      + ", ".join(sorted({f'{r.backend}: {r.reason}' for r in errors})[:3]))
-    return Result("correctness", "no hangs", PASS, f"{len(run.rows)} rows, no hangs")
+                      + ", ".join(sorted({f'{r.backend}: {r.reason}' for r in errors})[:3]) + outside)
+    rows = sum(in_scope(r.backend, scope) for r in run.rows)
+    return Result("correctness", "no hangs", WARN if hung else PASS,
+                  f"{rows} rows of {', '.join(sorted(scope))}, no hangs{outside}")
 
 
 def _curve(curves: list[Curve], backend: str) -> Curve | None:
@@ -488,7 +529,8 @@ def check_limit(curves: list[Curve], limit: Limit, kind: str, where: str) -> Res
         return Result(kind, name, FAIL, f"no trusted {where} rows of {limit.backend} (have: {have})", limit.source)
     point = curve.at(limit.message_bytes)
     if point is None:
-        return Result(kind, name, FAIL, f"size not measured: {curve.label} covers {curve.range_text()}", limit.source)
+        return Result(kind, name, FAIL, f"size not measured: {curve.label} covers {curve.range_text()} "
+                      f"(commbench sweep --qualify SPEC measures every size a spec checks)", limit.source)
     value = point.latency_us if upper else point.busbw_gbps
     if value is None:
         return Result(kind, name, FAIL, "no bus bandwidth recorded at this size", limit.source)
@@ -553,11 +595,31 @@ def pcie_box_checks(spec: Spec, snapshot: Any) -> list[Result]:
     return out
 
 
+# Groups whose PASS speaks for the machine: a run that is not real hardware cannot earn them.
+HARDWARE_GROUPS = ("fabric", "latency", "busbw", "reference")
+
+
+def not_evidence(results: list[Result], origin: provenance.Provenance, snapshot_given: bool) -> list[Result]:
+    """Each PASS a non-hardware run would earn about the machine, as a WARN saying why (a fabric
+    check read from a --snapshot the user took keeps its verdict: it is that snapshot's)."""
+    if origin.kind not in provenance.NOT_HARDWARE:
+        return results
+    groups = set(HARDWARE_GROUPS) | ({"correctness"} if origin.kind == provenance.FIXTURE else set())
+    if snapshot_given:
+        groups.discard("fabric")
+    return [Result(r.group, r.name, WARN, f"not evidence about a machine ({origin.kind} data): {r.detail}", r.source)
+            if r.status == PASS and r.group in groups else r for r in results]
+
+
 def qualify(spec: Spec, run: Run, reference: Run | None, probe: dict[str, Any] | None = None) -> list[Result]:
     results: list[Result] = []
-    if run.emulation:
-        # Ranks that shared a GPU measured the protocol, not this machine's fabric.
-        results.append(Result("run", "real hardware", FAIL, run.emulation_line() or "emulated run"))
+    origin = provenance.of(run)
+    if origin.kind in provenance.NOT_HARDWARE:
+        # A fixture was never measured; ranks that shared a GPU measured the protocol, not this
+        # machine's fabric; gloo on the CPU measured no GPU at all.
+        why = {provenance.FIXTURE: "a hand-made fixture: never measured",
+               provenance.CPU: "gloo on the CPU: no GPU was measured"}
+        results.append(Result("run", "real hardware", FAIL, why.get(origin.kind) or run.emulation_line() or "emulated"))
     world = run_world_size(run)
     if spec.world_size is not None:
         status = PASS if world == spec.world_size else FAIL
@@ -574,16 +636,16 @@ def qualify(spec: Spec, run: Run, reference: Run | None, probe: dict[str, Any] |
             results.append(check(snapshot))
     results.extend(pcie_box_checks(spec, snapshot))
     if spec.checks.get("zero_wrong", True):
-        results.append(check_wrong(run))
+        results.append(check_wrong(run, spec.backends()))
     if spec.checks.get("no_hangs", True):
-        results.append(check_hangs(run))
+        results.append(check_hangs(run, spec.backends()))
     curves = pick_mode(select(build_curves(run.rows), dtype=spec.dtype), spec.mode)
     where = f"{spec.dtype} {spec.mode if spec.mode != 'auto' else 'graph-or-eager'}"
     results.extend(check_limit(curves, limit, "latency", where) for limit in spec.latency)
     results.extend(check_limit(curves, limit, "busbw", where) for limit in spec.busbw)
     if reference is not None and spec.reference is not None:
         results.extend(check_reference(curves, reference, spec.reference, spec.dtype, spec.mode))
-    return results
+    return not_evidence(results, origin, probe is not None)
 
 
 # ---------------------------------------------------------------- output
@@ -591,8 +653,9 @@ def qualify(spec: Spec, run: Run, reference: Run | None, probe: dict[str, Any] |
 def junit_xml(spec: Spec, run: Run, results: list[Result]) -> str:
     suite = ET.Element("testsuite", name=f"commbench qualify: {spec.name}", tests=str(len(results)),
                        failures=str(sum(r.status == FAIL for r in results)), errors="0", skipped="0")
-    ET.SubElement(ET.SubElement(suite, "properties"), "property", name="run",
-                  value=str(run.info.get("run_id", run.path)))
+    properties = ET.SubElement(suite, "properties")
+    ET.SubElement(properties, "property", name="run", value=str(run.info.get("run_id", run.path)))
+    ET.SubElement(properties, "property", name="provenance", value=provenance.describe(run))
     for r in results:
         case = ET.SubElement(suite, "testcase", classname=f"commbench.qualify.{r.group}", name=r.name)
         text = r.detail + (f" [source: {r.source}]" if r.source else "")
@@ -617,6 +680,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--snapshot", metavar="SNAPSHOT.json",
                         help="probe snapshot for the fabric checks instead of the one in run.json (take it with "
                              "commbench probe --bandwidth --nccl --json FILE)")
+    render.add_arguments(parser)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -637,8 +701,11 @@ def main(args: argparse.Namespace) -> int:
         probe = load_snapshot(args.snapshot)
     results = qualify(spec, run, reference, probe)
 
-    print(f"qualify {run.info.get('run_id', run.path.name)} against {spec.name} ({spec.path})\n")
-    print(render(["status", "group", "check", "detail"], [[r.status, r.group, r.name, r.detail] for r in results]))
+    print(provenance.describe(run))
+    print(f"qualify {run.info.get('run_id', run.path.name)} against {spec.name} ({spec.path})"
+          + (f"; fabric checks read {args.snapshot}" if args.snapshot else "") + "\n")
+    print(render.table(["status", "group", "check", "detail"], [[r.status, r.group, r.name, r.detail] for r in results],
+                       wide=args.wide))
     sources = [(r.name, r.source) for r in results if r.source]
     if sources:
         print("\nwhere the thresholds come from:")

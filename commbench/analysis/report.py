@@ -12,14 +12,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from commbench.analysis import attribute_plots, plots
+from commbench.analysis import attribute_plots, plots, provenance, render
 from commbench.analysis.fusion import COMPARISON_HEADERS, COMPARISON_NUMERIC, COMPARISON_TITLE, comparison_cells
-from commbench.analysis.curves import (Crossover, Curve, baseline_curve, baseline_name, build_curves, cautions,
+from commbench.analysis.curves import (Crossover, Curve, Group, baseline_curve, baseline_name, build_curves, cautions,
                               crossovers, groups, is_failed_check, ranking, run_world_size, select, variant_label)
 from commbench.errors import UsageError
 from commbench.files import check_dir_target
 from commbench.results import CRASHED, HANG, OK, WRONG, Measurement, Run, describe_setting, load_run
-from commbench.analysis.text import fmt_num, fmt_us, render
+from commbench.analysis.render import fmt_num, fmt_us
 from commbench.units import format_bytes
 
 HELP = "plots, crossover table, fused vs unfused and a self-contained report.html for one results dir"
@@ -277,17 +277,29 @@ def status_counts(rows: list[Measurement]) -> str:
 
 @dataclass
 class Section:
-    dtype: str
-    mode: str
+    group: Group
+    title: str            # "bf16, graph mode", plus world size and emulation where the run has several
     curves: list[Curve]
     ranges: list[RangeRow]
     cautions: list[str]   # winners here that failed their check at some size
 
 
-def build_section(run: Run, dtype: str, mode: str, curves: list[Curve], baseline: str | None) -> Section:
-    ranges = range_rows(curves, baseline)
-    by_label = {c.label: c for c in curves}
-    return Section(dtype, mode, curves, ranges, cautions(run.rows, [by_label[r.crossover.winner] for r in ranges]))
+def build_sections(run: Run, curves: list[Curve], baseline: str | None) -> list[Section]:
+    """One section per group of curves whose winners may be compared."""
+    found = groups(curves)
+    out = []
+    for group in found:
+        members = group.members(curves)
+        ranges = range_rows(members, baseline)
+        by_label = {c.label: c for c in members}
+        title = f"{group.dtype}, {group.mode} mode"
+        if len({g.world_size for g in found}) > 1:
+            title += f", {group.world_size} ranks"
+        if len({g.emulation for g in found}) > 1:
+            title += f", {group.emulation or 'real GPUs'}"
+        out.append(Section(group, title, members, ranges,
+                           cautions(run.rows, [by_label[r.crossover.winner] for r in ranges])))
+    return out
 
 
 def crossover_html(section: Section, baseline: str | None) -> str:
@@ -304,13 +316,12 @@ def write_html(run: Run, sections: list[Section], fused: list[list[str]],
     failed = [r for r in run.rows if is_failed_check(r)]
     parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>commbench report: "
              f"{_esc(run.info.get('run_id', run.path.name))}</title><style>{_CSS}</style></head><body>",
+             f"<p class='provenance'><b>{_esc(provenance.describe(run))}</b></p>",
              f"<h1>commbench report: {_esc(run.info.get('run_id', run.path.name))}</h1>",
              f"<p class='meta'>{_esc(run.info.get('host', ''))} &middot; world size {_esc(run_world_size(run))} "
              f"&middot; rows: {_esc(status_counts(run.rows))}</p>"]
     if run_state(run.info):
         parts.append(f"<p><b>Run {_esc(run_state(run.info))}.</b></p>")
-    if run.emulation_line():
-        parts.insert(2, f"<p><b>{_esc(run.emulation_line())}</b></p>")
     if failed:
         names = sorted({r.backend for r in failed})
         parts.append(f"<p><b style='color:#a40000'>{len(failed)} measurement(s) failed their check "
@@ -321,7 +332,7 @@ def write_html(run: Run, sections: list[Section], fused: list[list[str]],
                  "within one dtype and one timing mode (CUDA graph solid, eager dashed in the plots). "
                  f"Speedups are over {_esc(baseline or 'no baseline (neither nccl nor gloo ran)')}.</p>")
     for section in sections:
-        parts.append(f"<h2>{_esc(section.dtype)}, {_esc(section.mode)} mode: which backend wins where</h2>")
+        parts.append(f"<h2>{_esc(section.title)}: which backend wins where</h2>")
         parts.append(crossover_html(section, baseline) if section.ranges else "<p>No trusted rows.</p>")
         parts.extend(f"<p class='caution'>caution: {_esc(line)}</p>" for line in section.cautions)
     if fused:
@@ -354,6 +365,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dir", help="results dir written by commbench sweep")
     parser.add_argument("--out", type=Path, help="where to write report.html and plots/ (default: the run dir)")
     parser.add_argument("--baseline", help="backend speedups are measured against (default: nccl, else gloo)")
+    render.add_arguments(parser)
     attribute_plots.add_arguments(parser)
 
 
@@ -368,15 +380,14 @@ def main(args: argparse.Namespace) -> int:
     plot_dir = out / "plots"
     plot_dir.mkdir(parents=True, exist_ok=True)
     world = run_world_size(run)
-    sections = [build_section(run, dtype, mode, select(curves, dtype=dtype, mode=mode), baseline)
-                for dtype, mode in groups(curves)]
+    sections = build_sections(run, curves, baseline)
 
     images: dict[str, list[tuple[Path, str]]] = {}
     written: list[Path] = []
     for dtype in sorted({c.key.dtype for c in curves} | {r.dtype for r in run.rows if is_failed_check(r)}):
         typed = select(curves, dtype=dtype)
         failed = [r for r in run.rows if is_failed_check(r) and r.dtype == dtype]
-        where = f"{dtype}, {world} ranks, {run.info.get('host', run.path.name)}"
+        where = f"{dtype}, {world} ranks, {provenance.of(run).kind}, {run.info.get('host', run.path.name)}"
         figs = [("latency", plots.latency_figure(typed, failed, f"allreduce latency vs size ({where})"))]
         if any(p.busbw_gbps for c in typed for p in c.points):
             figs.append(("busbw", plots.busbw_figure(typed, f"allreduce bus bandwidth ({where})")))
@@ -392,22 +403,21 @@ def main(args: argparse.Namespace) -> int:
     written.extend(path for png, _ in trace[1] for path in (png, png.with_suffix(".svg")))
     write_html(run, sections, fused, images, baseline, html_path, trace)
 
-    if run.emulation_line():
-        print(run.emulation_line())
+    print(provenance.describe(run))   # says "emulated: ..." for ranks that shared GPUs
     print(f"run {run.info.get('run_id', run.path.name)}: {status_counts(run.rows)}"
           + (f"; {run_state(run.info)}" if run_state(run.info) else ""))
     for section in sections:
-        print(f"\n{section.dtype}, {section.mode} mode: winner per size range "
-              f"(trusted rows only; margins are latency ratios)")
-        print(render(["sizes", "winner", "latency us", "runner-up", "margin", f"vs {baseline or '-'}"],
-                     [[_range_text(r.crossover), r.crossover.winner,
-                       f"{fmt_us(r.latency_first_us)}-{fmt_us(r.latency_last_us)}", r.runner_up or "-",
-                       _x(r.margin_x), _x(r.vs_baseline_x)] for r in section.ranges], right=(2, 4, 5)))
+        print(f"\n{section.title}: winner per size range (trusted rows only; margins are latency ratios)")
+        print(render.table(["sizes", "winner", "latency us", "runner-up", "margin", f"vs {baseline or '-'}"],
+                           [[_range_text(r.crossover), r.crossover.winner,
+                             f"{fmt_us(r.latency_first_us)}-{fmt_us(r.latency_last_us)}", r.runner_up or "-",
+                             _x(r.margin_x), _x(r.vs_baseline_x)] for r in section.ranges],
+                           right=(2, 4, 5), wide=args.wide))
         for line in section.cautions:
             print(f"caution: {line}")
     if fused:
         print(f"\n{COMPARISON_TITLE} ({FUSION_NOTE})")
-        print(render(COMPARISON_HEADERS, fused, right=COMPARISON_NUMERIC))
+        print(render.table(COMPARISON_HEADERS, fused, right=COMPARISON_NUMERIC, wide=args.wide))
     versions = nccl_version_lines(run.rows)
     if versions:
         print("\nNCCL each variant ran (ncclGetVersion of the library in its process):")

@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from commbench.analysis.fusion import COMPARISON_HEADERS, COMPARISON_TITLE, comparison_cells
-from commbench.analysis.text import fmt_us
+from commbench.analysis import provenance
+from commbench.analysis.curves import CurveKey, distinguish, emulation_text, key_of
+from commbench.analysis.render import fmt_us
 from commbench.errors import UsageError
 from commbench.files import STDOUT, check_file_target
 from commbench.results import OK, Measurement, Run, load_run
@@ -23,7 +25,7 @@ from commbench.units import format_bytes
 
 HELP = "several runs (e.g. world sizes 2, 4, 8) side by side as markdown: latency per size and backend, fused saving"
 
-GroupKey = tuple[str, str, int]      # dtype, mode, world size
+GroupKey = tuple[str, str, int, str]      # dtype, mode, world size, emulation_text or ""
 
 
 @dataclass
@@ -49,44 +51,51 @@ def _cell(row: Measurement | None, best: bool) -> str:
     return f"**{text}**" if best else text
 
 
-def column_labels(runs: list[Run], columns: list[tuple[int, str]]) -> list[str]:
-    """A header per (run index, backend) column: the backend, and where the same backend comes
-    from several runs of one table, which run (its sweep's --out folder, else its run id), so a
-    run with other options (e.g. PDL off) never fills another run's cells."""
+Column = tuple[int, CurveKey]       # run index, the experiment (key_of the row)
+
+
+def column_labels(runs: list[Run], columns: list[Column]) -> list[str]:
+    """A header per column: the variant (backend and its settings), what else sets it apart from
+    another column of the same variant (loaded NCCL, ...), and where the same label comes from
+    several runs, which run (its sweep's --out folder, else its run id), so a run with other
+    options (e.g. PDL off) never fills another run's cells."""
+    named = distinguish(key for _, key in columns)
+
     def run_name(index: int, siblings: list[int]) -> str:
         parents = [runs[i].path.parent.name for i in siblings]
         unique = parents.count(runs[index].path.parent.name) == 1
         return runs[index].path.parent.name if unique else runs[index].path.name
 
+    names = [named[key].name for _, key in columns]
     labels = []
-    for index, backend in columns:
-        siblings = [i for i, b in columns if b == backend]
-        labels.append(backend if len(siblings) == 1 else f"{backend} ({run_name(index, siblings)})")
+    for (index, _), name in zip(columns, names):
+        siblings = [i for (i, _), other in zip(columns, names) if other == name]
+        labels.append(name if len(siblings) == 1 else f"{name} ({run_name(index, siblings)})")
     return labels
 
 
 def allreduce_tables(runs: list[Run]) -> list[Table]:
-    """One table per (dtype, mode, world size): sizes down, a column per backend and run."""
+    """One table per (dtype, mode, world size, emulation): sizes down, a column per experiment
+    (key_of: backend, env setting, loaded NCCL) and run."""
     groups: dict[GroupKey, list[tuple[int, Measurement]]] = {}
     for index, run in enumerate(runs):
         for row in run.rows:
             if row.op == "allreduce":
-                groups.setdefault((row.dtype, row.mode, row.world_size), []).append((index, row))
+                groups.setdefault((row.dtype, row.mode, row.world_size, emulation_text(row.emulation) or ""),
+                                  []).append((index, row))
     tables = []
-    for (dtype, mode, world), members in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2])):
-        columns = list(dict.fromkeys((i, r.backend) for i, r in members))
-        by_cell = {(r.message_bytes, i, r.backend): r for i, r in members}
+    for (dtype, mode, world, emulated), members in sorted(groups.items(), key=lambda kv: kv[0]):
+        column_of = {id(r): (i, key_of(r)) for i, r in members}
+        columns = list(dict.fromkeys(column_of.values()))
+        by_cell = {(r.message_bytes, column_of[id(r)]): r for _, r in members}
         body = []
         for size in sorted({r.message_bytes for _, r in members}):
-            measured = [(i, r) for i, r in members
-                        if r.message_bytes == size and r.status == OK and r.latency_us is not None]
-            fastest = None
-            if measured:
-                index, row = min(measured, key=lambda m: m[1].latency_us)   # type: ignore[arg-type, return-value]
-                fastest = (index, row.backend)
-            body.append([format_bytes(size)] + [_cell(by_cell.get((size, *column)), column == fastest)
+            measured = [r for _, r in members if r.message_bytes == size and r.status == OK and r.latency_us is not None]
+            fastest = column_of[id(min(measured, key=lambda r: r.latency_us))] if measured else None  # type: ignore[arg-type, return-value]
+            body.append([format_bytes(size)] + [_cell(by_cell.get((size, column)), column == fastest)
                                                 for column in columns])
-        tables.append(Table(f"allreduce, {dtype}, {mode}, {world} ranks: latency_us / jitter p50 us",
+        where = f", {emulated}" if emulated else ""
+        tables.append(Table(f"allreduce, {dtype}, {mode}, {world} ranks{where}: latency_us / jitter p50 us",
                             ["size"] + column_labels(runs, columns), body))
     return tables
 
@@ -112,11 +121,9 @@ def refusals(rows: list[Measurement]) -> list[str]:
 
 def render_runs(runs: list[Run]) -> str:
     rows = [row for run in runs for row in run.rows]
-    parts = ["# commbench side by side", "",
+    # First, what each run is (one line per run: "> data: emulated: ... ; run ID").
+    parts = [f"> {provenance.describe(run)}  " for run in runs] + ["", "# commbench side by side", "",
              "Runs: " + ", ".join(f"`{run.path}`" for run in runs) + ".", ""]
-    emulated = [run.emulation_line() for run in runs if run.emulation_line()]
-    if emulated:
-        parts += [f"> {line}" for line in dict.fromkeys(emulated)] + [""]
     parts += ["Cells: headline `latency_us` (one timer around the timed pass, slowest rank) / the jitter pass's "
               "p50; the fastest correct backend per size in bold; a status (skipped, hang, crashed, wrong, ...) "
               "where the row did not measure.", ""]

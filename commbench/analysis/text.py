@@ -1,30 +1,13 @@
-"""Plain-text tables and number formats shared by the analysis commands' terminal output."""
+"""The old plain-text table, kept only until recommend and floor move to commbench.analysis.render
+(which owns the number formats; they are re-exported here for those two)."""
 
 from __future__ import annotations
 
 from typing import Sequence
 
+from commbench.analysis.render import fmt_num, fmt_pct, fmt_us
 
-def fmt_us(value: float | None) -> str:
-    if value is None:
-        return "-"
-    if value >= 1000:
-        return f"{value:,.0f}"
-    if value >= 100:
-        return f"{value:.0f}"
-    if value >= 10:
-        return f"{value:.1f}"
-    return f"{value:.2f}"
-
-
-def fmt_pct(value: float | None, signed: bool = True) -> str:
-    if value is None:
-        return "-"
-    return f"{value:+.1f}%" if signed else f"{value:.1f}%"
-
-
-def fmt_num(value: float | None, digits: int = 2) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
+__all__ = ["fmt_num", "fmt_pct", "fmt_us", "render"]
 
 
 def render(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[int] = ()) -> str:

@@ -46,6 +46,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     sizes.add_argument("--sizes", help="explicit list, e.g. 8K,12K,1M")
     sizes.add_argument("--tokens", help="model shapes: token counts, e.g. 1,2,4,...,256 (with --hidden)")
     sizes.add_argument("--hidden", help="model shapes: hidden size; bytes = tokens x hidden x dtype size")
+    sizes.add_argument("--model", metavar="NAME",
+                       help="a model preset (commbench recommend --list-models): its decode sizes, tokens 1-256 x "
+                            "hidden x its dtype, in graph mode; ends by printing the command that turns the run "
+                            "into the decision")
+    sizes.add_argument("--tp", type=int, metavar="N",
+                       help="with --model: the tensor-parallel size, which must be the sweep's world size")
     what = p.add_argument_group("what to run")
     what.add_argument("--backends", help="comma list of backend specs (default: every backend for this machine); "
                       "see --list-backends")
@@ -110,7 +116,8 @@ def main(args: argparse.Namespace) -> int:
     if args.list_backends:
         return _list_backends()
     on_gpu = torch.cuda.is_available() and not args.cpu
-    plan = build_plan(args, on_gpu)
+    spec = _qualify_spec(args)
+    plan = build_plan(args, on_gpu, spec.message_sizes() if spec is not None else None)
     env_settings = launcher.parse_env_settings(args.env, args.allow_multicast)
     if args.resume:   # one that cannot be read or written is bad input, before any work
         read_run_info(Path(args.resume))
@@ -120,8 +127,10 @@ def main(args: argparse.Namespace) -> int:
     specs = backends.split_specs(args.backends) if args.backends is not None else None
     if specs == []:
         raise UsageError(f"--backends {args.backends!r}: the list is empty (leave it out for every backend)")
+    if specs is not None and spec is not None:
+        # The spec's backends are measured too: a check of a backend the run lacks can only FAIL.
+        specs += [name for name in sorted(spec.backends()) if name not in specs]
     variants = backends.expand(specs, backend_options(args, plan, None), on_gpu)
-    _check_qualify_args(args)
     if args.mps and not (args.nproc and args.share_gpus):
         raise UsageError("--mps starts an MPS daemon for the children of the driver: use it with --nproc N "
                          "--share-gpus")
@@ -131,31 +140,57 @@ def main(args: argparse.Namespace) -> int:
     if driver:
         positive_finite(args.child_timeout, "--child-timeout", "seconds")
     rank, world, _, _ = torchrun_env()
+    ranks = args.nproc if driver and args.nproc else world
+    _check_tp(args, ranks)
     if specs is not None:
         # The driver knows its children's world size: saying so here is one line, where torchrun
         # would follow each child's line with its own failure report.
-        _check_world_size(variants, args.nproc if driver and args.nproc else world)
+        _check_world_size(variants, ranks)
     if driver:
         os.environ[LAUNCH_COMMAND_VAR] = json.dumps(sys.argv)   # the children record the driver's command
         try:
             status, run_dir = launcher.drive(args, env_settings, variants, plan)
         finally:
             del os.environ[LAUNCH_COMMAND_VAR]
-        return _qualify(args, run_dir) if status == 0 and args.qualify is not None else status
+        return _finish(args, status, run_dir, ranks)
     status, run_dir = _run(args, plan, specs, on_gpu)
-    if status == 0 and args.qualify is not None and rank == 0:
-        return _qualify(args, run_dir)
-    return status
+    if rank != 0 or args.run_dir:   # a driver's child: the driver says what comes next
+        return status
+    return _finish(args, status, run_dir, ranks)
 
 
-def _check_qualify_args(args: argparse.Namespace) -> None:
+def _finish(args: argparse.Namespace, status: int, run_dir: Path, ranks: int) -> int:
+    """After a sweep that ended well: the command that turns a --model run into the decision,
+    then the --qualify verdict (whose exit status is the command's)."""
+    if status != 0:
+        return status
+    if args.model is not None:
+        print(f"# next: commbench recommend {shlex.quote(str(run_dir))} --model {shlex.quote(args.model)} "
+              f"--tp {ranks}", flush=True)
+    return _qualify(args, run_dir) if args.qualify is not None else status
+
+
+def _qualify_spec(args: argparse.Namespace) -> Any:
+    """The --qualify spec, loaded before anything is measured (a broken spec is bad input)."""
     if args.junit is not None and args.qualify is None:
         raise UsageError("--junit writes qualify's JUnit XML: give it with --qualify SPEC.toml")
-    if args.qualify is not None:
-        from commbench.analysis.qualify import load_spec
+    if args.qualify is None:
+        return None
+    from commbench.analysis.qualify import load_spec
 
-        load_spec(args.qualify)  # a broken spec is bad input: say so before measuring anything
-        check_file_target(args.junit, "--junit")
+    check_file_target(args.junit, "--junit")
+    return load_spec(args.qualify)
+
+
+def _check_tp(args: argparse.Namespace, ranks: int) -> None:
+    """--tp names the decode question's TP size: latency at another world size does not answer it."""
+    if args.tp is None:
+        return
+    if args.model is None:
+        raise UsageError("--tp goes with --model NAME (the model whose decode sizes to measure)")
+    if args.tp != ranks:
+        raise UsageError(f"--tp {args.tp} but this sweep runs {ranks} rank(s): start it with --nproc {args.tp} "
+                         f"(or torchrun --nproc-per-node {args.tp})")
 
 
 def _check_world_size(variants: list, world: int) -> None:
@@ -171,7 +206,7 @@ def _qualify(args: argparse.Namespace, run_dir: Path) -> int:
     from commbench.analysis import qualify
 
     return qualify.main(argparse.Namespace(run_dir=run_dir, spec=args.qualify, reference=None,
-                                           max_slowdown_pct=None, junit=args.junit))
+                                           max_slowdown_pct=None, junit=args.junit, snapshot=None, wide=False))
 
 
 def _run(args: argparse.Namespace, plan: SweepPlan, specs: list[str] | None, on_gpu: bool) -> tuple[int, Path]:
@@ -232,7 +267,7 @@ def _sweep(ctx: RunContext, args: argparse.Namespace, plan: SweepPlan, variants:
     stopped = {row.backend: stopped_reason(row) for row in previous
                if stops_backend(row) and row.env_setting == env_setting}
     ctx.measured.extend(previous)
-    notes = ([note] if note else []) + opened + _oversubscribed(ctx) + _probe(ctx, args, variants)
+    notes = ([note] if note else []) + plan.notes + opened + _oversubscribed(ctx) + _probe(ctx, args, variants)
     # After rank 0 has read a dead run's records: this rank's own start afresh. Ranks on nodes
     # that do not see the results dir keep none.
     recorder = Recorder(run_dir if run_dir.is_dir() else None, ctx.rank)

@@ -41,8 +41,9 @@ from commbench.results import (HANG, SCHEMA_VERSION, Measurement, ResultsWriter,
 from commbench.sweep.plan import SweepPlan
 
 _NAME_RE = re.compile(r"^[A-Z_][A-Z0-9_]*$")
-# Flags the driver consumes; everything else is passed to each child unchanged.
-_DRIVER_FLAGS = frozenset({"--nproc", "--env", "--child-timeout", "--resume", "--qualify", "--junit"})
+# Flags the driver consumes; everything else is passed to each child unchanged (--qualify too:
+# the spec's sizes and backends are part of the plan; only the driver runs the qualify).
+_DRIVER_FLAGS = frozenset({"--nproc", "--env", "--child-timeout", "--resume", "--junit"})
 _DRIVER_SWITCHES = frozenset({"--mps"})          # take no value
 
 

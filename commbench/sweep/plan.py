@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from commbench.analysis.models import DEFAULT_CONCURRENCIES, Model, lookup
 from commbench.errors import UsageError
 from commbench.sweep.dtypes import dtype_name, parse_dtypes
 from commbench.units import format_bytes, parse_bytes, parse_int_list, parse_list, positive_finite
@@ -122,13 +123,32 @@ def timeout_s(value: float, flag: str) -> float:
     return positive_finite(value, flag, "seconds", at_most=threading.TIMEOUT_MAX)
 
 
-def build_plan(args: argparse.Namespace, on_gpu: bool) -> SweepPlan:
-    dtypes = parse_dtypes(args.dtype if args.dtype is not None else ("bf16" if on_gpu else "fp32"))
-    modes = parse_list(args.mode if args.mode is not None else ("eager,graph" if on_gpu else "eager"), "--mode", _mode)
+def model_of(args: argparse.Namespace) -> Model | None:
+    """The --model preset a sweep measures the decode sizes of, if any."""
+    name = getattr(args, "model", None)
+    return lookup(name) if name is not None else None
+
+
+def build_plan(args: argparse.Namespace, on_gpu: bool, checked_bytes: list[int] | None = None) -> SweepPlan:
+    """The plan from the size, dtype, mode and timing flags; `checked_bytes` are sizes a
+    --qualify spec reads, added where the sizes asked for do not cover them."""
+    model = model_of(args)
+    notes: list[str] = []
+    default_dtype = model.dtype if model else ("bf16" if on_gpu else "fp32")
+    dtypes = parse_dtypes(args.dtype if args.dtype is not None else default_dtype)
+    # Decode runs in CUDA graphs: a model's sizes are measured in graph mode where it exists.
+    default_modes = ("graph" if model else "eager,graph") if on_gpu else "eager"
+    modes = parse_list(args.mode if args.mode is not None else default_modes, "--mode", _mode)
     if "graph" in modes and not on_gpu:
         raise UsageError("graph mode needs CUDA GPUs; on the CPU use --mode eager")
+    if model and not on_gpu and args.mode is None:
+        notes.append(f"{model.name}: graph mode needs CUDA GPUs, so on the CPU its decode sizes run in eager mode")
 
-    shapes = _shapes(args, on_gpu, dtypes)
+    shapes = _shapes(args, on_gpu, dtypes, model)
+    added = sorted(set(checked_bytes or []) - {s.message_bytes for s in shapes})
+    if added:
+        shapes += [Shape(b) for b in added]
+        notes.append(f"--qualify: added {', '.join(format_bytes(b) for b in added)}, the size(s) its spec checks")
     low, high = GPU_ITERATIONS if on_gpu else CPU_ITERATIONS
     for name in ("iters", "warmup", "graph_ops"):
         value = getattr(args, name)
@@ -138,7 +158,7 @@ def build_plan(args: argparse.Namespace, on_gpu: bool) -> SweepPlan:
                      warmup=args.warmup if args.warmup is not None else (5 if on_gpu else 2),
                      iterations=args.iters, min_iterations=low, max_iterations=high,
                      graph_ops=args.graph_ops, timeout_s=timeout_s(args.timeout, "--timeout"),
-                     setup_timeout_s=timeout_s(args.setup_timeout, "--setup-timeout"))
+                     setup_timeout_s=timeout_s(args.setup_timeout, "--setup-timeout"), notes=notes)
     for dtype in dtypes:
         if not plan.sizes_for(dtype):   # the sweep would run nothing for it and say nothing
             raise UsageError(f"no message size ({', '.join(format_bytes(s.message_bytes) for s in shapes)}) is a "
@@ -146,7 +166,16 @@ def build_plan(args: argparse.Namespace, on_gpu: bool) -> SweepPlan:
     return plan
 
 
-def _shapes(args: argparse.Namespace, on_gpu: bool, dtypes: list[torch.dtype]) -> list[Shape]:
+def _shapes(args: argparse.Namespace, on_gpu: bool, dtypes: list[torch.dtype], model: Model | None) -> list[Shape]:
+    if model is not None:
+        given = [flag for flag, value in (("-b", args.min_bytes), ("-e", args.max_bytes), ("-f", args.step_factor),
+                                          ("--sizes", args.sizes), ("--hidden", args.hidden)) if value is not None]
+        if given:
+            raise UsageError(f"--model sets the sizes (decode tokens x its hidden size x dtype): leave out {given[0]}")
+        if len(dtypes) != 1:
+            raise UsageError("--model takes one --dtype (its activation dtype by default)")
+        tokens = parse_int_list(args.tokens, "--tokens") if args.tokens is not None else DEFAULT_CONCURRENCIES
+        return [Shape(t * model.hidden * dtypes[0].itemsize, t, model.hidden) for t in tokens]
     chosen = [name for name, value in (("--sizes", args.sizes), ("--tokens", args.tokens)) if value is not None]
     if (args.min_bytes or args.max_bytes) and chosen:
         raise UsageError(f"-b/-e and {chosen[0]} choose sizes in two ways: use one")

@@ -1,0 +1,106 @@
+"""What a run is (provenance) and the one table renderer: in-process, on committed runs."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from commbench.analysis import provenance, render
+from commbench.results import load_run
+
+DATA = Path(__file__).parent / "data"
+SYNTHETIC = DATA / "runs" / "synthetic-pcie-8gpu"
+CPU_RUN = DATA / "runs" / "cpu-gloo-4rank-a"
+EMULATED = next((Path(__file__).parents[1] / "results" / "reference" / "h200-mps-emulated" / "world8"
+                 / "allreduce").glob("*/run.json")).parent
+
+
+def _copy(src: Path, dst: Path, **changes) -> Path:
+    shutil.copytree(src, dst)
+    info = json.loads((dst / "run.json").read_text())
+    for key, value in changes.items():
+        if value is None:
+            info.pop(key, None)
+        else:
+            info[key] = value
+    (dst / "run.json").write_text(json.dumps(info))
+    return dst
+
+
+def test_fixture_emulated_cpu_and_measured_say_so():
+    fixture = provenance.of(load_run(SYNTHETIC))
+    assert fixture.kind == provenance.FIXTURE
+    assert fixture.line().startswith("data: fixture: hand-made test data, not a measurement")
+    assert "run synthetic-pcie-8gpu" in fixture.line()
+
+    emulated = provenance.of(load_run(EMULATED))
+    assert emulated.kind == provenance.EMULATED
+    assert emulated.gpu_count == 1 and emulated.world_size == 8     # 8 ranks share one H200
+    assert "8 ranks on 1x NVIDIA H200 under MPS" in emulated.line()
+    assert emulated.fabric is None
+
+    cpu = provenance.of(load_run(CPU_RUN))
+    assert cpu.kind == provenance.CPU and cpu.gpu_names == ()
+    assert cpu.line().startswith("data: cpu: 4 ranks of gloo on the CPU")
+
+
+def test_measured_run_names_gpus_and_fabric_from_the_snapshot(tmp_path):
+    run = load_run(_copy(SYNTHETIC, tmp_path / "real", provenance=None))
+    measured = provenance.of(run)
+    assert measured.kind == provenance.MEASURED
+    assert measured.fabric == provenance.PCIE          # no link matrix: its PCIe paths
+    assert measured.line().startswith(
+        "data: measured: 8 ranks on 8x NVIDIA RTX PRO 6000 Blackwell Server Edition over PCIe")
+    nvlink = [["X" if a == b else "NV18" for b in range(8)] for a in range(8)]
+    snapshot = dict(run.info["snapshot"], links={"matrix": nvlink})
+    run.info["snapshot"] = snapshot
+    assert provenance.of(run).fabric == provenance.NVLINK
+    nvlink[0][1] = "SYS"
+    assert provenance.of(run).fabric == provenance.MIXED
+    as_dict = provenance.of(run).to_dict()
+    assert as_dict["kind"] == "measured" and as_dict["gpu_count"] == 8 and as_dict["line"].startswith("data: ")
+
+
+def test_imported_and_broken_run_json(tmp_path):
+    run = load_run(_copy(SYNTHETIC, tmp_path / "imp", provenance=None, source="nccl-tests"))
+    assert provenance.of(run).kind == provenance.IMPORTED
+    assert "imported from nccl-tests" in provenance.describe(run)
+    # Wrong types in an untrusted run.json give "unknown" words, never an exception.
+    broken = load_run(_copy(SYNTHETIC, tmp_path / "broken", provenance=None, gpus="x", world_size="8",
+                            snapshot=[1], host=3, run_id=None))
+    line = provenance.describe(broken)
+    assert "no GPU recorded" in line and "run broken" in line and "8 ranks" in line   # world size from the rows
+
+
+def test_differences_name_what_differs():
+    a = provenance.of(load_run(SYNTHETIC))
+    b = provenance.of(load_run(EMULATED))
+    words = " | ".join(provenance.differences(a, b))
+    assert "data: fixture vs emulated" in words and "host: synthetic-host vs vm" in words
+    assert provenance.differences(a, a) == []
+
+
+def test_table_folds_to_the_width_and_wide_keeps_one_line_per_row():
+    headers = ["backend", "latency us", "reason"]
+    rows = [["nccl[NCCL_MIN_NCHANNELS=8]", "1,234", "word " * 30], ["gloo", "7.50", "short"]]
+    between_words = render.table(headers, rows, right=(1,), width=60)
+    assert max(len(line) for line in between_words.splitlines()) == 60
+    assert "nccl[NCCL_MIN_NCHANNELS=8]       1,234  word word" in between_words   # whole words, number whole
+    assert len(between_words.splitlines()) > 4                                      # the reason folded
+    inside_words = render.table(headers, rows, right=(1,), width=30)
+    assert max(len(line) for line in inside_words.splitlines()) <= 30
+    assert "nccl[NCCL_MIN_NCHANNELS=8]" not in inside_words and "1,234" in inside_words
+    wide = render.table(headers, rows, right=(1,), wide=True)
+    assert len(wide.splitlines()) == 4                         # header, rule, two rows
+    assert "nccl[NCCL_MIN_NCHANNELS=8]" in wide               # a '[' is text, not markup
+    assert all(line == line.rstrip() for line in wide.splitlines())
+    assert wide.splitlines()[2].endswith(" 1,234  " + ("word " * 30).strip())   # numbers right-aligned
+    # Too narrow even to fold: printed unfolded, never a column dropped or cut.
+    assert render.table(headers, rows, right=(1,), width=20) == wide
+
+
+def test_number_formats():
+    assert render.fmt_us(None) == "-" and render.fmt_us(1234.4) == "1,234" and render.fmt_us(7.5) == "7.50"
+    assert render.fmt_pct(12.34) == "+12.3%" and render.fmt_pct(5, signed=False) == "5.0%"
+    assert render.fmt_num(1.234, 1) == "1.2"
