@@ -17,11 +17,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from commbench.analysis import models
+from commbench.analysis import models, provenance, render
 from commbench.analysis.attribute_floor import FloorLine, against_floor
 from commbench.analysis.attribution import RULES, RankResult, SizeHint, Step, analyse_rank
 from commbench.analysis.curves import decode_curves
-from commbench.analysis.text import fmt_us, render
+from commbench.analysis.render import fmt_us
 from commbench.analysis.trace_read import RankTrace, read_trace
 from commbench.errors import UsageError
 from commbench.files import check_file_target, write_json
@@ -31,7 +31,6 @@ from commbench.units import DTYPE_BYTES, dtype_name, format_bytes
 HELP = "what a serving trace spends on allreduce, per step and per library, against this box's floor"
 SGLANG_RANK = re.compile(r"-TP-(\d+)")
 KERNEL_NAME_CHARS = 30
-LIBRARY_CHARS = 28
 WIDTH = 100
 
 
@@ -48,6 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--step-annotation", help="regex of the engine's step annotation (annotation rule)")
     parser.add_argument("--gap-us", type=float, help="gap rule: idle time that starts a new step (default: auto)")
     parser.add_argument("--json", metavar="FILE", help="also write the result as JSON ('-' for stdout)")
+    render.add_arguments(parser)
 
 
 def size_hint(args: argparse.Namespace) -> SizeHint:
@@ -121,11 +121,7 @@ def trace_provenance(ranks: list[tuple[int, RankTrace]]) -> str:
 
 
 def run_provenance(run: Run) -> str:
-    gpus = run.info.get("gpus") or []
-    names = sorted({g.get("name", "?") for g in gpus if isinstance(g, dict)})
-    measured = run.emulation_line() or f"measured on {', '.join(names) or 'GPUs its run.json does not name'}"
-    return f"run: {run.info.get('run_id', run.path.name)} ({run.path}), world size {run.info.get('world_size', '?')}; " \
-           f"{measured}"
+    return provenance.describe(run)
 
 
 def clip(text: str, chars: int) -> str:
@@ -233,22 +229,20 @@ def main(args: argparse.Namespace) -> int:
                             f"{r.outside_kernels} kernels outside steps", WIDTH, subsequent_indent="  "))
     summaries = [s for s in (summarise(steps, p) for p in ("decode", "prefill", "-")) if s]
     print()
-    print(render(["phase", "steps", "wall_us", "busy_us", "ARs", "AR_us", "p50/call", "p90/call", "share",
+    print(render.table(["phase", "steps", "wall_us", "busy_us", "ARs", "AR_us", "p50/call", "p90/call", "share",
                   "overlap_us"],
                  [[s.phase, str(s.steps), fmt_us(s.wall_us), fmt_us(s.busy_us), f"{s.allreduce_calls:g}",
                    fmt_us(s.allreduce_us), fmt_us(s.call_p50_us), fmt_us(s.call_p90_us), f"{100 * s.share:.1f}%",
-                   fmt_us(s.overlap_us)] for s in summaries], right=range(1, 10)))
+                   fmt_us(s.overlap_us)] for s in summaries], right=range(1, 10), wide=args.wide, width=WIDTH))
     print("(medians over the steps of all ranks; share = allreduce time / step wall; overlap = allreduce\n"
           " time beside compute on another stream; other = steps not told apart as decode or prefill)")
     kernels = kernel_rows(results)
     print()
     if kernels:
-        print(render(["library", "kernel", "calls", "/step", "size", "p50_us", "p90_us"],
-                     [[clip(k.library, LIBRARY_CHARS), short_name(k.kernel), str(k.calls), f"{k.per_step:.1f}",
+        print(render.table(["library", "kernel", "calls", "/step", "size", "p50_us", "p90_us"],
+                     [[k.library, short_name(k.kernel), str(k.calls), f"{k.per_step:.1f}",
                        "/".join(format_bytes(b) for b in k.sizes) or "unknown", fmt_us(k.p50_us), fmt_us(k.p90_us)]
-                      for k in kernels], right=(2, 3, 5, 6)))
-        for library in dict.fromkeys(k.library for k in kernels if len(k.library) > LIBRARY_CHARS):
-            print(textwrap.fill(f"{clip(library, LIBRARY_CHARS)} = {library}", WIDTH, subsequent_indent="  "))
+                      for k in kernels], right=(2, 3, 5, 6), wide=args.wide, width=WIDTH))
         for note in dict.fromkeys(f"{k.library}: {k.note}" for k in kernels if k.note):
             print(textwrap.fill(f"note: {note}", WIDTH, subsequent_indent="  "))
     else:
@@ -267,7 +261,7 @@ def main(args: argparse.Namespace) -> int:
     if run is not None:
         floor = floor_lines(run, ranks, results, args.dtype, args.batch)
         print()
-        print(floor_text(floor))
+        print(floor_text(floor, args.wide))
     write_json(args.json, {
         "trace": trace_provenance(ranks), "run": run_provenance(run) if run else None,
         "ranks": [{"rank": r.rank, "source": r.source, "rule": r.rule, "rule_detail": r.rule_detail,
@@ -296,7 +290,7 @@ def step_json(s: Step) -> dict[str, Any]:
                       for c in s.calls]}
 
 
-def floor_text(lines: list[FloorLine]) -> str:
+def floor_text(lines: list[FloorLine], wide: bool = False) -> str:
     if not lines:
         return "against the floor: no allreduce calls in the steps"
     rows, missing = [], []
@@ -306,15 +300,15 @@ def floor_text(lines: list[FloorLine]) -> str:
             missing.append(f"{f.library} at {size}: {f.why_no_floor}")
             continue
         p = f.floor
-        rows.append([clip(f.library, 24), size, f"{f.calls_per_step:g}", fmt_us(f.engine_p50_us),
+        rows.append([f.library, size, f"{f.calls_per_step:g}", fmt_us(f.engine_p50_us),
                      fmt_us(p.latency_us), f"{p.saving_per_call_us:+.1f}", f"{p.saving_per_step_us:+.0f}",
                      "-" if p.saving_per_token_us is None else f"{p.saving_per_token_us:+.1f}",
                      f"{100 * p.share_of_step:+.1f}%"])
     out = ["against the floor: the same library's fastest trusted rows in the run at that size\n"
            "(d = engine minus floor: + = the engine pays more; of step = d/step over the mean step wall)"]
     if rows:
-        out.append(render(["library", "size", "/step", "engine_us", "floor_us", "d/call", "d/step_us",
-                           "d/token_us", "of step"], rows, right=range(1, 9)))
+        out.append(render.table(["library", "size", "/step", "engine_us", "floor_us", "d/call", "d/step_us",
+                                 "d/token_us", "of step"], rows, right=range(1, 9), wide=wide, width=WIDTH))
         for f in lines:
             if f.floor is not None:
                 out.append(textwrap.fill(f"{f.library} at {format_bytes(f.message_bytes or 0)}: floor row "
