@@ -212,6 +212,24 @@ def test_run_prices_each_call_against_the_same_librarys_floor(capsys: pytest.Cap
     assert per_token == pytest.approx(4 * (30.0 - floor_us) / 8, abs=0.06)  # batch 8
 
 
+def test_an_engine_aware_choice_plugs_in_as_one_function(tmp_path: Path) -> None:
+    """The seam for the engine-path model: given the run's curves and a size, the path the engine
+    could take; here, for the test, the run's fastest curve at that size."""
+    from commbench.analysis.curves import ranking
+    from commbench.results import load_run
+
+    trace = tmp_path / "t.json"
+    _graph_trace(trace, "void c10d::symmetric_memory::one_shot_all_reduce_kernel<c10::BFloat16, 16, 2>(x)")
+    ranks, results = attribute.analyse_traces([trace], SizeHint(8 * 4096 * 2, "8 x 4096 x bf16"))
+    lines = attribute.floor_lines(load_run(RUN), ranks, results, None, 8,
+                                  alternative=lambda curves, size: ranking(curves, size)[0].curve)
+    [line] = lines
+    assert line.alternative is not None and line.alternative.latency_us <= line.floor.latency_us  # type: ignore[union-attr]
+    assert line.alternative.saving_per_step_us == pytest.approx(4 * (30.0 - line.alternative.latency_us))
+    text = attribute.floor_text(lines)
+    assert "what the engine could take instead" in text and f"instead: {line.alternative.variant}" in text
+
+
 def test_without_a_size_the_floor_says_why(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = attribute_cli(capsys, *map(str, SGLANG), "--run", str(RUN))
     assert code == 0

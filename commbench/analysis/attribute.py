@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from commbench.analysis import models, provenance, render
-from commbench.analysis.attribute_floor import FloorLine, against_floor
+from commbench.analysis.attribute_floor import Alternative, FloorLine, Priced, against_floor
 from commbench.analysis.attribution import RULES, RankResult, SizeHint, Step, analyse_rank
 from commbench.analysis.curves import decode_curves
 from commbench.analysis.render import fmt_us
@@ -101,13 +101,14 @@ def analyse_traces(paths: list[Path], hint: SizeHint, rule: str = "auto", annota
 
 
 def floor_lines(run: Run, ranks: list[tuple[int, RankTrace]], results: list[RankResult], dtype: str | None,
-                batch: int | None) -> list[FloorLine]:
-    """The decode steps' calls (all steps where none is told to be decode) against the run."""
+                batch: int | None, alternative: Alternative | None = None) -> list[FloorLine]:
+    """The decode steps' calls (all steps where none is told to be decode) against the run;
+    `alternative` (attribute_floor.Alternative) adds what the engine could take instead."""
     world = ranks[0][1].world_size or len(ranks)
     curves = decode_curves(run, world, dtype_name(dtype) if dtype else "bf16", "auto")
     steps = [s for r in results for s in r.steps]
     decode = [s for s in steps if s.phase == "decode"] or steps
-    return against_floor(decode, curves, batch)
+    return against_floor(decode, curves, batch, alternative)
 
 
 def trace_provenance(ranks: list[tuple[int, RankTrace]]) -> str:
@@ -290,29 +291,41 @@ def step_json(s: Step) -> dict[str, Any]:
                       for c in s.calls]}
 
 
+def _priced_cells(f: FloorLine, p: Priced, size: str) -> list[str]:
+    return [f.library, size, f"{f.calls_per_step:g}", fmt_us(f.engine_p50_us), fmt_us(p.latency_us),
+            f"{p.saving_per_call_us:+.1f}", f"{p.saving_per_step_us:+.0f}",
+            "-" if p.saving_per_token_us is None else f"{p.saving_per_token_us:+.1f}", f"{100 * p.share_of_step:+.1f}%"]
+
+
+def _priced_table(lines: list[FloorLine], which: str, head: str, word: str, wide: bool) -> list[str]:
+    rows = [_priced_cells(f, getattr(f, which), format_bytes(f.message_bytes or 0))
+            for f in lines if getattr(f, which) is not None]
+    if not rows:
+        return []
+    out = [render.table(["library", "size", "/step", "engine_us", head, "d/call", "d/step_us", "d/token_us",
+                         "of step"], rows, right=range(1, 9), wide=wide, width=WIDTH)]
+    for f in lines:
+        p = getattr(f, which)
+        if p is not None:
+            out.append(textwrap.fill(f"{f.library} at {format_bytes(f.message_bytes or 0)}: {word} {p.variant} "
+                                     f"({p.source}); size from {f.size_from}", WIDTH,
+                                     initial_indent="  ", subsequent_indent="    "))
+    return out
+
+
 def floor_text(lines: list[FloorLine], wide: bool = False) -> str:
     if not lines:
         return "against the floor: no allreduce calls in the steps"
-    rows, missing = [], []
-    for f in lines:
-        size = format_bytes(f.message_bytes) if f.message_bytes is not None else "unknown"
-        if f.floor is None:
-            missing.append(f"{f.library} at {size}: {f.why_no_floor}")
-            continue
-        p = f.floor
-        rows.append([f.library, size, f"{f.calls_per_step:g}", fmt_us(f.engine_p50_us),
-                     fmt_us(p.latency_us), f"{p.saving_per_call_us:+.1f}", f"{p.saving_per_step_us:+.0f}",
-                     "-" if p.saving_per_token_us is None else f"{p.saving_per_token_us:+.1f}",
-                     f"{100 * p.share_of_step:+.1f}%"])
     out = ["against the floor: the same library's fastest trusted rows in the run at that size\n"
            "(d = engine minus floor: + = the engine pays more; of step = d/step over the mean step wall)"]
-    if rows:
-        out.append(render.table(["library", "size", "/step", "engine_us", "floor_us", "d/call", "d/step_us",
-                                 "d/token_us", "of step"], rows, right=range(1, 9), wide=wide, width=WIDTH))
-        for f in lines:
-            if f.floor is not None:
-                out.append(textwrap.fill(f"{f.library} at {format_bytes(f.message_bytes or 0)}: floor row "
-                                         f"{f.floor.variant} ({f.floor.source}); size from {f.size_from}",
-                                         WIDTH, initial_indent="  ", subsequent_indent="    "))
-    out.extend(textwrap.fill(f"no floor: {line}", WIDTH, subsequent_indent="  ") for line in missing)
+    out += _priced_table(lines, "floor", "floor_us", "floor row", wide)
+    for f in lines:
+        if f.floor is None:
+            size = format_bytes(f.message_bytes) if f.message_bytes is not None else "unknown"
+            out.append(textwrap.fill(f"no floor: {f.library} at {size}: {f.why_no_floor}", WIDTH,
+                                     subsequent_indent="  "))
+    alternatives = _priced_table(lines, "alternative", "instead_us", "instead:", wide)
+    if alternatives:
+        out += ["", "what the engine could take instead, measured in the same run (d = engine minus that path)",
+                *alternatives]
     return "\n".join(out)
