@@ -174,8 +174,9 @@ def _graph_rank(rank: int, world: int, port: int, name: str, spec: str, out_dir:
                     graph.replay()
                 torch.cuda.synchronize()
         path = Path(out_dir) / f"{name}-rank{rank}.trace.json.gz"
+        how = "under MPS" if os.environ.get("CUDA_MPS_PIPE_DIRECTORY") else "time-sliced (no MPS)"
         size = _write_trace(prof, path, f"recorded by scripts/record-traces.py: {spec}, rank {rank} of {world} "
-                                        f"sharing one {torch.cuda.get_device_name()} under MPS (emulated box: no "
+                                        f"sharing one {torch.cuda.get_device_name()} {how} (emulated box: no "
                                         "fabric between the ranks)")
         sizes = ctx.all_gather_objects(size)
         if rank == 0:
