@@ -50,7 +50,7 @@ TRACE_KERNELS = (
     (r"\bncclDevKernel_AllReduce_", "NCCL", r"^nccl$",
      "the name does not tell the protocol that ran (Simple/LL128/NVLS run inside it; nccl#1595, #2196)"),
     (r"\bncclKernel_AllReduce_", "NCCL <= 2.18", r"^nccl$", ""),
-    (r"\boneRankReduce<", "NCCL (one rank)", r"^nccl$", "world size 1: a local scale, no communication"),
+    (r"[Oo]neRankReduce\b", "NCCL (one rank)", r"^nccl$", "world size 1: a local scale, no communication"),
 )
 
 

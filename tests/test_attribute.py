@@ -55,6 +55,7 @@ def attribute_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, 
     ("void (anonymous namespace)::all_reduce_one_shot_kernel<__nv_bfloat16, 4, true>(...)",
      "SGLang JIT custom allreduce"),
     ("void mscclpp::collective::allreducePacket<__nv_bfloat16>(...)", "MSCCL++"),
+    ("void oneRankReduce<FuncPreMulSum<__nv_bfloat16> >(ncclDevKernelArgs)", "NCCL (one rank)"),
 ])
 def test_every_backend_module_names_its_kernels(name: str, library: str) -> None:
     got = classify(name)
