@@ -231,6 +231,31 @@ def test_an_engine_aware_choice_plugs_in_as_one_function(tmp_path: Path) -> None
     assert "what the engine could take instead" in text and f"instead: {line.alternative.variant}" in text
 
 
+@pytest.mark.parametrize("argv, expected", [
+    (["--model", "llama-3.1-70b", "--batch", "4"], SizeHint(4 * 8192 * 2, "4 x 8192 x bf16")),
+    (["--hidden", "4096", "--batch", "2", "--dtype", "fp32"], SizeHint(2 * 4096 * 4, "2 x 4096 x fp32")),
+    (["--hidden", "4096"], SizeHint(None, "unknown")),
+])
+def test_size_hint_from_the_model_or_hidden_and_batch(argv: list[str], expected: SizeHint) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    attribute.add_arguments(parser)
+    assert attribute.size_hint(parser.parse_args(["t.json", *argv])) == expected
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--batch", "0", "--hidden", "4096"], "--batch must be a positive number"),
+    (["--model", "no-such-model"], "unknown model"),
+    (["--model", "llama-3.1-70b", "--hidden", "4096"], "give --model or --hidden, not both"),
+    (["--step-annotation", "("], "--step-annotation: not a regular expression"),
+])
+def test_bad_options_are_one_line_and_exit_2(argv: list[str], expected: str,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = attribute_cli(capsys, str(VLLM[0]), *argv)
+    assert (code, out) == (2, "") and err.count("\n") == 1 and expected in err
+
+
 def test_without_a_size_the_floor_says_why(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = attribute_cli(capsys, *map(str, SGLANG), "--run", str(RUN))
     assert code == 0
