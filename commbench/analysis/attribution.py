@@ -187,15 +187,20 @@ def _annotation_groups(trace: RankTrace, kernels: list[Kernel], pattern: re.Patt
         gpu = sorted((a for a in trace.gpu_annotations if pat.search(a.name)), key=lambda a: a.ts_us)
         groups: list[tuple[str, list[Kernel]]] = []
         if host and trace.launches:
-            starts = [a.ts_us for a in host]
+            # Per host thread, the annotations by start: a launch belongs to the last one that
+            # started before it on its thread, if that one has not ended.
+            by_thread: dict[int, list[int]] = defaultdict(list)
+            for i, a in enumerate(host):
+                by_thread[a.thread].append(i)
+            starts = {t: [host[i].ts_us for i in idx] for t, idx in by_thread.items()}
             members: dict[int, list[Kernel]] = defaultdict(list)
             for k in kernels:
                 launch = trace.launches.get(k.correlation) if k.correlation is not None else None
-                if launch is None:
+                if launch is None or launch.thread not in by_thread:
                     continue
-                i = bisect.bisect_right(starts, launch.ts_us) - 1
-                if i >= 0 and host[i].end_us >= launch.ts_us and host[i].thread == launch.thread:
-                    members[i].append(k)
+                j = bisect.bisect_right(starts[launch.thread], launch.ts_us) - 1
+                if j >= 0 and host[by_thread[launch.thread][j]].end_us >= launch.ts_us:
+                    members[by_thread[launch.thread][j]].append(k)
             groups = [(host[i].name, members[i]) for i in sorted(members)]
         elif gpu:
             starts = [a.ts_us for a in gpu]
