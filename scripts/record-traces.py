@@ -61,7 +61,8 @@ STEP_ANNOTATION = "decode_step"
 GLOO_COUNT = 4096
 MPS_PERCENT_VAR = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 BACKEND_BUDGET_S = 60.0     # per backend (spawn, setup, capture, 12 replays take seconds)
-TOTAL_BUDGET_S = 220.0      # the wrapper's timeout is 230 s: the device run stays under 4 minutes
+TOTAL_BUDGET_S = 200.0      # the wrapper's timeout is 230 s: the device run stays under 4 minutes
+MIN_BUDGET_S = 20.0         # FlashInfer's least, whatever the others took
 
 
 def _free_port() -> int:
@@ -180,7 +181,7 @@ def _graph_rank(rank: int, world: int, port: int, name: str, spec: str, out_dir:
                                         "fabric between the ranks)")
         sizes = ctx.all_gather_objects(size)
         if rank == 0:
-            Path(result_path).write_text(json.dumps({"bytes": sizes}))
+            Path(result_path).write_text(json.dumps({"bytes": sizes, "device": torch.cuda.get_device_name()}))
     finally:
         if backend is not None:
             backend.close()
@@ -211,7 +212,7 @@ def _nccl_rank(rank: int, world: int, port: int, out_dir: str, result_path: str)
         path = Path(out_dir) / f"{NCCL_TRACE[0]}-rank0.trace.json.gz"
         size = _write_trace(prof, path, f"recorded by scripts/record-traces.py: {NCCL_TRACE[1]}, one "
                                         f"{torch.cuda.get_device_name()}")
-        Path(result_path).write_text(json.dumps({"bytes": [size]}))
+        Path(result_path).write_text(json.dumps({"bytes": [size], "device": torch.cuda.get_device_name()}))
     finally:
         dist.destroy_process_group()
 
@@ -279,34 +280,42 @@ def main() -> int:
     parser.add_argument("--gloo", action="store_true", help="record the CPU/gloo trace only")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    entries = []
+    entries: list[dict[str, Any]] = []
     deadline = time.monotonic() + TOTAL_BUDGET_S
+
+    def record(entry: dict[str, Any]) -> None:
+        """Appended and written at once: a run cut short keeps the manifest of what it recorded."""
+        entries.append(entry)
+        print(json.dumps(entry), flush=True)
+        _write_manifest(args.out, entries, "cpu" if args.gloo else None)
+
     if args.gloo:
         result = _spawn(_gloo_rank, WORLD, BACKEND_BUDGET_S, str(args.out))
-        entries.append({**_entry(GLOO_TRACE, "gloo (CPU)", "", WORLD, "eager", result),
-                        "message_bytes": GLOO_COUNT * 4, "dtype": "fp32", "batch": None, "hidden": None})
+        record({**_entry(GLOO_TRACE, "gloo (CPU)", "", WORLD, "eager", result),
+                "message_bytes": GLOO_COUNT * 4, "dtype": "fp32", "batch": None, "hidden": None})
     else:
         if not torch.cuda.is_available():
             print("record-traces: no CUDA device (use --gloo for the CPU trace)", file=sys.stderr)
             return 2
         # NCCL before FlashInfer: FlashInfer may JIT-compile, so it gets whatever time is left.
         for name, spec, library in BACKENDS:
-            if spec.startswith("flashinfer"):
-                entries.append(_entry(*NCCL_TRACE, 1, "eager",
-                                      _spawn(_nccl_rank, 1, BACKEND_BUDGET_S, str(args.out))))
-                print(json.dumps(entries[-1]), flush=True)
-            budget = deadline - time.monotonic() if spec.startswith("flashinfer") else BACKEND_BUDGET_S
-            entries.append(_entry(name, spec, library, WORLD, "graph",
-                                  _spawn(_graph_rank, WORLD, budget, name, spec, str(args.out))))
-            print(json.dumps(entries[-1]), flush=True)
-    manifest = {"recorded": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-                "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), "host": platform.node(),
-                "device": torch.cuda.get_device_name() if torch.cuda.is_available() and not args.gloo else "cpu",
-                "mps": bool(os.environ.get("CUDA_MPS_PIPE_DIRECTORY")), "torch": torch.__version__,
-                "traces": entries}
-    (args.out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+            flashinfer = spec.startswith("flashinfer")
+            if flashinfer:
+                record(_entry(*NCCL_TRACE, 1, "eager", _spawn(_nccl_rank, 1, BACKEND_BUDGET_S, str(args.out))))
+            budget = max(MIN_BUDGET_S, deadline - time.monotonic()) if flashinfer else BACKEND_BUDGET_S
+            record(_entry(name, spec, library, WORLD, "graph",
+                          _spawn(_graph_rank, WORLD, budget, name, spec, str(args.out))))
     print(f"wrote {args.out}/manifest.json: {sum(1 for e in entries if 'skipped' not in e)} of {len(entries)} recorded")
     return 0
+
+
+def _write_manifest(out: Path, entries: list[dict[str, Any]], device: str | None) -> None:
+    manifest = {"recorded": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), "host": platform.node(),
+                "device": device or next((e["device"] for e in entries if e.get("device")), "unknown"),
+                "mps": bool(os.environ.get("CUDA_MPS_PIPE_DIRECTORY")), "torch": torch.__version__,
+                "traces": entries}
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
 
 
 if __name__ == "__main__":
