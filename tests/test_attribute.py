@@ -68,6 +68,14 @@ def test_unknown_communication_is_never_compute() -> None:
     assert classify("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64").kind == "compute"
 
 
+def test_unclassified_communication_is_listed_apart(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    trace = tmp_path / "t.json"
+    _graph_trace(trace, "void lab::my_allreduce_kernel<float>(float*)")
+    code, out, _ = attribute_cli(capsys, str(trace))
+    assert code == 0 and "no allreduce kernel in any step" in out
+    assert "unclassified communication (counted neither as compute nor as allreduce): lab::my_allreduce_kernel<> x12" in out
+
+
 def test_a_name_two_libraries_claim_is_ambiguous() -> None:
     patterns = (_pattern((r"\bshared_kernel\b", "lib A", "", ""), "a.py"),
                 _pattern((r"\bshared_kernel\b", "lib B", "", ""), "b.py"))

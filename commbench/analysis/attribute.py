@@ -12,7 +12,7 @@ import argparse
 import re
 import statistics
 import textwrap
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -225,7 +225,7 @@ def main(args: argparse.Namespace) -> int:
         print(textwrap.fill(run_provenance(run), WIDTH, subsequent_indent="  "))
     for r in results:
         phases = ", ".join(f"{n} {p if p != '-' else 'other'}" for p, n in
-                           sorted(_count(s.phase for s in r.steps).items()))
+                           sorted(Counter(s.phase for s in r.steps).items()))
         print(textwrap.fill(f"rank {r.rank}: {r.rule} rule ({r.rule_detail}): {phases or 'no steps'}; "
                             f"{r.outside_kernels} kernels outside steps", WIDTH, subsequent_indent="  "))
     summaries = [s for s in (summarise(steps, p) for p in ("decode", "prefill", "-")) if s]
@@ -251,12 +251,13 @@ def main(args: argparse.Namespace) -> int:
     outside = sum(len(r.outside_allreduce) for r in results)
     if outside:
         print(f"{outside} allreduce kernels ran outside the steps (eager work or prefill between replays)")
-    unclassified = defaultdict(int)
+    unclassified: Counter[str] = Counter()
     for r in results:
         for name, n in r.unclassified.items():
             unclassified[name] += n
     for name, n in sorted(unclassified.items(), key=lambda kv: -kv[1]):
-        print(f"unclassified communication (not counted as compute nor as allreduce): {short_name(name)} x{n}")
+        print(textwrap.fill(f"unclassified communication (counted neither as compute nor as allreduce): "
+                            f"{short_name(name)} x{n}", WIDTH, subsequent_indent="  "))
 
     floor: list[FloorLine] = []
     if run is not None:
@@ -272,13 +273,6 @@ def main(args: argparse.Namespace) -> int:
         "summary": [asdict(s) for s in summaries], "kernels": [asdict(k) for k in kernels],
         "floor": [asdict(f) for f in floor]})
     return 0
-
-
-def _count(values: Any) -> dict[str, int]:
-    out: dict[str, int] = defaultdict(int)
-    for v in values:
-        out[v] += 1
-    return out
 
 
 def step_json(s: Step) -> dict[str, Any]:
