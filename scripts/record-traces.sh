@@ -33,8 +33,8 @@ if command -v nvidia-cuda-mps-control >/dev/null; then
 else
   echo "# nvidia-cuda-mps-control not found: ranks take turns on the GPU"
 fi
-# Each backend gets 60 s at most (FlashInfer, last, what is left of 200 s, at least 20): under 4 minutes in all.
-timeout 230 python3 scripts/record-traces.py --out "$dest" 2>&1 | grep -v '^USDT:' | tee "$logs/record.log"
+# Each backend gets 60 s at most; FlashInfer, last, what is left of 330 s (its first JIT build takes about 2.5 min): 6 minutes at most.
+timeout 360 python3 scripts/record-traces.py --out "$dest" 2>&1 | grep -v '^USDT:' | tee "$logs/record.log"
 status=${PIPESTATUS[0]}
 ls -la "$dest"
 exit "$status"
