@@ -50,7 +50,9 @@ TRACE_KERNELS = (
     (r"\bncclDevKernel_AllReduce_", "NCCL", r"^nccl$",
      "the name does not tell the protocol that ran (Simple/LL128/NVLS run inside it; nccl#1595, #2196)"),
     (r"\bncclKernel_AllReduce_", "NCCL <= 2.18", r"^nccl$", ""),
-    (r"[Oo]neRankReduce\b", "NCCL (one rank)", r"^nccl$", "world size 1: a local scale, no communication"),
+    # The device symbol comes mangled, template arguments glued on ("..._onerank_cu_..._
+    # oneRankReduceI13FuncPreMulSum...", recorded on an H200): no word boundary after the name.
+    (r"[Oo]neRankReduce", "NCCL (one rank)", r"^nccl$", "world size 1: a local scale, no communication"),
 )
 
 

@@ -363,9 +363,13 @@ def _independent_steps(paths: list[Path], kernel: re.Pattern[str]) -> list[tuple
     out = []
     for path in paths:
         events = json.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
+        # A replay's kernels share the correlation id of its cudaGraphLaunch (this kineto build
+        # records no "graph id" on them).
+        launches = {e["args"]["correlation"] for e in events
+                    if e.get("cat") == "cuda_runtime" and e.get("name") == "cudaGraphLaunch"}
         replays: dict[int, list[dict]] = {}
         for e in events:
-            if e.get("cat") == "kernel" and "graph id" in e.get("args", {}):
+            if e.get("cat") == "kernel" and e.get("args", {}).get("correlation") in launches:
                 replays.setdefault(e["args"]["correlation"], []).append(e)
         for kernels in replays.values():
             wall = max(k["ts"] + k["dur"] for k in kernels) - min(k["ts"] for k in kernels)

@@ -2,8 +2,8 @@
 
 Step rules, tried in this order unless one is asked for (the rule used is always printed):
 
-- graph: every CUDA-graph replay is one step (its kernels share the launch's correlation id and
-  carry a "graph id"); kernels outside replays (eager work, prefill) belong to no step. An engine
+- graph: every CUDA-graph replay is one step (its kernels share the correlation id of the
+  cudaGraphLaunch, and carry a "graph id" where the profiler records one); kernels outside replays (eager work, prefill) belong to no step. An engine
   that replays several graph pieces per step (piecewise capture) shows one step per piece: use
   the annotation rule for it.
 - annotation: the engine's step annotations (vLLM's "gpu_model_runner: forward", torch.profiler's
@@ -35,6 +35,7 @@ RULES = ("graph", "annotation", "gap")
 # schedule marks each profiler step as ProfilerStep#N.
 ENGINE_STEP_ANNOTATION = re.compile(r"^gpu_model_runner: forward$")
 PROFILER_STEP_ANNOTATION = re.compile(r"^ProfilerStep#\d+$")
+GRAPH_LAUNCH = re.compile(r"GraphLaunch", re.IGNORECASE)   # cudaGraphLaunch, cuGraphLaunch
 MIN_GAP_US = 100.0
 GAP_MEDIAN_FACTOR = 20.0
 # How far back, among a host thread's collective ops sorted by start, a launch looks for the op
@@ -169,8 +170,17 @@ class _SizeFinder:
         return best.message_bytes if best else None
 
 
-def _graph_groups(kernels: list[Kernel]) -> list[list[Kernel]] | None:
-    replayed = [k for k in kernels if k.graph_id is not None and k.correlation is not None]
+def _replayed(trace: RankTrace, kernel: Kernel) -> bool:
+    """Run by a CUDA-graph replay: the kernel carries a graph id, or (profilers that record none,
+    as torch 2.11's kineto on an H200 did) its correlation id is that of a graph launch."""
+    if kernel.graph_id is not None:
+        return True
+    launch = trace.launches.get(kernel.correlation) if kernel.correlation is not None else None
+    return launch is not None and GRAPH_LAUNCH.search(launch.name) is not None
+
+
+def _graph_groups(trace: RankTrace, kernels: list[Kernel]) -> list[list[Kernel]] | None:
+    replayed = [k for k in kernels if k.correlation is not None and _replayed(trace, k)]
     if not replayed:
         return None
     groups: dict[int, list[Kernel]] = defaultdict(list)
@@ -257,7 +267,7 @@ def analyse_rank(trace: RankTrace, rank: int, size_hint: SizeHint, rule: str = "
     groups: list[tuple[str | None, list[Kernel]]] = []
     used, detail = "", ""
     if rule in ("auto", "graph"):
-        graph = _graph_groups(items)
+        graph = _graph_groups(trace, items)
         if graph:
             groups = [(None, g) for g in graph]
             used, detail = "graph", "one CUDA-graph replay per step"
@@ -281,7 +291,7 @@ def analyse_rank(trace: RankTrace, rank: int, size_hint: SizeHint, rule: str = "
 
     def call_of(k: Kernel) -> Call:
         c = kinds[k.name]
-        call = Call(k.name, c.library, c.floor_variants, c.note, k.ts_us, k.dur_us, k.stream, k.graph_id is not None)
+        call = Call(k.name, c.library, c.floor_variants, c.note, k.ts_us, k.dur_us, k.stream, _replayed(trace, k))
         recorded = sizes.size(k)
         if recorded is not None:
             call.message_bytes, call.size_from = recorded, "recorded"
@@ -296,7 +306,7 @@ def analyse_rank(trace: RankTrace, rank: int, size_hint: SizeHint, rule: str = "
         if not members:
             continue
         in_step.update(id(k) for k in members)
-        replayed = all(k.graph_id is not None for k in members)
+        replayed = all(_replayed(trace, k) for k in members)
         step = Step(rank, len(steps), _phase(annotation_name, replayed),
                     members[0].ts_us, max(k.end_us for k in members),
                     union_length([(k.ts_us, k.end_us) for k in members]), kernels=members)
