@@ -68,6 +68,25 @@ PLAIN_HIDDEN = 4096             # elements per token when a plain size is reshap
 BYTES_PER_ACCESS = 16           # the kernels load 16 bytes per thread: hidden must be a multiple
 WORKSPACE_ROW = 256             # workspace sized as rows of this many elements (only the product counts)
 BARRIER_FLAGS = 256             # trtllm_ar.BarrierFlagCount, for the allocation probe
+
+# Kernel names this family's allreduce leaves in a profiler trace, read by `commbench attribute`
+# with ast, without importing this module (docs/attribute.md): (regex searched in the demangled
+# name, library, regex over this family's run variants that are its floor, note).
+# FlashInfer csrc/ and include/flashinfer/comm/: trtllm_allreduce_fusion.cuh (fusion kernels,
+# template Pattern: 0 plain allreduce, else + residual/RMSNorm), trtllm_moe_allreduce_fusion.cuh,
+# trtllm_mnnvl_allreduce.cuh, trtllm_allreduce.cuh (legacy), flashinfer/comm/pcie_ipc_* (PCIe IPC).
+TRACE_KERNELS = (
+    (r"\bflashinfer::trtllm_allreduce_fusion::allreduce_fusion_kernel_oneshot_lamport\b", "FlashInfer TRT-LLM fusion one-shot",
+     r"^flashinfer:trtllm_oneshot$", "a fused pattern also adds the residual and RMSNorm"),
+    (r"\bflashinfer::trtllm_allreduce_fusion::allreduce_fusion_kernel_twoshot_sync\b", "FlashInfer TRT-LLM fusion two-shot",
+     r"^flashinfer:trtllm_twoshot$", "a fused pattern also adds the residual and RMSNorm"),
+    (r"\bmoereduce_allreduce_fusion_kernel", "FlashInfer MoE allreduce fusion", "", ""),
+    (r"\b(oneshotAllreduceFusionKernel|twoshotAllreduceKernel|rmsNormLamport)\b", "FlashInfer MNNVL",
+     r"^flashinfer:mnnvl$", ""),
+    (r"\btrtllm_allreduce::\w*(oneShotAllReduceKernel|twoShotAllReduceKernel|lamport_style_one_shot_all_reduce)",
+     "FlashInfer legacy TRT-LLM allreduce", "", ""),
+    (r"\bflashinfer::comm::pcie_ipc::", "FlashInfer PCIe IPC", r"^flashinfer:pcie_ipc$", ""),
+)
 MAX_COMM_SIZE = 2147483647 & ~((1 << 21) - 1)   # trtllm_ar.MAX_COMM_SIZE (2145386496): Lamport buffer cap
 K_ALLREDUCE = 0                 # AllReduceFusionPattern.kAllReduce
 K_AR_RESIDUAL_RMSNORM = 1       # AllReduceFusionPattern.kARResidualRMSNorm

@@ -65,6 +65,17 @@ DEFAULT_ALGORITHMS = (
     "default_allreduce_rsag_zero_copy",
 )
 BOOTSTRAP_TIMEOUT_S = 120
+
+# Kernel names this family's allreduce leaves in a profiler trace, read by `commbench attribute`
+# with ast, without importing this module (docs/attribute.md): (regex searched in the demangled
+# name, library, regex over this family's run variants that are its floor, note).
+# microsoft/mscclpp 0.9 src/ext/collectives (mscclpp::collective::allreduce*, DSL executionKernel)
+# and SGLang sgl-kernel csrc/allreduce/mscclpp_allreduce.cuh (sglang::allreduce_1shotLL_*).
+TRACE_KERNELS = (
+    (r"\bmscclpp::collective::allreduce", "MSCCL++", r"^mscclpp", ""),
+    (r"\bmscclpp::executionKernel\b", "MSCCL++ DSL", r"^mscclpp", "an execution plan: may run any collective"),
+    (r"\bsglang::allreduce_1shotLL_\dnode\b", "SGLang MSCCL++ allreduce", r"^mscclpp", ""),
+)
 # One process, one rank: what docs/mscclpp.md's case 6 ran. Prints after each step, so the
 # last line printed says how far it got.
 BOOTSTRAP_CHECK = """

@@ -39,6 +39,22 @@ from commbench.topology.needs import full_nvlink
 
 MULTICAST_ALGORITHMS = ("NVLS", "NVLSTree")
 
+# Kernel names this family's allreduce leaves in a profiler trace, read by `commbench attribute`
+# with ast, without importing this module (docs/attribute.md): (regex searched in the demangled
+# name, library, regex over this family's run variants that are its floor, note).
+# Names from NVIDIA/nccl src/device/generate.py (>= 2.19: ncclDevKernel_<Coll>_<Op>_<Ty>_<ALGO>_<PROTO>,
+# only RING_LL/TREE_LL specialised; ncclDevKernel_Generic names no collective, so attribute lists it as
+# unclassified communication), <= 2.18's ncclKernel_*,
+# and src/enqueue.cc's oneRankReduce (world 1, PreMulSum ops such as AVG).
+TRACE_KERNELS = (
+    (r"\bncclDevKernel_AllReduce_", "NCCL", r"^nccl$",
+     "the name does not tell the protocol that ran (Simple/LL128/NVLS run inside it; nccl#1595, #2196)"),
+    (r"\bncclKernel_AllReduce_", "NCCL <= 2.18", r"^nccl$", ""),
+    # The device symbol comes mangled, template arguments glued on ("..._onerank_cu_..._
+    # oneRankReduceI13FuncPreMulSum...", recorded on an H200): no word boundary after the name.
+    (r"[Oo]neRankReduce", "NCCL (one rank)", r"^nccl$", "world size 1: a local scale, no communication"),
+)
+
 
 def _normalise(values: list[str], allowed: tuple[str, ...], what: str) -> list[str]:
     by_lower = {a.lower(): a for a in allowed}

@@ -52,6 +52,16 @@ SYMM_DTYPES = (torch.bfloat16, torch.float16, torch.float32)   # sum on float ty
 VLLM_SYMM_ENV = {"VLLM_USE_NCCL_SYMM_MEM": "1"}
 SGLANG_SYMM_FLAG = "--enable-symm-mem"
 
+# Kernel names this family's allreduce leaves in a profiler trace, read by `commbench attribute`
+# with ast, without importing this module (docs/attribute.md): (regex searched in the demangled
+# name, library, regex over this family's run variants that are its floor, note).
+# NVIDIA/nccl src/device/symmetric/generate.py: 2.27 ncclSymDevKernel_AllReduce_<algo>_sum_<ty>,
+# 2.28+ ncclSymkDevKernel_AllReduce_{AGxLL_R,AGxLLMC_R,RSxLD_AGxST,...}_sum_<ty> (+ _profile twin).
+TRACE_KERNELS = (
+    (r"\bncclSymk?DevKernel_AllReduce_", "NCCL symmetric", r"^nccl:symm",
+     "NCCL's symmetric-memory kernel (window-registered buffers)"),
+)
+
 
 def registration_reason() -> str | None:
     """Why this torch cannot register a pool as symmetric windows; None when it can."""

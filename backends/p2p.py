@@ -144,6 +144,18 @@ FLOOR_VARIANTS = ("oneshot_lamport", "oneshot")      # the variants that also ru
 # The name a rule or a row gives a kernel: the variant that runs it alone.
 KERNEL_VARIANT = {kernels[0]: name for name, kernels in VARIANTS.items() if len(kernels) == 1}
 
+# Kernel names this family's allreduce leaves in a profiler trace, read by `commbench attribute`
+# with ast, without importing this module (docs/attribute.md): (regex searched in the demangled
+# name, library, regex over this family's run variants that are its floor, note).
+# The kernels of p2p_allreduce.cu beside this file (KERNEL_NAMES): no serving engine runs them.
+TRACE_KERNELS = (
+    (r"\bp2p_ll_oneshot\b", "commbench p2p", r"^p2p:oneshot_lamport$", ""),
+    (r"\bp2p_ll_twoshot\b", "commbench p2p", r"^p2p:twoshot_lamport$", ""),
+    (r"\bp2p_oneshot_push\b", "commbench p2p", r"^p2p:oneshot$", ""),
+    (r"\bp2p_oneshot_pull\b", "commbench p2p", r"^p2p:oneshot_pull$", ""),
+    (r"\bp2p_twoshot_push\b", "commbench p2p", r"^p2p:twoshot$", ""),
+)
+
 # Auto calibration: graph-replayed kernel time at these sizes (up to the buffer size).
 CALIBRATION_SIZES = tuple(4096 << k for k in range(12))   # 4 KiB ... 8 MiB
 # Calls per graph: enough that launch and timer noise average out at small sizes, fewer at

@@ -35,6 +35,17 @@ ALGOS = ("one_shot", "two_shot", "multimem")
 TORCH_OPS = {"one_shot": "one_shot_all_reduce_out", "two_shot": "two_shot_all_reduce_",
              "multimem": "multimem_all_reduce_"}
 
+# Kernel names this family's allreduce leaves in a profiler trace, read by `commbench attribute`
+# with ast, without importing this module (docs/attribute.md): (regex searched in the demangled
+# name, library, regex over this family's run variants that are its floor, note).
+# pytorch torch/csrc/distributed/c10d/symm_mem/CUDASymmetricMemoryOps.cu (no end anchor: releases add
+# suffixed variants such as _inplace)
+TRACE_KERNELS = (
+    (r"\bone_shot_all_reduce_kernel", "torch symm-mem one-shot", r"^symm_mem:one_shot$", ""),
+    (r"\btwo_shot_all_reduce_kernel", "torch symm-mem two-shot", r"^symm_mem:two_shot$", ""),
+    (r"\bmultimem_(one_shot_)?all_reduce_kernel", "torch symm-mem multimem", r"^symm_mem:multimem$", ""),
+)
+
 
 def _symm_mem_module() -> Any:
     import torch.distributed._symmetric_memory as symm_mem

@@ -24,6 +24,27 @@ NCCL_VERSION = "2.30.7"      # the NCCL whose environment semantics the settings
 
 # --- facts, with their sources --------------------------------------------------------------
 
+# Engines' own allreduce kernels as they appear in a profiler trace, for `commbench attribute`
+# (same layout as a backend module's TRACE_KERNELS: regex, library, floor variants, note). The
+# floor variants are the names of the engines' custom-allreduce backends (vllm:one_stage, ...,
+# sglang:1shot_pull, ...); these entries move into those backend modules once they are merged.
+TRACE_KERNELS = (
+    # vLLM csrc/custom_all_reduce.cuh; SGLang's sgl-kernel and FlashInfer's port keep the vllm:: names.
+    (r"\bvllm::cross_device_reduce_1stage\b",
+     "vLLM-style custom allreduce (vLLM, SGLang or FlashInfer's port)", r"^vllm:one_stage", ""),
+    (r"\bvllm::cross_device_reduce_2stage\b",
+     "vLLM-style custom allreduce (vLLM, SGLang or FlashInfer's port)", r"^vllm:two_stage", ""),
+    # SGLang python/sglang/jit_kernel/csrc/distributed/custom_all_reduce_{pull,push}.cuh (custom AR v2, JIT)
+    (r"\ball_reduce_one_shot_kernel\b", "SGLang JIT custom allreduce", r"^sglang:1shot_pull$", ""),
+    (r"\ball_reduce_one_shot_push_kernel\b", "SGLang JIT custom allreduce", r"^sglang:1shot_push$", ""),
+    (r"\ball_reduce_two_shot_kernel\b", "SGLang JIT custom allreduce", r"^sglang:2shot_pull$", ""),
+    # vLLM csrc/quickreduce (ROCm)
+    (r"\bquickreduce::allreduce_prototype_", "vLLM quick allreduce (ROCm)", "", ""),
+    # TensorRT-LLM cpp/tensorrt_llm/kernels/communicationKernels/allReduceFusionKernels.cu
+    (r"\btensorrt_llm::kernels::ar_fusion::", "TensorRT-LLM allreduce fusion", "", ""),
+)
+
+
 # vLLM's dispatch order tries FlashInfer and torch symm-mem before/around its custom allreduce
 # (vllm/distributed/device_communicators/cuda_communicator.py): turning them off makes the path
 # a backend stands for the one that runs.

@@ -194,6 +194,12 @@ BAD_INPUT = [
     (["import-nccl-tests", "{in}/not-utf8.csv", "--out", "out"], "not UTF-8 text (byte 22), not nccl-tests output"),
     (["import-nccl-tests", "{in}", "--out", "out"], "is a directory, not nccl-tests output"),
     (["import-nccl-tests", "{in}/binary.csv", "--setting", "nope", "--out", "out"], "malformed --setting 'nope'"),
+    # ---- attribute (more in tests/test_attribute.py)
+    (["attribute", "/no/such/trace.json"], "no such file"),
+    (["attribute", "{in}"], "is a directory, not a trace file"),
+    (["attribute", "{in}/binary.csv"], "not a Chrome trace JSON"),
+    (["attribute", "{in}/not-utf8.csv"], "not a profiler trace (not UTF-8 text)"),
+    (["attribute", "{in}/binary.csv", "--json", "{in}"], "--json {in}: is a directory"),
 ]
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from commbench.analysis import plots, provenance, render
+from commbench.analysis import attribute_plots, plots, provenance, render
 from commbench.analysis.fusion import COMPARISON_HEADERS, COMPARISON_NUMERIC, COMPARISON_TITLE, comparison_cells
 from commbench.analysis.curves import (Crossover, Curve, baseline_curve, baseline_name, build_curves, cautions,
                               crossovers, groups, is_failed_check, ranking, run_world_size, select, variant_label)
@@ -309,7 +309,8 @@ def crossover_html(section: Section, baseline: str | None) -> str:
 
 
 def write_html(run: Run, sections: list[Section], fused: list[list[str]],
-               images: dict[str, list[tuple[Path, str]]], baseline: str | None, path: Path) -> None:
+               images: dict[str, list[tuple[Path, str]]], baseline: str | None, path: Path,
+               trace: tuple[str, list[tuple[Path, str]]] = ("", [])) -> None:
     failed = [r for r in run.rows if is_failed_check(r)]
     parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>commbench report: "
              f"{_esc(run.info.get('run_id', run.path.name))}</title><style>{_CSS}</style></head><body>",
@@ -340,6 +341,7 @@ def write_html(run: Run, sections: list[Section], fused: list[list[str]],
     for title, imgs in images.items():
         parts.append(f"<h2>Plots: {_esc(title)}</h2>")
         parts.extend(_img(png, alt) for png, alt in imgs)
+    parts.extend([trace[0], *(_img(png, alt) for png, alt in trace[1])])
     parts.append("<h2>Backends and probe verdicts</h2>")
     parts.append(verdict_table(run))
     parts.append("<h2>NCCL each variant ran</h2>")
@@ -362,6 +364,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, help="where to write report.html and plots/ (default: the run dir)")
     parser.add_argument("--baseline", help="backend speedups are measured against (default: nccl, else gloo)")
     render.add_arguments(parser)
+    attribute_plots.add_arguments(parser)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -394,7 +397,9 @@ def main(args: argparse.Namespace) -> int:
             images.setdefault(dtype, []).append((paths[0], f"{name} {dtype}"))
     html_path = out / "report.html"
     fused = comparison_cells(run.rows)
-    write_html(run, sections, fused, images, baseline, html_path)
+    trace = attribute_plots.report_section(args, run, plot_dir)
+    written.extend(path for png, _ in trace[1] for path in (png, png.with_suffix(".svg")))
+    write_html(run, sections, fused, images, baseline, html_path, trace)
 
     print(provenance.describe(run))   # says "emulated: ..." for ranks that shared GPUs
     print(f"run {run.info.get('run_id', run.path.name)}: {status_counts(run.rows)}"

@@ -1,0 +1,348 @@
+"""`commbench attribute`: what does the engine pay for allreduce now?
+
+Reads serving profiler traces (PyTorch/kineto Chrome traces as vLLM, SGLang and torch.profiler
+write them, one per rank or merged; Nsight Systems sqlite exports), names the library of every
+allreduce kernel, splits the trace into steps and measures the allreduce share of each; with
+--run, sets every call against the same library's floor measured on this box. No torch here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import textwrap
+from collections import Counter, defaultdict
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from commbench import engines
+from commbench.analysis import decide, models, provenance, render
+from commbench.analysis.attribute_floor import Alternative, FloorLine, Priced, against_floor
+from commbench.analysis.attribution import RULES, RankResult, SizeHint, Step, analyse_rank
+from commbench.analysis.curves import Curve, decode_curves
+from commbench.analysis.render import fmt_us
+from commbench.analysis.trace_read import RankTrace, read_trace
+from commbench.errors import UsageError
+from commbench.files import check_file_target, write_json
+from commbench.results import Run, load_run, percentile
+from commbench.units import DTYPE_BYTES, dtype_name, format_bytes
+
+SGLANG_RANK = re.compile(r"-TP-(\d+)")
+KERNEL_NAME_CHARS = 30
+WIDTH = 100
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("traces", nargs="+", type=Path, metavar="TRACE",
+                        help="profiler traces: .json/.json.gz (one per rank or merged) or nsys .sqlite")
+    parser.add_argument("--run", help="results dir of a sweep on the same box: price each call against its floor")
+    parser.add_argument("--model", help="model preset: hidden size and dtype for calls without a recorded size")
+    parser.add_argument("--hidden", type=int, help="hidden size, for calls without a recorded size")
+    parser.add_argument("--batch", type=int, help="tokens per decode step (message = batch x hidden x dtype)")
+    parser.add_argument("--dtype", default=None, help="activation dtype with --hidden: bf16 (default), fp16, fp32")
+    parser.add_argument("--steps", choices=("auto", *RULES), default="auto",
+                        help="how to split steps: auto = graph replays, else annotations, else gaps")
+    parser.add_argument("--step-annotation", help="regex of the engine's step annotation (annotation rule)")
+    parser.add_argument("--gap-us", type=float, help="gap rule: idle time that starts a new step (default: auto)")
+    parser.add_argument("--engine", choices=tuple(engines.ENGINE_NAMES),
+                        help="with --run: also price the fastest path this engine can take on that box")
+    parser.add_argument("--json", metavar="FILE", help="also write the result as JSON ('-' for stdout)")
+    render.add_arguments(parser)
+
+
+def size_hint(args: argparse.Namespace) -> SizeHint:
+    if args.model and args.hidden:
+        raise UsageError("give --model or --hidden, not both")
+    if args.batch is not None and args.batch <= 0:
+        raise UsageError(f"--batch must be a positive number of tokens (got {args.batch})")
+    hidden, dtype = args.hidden, dtype_name(args.dtype) if args.dtype else "bf16"
+    if args.model:
+        model = models.lookup(args.model)
+        hidden, dtype = model.hidden, dtype_name(args.dtype) if args.dtype else model.dtype
+    if hidden is not None and hidden <= 0:
+        raise UsageError(f"--hidden must be positive (got {hidden})")
+    if hidden and args.batch:
+        return SizeHint(args.batch * hidden * DTYPE_BYTES[dtype], f"{args.batch} x {hidden} x {dtype}")
+    return SizeHint(None, "unknown")
+
+
+def load_ranks(paths: list[Path]) -> list[tuple[int, RankTrace]]:
+    """Every rank of every file, numbered; bad or mismatched input raises UsageError."""
+    traces: list[RankTrace] = []
+    for path in paths:
+        for trace in read_trace(path):
+            if not any(k.is_kernel for k in trace.kernels):
+                raise UsageError(f"{path}: no GPU kernels in this trace (a CPU-only profile? record with "
+                                 "ProfilerActivity.CUDA)")
+            if trace.rank is None and (m := SGLANG_RANK.search(path.name)):
+                trace.rank = int(m.group(1))
+            traces.append(trace)
+    worlds = {t.world_size for t in traces if t.world_size is not None}
+    if len(worlds) > 1:
+        raise UsageError(f"mismatched ranks: the traces come from world sizes {sorted(worlds)}")
+    if all(t.rank is None for t in traces):
+        return list(enumerate(traces))
+    seen: dict[int, str] = {}
+    for t in traces:
+        if t.rank is None:
+            raise UsageError(f"mismatched ranks: {t.source} names no rank, the other traces do")
+        if t.rank in seen:
+            raise UsageError(f"mismatched ranks: rank {t.rank} in both {seen[t.rank]} and {t.source}")
+        if worlds and not 0 <= t.rank < next(iter(worlds)):
+            raise UsageError(f"mismatched ranks: {t.source} is rank {t.rank} of world size {next(iter(worlds))}")
+        seen[t.rank] = t.source
+    return sorted(((t.rank, t) for t in traces), key=lambda x: x[0])  # type: ignore[misc]
+
+
+def analyse_traces(paths: list[Path], hint: SizeHint, rule: str = "auto", annotation: re.Pattern[str] | None = None,
+                   gap_us: float | None = None) -> tuple[list[tuple[int, RankTrace]], list[RankResult]]:
+    ranks = load_ranks(paths)
+    return ranks, [analyse_rank(t, rank, hint, rule, annotation, gap_us) for rank, t in ranks]
+
+
+def floor_lines(run: Run, ranks: list[tuple[int, RankTrace]], results: list[RankResult], dtype: str | None,
+                batch: int | None, alternative: Alternative | None = None) -> list[FloorLine]:
+    """The decode steps' calls (all steps where none is told to be decode) against the run;
+    `alternative` (attribute_floor.Alternative) adds what the engine could take instead."""
+    world = ranks[0][1].world_size or len(ranks)
+    curves = decode_curves(run, world, dtype_name(dtype) if dtype else "bf16", "auto")
+    steps = [s for r in results for s in r.steps]
+    decode = [s for s in steps if s.phase == "decode"] or steps
+    return against_floor(decode, curves, batch, alternative)
+
+
+def engine_alternative(engine: str, run: Run, world_size: int, dtype: str) -> Alternative:
+    """recommend's choice at one size: the fastest path `engine` can take on the run's box, priced
+    by the engine's own kernel or a library it runs (a stand-in for a kernel is no price)."""
+    def choose(curves: list[Curve], message_bytes: int) -> Curve | None:
+        _, price = decide.best_path_at(engine, run, curves, world_size, dtype, message_bytes)
+        if price is None or price.stand_in:
+            return None
+        return next((c for c in curves if c.label == price.curve), None)
+    return choose
+
+
+def trace_provenance(ranks: list[tuple[int, RankTrace]]) -> str:
+    first = ranks[0][1]
+    what = first.provenance or "a profiler trace as given"
+    world = first.world_size
+    device = f", {first.device_name}" if first.device_name else ""
+    numbers = ", ".join(str(r) for r, _ in ranks)
+    of_world = f" of world size {world}" if world else ""
+    return f"trace: {what}; rank(s) {numbers}{of_world}; {first.trace_format} format{device}"
+
+
+def run_provenance(run: Run) -> str:
+    return provenance.describe(run)
+
+
+def clip(text: str, chars: int) -> str:
+    return text if len(text) <= chars else text[:chars - 3] + "..."
+
+
+def short_name(name: str) -> str:
+    """A kernel name without 'void', template arguments and parameters."""
+    text = name[5:] if name.startswith("void ") else name
+    text = text.replace("(anonymous namespace)", "{anon}")
+    out, depth = [], 0
+    for ch in text:
+        if ch in "<(":
+            if depth == 0:
+                out.append("<>" if ch == "<" else "")
+            depth += 1
+        elif ch in ">)":
+            depth = max(0, depth - 1)
+        elif depth == 0:
+            out.append(ch)
+    short = "".join(out).strip()
+    while len(short) > KERNEL_NAME_CHARS and "::" in short:   # namespaces go first
+        short = short.split("::", 1)[1]
+    return clip(short, KERNEL_NAME_CHARS)
+
+
+@dataclass
+class StepSummary:
+    steps: int
+    phase: str
+    wall_us: float
+    busy_us: float
+    allreduce_calls: float
+    allreduce_us: float
+    call_p50_us: float | None
+    call_p90_us: float | None
+    share: float
+    overlap_us: float
+
+
+def summarise(steps: list[Step], phase: str) -> StepSummary | None:
+    chosen = [s for s in steps if s.phase == phase]
+    phase = "other" if phase == "-" else phase
+    if not chosen:
+        return None
+    calls = sorted(c.dur_us for s in chosen for c in s.calls)
+
+    def med(values: list[float]) -> float:
+        return statistics.median(values)
+    return StepSummary(len(chosen), phase, med([s.wall_us for s in chosen]), med([s.busy_us for s in chosen]),
+                       med([len(s.calls) for s in chosen]), med([s.allreduce_us for s in chosen]),
+                       percentile(calls, 50) if calls else None, percentile(calls, 90) if calls else None,
+                       med([s.share for s in chosen]), med([s.overlap_us for s in chosen]))
+
+
+@dataclass
+class KernelRow:
+    library: str
+    kernel: str
+    calls: int
+    per_step: float
+    sizes: list[int]
+    size_from: str
+    p50_us: float
+    p90_us: float
+    note: str
+
+
+def kernel_rows(results: list[RankResult]) -> list[KernelRow]:
+    steps = sum(len(r.steps) for r in results)
+    by_name: dict[str, list[Any]] = defaultdict(list)
+    for r in results:
+        for s in r.steps:
+            for c in s.calls:
+                by_name[c.name].append(c)
+    rows = []
+    for name, calls in sorted(by_name.items(), key=lambda kv: -len(kv[1])):
+        durations = sorted(c.dur_us for c in calls)
+        rows.append(KernelRow(calls[0].library, name, len(calls), len(calls) / steps if steps else 0.0,
+                              sorted({c.message_bytes for c in calls if c.message_bytes is not None}),
+                              calls[0].size_from, percentile(durations, 50), percentile(durations, 90), calls[0].note))
+    return rows
+
+
+def main(args: argparse.Namespace) -> int:
+    check_file_target(args.json, "--json")
+    hint = size_hint(args)
+    if args.gap_us is not None and not args.gap_us > 0:
+        raise UsageError(f"--gap-us must be positive (got {args.gap_us})")
+    try:
+        annotation = re.compile(args.step_annotation) if args.step_annotation else None
+    except re.error as exc:
+        raise UsageError(f"--step-annotation: not a regular expression ({exc})") from None
+    if args.engine and not args.run:
+        raise UsageError("--engine prices the engine's fastest path from a sweep of the box: give --run too")
+    run = load_run(args.run) if args.run else None
+    ranks, results = analyse_traces(args.traces, hint, args.steps, annotation, args.gap_us)
+    steps = [s for r in results for s in r.steps]
+
+    print(textwrap.fill(trace_provenance(ranks), WIDTH, subsequent_indent="  "))
+    if run is not None:
+        print(textwrap.fill(run_provenance(run), WIDTH, subsequent_indent="  "))
+    for r in results:
+        phases = ", ".join(f"{n} {p if p != '-' else 'other'}" for p, n in
+                           sorted(Counter(s.phase for s in r.steps).items()))
+        print(textwrap.fill(f"rank {r.rank}: {r.rule} rule ({r.rule_detail}): {phases or 'no steps'}; "
+                            f"{r.outside_kernels} kernels outside steps", WIDTH, subsequent_indent="  "))
+    summaries = [s for s in (summarise(steps, p) for p in ("decode", "prefill", "-")) if s]
+    print()
+    print(render.table(["phase", "steps", "wall_us", "busy_us", "ARs", "AR_us", "p50/call", "p90/call", "share",
+                  "overlap_us"],
+                 [[s.phase, str(s.steps), fmt_us(s.wall_us), fmt_us(s.busy_us), f"{s.allreduce_calls:g}",
+                   fmt_us(s.allreduce_us), fmt_us(s.call_p50_us), fmt_us(s.call_p90_us), f"{100 * s.share:.1f}%",
+                   fmt_us(s.overlap_us)] for s in summaries], right=range(1, 10), wide=args.wide, width=WIDTH))
+    print("(medians over the steps of all ranks; share = allreduce time / step wall; overlap = allreduce\n"
+          " time beside compute on another stream; other = steps not told apart as decode or prefill)")
+    kernels = kernel_rows(results)
+    print()
+    if kernels:
+        print(render.table(["library", "kernel", "calls", "/step", "size", "p50_us", "p90_us"],
+                     [[k.library, short_name(k.kernel), str(k.calls), f"{k.per_step:.1f}",
+                       "/".join(format_bytes(b) for b in k.sizes) or "unknown", fmt_us(k.p50_us), fmt_us(k.p90_us)]
+                      for k in kernels], right=(2, 3, 5, 6), wide=args.wide, width=WIDTH))
+        for note in dict.fromkeys(f"{k.library}: {k.note}" for k in kernels if k.note):
+            print(textwrap.fill(f"note: {note}", WIDTH, subsequent_indent="  "))
+    else:
+        print("no allreduce kernel in any step")
+    outside = sum(len(r.outside_allreduce) for r in results)
+    if outside:
+        print(f"{outside} allreduce kernels ran outside the steps (eager work or prefill between replays)")
+    unclassified: Counter[str] = Counter()
+    for r in results:
+        for name, n in r.unclassified.items():
+            unclassified[name] += n
+    for name, n in sorted(unclassified.items(), key=lambda kv: -kv[1]):
+        print(textwrap.fill(f"unclassified communication (counted neither as compute nor as allreduce): "
+                            f"{short_name(name)} x{n}", WIDTH, subsequent_indent="  "))
+
+    floor: list[FloorLine] = []
+    if run is not None:
+        world = ranks[0][1].world_size or len(ranks)
+        alternative = (engine_alternative(args.engine, run, world, dtype_name(args.dtype) if args.dtype else "bf16")
+                       if args.engine else None)
+        floor = floor_lines(run, ranks, results, args.dtype, args.batch, alternative)
+        print()
+        print(floor_text(floor, args.wide))
+        if args.engine and floor and not any(f.alternative for f in floor):
+            print(textwrap.fill(f"what {engines.ENGINE_NAMES[args.engine]} could take instead: no path it can take "
+                                "on this box was measured in the run at these sizes (its own kernels or a library "
+                                "it runs; a stand-in is no price; `commbench recommend` says why per path)",
+                                WIDTH, subsequent_indent="  "))
+    write_json(args.json, {
+        "trace": trace_provenance(ranks), "run": run_provenance(run) if run else None,
+        "ranks": [{"rank": r.rank, "source": r.source, "rule": r.rule, "rule_detail": r.rule_detail,
+                   "outside_kernels": r.outside_kernels, "outside_allreduce": len(r.outside_allreduce),
+                   "unclassified": r.unclassified,
+                   "steps": [step_json(s) for s in r.steps]} for r in results],
+        "summary": [asdict(s) for s in summaries], "kernels": [asdict(k) for k in kernels],
+        "floor": [asdict(f) for f in floor]})
+    return 0
+
+
+def step_json(s: Step) -> dict[str, Any]:
+    return {"index": s.index, "phase": s.phase, "start_us": s.start_us, "wall_us": s.wall_us, "busy_us": s.busy_us,
+            "allreduce_calls": len(s.calls), "allreduce_us": s.allreduce_us, "share": s.share,
+            "call_p50_us": s.call_percentile(50), "call_p90_us": s.call_percentile(90), "overlap_us": s.overlap_us,
+            "unclassified_calls": len(s.other_comm),
+            "calls": [{"library": c.library, "kernel": c.name, "ts_us": c.ts_us, "dur_us": c.dur_us,
+                       "message_bytes": c.message_bytes, "size_from": c.size_from, "overlap_us": c.overlap_us}
+                      for c in s.calls]}
+
+
+def _priced_cells(f: FloorLine, p: Priced, size: str) -> list[str]:
+    return [f.library, size, f"{f.calls_per_step:g}", fmt_us(f.engine_p50_us), fmt_us(p.latency_us),
+            f"{p.saving_per_call_us:+.1f}", f"{p.saving_per_step_us:+.0f}",
+            "-" if p.saving_per_token_us is None else f"{p.saving_per_token_us:+.1f}", f"{100 * p.share_of_step:+.1f}%"]
+
+
+def _priced_table(lines: list[FloorLine], which: str, head: str, word: str, wide: bool) -> list[str]:
+    rows = [_priced_cells(f, getattr(f, which), format_bytes(f.message_bytes or 0))
+            for f in lines if getattr(f, which) is not None]
+    if not rows:
+        return []
+    out = [render.table(["library", "size", "/step", "engine_us", head, "d/call", "d/step_us", "d/token_us",
+                         "of step"], rows, right=range(1, 9), wide=wide, width=WIDTH)]
+    for f in lines:
+        p = getattr(f, which)
+        if p is not None:
+            out.append(textwrap.fill(f"{f.library} at {format_bytes(f.message_bytes or 0)}: {word} {p.variant} "
+                                     f"({p.source}); size from {f.size_from}", WIDTH,
+                                     initial_indent="  ", subsequent_indent="    "))
+    return out
+
+
+def floor_text(lines: list[FloorLine], wide: bool = False) -> str:
+    if not lines:
+        return "against the floor: no allreduce calls in the steps"
+    out = ["against the floor: the same library's fastest trusted rows in the run at that size\n"
+           "(d = engine minus floor: + = the engine pays more; of step = d/step over the mean step wall)"]
+    out += _priced_table(lines, "floor", "floor_us", "floor row", wide)
+    for f in lines:
+        if f.floor is None:
+            size = format_bytes(f.message_bytes) if f.message_bytes is not None else "unknown"
+            out.append(textwrap.fill(f"no floor: {f.library} at {size}: {f.why_no_floor}", WIDTH,
+                                     subsequent_indent="  "))
+    alternatives = _priced_table(lines, "alternative", "instead_us", "instead:", wide)
+    if alternatives:
+        out += ["", "what the engine could take instead, measured in the same run (d = engine minus that path)",
+                *alternatives]
+    return "\n".join(out)
