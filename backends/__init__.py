@@ -26,7 +26,7 @@ ENTRY_POINT_GROUP = "commbench.backends"
 
 # family -> module exposing FACTORY. Imported lazily: optional dependencies stay optional.
 BUILTIN: dict[str, str] = {
-    "nccl": "commbench.backends.nccl",
+    "nccl": "commbench.backends.nccl_variants",
     "nccl4py": "commbench.backends.nccl4py",
     "gloo": "commbench.backends.gloo",
     "p2p": "commbench.backends.p2p",

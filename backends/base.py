@@ -28,10 +28,11 @@ import traceback
 import torch
 import torch.distributed as dist
 
+from commbench.runtime.workload import AllreduceWorkload, Workload
+
 if TYPE_CHECKING:
     from commbench.engines import Settings
-    from commbench.sweep.context import RunContext
-    from commbench.sweep.workload import Workload
+    from commbench.runtime.context import RunContext
 
 ALL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -81,7 +82,7 @@ class Backend(ABC):
     graph_capturable: bool = True
     needs: tuple[str, ...] = ()     # names from NEEDS (checked in NEEDS' order)
     in_place: bool = False          # the sum overwrites the input (torch ProcessGroups)
-    op: str = "allreduce"           # what one call computes; see commbench.sweep.workload
+    op: str = "allreduce"           # what one call computes; see commbench.runtime.workload
     dtypes: tuple[torch.dtype, ...] = ALL_DTYPES
     min_world_size: int = 1
     max_world_size: int | None = None
@@ -143,11 +144,9 @@ class Backend(ABC):
         """Release everything (buffers, groups, IPC handles)."""
 
     def make_workload(self, ctx: "RunContext", count: int, dtype: torch.dtype,
-                      shape: tuple[int, int] | None, pairs: int) -> "Workload":
+                      shape: tuple[int, int] | None, pairs: int) -> Workload:
         """The inputs, calls and check for one row: `pairs` input/output pairs. Plain
         allreduce by default."""
-        from commbench.sweep.workload import AllreduceWorkload
-
         return AllreduceWorkload(self, ctx, count, dtype, pairs)
 
     def process_env(self, allow_multicast: bool) -> dict[str, str] | None:

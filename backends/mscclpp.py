@@ -45,7 +45,7 @@ from commbench.backends.base import (Backend, BackendFactory, ProcessGroupBacken
 from commbench.policy import multicast_policy_reason
 
 if TYPE_CHECKING:
-    from commbench.sweep.context import RunContext
+    from commbench.runtime.context import RunContext
 
 BOOTSTRAP_DOC = "docs/mscclpp.md, 'SIGSEGV in MSCCL++'s TCP bootstrap'"
 BUILD_HINT = "mscclpp not installed: build it from a checkout with scripts/build-mscclpp.sh (docs/mscclpp.md)"

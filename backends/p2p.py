@@ -83,15 +83,15 @@ import torch
 from commbench import engines
 from commbench.backends.base import (ALL_DTYPES, Backend, BackendFactory, BackendTimeout, BackendUnavailable, voted,
                                      voted_gather)
-from commbench.sweep.context import MPS_PERCENT_VAR, Emulation, competes_for_sms, own_sms
+from commbench.runtime.context import MPS_PERCENT_VAR, Emulation, competes_for_sms, own_sms
 from commbench.errors import UsageError
-from commbench.sweep.timing import capture_graph, per_step_us
+from commbench.runtime.timing import capture_graph, per_step_us
 from commbench.units import format_bytes, parse_bytes
-from commbench.sweep.workload import AllreduceWorkload, PassCheck
+from commbench.runtime.workload import AllreduceWorkload, PassCheck
 from commbench.topology.selection import non_nvlink_pairs
 
 if TYPE_CHECKING:
-    from commbench.sweep.context import RunContext
+    from commbench.runtime.context import RunContext
 
 KERNEL_SOURCE = Path(__file__).with_name("p2p_allreduce.cu")
 
@@ -360,7 +360,7 @@ def agreed_pdl_reason(reasons: list[str | None]) -> str | None:
 
 def grid_capacity(blocks_per_sm: int, sm_count: int, emulation: Emulation | None) -> GridCapacity:
     """The blocks one rank may launch so that every rank's blocks are resident at once: the
-    occupancy on the SMs the rank may count on (sweep.context.own_sms), or one block per SM where
+    occupancy on the SMs the rank may count on (runtime.context.own_sms), or one block per SM where
     ranks compete for SMs, because eight ranks under MPS with no share deadlocked with two blocks
     per SM where the occupancy API allowed them (blocks of different clients did not fill an SM
     together)."""

@@ -19,11 +19,11 @@ from commbench import engines
 from commbench.analysis.fusion import best_allreduce_rows
 from commbench.backends.fused import RMS_EPS, FusedBackend, residual_rmsnorm
 from commbench.results import Measurement
-from commbench.sweep.dtypes import dtype_name
+from commbench.runtime.dtypes import dtype_name
 
 if TYPE_CHECKING:
-    from commbench.sweep.context import RunContext
-    from commbench.sweep.workload import Workload
+    from commbench.runtime.context import RunContext
+    from commbench.runtime.workload import Workload
 
 
 def rebuild_backend(name: str, options: dict[str, Any]) -> Backend:

@@ -2,7 +2,7 @@ import os
 import sys
 
 from commbench.cli import main
-from commbench.sweep.context import under_torchrun
+from commbench.runtime.context import under_torchrun
 
 status = main()
 if under_torchrun():

@@ -14,10 +14,10 @@ from commbench.sweep.launcher import child_arguments, parse_env_settings
 from commbench.sweep.plan import Shape, build_plan
 from commbench.sweep.command import add_arguments, backend_options
 from commbench.results import percentile
-from commbench.sweep.timing import headline_us, jitter_stats, max_over_ranks
-from commbench.sweep.dtypes import parse_dtypes
+from commbench.runtime.timing import headline_us, jitter_stats, max_over_ranks
+from commbench.runtime.dtypes import parse_dtypes
 from commbench.units import format_bytes, parse_bytes
-from commbench.sweep.workload import bandwidths_gbps, classify, exact_pattern, expected_sum, pattern_amplitude
+from commbench.runtime.workload import bandwidths_gbps, exact_pattern, expected_sum, name_failure, pattern_amplitude
 
 
 def sweep_args(*argv: str) -> argparse.Namespace:
@@ -125,18 +125,17 @@ def test_pattern_sums_are_exact_in_bf16(world_size: int) -> None:
     assert all(not torch.equal(ranks[0], other) for other in ranks[1:])
 
 
-def test_classify_tells_noop_stale_unwritten_and_wrong_values_apart() -> None:
+def test_name_failure_tells_noop_stale_unwritten_and_wrong_values_apart() -> None:
     cpu = torch.device("cpu")
     local = exact_pattern(0, 2, 100, 4, cpu, torch.float32)
     expected = expected_sum(2, 100, 4, cpu, torch.float32)
     previous = expected_sum(1, 100, 4, cpu, torch.float32)
-    assert classify(expected.clone(), expected, local, previous) == (0, None)
-    assert classify(local.clone(), expected, local, previous) == (int((local != expected).sum()), "noop")
-    assert classify(previous.clone(), expected, local, previous)[1] == "stale"
-    assert classify(torch.full((100,), float("nan")), expected, local, previous) == (100, "unwritten")
+    assert name_failure(local.clone(), expected, local, previous) == "noop"
+    assert name_failure(previous.clone(), expected, local, previous) == "stale"
+    assert name_failure(torch.full((100,), float("nan")), expected, local, previous) == "unwritten"
     one = expected.clone()
     one[57] += 1
-    assert classify(one, expected, local, previous) == (1, "values")
+    assert name_failure(one, expected, local, previous) == "values"
 
 
 def test_the_headline_is_the_slowest_ranks_loop_total_and_jitter_is_kept_apart() -> None:

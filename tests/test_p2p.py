@@ -19,7 +19,7 @@ import torch
 from commbench.backends import factory
 from commbench.backends import p2p
 from commbench.backends.base import BackendTimeout, BackendUnavailable
-from commbench.sweep.context import Emulation, RunContext
+from commbench.runtime.context import Emulation, RunContext
 from commbench.errors import UsageError
 
 

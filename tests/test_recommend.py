@@ -13,7 +13,7 @@ from commbench import backends, engines
 from commbench.cli import main as cli
 from commbench.analysis.curves import cautions, decode_curves
 from commbench.analysis.recommend import choose
-from commbench.results import load_run
+from commbench.runs import load_run
 
 RUNS = Path(__file__).parent / "data" / "runs"
 SYNTHETIC = RUNS / "synthetic-pcie-8gpu"

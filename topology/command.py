@@ -64,13 +64,14 @@ def _check_args(args: argparse.Namespace) -> None:
 
 def main(args: argparse.Namespace) -> int:
     _check_args(args)
-    from commbench.topology.snapshot import DEFAULT_TIMEOUT_S, load_snapshot, take_snapshot
+    from commbench.topology.snapshot import DEFAULT_TIMEOUT_S, take_snapshot
+    from commbench.topology.snapshot_file import load_snapshot
 
     ctx = None
     if args.from_file:
         snapshot = load_snapshot(args.from_file)
     else:
-        from commbench.sweep.context import init_context, shutdown, under_torchrun
+        from commbench.runtime.context import init_context, shutdown, under_torchrun
 
         if under_torchrun():
             ctx, _note = init_context(allow_multicast=args.allow_multicast, share_gpus=args.share_gpus)

@@ -137,7 +137,7 @@ def topology_dump(devices: list[int | None], timeout_s: float, allow_multicast: 
     lines = logs[0].read_text(errors="replace").splitlines() if logs[0].exists() else []
     # NCCL's log reader lives with the NCCL backend; imported here only, when a dump is read,
     # so that qualify (the analysis half) can use this module's verdict names without torch.
-    from commbench.backends.nccl_log import used_algo_proto
+    from commbench.topology.nccl_log import used_algo_proto
 
     algo, proto = used_algo_proto(lines, SMALL_MESSAGE_BYTES)
     return {"ranks": len(devices), "verdict": verdict, "detail": detail,

@@ -23,7 +23,8 @@ from commbench.analysis.curves import (Curve, CurveKey, build_curves, exceeds_sp
                                       variant_label)
 from commbench.files import check_dir_target, check_file_target, write_json
 from commbench.errors import UsageError
-from commbench.results import Measurement, Run, load_run
+from commbench.results import Measurement, Run
+from commbench.runs import load_run
 from commbench.analysis.report import nccl_version_lines
 from commbench.analysis.text import fmt_pct, fmt_us, render
 from commbench.units import format_bytes

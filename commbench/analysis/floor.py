@@ -22,7 +22,7 @@ from commbench.analysis.curves import Curve, CurveKey, Point, baseline_name, cau
 from commbench.files import check_file_target, read_text, write_json
 from commbench.errors import UsageError
 from commbench.analysis.models import Model
-from commbench.results import load_run
+from commbench.runs import load_run
 from commbench.analysis.text import fmt_num, fmt_us, render
 from commbench.units import format_bytes, parse_bytes, parse_int_list, positive_finite
 

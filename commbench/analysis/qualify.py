@@ -21,7 +21,8 @@ from typing import Any
 from commbench.analysis.curves import Curve, build_curves, exceeds_spread, is_failed_check, pick_mode, run_world_size, select
 from commbench.errors import UsageError
 from commbench.files import check_file_target, read_text
-from commbench.results import CRASHED, ERROR, HANG, Run, load_run
+from commbench.results import CRASHED, ERROR, HANG, Run
+from commbench.runs import load_run
 from commbench.analysis.text import render
 from commbench.topology import islands, nccl_checks
 from commbench.topology import pcie_findings as pf
@@ -632,7 +633,7 @@ def main(args: argparse.Namespace) -> int:
     reference = load_run(spec.reference.run) if spec.reference is not None else None
     probe = None
     if args.snapshot:
-        from commbench.topology.snapshot import load_snapshot
+        from commbench.topology.snapshot_file import load_snapshot
 
         probe = load_snapshot(args.snapshot)
     results = qualify(spec, run, reference, probe)

@@ -16,7 +16,8 @@ from commbench.analysis.curves import (Candidate, Curve, baseline_curve, baselin
                               exceeds_spread, ranking, run_world_size)
 from commbench.files import check_file_target, write_json
 from commbench.analysis.models import Model
-from commbench.results import Run, load_run
+from commbench.results import Run
+from commbench.runs import load_run
 from commbench.analysis.text import fmt_us, render
 from commbench.units import format_bytes, parse_int_list
 

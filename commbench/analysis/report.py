@@ -18,7 +18,8 @@ from commbench.analysis.curves import (Crossover, Curve, baseline_curve, baselin
                               crossovers, groups, is_failed_check, ranking, run_world_size, select, variant_label)
 from commbench.errors import UsageError
 from commbench.files import check_dir_target
-from commbench.results import CRASHED, HANG, OK, WRONG, Measurement, Run, describe_setting, load_run
+from commbench.results import CRASHED, HANG, OK, WRONG, Measurement, Run, describe_setting
+from commbench.runs import load_run
 from commbench.analysis.text import fmt_num, fmt_us, render
 from commbench.units import format_bytes
 

@@ -18,7 +18,8 @@ from commbench.analysis.fusion import COMPARISON_HEADERS, COMPARISON_TITLE, comp
 from commbench.analysis.text import fmt_us
 from commbench.errors import UsageError
 from commbench.files import STDOUT, check_file_target
-from commbench.results import OK, Measurement, Run, load_run
+from commbench.results import OK, Measurement, Run
+from commbench.runs import load_run
 from commbench.units import format_bytes
 
 HELP = "several runs (e.g. world sizes 2, 4, 8) side by side as markdown: latency per size and backend, fused saving"

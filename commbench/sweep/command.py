@@ -22,7 +22,7 @@ from commbench.backends.base import describe
 from commbench.errors import FAILED_EXIT, STOP_EXIT, TERMINATED_EXIT, ResultsUnwritable, Terminated, UsageError
 from commbench.inflight import ENDED, FAILED, LEFT, PeerWatch, Recorder, recover
 from commbench.sweep import launcher
-from commbench.sweep.context import ControlGroupLost, RunContext, init_context, shutdown, torchrun_env, under_torchrun
+from commbench.runtime.context import ControlGroupLost, RunContext, init_context, shutdown, torchrun_env, under_torchrun
 from commbench.sweep.engine import Engine, stopped_reason
 from commbench.files import check_dir_target, check_file_target
 from commbench.sweep.plan import SweepPlan, build_plan

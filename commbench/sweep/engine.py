@@ -31,17 +31,17 @@ import torch
 from commbench.backends.base import Backend, BackendTimeout, BackendUnavailable, describe
 from commbench.errors import Terminated
 from commbench.inflight import ENDED, HUNG, RAISED, PeerWatch, Recorder, Stop, stop_line
-from commbench.sweep.context import ControlGroupLost, RunContext
+from commbench.runtime.context import ControlGroupLost, RunContext
 from commbench.sweep.plan import Shape, SweepPlan
 from commbench.results import (CRASHED, ERROR, HANG, NO_WORK, OK, SKIPPED, WRONG, Measurement, ResultsWriter, row_key,
                                stops_backend)
 from commbench.sweep.live import LiveTable
-from commbench.sweep.timing import (capture_graph, count_work_nodes, headline_us, jitter_stats, loop_total_us,
+from commbench.runtime.timing import (capture_graph, count_work_nodes, headline_us, jitter_stats, loop_total_us,
                               per_step_us, synchronize)
-from commbench.sweep.dtypes import dtype_name
+from commbench.runtime.dtypes import dtype_name
 from commbench.units import format_bytes
 from commbench.sweep.watchdog import PEER_WAIT_S, Watchdog
-from commbench.sweep.workload import PassCheck, Workload, bandwidths_gbps
+from commbench.runtime.workload import PassCheck, Workload, bandwidths_gbps
 
 # First epochs of the exact input pattern per pass (each pass uses three, see workload.py), so
 # an answer left from another pass is wrong too, never right by chance.

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from commbench.errors import UsageError
-from commbench.sweep.dtypes import dtype_name, parse_dtypes
+from commbench.runtime.dtypes import dtype_name, parse_dtypes
 from commbench.units import format_bytes, parse_bytes, parse_int_list, parse_list, positive_finite
 
 MODES = ("eager", "graph")
