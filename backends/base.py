@@ -5,7 +5,7 @@ variant spec (the text after ``family:``) into backend objects. Everything about
 lives in its module and reaches the rest of commbench through this interface, for built-ins
 and entry-point plug-ins alike:
 
-- what it needs from the machine (``needs``, names from NEEDS) and from its software
+- what it needs from the machine (``needs``, names from commbench.topology.needs.NEEDS) and from its software
   (``software_reason``, ``BackendFactory.packages``): the probe's verdicts and the sweep's
   checks both come from these;
 - its command-line options (``BackendFactory.add_arguments`` / ``read_options``);
@@ -29,27 +29,13 @@ import torch
 import torch.distributed as dist
 
 from commbench.runtime.workload import AllreduceWorkload, Workload
+from commbench.topology.needs import ranks_reason
 
 if TYPE_CHECKING:
     from commbench.engines import Settings
     from commbench.runtime.context import RunContext
 
 ALL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-
-# What a backend may need from the machine, in the order they are checked (the most basic
-# first). The probe checks each against its snapshot (commbench.topology.needs);
-# Backend.check() checks those the running processes can answer.
-NEEDS = {
-    "multicast": "NVLink multicast (and permission to create it)",
-    "node": "every rank in one node",
-    "cuda": "CUDA GPUs",
-    "own_gpu": "one GPU per rank",
-    "p2p": "functional P2P between every pair of GPUs",
-    "ipc": "CUDA IPC between processes",
-    "vmm": "cuMemCreate buffers shared as POSIX file descriptors",
-    "atomics": "P2P atomics between every pair of GPUs",
-}
-
 
 class BackendUnavailable(Exception):
     """Raised by setup() with a reason a user can act on ("flashinfer not installed", ...)."""
@@ -80,7 +66,7 @@ class Backend(ABC):
     name: str = ""
     family: str = ""
     graph_capturable: bool = True
-    needs: tuple[str, ...] = ()     # names from NEEDS (checked in NEEDS' order)
+    needs: tuple[str, ...] = ()     # names from topology.needs.NEEDS, checked in its order
     in_place: bool = False          # the sum overwrites the input (torch ProcessGroups)
     op: str = "allreduce"           # what one call computes; see commbench.runtime.workload
     dtypes: tuple[torch.dtype, ...] = ALL_DTYPES
@@ -110,7 +96,7 @@ class Backend(ABC):
         the fabric needs: p2p, ipc, vmm, atomics), the needs the running processes can answer,
         then the software."""
         return (self.world_size_reason(ctx.world_size) or ctx.verdicts.get(self.name)
-                or next((r for r in (context_need_reason(n, ctx) for n in NEEDS if n in self.needs) if r), None)
+                or ranks_reason(self.needs, ctx)
                 or self.software_reason())
 
     def engine_settings(self, world_size: int | None) -> "Settings | None":
@@ -163,25 +149,6 @@ class Backend(ABC):
         before the row's timed passes and outside them; ``call`` makes one more call of the
         row's size (collective: every rank makes the same number). Rank 0's answer is recorded."""
         return {}
-
-
-def context_need_reason(need: str, ctx: "RunContext") -> str | None:
-    """One need checked against the running processes; None when met or only a snapshot can tell."""
-    if need == "cuda" and not ctx.is_cuda:
-        return "needs CUDA GPUs; this run is on the CPU"
-    if need == "own_gpu" and ctx.shares_gpus:
-        return "needs one GPU per rank, and these ranks share a GPU"
-    if need == "node" and ctx.nodes > 1:
-        return f"node-local backend: this run spans {ctx.nodes} nodes (P2P/IPC only works within one node)"
-    if need == "multicast":
-        if ctx.multicast_reason:
-            return f"needs NVLink multicast: {ctx.multicast_reason}"
-        if ctx.is_cuda:
-            from commbench.topology.cudadrv import multicast_supported
-
-            if not multicast_supported(ctx.device.index or 0):
-                return "needs NVLink multicast: CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED is 0 on this GPU"
-    return None
 
 
 def describe(exc: BaseException) -> str:

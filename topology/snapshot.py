@@ -148,10 +148,6 @@ def local_report(own_device: int | None, pair_devices: list[int], bandwidth: boo
 # Merging reports into the snapshot
 # ----------------------------------------------------------------------------------------------
 
-def _records(records: list[dict], kind: str) -> list[dict]:
-    return [r for r in records if r.get("kind") == kind]
-
-
 def merge(reports: list[dict[str, Any]], mode: str, world_size: int, participants: list[dict],
           options: dict[str, Any]) -> dict[str, Any]:
     """reports[i] from rank i (torchrun) or one report (single process) -> the snapshot."""

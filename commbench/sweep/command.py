@@ -20,13 +20,13 @@ import torch
 from commbench import backends
 from commbench.backends.base import describe
 from commbench.errors import FAILED_EXIT, STOP_EXIT, TERMINATED_EXIT, ResultsUnwritable, Terminated, UsageError
-from commbench.inflight import ENDED, FAILED, LEFT, PeerWatch, Recorder, recover
+from commbench.inflight import ENDED, LEFT, PeerWatch, Recorder, recover
 from commbench.sweep import launcher
 from commbench.runtime.context import ControlGroupLost, RunContext, init_context, shutdown, torchrun_env, under_torchrun
 from commbench.sweep.engine import Engine, stopped_reason
 from commbench.files import check_dir_target, check_file_target
 from commbench.sweep.plan import SweepPlan, build_plan
-from commbench.results import (ROWS_FILE, RUN_FILE, SCHEMA_VERSION, Measurement, ResultsWriter, new_run_dir,
+from commbench.results import (ERROR, ROWS_FILE, RUN_FILE, SCHEMA_VERSION, Measurement, ResultsWriter, new_run_dir,
                                read_rows_checked, read_run_info, refuse_other_run, repair_torn_tail, stops_backend,
                                write_csv, write_run_info)
 from commbench.sweep.live import HEADER, LiveTable
@@ -270,7 +270,7 @@ def _sweep(ctx: RunContext, args: argparse.Namespace, plan: SweepPlan, variants:
         raise
     except BaseException as exc:
         unwritable = isinstance(exc, ResultsUnwritable)
-        recorder.leave(FAILED, describe(exc))   # not a crash: its own line says what happened
+        recorder.leave(ERROR, describe(exc))   # not a crash: its own line says what happened
         raise
     finally:
         if writer is not None:

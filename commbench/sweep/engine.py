@@ -30,7 +30,7 @@ import torch
 
 from commbench.backends.base import Backend, BackendTimeout, BackendUnavailable, describe
 from commbench.errors import Terminated
-from commbench.inflight import ENDED, HUNG, RAISED, PeerWatch, Recorder, Stop, stop_line
+from commbench.inflight import ENDED, RAISED, PeerWatch, Recorder, Stop, stop_line
 from commbench.runtime.context import ControlGroupLost, RunContext
 from commbench.sweep.plan import Shape, SweepPlan
 from commbench.results import (CRASHED, ERROR, HANG, NO_WORK, OK, SKIPPED, WRONG, Measurement, ResultsWriter, row_key,
@@ -153,7 +153,7 @@ class Engine:
 
         def on_stop(stop: Stop, timed_out: bool) -> None:
             if timed_out:
-                self.recorder.mark(HUNG, stop.reason)
+                self.recorder.mark(HANG, stop.reason)
             self.recorder.leave(ENDED)
             self.record_stop(stop, template)
 
@@ -296,19 +296,11 @@ class Engine:
         over calls + 1 pairs, whose outputs are all checked."""
         self._warm_up(workload, calls + 1)
 
-        def run_pass(base_epoch: int, timer: Callable) -> tuple[Any, PassCheck]:
-            workload.prepare(base_epoch)
-            synchronize(self.ctx)
-            self.ctx.barrier()
-            # The first call after a host barrier carries the ranks' exit skew: it aligns them
-            # on the device and stays out of the timer (call 0 of the pass).
-            workload.call(0)
-            timed = timer(self.ctx, lambda i: workload.call(i + 1), calls)
-            synchronize(self.ctx)
-            return timed, workload.verify(0, calls + 1)
-
-        total_us, timed_check = run_pass(TIMED_EPOCH, loop_total_us)
-        samples, jitter_check = run_pass(JITTER_EPOCH, per_step_us)
+        # The first call after a host barrier carries the ranks' exit skew: it aligns them on the
+        # device and stays out of the timer (call 0 of the pass).
+        (total_us, timed_check), (samples, jitter_check) = self._passes(
+            workload, align=lambda: workload.call(0), step=lambda i: workload.call(i + 1), steps=calls,
+            checked=calls + 1)
         return {"total_us": total_us, "timed_calls": calls, "samples": samples, "calls_per_sample": 1,
                 "checks": [timed_check, jitter_check], "check_scope": "timed calls"}
 
@@ -322,27 +314,39 @@ class Engine:
         for _ in range(self.plan.warmup):
             graph.replay()
 
-        def run_pass(base_epoch: int, timer: Callable) -> tuple[Any, PassCheck]:
+        def fresh_replay(base_epoch: int) -> None:
+            # Each replay re-reduced the previous one's output: check a replay of fresh inputs.
             workload.prepare(base_epoch)
-            synchronize(self.ctx)
-            self.ctx.barrier()
-            graph.replay()   # aligns the ranks, as the first eager call does
-            timed = timer(self.ctx, lambda i: graph.replay(), replays)
-            if workload.destroys_inputs:
-                # Each replay re-reduced the previous one's output: check a replay of fresh inputs.
-                workload.prepare(base_epoch)
-                graph.replay()
-            synchronize(self.ctx)
-            return timed, workload.verify(0, ops)
+            graph.replay()
 
-        total_us, timed_check = run_pass(TIMED_EPOCH, loop_total_us)
-        samples, jitter_check = run_pass(JITTER_EPOCH, per_step_us)
+        # One replay aligns the ranks, as the first eager call does.
+        (total_us, timed_check), (samples, jitter_check) = self._passes(
+            workload, align=graph.replay, step=lambda i: graph.replay(), steps=replays, checked=ops,
+            before_check=fresh_replay if workload.destroys_inputs else None)
         scope = ("an untimed replay of the timed graph with fresh inputs (the backend reduces in place, "
                  "so timed replays re-reduce their own output)" if workload.destroys_inputs
                  else "timed calls (the last replay of each pass)")
         return {"total_us": total_us, "timed_calls": replays * ops, "samples": samples, "calls_per_sample": ops,
                 "checks": [timed_check, jitter_check], "check_scope": scope, "work_nodes": count_work_nodes(graph),
                 "replays": replays, "ops": ops}
+
+    def _passes(self, workload: Workload, align: Callable[[], None], step: Callable[[int], None], steps: int,
+                checked: int, before_check: Callable[[int], None] | None = None) -> list[tuple[Any, PassCheck]]:
+        """The timed pass (one timer around `steps` steps) then the jitter pass (a timer per
+        step), each started by a barrier and one untimed aligning step; after each, the outputs
+        of the first `checked` calls are checked."""
+        out = []
+        for base_epoch, timer in ((TIMED_EPOCH, loop_total_us), (JITTER_EPOCH, per_step_us)):
+            workload.prepare(base_epoch)
+            synchronize(self.ctx)
+            self.ctx.barrier()
+            align()
+            timed = timer(self.ctx, step, steps)
+            if before_check is not None:
+                before_check(base_epoch)
+            synchronize(self.ctx)
+            out.append((timed, workload.verify(0, checked)))
+        return out
 
     def _build_row(self, backend: Backend, cell: tuple[torch.dtype, Shape, str],
                    gathered: list[dict[str, Any]]) -> Measurement:
