@@ -41,7 +41,10 @@ from typing import Any, Callable
 import torch
 import torch.multiprocessing as mp
 
-from commbench.backends.p2p import FLOOR_VARIANTS, LaunchShape, P2PAllreduce, P2PTimeoutError, make
+from commbench.backends.p2p import P2PAllreduce, make
+from commbench.backends.p2p_kernels import P2PTimeoutError
+from commbench.backends.p2p_layout import LaunchShape
+from commbench.backends.p2p_rules import FLOOR_VARIANTS
 from commbench.runtime.context import MPS_PERCENT_VAR, RunContext, init_context, shutdown
 from commbench.sweep.mps import client_env
 from commbench.runtime.workload import exact_pattern, expected_sum
