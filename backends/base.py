@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import argparse
 import traceback
@@ -28,6 +28,7 @@ import traceback
 import torch
 import torch.distributed as dist
 
+from commbench.results import Measurement
 from commbench.runtime.workload import AllreduceWorkload, Workload
 from commbench.topology.needs import ranks_reason
 
@@ -72,6 +73,9 @@ class Backend(ABC):
     dtypes: tuple[torch.dtype, ...] = ALL_DTYPES
     min_world_size: int = 1
     max_world_size: int | None = None
+    # Builds on rows measured earlier in this run (unfused:best picks the fastest allreduce): the
+    # sweep runs it after every backend that does not, and hands it those rows (take_rows).
+    reads_rows: bool = False
 
     @property
     def node_local(self) -> bool:
@@ -84,6 +88,10 @@ class Backend(ABC):
         if self.max_world_size is not None and world_size > self.max_world_size:
             return f"supports at most {self.max_world_size} ranks, this run has {world_size}"
         return None
+
+    def take_rows(self, rows: Sequence[Measurement]) -> None:
+        """For a backend that reads_rows, before check(): every row of this run measured before
+        it (resumed ones too), the same on every rank."""
 
     def software_reason(self) -> str | None:
         """Why its software is missing, unusable or too old ("not installed: pip install ...");

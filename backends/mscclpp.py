@@ -42,6 +42,7 @@ import torch.distributed as dist
 from commbench import engines
 from commbench.backends.base import (Backend, BackendFactory, ProcessGroupBackend, parse_variant_options,
                                      raise_unless_all_ranks_ok)
+from commbench.backends.nccl_libs import PRELOAD_VAR
 from commbench.policy import multicast_policy_reason
 
 if TYPE_CHECKING:
@@ -305,7 +306,7 @@ class MscclppShim(ProcessGroupBackend):
 
     @staticmethod
     def _preload_env(library: str, allow_multicast: bool) -> dict[str, str]:
-        env = {"LD_PRELOAD": os.path.realpath(library)}
+        env = {PRELOAD_VAR: os.path.realpath(library)}
         if multicast_policy_reason(allow_multicast):
             env[DISABLE_NVLS_ENV] = "1"
         return env

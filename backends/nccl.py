@@ -28,7 +28,7 @@ import torch.distributed as dist
 from commbench import engines
 from commbench.backends.base import BackendUnavailable, ProcessGroupBackend
 from commbench.backends.nccl_libs import NcclLibrary, preload_env, preloaded_here
-from commbench.topology.nccl_log import (InitEvidence, process_nccl, process_switch,
+from commbench.topology.nccl_log import (ALGO_VAR, PROTO_VAR, InitEvidence, process_nccl, process_switch,
                                          logged_choice, read_lines, setting_applied, version_text)
 from commbench.runtime.context import RunContext
 from commbench.topology.needs import full_nvlink
@@ -99,7 +99,7 @@ class NcclBackend(ProcessGroupBackend):
 
     def requested(self) -> dict[str, str]:
         """What this variant asks NCCL for, by the variables that ask it."""
-        return {var: value for var, value in (("NCCL_PROTO", self.proto), ("NCCL_ALGO", self.algo)) if value}
+        return {var: value for var, value in ((PROTO_VAR, self.proto), (ALGO_VAR, self.algo)) if value}
 
     def setup(self, ctx: RunContext, max_bytes: int, dtype: torch.dtype) -> None:
         if self.group is not None:
@@ -108,7 +108,7 @@ class NcclBackend(ProcessGroupBackend):
         self._observe_calls = self.log_dir is not None and ctx.world_size > 1
         self._not_observed = self._why_not_observed(ctx)
         init_log = self._log_file("init")
-        with _environment({"NCCL_PROTO": self.proto, "NCCL_ALGO": self.algo}), self._logging(init_log):
+        with _environment({PROTO_VAR: self.proto, ALGO_VAR: self.algo}), self._logging(init_log):
             self.group = dist.new_group(backend="nccl")
             # The communicator is created lazily at the first collective: do one now, while
             # the variant's environment is in place (and its init is logged).

@@ -36,8 +36,8 @@ from commbench import engines
 from commbench.backends.base import voted
 from commbench.backends.nccl import NcclBackend, logged_calls
 from commbench.backends.nccl_libs import NcclLibrary
-from commbench.topology.nccl_log import (process_nccl, read_lines, symmetric_kernel, symmetric_unsupported,
-                                         used_algo_proto, version_text)
+from commbench.topology.nccl_log import (ALGO_VAR, PROTO_VAR, process_nccl, read_lines, symmetric_kernel,
+                                         symmetric_unsupported, used_algo_proto, version_text)
 from commbench.topology.selection import non_nvlink_pairs
 
 if TYPE_CHECKING:
@@ -200,7 +200,7 @@ class NcclSymmBackend(NcclBackend):
                                  if symmetric_unsupported(self._init_lines) else None)
         if algo and proto:
             chose = f"NCCL chose {algo}/{proto} for {message_bytes} bytes"
-            return {"observed": {"NCCL_PROTO": proto, "NCCL_ALGO": algo},
+            return {"observed": {PROTO_VAR: proto, ALGO_VAR: algo},
                     **self._symmetric(None, f"{why} ({chose})" if why else f"{chose}, not a symmetric kernel")}
         return self._symmetric(None, why or f"NCCL logged neither a [Symmetric] nor an Algo line for "
                                             f"{message_bytes} bytes ({log_file})")

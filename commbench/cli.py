@@ -60,12 +60,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
-    args._argv = argv[1:]  # the subcommand's own arguments, for the sweep driver's children
     if not getattr(args, "command", None):
         parser.print_help()
         return USAGE_EXIT
     try:
-        return int(args._module.main(args) or 0)
+        return int(args._module.main(args, argv[1:]) or 0)
     except UsageError as exc:
         usage_error(f"commbench {args.command}: error: {exc}")
         return USAGE_EXIT

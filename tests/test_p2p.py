@@ -10,6 +10,7 @@ import ctypes
 import re
 import statistics
 import struct
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
@@ -278,10 +279,9 @@ def grid_setup(monkeypatch, emulation: Emulation, peer_blocks: int) -> tuple[p2p
     monkeypatch.setattr(p2p, "kernel_blocks_per_sm", lambda device, functions, algorithms: 1)
     monkeypatch.setattr(torch.cuda, "get_device_properties",
                         lambda device: SimpleNamespace(multi_processor_count=H200_SMS))
-    ctx = ctx_for(2)
-    ctx.emulation = emulation
+    ctx = replace(ctx_for(2), emulation=emulation)
     # One gather carries each rank's (refusal, (cap, sms)); the peer has no refusal.
-    ctx.all_gather_objects = lambda obj: [obj, (None, (peer_blocks, 10))]
+    monkeypatch.setattr(RunContext, "all_gather_objects", lambda self, obj: [obj, (None, (peer_blocks, 10))])
     b = backend("auto")
     b._functions[torch.bfloat16] = {}
     return b, ctx
@@ -505,8 +505,7 @@ def test_auto_reads_peer_memory_only_where_reads_are_known_to_complete():
                                                        (None, shared_gpu(4, mps=True), True), (None, None, False)])
 def test_auto_adds_the_pull_kernel_last_and_rows_say_why_not(snapshot, emulation, pull):
     b = backend("auto")
-    ctx = ctx_for(4)
-    ctx.snapshot, ctx.emulation = snapshot, emulation
+    ctx = replace(ctx_for(4), snapshot=snapshot, emulation=emulation)
     b._choose_auto_kernels(ctx)
     assert b.algorithms == ((*p2p_rules.VARIANTS["auto"], p2p_layout.ONESHOT_PULL) if pull else p2p_rules.VARIANTS["auto"])
     extra = b.row_fields()["extra"]
@@ -521,8 +520,7 @@ def test_auto_adds_the_pull_kernel_last_and_rows_say_why_not(snapshot, emulation
 def test_a_forced_auto_rule_that_names_the_pull_kernel_asks_for_it():
     b = backend("auto", p2p_auto_rule="oneshot_lamport<=64K,oneshot_pull<=2M,twoshot")
     assert b.algorithms == (*p2p_rules.VARIANTS["auto"], p2p_layout.ONESHOT_PULL)
-    ctx = ctx_for(4)
-    ctx.snapshot = PCIE4
+    ctx = replace(ctx_for(4), snapshot=PCIE4)
     b._choose_auto_kernels(ctx)                    # the rule decides, not the links
     assert p2p_layout.ONESHOT_PULL in b.algorithms and b.algorithm_for(1 << 20, torch.bfloat16) == p2p_layout.ONESHOT_PULL
     assert backend("auto", p2p_auto_rule="oneshot_lamport<=64K,twoshot").algorithms == p2p_rules.VARIANTS["auto"]
@@ -675,7 +673,7 @@ def pdl_setup(monkeypatch, peer_reason: str | None, driver: FakeDriver | None = 
     monkeypatch.setattr(p2p, "cuda_driver", lambda: (driver or FakeDriver(), None))
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: SM90)
     ctx = ctx_for(2)
-    ctx.all_gather_objects = lambda obj: [obj, (None, peer_reason)]
+    monkeypatch.setattr(RunContext, "all_gather_objects", lambda self, obj: [obj, (None, peer_reason)])
     b = backend("oneshot")
     b._decide_pdl(ctx)
     return b

@@ -7,6 +7,7 @@ and prints). --from re-renders a saved snapshot offline (table, verdicts, plot),
 from __future__ import annotations
 
 import argparse
+from typing import Sequence
 
 from commbench.errors import UsageError
 from commbench.files import STDOUT, check_file_target, write_json
@@ -62,7 +63,7 @@ def _check_args(args: argparse.Namespace) -> None:
     check_file_target(args.plot, "--plot")
 
 
-def main(args: argparse.Namespace) -> int:
+def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     _check_args(args)
     from commbench.topology.snapshot import DEFAULT_TIMEOUT_S, take_snapshot
     from commbench.topology.snapshot_file import load_snapshot

@@ -17,6 +17,7 @@ import argparse
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Sequence
 
 from commbench.analysis import plots
 from commbench.analysis.curves import (Curve, CurveKey, build_curves, exceeds_spread, run_world_size,
@@ -124,7 +125,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="...with this backend of RUN_B, e.g. nccl:lib=cu13-2.29.7 (another NCCL)")
 
 
-def main(args: argparse.Namespace) -> int:
+def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     check_file_target(args.json, "--json")
     run_a, run_b = load_run(args.run_a), load_run(args.run_b)
     out = args.out or run_b.path

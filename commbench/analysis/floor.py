@@ -16,6 +16,7 @@ import csv
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Sequence
 
 from commbench.analysis import models
 from commbench.analysis.curves import Curve, CurveKey, Point, baseline_name, cautions, decode_curves, ranking
@@ -157,7 +158,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", metavar="FILE", help="also write the rows as JSON ('-' for stdout)")
 
 
-def main(args: argparse.Namespace) -> int:
+def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     check_file_target(args.json, "--json")
     model = models.requested(args)
     if model is None:

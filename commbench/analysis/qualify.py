@@ -16,7 +16,7 @@ import sys
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from commbench.analysis.curves import Curve, build_curves, exceeds_spread, is_failed_check, pick_mode, run_world_size, select
 from commbench.errors import UsageError
@@ -620,7 +620,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "commbench probe --bandwidth --nccl --json FILE)")
 
 
-def main(args: argparse.Namespace) -> int:
+def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     check_file_target(args.junit, "--junit")   # before the verdict is printed, not after
     spec = load_spec(args.spec)
     run = load_run(args.run_dir)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import asdict, dataclass
+from typing import Sequence
 
 from commbench.analysis import models
 from commbench import engines
@@ -97,7 +98,7 @@ def recorded_settings(run: Run, curve: Curve) -> engines.Settings | None:
     return engines.Settings.from_dict(declared).with_process_env(curve.env_setting) if declared else None
 
 
-def main(args: argparse.Namespace) -> int:
+def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     check_file_target(args.json, "--json")
     model = models.requested(args)
     if model is None:

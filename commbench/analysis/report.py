@@ -10,7 +10,7 @@ import json
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from commbench.analysis import plots
 from commbench.analysis.fusion import COMPARISON_HEADERS, COMPARISON_NUMERIC, COMPARISON_TITLE, comparison_cells
@@ -355,7 +355,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--baseline", help="backend speedups are measured against (default: nccl, else gloo)")
 
 
-def main(args: argparse.Namespace) -> int:
+def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     run = load_run(args.run_dir)
     if not run.rows:
         raise UsageError(f"{run.path}: no measurements yet (measurements.jsonl is empty or missing)")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 from commbench.analysis.fusion import COMPARISON_HEADERS, COMPARISON_TITLE, comparison_cells
 from commbench.analysis.text import fmt_us
@@ -138,7 +139,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", help="markdown file to write (default: stdout)")
 
 
-def main(args: argparse.Namespace) -> int:
+def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     check_file_target(args.out, "--out")
     if len(set(args.run_dirs)) != len(args.run_dirs):
         raise UsageError("a run dir is listed twice")

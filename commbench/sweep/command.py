@@ -13,7 +13,7 @@ import shlex
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
@@ -35,7 +35,6 @@ from commbench.sweep.versions import (LAUNCH_COMMAND_VAR, launch_command, local_
                                       software_versions)
 
 HELP = "sweep allreduce sizes x dtypes x eager/graph over every backend that can run here"
-ENV_SETTING_VAR = "COMMBENCH_ENV_SETTING"   # set by the driver for each child torchrun
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -106,7 +105,8 @@ def _list_backends() -> int:
     return 0
 
 
-def main(args: argparse.Namespace) -> int:
+def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
+    """argv: the sweep's own arguments as typed, for the driver's children and the resume hint."""
     if args.list_backends:
         return _list_backends()
     on_gpu = torch.cuda.is_available() and not args.cpu
@@ -138,11 +138,11 @@ def main(args: argparse.Namespace) -> int:
     if driver:
         os.environ[LAUNCH_COMMAND_VAR] = json.dumps(sys.argv)   # the children record the driver's command
         try:
-            status, run_dir = launcher.drive(args, env_settings, variants, plan)
+            status, run_dir = launcher.drive(args, argv, env_settings, variants, plan)
         finally:
             del os.environ[LAUNCH_COMMAND_VAR]
         return _qualify(args, run_dir) if status == 0 and args.qualify is not None else status
-    status, run_dir = _run(args, plan, specs, on_gpu)
+    status, run_dir = _run(args, argv, plan, specs, on_gpu)
     if status == 0 and args.qualify is not None and rank == 0:
         return _qualify(args, run_dir)
     return status
@@ -174,17 +174,18 @@ def _qualify(args: argparse.Namespace, run_dir: Path) -> int:
                                            max_slowdown_pct=None, junit=args.junit))
 
 
-def _run(args: argparse.Namespace, plan: SweepPlan, specs: list[str] | None, on_gpu: bool) -> tuple[int, Path]:
+def _run(args: argparse.Namespace, argv: Sequence[str], plan: SweepPlan, specs: list[str] | None, on_gpu: bool) -> tuple[int, Path]:
     run_dir_arg = args.run_dir or args.resume
     ctx, note = init_context(allow_multicast=args.allow_multicast, force_cpu=args.cpu,
                              share_gpus=args.share_gpus)
     try:
         run_dir = _prepare_run_dir(ctx, args, run_dir_arg)
         variants = backends.expand(specs, backend_options(args, plan, run_dir), ctx.is_cuda)
-        # Plain allreduce first: fused ops and baselines build on what was measured before them.
-        # Optional native code (MSCCL++, FlashInfer, plug-ins) last: a crash there costs least.
-        variants.sort(key=lambda b: (b.op != "allreduce", backends.runs_native_code(b.family)))
-        return _sweep(ctx, args, plan, variants, run_dir, note), run_dir
+        # Backends that read earlier rows (Backend.reads_rows) after all the others; plain
+        # allreduce before fused ops; optional native code (MSCCL++, FlashInfer, plug-ins) last
+        # within each, where a crash costs least.
+        variants.sort(key=lambda b: (b.reads_rows, b.op != "allreduce", backends.runs_native_code(b.family)))
+        return _sweep(ctx, args, argv, plan, variants, run_dir, note), run_dir
     finally:
         shutdown()
 
@@ -196,15 +197,16 @@ def _prepare_run_dir(ctx: RunContext, args: argparse.Namespace, existing: str | 
     return Path(ctx.broadcast_object(path))
 
 
-def _probe(ctx: RunContext, args: argparse.Namespace, variants: list) -> list[str]:
-    """Take the topology snapshot and the per-backend verdicts; never fatal."""
+def _probe(ctx: RunContext, args: argparse.Namespace, variants: list) -> tuple[RunContext, list[str]]:
+    """Take the topology snapshot and the per-backend verdicts; never fatal. The context with
+    them, and the lines that say what went wrong."""
     if args.no_probe:
-        return ["probe skipped (--no-probe)"]
+        return ctx, ["probe skipped (--no-probe)"]
     try:
         from commbench.topology.snapshot import take_snapshot
         from commbench.topology.verdicts import run_verdicts
     except ImportError as exc:
-        return [f"probe unavailable: {exc}"]
+        return ctx, [f"probe unavailable: {exc}"]
     notes: list[str] = []
     try:
         snapshot = take_snapshot(ctx, bandwidth=False, allow_multicast=args.allow_multicast)
@@ -216,14 +218,13 @@ def _probe(ctx: RunContext, args: argparse.Namespace, variants: list) -> list[st
         verdicts = run_verdicts(variants, snapshot, ctx.world_size, args.allow_multicast)
     else:
         verdicts = {}
-    ctx.snapshot, ctx.verdicts = ctx.broadcast_object((snapshot, verdicts) if ctx.rank == 0 else None)
-    return notes
+    return ctx.with_probe(*ctx.broadcast_object((snapshot, verdicts) if ctx.rank == 0 else None)), notes
 
 
-def _sweep(ctx: RunContext, args: argparse.Namespace, plan: SweepPlan, variants: list, run_dir: Path,
+def _sweep(ctx: RunContext, args: argparse.Namespace, argv: Sequence[str], plan: SweepPlan, variants: list, run_dir: Path,
            note: str | None) -> int:
     rank0 = ctx.rank == 0
-    env_setting = json.loads(os.environ.get(ENV_SETTING_VAR, "{}"))
+    env_setting = json.loads(os.environ.get(launcher.ENV_SETTING_VAR, "{}"))
     gpus = ctx.all_gather_objects(local_device_info(ctx.device))
     failure, opened, previous = ctx.broadcast_object(_open_run_dir(ctx, plan, gpus, run_dir) if rank0 else None)
     if failure is not None:
@@ -231,8 +232,8 @@ def _sweep(ctx: RunContext, args: argparse.Namespace, plan: SweepPlan, variants:
     done_keys = {row.key() for row in previous}
     stopped = {row.backend: stopped_reason(row) for row in previous
                if stops_backend(row) and row.env_setting == env_setting}
-    ctx.measured.extend(previous)
-    notes = ([note] if note else []) + opened + _oversubscribed(ctx) + _probe(ctx, args, variants)
+    ctx, probe_notes = _probe(ctx, args, variants)
+    notes = ([note] if note else []) + opened + _oversubscribed(ctx) + probe_notes
     # After rank 0 has read a dead run's records: this rank's own start afresh. Ranks on nodes
     # that do not see the results dir keep none.
     recorder = Recorder(run_dir if run_dir.is_dir() else None, ctx.rank)
@@ -254,10 +255,11 @@ def _sweep(ctx: RunContext, args: argparse.Namespace, plan: SweepPlan, variants:
             table.line("#" + HEADER[1:])
             engine = Engine(ctx, plan, writer, table, done_keys, stopped, env_setting,
                             on_stop_flush=lambda: write_csv(run_dir), recorder=recorder,
-                            resume_hint=None if args.run_dir else resume_command(args, ctx, run_dir))
+                            resume_hint=None if args.run_dir else resume_command(argv, ctx, run_dir),
+                            rows=list(previous))
             for backend in variants:
                 engine.run_backend(backend)
-            _fusion_summary(ctx, run_dir, table)
+            _fusion_summary(ctx, engine.rows, run_dir, table)
         # Leave together: a rank that tears its gloo pairs down while a peer still uses them
         # makes that peer abort (seen on CPU with two torchrun agents).
         ctx.barrier()
@@ -306,9 +308,9 @@ def run_identity(ctx: RunContext, plan: SweepPlan, gpus: list) -> dict[str, Any]
             "emulation": ctx.emulation.to_dict() if ctx.emulation else None, "plan": plan.record()}
 
 
-def resume_command(args: argparse.Namespace, ctx: RunContext, run_dir: Path) -> str:
+def resume_command(argv: Sequence[str], ctx: RunContext, run_dir: Path) -> str:
     """The command that continues this run after a stop, as the user started it."""
-    sweep = shlex.join(["-m", "commbench", "sweep", *launcher.without_flags(getattr(args, "_argv", []),
+    sweep = shlex.join(["-m", "commbench", "sweep", *launcher.without_flags(list(argv),
                                                                             {"--resume", "--run-dir"}),
                         "--resume", str(run_dir)])
     if not under_torchrun():
@@ -356,13 +358,13 @@ def _oversubscribed(ctx: RunContext) -> list[str]:
             "mostly scheduler time, not the transport's"]
 
 
-def _fusion_summary(ctx: RunContext, run_dir: Path, table: LiveTable) -> None:
-    fused = [r for r in ctx.measured if r.op != "allreduce"]
+def _fusion_summary(ctx: RunContext, rows: list[Measurement], run_dir: Path, table: LiveTable) -> None:
+    fused = [r for r in rows if r.op != "allreduce"]
     if not fused:
         return
     from commbench.analysis.fusion import summarize
 
-    summary = summarize(ctx.measured)
+    summary = summarize(rows)
     if ctx.rank == 0 and summary:  # only fused rows have a saving to report
         (run_dir / "fusion.json").write_text(json.dumps(summary, indent=2, sort_keys=True), encoding="utf-8")
         for item in summary:

@@ -58,7 +58,8 @@ def stopped_reason(row: Measurement) -> str:
 class Engine:
     def __init__(self, ctx: RunContext, plan: SweepPlan, writer: ResultsWriter | None, table: LiveTable,
                  done_keys: set[tuple], stopped_backends: dict[str, str], env_setting: dict[str, str],
-                 on_stop_flush: Callable[[], None], recorder: Recorder, resume_hint: str | None):
+                 on_stop_flush: Callable[[], None], recorder: Recorder, resume_hint: str | None,
+                 rows: list[Measurement]):
         self.ctx = ctx
         self.plan = plan
         self.writer = writer
@@ -72,6 +73,7 @@ class Engine:
         self.step = 0                    # steps so far: the same count on every rank
         self.stops = 0                   # rows that ended a backend, recorded by this process
         self._stop_lock = threading.Lock()
+        self.rows = rows                 # every row of this run so far, the same on every rank
 
     # ---- bookkeeping -------------------------------------------------------------------
 
@@ -108,7 +110,7 @@ class Engine:
                 row.extra[name] = value
 
     def emit(self, row: Measurement) -> None:
-        self.ctx.measured.append(row)
+        self.rows.append(row)
         self.done_keys.add(row.key())
         if self.writer is not None:
             self.writer.append(row)
@@ -119,7 +121,7 @@ class Engine:
         self.table.line(f"# {backend.name}: skipped: {reason}")
         for dtype, shape, mode in cells:
             row = self._base_row(backend, dtype, shape, mode, SKIPPED, reason=reason, failed_rank=failed_rank)
-            self.ctx.measured.append(row)
+            self.rows.append(row)
             self.done_keys.add(row.key())
             if self.writer is not None:
                 self.writer.append(row)
@@ -189,6 +191,8 @@ class Engine:
         if backend.name in self.stopped_backends:
             self._skip_all(backend, cells, self.stopped_backends[backend.name])
             return
+        if backend.reads_rows:
+            backend.take_rows(tuple(self.rows))
         with self._step(backend, "check", f"check of {backend.name}", cells[0], None):
             try:
                 local = backend.check(self.ctx)

@@ -28,6 +28,7 @@ import sys
 import time
 from contextlib import nullcontext
 from pathlib import Path
+from typing import Sequence
 
 import torch
 
@@ -40,6 +41,7 @@ from commbench.results import (HANG, SCHEMA_VERSION, Measurement, ResultsWriter,
                                refuse_other_run, stops_backend, write_csv, write_run_info)
 from commbench.sweep.plan import SweepPlan
 
+ENV_SETTING_VAR = "COMMBENCH_ENV_SETTING"   # a child's --env setting, as JSON: its rows carry it
 _NAME_RE = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 # Flags the driver consumes; everything else is passed to each child unchanged.
 _DRIVER_FLAGS = frozenset({"--nproc", "--env", "--child-timeout", "--resume", "--qualify", "--junit"})
@@ -132,7 +134,7 @@ def child_runs(argv: list[str], env_settings: list[dict[str, str]], variants: li
     return runs
 
 
-def drive(args: argparse.Namespace, env_settings: list[dict[str, str]], variants: list[Backend],
+def drive(args: argparse.Namespace, argv: Sequence[str], env_settings: list[dict[str, str]], variants: list[Backend],
           plan: SweepPlan) -> tuple[int, Path]:
     """Run every child, resuming each after a backend ended it; the exit status (FAILED_EXIT
     when a child failed with nothing recorded, STOP_EXIT when a backend hung or crashed, else 0)
@@ -161,7 +163,7 @@ def drive(args: argparse.Namespace, env_settings: list[dict[str, str]], variants
             print(f"# driver: private MPS daemon for the children ({mps.MPS_PERCENT_VAR}="
                   f"{mps_daemon.share[mps.MPS_PERCENT_VAR]})", flush=True)
         failed = [_run_setting(args, run_dir, setting, sweep_args, mps_daemon, len(variants))
-                  for setting, sweep_args in child_runs(getattr(args, "_argv", []), env_settings, variants,
+                  for setting, sweep_args in child_runs(list(argv), env_settings, variants,
                                                         args.allow_multicast, shares_gpus)]
     write_csv(run_dir)
     print(f"# results: {run_dir}/measurements.jsonl (+ .csv, run.json)")
@@ -196,7 +198,7 @@ def _run_setting(args: argparse.Namespace, run_dir: Path, setting: dict[str, str
                   "the ended child's kernel)", flush=True)
             daemon.restart()
         client = daemon.client_env() if daemon is not None else {}
-        env = {**os.environ, **client, **setting, "COMMBENCH_ENV_SETTING": json.dumps(setting, sort_keys=True)}
+        env = {**os.environ, **client, **setting, ENV_SETTING_VAR: json.dumps(setting, sort_keys=True)}
         print(f"# driver: torchrun x{args.nproc} with {label}" + (f" (resume {attempt})" if attempt else ""),
               flush=True)
         proc = subprocess.Popen(command, env=env, start_new_session=True)
