@@ -5,9 +5,9 @@ variant spec (the text after ``family:``) into backend objects. Everything about
 lives in its module and reaches the rest of commbench through this interface, for built-ins
 and entry-point plug-ins alike:
 
-- what it needs from the machine (``needs``, names from commbench.topology.needs.NEEDS) and from its software
-  (``software_reason``, ``BackendFactory.packages``): the probe's verdicts and the sweep's
-  checks both come from these;
+- what it needs from the machine (``needs``, names from commbench.topology.needs.NEEDS) and
+  from its software (``software_reason``, ``BackendFactory.packages``): the probe's verdicts
+  and the sweep's checks both come from these;
 - its command-line options (``BackendFactory.add_arguments`` / ``read_options``);
 - the serving-engine settings that select it (``engine_settings``, recorded in run.json);
 - what it observes about each row (``observe``: e.g. what NCCL chose) and records on it.

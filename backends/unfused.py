@@ -3,8 +3,8 @@
 ``unfused:best`` does the same work as a fused kernel the way a serving engine does without
 fusion: the fastest plain allreduce measured earlier in this run at that message size and
 dtype (it declares reads_rows: the sweep runs it after the backends that do not and hands it
-their rows), then torch's residual add and RMSNorm. In graph mode all three are captured in the same CUDA graph, so the
-comparison with a fused kernel is call for call. Which allreduce backend it used, and that
+their rows), then torch's residual add and RMSNorm. In graph mode all three are captured in the
+same CUDA graph, so the comparison with a fused kernel is call for call. Which allreduce backend it used, and that
 backend's own time, are recorded on every row.
 """
 

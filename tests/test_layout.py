@@ -19,8 +19,8 @@ ANALYSIS = ["commbench.analysis." + p.stem for p in (REPO / "commbench" / "analy
 
 
 def test_the_analysis_half_imports_no_torch() -> None:
-    modules = ANALYSIS + ["commbench.results", "commbench.runs", "commbench.inflight", "commbench.engines", "commbench.units", "commbench.policy",
-                         "commbench.files"]
+    modules = ANALYSIS + ["commbench.results", "commbench.runs", "commbench.inflight", "commbench.engines",
+                          "commbench.units", "commbench.policy", "commbench.files"]
     code = ("import sys\n" + "".join(f"import {m}\n" for m in modules) +
             "bad = sorted(m for m in sys.modules if m == 'torch' or m.startswith(('torch.', 'commbench.sweep')))\n"
             "print(bad)\n")

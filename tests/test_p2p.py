@@ -76,7 +76,8 @@ def test_an_auto_rule_reads_back_as_it_was_written():
     rule = p2p_rules.parse_auto_rule(text)
     assert p2p_rules.format_auto_rule(rule) == text
     assert [p2p_rules.rule_kernel(rule, n) for n in (16, 4096, 4112, 65536, 4 << 20, 8 << 20)] == \
-        [p2p_layout.ONESHOT_LL, p2p_layout.ONESHOT_LL, p2p_layout.ONESHOT_PUSH, p2p_layout.ONESHOT_PUSH, p2p_layout.TWOSHOT_LL, p2p_layout.TWOSHOT]
+        [p2p_layout.ONESHOT_LL, p2p_layout.ONESHOT_LL, p2p_layout.ONESHOT_PUSH, p2p_layout.ONESHOT_PUSH,
+         p2p_layout.TWOSHOT_LL, p2p_layout.TWOSHOT]
 
 
 @pytest.mark.parametrize("options, message", [
@@ -179,7 +180,8 @@ def test_grid_depends_only_on_size_world_and_the_agreed_cap_and_sms():
     assert dims(p2p_layout.ONESHOT_PUSH, 513) == (5, 128)
     assert dims(p2p_layout.ONESHOT_PUSH, (8 << 20) // 16) == (p2p_layout.MAX_BLOCKS, 512)
     # Two-shot sizes its grid by one rank's slice, Lamport or not.
-    assert dims(p2p_layout.TWOSHOT, 4 * 512 + 1, world=4) == dims(p2p_layout.TWOSHOT_LL, 4 * 512 + 1, world=4) == (5, 128)
+    assert dims(p2p_layout.TWOSHOT, 4 * 512 + 1, world=4) == (5, 128)
+    assert dims(p2p_layout.TWOSHOT_LL, 4 * 512 + 1, world=4) == (5, 128)
     assert dims(p2p_layout.ONESHOT_LL, 4 * 512 + 1, world=4) == (17, 128)
     assert dims(p2p_layout.TWOSHOT, 3) == (1, 32)
 
@@ -386,7 +388,8 @@ def test_layout_words_follow_the_struct_and_leave_absent_areas_zero():
     bases = [0x7000_0000_0000, 0x7100_0000_0000]
     words = p2p_layout.layout_words(plan, bases, timeout_ns=5_000_000, ctrl=0xC0, report=0xD0, rank=1)
     assert len(words) == p2p_layout.LAYOUT_WORDS
-    area = {name: words[i * p2p_layout.MAX_RANKS:(i + 1) * p2p_layout.MAX_RANKS] for i, name in enumerate(p2p_layout.LAYOUT_AREAS)}
+    ranks = p2p_layout.MAX_RANKS
+    area = {name: words[i * ranks:(i + 1) * ranks] for i, name in enumerate(p2p_layout.LAYOUT_AREAS)}
     assert area["flags"] == bases + [0] * 6
     assert area["ll"] == [b + plan.ll for b in bases] + [0] * 6
     assert area["recv"] == area["ll_rs"] == [0] * 8
@@ -498,7 +501,8 @@ def test_auto_reads_peer_memory_only_where_reads_are_known_to_complete():
     assert p2p_rules.peer_reads_reason(linked([["X", "PIX"], ["PIX", "X"]]), 8, two).startswith(
         "GPU 0 and GPU 1 are linked by PIX, not NVLink")
     for snapshot in (None, {"error": "RuntimeError: no NVML"}):
-        assert p2p_rules.peer_reads_reason(snapshot, 4, None).startswith("no probe snapshot says how the GPUs are linked")
+        assert p2p_rules.peer_reads_reason(snapshot, 4, None).startswith(
+            "no probe snapshot says how the GPUs are linked")
 
 
 @pytest.mark.parametrize("snapshot, emulation, pull", [(NV4, None, True), (PCIE4, None, False),
@@ -507,7 +511,8 @@ def test_auto_adds_the_pull_kernel_last_and_rows_say_why_not(snapshot, emulation
     b = backend("auto")
     ctx = replace(ctx_for(4), snapshot=snapshot, emulation=emulation)
     b._choose_auto_kernels(ctx)
-    assert b.algorithms == ((*p2p_rules.VARIANTS["auto"], p2p_layout.ONESHOT_PULL) if pull else p2p_rules.VARIANTS["auto"])
+    auto = p2p_rules.VARIANTS["auto"]
+    assert b.algorithms == ((*auto, p2p_layout.ONESHOT_PULL) if pull else auto)
     extra = b.row_fields()["extra"]
     assert extra["p2p_kernels"] == list(b.algorithms)
     assert ("p2p_auto_pull_reason" in extra) is not pull
@@ -522,7 +527,8 @@ def test_a_forced_auto_rule_that_names_the_pull_kernel_asks_for_it():
     assert b.algorithms == (*p2p_rules.VARIANTS["auto"], p2p_layout.ONESHOT_PULL)
     ctx = replace(ctx_for(4), snapshot=PCIE4)
     b._choose_auto_kernels(ctx)                    # the rule decides, not the links
-    assert p2p_layout.ONESHOT_PULL in b.algorithms and b.algorithm_for(1 << 20, torch.bfloat16) == p2p_layout.ONESHOT_PULL
+    assert p2p_layout.ONESHOT_PULL in b.algorithms
+    assert b.algorithm_for(1 << 20, torch.bfloat16) == p2p_layout.ONESHOT_PULL
     assert backend("auto", p2p_auto_rule="oneshot_lamport<=64K,twoshot").algorithms == p2p_rules.VARIANTS["auto"]
 
 
@@ -570,7 +576,8 @@ def test_cuda_source_constants_match():
     phases = re.findall(r"#define PHASE_\w+ (\d+)", source)
     assert [int(n) for n in phases] == list(range(len(p2p_kernels.PHASE_NAMES)))
     for name in p2p_layout.KERNEL_NAMES.values():
-        assert f"void __launch_bounds__({p2p_layout.THREADS_PER_BLOCK}) {name}(const __grid_constant__ Layout L," in source
+        threads = p2p_layout.THREADS_PER_BLOCK
+        assert f"void __launch_bounds__({threads}) {name}(const __grid_constant__ Layout L," in source
 
 
 # -- programmatic dependent launch ----------------------------------------------------------

@@ -21,6 +21,9 @@ and a few untimed calls per row, never inside a timed loop. Lines it reads (NCCL
 
 Which NCCL a process runs is asked of NCCL itself: ncclGetVersion of the libnccl mapped into
 the process (/proc/self/maps), never inferred from a path.
+
+Torch-free and below the backends: the NCCL backends and the probe's NCCL check (nccl_checks)
+both read NCCL's log through this module, and it spells NCCL's variable names once.
 """
 
 from __future__ import annotations

@@ -174,7 +174,8 @@ def _qualify(args: argparse.Namespace, run_dir: Path) -> int:
                                            max_slowdown_pct=None, junit=args.junit))
 
 
-def _run(args: argparse.Namespace, argv: Sequence[str], plan: SweepPlan, specs: list[str] | None, on_gpu: bool) -> tuple[int, Path]:
+def _run(args: argparse.Namespace, argv: Sequence[str], plan: SweepPlan, specs: list[str] | None,
+         on_gpu: bool) -> tuple[int, Path]:
     run_dir_arg = args.run_dir or args.resume
     ctx, note = init_context(allow_multicast=args.allow_multicast, force_cpu=args.cpu,
                              share_gpus=args.share_gpus)
@@ -221,8 +222,8 @@ def _probe(ctx: RunContext, args: argparse.Namespace, variants: list) -> tuple[R
     return ctx.with_probe(*ctx.broadcast_object((snapshot, verdicts) if ctx.rank == 0 else None)), notes
 
 
-def _sweep(ctx: RunContext, args: argparse.Namespace, argv: Sequence[str], plan: SweepPlan, variants: list, run_dir: Path,
-           note: str | None) -> int:
+def _sweep(ctx: RunContext, args: argparse.Namespace, argv: Sequence[str], plan: SweepPlan, variants: list,
+           run_dir: Path, note: str | None) -> int:
     rank0 = ctx.rank == 0
     env_setting = json.loads(os.environ.get(launcher.ENV_SETTING_VAR, "{}"))
     gpus = ctx.all_gather_objects(local_device_info(ctx.device))
