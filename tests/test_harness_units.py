@@ -13,6 +13,7 @@ from commbench.errors import UsageError
 from commbench.sweep.launcher import child_arguments, parse_env_settings
 from commbench.sweep.plan import Shape, build_plan
 from commbench.sweep.command import add_arguments, backend_options
+from commbench.sweep.options import SweepOptions
 from commbench.results import percentile
 from commbench.runtime.timing import headline_us, jitter_stats, max_over_ranks
 from commbench.runtime.dtypes import parse_dtypes
@@ -80,7 +81,7 @@ def test_model_shapes_and_explicit_lists() -> None:
 @pytest.mark.parametrize("argv, hidden", [(["--tokens", "1,8", "--hidden", "4096"], 4096), ([], None)])
 def test_model_shapes_bring_the_unfused_baseline_into_the_gpu_defaults(argv: list[str], hidden: int | None) -> None:
     args = sweep_args(*argv)
-    options = backend_options(args, build_plan(args, on_gpu=True), None)
+    options = backend_options(SweepOptions.from_args(args, argv), build_plan(args, on_gpu=True), None)
     assert options["hidden"] == hidden
     unfused = [b.name for b in backends.expand(None, options, True) if b.family == "unfused"]
     assert unfused == (["unfused:best"] if hidden else [])
@@ -89,9 +90,11 @@ def test_model_shapes_bring_the_unfused_baseline_into_the_gpu_defaults(argv: lis
 def test_backends_get_every_planned_size() -> None:
     """flashinfer:pcie_ipc tunes one bucket per planned size at setup, so it is told them all."""
     args = sweep_args("--tokens", "1,8", "--hidden", "4096")
-    assert backend_options(args, build_plan(args, on_gpu=True), None)["message_bytes"] == [8192, 65536]
+    options = backend_options(SweepOptions.from_args(args, []), build_plan(args, on_gpu=True), None)
+    assert options["message_bytes"] == [8192, 65536]
     args = sweep_args("--sizes", "1M,8K,64K")
-    assert backend_options(args, build_plan(args, on_gpu=True), None)["message_bytes"] == [8192, 65536, 1 << 20]
+    options = backend_options(SweepOptions.from_args(args, []), build_plan(args, on_gpu=True), None)
+    assert options["message_bytes"] == [8192, 65536, 1 << 20]
 
 
 @pytest.mark.parametrize("argv, message", [

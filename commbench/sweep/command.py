@@ -30,6 +30,7 @@ from commbench.results import (ERROR, ROWS_FILE, RUN_FILE, SCHEMA_VERSION, Measu
                                read_rows_checked, read_run_info, refuse_other_run, repair_torn_tail, stops_backend,
                                write_csv, write_run_info)
 from commbench.sweep.live import HEADER, LiveTable
+from commbench.sweep.options import SweepOptions
 from commbench.units import positive_finite
 from commbench.sweep.versions import (LAUNCH_COMMAND_VAR, launch_command, local_device_info, relevant_env,
                                       software_versions)
@@ -89,12 +90,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     backends.add_arguments(p)   # each backend family's own flags
 
 
-def backend_options(args: argparse.Namespace, plan: SweepPlan, run_dir: Path | None) -> dict[str, Any]:
+def backend_options(opts: SweepOptions, plan: SweepPlan, run_dir: Path | None) -> dict[str, Any]:
     """The sweep's own options every family may read, plus what each family read from its flags."""
     return {"hidden": plan.shapes[0].hidden,   # model shapes share one hidden size; None for plain sizes
             # every planned size, for backends that tune per size at setup (flashinfer:pcie_ipc)
             "message_bytes": sorted({shape.message_bytes for shape in plan.shapes}),
-            "allow_multicast": args.allow_multicast, "run_dir": run_dir, **backends.read_options(args)}
+            "allow_multicast": opts.allow_multicast, "run_dir": run_dir, **opts.families}
 
 
 def _list_backends() -> int:
@@ -120,42 +121,43 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     specs = backends.split_specs(args.backends) if args.backends is not None else None
     if specs == []:
         raise UsageError(f"--backends {args.backends!r}: the list is empty (leave it out for every backend)")
-    variants = backends.expand(specs, backend_options(args, plan, None), on_gpu)
-    _check_qualify_args(args)
-    if args.mps and not (args.nproc and args.share_gpus):
+    opts = SweepOptions.from_args(args, argv)   # reads every family's flags
+    variants = backends.expand(specs, backend_options(opts, plan, None), on_gpu)
+    _check_qualify_args(opts)
+    if opts.mps and not (opts.nproc and opts.share_gpus):
         raise UsageError("--mps starts an MPS daemon for the children of the driver: use it with --nproc N "
                          "--share-gpus")
-    driver = args.nproc is not None or bool(env_settings)
+    driver = opts.nproc is not None or bool(env_settings)
     if driver and under_torchrun():
         raise UsageError("--nproc/--env launch torchrun themselves: run them outside torchrun")
     if driver:
-        positive_finite(args.child_timeout, "--child-timeout", "seconds")
+        positive_finite(opts.child_timeout, "--child-timeout", "seconds")
     rank, world, _, _ = torchrun_env()
     if specs is not None:
         # The driver knows its children's world size: saying so here is one line, where torchrun
         # would follow each child's line with its own failure report.
-        _check_world_size(variants, args.nproc if driver and args.nproc else world)
+        _check_world_size(variants, opts.nproc if driver and opts.nproc else world)
     if driver:
         os.environ[LAUNCH_COMMAND_VAR] = json.dumps(sys.argv)   # the children record the driver's command
         try:
-            status, run_dir = launcher.drive(args, argv, env_settings, variants, plan)
+            status, run_dir = launcher.drive(opts, env_settings, variants, plan)
         finally:
             del os.environ[LAUNCH_COMMAND_VAR]
-        return _qualify(args, run_dir) if status == 0 and args.qualify is not None else status
-    status, run_dir = _run(args, argv, plan, specs, on_gpu)
-    if status == 0 and args.qualify is not None and rank == 0:
-        return _qualify(args, run_dir)
+        return _qualify(opts, run_dir) if status == 0 and opts.qualify is not None else status
+    status, run_dir = _run(opts, plan, specs, on_gpu)
+    if status == 0 and opts.qualify is not None and rank == 0:
+        return _qualify(opts, run_dir)
     return status
 
 
-def _check_qualify_args(args: argparse.Namespace) -> None:
-    if args.junit is not None and args.qualify is None:
+def _check_qualify_args(opts: SweepOptions) -> None:
+    if opts.junit is not None and opts.qualify is None:
         raise UsageError("--junit writes qualify's JUnit XML: give it with --qualify SPEC.toml")
-    if args.qualify is not None:
+    if opts.qualify is not None:
         from commbench.analysis.qualify import load_spec
 
-        load_spec(args.qualify)  # a broken spec is bad input: say so before measuring anything
-        check_file_target(args.junit, "--junit")
+        load_spec(opts.qualify)  # a broken spec is bad input: say so before measuring anything
+        check_file_target(opts.junit, "--junit")
 
 
 def _check_world_size(variants: list, world: int) -> None:
@@ -167,41 +169,40 @@ def _check_world_size(variants: list, world: int) -> None:
             raise UsageError(f"backend {backend.name} cannot run with {world} rank(s): {reason}")
 
 
-def _qualify(args: argparse.Namespace, run_dir: Path) -> int:
+def _qualify(opts: SweepOptions, run_dir: Path) -> int:
     from commbench.analysis import qualify
 
-    return qualify.main(argparse.Namespace(run_dir=run_dir, spec=args.qualify, reference=None,
-                                           max_slowdown_pct=None, junit=args.junit))
+    return qualify.main(argparse.Namespace(run_dir=run_dir, spec=opts.qualify, reference=None,
+                                           max_slowdown_pct=None, junit=opts.junit))
 
 
-def _run(args: argparse.Namespace, argv: Sequence[str], plan: SweepPlan, specs: list[str] | None,
-         on_gpu: bool) -> tuple[int, Path]:
-    run_dir_arg = args.run_dir or args.resume
-    ctx, note = init_context(allow_multicast=args.allow_multicast, force_cpu=args.cpu,
-                             share_gpus=args.share_gpus)
+def _run(opts: SweepOptions, plan: SweepPlan, specs: list[str] | None, on_gpu: bool) -> tuple[int, Path]:
+    run_dir_arg = opts.run_dir or opts.resume
+    ctx, note = init_context(allow_multicast=opts.allow_multicast, force_cpu=opts.cpu,
+                             share_gpus=opts.share_gpus)
     try:
-        run_dir = _prepare_run_dir(ctx, args, run_dir_arg)
-        variants = backends.expand(specs, backend_options(args, plan, run_dir), ctx.is_cuda)
+        run_dir = _prepare_run_dir(ctx, opts, run_dir_arg)
+        variants = backends.expand(specs, backend_options(opts, plan, run_dir), ctx.is_cuda)
         # Backends that read earlier rows (Backend.reads_rows) after all the others; plain
         # allreduce before fused ops; optional native code (MSCCL++, FlashInfer, plug-ins) last
         # within each, where a crash costs least.
         variants.sort(key=lambda b: (b.reads_rows, b.op != "allreduce", backends.runs_native_code(b.family)))
-        return _sweep(ctx, args, argv, plan, variants, run_dir, note), run_dir
+        return _sweep(ctx, opts, plan, variants, run_dir, note), run_dir
     finally:
         shutdown()
 
 
-def _prepare_run_dir(ctx: RunContext, args: argparse.Namespace, existing: str | None) -> Path:
+def _prepare_run_dir(ctx: RunContext, opts: SweepOptions, existing: str | None) -> Path:
     path = None
     if ctx.rank == 0:
-        path = str(Path(existing).resolve() if existing else new_run_dir(Path(args.out)))
+        path = str(Path(existing).resolve() if existing else new_run_dir(Path(opts.out)))
     return Path(ctx.broadcast_object(path))
 
 
-def _probe(ctx: RunContext, args: argparse.Namespace, variants: list) -> tuple[RunContext, list[str]]:
+def _probe(ctx: RunContext, opts: SweepOptions, variants: list) -> tuple[RunContext, list[str]]:
     """Take the topology snapshot and the per-backend verdicts; never fatal. The context with
     them, and the lines that say what went wrong."""
-    if args.no_probe:
+    if opts.no_probe:
         return ctx, ["probe skipped (--no-probe)"]
     try:
         from commbench.topology.snapshot import take_snapshot
@@ -210,20 +211,20 @@ def _probe(ctx: RunContext, args: argparse.Namespace, variants: list) -> tuple[R
         return ctx, [f"probe unavailable: {exc}"]
     notes: list[str] = []
     try:
-        snapshot = take_snapshot(ctx, bandwidth=False, allow_multicast=args.allow_multicast)
+        snapshot = take_snapshot(ctx, bandwidth=False, allow_multicast=opts.allow_multicast)
     except Exception as exc:  # a broken probe must not stop the sweep; the reason is recorded
         snapshot = {"error": f"{type(exc).__name__}: {exc}"}
         notes.append(f"probe failed on rank {ctx.rank}: {exc}")
     # Rank 0 holds the merged snapshot; every rank decides skips from the same verdicts.
     if ctx.rank == 0 and "error" not in snapshot:
-        verdicts = run_verdicts(variants, snapshot, ctx.world_size, args.allow_multicast)
+        verdicts = run_verdicts(variants, snapshot, ctx.world_size, opts.allow_multicast)
     else:
         verdicts = {}
     return ctx.with_probe(*ctx.broadcast_object((snapshot, verdicts) if ctx.rank == 0 else None)), notes
 
 
-def _sweep(ctx: RunContext, args: argparse.Namespace, argv: Sequence[str], plan: SweepPlan, variants: list,
-           run_dir: Path, note: str | None) -> int:
+def _sweep(ctx: RunContext, opts: SweepOptions, plan: SweepPlan, variants: list, run_dir: Path,
+           note: str | None) -> int:
     rank0 = ctx.rank == 0
     env_setting = json.loads(os.environ.get(launcher.ENV_SETTING_VAR, "{}"))
     gpus = ctx.all_gather_objects(local_device_info(ctx.device))
@@ -233,7 +234,7 @@ def _sweep(ctx: RunContext, args: argparse.Namespace, argv: Sequence[str], plan:
     done_keys = {row.key() for row in previous}
     stopped = {row.backend: stopped_reason(row) for row in previous
                if stops_backend(row) and row.env_setting == env_setting}
-    ctx, probe_notes = _probe(ctx, args, variants)
+    ctx, probe_notes = _probe(ctx, opts, variants)
     notes = ([note] if note else []) + opened + _oversubscribed(ctx) + probe_notes
     # After rank 0 has read a dead run's records: this rank's own start afresh. Ranks on nodes
     # that do not see the results dir keep none.
@@ -244,7 +245,7 @@ def _sweep(ctx: RunContext, args: argparse.Namespace, argv: Sequence[str], plan:
     completed = False   # a Ctrl-C or an error ends the run interrupted, never "finished"
     try:
         if rank0:
-            _write_run_json(ctx, args, plan, variants, run_dir, gpus, notes, env_setting)
+            _write_run_json(ctx, opts, plan, variants, run_dir, gpus, notes, env_setting)
             writer = ResultsWriter(run_dir)
         total = len(variants) * sum(len(plan.sizes_for(d)) for d in plan.dtypes) * len(plan.modes)
         table = LiveTable(enabled=rank0, total_rows=total)
@@ -256,7 +257,7 @@ def _sweep(ctx: RunContext, args: argparse.Namespace, argv: Sequence[str], plan:
             table.line("#" + HEADER[1:])
             engine = Engine(ctx, plan, writer, table, done_keys, stopped, env_setting,
                             on_stop_flush=lambda: write_csv(run_dir), recorder=recorder,
-                            resume_hint=None if args.run_dir else resume_command(argv, ctx, run_dir),
+                            resume_hint=None if opts.run_dir else resume_command(opts.argv, ctx, run_dir),
                             rows=list(previous))
             for backend in variants:
                 engine.run_backend(backend)
@@ -281,7 +282,7 @@ def _sweep(ctx: RunContext, args: argparse.Namespace, argv: Sequence[str], plan:
             if not unwritable:
                 write_csv(run_dir)
                 _end_run_json(run_dir, completed)
-    if rank0 and not args.run_dir:  # a driver's child: the driver names the results once, at the end
+    if rank0 and not opts.run_dir:  # a driver's child: the driver names the results once, at the end
         print(f"# results: {run_dir}/measurements.jsonl (+ .csv, run.json)")
     return STOP_EXIT if engine.stops else 0
 
@@ -372,13 +373,13 @@ def _fusion_summary(ctx: RunContext, rows: list[Measurement], run_dir: Path, tab
             table.line("# fusion: " + ", ".join(f"{k}={v}" for k, v in item.items()))
 
 
-def _write_run_json(ctx: RunContext, args: argparse.Namespace, plan: SweepPlan, variants: list, run_dir: Path,
+def _write_run_json(ctx: RunContext, opts: SweepOptions, plan: SweepPlan, variants: list, run_dir: Path,
                     gpus: list, notes: list[str], env_setting: dict[str, str]) -> None:
     """A new run's metadata; on a resume (the same run, checked before), the original stays and
     the resume adds an entry to `resumed` and the facts of backends new to the run."""
     info = read_run_info(run_dir) if (run_dir / RUN_FILE).exists() else {"run_id": run_dir.name,
                                                                            "started": time.time()}
-    command = {"command": launch_command(), "args": {k: v for k, v in vars(args).items() if not k.startswith("_")},
+    command = {"command": launch_command(), "args": dict(opts.recorded),
                "versions": software_versions(), "env": relevant_env(), "notes": notes}
     # What each variant declares, for the offline analysis (it never imports a backend).
     facts = {b.name: backend_facts(b, ctx.world_size) for b in variants}
