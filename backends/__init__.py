@@ -26,7 +26,7 @@ ENTRY_POINT_GROUP = "commbench.backends"
 
 # family -> module exposing FACTORY. Imported lazily: optional dependencies stay optional.
 BUILTIN: dict[str, str] = {
-    "nccl": "commbench.backends.nccl",
+    "nccl": "commbench.backends.nccl_variants",
     "nccl4py": "commbench.backends.nccl4py",
     "gloo": "commbench.backends.gloo",
     "p2p": "commbench.backends.p2p",
@@ -46,7 +46,7 @@ def families() -> list[str]:
 
 
 @cache
-def _load(family: str) -> BackendFactory:
+def factory(family: str) -> BackendFactory:
     """The family's factory; UsageError when it is unknown or its plug-in is broken."""
     if family in BUILTIN:
         return importlib.import_module(BUILTIN[family]).FACTORY
@@ -63,10 +63,6 @@ def _load(family: str) -> BackendFactory:
     return loaded
 
 
-def factory(family: str) -> BackendFactory:
-    return _load(family)
-
-
 def runs_native_code(family: str) -> bool:
     """Optional native code that may crash the process (the factory says; plug-ins are unless
     they say otherwise): the sweep runs such families after the built-in ones."""
@@ -80,7 +76,7 @@ def usable_factories() -> list[BackendFactory]:
     out = []
     for family in families():
         try:
-            out.append(_load(family))
+            out.append(factory(family))
         except UsageError as exc:
             _warn_once(str(exc))
     return out

@@ -5,9 +5,9 @@ variant spec (the text after ``family:``) into backend objects. Everything about
 lives in its module and reaches the rest of commbench through this interface, for built-ins
 and entry-point plug-ins alike:
 
-- what it needs from the machine (``needs``, names from NEEDS) and from its software
-  (``software_reason``, ``BackendFactory.packages``): the probe's verdicts and the sweep's
-  checks both come from these;
+- what it needs from the machine (``needs``, names from commbench.topology.needs.NEEDS) and
+  from its software (``software_reason``, ``BackendFactory.packages``): the probe's verdicts
+  and the sweep's checks both come from these;
 - its command-line options (``BackendFactory.add_arguments`` / ``read_options``);
 - the serving-engine settings that select it (``engine_settings``, recorded in run.json);
 - what it observes about each row (``observe``: e.g. what NCCL chose) and records on it.
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import argparse
 import traceback
@@ -28,27 +28,15 @@ import traceback
 import torch
 import torch.distributed as dist
 
+from commbench.results import Measurement
+from commbench.runtime.workload import AllreduceWorkload, Workload
+from commbench.topology.needs import ranks_reason
+
 if TYPE_CHECKING:
     from commbench.engines import Settings
-    from commbench.sweep.context import RunContext
-    from commbench.sweep.workload import Workload
+    from commbench.runtime.context import RunContext
 
 ALL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-
-# What a backend may need from the machine, in the order they are checked (the most basic
-# first). The probe checks each against its snapshot (commbench.topology.needs);
-# Backend.check() checks those the running processes can answer.
-NEEDS = {
-    "multicast": "NVLink multicast (and permission to create it)",
-    "node": "every rank in one node",
-    "cuda": "CUDA GPUs",
-    "own_gpu": "one GPU per rank",
-    "p2p": "functional P2P between every pair of GPUs",
-    "ipc": "CUDA IPC between processes",
-    "vmm": "cuMemCreate buffers shared as POSIX file descriptors",
-    "atomics": "P2P atomics between every pair of GPUs",
-}
-
 
 class BackendUnavailable(Exception):
     """Raised by setup() with a reason a user can act on ("flashinfer not installed", ...)."""
@@ -79,12 +67,15 @@ class Backend(ABC):
     name: str = ""
     family: str = ""
     graph_capturable: bool = True
-    needs: tuple[str, ...] = ()     # names from NEEDS (checked in NEEDS' order)
+    needs: tuple[str, ...] = ()     # names from topology.needs.NEEDS, checked in its order
     in_place: bool = False          # the sum overwrites the input (torch ProcessGroups)
-    op: str = "allreduce"           # what one call computes; see commbench.sweep.workload
+    op: str = "allreduce"           # what one call computes; see commbench.runtime.workload
     dtypes: tuple[torch.dtype, ...] = ALL_DTYPES
     min_world_size: int = 1
     max_world_size: int | None = None
+    # Builds on rows measured earlier in this run (unfused:best picks the fastest allreduce): the
+    # sweep runs it after every backend that does not, and hands it those rows (take_rows).
+    reads_rows: bool = False
 
     @property
     def node_local(self) -> bool:
@@ -98,6 +89,10 @@ class Backend(ABC):
             return f"supports at most {self.max_world_size} ranks, this run has {world_size}"
         return None
 
+    def take_rows(self, rows: Sequence[Measurement]) -> None:
+        """For a backend that reads_rows, before check(): every row of this run measured before
+        it (resumed ones too), the same on every rank."""
+
     def software_reason(self) -> str | None:
         """Why its software is missing, unusable or too old ("not installed: pip install ...");
         None when it is there. No GPU work and no side effects: the probe asks it too."""
@@ -109,7 +104,7 @@ class Backend(ABC):
         the fabric needs: p2p, ipc, vmm, atomics), the needs the running processes can answer,
         then the software."""
         return (self.world_size_reason(ctx.world_size) or ctx.verdicts.get(self.name)
-                or next((r for r in (context_need_reason(n, ctx) for n in NEEDS if n in self.needs) if r), None)
+                or ranks_reason(self.needs, ctx)
                 or self.software_reason())
 
     def engine_settings(self, world_size: int | None) -> "Settings | None":
@@ -143,11 +138,9 @@ class Backend(ABC):
         """Release everything (buffers, groups, IPC handles)."""
 
     def make_workload(self, ctx: "RunContext", count: int, dtype: torch.dtype,
-                      shape: tuple[int, int] | None, pairs: int) -> "Workload":
+                      shape: tuple[int, int] | None, pairs: int) -> Workload:
         """The inputs, calls and check for one row: `pairs` input/output pairs. Plain
         allreduce by default."""
-        from commbench.sweep.workload import AllreduceWorkload
-
         return AllreduceWorkload(self, ctx, count, dtype, pairs)
 
     def process_env(self, allow_multicast: bool) -> dict[str, str] | None:
@@ -164,25 +157,6 @@ class Backend(ABC):
         before the row's timed passes and outside them; ``call`` makes one more call of the
         row's size (collective: every rank makes the same number). Rank 0's answer is recorded."""
         return {}
-
-
-def context_need_reason(need: str, ctx: "RunContext") -> str | None:
-    """One need checked against the running processes; None when met or only a snapshot can tell."""
-    if need == "cuda" and not ctx.is_cuda:
-        return "needs CUDA GPUs; this run is on the CPU"
-    if need == "own_gpu" and ctx.shares_gpus:
-        return "needs one GPU per rank, and these ranks share a GPU"
-    if need == "node" and ctx.nodes > 1:
-        return f"node-local backend: this run spans {ctx.nodes} nodes (P2P/IPC only works within one node)"
-    if need == "multicast":
-        if ctx.multicast_reason:
-            return f"needs NVLink multicast: {ctx.multicast_reason}"
-        if ctx.is_cuda:
-            from commbench.topology.cudadrv import multicast_supported
-
-            if not multicast_supported(ctx.device.index or 0):
-                return "needs NVLink multicast: CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED is 0 on this GPU"
-    return None
 
 
 def describe(exc: BaseException) -> str:

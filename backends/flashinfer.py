@@ -47,10 +47,10 @@ import torch
 from commbench import engines
 from commbench.backends.base import Backend, BackendFactory, BackendUnavailable, voted, voted_gather
 from commbench.backends.fused import RMS_EPS, TOLERANCE, FusedBackend
-from commbench.sweep.context import own_sms
+from commbench.runtime.context import own_sms
 
 if TYPE_CHECKING:
-    from commbench.sweep.context import RunContext
+    from commbench.runtime.context import RunContext
 
 DISTRIBUTION = "flashinfer-python"
 INSTALL_HINT = "pip install 'commbench[flashinfer]'"
@@ -358,7 +358,7 @@ def pcie_max_blocks(default_blocks: int, sms_by_rank: list[int], shares_gpu: boo
     """The workspace's ``max_blocks`` and why it differs from FlashInfer's default (None: it does
     not). PCIe IPC's kernels wait for their peers' blocks with no timeout (block_barrier), so a
     grid should be resident at once; the default (128) fits a GPU of one's own. Ranks that share
-    a GPU each count on part of its SMs (sms_by_rank, sweep.context.own_sms), so the grid is capped
+    a GPU each count on part of its SMs (sms_by_rank, runtime.context.own_sms), so the grid is capped
     at one block per SM of the smallest part: the kernels are built with __launch_bounds__(1024, 1),
     which promises one 1024-thread block per SM and no more (ptxas on 0.7.4's: 26 registers a
     thread for the 2-rank kernels, 42-64 for the 4- and 8-rank ones, i.e. one such block per SM)."""

@@ -6,7 +6,7 @@ baseline (backends/unfused.py) runs the best plain allreduce measured on this bo
 torch's add and RMSNorm. Both are timed on the same (tokens x hidden) shapes;
 commbench.analysis.fusion pairs their rows into fused time, unfused time and the saving.
 
-Correctness: inputs are small integers (commbench.sweep.workload), every call has its own
+Correctness: inputs are small integers (commbench.runtime.workload), every call has its own
 outputs and every one is checked; the summed residual is exact in every dtype and must match
 bit for bit; the normalized output is compared with an fp32 reference within ``TOLERANCE[dtype]`` (|y - y_ref| <= tol + tol * |y_ref|): two units in the
 last place of the dtype at 1.0 for bf16/fp16, and 1e-4 for fp32, because the kernels use
@@ -22,11 +22,11 @@ import torch
 
 from commbench.analysis.fusion import FUSED_OP
 from commbench.backends.base import Backend, BackendUnavailable
-from commbench.sweep.workload import (EPOCHS_PER_PASS, NOOP, STALE, UNWRITTEN, VALUES, PassCheck, Workload,
+from commbench.runtime.workload import (EPOCHS_PER_PASS, NOOP, STALE, UNWRITTEN, VALUES, PassCheck, Workload,
                                       bit_checksum, exact_pattern)
 
 if TYPE_CHECKING:
-    from commbench.sweep.context import RunContext
+    from commbench.runtime.context import RunContext
 
 RMS_EPS = 1e-6
 TOLERANCE: dict[torch.dtype, float] = {torch.bfloat16: 2.0 ** -6, torch.float16: 2.0 ** -9, torch.float32: 1e-4}
@@ -81,7 +81,7 @@ class FusedBackend(Backend):
 class FusedResidualRMSNormWorkload(Workload):
     """Per call: x (this rank's), residual_in (the same on every rank, as the residual stream is
     in tensor parallelism), and its own residual_out and norm_out; epochs rotate as for plain
-    allreduce (commbench.sweep.workload)."""
+    allreduce (commbench.runtime.workload)."""
 
     def __init__(self, backend: FusedBackend, ctx: "RunContext", tokens: int, hidden: int, dtype: torch.dtype,
                  pairs: int):

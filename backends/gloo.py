@@ -9,7 +9,7 @@ import torch.distributed as dist
 
 from commbench import engines
 from commbench.backends.base import Backend, BackendFactory, ProcessGroupBackend, parse_variant_options
-from commbench.sweep.context import RunContext
+from commbench.runtime.context import RunContext
 from commbench.errors import UsageError
 
 

@@ -42,10 +42,11 @@ import torch.distributed as dist
 from commbench import engines
 from commbench.backends.base import (Backend, BackendFactory, ProcessGroupBackend, parse_variant_options,
                                      raise_unless_all_ranks_ok)
+from commbench.backends.nccl_libs import PRELOAD_VAR
 from commbench.policy import multicast_policy_reason
 
 if TYPE_CHECKING:
-    from commbench.sweep.context import RunContext
+    from commbench.runtime.context import RunContext
 
 BOOTSTRAP_DOC = "docs/mscclpp.md, 'SIGSEGV in MSCCL++'s TCP bootstrap'"
 BUILD_HINT = "mscclpp not installed: build it from a checkout with scripts/build-mscclpp.sh (docs/mscclpp.md)"
@@ -318,7 +319,7 @@ class MscclppShim(ProcessGroupBackend):
 
     @staticmethod
     def _preload_env(library: str, allow_multicast: bool) -> dict[str, str]:
-        env = {"LD_PRELOAD": os.path.realpath(library)}
+        env = {PRELOAD_VAR: os.path.realpath(library)}
         if multicast_policy_reason(allow_multicast):
             env[DISABLE_NVLS_ENV] = "1"
         return env

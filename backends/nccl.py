@@ -5,7 +5,7 @@ creates a fresh group and forces its communicator to initialise before restoring
 environment. Process-level knobs (NCCL_NTHREADS, NCCL_BUFFSIZE, NCCL_MAX_CTAS, ...) are read
 once per process: those are swept by the driver (`commbench sweep --nproc N --env ...`).
 What NCCL chose is read from its log, which rank 0 switches on only around that init and
-around observe()'s untimed calls (commbench.backends.nccl_log).
+around observe()'s untimed calls (commbench.topology.nccl_log).
 
 Every variant also runs, as ``...,lib=LABEL``, with each library given by ``--nccl-lib``: in a
 child torchrun of its own with that libnccl preloaded (commbench.backends.nccl_libs). Every
@@ -16,11 +16,9 @@ buffers as symmetric windows (commbench.backends.nccl_symm).
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -28,13 +26,11 @@ import torch
 import torch.distributed as dist
 
 from commbench import engines
-from commbench.backends.base import (Backend, BackendFactory, BackendUnavailable, ProcessGroupBackend,
-                                     parse_variant_options)
-from commbench.backends.nccl_libs import NcclLibrary, by_label, parse_nccl_libs, preload_env, preloaded_here
-from commbench.backends.nccl_log import (ALGORITHMS, PROTOCOLS, InitEvidence, process_nccl, process_switch,
+from commbench.backends.base import BackendUnavailable, ProcessGroupBackend
+from commbench.backends.nccl_libs import NcclLibrary, preload_env, preloaded_here
+from commbench.topology.nccl_log import (ALGO_VAR, PROTO_VAR, InitEvidence, process_nccl, process_switch,
                                          logged_choice, read_lines, setting_applied, version_text)
-from commbench.errors import UsageError
-from commbench.sweep.context import RunContext
+from commbench.runtime.context import RunContext
 from commbench.topology.needs import full_nvlink
 
 MULTICAST_ALGORITHMS = ("NVLS", "NVLSTree")
@@ -54,16 +50,6 @@ TRACE_KERNELS = (
     # oneRankReduceI13FuncPreMulSum...", recorded on an H200): no word boundary after the name.
     (r"[Oo]neRankReduce", "NCCL (one rank)", r"^nccl$", "world size 1: a local scale, no communication"),
 )
-
-
-def _normalise(values: list[str], allowed: tuple[str, ...], what: str) -> list[str]:
-    by_lower = {a.lower(): a for a in allowed}
-    out = []
-    for value in values:
-        if value.lower() not in by_lower:
-            raise UsageError(f"unknown NCCL {what} {value!r}: choose from {', '.join(allowed)}")
-        out.append(by_lower[value.lower()])
-    return out
 
 
 class NcclBackend(ProcessGroupBackend):
@@ -130,7 +116,7 @@ class NcclBackend(ProcessGroupBackend):
 
     def requested(self) -> dict[str, str]:
         """What this variant asks NCCL for, by the variables that ask it."""
-        return {var: value for var, value in (("NCCL_PROTO", self.proto), ("NCCL_ALGO", self.algo)) if value}
+        return {var: value for var, value in ((PROTO_VAR, self.proto), (ALGO_VAR, self.algo)) if value}
 
     def setup(self, ctx: RunContext, max_bytes: int, dtype: torch.dtype) -> None:
         if self.group is not None:
@@ -139,7 +125,7 @@ class NcclBackend(ProcessGroupBackend):
         self._observe_calls = self.log_dir is not None and ctx.world_size > 1
         self._not_observed = self._why_not_observed(ctx)
         init_log = self._log_file("init")
-        with _environment({"NCCL_PROTO": self.proto, "NCCL_ALGO": self.algo}), self._logging(init_log):
+        with _environment({PROTO_VAR: self.proto, ALGO_VAR: self.algo}), self._logging(init_log):
             self.group = dist.new_group(backend="nccl")
             # The communicator is created lazily at the first collective: do one now, while
             # the variant's environment is in place (and its init is logged).
@@ -263,104 +249,7 @@ def _environment(values: dict[str, str | None]) -> Iterator[None]:
         apply(saved)
 
 
-def add_arguments(group: argparse._ArgumentGroup) -> None:
-    group.add_argument("--nccl-proto", help="sweep NCCL protocols, e.g. LL,LL128,Simple (one group per variant)")
-    group.add_argument("--nccl-algo", help="sweep NCCL algorithms, e.g. Ring,Tree")
-    group.add_argument("--nccl-symm", action="store_true",
-                       help="also run nccl:symm: the row's buffers registered as NCCL symmetric windows")
-    group.add_argument("--nccl-lib", action="append", default=[], metavar="[LABEL=]PATH",
-                       help="also run every nccl variant with this libnccl.so.2 (a file, or a folder holding "
-                            "nvidia/nccl/lib/libnccl.so.2), preloaded in a child torchrun of its own, as "
-                            "nccl:...,lib=LABEL (repeatable; needs --nproc N)")
-    group.add_argument("--no-nccl-log", action="store_true",
-                       help="do not record the algorithm/protocol NCCL used (logged only around untimed calls)")
-
-
-def read_options(args: argparse.Namespace) -> dict[str, Any]:
-    split = lambda text: [v.strip() for v in text.split(",") if v.strip()] if text else []  # noqa: E731
-    protos = _normalise(split(args.nccl_proto), PROTOCOLS, "protocol")
-    algos = _normalise(split(args.nccl_algo), ALGORITHMS, "algorithm")
-    return {"nccl_proto": protos, "nccl_algo": algos, "nccl_log": not args.no_nccl_log,
-            "nccl_symm": bool(getattr(args, "nccl_symm", False)),
-            "nccl_libs": parse_nccl_libs(getattr(args, "nccl_lib", None))}
-
-
 def nccl_log_dir(options: dict[str, Any]) -> Path | None:
     """Where NCCL's log goes: RUN/nccl-logs, unless the user turned it off or nothing is written."""
     run_dir = options.get("run_dir")
     return Path(run_dir) / "nccl-logs" if run_dir and options.get("nccl_log", True) else None
-
-
-VARIANT_OPTIONS = ("proto", "algo", "symm", "lib")
-
-
-@dataclass(frozen=True)
-class VariantSpec:
-    """What one nccl variant asks for, before the library it runs with is chosen."""
-
-    proto: str | None = None
-    algo: str | None = None
-    symm: bool = False
-
-    def build(self, log_dir: Path | None, library: NcclLibrary | None) -> Backend:
-        if self.symm:
-            from commbench.backends.nccl_symm import NcclSymmBackend
-
-            return NcclSymmBackend(log_dir=log_dir, library=library)
-        return NcclBackend(self.proto, self.algo, log_dir, library)
-
-
-def parse_variant(variant: str, libraries: list[NcclLibrary]) -> tuple[VariantSpec, NcclLibrary | None]:
-    """'proto=LL,algo=Ring', 'symm', 'lib=LABEL', ... -> the spec and its library (None: torch's)."""
-    opts = parse_variant_options(variant)
-    unknown = set(opts) - set(VARIANT_OPTIONS)
-    if unknown:
-        raise UsageError(f"unknown nccl option {sorted(unknown)[0]!r}: use nccl:proto=P,algo=A, nccl:symm "
-                         "or add lib=LABEL (a --nccl-lib)")
-    if "symm" in opts and opts["symm"] != "symm":
-        raise UsageError(f"nccl:symm takes no value (got symm={opts['symm']})")
-    if "symm" in opts and ("proto" in opts or "algo" in opts):
-        raise UsageError("nccl:symm takes no proto/algo: NCCL picks its symmetric kernel itself")
-    proto = _normalise([opts["proto"]], PROTOCOLS, "protocol")[0] if "proto" in opts else None
-    algo = _normalise([opts["algo"]], ALGORITHMS, "algorithm")[0] if "algo" in opts else None
-    library = by_label(libraries, opts["lib"]) if "lib" in opts else None
-    return VariantSpec(proto, algo, "symm" in opts), library
-
-
-def default_specs(options: dict[str, Any]) -> list[VariantSpec]:
-    """NCCL's own choice, the --nccl-proto x --nccl-algo matrix, and nccl:symm with --nccl-symm."""
-    protos = _normalise(options.get("nccl_proto") or [], PROTOCOLS, "protocol")
-    algos = _normalise(options.get("nccl_algo") or [], ALGORITHMS, "algorithm")
-    specs = [VariantSpec()]
-    specs += [VariantSpec(p, a) for p in protos or [None] for a in algos or [None] if p or a]
-    if options.get("nccl_symm"):
-        specs.append(VariantSpec(symm=True))
-    return specs
-
-
-def make(variant: str | None, options: dict[str, Any]) -> list[Backend]:
-    """Each variant with torch's NCCL, and once more per --nccl-lib unless it names its lib=."""
-    log_dir = nccl_log_dir(options)
-    libraries: list[NcclLibrary] = list(options.get("nccl_libs") or [])
-    if variant:
-        spec, library = parse_variant(variant, libraries)
-        if library is not None:
-            return [spec.build(log_dir, library)]
-        specs = [spec]
-    else:
-        specs = default_specs(options)
-    return [spec.build(log_dir, library) for library in [None, *libraries] for spec in specs]
-
-
-FACTORY = BackendFactory(
-    family="nccl", make=make, on_gpu_by_default=True, on_cpu_by_default=False,
-    summary="NCCL via torch ProcessGroupNCCL; --nccl-proto/--nccl-algo sweep the protocol x algorithm matrix, "
-            "--nccl-symm adds symmetric-window registration, --nccl-lib runs other NCCL libraries side by side",
-    variants_help=["nccl", "nccl:proto=LL", "nccl:proto=LL128,algo=Ring",
-                   "nccl:symm            buffers registered as symmetric windows (NCCL >= 2.27 kernels)",
-                   "nccl:lib=LABEL       with the libnccl of --nccl-lib LABEL=PATH, preloaded in a child torchrun"],
-    probe_specs=(None, "proto=LL", "proto=LL128", "proto=Simple",
-                 *(f"proto={p},algo={a}" for p in PROTOCOLS for a in ("Ring", "Tree", "NVLS", "NVLSTree")), "symm"),
-    packages=("nvidia-nccl-cu12", "nvidia-nccl-cu13"),
-    add_arguments=add_arguments, read_options=read_options,
-)

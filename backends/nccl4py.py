@@ -25,13 +25,13 @@ import torch
 from commbench import engines
 from commbench.backends.base import Backend, BackendFactory, BackendUnavailable, voted
 from commbench.backends.nccl import logged_calls, nccl_log_dir, unlogged_reason
-from commbench.backends.nccl_log import logged_choice, process_nccl, process_switch, read_lines
+from commbench.topology.nccl_log import logged_choice, process_nccl, process_switch, read_lines
 from commbench.errors import UsageError
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from commbench.sweep.context import RunContext
+    from commbench.runtime.context import RunContext
 
 INSTALL_HINT = "nccl4py not installed (pip install nccl4py)"
 MODULE = "nccl.core"

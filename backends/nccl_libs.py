@@ -4,7 +4,7 @@ A process can run one libnccl.so.2 (torch binds the first one with that soname),
 library given with --nccl-lib runs in a child torchrun of its own with the library in
 LD_PRELOAD, as variant ``nccl:lib=LABEL``. The label names the library in results and never
 claims a version: what a process actually ran is asked of NCCL there (ncclGetVersion on the
-mapped libnccl, commbench.backends.nccl_log.loaded_nccl) and recorded on every row.
+mapped libnccl, commbench.topology.nccl_log.loaded_nccl) and recorded on every row.
 
 Default labels are stable, so two runs with the same path get the same variant name (compare
 matches curves by name): ``cu13-2.29.7`` for a file inside an ``nvidia-nccl-cu13`` 2.29.7 wheel

@@ -36,13 +36,13 @@ from commbench import engines
 from commbench.backends.base import voted
 from commbench.backends.nccl import NcclBackend, logged_calls
 from commbench.backends.nccl_libs import NcclLibrary
-from commbench.backends.nccl_log import (process_nccl, read_lines, symmetric_kernel, symmetric_unsupported,
-                                         used_algo_proto, version_text)
+from commbench.topology.nccl_log import (ALGO_VAR, PROTO_VAR, process_nccl, read_lines, symmetric_kernel,
+                                         symmetric_unsupported, used_algo_proto, version_text)
 from commbench.topology.selection import non_nvlink_pairs
 
 if TYPE_CHECKING:
-    from commbench.sweep.context import RunContext
-    from commbench.sweep.workload import Workload
+    from commbench.runtime.context import RunContext
+    from commbench.runtime.workload import Workload
 
 FIRST_SYMMETRIC_CODE = 22700      # 2.27.0: window registration and symmetric kernels
 MULTI_NODE_CODE = 22800           # 2.27 supports symmetric memory within one node only
@@ -211,7 +211,7 @@ class NcclSymmBackend(NcclBackend):
                                  if symmetric_unsupported(self._init_lines) else None)
         if algo and proto:
             chose = f"NCCL chose {algo}/{proto} for {message_bytes} bytes"
-            return {"observed": {"NCCL_PROTO": proto, "NCCL_ALGO": algo},
+            return {"observed": {PROTO_VAR: proto, ALGO_VAR: algo},
                     **self._symmetric(None, f"{why} ({chose})" if why else f"{chose}, not a symmetric kernel")}
         return self._symmetric(None, why or f"NCCL logged neither a [Symmetric] nor an Algo line for "
                                             f"{message_bytes} bytes ({log_file})")

@@ -23,7 +23,7 @@ from commbench import engines
 from commbench.backends.base import Backend, BackendFactory, BackendUnavailable, parse_variant_options, voted
 
 if TYPE_CHECKING:
-    from commbench.sweep.context import RunContext
+    from commbench.runtime.context import RunContext
 
 # The symm_mem kernels are instantiated for these dtypes only (AT_DISPATCH_FLOAT_AND_BFLOAT16).
 SYMM_MEM_DTYPES = (torch.bfloat16, torch.float32)

@@ -2,15 +2,15 @@
 
 ``unfused:best`` does the same work as a fused kernel the way a serving engine does without
 fusion: the fastest plain allreduce measured earlier in this run at that message size and
-dtype (``ctx.measured``; the sweep runs plain allreduce variants first), then torch's residual
-add and RMSNorm. In graph mode all three are captured in the same CUDA graph, so the
-comparison with a fused kernel is call for call. Which allreduce backend it used, and that
+dtype (it declares reads_rows: the sweep runs it after the backends that do not and hands it
+their rows), then torch's residual add and RMSNorm. In graph mode all three are captured in the
+same CUDA graph, so the comparison with a fused kernel is call for call. Which allreduce backend it used, and that
 backend's own time, are recorded on every row.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
@@ -19,11 +19,11 @@ from commbench import engines
 from commbench.analysis.fusion import best_allreduce_rows
 from commbench.backends.fused import RMS_EPS, FusedBackend, residual_rmsnorm
 from commbench.results import Measurement
-from commbench.sweep.dtypes import dtype_name
+from commbench.runtime.dtypes import dtype_name
 
 if TYPE_CHECKING:
-    from commbench.sweep.context import RunContext
-    from commbench.sweep.workload import Workload
+    from commbench.runtime.context import RunContext
+    from commbench.runtime.workload import Workload
 
 
 def rebuild_backend(name: str, options: dict[str, Any]) -> Backend:
@@ -40,23 +40,27 @@ def rebuild_backend(name: str, options: dict[str, Any]) -> Backend:
 class UnfusedBest(FusedBackend):
     family = "unfused"
     name = "unfused:best"
+    reads_rows = True
 
     def __init__(self, options: dict[str, Any]):
         self._options = options
         self._inner: dict[str, Backend] = {}
+        self._rows: tuple[Measurement, ...] = ()
         self._best: dict[int, Measurement] = {}
         self._current: Measurement | None = None
         self._summed: torch.Tensor | None = None
 
+    def take_rows(self, rows: Sequence[Measurement]) -> None:
+        self._rows = tuple(rows)
+
     def setup(self, ctx: "RunContext", max_bytes: int, dtype: torch.dtype) -> None:
-        measured: list[Measurement] = getattr(ctx, "measured", [])
-        best = best_allreduce_rows(measured, dtype_name(dtype), ctx.world_size)
+        best = best_allreduce_rows(list(self._rows), dtype_name(dtype), ctx.world_size)
         self._best = {size: row for size, row in best.items() if size <= max_bytes}
         if not self._best:
             raise BackendUnavailable(
                 f"no plain allreduce was measured correct at {dtype_name(dtype)} on {ctx.world_size} ranks "
                 "in this run: nothing to build the unfused baseline from (run allreduce variants too)")
-        # Every rank sees the same ctx.measured, so every rank sets up the same backends in
+        # Every rank was handed the same rows, so every rank sets up the same backends in
         # the same order (their setups are collective).
         for name in sorted({row.backend for row in self._best.values()}):
             backend = self._inner.get(name) or rebuild_backend(name, self._options)

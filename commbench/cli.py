@@ -85,12 +85,11 @@ def main(argv: list[str] | None = None) -> int:
     # The top-level parser has no options of its own but -h, so the subcommand is the first word.
     parser = build_parser(argv[0] if argv else None)
     args = parser.parse_args(argv)
-    args._argv = argv[1:]  # the subcommand's own arguments, for the sweep driver's children
     if not getattr(args, "command", None):
         parser.print_help()
         return USAGE_EXIT
     try:
-        return int(args._module.main(args) or 0)
+        return int(args._module.main(args, argv[1:]) or 0)
     except UsageError as exc:
         usage_error(f"commbench {args.command}: error: {exc}")
         return USAGE_EXIT

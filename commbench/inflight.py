@@ -6,7 +6,7 @@ the row it stands for. faulthandler writes a fatal signal's traceback (SIGSEGV, 
 SIGFPE, SIGILL) to rank<N>.fatal and a SIGTERM's or SIGINT's to rank<N>.signals from inside the
 signal handler, so both are there even when no Python code can run any more. A rank that ends
 cleanly removes its files; one that raises while its peers may be waiting in a collective marks
-its record "raised"; a watchdog that fires marks it "hung".
+its record "raised"; a watchdog that fires marks it "hang".
 
 Two readers use the records:
 - a live rank's watchdog (peer_stop): a peer that died, hung or raised while this rank waits in
@@ -40,10 +40,13 @@ from commbench.results import CRASHED, ERROR, HANG, STRANDED, Measurement, Resul
 INFLIGHT_DIR = "inflight"
 CRASH_LOGS_DIR = "crash-logs"
 
-RUNNING, RAISED, HUNG = "running", "raised", "hung"   # what happened in the step
+# What happened in the step: still running, an exception, or HANG (the watchdog fired).
+RUNNING, RAISED = "running", "raised"
 # How the process ended through Python: after recording a stop; after its peers or a signal
-# stopped it; on a failure of its own (results unwritable, a bug), said on a line of its own.
-ENDED, LEFT, FAILED = "ended", "left", "failed"
+# stopped it; or ERROR, a failure of its own (results unwritable, a bug), said on a line of its own.
+ENDED, LEFT = "ended", "left"
+# Records written before the step and exit used the row statuses' words.
+_OLD_WORDS = {"hung": HANG, "failed": ERROR}
 
 # faulthandler's first line for each fatal signal it catches.
 _FATAL_SIGNALS = {"Segmentation fault": "SIGSEGV", "Aborted": "SIGABRT", "Bus error": "SIGBUS",
@@ -66,7 +69,7 @@ class Record:
     deadline: float | None      # when this step's watchdog should have fired
     state: str = RUNNING
     detail: str | None = None   # the exception (raised) or the watchdog's reason (hung)
-    exit: str | None = None     # ENDED, LEFT or FAILED, when the process ended through Python
+    exit: str | None = None     # ENDED, LEFT or ERROR, when the process ended through Python
     exit_detail: str | None = None
     exit_at: float | None = None
     # Read from the rank's side files, never written into the record:
@@ -157,7 +160,7 @@ class Recorder:
         self._write()
 
     def mark(self, state: str, detail: str | None) -> None:
-        """What happened in the step: RAISED (detail: the exception) or HUNG (the reason)."""
+        """What happened in the step: RAISED (detail: the exception) or HANG (the reason)."""
         if self.record is not None:
             self.record.state, self.record.detail = state, detail
             self._write()
@@ -221,6 +224,8 @@ def read_records(run_dir: Path) -> list[Record]:
     for path in sorted(records_dir.glob("rank*.json")):
         try:
             record = Record(**json.loads(path.read_text(encoding="utf-8")))
+            record.state = _OLD_WORDS.get(record.state, record.state)
+            record.exit = _OLD_WORDS.get(record.exit or "", record.exit)
         except (OSError, ValueError, TypeError):  # torn by a death mid-write: nothing to say
             continue
         _, fatal_path, signals_path = _files(records_dir, record.rank)
@@ -317,10 +322,10 @@ def peer_stop(records: list[Record], me: int, step: int, run_dir: Path, raised: 
     crashed = next((r for r in dead if r.fatal or _died_without_trace(r)), None)
     if crashed is not None:
         return _crashed(crashed, run_dir)
-    hung = next((r for r in records if r.rank != me and r.state == HUNG), None)
+    hung = next((r for r in records if r.rank != me and r.state == HANG), None)
     if hung is not None:
         return Stop(HANG, hung.detail or f"no progress during {hung.what}", template=hung.row)
-    if any(r.exit == FAILED for r in records if r.rank != me):
+    if any(r.exit == ERROR for r in records if r.rank != me):
         return LEAVE   # what raised after it (a closed connection) followed from its failure
     cause = next((r for r in records if r.state == RAISED and r.step == step and (r.rank in raised or r in dead)),
                  None)
@@ -345,9 +350,9 @@ def postmortem(records: list[Record], run_dir: Path, killed_reason: str | None =
     if (record := first(lambda r: bool(r.fatal))) is not None:
         return _crashed(record, run_dir)
     # A rank that failed on its own said so; a peer's exception after it followed from it.
-    if (record := first(lambda r: r.state == RAISED)) is not None and first(lambda r: r.exit == FAILED) is None:
+    if (record := first(lambda r: r.state == RAISED)) is not None and first(lambda r: r.exit == ERROR) is None:
         return _stranded(record)
-    if (record := first(lambda r: r.state == HUNG)) is not None:
+    if (record := first(lambda r: r.state == HANG)) is not None:
         silent = [r.rank for r in records if r.state == RUNNING and r.deadline is not None
                   and (r.signalled_at or r.exit_at or time.time()) > r.deadline + 1.0]
         note = (f"; rank {silent[0]} never reached its own watchdog (a thread may have held the GIL)"

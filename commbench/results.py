@@ -13,7 +13,6 @@ import json
 import math
 import os
 import socket
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -464,18 +463,3 @@ class Run:
 
     def emulation_line(self) -> str | None:
         return describe_emulation(self.emulation) if self.emulation else None
-
-
-def load_run(run_dir: str | Path) -> Run:
-    """Load a results dir for offline analysis; bad input raises UsageError (exit 2). Lines
-    that are not rows, and a stop a dead sweep left in flight, get one warning line each."""
-    from commbench.inflight import pending   # it reads rows too
-
-    path = Path(run_dir)
-    if not path.is_dir():
-        raise UsageError(f"{run_dir}: no such results directory")
-    info = read_run_info(path)
-    read = read_rows_checked(path)
-    for line in filter(None, [read.problems_line(path / ROWS_FILE), pending(path)]):
-        print(f"commbench: warning: {line}", file=sys.stderr)
-    return Run(path=path, info=info, rows=read.rows)

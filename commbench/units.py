@@ -2,7 +2,7 @@
 positive finite limits.
 
 No torch here: the analysis half reads results on machines without it. The torch dtypes
-behind the names are commbench.sweep.dtypes.
+behind the names are commbench.runtime.dtypes.
 """
 
 from __future__ import annotations

@@ -204,7 +204,7 @@ def test_a_rule_the_trace_cannot_follow_is_bad_input(capsys: pytest.CaptureFixtu
 def test_run_prices_each_call_against_the_same_librarys_floor(capsys: pytest.CaptureFixture[str],
                                                              tmp_path: Path) -> None:
     from commbench.analysis.curves import decode_curves
-    from commbench.results import load_run
+    from commbench.runs import load_run
 
     trace = tmp_path / "t.json"
     _graph_trace(trace, "void c10d::symmetric_memory::one_shot_all_reduce_kernel<c10::BFloat16, 16, 2>(x)")
@@ -226,7 +226,7 @@ def test_an_engine_aware_choice_plugs_in_as_one_function(tmp_path: Path) -> None
     """The seam for the engine-path model: given the run's curves and a size, the path the engine
     could take; here, for the test, the run's fastest curve at that size."""
     from commbench.analysis.curves import ranking
-    from commbench.results import load_run
+    from commbench.runs import load_run
 
     trace = tmp_path / "t.json"
     _graph_trace(trace, "void c10d::symmetric_memory::one_shot_all_reduce_kernel<c10::BFloat16, 16, 2>(x)")
@@ -405,6 +405,7 @@ def test_recorded_gpu_traces_match_what_the_generator_built(entry: dict) -> None
         assert {c.size_from for r in results for s in r.steps for c in s.calls} == {"recorded"}
 
 
+@pytest.mark.procs
 def test_cli_lists_attribute() -> None:
     done = run_cli(["attribute", "--help"])
     assert done.returncode == 0 and "--run" in done.stdout
@@ -414,7 +415,7 @@ def test_the_engine_alternative_is_recommends_fastest_path_and_never_a_stand_in(
     """On the 8-GPU PCIe fixture recommend's fastest SGLang path at 12K is NCCL with LL/Ring (its
     custom allreduce is gated off there); p2p:oneshot is faster but no engine runs it."""
     from commbench.analysis.curves import decode_curves
-    from commbench.results import load_run
+    from commbench.runs import load_run
 
     run = load_run(Path(__file__).parent / "data" / "runs" / "synthetic-pcie-8gpu")
     curves = decode_curves(run, 8, "bf16", "auto")

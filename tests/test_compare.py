@@ -11,7 +11,8 @@ import pytest
 from commbench.cli import main as cli
 from commbench.analysis.compare import changes
 from commbench.analysis.curves import build_curves
-from commbench.results import ROWS_FILE, load_run
+from commbench.results import ROWS_FILE
+from commbench.runs import load_run
 
 RUNS = Path(__file__).parent / "data" / "runs"
 SYNTHETIC = RUNS / "synthetic-pcie-8gpu"

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from commbench.cli import main as cli
-from commbench.sweep.context import Emulation
-from commbench.results import describe_emulation, load_run
+from commbench.runtime.context import Emulation
+from commbench.results import describe_emulation
+from commbench.runs import load_run
 
 SYNTHETIC = Path(__file__).parent / "data" / "runs" / "synthetic-pcie-8gpu"
 SPEC = Path(__file__).parents[1] / "commbench" / "specs" / "pcie-8x.toml"

@@ -100,7 +100,7 @@ def test_a_path_the_inert_list_names_is_never_available(snapshot):
 def test_the_fastest_path_at_a_size_for_callers_without_a_model():
     from commbench.analysis import decide
     from commbench.analysis.curves import decode_curves
-    from commbench.results import load_run
+    from commbench.runs import load_run
     run = load_run(ROOT / "tests/data/runs/synthetic-pcie-8gpu")
     curves = decode_curves(run, 8, "bf16", "auto")
     option, price = decide.best_path_at(SGLANG, run, curves, 8, "bf16", 16 * KiB)

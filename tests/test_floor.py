@@ -15,7 +15,7 @@ from commbench.cli import main as cli
 from commbench.analysis.curves import decode_curves
 from commbench.analysis import decide
 from commbench.analysis.floor import floor_row, table_curve, takeable, what_if
-from commbench.results import load_run
+from commbench.runs import load_run
 
 RUNS = Path(__file__).parent / "data" / "runs"
 SYNTHETIC = RUNS / "synthetic-pcie-8gpu"

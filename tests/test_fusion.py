@@ -152,16 +152,16 @@ def _unfused_worker(rank: int, world: int, port: int, baseline: str, results) ->
                       LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     from commbench import backends
     from commbench.backends.unfused import UnfusedBest
-    from commbench.sweep.context import init_context, shutdown
+    from commbench.runtime.context import init_context, shutdown
 
     backends.BUILTIN["cpugloo"] = "test_fusion"
     ctx, _ = init_context(force_cpu=True, timeout_s=60)
     tokens, hidden, dtype = 6, 256, torch.bfloat16
     nbytes = tokens * hidden * dtype.itemsize
-    ctx.measured = [row("cpugloo:plain", 50.0, mode="eager", nbytes=nbytes, world=world),
-                    row(baseline, 20.0, mode="eager", nbytes=nbytes, world=world)]
     out: dict[str, Any] = {}
     backend = UnfusedBest({})
+    backend.take_rows([row("cpugloo:plain", 50.0, mode="eager", nbytes=nbytes, world=world),
+                       row(baseline, 20.0, mode="eager", nbytes=nbytes, world=world)])
     try:
         assert backend.check(ctx) is None
         backend.setup(ctx, nbytes, dtype)
@@ -187,7 +187,7 @@ def _unfused_worker(rank: int, world: int, port: int, baseline: str, results) ->
 
 
 def _run_unfused(baseline: str) -> dict[int, dict]:
-    from commbench.sweep.context import _free_port
+    from commbench.runtime.context import _free_port
 
     ctx = mp.get_context("spawn")
     results = ctx.Queue()

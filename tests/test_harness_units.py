@@ -13,11 +13,12 @@ from commbench.errors import UsageError
 from commbench.sweep.launcher import child_arguments, parse_env_settings
 from commbench.sweep.plan import Shape, build_plan
 from commbench.sweep.command import add_arguments, backend_options
+from commbench.sweep.options import SweepOptions
 from commbench.results import percentile
-from commbench.sweep.timing import headline_us, jitter_stats, max_over_ranks
-from commbench.sweep.dtypes import parse_dtypes
+from commbench.runtime.timing import headline_us, jitter_stats, max_over_ranks
+from commbench.runtime.dtypes import parse_dtypes
 from commbench.units import format_bytes, parse_bytes
-from commbench.sweep.workload import bandwidths_gbps, classify, exact_pattern, expected_sum, pattern_amplitude
+from commbench.runtime.workload import bandwidths_gbps, exact_pattern, expected_sum, name_failure, pattern_amplitude
 
 
 def sweep_args(*argv: str) -> argparse.Namespace:
@@ -80,7 +81,7 @@ def test_model_shapes_and_explicit_lists() -> None:
 @pytest.mark.parametrize("argv, hidden", [(["--tokens", "1,8", "--hidden", "4096"], 4096), ([], None)])
 def test_model_shapes_bring_the_unfused_baseline_into_the_gpu_defaults(argv: list[str], hidden: int | None) -> None:
     args = sweep_args(*argv)
-    options = backend_options(args, build_plan(args, on_gpu=True), None)
+    options = backend_options(SweepOptions.from_args(args, argv), build_plan(args, on_gpu=True), None)
     assert options["hidden"] == hidden
     unfused = [b.name for b in backends.expand(None, options, True) if b.family == "unfused"]
     assert unfused == (["unfused:best"] if hidden else [])
@@ -89,9 +90,11 @@ def test_model_shapes_bring_the_unfused_baseline_into_the_gpu_defaults(argv: lis
 def test_backends_get_every_planned_size() -> None:
     """flashinfer:pcie_ipc tunes one bucket per planned size at setup, so it is told them all."""
     args = sweep_args("--tokens", "1,8", "--hidden", "4096")
-    assert backend_options(args, build_plan(args, on_gpu=True), None)["message_bytes"] == [8192, 65536]
+    options = backend_options(SweepOptions.from_args(args, []), build_plan(args, on_gpu=True), None)
+    assert options["message_bytes"] == [8192, 65536]
     args = sweep_args("--sizes", "1M,8K,64K")
-    assert backend_options(args, build_plan(args, on_gpu=True), None)["message_bytes"] == [8192, 65536, 1 << 20]
+    options = backend_options(SweepOptions.from_args(args, []), build_plan(args, on_gpu=True), None)
+    assert options["message_bytes"] == [8192, 65536, 1 << 20]
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -125,18 +128,17 @@ def test_pattern_sums_are_exact_in_bf16(world_size: int) -> None:
     assert all(not torch.equal(ranks[0], other) for other in ranks[1:])
 
 
-def test_classify_tells_noop_stale_unwritten_and_wrong_values_apart() -> None:
+def test_name_failure_tells_noop_stale_unwritten_and_wrong_values_apart() -> None:
     cpu = torch.device("cpu")
     local = exact_pattern(0, 2, 100, 4, cpu, torch.float32)
     expected = expected_sum(2, 100, 4, cpu, torch.float32)
     previous = expected_sum(1, 100, 4, cpu, torch.float32)
-    assert classify(expected.clone(), expected, local, previous) == (0, None)
-    assert classify(local.clone(), expected, local, previous) == (int((local != expected).sum()), "noop")
-    assert classify(previous.clone(), expected, local, previous)[1] == "stale"
-    assert classify(torch.full((100,), float("nan")), expected, local, previous) == (100, "unwritten")
+    assert name_failure(local.clone(), expected, local, previous) == "noop"
+    assert name_failure(previous.clone(), expected, local, previous) == "stale"
+    assert name_failure(torch.full((100,), float("nan")), expected, local, previous) == "unwritten"
     one = expected.clone()
     one[57] += 1
-    assert classify(one, expected, local, previous) == (1, "values")
+    assert name_failure(one, expected, local, previous) == "values"
 
 
 def test_the_headline_is_the_slowest_ranks_loop_total_and_jitter_is_kept_apart() -> None:

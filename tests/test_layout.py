@@ -1,8 +1,10 @@
-"""The layout keeps its promises: the analysis half runs without torch, the probe and the
-backends check needs in one order, and the repository names no file it does not contain."""
+"""The layout keeps its promises: imports run one way through declared layers, the analysis half
+runs without torch, the probe and the backends check needs in one order, and the repository names
+no file it does not contain."""
 
 from __future__ import annotations
 
+import ast
 import re
 import subprocess
 import sys
@@ -10,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from commbench.backends.base import NEEDS
-from commbench.topology.needs import CHECKS
+from commbench.backends import probe_variants
+from commbench.topology.needs import NEEDS
 
 REPO = Path(__file__).resolve().parents[1]
 ANALYSIS = ["commbench.analysis." + p.stem for p in (REPO / "commbench" / "analysis").glob("*.py")
@@ -20,8 +22,8 @@ ANALYSIS = ["commbench.analysis." + p.stem for p in (REPO / "commbench" / "analy
 
 @pytest.mark.procs
 def test_the_analysis_half_imports_no_torch() -> None:
-    modules = ANALYSIS + ["commbench.results", "commbench.engines", "commbench.units", "commbench.policy",
-                         "commbench.files"]
+    modules = ANALYSIS + ["commbench.results", "commbench.runs", "commbench.inflight", "commbench.engines",
+                          "commbench.units", "commbench.policy", "commbench.files"]
     code = ("import sys\n" + "".join(f"import {m}\n" for m in modules) +
             "bad = sorted(m for m in sys.modules if m == 'torch' or m.startswith(('torch.', 'commbench.sweep')))\n"
             "print(bad)\n")
@@ -31,8 +33,164 @@ def test_the_analysis_half_imports_no_torch() -> None:
     assert len(ANALYSIS) >= 9
 
 
-def test_needs_are_checked_in_one_order_everywhere() -> None:
-    assert list(CHECKS) == list(NEEDS)
+# The installed layout (pyproject's package-dir): folder -> the package it installs as.
+INSTALLED = {"commbench": "commbench", "backends": "commbench.backends", "topology": "commbench.topology"}
+
+# Layers, lowest first (docs/design.md draws them). A module may import its own layer and the
+# layers below it, never one above; the longest matching pattern places a module, and every
+# module must be placed. "facts" is what the probe, the backends and the analysis all read:
+# torch-free machine checks and readings (topology) and how each engine picks a path (engines).
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("base", ("commbench", "commbench.errors", "commbench.units", "commbench.files", "commbench.policy",
+              "commbench.launch_env", "commbench.waits")),
+    ("results", ("commbench.results", "commbench.inflight", "commbench.runs")),
+    ("facts", ("commbench.engines", "commbench.engine_paths", "commbench.topology", "commbench.topology.*")),
+    ("analysis", ("commbench.analysis", "commbench.analysis.*")),
+    ("runtime", ("commbench.runtime", "commbench.runtime.*")),
+    ("backends", ("commbench.backends", "commbench.backends.*")),
+    ("probe", ("commbench.topology.snapshot", "commbench.topology.verdicts", "commbench.topology.software",
+               "commbench.topology.render", "commbench.topology.command")),
+    ("sweep", ("commbench.sweep", "commbench.sweep.*")),
+    ("cli", ("commbench.cli", "commbench.__main__")),
+]
+
+
+def installed_modules(repo: Path = REPO) -> dict[str, Path]:
+    """Every module of the installed package, by its installed name."""
+    found = {}
+    for folder, package in INSTALLED.items():
+        for path in (repo / folder).rglob("*.py"):
+            parts = list(path.relative_to(repo / folder).with_suffix("").parts)
+            if folder == "commbench" and parts[0] in INSTALLED:
+                continue
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join([package, *parts])] = path
+    return found
+
+
+def _imported_names(module: str, tree: ast.Module, is_package: bool) -> set[str]:
+    """Every name an import statement anywhere in the module (functions and TYPE_CHECKING
+    included: a lazy import is still a dependency) may load, submodules included."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module.split(".")[: len(module.split(".")) - node.level + is_package]
+                source = ".".join(base + ([node.module] if node.module else []))
+            else:
+                source = node.module or ""
+            names.add(source)
+            names.update(f"{source}.{alias.name}" for alias in node.names)
+    return names
+
+
+def import_graph(repo: Path = REPO) -> dict[str, set[str]]:
+    """module -> the modules of the package it imports, statically. Importing a.b.c runs the
+    __init__ of a.b too, so a module outside a package that imports into it depends on it."""
+    modules = installed_modules(repo)
+    graph: dict[str, set[str]] = {}
+    for module, path in modules.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        targets: set[str] = set()
+        for name in _imported_names(module, tree, path.name == "__init__.py"):
+            while name and name not in modules:
+                name = name.rpartition(".")[0]
+            while name:
+                if not (module + ".").startswith(name + "."):
+                    targets.add(name)
+                name = name.rpartition(".")[0]
+        graph[module] = targets - {module}
+    return graph
+
+
+def layer_of(module: str) -> int | None:
+    best: tuple[int, int] | None = None
+    for index, (_, patterns) in enumerate(LAYERS):
+        for pattern in patterns:
+            prefix = pattern[:-2] if pattern.endswith(".*") else None
+            if module == pattern or (prefix and module.startswith(prefix + ".")):
+                if best is None or len(pattern) > best[0]:
+                    best = (len(pattern), index)
+    return None if best is None else best[1]
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(f"{a} ({LAYERS[layer_of(a)][0]}) -> {b} ({LAYERS[layer_of(b)][0]})"
+                  for a, targets in graph.items() for b in targets
+                  if layer_of(a) is not None and layer_of(b) is not None and layer_of(b) > layer_of(a))
+
+
+def test_every_module_has_a_layer() -> None:
+    assert [m for m in sorted(installed_modules()) if layer_of(m) is None] == []
+
+
+def test_imports_make_no_circle() -> None:
+    assert cycles(import_graph()) == []
+
+
+def test_no_import_runs_back_up_a_layer() -> None:
+    assert upward_imports(import_graph()) == []
+
+
+def test_the_graph_sees_lazy_relative_and_package_imports(tmp_path: Path) -> None:
+    """The checks above find what they look for: a lazy import back up, a relative import and
+    the package __init__ an import runs, in a made-up tree laid out like the real one."""
+    for folder in INSTALLED:
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "__init__.py").write_text("")
+    (tmp_path / "commbench" / "results.py").write_text("def f():\n    from commbench.backends import base\n")
+    (tmp_path / "backends" / "base.py").write_text("from ..results import f\n")
+    (tmp_path / "topology" / "needs.py").write_text("import commbench.backends.base\n")
+    graph = import_graph(tmp_path)
+    assert graph["commbench.results"] == {"commbench.backends", "commbench.backends.base"}
+    assert graph["commbench.backends.base"] == {"commbench.results"}
+    assert graph["commbench.topology.needs"] == {"commbench.backends", "commbench.backends.base"}
+    assert cycles(graph) == [["commbench.backends.base", "commbench.results"]]
+    assert "commbench.topology.needs (facts) -> commbench.backends.base (backends)" in upward_imports(graph)
+
+
+def test_every_need_a_backend_declares_is_in_the_one_table() -> None:
+    variants = probe_variants()
+    assert len(variants) > 10
+    assert {need for b in variants for need in b.needs} <= set(NEEDS)
 
 
 # Names of files that live beside a developer's checkout, never in it.

@@ -18,7 +18,7 @@ from commbench.backends import mscclpp as mp_backend
 from commbench.backends import symm_mem
 from commbench.backends.base import BackendUnavailable, raise_unless_all_ranks_ok
 from commbench.policy import MULTICAST_POLICY_VARS
-from commbench.sweep.context import RunContext
+from commbench.runtime.context import RunContext
 from commbench.errors import UsageError
 
 
@@ -435,7 +435,7 @@ def test_fused_needs_a_model_shape_and_a_fitting_one():
 def _vote_worker(rank: int, world: int, port: int, failing_rank: int, results) -> None:
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
                       LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    from commbench.sweep.context import init_context, shutdown
+    from commbench.runtime.context import init_context, shutdown
 
     ctx, _ = init_context(force_cpu=True, timeout_s=60)
     error = "cuMemCreate of 2097152 bytes failed: CUDA_ERROR_OUT_OF_MEMORY" if rank == failing_rank else None
@@ -449,7 +449,7 @@ def _vote_worker(rank: int, world: int, port: int, failing_rank: int, results) -
 
 @pytest.mark.procs
 def test_one_failing_rank_fails_every_rank_with_its_reason():
-    from commbench.sweep.context import _free_port
+    from commbench.runtime.context import _free_port
 
     ctx = mp.get_context("spawn")
     results = ctx.Queue()

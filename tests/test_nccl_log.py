@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from commbench import backends
-from commbench.backends.nccl_log import (COINCIDED, HONOURED, IGNORED, LOG_VARIABLES, InitEvidence, NcclLogSwitch,
+from commbench.topology.nccl_log import (COINCIDED, HONOURED, IGNORED, LOG_VARIABLES, InitEvidence, NcclLogSwitch,
                                 canonical_algo, canonical_proto, enabled_for_allreduce, env_settings,
                                 loaded_libnccl, setting_applied, used_algo_proto)
 

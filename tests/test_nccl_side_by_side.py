@@ -11,7 +11,8 @@ import pytest
 
 from commbench.analysis.report import nccl_version_lines
 from commbench.cli import main as cli
-from commbench.results import ROWS_FILE, load_run
+from commbench.results import ROWS_FILE
+from commbench.runs import load_run
 
 SYNTHETIC = Path(__file__).parent / "data" / "runs" / "synthetic-pcie-8gpu"
 TORCH_LIB, WHEEL_LIB = "/venv/torch/lib/../../nvidia/nccl/lib/libnccl.so.2", "/opt/cu13-2.29.7/nvidia/nccl/lib/libnccl.so.2"

@@ -15,7 +15,7 @@ import torch
 from commbench import backends
 from commbench.backends import nccl as nccl_backend
 from commbench.backends import nccl_symm
-from commbench.backends.nccl_log import (LOG_VARIABLES, NcclLogSwitch, symmetric_kernel, symmetric_unsupported,
+from commbench.topology.nccl_log import (LOG_VARIABLES, NcclLogSwitch, symmetric_kernel, symmetric_unsupported,
                                          used_algo_proto)
 from commbench.backends.nccl_symm import expected_reason, registration_reason
 from commbench.errors import UsageError

@@ -12,7 +12,8 @@ from commbench.cli import main as cli
 from commbench.analysis.curves import build_curves, is_failed_check
 from commbench.analysis.nccl_tests_import import read_sources, rows_for
 from commbench.analysis.nccl_tests_format import parse_nccl_tests_args, printed_tolerance, read_output, strtol
-from commbench.results import CSV_FILE, NO_WORK, OK, ROWS_FILE, RUN_FILE, WRONG, load_run
+from commbench.results import CSV_FILE, NO_WORK, OK, ROWS_FILE, RUN_FILE, WRONG
+from commbench.runs import load_run
 from helpers import run_cli
 
 DATA = Path(__file__).parent / "data" / "nccl-tests"

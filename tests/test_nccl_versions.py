@@ -16,7 +16,7 @@ import torch
 from commbench import backends
 from commbench.backends import nccl as nccl_backend
 from commbench.backends.nccl_libs import NcclLibrary, default_label, parse_nccl_libs, preloaded_here
-from commbench.backends.nccl_log import LoadedNccl, loaded_nccl, mapped_libnccls, version_text
+from commbench.topology.nccl_log import LoadedNccl, loaded_nccl, mapped_libnccls, version_text
 from commbench.errors import UsageError
 from helpers import only_run_dir, rows, run_cli
 
@@ -81,7 +81,7 @@ def test_the_version_is_asked_of_the_mapped_library(tmp_path: Path) -> None:
     code = f"""
 import ctypes
 from pathlib import Path
-from commbench.backends.nccl_log import LoadedNccl, loaded_nccl
+from commbench.topology.nccl_log import LoadedNccl, loaded_nccl
 ctypes.CDLL({str(library)!r})   # mapped now, as torch maps its NCCL
 maps = Path({str(maps)!r})
 maps.write_text("7f00-7f10 r-xp 00000000 08:01 11 {library}\\n")
@@ -97,7 +97,7 @@ assert loaded_nccl(maps).error == "no libnccl is mapped into this process", load
 def test_a_preloaded_library_is_the_one_a_process_reports(tmp_path: Path) -> None:
     """The child's view: LD_PRELOAD maps the library, /proc/self/maps finds it, it says 2.29.7."""
     library = build_fake_nccl(tmp_path / "nccl-2.29.7" / "lib", 22907)
-    code = "from commbench.backends.nccl_log import loaded_nccl; l = loaded_nccl(); print(l.path, l.version)"
+    code = "from commbench.topology.nccl_log import loaded_nccl; l = loaded_nccl(); print(l.path, l.version)"
     env = {**os.environ, "LD_PRELOAD": str(library)}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     assert out.stdout.split() == [str(library.resolve()), "2.29.7"]

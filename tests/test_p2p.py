@@ -10,6 +10,7 @@ import ctypes
 import re
 import statistics
 import struct
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
@@ -17,9 +18,9 @@ import pytest
 import torch
 
 from commbench.backends import factory
-from commbench.backends import p2p
+from commbench.backends import p2p, p2p_kernels, p2p_layout, p2p_rules
 from commbench.backends.base import BackendTimeout, BackendUnavailable
-from commbench.sweep.context import Emulation, RunContext
+from commbench.runtime.context import Emulation, RunContext
 from commbench.errors import UsageError
 
 
@@ -39,7 +40,7 @@ def backend(variant: str = "oneshot", **options) -> p2p.P2PAllreduce:
 def fake_gpus(monkeypatch):
     """A node with `count` GPUs where `blocked` pairs have no peer access; cupy 'installed'."""
     def install(count: int = 8, blocked: frozenset[tuple[int, int]] = frozenset()) -> None:
-        monkeypatch.setattr(p2p, "_cupy", lambda: object())
+        monkeypatch.setattr(p2p, "cupy_module", lambda: object())
         monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
         monkeypatch.setattr(torch.cuda, "can_device_access_peer", lambda a, b: (a, b) not in blocked)
     return install
@@ -62,20 +63,21 @@ def test_unknown_variant_is_a_usage_error_naming_the_choices():
 
 
 def test_options_accept_numbers_and_size_strings():
-    opts = p2p.P2POptions.from_options({"p2p_max_bytes": "4M", "p2p_auto_rule": "oneshot_lamport<=64K, twoshot",
+    opts = p2p_rules.P2POptions.from_options({"p2p_max_bytes": "4M", "p2p_auto_rule": "oneshot_lamport<=64K, twoshot",
                                         "p2p_timeout_ms": 250})
     assert (opts.max_bytes, opts.auto_rule, opts.timeout_ms) == \
-        (4 << 20, ((65536, p2p.ONESHOT_LL), (None, p2p.TWOSHOT)), 250.0)
-    defaults = p2p.P2POptions.from_options({})
+        (4 << 20, ((65536, p2p_layout.ONESHOT_LL), (None, p2p_layout.TWOSHOT)), 250.0)
+    defaults = p2p_rules.P2POptions.from_options({})
     assert (defaults.max_bytes, defaults.auto_rule) == (8 << 20, None)
 
 
 def test_an_auto_rule_reads_back_as_it_was_written():
     text = "oneshot_lamport<=4K,oneshot<=64K,twoshot_lamport<=4M,twoshot"
-    rule = p2p.parse_auto_rule(text)
-    assert p2p.format_auto_rule(rule) == text
-    assert [p2p.rule_kernel(rule, n) for n in (16, 4096, 4112, 65536, 4 << 20, 8 << 20)] == \
-        [p2p.ONESHOT_LL, p2p.ONESHOT_LL, p2p.ONESHOT_PUSH, p2p.ONESHOT_PUSH, p2p.TWOSHOT_LL, p2p.TWOSHOT]
+    rule = p2p_rules.parse_auto_rule(text)
+    assert p2p_rules.format_auto_rule(rule) == text
+    assert [p2p_rules.rule_kernel(rule, n) for n in (16, 4096, 4112, 65536, 4 << 20, 8 << 20)] == \
+        [p2p_layout.ONESHOT_LL, p2p_layout.ONESHOT_LL, p2p_layout.ONESHOT_PUSH, p2p_layout.ONESHOT_PUSH,
+         p2p_layout.TWOSHOT_LL, p2p_layout.TWOSHOT]
 
 
 @pytest.mark.parametrize("options, message", [
@@ -95,7 +97,7 @@ def test_an_auto_rule_reads_back_as_it_was_written():
 ])
 def test_bad_options_are_usage_errors(options, message):
     with pytest.raises(UsageError, match=message):
-        p2p.P2POptions.from_options(options)
+        p2p_rules.P2POptions.from_options(options)
 
 
 # -- eligibility -------------------------------------------------------------------------
@@ -110,7 +112,7 @@ def test_world_size_rules():
 
 def test_needs_cuda_then_cupy(monkeypatch):
     assert "needs CUDA" in backend().check(ctx_for(device="cpu"))
-    monkeypatch.setattr(p2p, "_cupy", lambda: None)
+    monkeypatch.setattr(p2p, "cupy_module", lambda: None)
     assert backend().check(ctx_for()).startswith("cupy not installed")
 
 
@@ -169,53 +171,54 @@ def test_other_dtypes_refused():
 # -- launch shape and buffer plan ----------------------------------------------------------
 
 def dims(algorithm: str, units: int, world: int = 8, cap: int = 64, sms: int = 132,
-         shape: p2p.LaunchShape = p2p.LaunchShape()) -> tuple[int, int]:
-    return p2p.launch_dims(algorithm, units, world, cap, sms, shape)
+         shape: p2p_layout.LaunchShape = p2p_layout.LaunchShape()) -> tuple[int, int]:
+    return p2p_layout.launch_dims(algorithm, units, world, cap, sms, shape)
 
 
 def test_grid_depends_only_on_size_world_and_the_agreed_cap_and_sms():
-    assert dims(p2p.ONESHOT_PUSH, 1) == (1, 32)
-    assert dims(p2p.ONESHOT_PUSH, 513) == (5, 128)
-    assert dims(p2p.ONESHOT_PUSH, (8 << 20) // 16) == (p2p.MAX_BLOCKS, 512)
+    assert dims(p2p_layout.ONESHOT_PUSH, 1) == (1, 32)
+    assert dims(p2p_layout.ONESHOT_PUSH, 513) == (5, 128)
+    assert dims(p2p_layout.ONESHOT_PUSH, (8 << 20) // 16) == (p2p_layout.MAX_BLOCKS, 512)
     # Two-shot sizes its grid by one rank's slice, Lamport or not.
-    assert dims(p2p.TWOSHOT, 4 * 512 + 1, world=4) == dims(p2p.TWOSHOT_LL, 4 * 512 + 1, world=4) == (5, 128)
-    assert dims(p2p.ONESHOT_LL, 4 * 512 + 1, world=4) == (17, 128)
-    assert dims(p2p.TWOSHOT, 3) == (1, 32)
+    assert dims(p2p_layout.TWOSHOT, 4 * 512 + 1, world=4) == (5, 128)
+    assert dims(p2p_layout.TWOSHOT_LL, 4 * 512 + 1, world=4) == (5, 128)
+    assert dims(p2p_layout.ONESHOT_LL, 4 * 512 + 1, world=4) == (17, 128)
+    assert dims(p2p_layout.TWOSHOT, 3) == (1, 32)
 
 
 def test_blocks_spread_one_per_sm_with_the_fewest_threads_that_fit():
     # 14 SMs (one of 8 MPS clients at 12%): 64 KiB one-shot is 4096 vectors, 8 blocks of 512.
-    assert dims(p2p.ONESHOT_LL, 4096, sms=14, cap=28) == (8, 512)
-    assert dims(p2p.ONESHOT_LL, 1024, sms=14, cap=28) == (8, 128)
+    assert dims(p2p_layout.ONESHOT_LL, 4096, sms=14, cap=28) == (8, 512)
+    assert dims(p2p_layout.ONESHOT_LL, 1024, sms=14, cap=28) == (8, 128)
     # 256 KiB two-shot at 8 ranks: a 2048-vector slice, 8 blocks of 256.
-    assert dims(p2p.TWOSHOT_LL, 16384, sms=14, cap=28) == (8, 256)
+    assert dims(p2p_layout.TWOSHOT_LL, 16384, sms=14, cap=28) == (8, 256)
     # More work than the SMs hold at 512 threads a block: 512 threads, as many blocks as the cap.
-    assert dims(p2p.ONESHOT_LL, 1 << 18, sms=14, cap=28) == (28, 512)
-    assert p2p.spread_threads(66 * 128, 66) == 128 and p2p.spread_threads(66 * 128 + 1, 66) == 256
+    assert dims(p2p_layout.ONESHOT_LL, 1 << 18, sms=14, cap=28) == (28, 512)
+    assert p2p_layout.spread_threads(66 * 128, 66) == 128 and p2p_layout.spread_threads(66 * 128 + 1, 66) == 256
 
 
 def test_one_block_launches_take_only_the_warps_their_work_needs():
-    assert dims(p2p.ONESHOT_LL, 1) == (1, 32)
-    assert dims(p2p.ONESHOT_LL, 100) == (1, 128)
-    assert dims(p2p.ONESHOT_LL, 100, sms=1) == (1, 128)
-    assert dims(p2p.ONESHOT_LL, 257, sms=1) == (1, 288)
-    assert dims(p2p.TWOSHOT_LL, 256) == (1, 32)                    # a 32-vector slice
-    assert p2p.WARP_THREADS >= p2p.MAX_RANKS
+    assert dims(p2p_layout.ONESHOT_LL, 1) == (1, 32)
+    assert dims(p2p_layout.ONESHOT_LL, 100) == (1, 128)
+    assert dims(p2p_layout.ONESHOT_LL, 100, sms=1) == (1, 128)
+    assert dims(p2p_layout.ONESHOT_LL, 257, sms=1) == (1, 288)
+    assert dims(p2p_layout.TWOSHOT_LL, 256) == (1, 32)                    # a 32-vector slice
+    assert p2p_layout.WARP_THREADS >= p2p_layout.MAX_RANKS
 
 
 def test_options_fix_the_threads_and_the_vectors_per_thread():
     # Four vectors a thread: a quarter of the blocks, and single blocks a quarter of the threads.
-    shape = p2p.LaunchShape(threads=256, vectors_per_thread=4)
-    assert dims(p2p.ONESHOT_LL, 4096, shape=shape) == (4, 256)
-    assert dims(p2p.ONESHOT_LL, 256, shape=shape) == (1, 64)
-    assert p2p.P2POptions.from_options({"p2p_threads": "256", "p2p_vectors_per_thread": 4}).shape == shape
-    assert p2p.P2POptions.from_options({}).shape == p2p.LaunchShape(None, 1)
+    shape = p2p_layout.LaunchShape(threads=256, vectors_per_thread=4)
+    assert dims(p2p_layout.ONESHOT_LL, 4096, shape=shape) == (4, 256)
+    assert dims(p2p_layout.ONESHOT_LL, 256, shape=shape) == (1, 64)
+    assert p2p_rules.P2POptions.from_options({"p2p_threads": "256", "p2p_vectors_per_thread": 4}).shape == shape
+    assert p2p_rules.P2POptions.from_options({}).shape == p2p_layout.LaunchShape(None, 1)
 
 
 def test_grid_never_exceeds_the_agreed_cap():
-    assert dims(p2p.ONESHOT_PUSH, (8 << 20) // 16, cap=16) == (16, 512)
-    assert dims(p2p.TWOSHOT, (8 << 20) // 16, cap=3) == (3, 512)
-    assert dims(p2p.ONESHOT_PUSH, 513, cap=16) == (5, 128)     # small messages stay small
+    assert dims(p2p_layout.ONESHOT_PUSH, (8 << 20) // 16, cap=16) == (16, 512)
+    assert dims(p2p_layout.TWOSHOT, (8 << 20) // 16, cap=3) == (3, 512)
+    assert dims(p2p_layout.ONESHOT_PUSH, 513, cap=16) == (5, 128)     # small messages stay small
 
 
 H200_SMS = 132
@@ -226,26 +229,26 @@ def shared_gpu(ranks: int, mps: bool | None, sm_percent: float | None = None) ->
 
 
 def test_one_gpu_per_rank_gets_the_whole_gpu():
-    capacity = p2p.grid_capacity(2, H200_SMS, None)
+    capacity = p2p_layout.grid_capacity(2, H200_SMS, None)
     assert (capacity.sms, capacity.blocks) == (H200_SMS, 264)
     assert capacity.refusal() is None
 
 
 def test_ranks_taking_turns_each_get_the_whole_gpu():
     # Time slicing: a rank's spinning blocks are preempted, and while it runs the GPU is its own.
-    assert p2p.grid_capacity(1, H200_SMS, shared_gpu(8, mps=False)).blocks == H200_SMS
+    assert p2p_layout.grid_capacity(1, H200_SMS, shared_gpu(8, mps=False)).blocks == H200_SMS
 
 
 def test_eight_ranks_under_mps_without_an_sm_limit_get_one_block_per_sm_of_a_fair_split():
     # The deadlock of the old fixed grid: 256 KiB wanted 32 blocks per rank, 8 x 32 > 132 SMs;
     # two blocks per SM (the occupancy API's answer) deadlocked too.
-    capacity = p2p.grid_capacity(2, H200_SMS, shared_gpu(8, mps=True))
+    capacity = p2p_layout.grid_capacity(2, H200_SMS, shared_gpu(8, mps=True))
     assert (capacity.sms, capacity.blocks) == (16, 16)
-    assert dims(p2p.ONESHOT_PUSH, (256 << 10) // 16, cap=capacity.blocks, sms=capacity.sms) == (16, 512)
+    assert dims(p2p_layout.ONESHOT_PUSH, (256 << 10) // 16, cap=capacity.blocks, sms=capacity.sms) == (16, 512)
 
 
 def test_an_unknown_mps_answer_counts_as_mps():
-    assert p2p.grid_capacity(2, H200_SMS, shared_gpu(8, mps=None)).blocks == 16
+    assert p2p_layout.grid_capacity(2, H200_SMS, shared_gpu(8, mps=None)).blocks == 16
 
 
 # Under MPS with an SM share CUDA reports the client's share: 14 SMs at 12% on an H200.
@@ -255,16 +258,16 @@ def test_an_unknown_mps_answer_counts_as_mps():
     (50, 66, 16, 16),       # 8 x 50% overlap: one block per SM of a fair split
 ])
 def test_an_mps_sm_share_is_the_clients_own_unless_shares_overlap(sm_percent, reported_sms, sms, blocks):
-    capacity = p2p.grid_capacity(2, reported_sms, shared_gpu(8, mps=True, sm_percent=sm_percent))
+    capacity = p2p_layout.grid_capacity(2, reported_sms, shared_gpu(8, mps=True, sm_percent=sm_percent))
     assert (capacity.sms, capacity.blocks) == (sms, blocks)
 
 
 def test_an_sm_share_without_mps_means_nothing():
-    assert p2p.grid_capacity(1, H200_SMS, shared_gpu(8, mps=False, sm_percent=12.5)).blocks == H200_SMS
+    assert p2p_layout.grid_capacity(1, H200_SMS, shared_gpu(8, mps=False, sm_percent=12.5)).blocks == H200_SMS
 
 
 def test_no_block_fitting_is_refused_with_what_would_help():
-    capacity = p2p.grid_capacity(2, H200_SMS, shared_gpu(200, mps=True))
+    capacity = p2p_layout.grid_capacity(2, H200_SMS, shared_gpu(200, mps=True))
     assert capacity.blocks == 0
     assert capacity.refusal() == (
         "p2p needs every block of every rank resident at once, but this rank may count on 0 SMs "
@@ -278,10 +281,9 @@ def grid_setup(monkeypatch, emulation: Emulation, peer_blocks: int) -> tuple[p2p
     monkeypatch.setattr(p2p, "kernel_blocks_per_sm", lambda device, functions, algorithms: 1)
     monkeypatch.setattr(torch.cuda, "get_device_properties",
                         lambda device: SimpleNamespace(multi_processor_count=H200_SMS))
-    ctx = ctx_for(2)
-    ctx.emulation = emulation
+    ctx = replace(ctx_for(2), emulation=emulation)
     # One gather carries each rank's (refusal, (cap, sms)); the peer has no refusal.
-    ctx.all_gather_objects = lambda obj: [obj, (None, (peer_blocks, 10))]
+    monkeypatch.setattr(RunContext, "all_gather_objects", lambda self, obj: [obj, (None, (peer_blocks, 10))])
     b = backend("auto")
     b._functions[torch.bfloat16] = {}
     return b, ctx
@@ -291,7 +293,7 @@ def test_every_rank_takes_the_smallest_ranks_cap(monkeypatch):
     b, ctx = grid_setup(monkeypatch, shared_gpu(2, mps=True), peer_blocks=20)
     assert b._agree_grid(ctx, torch.bfloat16) == (20, 10)        # this rank fits 66 on 66 SMs
     b, ctx = grid_setup(monkeypatch, shared_gpu(2, mps=True), peer_blocks=100)
-    assert b._agree_grid(ctx, torch.bfloat16) == (p2p.MAX_BLOCKS, 10)
+    assert b._agree_grid(ctx, torch.bfloat16) == (p2p_layout.MAX_BLOCKS, 10)
 
 
 def test_setup_refuses_when_not_one_block_per_rank_fits(monkeypatch):
@@ -318,7 +320,7 @@ CPU = torch.device("cpu")
 
 def test_contiguous_aligned_matching_tensors_are_accepted():
     buffer = torch.zeros(64)
-    assert p2p.tensor_reason(buffer[4:20], buffer[20:36], CPU) is None      # 16-byte offsets
+    assert p2p_rules.tensor_reason(buffer[4:20], buffer[20:36], CPU) is None      # 16-byte offsets
 
 
 @pytest.mark.parametrize("x, out, reason", [
@@ -330,18 +332,18 @@ def test_contiguous_aligned_matching_tensors_are_accepted():
     (torch.zeros(16), torch.zeros(12), r"^out \(12 x torch.float32\) does not match x \(16 x torch.float32\)"),
 ])
 def test_tensors_that_would_fault_are_refused(x, out, reason):
-    assert re.search(reason, p2p.tensor_reason(x, out, CPU))
+    assert re.search(reason, p2p_rules.tensor_reason(x, out, CPU))
 
 
 def test_tensors_on_another_device_are_refused():
-    assert p2p.tensor_reason(torch.zeros(16), torch.zeros(16), torch.device("cuda", 0)) == \
+    assert p2p_rules.tensor_reason(torch.zeros(16), torch.zeros(16), torch.device("cuda", 0)) == \
         "x is on cpu, this rank runs on cuda:0"
 
 
 def test_allreduce_refuses_a_misaligned_view_before_any_launch(monkeypatch):
     b = backend("oneshot")
     b._ctx = ctx_for(2, device="cpu")
-    b._area = p2p._SharedArea(b._ctx, p2p.plan_areas(b.algorithms, 2, 4096), b.options.timeout_ms)
+    b._area = p2p_kernels.SharedArea(b._ctx, p2p_layout.plan_areas(b.algorithms, 2, 4096), b.options.timeout_ms)
     b._grids[torch.float32] = (8, 8)
     launched = []
     monkeypatch.setattr(b, "_launch", lambda algorithm, x, out: launched.append((x.data_ptr(), out.data_ptr())))
@@ -355,21 +357,21 @@ def test_allreduce_refuses_a_misaligned_view_before_any_launch(monkeypatch):
 
 def test_area_plan_allocates_only_what_the_kernels_use_without_overlap():
     slot = 1 << 20
-    push = p2p.plan_areas(p2p.VARIANTS["oneshot"], 4, slot)
-    assert push.gather is None and push.stage is None and push.recv >= p2p.FLAG_AREA_BYTES
-    pull = p2p.plan_areas(p2p.VARIANTS["oneshot_pull"], 4, slot)
+    push = p2p_layout.plan_areas(p2p_rules.VARIANTS["oneshot"], 4, slot)
+    assert push.gather is None and push.stage is None and push.recv >= p2p_layout.FLAG_AREA_BYTES
+    pull = p2p_layout.plan_areas(p2p_rules.VARIANTS["oneshot_pull"], 4, slot)
     assert pull.recv is None and pull.gather is None
-    lamport = p2p.plan_areas(p2p.VARIANTS["oneshot_lamport"], 4, slot)
+    lamport = p2p_layout.plan_areas(p2p_rules.VARIANTS["oneshot_lamport"], 4, slot)
     assert (lamport.recv, lamport.gather, lamport.ll_rs) == (None, None, None)
     assert lamport.lamport_spans == ((lamport.ll, 3 * 4 * slot),)
-    auto = p2p.plan_areas(p2p.VARIANTS["auto"], 4, slot)
+    auto = p2p_layout.plan_areas(p2p_rules.VARIANTS["auto"], 4, slot)
     assert auto.stage is None and auto.slice_bytes == slot // 4
-    spans = sorted([(0, p2p.FLAG_AREA_BYTES), (auto.recv, auto.recv + 2 * 4 * slot),
+    spans = sorted([(0, p2p_layout.FLAG_AREA_BYTES), (auto.recv, auto.recv + 2 * 4 * slot),
                     (auto.gather, auto.gather + 2 * slot), (auto.ll, auto.ll + 3 * 4 * slot),
                     (auto.ll_rs, auto.ll_rs + 3 * 4 * auto.slice_bytes), (auto.ll_ag, auto.ll_ag + 3 * slot)])
     assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:]))
     assert spans[-1][1] == auto.total_bytes
-    assert all(offset % p2p.AREA_ALIGN_BYTES == 0 for offset in (auto.recv, auto.gather, auto.ll, auto.ll_rs))
+    assert all(offset % p2p_layout.AREA_ALIGN_BYTES == 0 for offset in (auto.recv, auto.gather, auto.ll, auto.ll_rs))
     # Only the Lamport areas start filled with LL_EMPTY, and all of each of them.
     filled = auto.lamport_spans
     assert [start for start, _ in filled] == [auto.ll, auto.ll_rs, auto.ll_ag]
@@ -377,28 +379,29 @@ def test_area_plan_allocates_only_what_the_kernels_use_without_overlap():
 
 
 def test_two_shot_slices_round_up_to_whole_vectors():
-    plan = p2p.plan_areas(p2p.VARIANTS["twoshot_lamport"], 3, 1040)     # 65 vectors over 3 ranks
+    plan = p2p_layout.plan_areas(p2p_rules.VARIANTS["twoshot_lamport"], 3, 1040)     # 65 vectors over 3 ranks
     assert plan.slice_bytes == 22 * 16
 
 
 def test_layout_words_follow_the_struct_and_leave_absent_areas_zero():
-    plan = p2p.plan_areas(p2p.VARIANTS["oneshot_lamport"], 2, 4096)
+    plan = p2p_layout.plan_areas(p2p_rules.VARIANTS["oneshot_lamport"], 2, 4096)
     bases = [0x7000_0000_0000, 0x7100_0000_0000]
-    words = p2p.layout_words(plan, bases, timeout_ns=5_000_000, ctrl=0xC0, report=0xD0, rank=1)
-    assert len(words) == p2p.LAYOUT_WORDS
-    area = {name: words[i * p2p.MAX_RANKS:(i + 1) * p2p.MAX_RANKS] for i, name in enumerate(p2p.LAYOUT_AREAS)}
+    words = p2p_layout.layout_words(plan, bases, timeout_ns=5_000_000, ctrl=0xC0, report=0xD0, rank=1)
+    assert len(words) == p2p_layout.LAYOUT_WORDS
+    ranks = p2p_layout.MAX_RANKS
+    area = {name: words[i * ranks:(i + 1) * ranks] for i, name in enumerate(p2p_layout.LAYOUT_AREAS)}
     assert area["flags"] == bases + [0] * 6
     assert area["ll"] == [b + plan.ll for b in bases] + [0] * 6
     assert area["recv"] == area["ll_rs"] == [0] * 8
-    assert words[-len(p2p.LAYOUT_SCALARS):] == [4096, plan.slice_bytes, 5_000_000, 0xC0, 0xD0, 1, 2]
-    value = p2p.layout_parameter(plan, bases, 5_000_000, 0xC0, 0xD0, 1)
-    assert value.nbytes == 8 * p2p.LAYOUT_WORDS and list(value["words"][0]) == words
+    assert words[-len(p2p_layout.LAYOUT_SCALARS):] == [4096, plan.slice_bytes, 5_000_000, 0xC0, 0xD0, 1, 2]
+    value = p2p_layout.layout_parameter(plan, bases, 5_000_000, 0xC0, 0xD0, 1)
+    assert value.nbytes == 8 * p2p_layout.LAYOUT_WORDS and list(value["words"][0]) == words
 
 
 # -- p2p:auto's rule ----------------------------------------------------------------------
 
 SIZES = [4096, 16384, 65536, 262144, 1 << 20, 4 << 20]
-LL1, PUSH1, LL2, PUSH2 = p2p.ONESHOT_LL, p2p.ONESHOT_PUSH, p2p.TWOSHOT_LL, p2p.TWOSHOT
+LL1, PUSH1, LL2, PUSH2 = p2p_layout.ONESHOT_LL, p2p_layout.ONESHOT_PUSH, p2p_layout.TWOSHOT_LL, p2p_layout.TWOSHOT
 
 
 def test_each_size_goes_to_its_fastest_kernel_and_runs_merge():
@@ -406,73 +409,73 @@ def test_each_size_goes_to_its_fastest_kernel_and_runs_merge():
              PUSH1: [5.0, 5.5, 7.0, 12.0, 30.0, 100.0],
              LL2: [6.0, 6.1, 6.5, 8.0, 20.0, 70.0],
              PUSH2: [8.0, 8.2, 8.5, 10.0, 18.0, 60.0]}
-    assert p2p.choose_rule(SIZES, times) == ((65536, LL1), (262144, LL2), (None, PUSH2))
+    assert p2p_rules.choose_rule(SIZES, times) == ((65536, LL1), (262144, LL2), (None, PUSH2))
 
 
 def test_a_later_kernel_must_win_by_the_margin():
     times = {LL1: [10.0, 10.0], PUSH1: [9.9, 9.0]}
-    assert p2p.choose_rule([4096, 8192], times) == ((4096, LL1), (None, PUSH1))
-    assert p2p.choose_rule([4096, 8192], {LL1: [10.0, 10.0], PUSH1: [5.0, 9.9]}) == ((4096, PUSH1), (None, LL1))
+    assert p2p_rules.choose_rule([4096, 8192], times) == ((4096, LL1), (None, PUSH1))
+    assert p2p_rules.choose_rule([4096, 8192], {LL1: [10.0, 10.0], PUSH1: [5.0, 9.9]}) == ((4096, PUSH1), (None, LL1))
 
 
 def test_one_kernel_everywhere_is_a_rule_of_one_entry_and_size_order_does_not_matter():
     times = {LL1: [9.0] * 6, LL2: [3.0] * 6}
-    assert p2p.choose_rule(SIZES[::-1], times) == ((None, LL2),)
+    assert p2p_rules.choose_rule(SIZES[::-1], times) == ((None, LL2),)
 
 
 def test_the_rule_needs_one_time_per_size():
     with pytest.raises(ValueError):
-        p2p.choose_rule(SIZES, {LL1: [1.0]})
+        p2p_rules.choose_rule(SIZES, {LL1: [1.0]})
 
 
 def test_calibration_graphs_hold_100_calls_at_small_sizes_and_fewer_at_large_ones():
-    assert [p2p.calibration_calls(s) for s in SIZES] == [100, 100, 100, 100, 64, 16]
-    assert p2p.CALIBRATION_SIZES[0] == 4096 and p2p.CALIBRATION_SIZES[-1] == p2p.DEFAULT_MAX_BYTES
-    assert p2p.calibration_calls(64 << 20) == p2p.CALIBRATION_MIN_CALLS
-    assert p2p.CALIBRATION_REPLAYS >= 10
+    assert [p2p_rules.calibration_calls(s) for s in SIZES] == [100, 100, 100, 100, 64, 16]
+    assert p2p_rules.CALIBRATION_SIZES[0] == 4096 and p2p_rules.CALIBRATION_SIZES[-1] == p2p_rules.DEFAULT_MAX_BYTES
+    assert p2p_rules.calibration_calls(64 << 20) == p2p_rules.CALIBRATION_MIN_CALLS
+    assert p2p_rules.CALIBRATION_REPLAYS >= 10
 
 
 def noisy_replays_us(per_call_us: float, calls: int, late: int) -> list[float]:
     """CALIBRATION_REPLAYS replays of `calls` calls with +-2% jitter, the first `late` of them
     five times slower (the host or another process got in the way)."""
     return [per_call_us * calls * (1 + 0.01 * (k * 7 % 5 - 2)) * (5 if k < late else 1)
-            for k in range(p2p.CALIBRATION_REPLAYS)]
+            for k in range(p2p_rules.CALIBRATION_REPLAYS)]
 
 
 def test_noisy_replays_do_not_move_the_rule():
     one = [5.0, 5.5, 7.0, 12.0, 30.0, 100.0]
     two = [8.0, 8.2, 8.5, 10.0, 20.0, 60.0]          # two-shot wins from 256 KiB on
-    calls = [p2p.calibration_calls(s) for s in SIZES]
+    calls = [p2p_rules.calibration_calls(s) for s in SIZES]
     # Rank 0: late one-shot replays at 64 KiB; rank 1: late two-shot replays at 4 MiB.
     late = [{"oneshot_push": {2: 2}, "twoshot_push": {}}, {"oneshot_push": {}, "twoshot_push": {5: 3}}]
     per_rank = [{algo: [noisy_replays_us(true[i], calls[i], rank_late[algo].get(i, 0)) for i in range(len(SIZES))]
                  for algo, true in (("oneshot_push", one), ("twoshot_push", two))} for rank_late in late]
 
-    def rule(per_call) -> p2p.AutoRule:
-        slowest = p2p.slowest_rank_times([{algo: [per_call(r, c) for r, c in zip(replays, calls)]
+    def rule(per_call) -> p2p_rules.AutoRule:
+        slowest = p2p_rules.slowest_rank_times([{algo: [per_call(r, c) for r, c in zip(replays, calls)]
                                            for algo, replays in rank.items()} for rank in per_rank])
-        return p2p.choose_rule(SIZES, slowest)
+        return p2p_rules.choose_rule(SIZES, slowest)
 
-    assert rule(p2p.per_call_median_us) == ((65536, "oneshot_push"), (None, "twoshot_push"))
+    assert rule(p2p_rules.per_call_median_us) == ((65536, "oneshot_push"), (None, "twoshot_push"))
     # The mean of the same replays would have sent 64 KiB to two-shot and 4 MiB to one-shot.
-    assert rule(lambda replays, c: statistics.mean(replays) / c) != rule(p2p.per_call_median_us)
+    assert rule(lambda replays, c: statistics.mean(replays) / c) != rule(p2p_rules.per_call_median_us)
 
 
 def test_the_slowest_rank_counts():
     per_rank = [{"oneshot_push": [1.0, 5.0], "twoshot_push": [2.0, 3.0]},
                 {"oneshot_push": [1.5, 4.0], "twoshot_push": [2.5, 2.0]}]
-    assert p2p.slowest_rank_times(per_rank) == {"oneshot_push": [1.5, 5.0], "twoshot_push": [2.5, 3.0]}
+    assert p2p_rules.slowest_rank_times(per_rank) == {"oneshot_push": [1.5, 5.0], "twoshot_push": [2.5, 3.0]}
 
 
 def test_auto_with_a_given_rule_splits_by_size_and_records_it():
     auto = backend("auto", p2p_auto_rule="oneshot_lamport<=64K,twoshot_lamport")
-    assert auto.algorithm_for(65536, torch.bfloat16) == p2p.ONESHOT_LL
-    assert auto.algorithm_for(65536 + 16, torch.bfloat16) == p2p.TWOSHOT_LL
+    assert auto.algorithm_for(65536, torch.bfloat16) == p2p_layout.ONESHOT_LL
+    assert auto.algorithm_for(65536 + 16, torch.bfloat16) == p2p_layout.TWOSHOT_LL
     auto._dtype = torch.bfloat16
     extra = auto.row_fields()["extra"]
     assert (extra["p2p_auto_rule"], extra["p2p_auto_rule_source"]) == ("oneshot_lamport<=64K,twoshot_lamport",
                                                                         "option")
-    assert backend("oneshot_pull").algorithm_for(1 << 20, torch.float32) == p2p.ONESHOT_PULL
+    assert backend("oneshot_pull").algorithm_for(1 << 20, torch.float32) == p2p_layout.ONESHOT_PULL
 
 
 def linked(labels: list[list[str]]) -> dict:
@@ -487,45 +490,46 @@ PCIE4 = linked([["X", "NV12", "SYS", "SYS"], ["NV12", "X", "SYS", "SYS"],
 
 
 def test_auto_reads_peer_memory_only_where_reads_are_known_to_complete():
-    assert p2p.peer_reads_reason(None, 8, shared_gpu(8, mps=True)) is None        # one GPU: local memory
-    assert p2p.peer_reads_reason(NV4, 4, None) is None
-    assert p2p.peer_reads_reason(PCIE4, 2, None) is None                           # GPUs 0 and 1: NVLink
-    assert p2p.peer_reads_reason(PCIE4, 4, None) == (
+    assert p2p_rules.peer_reads_reason(None, 8, shared_gpu(8, mps=True)) is None        # one GPU: local memory
+    assert p2p_rules.peer_reads_reason(NV4, 4, None) is None
+    assert p2p_rules.peer_reads_reason(PCIE4, 2, None) is None                           # GPUs 0 and 1: NVLink
+    assert p2p_rules.peer_reads_reason(PCIE4, 4, None) == (
         "GPU 0 and GPU 2 are linked by SYS, not NVLink: a read of peer memory may never complete there, "
         "and no timeout can bound it")
     two = Emulation(gpus=2, ranks=8, mps=True, sm_percent=25)      # 8 ranks sharing 2 GPUs
-    assert p2p.peer_reads_reason(linked([["X", "NV18"], ["NV18", "X"]]), 8, two) is None
-    assert p2p.peer_reads_reason(linked([["X", "PIX"], ["PIX", "X"]]), 8, two).startswith(
+    assert p2p_rules.peer_reads_reason(linked([["X", "NV18"], ["NV18", "X"]]), 8, two) is None
+    assert p2p_rules.peer_reads_reason(linked([["X", "PIX"], ["PIX", "X"]]), 8, two).startswith(
         "GPU 0 and GPU 1 are linked by PIX, not NVLink")
     for snapshot in (None, {"error": "RuntimeError: no NVML"}):
-        assert p2p.peer_reads_reason(snapshot, 4, None).startswith("no probe snapshot says how the GPUs are linked")
+        assert p2p_rules.peer_reads_reason(snapshot, 4, None).startswith(
+            "no probe snapshot says how the GPUs are linked")
 
 
 @pytest.mark.parametrize("snapshot, emulation, pull", [(NV4, None, True), (PCIE4, None, False),
                                                        (None, shared_gpu(4, mps=True), True), (None, None, False)])
 def test_auto_adds_the_pull_kernel_last_and_rows_say_why_not(snapshot, emulation, pull):
     b = backend("auto")
-    ctx = ctx_for(4)
-    ctx.snapshot, ctx.emulation = snapshot, emulation
+    ctx = replace(ctx_for(4), snapshot=snapshot, emulation=emulation)
     b._choose_auto_kernels(ctx)
-    assert b.algorithms == ((*p2p.VARIANTS["auto"], p2p.ONESHOT_PULL) if pull else p2p.VARIANTS["auto"])
+    auto = p2p_rules.VARIANTS["auto"]
+    assert b.algorithms == ((*auto, p2p_layout.ONESHOT_PULL) if pull else auto)
     extra = b.row_fields()["extra"]
     assert extra["p2p_kernels"] == list(b.algorithms)
     assert ("p2p_auto_pull_reason" in extra) is not pull
-    assert (p2p.plan_areas(b.algorithms, 4, 1 << 20).stage is not None) is pull    # its staging area
+    assert (p2p_layout.plan_areas(b.algorithms, 4, 1 << 20).stage is not None) is pull    # its staging area
     fixed = backend("oneshot")
     fixed._choose_auto_kernels(ctx)
-    assert fixed.algorithms == (p2p.ONESHOT_PUSH,) and "p2p_auto_pull_reason" not in fixed.row_fields()["extra"]
+    assert fixed.algorithms == (p2p_layout.ONESHOT_PUSH,) and "p2p_auto_pull_reason" not in fixed.row_fields()["extra"]
 
 
 def test_a_forced_auto_rule_that_names_the_pull_kernel_asks_for_it():
     b = backend("auto", p2p_auto_rule="oneshot_lamport<=64K,oneshot_pull<=2M,twoshot")
-    assert b.algorithms == (*p2p.VARIANTS["auto"], p2p.ONESHOT_PULL)
-    ctx = ctx_for(4)
-    ctx.snapshot = PCIE4
+    assert b.algorithms == (*p2p_rules.VARIANTS["auto"], p2p_layout.ONESHOT_PULL)
+    ctx = replace(ctx_for(4), snapshot=PCIE4)
     b._choose_auto_kernels(ctx)                    # the rule decides, not the links
-    assert p2p.ONESHOT_PULL in b.algorithms and b.algorithm_for(1 << 20, torch.bfloat16) == p2p.ONESHOT_PULL
-    assert backend("auto", p2p_auto_rule="oneshot_lamport<=64K,twoshot").algorithms == p2p.VARIANTS["auto"]
+    assert p2p_layout.ONESHOT_PULL in b.algorithms
+    assert b.algorithm_for(1 << 20, torch.bfloat16) == p2p_layout.ONESHOT_PULL
+    assert backend("auto", p2p_auto_rule="oneshot_lamport<=64K,twoshot").algorithms == p2p_rules.VARIANTS["auto"]
 
 
 # -- the timeout report ------------------------------------------------------------------
@@ -533,13 +537,13 @@ def test_a_forced_auto_rule_that_names_the_pull_kernel_asks_for_it():
 def test_a_recorded_timeout_becomes_a_clear_error_before_any_launch():
     report = (ctypes.c_uint32 * 4)(1, 3, 17, 0)
     b = backend(p2p_timeout_ms=300)
-    area = p2p._SharedArea(ctx_for(4), p2p.plan_areas(b.algorithms, 4, 4096), b.options.timeout_ms)
+    area = p2p_kernels.SharedArea(ctx_for(4), p2p_layout.plan_areas(b.algorithms, 4, 4096), b.options.timeout_ms)
     area.report = ctypes.addressof(report)
     b._area = area
     expected = r"^p2p: peer rank 3 did not arrive within 300 ms \(rank 0, call 17, first barrier\)"
-    with pytest.raises(p2p.P2PTimeoutError, match=expected):
+    with pytest.raises(p2p_kernels.P2PTimeoutError, match=expected):
         b.raise_if_failed()
-    with pytest.raises(p2p.P2PTimeoutError, match=expected):
+    with pytest.raises(p2p_kernels.P2PTimeoutError, match=expected):
         b.allreduce(torch.zeros(8), torch.empty(8))
     # The sweep verifies after it synchronised: a timeout inside graph replays surfaces there.
     workload = b.make_workload(ctx_for(4, device="cpu"), 8, torch.float32, None, 3)
@@ -553,39 +557,40 @@ def test_a_recorded_timeout_becomes_a_clear_error_before_any_launch():
 # -- the CUDA source matches the Python side ------------------------------------------------
 
 def test_cuda_source_constants_match():
-    source = p2p.KERNEL_SOURCE.read_text()
-    assert int(re.search(r"#define P2P_MAX_RANKS (\d+)", source).group(1)) == p2p.MAX_RANKS
-    assert int(re.search(r"#define P2P_MAX_BLOCKS (\d+)", source).group(1)) == p2p.MAX_BLOCKS
-    assert set(re.findall(r"__launch_bounds__\((\d+)\)", source)) == {str(p2p.THREADS_PER_BLOCK)}
+    source = p2p_kernels.KERNEL_SOURCE.read_text()
+    assert int(re.search(r"#define P2P_MAX_RANKS (\d+)", source).group(1)) == p2p_layout.MAX_RANKS
+    assert int(re.search(r"#define P2P_MAX_BLOCKS (\d+)", source).group(1)) == p2p_layout.MAX_BLOCKS
+    assert set(re.findall(r"__launch_bounds__\((\d+)\)", source)) == {str(p2p_layout.THREADS_PER_BLOCK)}
     layout = re.search(r"struct Layout \{(.*?)\};", source, re.S).group(1)
     fields = re.findall(r"^\s*u64 (\w+)(\[P2P_MAX_RANKS\])?;", layout, re.M)
-    words = sum(p2p.MAX_RANKS if array else 1 for _, array in fields)
-    assert words == p2p.LAYOUT_WORDS
-    assert [name for name, array in fields if array] == list(p2p.LAYOUT_AREAS)
-    assert [name for name, array in fields if not array] == list(p2p.LAYOUT_SCALARS)
-    assert int(re.search(r"#define LL_BUFFERS (\d+)", source).group(1)) == p2p.LL_BUFFERS
-    assert int(re.search(r"#define LL_EMPTY (0x[0-9a-f]+)u", source).group(1), 16) == p2p.LL_EMPTY
+    words = sum(p2p_layout.MAX_RANKS if array else 1 for _, array in fields)
+    assert words == p2p_layout.LAYOUT_WORDS
+    assert [name for name, array in fields if array] == list(p2p_layout.LAYOUT_AREAS)
+    assert [name for name, array in fields if not array] == list(p2p_layout.LAYOUT_SCALARS)
+    assert int(re.search(r"#define LL_BUFFERS (\d+)", source).group(1)) == p2p_layout.LL_BUFFERS
+    assert int(re.search(r"#define LL_EMPTY (0x[0-9a-f]+)u", source).group(1), 16) == p2p_layout.LL_EMPTY
     ctrl = re.search(r"struct Ctrl \{(.*?)\};", source, re.S).group(1)
-    ctrl_words = sum(int({"LL_BUFFERS": p2p.LL_BUFFERS, "P2P_MAX_BLOCKS": p2p.MAX_BLOCKS}.get(n, n or 1))
+    ctrl_words = sum(int({"LL_BUFFERS": p2p_layout.LL_BUFFERS, "P2P_MAX_BLOCKS": p2p_layout.MAX_BLOCKS}.get(n, n or 1))
                      for n in re.findall(r"^\s*u32 \w+(?:\[(\w+)\])?;", ctrl, re.M))
-    assert ctrl_words == p2p.CTRL_WORDS
+    assert ctrl_words == p2p_layout.CTRL_WORDS
     phases = re.findall(r"#define PHASE_\w+ (\d+)", source)
-    assert [int(n) for n in phases] == list(range(len(p2p.PHASE_NAMES)))
-    for name in p2p.KERNEL_NAMES.values():
-        assert f"void __launch_bounds__({p2p.THREADS_PER_BLOCK}) {name}(const __grid_constant__ Layout L," in source
+    assert [int(n) for n in phases] == list(range(len(p2p_kernels.PHASE_NAMES)))
+    for name in p2p_layout.KERNEL_NAMES.values():
+        threads = p2p_layout.THREADS_PER_BLOCK
+        assert f"void __launch_bounds__({threads}) {name}(const __grid_constant__ Layout L," in source
 
 
 # -- programmatic dependent launch ----------------------------------------------------------
 
 def test_pdl_is_on_unless_the_option_says_off():
-    assert p2p.P2POptions.from_options({}).pdl is True
-    assert p2p.P2POptions.from_options({"p2p_pdl": "on"}).pdl is True
-    assert p2p.P2POptions.from_options({"p2p_pdl": "off"}).pdl is False
-    assert p2p.P2POptions.from_options({"p2p_pdl": False}).pdl is False
+    assert p2p_rules.P2POptions.from_options({}).pdl is True
+    assert p2p_rules.P2POptions.from_options({"p2p_pdl": "on"}).pdl is True
+    assert p2p_rules.P2POptions.from_options({"p2p_pdl": "off"}).pdl is False
+    assert p2p_rules.P2POptions.from_options({"p2p_pdl": False}).pdl is False
     parser = argparse.ArgumentParser()
     p2p.add_arguments(parser.add_argument_group("p2p"))
     assert p2p.read_options(parser.parse_args([]))["p2p_pdl"] is None
-    assert p2p.P2POptions.from_options(p2p.read_options(parser.parse_args(["--p2p-pdl", "off"]))).pdl is False
+    assert p2p_rules.P2POptions.from_options(p2p.read_options(parser.parse_args(["--p2p-pdl", "off"]))).pdl is False
 
 
 SM90, SM86 = (9, 0), (8, 6)
@@ -606,27 +611,27 @@ SM90, SM86 = (9, 0), (8, 6)
     (True, None, SM90, shared_gpu(8, mps=True, sm_percent=50), "ranks share a GPU concurrently"),
 ])
 def test_pdl_reason_says_why_a_rank_cannot_launch_with_pdl(enabled, import_error, capability, emulation, reason):
-    got = p2p.pdl_reason(enabled, import_error, capability, emulation)
+    got = p2p_rules.pdl_reason(enabled, import_error, capability, emulation)
     assert got == reason if reason is None else (got or "").startswith(reason), got
 
 
 def test_ranks_agree_on_pdl_and_a_lone_rank_is_named():
     missing = "cuda-python not installed (No module named 'cuda')"
-    assert p2p.agreed_pdl_reason([None, None, None]) is None
-    assert p2p.agreed_pdl_reason(["off (--p2p-pdl off)"] * 2) == "off (--p2p-pdl off)"
-    assert p2p.agreed_pdl_reason([None, missing, None]) == f"rank 1: {missing}"
-    assert p2p.agreed_pdl_reason([None, None, "SM 8.6: PDL needs SM 9.0+", missing]) == \
+    assert p2p_rules.agreed_pdl_reason([None, None, None]) is None
+    assert p2p_rules.agreed_pdl_reason(["off (--p2p-pdl off)"] * 2) == "off (--p2p-pdl off)"
+    assert p2p_rules.agreed_pdl_reason([None, missing, None]) == f"rank 1: {missing}"
+    assert p2p_rules.agreed_pdl_reason([None, None, "SM 8.6: PDL needs SM 9.0+", missing]) == \
         "rank 2: SM 8.6: PDL needs SM 9.0+"
 
 
 def test_kernel_params_point_at_each_arguments_bytes():
-    plan = p2p.plan_areas(p2p.VARIANTS["auto"], 2, 4096)
-    layout = p2p.layout_parameter(plan, [0x7000_0000_0000, 0x7100_0000_0000], 5_000_000, 0xC0, 0xD0, 1)
-    params = p2p.kernel_params(layout, 0x7f00_1234_5670, 0x7f00_89ab_cde0, 4097)
+    plan = p2p_layout.plan_areas(p2p_rules.VARIANTS["auto"], 2, 4096)
+    layout = p2p_layout.layout_parameter(plan, [0x7000_0000_0000, 0x7100_0000_0000], 5_000_000, 0xC0, 0xD0, 1)
+    params = p2p_layout.kernel_params(layout, 0x7f00_1234_5670, 0x7f00_89ab_cde0, 4097)
     array = (ctypes.c_void_p * 4).from_address(params.address)
     # The Layout by value: the very bytes of the structured value, all LAYOUT_WORDS of them.
     assert array[0] == layout.ctypes.data
-    assert ctypes.string_at(array[0], 8 * p2p.LAYOUT_WORDS) == layout.tobytes()
+    assert ctypes.string_at(array[0], 8 * p2p_layout.LAYOUT_WORDS) == layout.tobytes()
     assert ctypes.string_at(array[1], 8) == struct.pack("<Q", 0x7f00_1234_5670)
     assert ctypes.string_at(array[2], 8) == struct.pack("<Q", 0x7f00_89ab_cde0)
     assert ctypes.string_at(array[3], 4) == struct.pack("<I", 4097)
@@ -672,10 +677,10 @@ class FakeDriver:
 
 def pdl_setup(monkeypatch, peer_reason: str | None, driver: FakeDriver | None = None) -> p2p.P2PAllreduce:
     """A backend that decided PDL on an SM 9.0 rank with cuda-python, its peer answering peer_reason."""
-    monkeypatch.setattr(p2p, "_cuda_driver", lambda: (driver or FakeDriver(), None))
+    monkeypatch.setattr(p2p, "cuda_driver", lambda: (driver or FakeDriver(), None))
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: SM90)
     ctx = ctx_for(2)
-    ctx.all_gather_objects = lambda obj: [obj, (None, peer_reason)]
+    monkeypatch.setattr(RunContext, "all_gather_objects", lambda self, obj: [obj, (None, peer_reason)])
     b = backend("oneshot")
     b._decide_pdl(ctx)
     return b
@@ -695,11 +700,11 @@ def test_rows_say_whether_pdl_is_on_and_why_not(monkeypatch):
 def launch_ready(b: p2p.P2PAllreduce, monkeypatch, function: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """Give a backend what _launch reads: a shared area with a Layout, a grid, one kernel."""
     b._ctx = ctx_for(2, device="cpu")
-    plan = p2p.plan_areas(b.algorithms, 2, 4096)
-    b._area = p2p._SharedArea(b._ctx, plan, b.options.timeout_ms)
-    b._area.layout = p2p.layout_parameter(plan, [0x7000_0000_0000, 0x7100_0000_0000], 1, 2, 3, 0)
+    plan = p2p_layout.plan_areas(b.algorithms, 2, 4096)
+    b._area = p2p_kernels.SharedArea(b._ctx, plan, b.options.timeout_ms)
+    b._area.layout = p2p_layout.layout_parameter(plan, [0x7000_0000_0000, 0x7100_0000_0000], 1, 2, 3, 0)
     b._grids[torch.float32] = (8, 8)
-    b._functions[torch.float32] = {p2p.ONESHOT_PUSH: function}
+    b._functions[torch.float32] = {p2p_layout.ONESHOT_PUSH: function}
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device: SimpleNamespace(cuda_stream=0x5000))
     return torch.zeros(1024), torch.zeros(1024)
 
@@ -708,10 +713,10 @@ def test_a_pdl_launch_asks_cuda_python_for_programmatic_stream_serialization(mon
     driver = FakeDriver()
     b = pdl_setup(monkeypatch, None, driver)
     x, out = launch_ready(b, monkeypatch, SimpleNamespace(ptr=0xF00))
-    b._launch(p2p.ONESHOT_PUSH, x, out)
+    b._launch(p2p_layout.ONESHOT_PUSH, x, out)
     [(config, function, units, extra)] = driver.launches
     assert function == ("function", 0xF00) and extra == 0
-    blocks, threads = p2p.launch_dims(p2p.ONESHOT_PUSH, 256, 2, 8, 8)
+    blocks, threads = p2p_layout.launch_dims(p2p_layout.ONESHOT_PUSH, 256, 2, 8, 8)
     assert (config.gridDimX, config.gridDimY, config.gridDimZ) == (blocks, 1, 1)
     assert (config.blockDimX, config.blockDimY, config.blockDimZ) == (threads, 1, 1)
     assert (config.sharedMemBytes, config.hStream, config.numAttrs) == (0, ("stream", 0x5000), 1)
@@ -724,12 +729,12 @@ def test_pdl_launches_reuse_one_config_per_grid_and_stream(monkeypatch):
     driver = FakeDriver()
     b = pdl_setup(monkeypatch, None, driver)
     x, out = launch_ready(b, monkeypatch, SimpleNamespace(ptr=0xF00))
-    b._launch(p2p.ONESHOT_PUSH, x, out)
-    b._launch(p2p.ONESHOT_PUSH, x, out)
+    b._launch(p2p_layout.ONESHOT_PUSH, x, out)
+    b._launch(p2p_layout.ONESHOT_PUSH, x, out)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device: SimpleNamespace(cuda_stream=0x6000))
-    b._launch(p2p.ONESHOT_PUSH, x, out)
-    b._launch(p2p.ONESHOT_PUSH, x[:512], out[:512])          # 2 KiB: a smaller grid
-    b._launch(p2p.ONESHOT_PUSH, x[:512], out[:512])
+    b._launch(p2p_layout.ONESHOT_PUSH, x, out)
+    b._launch(p2p_layout.ONESHOT_PUSH, x[:512], out[:512])          # 2 KiB: a smaller grid
+    b._launch(p2p_layout.ONESHOT_PUSH, x[:512], out[:512])
     first, second, other_stream, smaller, smaller_again = driver.launches
     assert first[0] is second[0] and other_stream[0] is not first[0]
     assert other_stream[0].hStream == ("stream", 0x6000) and first[0].hStream == ("stream", 0x5000)
@@ -743,7 +748,7 @@ def test_a_failed_pdl_launch_raises_with_the_drivers_name(monkeypatch):
     b = pdl_setup(monkeypatch, None, FakeDriver(result=1))
     x, out = launch_ready(b, monkeypatch, SimpleNamespace(ptr=0xF00))
     with pytest.raises(RuntimeError, match="^p2p: cuLaunchKernelEx failed: CUDA_ERROR_INVALID_VALUE$"):
-        b._launch(p2p.ONESHOT_PUSH, x, out)
+        b._launch(p2p_layout.ONESHOT_PUSH, x, out)
 
 
 def test_without_pdl_the_kernel_launches_through_cupy(monkeypatch):
@@ -751,6 +756,6 @@ def test_without_pdl_the_kernel_launches_through_cupy(monkeypatch):
     calls = []
     x, out = launch_ready(b, monkeypatch, lambda grid, block, args, stream: calls.append((grid, block, args)))
     monkeypatch.setattr(b, "_stream", lambda: "cupy stream")
-    b._launch(p2p.ONESHOT_PUSH, x, out)
+    b._launch(p2p_layout.ONESHOT_PUSH, x, out)
     [(grid, block, args)] = calls
     assert args[0] is b._area.layout and [int(a) for a in args[1:]] == [x.data_ptr(), out.data_ptr(), 256]

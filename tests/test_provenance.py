@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 
 from commbench.analysis import provenance, render
-from commbench.results import load_run
+from commbench.runs import load_run
 
 DATA = Path(__file__).parent / "data"
 SYNTHETIC = DATA / "runs" / "synthetic-pcie-8gpu"

@@ -13,7 +13,7 @@ import pytest
 
 from commbench.cli import main as cli
 from commbench.analysis.qualify import FAIL, PASS, WARN, check_acs, check_links, check_p2p, load_spec
-from commbench.results import load_run
+from commbench.runs import load_run
 
 RUNS = Path(__file__).parent / "data" / "runs"
 SYNTHETIC = RUNS / "synthetic-pcie-8gpu"

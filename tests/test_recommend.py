@@ -14,7 +14,7 @@ from commbench import backends, engines
 from commbench.analysis import decide, models
 from commbench.analysis.curves import cautions, decode_curves
 from commbench.cli import main as cli
-from commbench.results import load_run
+from commbench.runs import load_run
 
 ROOT = Path(__file__).parent.parent
 RUNS = Path(__file__).parent / "data" / "runs"

@@ -13,7 +13,8 @@ from commbench.cli import main as cli
 from commbench.analysis.curves import baseline_name, build_curves, crossovers, ranking, select
 from commbench.analysis.fusion import COMPARISON_HEADERS, FUSED_OP, comparison_cells
 from commbench.analysis.report import range_rows
-from commbench.results import Measurement, load_run
+from commbench.results import Measurement
+from commbench.runs import load_run
 
 RUNS = Path(__file__).parent / "data" / "runs"
 SYNTHETIC = RUNS / "synthetic-pcie-8gpu"

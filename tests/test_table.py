@@ -13,7 +13,8 @@ from helpers import run_cli
 from commbench.analysis import table
 from commbench.analysis.curves import CurveKey
 from commbench.analysis.fusion import FUSED_OP
-from commbench.results import Measurement, load_run
+from commbench.results import Measurement
+from commbench.runs import load_run
 from commbench.units import format_bytes
 
 REFERENCE = Path(__file__).parents[1] / "results" / "reference" / "h200-mps-emulated"

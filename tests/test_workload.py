@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from commbench.backends.base import Backend
-from commbench.sweep.context import RunContext
-from commbench.sweep.workload import EPOCHS_PER_PASS, AllreduceWorkload, expected_sum
+from commbench.runtime.context import RunContext
+from commbench.runtime.workload import EPOCHS_PER_PASS, AllreduceWorkload, expected_sum
 
 
 class Solo(Backend):

@@ -7,6 +7,7 @@ and prints). --from re-renders a saved snapshot offline (table, verdicts, plot),
 from __future__ import annotations
 
 import argparse
+from typing import Sequence
 
 from commbench.errors import UsageError
 from commbench.files import STDOUT, check_file_target, write_json
@@ -60,16 +61,17 @@ def _check_args(args: argparse.Namespace) -> None:
     check_file_target(args.plot, "--plot")
 
 
-def main(args: argparse.Namespace) -> int:
+def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     _check_args(args)
-    from commbench.topology.snapshot import DEFAULT_TIMEOUT_S, load_snapshot, take_snapshot
+    from commbench.topology.snapshot import DEFAULT_TIMEOUT_S, take_snapshot
+    from commbench.topology.snapshot_file import load_snapshot
 
     ctx = None
     if args.from_file:
         snapshot = load_snapshot(args.from_file)
     else:
         from commbench.launch_env import under_torchrun
-        from commbench.sweep.context import init_context, shutdown
+        from commbench.runtime.context import init_context, shutdown
 
         if under_torchrun():
             ctx, _note = init_context(allow_multicast=args.allow_multicast, share_gpus=args.share_gpus)

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from commbench.topology.finding import FAIL, INFO, WARN, finding
+from commbench.topology.pcie_findings import at_max_under_load, pcie_box_findings
 from commbench.topology.selection import is_nvlink, link
-
-FAIL, WARN, INFO = "FAIL", "WARN", "INFO"
 
 ACS_REMEDY = ("ACS redirect sends peer-to-peer traffic up to the root complex (and through the IOMMU): "
               "P2P may hang or return wrong data. Usual fixes (commbench applies none): disable ACS in the "
@@ -24,13 +24,7 @@ HMM_REMEDY = "options nvidia_uvm uvm_disable_hmm=1 in /etc/modprobe.d, then relo
 SMALL_BAR1_MIB = 256
 
 
-def finding(level: str, code: str, message: str, remedy: str | None = None) -> dict[str, Any]:
-    return {"level": level, "code": code, "message": message, "remedy": remedy}
-
-
 def pcie_findings(snapshot: dict[str, Any]) -> list[dict[str, Any]]:
-    from commbench.topology.pcie_findings import at_max_under_load
-
     out = []
     for g in snapshot.get("gpus") or []:
         p = g.get("pcie") or {}
@@ -178,8 +172,6 @@ def probe_findings(snapshot: dict[str, Any]) -> list[dict[str, Any]]:
 
 def findings(snapshot: dict[str, Any]) -> list[dict[str, Any]]:
     """All findings, FAIL first, then WARN, then INFO."""
-    from commbench.topology.pcie_findings import pcie_box_findings
-
     out = (probe_findings(snapshot) + p2p_findings(snapshot) + group_findings(snapshot) + acs_findings(snapshot)
            + host_findings(snapshot) + pcie_findings(snapshot) + health_findings(snapshot)
            + multicast_findings(snapshot) + pcie_box_findings(snapshot))

@@ -26,6 +26,7 @@ from typing import Any
 
 from commbench.policy import multicast_policy_reason
 from commbench.topology.childproc import Child, ChildResult, module_argv
+from commbench.topology.nccl_log import ALGO_VAR, LOG_FILE_VAR, LOG_SETTINGS, PROTO_VAR, used_algo_proto
 
 CHILD_MODULE = "commbench.topology.nccl_child"
 TINY_BYTES = 4                # one float: NCCL's LL protocol
@@ -39,7 +40,7 @@ ONE_GPU_NOTE = "needs 2 or more GPUs: NCCL refuses two ranks on one GPU"
 MAX_XML_CHARS = 200_000
 # Settings that change NCCL's graph; recorded so a dump is read with what shaped it.
 SHAPING_VARS = ("NCCL_GRAPH_FILE", "NCCL_TOPO_FILE", "NCCL_P2P_LEVEL", "NCCL_P2P_DISABLE", "NCCL_MIN_NCHANNELS",
-                "NCCL_MAX_NCHANNELS", "NCCL_MIN_CTAS", "NCCL_MAX_CTAS", "NCCL_PROTO", "NCCL_ALGO")
+                "NCCL_MAX_NCHANNELS", "NCCL_MIN_CTAS", "NCCL_MAX_CTAS", PROTO_VAR, ALGO_VAR)
 # The ranks' own collective timeout sits past the parent's limit, so that a hang is the parent's
 # kill (a 'hangs' verdict) and not torch's watchdog aborting the process.
 CHILD_TIMEOUT_MARGIN_S = 30.0
@@ -128,17 +129,13 @@ def topology_dump(devices: list[int | None], timeout_s: float, allow_multicast: 
     """NCCL's topology and graph XML over these GPUs, and its choice for a 32 KiB allreduce."""
     files = {"topo": workdir / "nccl-topo.xml", "graph": workdir / "nccl-graph.xml"}
     env = {**base_env(allow_multicast), "NCCL_TOPO_DUMP_FILE": str(files["topo"]),
-           "NCCL_GRAPH_DUMP_FILE": str(files["graph"]), "NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,ENV,TUNING"}
+           "NCCL_GRAPH_DUMP_FILE": str(files["graph"]), **LOG_SETTINGS}
     logs = {r: workdir / f"nccl-rank{r}.log" for r in range(len(devices))}
     results = run_ranks(list(devices), [SMALL_MESSAGE_BYTES], env, timeout_s, workdir, module, backend,
-                        rank_env={r: {"NCCL_DEBUG_FILE": str(p)} for r, p in logs.items()})
+                        rank_env={r: {LOG_FILE_VAR: str(p)} for r, p in logs.items()})
     ranks = [_rank_summary(r, res) for r, res in enumerate(results)]
     verdict, detail = run_verdict(ranks, [SMALL_MESSAGE_BYTES])
     lines = logs[0].read_text(errors="replace").splitlines() if logs[0].exists() else []
-    # NCCL's log reader lives with the NCCL backend; imported here only, when a dump is read,
-    # so that qualify (the analysis half) can use this module's verdict names without torch.
-    from commbench.backends.nccl_log import used_algo_proto
-
     algo, proto = used_algo_proto(lines, SMALL_MESSAGE_BYTES)
     return {"ranks": len(devices), "verdict": verdict, "detail": detail,
             "topo_xml": _read_capped(files["topo"]), "graph_xml": _read_capped(files["graph"]),

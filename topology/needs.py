@@ -1,14 +1,15 @@
 """What a backend needs from the machine, checked against a probe snapshot (pure functions).
 
-Backends declare their needs by name (commbench.backends.base.NEEDS: "cuda", "own_gpu", "node",
-"p2p", "ipc", "vmm", "atomics", "multicast"); each name has one check here, returning None when
-the snapshot shows it met, else the reason. The same names are checked against the running
-processes by Backend.check(), with the same wording for what no snapshot can add.
+Backends declare their needs by name ("cuda", "own_gpu", "node", "p2p", "ipc", "vmm", "atomics",
+"multicast"); NEEDS below is the one table of them: what each means, its check against a
+snapshot (None when met, else the reason) and, where the running processes can answer, its check
+against them (Backend.check()), in the order both are checked.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol
 
 from commbench.policy import multicast_policy_reason
 from commbench.topology.selection import gpu_pairs, is_nvlink, link, p2p_entry, participant_gpu, used_gpus, \
@@ -126,18 +127,70 @@ def full_nvlink(snapshot: dict[str, Any], gpu_ids: list[int]) -> bool:
     return all(is_nvlink(link(snapshot, a, b)) for a, b in gpu_pairs(gpu_ids))
 
 
-# need name -> check(snapshot, world_size, allow_multicast), in the order of
-# commbench.backends.base.NEEDS (a test keeps the two alike).
-CHECKS: dict[str, Callable[[dict[str, Any], int, bool], str | None]] = {
-    "multicast": multicast_reason,
-    "node": lambda s, n, mc: node_local_reason(s, n),
-    "cuda": lambda s, n, mc: gpu_reason(s, n),
-    "own_gpu": lambda s, n, mc: shared_gpu_reason(s, n),
-    "p2p": lambda s, n, mc: p2p_reason(s, n),
-    "ipc": lambda s, n, mc: ipc_reason(s, n),
-    "vmm": lambda s, n, mc: vmm_reason(s, n),
-    "atomics": lambda s, n, mc: atomics_reason(s, n),
+class Ranks(Protocol):
+    """What a need's check reads of the running ranks (commbench.runtime.context.RunContext)."""
+
+    is_cuda: bool
+    shares_gpus: bool
+    nodes: int
+    multicast_reason: str | None
+
+    @property
+    def device(self) -> Any: ...
+
+
+def _ranks_cuda(ranks: Ranks) -> str | None:
+    return None if ranks.is_cuda else "needs CUDA GPUs; this run is on the CPU"
+
+
+def _ranks_own_gpu(ranks: Ranks) -> str | None:
+    return "needs one GPU per rank, and these ranks share a GPU" if ranks.shares_gpus else None
+
+
+def _ranks_node(ranks: Ranks) -> str | None:
+    if ranks.nodes > 1:
+        return f"node-local backend: this run spans {ranks.nodes} nodes (P2P/IPC only works within one node)"
+    return None
+
+
+def _ranks_multicast(ranks: Ranks) -> str | None:
+    if ranks.multicast_reason:
+        return f"needs NVLink multicast: {ranks.multicast_reason}"
+    if ranks.is_cuda:
+        from commbench.topology.cudadrv import multicast_supported   # the driver only where there is one
+
+        if not multicast_supported(ranks.device.index or 0):
+            return "needs NVLink multicast: CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED is 0 on this GPU"
+    return None
+
+
+@dataclass(frozen=True)
+class Need:
+    description: str
+    on_snapshot: Callable[[dict[str, Any], int, bool], str | None]   # (snapshot, world_size, allow_multicast)
+    on_ranks: Callable[[Ranks], str | None] | None = None            # None: only a snapshot can tell
+
+
+# Every need, in the order they are checked (the most basic first).
+NEEDS: dict[str, Need] = {
+    "multicast": Need("NVLink multicast (and permission to create it)", multicast_reason, _ranks_multicast),
+    "node": Need("every rank in one node", lambda s, n, mc: node_local_reason(s, n), _ranks_node),
+    "cuda": Need("CUDA GPUs", lambda s, n, mc: gpu_reason(s, n), _ranks_cuda),
+    "own_gpu": Need("one GPU per rank", lambda s, n, mc: shared_gpu_reason(s, n), _ranks_own_gpu),
+    "p2p": Need("functional P2P between every pair of GPUs", lambda s, n, mc: p2p_reason(s, n)),
+    "ipc": Need("CUDA IPC between processes", lambda s, n, mc: ipc_reason(s, n)),
+    "vmm": Need("cuMemCreate buffers shared as POSIX file descriptors", lambda s, n, mc: vmm_reason(s, n)),
+    "atomics": Need("P2P atomics between every pair of GPUs", lambda s, n, mc: atomics_reason(s, n)),
 }
+
+
+def ranks_reason(needs: tuple[str, ...], ranks: Ranks) -> str | None:
+    """The first need the running ranks show unmet, or None (also where only a snapshot can tell)."""
+    for name, need in NEEDS.items():
+        reason = need.on_ranks(ranks) if name in needs and need.on_ranks is not None else None
+        if reason is not None:
+            return reason
+    return None
 
 
 def gpu_side(needs: tuple[str, ...]) -> bool:
@@ -150,8 +203,8 @@ def needs_reason(needs: tuple[str, ...], snapshot: dict[str, Any], world_size: i
     """The first need the snapshot shows unmet, or None. Without GPUs nothing GPU-side is met."""
     if gpu_side(needs) and not snapshot.get("gpus"):
         return NO_GPU
-    for need, check in CHECKS.items():
-        reason = check(snapshot, world_size, allow_multicast) if need in needs else None
+    for name, need in NEEDS.items():
+        reason = need.on_snapshot(snapshot, world_size, allow_multicast) if name in needs else None
         if reason is not None:
             return reason
     return None

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from commbench.topology import islands, nccl_checks
-from commbench.topology.findings import FAIL, INFO, WARN, finding
+from commbench.topology.finding import FAIL, INFO, WARN, finding
 from commbench.topology.nccl_xml import RING, TREES, NcclXmlError, parse_graphs
 from commbench.units import format_bytes
 

@@ -18,7 +18,6 @@ import socket
 import tempfile
 import time
 import uuid
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from commbench.policy import multicast_policy_reason
@@ -26,13 +25,12 @@ from commbench.topology import host as host_mod
 from commbench.topology import link_health, nvml_facts, pcie
 from commbench.topology.childproc import Child, module_argv, run_child
 from commbench.topology.pcie_snapshot import merge_pcie_checks, run_pcie_steps
+from commbench.topology.snapshot_file import SCHEMA_VERSION, SNAPSHOT_KIND
 from commbench.topology.software import installed_versions
 
 if TYPE_CHECKING:
-    from commbench.sweep.context import RunContext
+    from commbench.runtime.context import RunContext
 
-SCHEMA_VERSION = 1
-SNAPSHOT_KIND = "commbench-topology-snapshot"
 DEFAULT_TIMEOUT_S = 20.0
 LOCAL_MODULE = "commbench.topology.local_checks"
 GROUP_MODULE = "commbench.topology.group_checks"
@@ -149,10 +147,6 @@ def local_report(own_device: int | None, pair_devices: list[int], bandwidth: boo
 # ----------------------------------------------------------------------------------------------
 # Merging reports into the snapshot
 # ----------------------------------------------------------------------------------------------
-
-def _records(records: list[dict], kind: str) -> list[dict]:
-    return [r for r in records if r.get("kind") == kind]
-
 
 def merge(reports: list[dict[str, Any]], mode: str, world_size: int, participants: list[dict],
           options: dict[str, Any]) -> dict[str, Any]:
@@ -441,22 +435,3 @@ def _torchrun(ctx: "RunContext", options: dict[str, Any]) -> dict[str, Any]:
     if ctx.rank != 0:
         return {}
     return merge(reports, "torchrun", ctx.world_size, participants, options)
-
-
-def load_snapshot(path: str) -> dict[str, Any]:
-    """Read a snapshot file; UsageError (one line) when missing or not a snapshot."""
-    import json
-
-    from commbench.errors import UsageError
-    from commbench.files import read_text
-
-    try:
-        data = json.loads(read_text(Path(path), "a commbench topology snapshot"))
-    except json.JSONDecodeError as exc:
-        raise UsageError(f"{path} is not valid JSON (line {exc.lineno}: {exc.msg})") from None
-    if not isinstance(data, dict) or data.get("kind") != SNAPSHOT_KIND:
-        raise UsageError(f"{path} is not a commbench topology snapshot")
-    if data.get("schema") != SCHEMA_VERSION:
-        raise UsageError(f"{path} has snapshot schema {data.get('schema')}, this commbench reads {SCHEMA_VERSION}")
-    return data
-

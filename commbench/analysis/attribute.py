@@ -15,7 +15,7 @@ import textwrap
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from commbench import engines
 from commbench.analysis import decide, models, provenance, render
@@ -26,7 +26,8 @@ from commbench.analysis.render import fmt_us
 from commbench.analysis.trace_read import RankTrace, read_trace
 from commbench.errors import UsageError
 from commbench.files import check_file_target, write_json
-from commbench.results import Run, load_run, percentile
+from commbench.results import Run, percentile
+from commbench.runs import load_run
 from commbench.units import DTYPE_BYTES, dtype_name, format_bytes
 
 SGLANG_RANK = re.compile(r"-TP-(\d+)")
@@ -220,7 +221,7 @@ def kernel_rows(results: list[RankResult]) -> list[KernelRow]:
     return rows
 
 
-def main(args: argparse.Namespace) -> int:
+def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     check_file_target(args.json, "--json")
     hint = size_hint(args)
     if args.gap_us is not None and not args.gap_us > 0:

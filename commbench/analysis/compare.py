@@ -21,12 +21,14 @@ import argparse
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Sequence
 
 from commbench.analysis import plots, provenance, render
 from commbench.analysis.curves import Curve, CurveKey, build_curves, counterpart, exceeds_spread, variant_label
 from commbench.files import check_dir_target, check_file_target, write_json
 from commbench.errors import UsageError
-from commbench.results import Measurement, Run, load_run
+from commbench.results import Measurement, Run
+from commbench.runs import load_run
 from commbench.analysis.report import nccl_version_lines
 from commbench.analysis.render import fmt_pct, fmt_us
 from commbench.units import format_bytes
@@ -127,7 +129,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     render.add_arguments(parser)
 
 
-def main(args: argparse.Namespace) -> int:
+def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     check_file_target(args.json, "--json")
     run_a, run_b = load_run(args.run_a), load_run(args.run_b)
     origin_a, origin_b = provenance.of(run_a), provenance.of(run_b)

@@ -20,6 +20,7 @@ import csv
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Sequence
 
 from commbench.analysis import decide, models, provenance, render
 from commbench.analysis.curves import Curve, CurveKey, Point, cautions, decode_curves, ranking, run_world_size
@@ -27,7 +28,7 @@ from commbench.analysis.decide import EngineDecision, Price
 from commbench.files import check_file_target, read_text, write_json
 from commbench.errors import UsageError
 from commbench.analysis.models import Model
-from commbench.results import load_run
+from commbench.runs import load_run
 from commbench.analysis.render import fmt_num, fmt_us
 from commbench.units import format_bytes, parse_bytes, parse_int_list, positive_finite
 
@@ -213,7 +214,7 @@ def _engine_what_if(model: Model, d: EngineDecision, curves: list[Curve], args: 
     return what_if(model, takeable(d, size), current, concurrency, args.step_ms), ""
 
 
-def main(args: argparse.Namespace) -> int:
+def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     check_file_target(args.json, "--json")
     model = models.requested(args)
     if model is None:

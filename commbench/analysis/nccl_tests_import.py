@@ -26,7 +26,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from commbench.analysis.nccl_tests_format import (JSON_RELEASES, PLACEMENTS, NcclTestsOutput, PerIteration, Placement,
                                          RankLine, ResultRow, nccl_version_text, printed_tolerance, read_output,
@@ -491,7 +491,7 @@ def describe(source: Source, rows: list[Measurement]) -> str:
             + ("" if out.complete else f"; PARTIAL: the output ends at {out.ends_at}"))
 
 
-def main(args: argparse.Namespace) -> int:
+def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     settings = parse_settings(args.setting)
     sources = read_sources([Path(f) for f in args.files], args.average, args.partial)
     for source in sources:

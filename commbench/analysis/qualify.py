@@ -23,13 +23,14 @@ import sys
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from commbench.analysis import provenance, render
 from commbench.analysis.curves import Curve, build_curves, exceeds_spread, is_failed_check, pick_mode, run_world_size, select
 from commbench.errors import UsageError
 from commbench.files import check_file_target, read_text
-from commbench.results import CRASHED, ERROR, HANG, Measurement, Run, load_run
+from commbench.results import CRASHED, ERROR, HANG, Measurement, Run
+from commbench.runs import load_run
 from commbench.topology import islands, nccl_checks
 from commbench.topology import pcie_findings as pf
 from commbench.units import DTYPE_BYTES, format_bytes, parse_bytes
@@ -682,7 +683,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     render.add_arguments(parser)
 
 
-def main(args: argparse.Namespace) -> int:
+def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     check_file_target(args.junit, "--junit")   # before the verdict is printed, not after
     spec = load_spec(args.spec)
     run = load_run(args.run_dir)
@@ -695,7 +696,7 @@ def main(args: argparse.Namespace) -> int:
     reference = load_run(spec.reference.run) if spec.reference is not None else None
     probe = None
     if args.snapshot:
-        from commbench.topology.snapshot import load_snapshot
+        from commbench.topology.snapshot_file import load_snapshot
 
         probe = load_snapshot(args.snapshot)
     results = qualify(spec, run, reference, probe)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import asdict
-from typing import Any
+from typing import Any, Sequence
 
 from commbench import engines
 from commbench.analysis import decide, models, provenance, render
@@ -22,7 +22,8 @@ from commbench.analysis.curves import cautions, decode_curves, run_world_size
 from commbench.analysis.decide import EngineDecision, Headroom, Option, Price
 from commbench.analysis.render import fmt_us
 from commbench.files import check_file_target, write_json
-from commbench.results import Run, load_run
+from commbench.results import Run
+from commbench.runs import load_run
 from commbench.units import format_bytes, parse_int_list
 
 
@@ -165,7 +166,7 @@ def _headroom_lines(rooms: list[Headroom], model: models.Model, tag: str, args: 
     return lines
 
 
-def main(args: argparse.Namespace) -> int:
+def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     check_file_target(args.json, "--json")
     model = models.requested(args)
     if model is None:

@@ -10,7 +10,7 @@ import json
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from commbench.analysis import attribute_plots, plots, provenance, render
 from commbench.analysis.fusion import COMPARISON_HEADERS, COMPARISON_NUMERIC, COMPARISON_TITLE, comparison_cells
@@ -18,7 +18,8 @@ from commbench.analysis.curves import (Crossover, Curve, baseline_curve, baselin
                               crossovers, groups, is_failed_check, ranking, run_world_size, select, variant_label)
 from commbench.errors import UsageError
 from commbench.files import check_dir_target
-from commbench.results import CRASHED, HANG, OK, WRONG, Measurement, Run, describe_setting, load_run
+from commbench.results import CRASHED, HANG, OK, WRONG, Measurement, Run, describe_setting
+from commbench.runs import load_run
 from commbench.analysis.render import fmt_num, fmt_us
 from commbench.units import format_bytes
 
@@ -367,7 +368,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     attribute_plots.add_arguments(parser)
 
 
-def main(args: argparse.Namespace) -> int:
+def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     run = load_run(args.run_dir)
     if not run.rows:
         raise UsageError(f"{run.path}: no measurements yet (measurements.jsonl is empty or missing)")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 from commbench.analysis.fusion import COMPARISON_HEADERS, COMPARISON_TITLE, comparison_cells
 from commbench.analysis import provenance
@@ -20,7 +21,8 @@ from commbench.analysis.curves import CurveKey, distinguish, emulation_text, key
 from commbench.analysis.render import fmt_us
 from commbench.errors import UsageError
 from commbench.files import STDOUT, check_file_target
-from commbench.results import OK, Measurement, Run, load_run
+from commbench.results import OK, Measurement, Run
+from commbench.runs import load_run
 from commbench.units import format_bytes
 
 
@@ -147,7 +149,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", help="markdown file to write (default: stdout)")
 
 
-def main(args: argparse.Namespace) -> int:
+def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     check_file_target(args.out, "--out")
     if len(set(args.run_dirs)) != len(args.run_dirs):
         raise UsageError("a run dir is listed twice")

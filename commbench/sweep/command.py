@@ -13,30 +13,30 @@ import shlex
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
 from commbench import backends
 from commbench.backends.base import describe
 from commbench.errors import FAILED_EXIT, STOP_EXIT, TERMINATED_EXIT, ResultsUnwritable, Terminated, UsageError
-from commbench.inflight import ENDED, FAILED, LEFT, PeerWatch, Recorder, recover
+from commbench.inflight import ENDED, LEFT, PeerWatch, Recorder, recover
 from commbench.sweep import launcher
 from commbench.launch_env import torchrun_env, under_torchrun
-from commbench.sweep.context import ControlGroupLost, RunContext, init_context, shutdown
+from commbench.runtime.context import ControlGroupLost, RunContext, init_context, shutdown
 from commbench.sweep.engine import Engine, stopped_reason
 from commbench.files import check_dir_target, check_file_target
 from commbench.sweep.plan import SweepPlan, build_plan
-from commbench.results import (ROWS_FILE, RUN_FILE, SCHEMA_VERSION, Measurement, ResultsWriter, new_run_dir,
+from commbench.results import (ERROR, ROWS_FILE, RUN_FILE, SCHEMA_VERSION, Measurement, ResultsWriter, new_run_dir,
                                read_rows_checked, read_run_info, refuse_other_run, repair_torn_tail, stops_backend,
                                write_csv, write_run_info)
 from commbench.sweep.live import LiveTable, header_lines
+from commbench.sweep.options import SweepOptions
 from commbench.units import positive_finite
 from commbench.waits import waits
 from commbench.sweep.versions import (LAUNCH_COMMAND_VAR, launch_command, local_device_info, relevant_env,
                                       software_versions)
 
-ENV_SETTING_VAR = "COMMBENCH_ENV_SETTING"   # set by the driver for each child torchrun
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -104,12 +104,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     backends.add_arguments(p)   # each backend family's own flags
 
 
-def backend_options(args: argparse.Namespace, plan: SweepPlan, run_dir: Path | None) -> dict[str, Any]:
+def backend_options(opts: SweepOptions, plan: SweepPlan, run_dir: Path | None) -> dict[str, Any]:
     """The sweep's own options every family may read, plus what each family read from its flags."""
     return {"hidden": plan.shapes[0].hidden,   # model shapes share one hidden size; None for plain sizes
             # every planned size, for backends that tune per size at setup (flashinfer:pcie_ipc)
             "message_bytes": sorted({shape.message_bytes for shape in plan.shapes}),
-            "allow_multicast": args.allow_multicast, "run_dir": run_dir, **backends.read_options(args)}
+            "allow_multicast": opts.allow_multicast, "run_dir": run_dir, **opts.families}
 
 
 def _list_backends() -> int:
@@ -120,7 +120,8 @@ def _list_backends() -> int:
     return 0
 
 
-def main(args: argparse.Namespace) -> int:
+def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
+    """argv: the sweep's own arguments as typed, for the driver's children and the resume hint."""
     if args.list_backends:
         return _list_backends()
     on_gpu = torch.cuda.is_available() and not args.cpu
@@ -138,17 +139,18 @@ def main(args: argparse.Namespace) -> int:
     if specs is not None and spec is not None:
         # The spec's backends are measured too: a check of a backend the run lacks can only FAIL.
         specs += [name for name in sorted(spec.backends()) if name not in specs]
-    variants = backends.expand(specs, backend_options(args, plan, None), on_gpu)
-    if args.mps and not (args.nproc and args.share_gpus):
+    opts = SweepOptions.from_args(args, argv)   # reads every family's flags
+    variants = backends.expand(specs, backend_options(opts, plan, None), on_gpu)
+    if opts.mps and not (opts.nproc and opts.share_gpus):
         raise UsageError("--mps starts an MPS daemon for the children of the driver: use it with --nproc N "
                          "--share-gpus")
-    driver = args.nproc is not None or bool(env_settings)
+    driver = opts.nproc is not None or bool(env_settings)
     if driver and under_torchrun():
         raise UsageError("--nproc/--env launch torchrun themselves: run them outside torchrun")
     if driver:
-        positive_finite(args.child_timeout, "--child-timeout", "seconds")
+        positive_finite(opts.child_timeout, "--child-timeout", "seconds")
     rank, world, _, _ = torchrun_env()
-    ranks = args.nproc if driver and args.nproc else world
+    ranks = opts.nproc if driver and opts.nproc else world
     _check_tp(args, ranks)
     if specs is not None:
         # The driver knows its children's world size: saying so here is one line, where torchrun
@@ -157,25 +159,25 @@ def main(args: argparse.Namespace) -> int:
     if driver:
         os.environ[LAUNCH_COMMAND_VAR] = json.dumps(sys.argv)   # the children record the driver's command
         try:
-            status, run_dir = launcher.drive(args, env_settings, variants, plan)
+            status, run_dir = launcher.drive(opts, env_settings, variants, plan)
         finally:
             del os.environ[LAUNCH_COMMAND_VAR]
-        return _finish(args, status, run_dir, ranks)
-    status, run_dir = _run(args, plan, specs, on_gpu)
-    if rank != 0 or args.run_dir:   # a driver's child: the driver says what comes next
+        return _finish(opts, status, run_dir, ranks)
+    status, run_dir = _run(opts, plan, specs, on_gpu)
+    if rank != 0 or opts.run_dir:   # a driver's child: the driver says what comes next
         return status
-    return _finish(args, status, run_dir, ranks)
+    return _finish(opts, status, run_dir, ranks)
 
 
-def _finish(args: argparse.Namespace, status: int, run_dir: Path, ranks: int) -> int:
+def _finish(opts: SweepOptions, status: int, run_dir: Path, ranks: int) -> int:
     """After a sweep that ended well: the command that turns a --model run into the decision,
     then the --qualify verdict (whose exit status is the command's)."""
     if status != 0:
         return status
-    if args.model is not None:
-        print(f"# next: commbench recommend {shlex.quote(str(run_dir))} --model {shlex.quote(args.model)} "
+    if opts.model is not None:
+        print(f"# next: commbench recommend {shlex.quote(str(run_dir))} --model {shlex.quote(opts.model)} "
               f"--tp {ranks}", flush=True)
-    return _qualify(args, run_dir) if args.qualify is not None else status
+    return _qualify(opts, run_dir) if opts.qualify is not None else status
 
 
 def _qualify_spec(args: argparse.Namespace) -> Any:
@@ -210,63 +212,64 @@ def _check_world_size(variants: list, world: int) -> None:
             raise UsageError(f"backend {backend.name} cannot run with {world} rank(s): {reason}")
 
 
-def _qualify(args: argparse.Namespace, run_dir: Path) -> int:
+def _qualify(opts: SweepOptions, run_dir: Path) -> int:
     from commbench.analysis import qualify
 
-    return qualify.main(argparse.Namespace(run_dir=run_dir, spec=args.qualify, reference=None,
-                                           max_slowdown_pct=None, junit=args.junit, snapshot=None, wide=False))
+    return qualify.main(argparse.Namespace(run_dir=run_dir, spec=opts.qualify, reference=None,
+                                           max_slowdown_pct=None, junit=opts.junit, snapshot=None, wide=False))
 
 
-def _run(args: argparse.Namespace, plan: SweepPlan, specs: list[str] | None, on_gpu: bool) -> tuple[int, Path]:
-    run_dir_arg = args.run_dir or args.resume
-    ctx, note = init_context(allow_multicast=args.allow_multicast, force_cpu=args.cpu,
-                             share_gpus=args.share_gpus)
+def _run(opts: SweepOptions, plan: SweepPlan, specs: list[str] | None, on_gpu: bool) -> tuple[int, Path]:
+    run_dir_arg = opts.run_dir or opts.resume
+    ctx, note = init_context(allow_multicast=opts.allow_multicast, force_cpu=opts.cpu,
+                             share_gpus=opts.share_gpus)
     try:
-        run_dir = _prepare_run_dir(ctx, args, run_dir_arg)
-        variants = backends.expand(specs, backend_options(args, plan, run_dir), ctx.is_cuda)
-        # Plain allreduce first: fused ops and baselines build on what was measured before them.
-        # Optional native code (MSCCL++, FlashInfer, plug-ins) last: a crash there costs least.
-        variants.sort(key=lambda b: (b.op != "allreduce", backends.runs_native_code(b.family)))
-        return _sweep(ctx, args, plan, variants, run_dir, note), run_dir
+        run_dir = _prepare_run_dir(ctx, opts, run_dir_arg)
+        variants = backends.expand(specs, backend_options(opts, plan, run_dir), ctx.is_cuda)
+        # Backends that read earlier rows (Backend.reads_rows) after all the others; plain
+        # allreduce before fused ops; optional native code (MSCCL++, FlashInfer, plug-ins) last
+        # within each, where a crash costs least.
+        variants.sort(key=lambda b: (b.reads_rows, b.op != "allreduce", backends.runs_native_code(b.family)))
+        return _sweep(ctx, opts, plan, variants, run_dir, note), run_dir
     finally:
         shutdown()
 
 
-def _prepare_run_dir(ctx: RunContext, args: argparse.Namespace, existing: str | None) -> Path:
+def _prepare_run_dir(ctx: RunContext, opts: SweepOptions, existing: str | None) -> Path:
     path = None
     if ctx.rank == 0:
-        path = str(Path(existing).resolve() if existing else new_run_dir(Path(args.out)))
+        path = str(Path(existing).resolve() if existing else new_run_dir(Path(opts.out)))
     return Path(ctx.broadcast_object(path))
 
 
-def _probe(ctx: RunContext, args: argparse.Namespace, variants: list) -> list[str]:
-    """Take the topology snapshot and the per-backend verdicts; never fatal."""
-    if args.no_probe:
-        return ["probe skipped (--no-probe)"]
+def _probe(ctx: RunContext, opts: SweepOptions, variants: list) -> tuple[RunContext, list[str]]:
+    """Take the topology snapshot and the per-backend verdicts; never fatal. The context with
+    them, and the lines that say what went wrong."""
+    if opts.no_probe:
+        return ctx, ["probe skipped (--no-probe)"]
     try:
         from commbench.topology.snapshot import take_snapshot
         from commbench.topology.verdicts import run_verdicts
     except ImportError as exc:
-        return [f"probe unavailable: {exc}"]
+        return ctx, [f"probe unavailable: {exc}"]
     notes: list[str] = []
     try:
-        snapshot = take_snapshot(ctx, bandwidth=False, allow_multicast=args.allow_multicast)
+        snapshot = take_snapshot(ctx, bandwidth=False, allow_multicast=opts.allow_multicast)
     except Exception as exc:  # a broken probe must not stop the sweep; the reason is recorded
         snapshot = {"error": f"{type(exc).__name__}: {exc}"}
         notes.append(f"probe failed on rank {ctx.rank}: {exc}")
     # Rank 0 holds the merged snapshot; every rank decides skips from the same verdicts.
     if ctx.rank == 0 and "error" not in snapshot:
-        verdicts = run_verdicts(variants, snapshot, ctx.world_size, args.allow_multicast)
+        verdicts = run_verdicts(variants, snapshot, ctx.world_size, opts.allow_multicast)
     else:
         verdicts = {}
-    ctx.snapshot, ctx.verdicts = ctx.broadcast_object((snapshot, verdicts) if ctx.rank == 0 else None)
-    return notes
+    return ctx.with_probe(*ctx.broadcast_object((snapshot, verdicts) if ctx.rank == 0 else None)), notes
 
 
-def _sweep(ctx: RunContext, args: argparse.Namespace, plan: SweepPlan, variants: list, run_dir: Path,
+def _sweep(ctx: RunContext, opts: SweepOptions, plan: SweepPlan, variants: list, run_dir: Path,
            note: str | None) -> int:
     rank0 = ctx.rank == 0
-    env_setting = json.loads(os.environ.get(ENV_SETTING_VAR, "{}"))
+    env_setting = json.loads(os.environ.get(launcher.ENV_SETTING_VAR, "{}"))
     gpus = ctx.all_gather_objects(local_device_info(ctx.device))
     failure, opened, previous = ctx.broadcast_object(_open_run_dir(ctx, plan, gpus, run_dir) if rank0 else None)
     if failure is not None:
@@ -274,8 +277,8 @@ def _sweep(ctx: RunContext, args: argparse.Namespace, plan: SweepPlan, variants:
     done_keys = {row.key() for row in previous}
     stopped = {row.backend: stopped_reason(row) for row in previous
                if stops_backend(row) and row.env_setting == env_setting}
-    ctx.measured.extend(previous)
-    notes = ([note] if note else []) + plan.notes + opened + _oversubscribed(ctx) + _probe(ctx, args, variants)
+    ctx, probe_notes = _probe(ctx, opts, variants)
+    notes = ([note] if note else []) + plan.notes + opened + _oversubscribed(ctx) + probe_notes
     # After rank 0 has read a dead run's records: this rank's own start afresh. Ranks on nodes
     # that do not see the results dir keep none.
     recorder = Recorder(run_dir if run_dir.is_dir() else None, ctx.rank)
@@ -285,7 +288,7 @@ def _sweep(ctx: RunContext, args: argparse.Namespace, plan: SweepPlan, variants:
     completed = False   # a Ctrl-C or an error ends the run interrupted, never "finished"
     try:
         if rank0:
-            _write_run_json(ctx, args, plan, variants, run_dir, gpus, notes, env_setting)
+            _write_run_json(ctx, opts, plan, variants, run_dir, gpus, notes, env_setting)
             writer = ResultsWriter(run_dir)
         total = len(variants) * sum(len(plan.sizes_for(d)) for d in plan.dtypes) * len(plan.modes)
         table = LiveTable(enabled=rank0, total_rows=total)
@@ -298,10 +301,11 @@ def _sweep(ctx: RunContext, args: argparse.Namespace, plan: SweepPlan, variants:
                 table.line(line)
             engine = Engine(ctx, plan, writer, table, done_keys, stopped, env_setting,
                             on_stop_flush=lambda: write_csv(run_dir), recorder=recorder,
-                            resume_hint=None if args.run_dir else resume_command(args, ctx, run_dir))
+                            resume_hint=None if opts.run_dir else resume_command(opts.argv, ctx, run_dir),
+                            rows=list(previous))
             for backend in variants:
                 engine.run_backend(backend)
-            _fusion_summary(ctx, run_dir, table)
+            _fusion_summary(ctx, engine.rows, run_dir, table)
         # Leave together: a rank that tears its gloo pairs down while a peer still uses them
         # makes that peer abort (seen on CPU with two torchrun agents).
         ctx.barrier()
@@ -314,7 +318,7 @@ def _sweep(ctx: RunContext, args: argparse.Namespace, plan: SweepPlan, variants:
         raise
     except BaseException as exc:
         unwritable = isinstance(exc, ResultsUnwritable)
-        recorder.leave(FAILED, describe(exc))   # not a crash: its own line says what happened
+        recorder.leave(ERROR, describe(exc))   # not a crash: its own line says what happened
         raise
     finally:
         if writer is not None:
@@ -322,7 +326,7 @@ def _sweep(ctx: RunContext, args: argparse.Namespace, plan: SweepPlan, variants:
             if not unwritable:
                 write_csv(run_dir)
                 _end_run_json(run_dir, completed)
-    if rank0 and not args.run_dir:  # a driver's child: the driver names the results once, at the end
+    if rank0 and not opts.run_dir:  # a driver's child: the driver names the results once, at the end
         print(f"# results: {run_dir}/measurements.jsonl (+ .csv, run.json)")
     return STOP_EXIT if engine.stops else 0
 
@@ -350,9 +354,9 @@ def run_identity(ctx: RunContext, plan: SweepPlan, gpus: list) -> dict[str, Any]
             "emulation": ctx.emulation.to_dict() if ctx.emulation else None, "plan": plan.record()}
 
 
-def resume_command(args: argparse.Namespace, ctx: RunContext, run_dir: Path) -> str:
+def resume_command(argv: Sequence[str], ctx: RunContext, run_dir: Path) -> str:
     """The command that continues this run after a stop, as the user started it."""
-    sweep = shlex.join(["-m", "commbench", "sweep", *launcher.without_flags(getattr(args, "_argv", []),
+    sweep = shlex.join(["-m", "commbench", "sweep", *launcher.without_flags(list(argv),
                                                                             {"--resume", "--run-dir"}),
                         "--resume", str(run_dir)])
     if not under_torchrun():
@@ -395,26 +399,26 @@ def _oversubscribed(ctx: RunContext) -> list[str]:
             "mostly scheduler time, not the transport's"]
 
 
-def _fusion_summary(ctx: RunContext, run_dir: Path, table: LiveTable) -> None:
-    fused = [r for r in ctx.measured if r.op != "allreduce"]
+def _fusion_summary(ctx: RunContext, rows: list[Measurement], run_dir: Path, table: LiveTable) -> None:
+    fused = [r for r in rows if r.op != "allreduce"]
     if not fused:
         return
     from commbench.analysis.fusion import summarize
 
-    summary = summarize(ctx.measured)
+    summary = summarize(rows)
     if ctx.rank == 0 and summary:  # only fused rows have a saving to report
         (run_dir / "fusion.json").write_text(json.dumps(summary, indent=2, sort_keys=True), encoding="utf-8")
         for item in summary:
             table.line("# fusion: " + ", ".join(f"{k}={v}" for k, v in item.items()))
 
 
-def _write_run_json(ctx: RunContext, args: argparse.Namespace, plan: SweepPlan, variants: list, run_dir: Path,
+def _write_run_json(ctx: RunContext, opts: SweepOptions, plan: SweepPlan, variants: list, run_dir: Path,
                     gpus: list, notes: list[str], env_setting: dict[str, str]) -> None:
     """A new run's metadata; on a resume (the same run, checked before), the original stays and
     the resume adds an entry to `resumed` and the facts of backends new to the run."""
     info = read_run_info(run_dir) if (run_dir / RUN_FILE).exists() else {"run_id": run_dir.name,
                                                                            "started": time.time()}
-    command = {"command": launch_command(), "args": {k: v for k, v in vars(args).items() if not k.startswith("_")},
+    command = {"command": launch_command(), "args": dict(opts.recorded),
                "versions": software_versions(), "env": relevant_env(), "notes": notes}
     # What each variant declares, for the offline analysis (it never imports a backend).
     facts = {b.name: backend_facts(b, ctx.world_size) for b in variants}

@@ -30,19 +30,19 @@ import torch
 
 from commbench.backends.base import Backend, BackendTimeout, BackendUnavailable, describe
 from commbench.errors import Terminated
-from commbench.inflight import ENDED, HUNG, RAISED, PeerWatch, Recorder, Stop, stop_line
-from commbench.sweep.context import ControlGroupLost, RunContext
+from commbench.inflight import ENDED, RAISED, PeerWatch, Recorder, Stop, stop_line
+from commbench.runtime.context import ControlGroupLost, RunContext
 from commbench.sweep.plan import Shape, SweepPlan
 from commbench.results import (CHECK_OFF, CRASHED, ERROR, HANG, NO_WORK, OK, SKIPPED, WRONG, Measurement,
                                ResultsWriter, row_key, stops_backend)
 from commbench.sweep.live import LiveTable
-from commbench.sweep.timing import (capture_graph, count_work_nodes, headline_us, jitter_stats, loop_total_us,
+from commbench.runtime.timing import (capture_graph, count_work_nodes, headline_us, jitter_stats, loop_total_us,
                               per_step_us, synchronize)
-from commbench.sweep.dtypes import dtype_name
+from commbench.runtime.dtypes import dtype_name
 from commbench.units import format_bytes
 from commbench.sweep.watchdog import Watchdog
 from commbench.waits import waits
-from commbench.sweep.workload import PassCheck, Workload, bandwidths_gbps
+from commbench.runtime.workload import PassCheck, Workload, bandwidths_gbps
 
 # First epochs of the exact input pattern per pass (each pass uses three, see workload.py), so
 # an answer left from another pass is wrong too, never right by chance.
@@ -59,7 +59,8 @@ def stopped_reason(row: Measurement) -> str:
 class Engine:
     def __init__(self, ctx: RunContext, plan: SweepPlan, writer: ResultsWriter | None, table: LiveTable,
                  done_keys: set[tuple], stopped_backends: dict[str, str], env_setting: dict[str, str],
-                 on_stop_flush: Callable[[], None], recorder: Recorder, resume_hint: str | None):
+                 on_stop_flush: Callable[[], None], recorder: Recorder, resume_hint: str | None,
+                 rows: list[Measurement]):
         self.ctx = ctx
         self.plan = plan
         self.writer = writer
@@ -73,6 +74,7 @@ class Engine:
         self.step = 0                    # steps so far: the same count on every rank
         self.stops = 0                   # rows that ended a backend, recorded by this process
         self._stop_lock = threading.Lock()
+        self.rows = rows                 # every row of this run so far, the same on every rank
 
     # ---- bookkeeping -------------------------------------------------------------------
 
@@ -109,7 +111,7 @@ class Engine:
                 row.extra[name] = value
 
     def emit(self, row: Measurement) -> None:
-        self.ctx.measured.append(row)
+        self.rows.append(row)
         self.done_keys.add(row.key())
         if self.writer is not None:
             self.writer.append(row)
@@ -120,7 +122,7 @@ class Engine:
         self.table.line(f"# {backend.name}: skipped: {reason}")
         for dtype, shape, mode in cells:
             row = self._base_row(backend, dtype, shape, mode, SKIPPED, reason=reason, failed_rank=failed_rank)
-            self.ctx.measured.append(row)
+            self.rows.append(row)
             self.done_keys.add(row.key())
             if self.writer is not None:
                 self.writer.append(row)
@@ -154,7 +156,7 @@ class Engine:
 
         def on_stop(stop: Stop, timed_out: bool) -> None:
             if timed_out:
-                self.recorder.mark(HUNG, stop.reason)
+                self.recorder.mark(HANG, stop.reason)
             self.recorder.leave(ENDED)
             self.record_stop(stop, template)
 
@@ -190,6 +192,8 @@ class Engine:
         if backend.name in self.stopped_backends:
             self._skip_all(backend, cells, self.stopped_backends[backend.name])
             return
+        if backend.reads_rows:
+            backend.take_rows(tuple(self.rows))
         with self._step(backend, "check", f"check of {backend.name}", cells[0], None):
             try:
                 local = backend.check(self.ctx)
@@ -297,19 +301,11 @@ class Engine:
         over calls + 1 pairs, whose outputs are all checked."""
         self._warm_up(workload, calls + 1)
 
-        def run_pass(base_epoch: int, timer: Callable) -> tuple[Any, PassCheck | None]:
-            workload.prepare(base_epoch)
-            synchronize(self.ctx)
-            self.ctx.barrier()
-            # The first call after a host barrier carries the ranks' exit skew: it aligns them
-            # on the device and stays out of the timer (call 0 of the pass).
-            workload.call(0)
-            timed = timer(self.ctx, lambda i: workload.call(i + 1), calls)
-            synchronize(self.ctx)
-            return timed, workload.verify(0, calls + 1) if self.plan.check else None
-
-        total_us, timed_check = run_pass(TIMED_EPOCH, loop_total_us)
-        samples, jitter_check = run_pass(JITTER_EPOCH, per_step_us)
+        # The first call after a host barrier carries the ranks' exit skew: it aligns them on the
+        # device and stays out of the timer (call 0 of the pass).
+        (total_us, timed_check), (samples, jitter_check) = self._passes(
+            workload, align=lambda: workload.call(0), step=lambda i: workload.call(i + 1), steps=calls,
+            checked=calls + 1)
         return {"total_us": total_us, "timed_calls": calls, "samples": samples, "calls_per_sample": 1,
                 "checks": [timed_check, jitter_check], "check_scope": "timed calls"}
 
@@ -323,29 +319,43 @@ class Engine:
         for _ in range(self.plan.warmup):
             graph.replay()
 
-        def run_pass(base_epoch: int, timer: Callable) -> tuple[Any, PassCheck | None]:
+        def fresh_replay(base_epoch: int) -> None:
+            # Each replay re-reduced the previous one's output: check a replay of fresh inputs.
             workload.prepare(base_epoch)
-            synchronize(self.ctx)
-            self.ctx.barrier()
-            graph.replay()   # aligns the ranks, as the first eager call does
-            timed = timer(self.ctx, lambda i: graph.replay(), replays)
-            if not self.plan.check:
-                return timed, None
-            if workload.destroys_inputs:
-                # Each replay re-reduced the previous one's output: check a replay of fresh inputs.
-                workload.prepare(base_epoch)
-                graph.replay()
-            synchronize(self.ctx)
-            return timed, workload.verify(0, ops)
+            graph.replay()
 
-        total_us, timed_check = run_pass(TIMED_EPOCH, loop_total_us)
-        samples, jitter_check = run_pass(JITTER_EPOCH, per_step_us)
+        # One replay aligns the ranks, as the first eager call does.
+        (total_us, timed_check), (samples, jitter_check) = self._passes(
+            workload, align=graph.replay, step=lambda i: graph.replay(), steps=replays, checked=ops,
+            before_check=fresh_replay if workload.destroys_inputs else None)
         scope = ("an untimed replay of the timed graph with fresh inputs (the backend reduces in place, "
                  "so timed replays re-reduce their own output)" if workload.destroys_inputs
                  else "timed calls (the last replay of each pass)")
         return {"total_us": total_us, "timed_calls": replays * ops, "samples": samples, "calls_per_sample": ops,
                 "checks": [timed_check, jitter_check], "check_scope": scope, "work_nodes": count_work_nodes(graph),
                 "replays": replays, "ops": ops}
+
+    def _passes(self, workload: Workload, align: Callable[[], None], step: Callable[[int], None], steps: int,
+                checked: int, before_check: Callable[[int], None] | None = None) -> list[tuple[Any, PassCheck | None]]:
+        """The timed pass (one timer around `steps` steps) then the jitter pass (a timer per
+        step), each started by a barrier and one untimed aligning step; after each, the outputs
+        of the first `checked` calls are checked (unless the plan checks nothing: -c 0)."""
+        out = []
+        for base_epoch, timer in ((TIMED_EPOCH, loop_total_us), (JITTER_EPOCH, per_step_us)):
+            workload.prepare(base_epoch)
+            synchronize(self.ctx)
+            self.ctx.barrier()
+            align()
+            timed = timer(self.ctx, step, steps)
+            if not self.plan.check:     # -c 0: no output is read back
+                synchronize(self.ctx)
+                out.append((timed, None))
+                continue
+            if before_check is not None:
+                before_check(base_epoch)
+            synchronize(self.ctx)
+            out.append((timed, workload.verify(0, checked)))
+        return out
 
     def _build_row(self, backend: Backend, cell: tuple[torch.dtype, Shape, str],
                    gathered: list[dict[str, Any]]) -> Measurement:

@@ -16,7 +16,6 @@ watchdog could not run), and resumes the child without that backend.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import os
@@ -38,9 +37,11 @@ from commbench.policy import MULTICAST_POLICY_VARS, multicast_forbidden_by
 from commbench.errors import FAILED_EXIT, STOP_EXIT, UsageError
 from commbench.results import (HANG, SCHEMA_VERSION, Measurement, ResultsWriter, new_run_dir, read_rows, read_run_info,
                                refuse_other_run, stops_backend, write_csv, write_run_info)
+from commbench.sweep.options import SweepOptions
 from commbench.sweep.plan import SweepPlan
 from commbench.waits import waits
 
+ENV_SETTING_VAR = "COMMBENCH_ENV_SETTING"   # a child's --env setting, as JSON: its rows carry it
 _NAME_RE = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 # Flags the driver consumes; everything else is passed to each child unchanged (--qualify too:
 # the spec's sizes and backends are part of the plan; only the driver runs the qualify).
@@ -88,12 +89,12 @@ def without_flags(argv: list[str], flags: set[str] | frozenset[str], switches: f
     return out
 
 
-def _new_run_dir(args: argparse.Namespace) -> Path:
-    if args.resume:
-        return Path(args.resume).resolve()
-    path = new_run_dir(Path(args.out))
+def _new_run_dir(opts: SweepOptions) -> Path:
+    if opts.resume:
+        return Path(opts.resume).resolve()
+    path = new_run_dir(Path(opts.out))
     write_run_info(path, {"run_id": path.name, "started": time.time(), "driver": {
-        "nproc": args.nproc, "env": args.env, "child_timeout_s": args.child_timeout}})
+        "nproc": opts.nproc, "env": list(opts.env), "child_timeout_s": opts.child_timeout}})
     return path
 
 
@@ -131,37 +132,37 @@ def child_runs(argv: list[str], env_settings: list[dict[str, str]], variants: li
     return runs
 
 
-def drive(args: argparse.Namespace, env_settings: list[dict[str, str]], variants: list[Backend],
+def drive(opts: SweepOptions, env_settings: list[dict[str, str]], variants: list[Backend],
           plan: SweepPlan) -> tuple[int, Path]:
     """Run every child, resuming each after a backend ended it; the exit status (FAILED_EXIT
     when a child failed with nothing recorded, STOP_EXIT when a backend hung or crashed, else 0)
     and the results dir."""
-    if args.nproc is None:
+    if opts.nproc is None:
         raise UsageError("--env needs --nproc N: the driver launches one torchrun per setting")
-    if args.nproc < 1:
-        raise UsageError(f"--nproc must be at least 1 (got {args.nproc})")
-    if args.mps:
+    if opts.nproc < 1:
+        raise UsageError(f"--nproc must be at least 1 (got {opts.nproc})")
+    if opts.mps:
         mps.control_path()   # missing: bad input, said before anything is written
-    if args.resume:
-        _check_resume(Path(args.resume), args.nproc, plan)
-    run_dir = _new_run_dir(args)
+    if opts.resume:
+        _check_resume(Path(opts.resume), opts.nproc, plan)
+    run_dir = _new_run_dir(opts)
     for line in inflight.recover(run_dir):   # what a run before this command left in flight
         print(f"# driver: {line}", flush=True)
     stops_before = _stop_count(run_dir)
     # Asked only where ranks may share GPUs (--mps needs --share-gpus): no CUDA call in the driver
     # otherwise. As each child's ranks will see it (init_context): more ranks than GPUs share them.
-    gpus = torch.cuda.device_count() if args.share_gpus else 0
-    shares_gpus = 0 < gpus < args.nproc
+    gpus = torch.cuda.device_count() if opts.share_gpus else 0
+    shares_gpus = 0 < gpus < opts.nproc
     daemon = nullcontext(None)
-    if args.mps:
-        daemon = mps.private_daemon(run_dir / "mps-logs", mps.client_env(args.nproc, gpus))
+    if opts.mps:
+        daemon = mps.private_daemon(run_dir / "mps-logs", mps.client_env(opts.nproc, gpus))
     with daemon as mps_daemon:
         if mps_daemon is not None:
             print(f"# driver: private MPS daemon for the children ({mps.MPS_PERCENT_VAR}="
                   f"{mps_daemon.share[mps.MPS_PERCENT_VAR]})", flush=True)
-        failed = [_run_setting(args, run_dir, setting, sweep_args, mps_daemon, len(variants))
-                  for setting, sweep_args in child_runs(getattr(args, "_argv", []), env_settings, variants,
-                                                        args.allow_multicast, shares_gpus)]
+        failed = [_run_setting(opts, run_dir, setting, sweep_args, mps_daemon, len(variants))
+                  for setting, sweep_args in child_runs(list(opts.argv), env_settings, variants,
+                                                        opts.allow_multicast, shares_gpus)]
     write_csv(run_dir)
     print(f"# results: {run_dir}/measurements.jsonl (+ .csv, run.json)")
     if any(failed):
@@ -180,12 +181,12 @@ def _stop_count(run_dir: Path) -> int:
     return sum(1 for row in read_rows(run_dir) if stops_backend(row))
 
 
-def _run_setting(args: argparse.Namespace, run_dir: Path, setting: dict[str, str], sweep_args: list[str],
+def _run_setting(opts: SweepOptions, run_dir: Path, setting: dict[str, str], sweep_args: list[str],
                  daemon: mps.PrivateDaemon | None, max_resumes: int) -> bool:
     """One setting's child torchrun, resumed as long as each child that ends early recorded
     why (each such row takes a backend out of the next child); True if it failed anyway."""
     # --standalone: a private rendezvous on a free local port for each child.
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(args.nproc),
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(opts.nproc),
                "-m", "commbench", "sweep", *sweep_args, "--run-dir", str(run_dir)]
     label = " ".join(f"{k}={v}" for k, v in setting.items()) or "default environment"
     for attempt in range(max_resumes + 1):
@@ -195,12 +196,12 @@ def _run_setting(args: argparse.Namespace, run_dir: Path, setting: dict[str, str
                   "the ended child's kernel)", flush=True)
             daemon.restart()
         client = daemon.client_env() if daemon is not None else {}
-        env = {**os.environ, **client, **setting, "COMMBENCH_ENV_SETTING": json.dumps(setting, sort_keys=True)}
-        print(f"# driver: torchrun x{args.nproc} with {label}" + (f" (resume {attempt})" if attempt else ""),
+        env = {**os.environ, **client, **setting, ENV_SETTING_VAR: json.dumps(setting, sort_keys=True)}
+        print(f"# driver: torchrun x{opts.nproc} with {label}" + (f" (resume {attempt})" if attempt else ""),
               flush=True)
         proc = subprocess.Popen(command, env=env, start_new_session=True)
         try:
-            rc, killed = _wait(proc, run_dir, args.child_timeout)
+            rc, killed = _wait(proc, run_dir, opts.child_timeout)
         except KeyboardInterrupt:
             _kill(proc, run_dir)
             write_csv(run_dir)
@@ -213,7 +214,7 @@ def _run_setting(args: argparse.Namespace, run_dir: Path, setting: dict[str, str
             print("# driver: resuming without that backend", flush=True)
             continue
         if killed and _stop_count(run_dir) == stops_before:
-            _record_child_timeout(run_dir, args, setting, killed)
+            _record_child_timeout(run_dir, opts, setting, killed)
         print(f"# driver: child with {label} exited with status {rc}", flush=True)
         return True
     return True
@@ -241,12 +242,12 @@ def _wait(proc: subprocess.Popen, run_dir: Path, child_timeout_s: float) -> tupl
         return proc.wait(), reason
 
 
-def _record_child_timeout(run_dir: Path, args: argparse.Namespace, setting: dict[str, str], reason: str) -> None:
+def _record_child_timeout(run_dir: Path, opts: SweepOptions, setting: dict[str, str], reason: str) -> None:
     """A killed child whose ranks were outside every backend's step: the row says only that."""
     writer = ResultsWriter(run_dir)
     try:
         writer.append(Measurement(backend="(torchrun child)", mode="-", dtype="-", message_bytes=0,
-                                  world_size=args.nproc, status=HANG, env_setting=dict(setting),
+                                  world_size=opts.nproc, status=HANG, env_setting=dict(setting),
                                   reason=reason, timestamp=time.time()))
     finally:
         writer.close()

@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from commbench.sweep.context import MPS_PERCENT_VAR
+from commbench.runtime.context import MPS_PERCENT_VAR
 from commbench.errors import UsageError
 
 CONTROL = "nvidia-cuda-mps-control"

@@ -15,7 +15,7 @@ import torch
 
 from commbench.analysis.models import DEFAULT_CONCURRENCIES, Model, lookup
 from commbench.errors import UsageError
-from commbench.sweep.dtypes import dtype_name, parse_dtypes
+from commbench.runtime.dtypes import dtype_name, parse_dtypes
 from commbench.units import format_bytes, parse_bytes, parse_int_list, parse_list, positive_finite
 
 MODES = ("eager", "graph")

@@ -41,10 +41,13 @@ from typing import Any, Callable
 import torch
 import torch.multiprocessing as mp
 
-from commbench.backends.p2p import FLOOR_VARIANTS, LaunchShape, P2PAllreduce, P2PTimeoutError, make
-from commbench.sweep.context import MPS_PERCENT_VAR, RunContext, init_context, shutdown
+from commbench.backends.p2p import P2PAllreduce, make
+from commbench.backends.p2p_kernels import P2PTimeoutError
+from commbench.backends.p2p_layout import LaunchShape
+from commbench.backends.p2p_rules import FLOOR_VARIANTS
+from commbench.runtime.context import MPS_PERCENT_VAR, RunContext, init_context, shutdown
 from commbench.sweep.mps import client_env
-from commbench.sweep.workload import exact_pattern, expected_sum
+from commbench.runtime.workload import exact_pattern, expected_sum
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 MAX_BYTES = 8 << 20

@@ -130,7 +130,7 @@ def _worker(rank: int, world: int, port: int, results) -> None:
         from commbench.sweep.mps import client_env
 
         os.environ.update(client_env(world, gpus=1))
-    from commbench.sweep.context import init_context, shutdown
+    from commbench.runtime.context import init_context, shutdown
 
     try:
         ctx, _ = init_context(share_gpus=True, timeout_s=240)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from commbench.backends.nccl4py import import_reason
-from commbench.backends.nccl_log import loaded_nccl
+from commbench.topology.nccl_log import loaded_nccl
 from commbench.backends.nccl_symm import ROUTE
 from test_sweep_gpu import _sweep
 

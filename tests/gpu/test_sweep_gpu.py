@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from commbench.sweep.mps import client_env
-from commbench.sweep.timing import capture_graph, count_work_nodes
+from commbench.runtime.timing import capture_graph, count_work_nodes
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -21,7 +21,7 @@ from typing import Callable
 import torch
 
 from commbench.results import percentile
-from commbench.sweep.context import RunContext
+from commbench.runtime.context import RunContext
 
 Step = Callable[[int], None]
 

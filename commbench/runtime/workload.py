@@ -18,13 +18,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Iterator, Protocol
 
 import torch
 
 if TYPE_CHECKING:
-    from commbench.backends.base import Backend
-    from commbench.sweep.context import RunContext
+    from commbench.runtime.context import RunContext
 
 EPOCHS_PER_PASS = 3
 PAIR_ALIGN_BYTES = 256          # every pair starts on this boundary, as torch's own allocations do
@@ -84,15 +83,6 @@ class PassCheck:
         self.kinds[kind or VALUES] = self.kinds.get(kind or VALUES, 0) + 1
         if self.first_wrong_call is None or call < self.first_wrong_call:
             self.first_wrong_call = call
-
-
-def classify(output: torch.Tensor, expected: torch.Tensor, local_input: torch.Tensor,
-             previous_expected: torch.Tensor | None) -> tuple[int, str | None]:
-    """Wrong elements of one call (exact compare) and what kind of failure it is."""
-    out = output.reshape(-1)
-    wrong = int((out != expected.reshape(-1)).sum().item())
-    return wrong, (name_failure(out, expected.reshape(-1), local_input.reshape(-1), previous_expected)
-                   if wrong else None)
 
 
 def name_failure(out: torch.Tensor, expected: torch.Tensor, local_input: torch.Tensor,
@@ -158,8 +148,16 @@ def chunks(first: int, calls: int, row_bytes: int) -> Iterator[range]:
         yield range(start, min(start + step, first + calls))
 
 
+class Reducer(Protocol):
+    """What a plain allreduce workload needs of a backend (backends.base.Backend is one)."""
+
+    in_place: bool
+
+    def allreduce(self, x: torch.Tensor, out: torch.Tensor) -> None: ...
+
+
 class AllreduceWorkload(Workload):
-    def __init__(self, backend: "Backend", ctx: "RunContext", count: int, dtype: torch.dtype, pairs: int):
+    def __init__(self, backend: Reducer, ctx: "RunContext", count: int, dtype: torch.dtype, pairs: int):
         self.backend = backend
         self.ctx = ctx
         self.count = count

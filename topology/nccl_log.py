@@ -21,6 +21,9 @@ and a few untimed calls per row, never inside a timed loop. Lines it reads (NCCL
 
 Which NCCL a process runs is asked of NCCL itself: ncclGetVersion of the libnccl mapped into
 the process (/proc/self/maps), never inferred from a path.
+
+Torch-free and below the backends: the NCCL backends and the probe's NCCL check (nccl_checks)
+both read NCCL's log through this module, and it spells NCCL's variable names once.
 """
 
 from __future__ import annotations
@@ -43,8 +46,10 @@ HONOURED = "honoured"    # NCCL's init log shows it read the variable, and it us
 IGNORED = "ignored"      # NCCL used something other than the request
 COINCIDED = "coincided"  # NCCL used the request, but nothing shows it read the variable
 
+PROTO_VAR, ALGO_VAR = "NCCL_PROTO", "NCCL_ALGO"   # read at every communicator init
+LOG_FILE_VAR = "NCCL_DEBUG_FILE"
 LOG_SETTINGS = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,ENV,TUNING"}
-LOG_VARIABLES = (*LOG_SETTINGS, "NCCL_DEBUG_FILE")
+LOG_VARIABLES = (*LOG_SETTINGS, LOG_FILE_VAR)
 # Before 2.27 ncclResetDebugInit closed the log file without NCCL's log lock, racing any NCCL
 # thread writing a line; from 2.27 the reset is locked and applied at the next log call.
 LOCKED_RESET_VERSION_CODE = 22700
@@ -76,7 +81,7 @@ def canonical_proto(name: str) -> str:
     return _PROTO_BY_KEY.get(_key(name), name)
 
 
-_CANONICAL = {"NCCL_PROTO": canonical_proto, "NCCL_ALGO": canonical_algo}
+_CANONICAL = {PROTO_VAR: canonical_proto, ALGO_VAR: canonical_algo}
 
 
 def read_lines(path: Path) -> list[str]:
@@ -104,7 +109,7 @@ def logged_choice(lines: list[str], message_bytes: int, log_file: Path) -> dict[
     algo, proto = used_algo_proto(lines, message_bytes)
     if algo is None or proto is None:
         return {"nccl_observed": f"NCCL logged no 'AllReduce: {message_bytes} Bytes -> Algo' line ({log_file})"}
-    return {"observed": {"NCCL_PROTO": proto, "NCCL_ALGO": algo}}
+    return {"observed": {PROTO_VAR: proto, ALGO_VAR: algo}}
 
 
 def env_settings(lines: list[str]) -> dict[str, str]:
@@ -139,8 +144,8 @@ def enabled_for_allreduce(lines: list[str]) -> dict[str, frozenset[str]]:
         if len(proto_flags) != len(protos) or len(algo_flags) != len(algos):
             return {}
         # 0 = disabled; LL128's 2 = "NCCL decides" (enabled where the topology allows it).
-        return {"NCCL_PROTO": frozenset(canonical_proto(p) for p, f in zip(protos, proto_flags) if f != "0"),
-                "NCCL_ALGO": frozenset(canonical_algo(a) for a, f in zip(algos, algo_flags) if f != "0")}
+        return {PROTO_VAR: frozenset(canonical_proto(p) for p, f in zip(protos, proto_flags) if f != "0"),
+                ALGO_VAR: frozenset(canonical_algo(a) for a, f in zip(algos, algo_flags) if f != "0")}
     return {}
 
 
@@ -316,7 +321,7 @@ class NcclLogSwitch:
         log_file.parent.mkdir(parents=True, exist_ok=True)
         os.environ.update(LOG_SETTINGS)
         # NCCL expands %h and %p in NCCL_DEBUG_FILE; '%%' keeps a literal '%' in the path.
-        os.environ["NCCL_DEBUG_FILE"] = str(log_file).replace("%", "%%")
+        os.environ[LOG_FILE_VAR] = str(log_file).replace("%", "%%")
         self._reset()
 
     def off(self) -> None:

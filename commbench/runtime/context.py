@@ -9,9 +9,9 @@ from __future__ import annotations
 import os
 import socket
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 import torch
 import torch.distributed as dist
@@ -85,8 +85,12 @@ def mps_sm_percent() -> float | None:
     return value if 0 < value <= 100 else None
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunContext:
+    """Who this rank is, on which device, with which groups and policy; with_probe() adds what the
+    probe found, once, before any backend runs. Nothing in it changes during a run: the rows
+    measured so far go only to the backends that ask for them (Backend.reads_rows)."""
+
     rank: int
     world_size: int
     local_rank: int
@@ -97,9 +101,11 @@ class RunContext:
     shares_gpus: bool = False          # several ranks on one GPU (emulation: no fabric between them)
     emulation: Emulation | None = None  # set when shares_gpus
     snapshot: dict[str, Any] | None = None   # probe snapshot (topology), when taken
-    verdicts: dict[str, str | None] = field(default_factory=dict)  # backend name -> reason or None
-    measured: list[Any] = field(default_factory=list)  # rows measured so far, identical on every rank
+    verdicts: Mapping[str, str | None] = field(default_factory=dict)  # backend name -> reason or None
     hostname: str = field(default_factory=socket.gethostname)
+
+    def with_probe(self, snapshot: dict[str, Any] | None, verdicts: Mapping[str, str | None]) -> "RunContext":
+        return replace(self, snapshot=snapshot, verdicts=dict(verdicts))
 
     @property
     def is_cuda(self) -> bool:
