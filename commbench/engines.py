@@ -44,6 +44,19 @@ CUSTOM_AR_PCIE_GATE = (f"vLLM enables its custom allreduce for more than 2 GPUs 
                        "custom_all_reduce.py; vLLM #56128); SGLang's custom allreduce has the same gate")
 CUSTOM_AR_ON_BY_DEFAULT = ("custom CUDA-IPC allreduce is on by default in both engines (do not pass "
                            "--disable-custom-all-reduce); they pick one-shot or two-shot by size themselves")
+# The engines' own custom allreduce kernels (backends/sglang_custom_ar.py, vllm_custom_ar.py).
+SGLANG_CUSTOM_AR_V2_ENV = {"SGLANG_OPT_USE_CUSTOM_ALL_REDUCE_V2": "1"}   # the default in 0.5.23
+SGLANG_CUSTOM_AR_V2 = (f"SGLang {SGLANG_VERSION} runs its JIT custom allreduce v2 by default on CUDA "
+                       "(SGLANG_OPT_USE_CUSTOM_ALL_REDUCE_V2=1; 0 falls back to the legacy kernel), only where "
+                       "every GPU pair is NVLink-connected, 2 GPUs included (can_use_custom_all_reduce_v2); sizes "
+                       "above its tuned table go to NCCL (custom_all_reduce_v2.py, configs/custom_all_reduce_v2.py)")
+SGLANG_ALGO_BY_SIZE = (f"SGLang {SGLANG_VERSION} picks 1shot_push / 1shot_pull / 2shot_pull by size and world size "
+                       "itself and no released setting forces one: SGLang runs this algorithm only where its table "
+                       "picks it (sglang:auto rows say where)")
+VLLM_STAGE_BY_SIZE = ("vLLM's kernel picks one- or two-stage by size itself (custom_all_reduce.cuh) and no setting "
+                      "forces one: these rows are the sizes where it takes this stage")
+SGLANG_NOT_VLLM_KERNEL = (f"SGLang {SGLANG_VERSION} runs its own custom allreduce v2 on NVLink, not vLLM's kernel "
+                          "(measure sglang:auto for SGLang)")
 FLASHINFER_PCIE_IPC_ENV = {"VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC": "1"}   # vLLM #53576, opt-in
 FLASHINFER_PCIE_ALTERNATIVE = ("on PCIe hosts without NVLink the upstream alternative is FlashInfer's PCIe IPC "
                                "allreduce: VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC=1 (opt-in, bf16/fp16, 2/4/8 ranks; "
