@@ -239,7 +239,9 @@ class SglangCustomAllreduce(Backend):
     def engine_settings(self, world_size: int | None) -> engines.Settings:
         notes = [engines.SGLANG_CUSTOM_AR_V2, engines.CUSTOM_AR_PCIE_GATE]
         if self.algo != AUTO:
-            notes.insert(0, engines.SGLANG_ALGO_BY_SIZE)
+            # The engine's kernel, but no SGLang setting makes SGLang run it at every size.
+            return engines.Settings(self.name, notes=[engines.SGLANG_ALGO_BY_SIZE, *notes], vllm_supported=False,
+                                    sglang_supported=False)
         return engines.Settings(self.name, sglang_env=dict(engines.SGLANG_CUSTOM_AR_V2_ENV), vllm_supported=False,
                                 notes=notes)
 

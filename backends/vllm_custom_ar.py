@@ -168,11 +168,13 @@ class VllmCustomAllreduce(Backend):
         return import_reason(self._impl())
 
     def engine_settings(self, world_size: int | None) -> engines.Settings:
-        notes = [engines.CUSTOM_AR_ON_BY_DEFAULT, engines.CUSTOM_AR_PCIE_GATE]
+        notes = [engines.CUSTOM_AR_ON_BY_DEFAULT, engines.CUSTOM_AR_PCIE_GATE, engines.SGLANG_NOT_VLLM_KERNEL]
         if self.variant != AUTO:
-            notes.insert(0, engines.VLLM_STAGE_BY_SIZE)
+            # One stage of vLLM's kernel: vLLM runs it only at the sizes its kernel picks it for.
+            return engines.Settings(self.name, notes=[engines.VLLM_STAGE_BY_SIZE, *notes], vllm_supported=False,
+                                    sglang_supported=False)
         return engines.Settings(self.name, vllm_env=dict(engines.VLLM_ONLY_CUSTOM_ALLREDUCE), sglang_supported=False,
-                                notes=[*notes, engines.SGLANG_NOT_VLLM_KERNEL])
+                                notes=notes)
 
     def check(self, ctx: "RunContext") -> str | None:
         reason = super().check(ctx)

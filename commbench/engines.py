@@ -51,10 +51,11 @@ SGLANG_CUSTOM_AR_V2 = (f"SGLang {SGLANG_VERSION} runs its JIT custom allreduce v
                        "every GPU pair is NVLink-connected, 2 GPUs included (can_use_custom_all_reduce_v2); sizes "
                        "above its tuned table go to NCCL (custom_all_reduce_v2.py, configs/custom_all_reduce_v2.py)")
 SGLANG_ALGO_BY_SIZE = (f"SGLang {SGLANG_VERSION} picks 1shot_push / 1shot_pull / 2shot_pull by size and world size "
-                       "itself and no released setting forces one: SGLang runs this algorithm only where its table "
-                       "picks it (sglang:auto rows say where)")
+                       "itself and no released setting forces one: this algorithm at every size is headroom, and "
+                       "SGLang's custom allreduce is priced by sglang:auto")
 VLLM_STAGE_BY_SIZE = ("vLLM's kernel picks one- or two-stage by size itself (custom_all_reduce.cuh) and no setting "
-                      "forces one: these rows are the sizes where it takes this stage")
+                      "forces one: these rows are the sizes where it takes this stage; vLLM's custom allreduce is "
+                      "priced by vllm:auto")
 SGLANG_NOT_VLLM_KERNEL = (f"SGLang {SGLANG_VERSION} runs its own custom allreduce v2 on NVLink, not vLLM's kernel "
                           "(measure sglang:auto for SGLang)")
 FLASHINFER_PCIE_IPC_ENV = {"VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC": "1"}   # vLLM #53576, opt-in

@@ -79,12 +79,15 @@ def test_engine_settings() -> None:
     assert auto.sglang_env == {"SGLANG_OPT_USE_CUSTOM_ALL_REDUCE_V2": "1"} and auto.sglang_supported
     assert not auto.vllm_supported and engines.DISABLE_CUSTOM_ALLREDUCE not in auto.sglang_flags
     assert engines.SGLANG_ALGO_BY_SIZE not in auto.notes
+    # A forced algorithm or stage is the engine's kernel, but no setting makes the engine run it.
     forced = sg.SglangCustomAllreduce("1shot_pull").engine_settings(4)
     assert forced.notes[0] == engines.SGLANG_ALGO_BY_SIZE
+    assert not forced.sglang_supported and not forced.vllm_supported and not forced.sglang_env
     vauto = vl.VllmCustomAllreduce("auto", None).engine_settings(4)
     assert vauto.vllm_env == engines.VLLM_ONLY_CUSTOM_ALLREDUCE and vauto.vllm_supported
     assert not vauto.sglang_supported and engines.CUSTOM_AR_PCIE_GATE in vauto.notes
-    assert vl.VllmCustomAllreduce("two_stage", None).engine_settings(4).notes[0] == engines.VLLM_STAGE_BY_SIZE
+    stage = vl.VllmCustomAllreduce("two_stage", None).engine_settings(4)
+    assert stage.notes[0] == engines.VLLM_STAGE_BY_SIZE and not stage.vllm_supported and not stage.vllm_env
 
 
 @pytest.mark.parametrize("world, size, graph, eager", [
