@@ -34,6 +34,8 @@ BUILTIN: dict[str, str] = {
     "flashinfer": "commbench.backends.flashinfer",
     "mscclpp": "commbench.backends.mscclpp",
     "unfused": "commbench.backends.unfused",
+    "sglang": "commbench.backends.sglang_custom_ar",
+    "vllm": "commbench.backends.vllm_custom_ar",
 }
 
 

@@ -19,6 +19,7 @@ it cannot run and why, and reduces.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
@@ -148,6 +149,13 @@ class Backend(ABC):
         library); None when it runs in any process. The sweep's driver (--nproc) starts it."""
         return None
 
+    def graph_capture(self) -> AbstractContextManager[Any]:
+        """Entered around one CUDA-graph capture of this backend's calls, on every rank. A backend
+        whose captured kernels read peer buffers known only after capture (the engines' custom
+        allreduce: their graph inputs are IPC-registered once capture ends) registers them when
+        this context exits, before the first replay; its exit may be collective."""
+        return nullcontext()
+
     def row_fields(self) -> dict[str, Any]:
         """Fields recorded on every row of this variant (Measurement attributes or 'extra')."""
         return {}
@@ -184,6 +192,14 @@ def voted(ctx: "RunContext", what: str, step: Callable[[], Any]) -> Any:
     error, result = _attempt(step)
     raise_unless_all_ranks_ok(ctx, error, what)
     return result
+
+
+def voted_rank0_first(ctx: "RunContext", what: str, step: Callable[[], Any]) -> Any:
+    """voted(), run by rank 0 before the others: a JIT build that the other ranks then load
+    from its cache, instead of every rank compiling into one cache directory at once."""
+    result = voted(ctx, what, step if ctx.rank == 0 else lambda: None)
+    later = voted(ctx, what, step if ctx.rank != 0 else lambda: None)
+    return result if ctx.rank == 0 else later
 
 
 def voted_gather(ctx: "RunContext", what: str, step: Callable[[], Any]) -> list[Any]:

@@ -24,20 +24,10 @@ NCCL_VERSION = "2.30.7"      # the NCCL whose environment semantics the settings
 
 # --- facts, with their sources --------------------------------------------------------------
 
-# Engines' own allreduce kernels as they appear in a profiler trace, for `commbench attribute`
-# (same layout as a backend module's TRACE_KERNELS: regex, library, floor variants, note). The
-# floor variants are the names of the engines' custom-allreduce backends (vllm:one_stage, ...,
-# sglang:1shot_pull, ...); these entries move into those backend modules once they are merged.
+# Allreduce kernels of libraries no commbench backend runs, as they appear in a profiler trace,
+# for `commbench attribute` (a backend module's TRACE_KERNELS layout: regex, library, floor
+# variants, note); the kernels of backends are in their modules.
 TRACE_KERNELS = (
-    # vLLM csrc/custom_all_reduce.cuh; SGLang's sgl-kernel and FlashInfer's port keep the vllm:: names.
-    (r"\bvllm::cross_device_reduce_1stage\b",
-     "vLLM-style custom allreduce (vLLM, SGLang or FlashInfer's port)", r"^vllm:one_stage", ""),
-    (r"\bvllm::cross_device_reduce_2stage\b",
-     "vLLM-style custom allreduce (vLLM, SGLang or FlashInfer's port)", r"^vllm:two_stage", ""),
-    # SGLang python/sglang/jit_kernel/csrc/distributed/custom_all_reduce_{pull,push}.cuh (custom AR v2, JIT)
-    (r"\ball_reduce_one_shot_kernel\b", "SGLang JIT custom allreduce", r"^sglang:1shot_pull$", ""),
-    (r"\ball_reduce_one_shot_push_kernel\b", "SGLang JIT custom allreduce", r"^sglang:1shot_push$", ""),
-    (r"\ball_reduce_two_shot_kernel\b", "SGLang JIT custom allreduce", r"^sglang:2shot_pull$", ""),
     # vLLM csrc/quickreduce (ROCm)
     (r"\bquickreduce::allreduce_prototype_", "vLLM quick allreduce (ROCm)", "", ""),
     # TensorRT-LLM cpp/tensorrt_llm/kernels/communicationKernels/allReduceFusionKernels.cu
@@ -69,6 +59,20 @@ CUSTOM_AR_PCIE_GATE = (f"vLLM enables its custom allreduce for more than 2 GPUs 
                        "custom_all_reduce.py; vLLM #56128); SGLang's custom allreduce has the same gate")
 CUSTOM_AR_ON_BY_DEFAULT = ("custom CUDA-IPC allreduce is on by default in both engines (do not pass "
                            "--disable-custom-all-reduce); they pick one-shot or two-shot by size themselves")
+# The engines' own custom allreduce kernels (backends/sglang_custom_ar.py, vllm_custom_ar.py).
+SGLANG_CUSTOM_AR_V2_ENV = {"SGLANG_OPT_USE_CUSTOM_ALL_REDUCE_V2": "1"}   # the default in 0.5.23
+SGLANG_CUSTOM_AR_V2 = (f"SGLang {SGLANG_VERSION} runs its JIT custom allreduce v2 by default on CUDA "
+                       "(SGLANG_OPT_USE_CUSTOM_ALL_REDUCE_V2=1; 0 falls back to the legacy kernel), only where "
+                       "every GPU pair is NVLink-connected, 2 GPUs included (can_use_custom_all_reduce_v2); sizes "
+                       "above its tuned table go to NCCL (custom_all_reduce_v2.py, configs/custom_all_reduce_v2.py)")
+SGLANG_ALGO_BY_SIZE = (f"SGLang {SGLANG_VERSION} picks 1shot_push / 1shot_pull / 2shot_pull by size and world size "
+                       "itself and no released setting forces one: this algorithm at every size is headroom, and "
+                       "SGLang's custom allreduce is priced by sglang:auto")
+VLLM_STAGE_BY_SIZE = ("vLLM's kernel picks one- or two-stage by size itself (custom_all_reduce.cuh) and no setting "
+                      "forces one: these rows are the sizes where it takes this stage; vLLM's custom allreduce is "
+                      "priced by vllm:auto")
+SGLANG_NOT_VLLM_KERNEL = (f"SGLang {SGLANG_VERSION} runs its own custom allreduce v2 on NVLink, not vLLM's kernel "
+                          "(measure sglang:auto for SGLang)")
 FLASHINFER_PCIE_IPC_ENV = {"VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC": "1"}   # vLLM #53576, opt-in
 FLASHINFER_PCIE_ALTERNATIVE = ("on PCIe hosts without NVLink the upstream alternative is FlashInfer's PCIe IPC "
                                "allreduce: VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC=1 (opt-in, bf16/fp16, 2/4/8 ranks; "
@@ -151,6 +155,10 @@ class Settings:
         return Settings(**{**asdict(self), "nccl_env": {**env_setting, **self.nccl_env}, "notes": notes})
 
 
+# What SGLANG_ALGO_BY_SIZE and VLLM_STAGE_BY_SIZE say in every wording they were recorded with.
+FORCED_BY_SIZE_MARKS = ("picks 1shot_push / 1shot_pull / 2shot_pull by size", "picks one- or two-stage by size itself")
+
+
 def declared_paths(s: Settings) -> dict[str, dict[str, Any]]:
     """The engine paths a backend's settings claim. Runs recorded before backends declared
     engine_paths get them from the settings themselves: what an engine's variables and flags
@@ -158,6 +166,11 @@ def declared_paths(s: Settings) -> dict[str, dict[str, Any]]:
     if s.engine_paths:
         return {e: dict(c) for e, c in s.engine_paths.items()
                 if e in ENGINES and isinstance(c, dict) and isinstance(c.get("path"), str)}
+    if any(mark in note for note in s.notes for mark in FORCED_BY_SIZE_MARKS):
+        # One algorithm or stage of an engine's kernel forced at every size: the engine runs it
+        # only where its own size rule picks it, so it prices no path (the runs of 2026-12-02
+        # 06:2x recorded the engine's default switch beside an earlier wording of the note).
+        return {}
     out: dict[str, dict[str, Any]] = {}
     env, flags = s.vllm_env, " ".join(s.vllm_flags)
     vllm = (FLASHINFER_PCIE_IPC if env.get("VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC") == "1"
@@ -167,16 +180,20 @@ def declared_paths(s: Settings) -> dict[str, dict[str, Any]]:
             else TORCH_SYMM_MEM if env.get("VLLM_ALLREDUCE_USE_SYMM_MEM") == "1"
             else NCCL_PATH if DISABLE_CUSTOM_ALLREDUCE in s.vllm_flags
             else CUSTOM_AR if env == VLLM_ONLY_CUSTOM_ALLREDUCE else None)
+    # Only vLLM's own kernel (backends/vllm_custom_ar.py) says SGLang does not run it.
+    vllm_own = SGLANG_NOT_VLLM_KERNEL in s.notes
     if s.vllm_supported and vllm:
-        out[VLLM] = {"path": vllm, "stand_in": vllm == CUSTOM_AR}
+        out[VLLM] = {"path": vllm, "stand_in": vllm == CUSTOM_AR and not vllm_own}
     sg = s.sglang_flags
+    # Only SGLang's own custom allreduce declares the switch of its v2 kernel (backends/sglang_custom_ar.py).
+    sglang_own = s.sglang_env == SGLANG_CUSTOM_AR_V2_ENV
     sglang = (MSCCLPP if SGLANG_MSCCLPP in sg else TORCH_SYMM_MEM if SGLANG_TORCH_SYMM_MEM in sg
               else NCCL_SYMM if "--enable-symm-mem" in sg
               else FLASHINFER_FUSED if SGLANG_FLASHINFER_TRTLLM[0] in sg and FLASHINFER_FUSED == vllm
               else NCCL_PATH if DISABLE_CUSTOM_ALLREDUCE in sg
-              else CUSTOM_AR if vllm == CUSTOM_AR else None)
+              else CUSTOM_AR if sglang_own or vllm == CUSTOM_AR else None)
     if s.sglang_supported and sglang:
-        out[SGLANG] = {"path": sglang, "stand_in": sglang == CUSTOM_AR}
+        out[SGLANG] = {"path": sglang, "stand_in": sglang == CUSTOM_AR and not sglang_own}
     return out
 
 

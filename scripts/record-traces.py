@@ -135,7 +135,7 @@ def _backend_options() -> dict[str, Any]:
 def _graph_rank(rank: int, world: int, port: int, name: str, spec: str, out_dir: str, result_path: str) -> None:
     _rank_env(rank, world, port)
     from commbench import backends
-    from commbench.sweep.context import init_context, shutdown
+    from commbench.runtime.context import init_context, shutdown
 
     ctx, _ = init_context(share_gpus=True, timeout_s=120.0)
     backend = None

@@ -284,3 +284,21 @@ def test_settings_that_do_nothing_on_the_probed_box_are_said(capsys):
     out = capsys.readouterr().out
     assert "settings that do nothing on this box (from its probe snapshot; never printed above as a setting):" in out
     assert "vLLM / SGLang custom allreduce" in out and "at TP 8 without full NVLink" in out
+
+
+def test_the_engines_own_kernels_price_their_custom_allreduce_and_forced_stages_price_nothing():
+    """sglang:auto and vllm:auto are the engines' own kernels (vllm:auto through FlashInfer's
+    verbatim port where vLLM is absent); a forced algorithm or stage runs only where the engine's
+    size rule picks it, so it claims no path. Runs recorded before engine_paths existed (the H200
+    engine-kernel reference of 2026-12-02) get the same from their recorded settings."""
+    expected = {"sglang:auto": {engines.SGLANG: (engines.CUSTOM_AR, False)},
+                "vllm:auto": {engines.VLLM: (engines.CUSTOM_AR, False)},
+                "sglang:1shot_pull": {}, "vllm:one_stage": {}}
+    for name, claims in expected.items():
+        settings = declared(name)
+        assert {e: (c["path"], c["stand_in"]) for e, c in engines.declared_paths(settings).items()} == claims, name
+    run_json = next((ROOT / "results" / "reference" / "h200-mps-engine-kernels" / "world4").glob("*/run.json"))
+    facts = json.loads(run_json.read_text())["backend_facts"]
+    recorded = {name: engines.declared_paths(engines.Settings.from_dict(facts[name]["engine_settings"]))
+                for name in expected}
+    assert {n: {e: (c["path"], c["stand_in"]) for e, c in r.items()} for n, r in recorded.items()} == expected

@@ -282,7 +282,7 @@ class Engine:
             out["bus_factor"] = workload.bus_factor(self.ctx.world_size)
             workload.prepare(OBSERVE_EPOCH)
             out["observed"] = backend.observe(lambda: workload.call(0), size)
-            out.update(self._eager(workload, calls) if eager else self._graph(workload, calls, size))
+            out.update(self._eager(workload, calls) if eager else self._graph(backend, workload, calls, size))
         except BackendUnavailable as exc:  # this shape cannot run (e.g. tokens <= world size)
             out = {"skip": str(exc)}
         except BackendTimeout as exc:
@@ -309,12 +309,13 @@ class Engine:
         return {"total_us": total_us, "timed_calls": calls, "samples": samples, "calls_per_sample": 1,
                 "checks": [timed_check, jitter_check], "check_scope": "timed calls"}
 
-    def _graph(self, workload: Workload, ops: int, size: int) -> dict[str, Any]:
+    def _graph(self, backend: Backend, workload: Workload, ops: int, size: int) -> dict[str, Any]:
         """K calls over K pairs captured once; timed replays (one timer), then jitter replays
         (a timer per replay). The outputs left by the last replay of each pass are checked."""
         # Eager calls first: communicators, JIT kernels and IPC buffers exist before capture.
         self._warm_up(workload, ops)
-        graph = capture_graph(workload.call, ops)
+        with backend.graph_capture():
+            graph = capture_graph(workload.call, ops)
         replays = self.plan.graph_replays_for(size)
         for _ in range(self.plan.warmup):
             graph.replay()

@@ -37,7 +37,8 @@ def _variants() -> list[Backend]:
     specs = ["symm_mem:one_shot", "symm_mem:two_shot", "symm_mem:multimem",
              "flashinfer:trtllm_oneshot", "flashinfer:trtllm_twoshot",
              "flashinfer:fused_oneshot", "flashinfer:fused_twoshot",
-             "flashinfer:pcie_ipc", "flashinfer:mnnvl", "mscclpp"]    # mscclpp: auto, each algorithm, shim
+             "flashinfer:pcie_ipc", "flashinfer:mnnvl", "mscclpp",    # mscclpp: auto, each algorithm, shim
+             "sglang:custom_ar", "vllm:custom_ar"]                    # the engines' own kernels, every variant
     # COMMBENCH_GPU_TEST_FAMILIES=symm_mem,flashinfer runs a subset (the test then checks only those).
     families = os.environ.get("COMMBENCH_GPU_TEST_FAMILIES")
     if families:
@@ -50,9 +51,9 @@ def _variants() -> list[Backend]:
     return out
 
 
-def _check_calls(workload, graph: bool, epoch: int) -> tuple[int, str | None]:
-    """GRAPH_CALLS back-to-back calls, eager or captured in one graph, each into its own
-    output; every one of them is checked."""
+def _check_calls(backend: Backend, workload, graph: bool, epoch: int) -> tuple[int, str | None]:
+    """GRAPH_CALLS back-to-back calls, eager or captured in one graph (inside the backend's
+    graph_capture(), as the sweep captures), each into its own output; every one is checked."""
     workload.prepare(epoch)
     if graph:
         g = torch.cuda.CUDAGraph()
@@ -62,7 +63,7 @@ def _check_calls(workload, graph: bool, epoch: int) -> tuple[int, str | None]:
             workload.call(0)                        # warm-up outside capture
         torch.cuda.current_stream().wait_stream(stream)
         torch.cuda.synchronize()
-        with torch.cuda.graph(g):
+        with backend.graph_capture(), torch.cuda.graph(g):
             for i in range(GRAPH_CALLS):
                 workload.call(i)
         workload.prepare(epoch + 3)
@@ -111,7 +112,7 @@ def _run_variant(ctx, backend: Backend, dtype: torch.dtype) -> dict:
                 continue
             for graph in ([False, True] if backend.graph_capturable else [False]):
                 try:
-                    wrong, kind = _check_calls(workload, graph, epoch=3)
+                    wrong, kind = _check_calls(backend, workload, graph, epoch=3)
                     rows.append({"count": count, "shape": shape, "graph": graph, "wrong": wrong, "kind": kind,
                                  "status": "ok" if wrong == 0 else "wrong", "observed": observed,
                                  **backend.row_fields()})
@@ -246,3 +247,28 @@ def test_mscclpp_runs_or_says_why_when_installed() -> None:
     report = _library_report(BUILD_HINT if importlib.util.find_spec("mscclpp") is None else None)
     auto = report["mscclpp:auto"]
     assert auto["status"] == "ran" or "MSCCL++" in auto.get("reason", "") or "mscclpp" in auto.get("reason", ""), auto
+
+
+ENGINE_FAMILIES = ("sglang", "vllm")
+
+
+@pytest.mark.parametrize("family", ENGINE_FAMILIES)
+def test_engine_kernel_exact_at_2_ranks(family: str) -> None:
+    """The engines' own custom allreduce (sglang:*, vllm:*): exact on every rank, eager and in
+    graphs, at 2 ranks sharing the GPU; skipped with its reason where the library is missing."""
+    gathered = _run_world(2)
+    crashes = {r: v["crash"] for r, v in gathered.items() if "crash" in v}
+    assert not crashes, crashes
+    mine = {name: result for name, result in gathered[0].items() if name.startswith(family + ":")}
+    assert mine, sorted(gathered[0])
+    missing = [r["reason"] for r in mine.values() if r["status"] == "skipped" and "not installed" in r["reason"]]
+    if missing:
+        pytest.skip(missing[0])
+    for rank, out in gathered.items():
+        for name in mine:
+            result = out[name]
+            assert result["status"] == "ran", (rank, name, result)
+            assert all(row["status"] in ("ok", "unsupported") for row in result["rows"]), (rank, name, result)
+            if name != "vllm:two_stage":      # at 2 ranks the kernel always runs one-stage
+                ran = {row["graph"] for row in result["rows"] if row["status"] == "ok"}
+                assert ran == {False, True}, (rank, name, result)
