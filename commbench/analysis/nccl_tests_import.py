@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
+import math
 import sys
 import time
 from dataclasses import dataclass, field
@@ -32,8 +34,8 @@ from commbench.analysis.nccl_tests_format import (JSON_RELEASES, PLACEMENTS, Ncc
                                          RankLine, ResultRow, nccl_version_text, printed_tolerance, read_output,
                                          strtol)
 from commbench.errors import UsageError
-from commbench.results import (ENV_PREFIXES, NO_WORK, OK, ROWS_FILE, RUN_FILE, WRONG, Measurement, ResultsWriter,
-                               percentile, read_run_info, write_csv, write_run_info)
+from commbench.results import (ENV_PREFIXES, NO_WORK, OK, ROWS_FILE, RUN_FILE, WRONG, Measurement, RunDir, percentile,
+                               write_whole)
 from commbench.units import format_bytes
 
 HELP = "read nccl-tests all_reduce_perf output (stdout table or -J JSON) into a commbench results dir"
@@ -327,6 +329,10 @@ def _base_row(ctx: RowContext, result: ResultRow, name: str) -> Measurement:
 
 
 def _row(ctx: RowContext, result: ResultRow, name: str, p: Placement) -> Measurement:
+    if p.time_us is None or not 0 < p.time_us < math.inf:
+        # nan, inf or a negative time: no measurement commbench can keep (nor an ok row)
+        raise UsageError(f"{ctx.source.output.path}: {result.where}: the {name.replace('_', '-')} time is "
+                         f"{'nan' if p.time_us is None else f'{p.time_us:g}'}, not a positive time; not importable")
     row = _base_row(ctx, result, name)
     c = ctx.source.output.config
     notes: list[str] = []
@@ -437,7 +443,7 @@ def existing_info(out: Path, world: int) -> dict[str, Any] | None:
     if out.exists() and not out.is_dir():
         raise UsageError(f"{out}: exists and is not a directory")
     if (out / RUN_FILE).exists():
-        info = read_run_info(out)
+        info = RunDir(out).info()
         if info.get("source") != SOURCE:
             raise UsageError(f"{out}: holds a commbench sweep; import nccl-tests output into a dir of its own")
         if info.get("world_size") != world:
@@ -496,6 +502,8 @@ def main(args: argparse.Namespace) -> int:
         check_settings(source, settings)
     world = _world_size(sources, args.expect_world_size)
     existing = existing_info(args.out, world)
+    if existing is not None:
+        repair_partial(RunDir(args.out), existing, {s.sha256 for s in sources})
     records_before = (existing or {}).get("imports") or []
     done = {record.get("sha256") for record in records_before} | {
         sha for record in records_before for sha in record.get("same_run_sha256") or []}
@@ -514,25 +522,41 @@ def main(args: argparse.Namespace) -> int:
         if not rows:
             raise UsageError(f"{source.path}: no out-of-place or in-place results in it")
     _make_dir(args.out)
+    run = RunDir(args.out)
     all_rows = [row for _, rows in per_source for row in rows]
     records = [import_record(source, rows, settings) for source, rows in per_source]
     info = run_info(existing, sources, records, all_rows)
     info["run_id"] = info.get("run_id") or args.out.resolve().name
-    write_run_info(args.out, info)
-    writer = ResultsWriter(args.out)
-    try:
-        for row in all_rows:
-            writer.append(row)
-    finally:
-        writer.close()
+    if existing is None:   # a new dir: run.json without the imports, so the rows have a home
+        run.write_info({**info, "imports": [], "backends": [], "plan": {}})
+    # Rows first, the import recorded last: a write cut short leaves rows no record claims,
+    # which the next import of the same file replaces (repair_partial).
+    run.append(*all_rows)
     if all(s.output.complete for s in sources) and not existing_partial(info):
         info["finished"] = time.time()
-    write_run_info(args.out, info)
-    write_csv(args.out)
+    run.write_info(info)
+    run.write_csv()
     for source, rows in per_source:
         print(describe(source, rows))
     print(f"wrote {args.out / ROWS_FILE} ({len(all_rows)} rows) and {args.out / RUN_FILE}")
     return 0
+
+
+def repair_partial(run: RunDir, info: dict[str, Any], given: set[str]) -> None:
+    """Rows of an import that never recorded itself (the disk filled up, the process died):
+    dropped when that file is being imported again, else the dir is refused."""
+    recorded = {record.get("sha256") for record in info.get("imports") or []}
+    orphans = [row for row in run.rows() if row.extra.get("source_sha256") not in recorded]
+    if not orphans:
+        return
+    missing = {row.extra.get("source_sha256") for row in orphans} - given
+    if missing:
+        raise UsageError(f"{run.path}: holds {len(orphans)} row(s) of an import that did not finish "
+                         f"(source {orphans[0].extra.get('source_file')}); import that file into it again to "
+                         "complete it, or import into a new dir")
+    kept = [row for row in run.rows() if row.extra.get("source_sha256") in recorded]
+    write_whole(run.path / ROWS_FILE, "".join(json.dumps(r.to_dict(), sort_keys=True) + "\n" for r in kept))
+    print(f"{run.path}: removed {len(orphans)} row(s) of an import that did not finish; importing it again")
 
 
 def existing_partial(info: dict[str, Any]) -> bool:

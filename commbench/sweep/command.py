@@ -26,9 +26,8 @@ from commbench.sweep.context import ControlGroupLost, RunContext, init_context, 
 from commbench.sweep.engine import Engine, stopped_reason
 from commbench.files import check_dir_target, check_file_target
 from commbench.sweep.plan import SweepPlan, build_plan
-from commbench.results import (ROWS_FILE, RUN_FILE, SCHEMA_VERSION, Measurement, ResultsWriter, new_run_dir,
-                               read_rows_checked, read_run_info, refuse_other_run, repair_torn_tail, stops_backend,
-                               write_csv, write_run_info)
+from commbench.results import (ROWS_FILE, SCHEMA_VERSION, Measurement, RunDir, refuse_other_run, repair_torn_tail,
+                               stops_backend, write_whole)
 from commbench.sweep.live import HEADER, LiveTable
 from commbench.units import positive_finite
 from commbench.sweep.versions import (LAUNCH_COMMAND_VAR, launch_command, local_device_info, relevant_env,
@@ -113,13 +112,16 @@ def main(args: argparse.Namespace) -> int:
     plan = build_plan(args, on_gpu)
     env_settings = launcher.parse_env_settings(args.env, args.allow_multicast)
     if args.resume:   # one that cannot be read or written is bad input, before any work
-        read_run_info(Path(args.resume))
+        RunDir(Path(args.resume)).info()
         check_dir_target(Path(args.resume), f"--resume {args.resume}")
     check_dir_target(Path(args.out), f"--out {args.out}")
     # Building the variants validates backend names and options before anything runs.
     specs = backends.split_specs(args.backends) if args.backends is not None else None
     if specs == []:
         raise UsageError(f"--backends {args.backends!r}: the list is empty (leave it out for every backend)")
+    twice = next((spec for i, spec in enumerate(specs or []) if spec in specs[:i]), None)
+    if twice is not None:
+        raise UsageError(f"--backends {args.backends!r}: {twice} is listed twice")
     variants = backends.expand(specs, backend_options(args, plan, None), on_gpu)
     _check_qualify_args(args)
     if args.mps and not (args.nproc and args.share_gpus):
@@ -192,7 +194,7 @@ def _run(args: argparse.Namespace, plan: SweepPlan, specs: list[str] | None, on_
 def _prepare_run_dir(ctx: RunContext, args: argparse.Namespace, existing: str | None) -> Path:
     path = None
     if ctx.rank == 0:
-        path = str(Path(existing).resolve() if existing else new_run_dir(Path(args.out)))
+        path = str(Path(existing).resolve() if existing else RunDir.create(Path(args.out)).path)
     return Path(ctx.broadcast_object(path))
 
 
@@ -225,8 +227,10 @@ def _sweep(ctx: RunContext, args: argparse.Namespace, plan: SweepPlan, variants:
     rank0 = ctx.rank == 0
     env_setting = json.loads(os.environ.get(ENV_SETTING_VAR, "{}"))
     gpus = ctx.all_gather_objects(local_device_info(ctx.device))
-    failure, opened, previous = ctx.broadcast_object(_open_run_dir(ctx, plan, gpus, run_dir) if rank0 else None)
+    run = RunDir(run_dir)   # rank 0 holds its lock for the whole sweep
+    failure, opened, previous = ctx.broadcast_object(_open_run_dir(ctx, plan, gpus, run) if rank0 else None)
     if failure is not None:
+        run.release()
         raise failure
     done_keys = {row.key() for row in previous}
     stopped = {row.backend: stopped_reason(row) for row in previous
@@ -242,8 +246,8 @@ def _sweep(ctx: RunContext, args: argparse.Namespace, plan: SweepPlan, variants:
     completed = False   # a Ctrl-C or an error ends the run interrupted, never "finished"
     try:
         if rank0:
-            _write_run_json(ctx, args, plan, variants, run_dir, gpus, notes, env_setting)
-            writer = ResultsWriter(run_dir)
+            _write_run_json(ctx, args, plan, variants, run, gpus, notes, env_setting)
+            writer = run.writer()
         total = len(variants) * sum(len(plan.sizes_for(d)) for d in plan.dtypes) * len(plan.modes)
         table = LiveTable(enabled=rank0, total_rows=total)
         with table:
@@ -253,7 +257,7 @@ def _sweep(ctx: RunContext, args: argparse.Namespace, plan: SweepPlan, variants:
                        f"{'CUDA' if ctx.is_cuda else 'CPU/gloo'}; results in {run_dir}")
             table.line("#" + HEADER[1:])
             engine = Engine(ctx, plan, writer, table, done_keys, stopped, env_setting,
-                            on_stop_flush=lambda: write_csv(run_dir), recorder=recorder,
+                            on_stop_flush=run.write_csv, recorder=recorder,
                             resume_hint=None if args.run_dir else resume_command(args, ctx, run_dir))
             for backend in variants:
                 engine.run_backend(backend)
@@ -276,27 +280,31 @@ def _sweep(ctx: RunContext, args: argparse.Namespace, plan: SweepPlan, variants:
         if writer is not None:
             writer.close()
             if not unwritable:
-                write_csv(run_dir)
-                _end_run_json(run_dir, completed)
+                run.write_csv()
+                _end_run_json(run, completed)
+        run.release()
     if rank0 and not args.run_dir:  # a driver's child: the driver names the results once, at the end
         print(f"# results: {run_dir}/measurements.jsonl (+ .csv, run.json)")
     return STOP_EXIT if engine.stops else 0
 
 
-def _open_run_dir(ctx: RunContext, plan: SweepPlan, gpus: list, run_dir: Path
+def _open_run_dir(ctx: RunContext, plan: SweepPlan, gpus: list, run: RunDir
                   ) -> tuple[Exception | None, list[str], list[Measurement]]:
-    """Rank 0, before anything is written: refuse to resume another experiment; else repair a
-    torn last row, turn a dead run's in-flight records into rows, and read the rows (the
-    failure, every rank raises it; the lines that say what was done; the rows)."""
+    """Rank 0, before anything is written: take the run dir's lock (another sweep in it is
+    refused), refuse to resume another experiment; else repair a torn last row, turn a dead
+    run's in-flight records into rows, and read the rows (the failure, every rank raises it;
+    the lines that say what was done; the rows)."""
     try:
-        info = read_run_info(run_dir) if (run_dir / RUN_FILE).exists() else {}
-        refuse_other_run(run_dir, info, run_identity(ctx, plan, gpus))
-        lines = [line for line in [repair_torn_tail(run_dir / ROWS_FILE)] if line] + recover(run_dir)
+        run.lock()
+        info = run.info() if run.has_info() else {}
+        refuse_other_run(run.path, info, run_identity(ctx, plan, gpus))
+        lines = [line for line in [repair_torn_tail(run.path / ROWS_FILE)] if line] + recover(run.path)
+        read = run.read_rows()
     except (UsageError, ResultsUnwritable) as exc:
         return exc, [], []
-    read = read_rows_checked(run_dir)
-    problems = read.problems_line(run_dir / ROWS_FILE)
-    return None, lines + ([problems] if problems else []), read.rows
+    problems = [line for line in (read.problems_line(run.path / ROWS_FILE), read.duplicates_line(run.path / ROWS_FILE))
+                if line]
+    return None, lines + problems, read.rows
 
 
 def run_identity(ctx: RunContext, plan: SweepPlan, gpus: list) -> dict[str, Any]:
@@ -364,17 +372,16 @@ def _fusion_summary(ctx: RunContext, run_dir: Path, table: LiveTable) -> None:
 
     summary = summarize(ctx.measured)
     if ctx.rank == 0 and summary:  # only fused rows have a saving to report
-        (run_dir / "fusion.json").write_text(json.dumps(summary, indent=2, sort_keys=True), encoding="utf-8")
+        write_whole(run_dir / "fusion.json", json.dumps(summary, indent=2, sort_keys=True))
         for item in summary:
             table.line("# fusion: " + ", ".join(f"{k}={v}" for k, v in item.items()))
 
 
-def _write_run_json(ctx: RunContext, args: argparse.Namespace, plan: SweepPlan, variants: list, run_dir: Path,
+def _write_run_json(ctx: RunContext, args: argparse.Namespace, plan: SweepPlan, variants: list, run: RunDir,
                     gpus: list, notes: list[str], env_setting: dict[str, str]) -> None:
     """A new run's metadata; on a resume (the same run, checked before), the original stays and
     the resume adds an entry to `resumed` and the facts of backends new to the run."""
-    info = read_run_info(run_dir) if (run_dir / RUN_FILE).exists() else {"run_id": run_dir.name,
-                                                                           "started": time.time()}
+    info = run.info() if run.has_info() else {"run_id": run.path.name, "started": time.time()}
     command = {"command": launch_command(), "args": {k: v for k, v in vars(args).items() if not k.startswith("_")},
                "versions": software_versions(), "env": relevant_env(), "notes": notes}
     # What each variant declares, for the offline analysis (it never imports a backend).
@@ -394,7 +401,7 @@ def _write_run_json(ctx: RunContext, args: argparse.Namespace, plan: SweepPlan, 
             settings.append(env_setting)
     info.pop("finished", None)
     info.pop("interrupted", None)
-    write_run_info(run_dir, info)
+    run.write_info(info)
 
 
 def backend_facts(backend, world_size: int) -> dict[str, Any]:
@@ -403,13 +410,10 @@ def backend_facts(backend, world_size: int) -> dict[str, Any]:
             "engine_settings": settings.to_dict() if settings is not None else None}
 
 
-def _end_run_json(run_dir: Path, completed: bool) -> None:
+def _end_run_json(run: RunDir, completed: bool) -> None:
     """Record how the run ended: `finished` when every backend ran, `interrupted` when Ctrl-C
     or an error stopped it (a hang ends the process and leaves neither: still unfinished)."""
     try:
-        info = read_run_info(run_dir)
+        run.update_info(**{"finished" if completed else "interrupted": time.time()})
     except UsageError:
         return
-    info["finished" if completed else "interrupted"] = time.time()
-    info.pop("schema", None)
-    write_run_info(run_dir, info)
