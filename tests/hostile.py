@@ -18,8 +18,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -45,7 +47,8 @@ class Case:
     name: str
     build: Callable[[Path], list[str]]
     check: Callable[[Result, Path], None]
-    process: bool = False     # needs a process of its own (a signal, a file that never ends)
+    procs: bool = False                    # launches a process (a lock holder, or the command itself)
+    interrupt_after_s: float | None = None  # run as a process, SIGINT this long after its start
 
 
 # ---------------------------------------------------------------- building blocks
@@ -190,7 +193,7 @@ def _info_cases() -> list[Case]:
     out.append(Case("traceback", "qualify: spec nested 3000 deep", deep_spec, one_line(2, "deep.toml", "nest")))
     out.append(Case("traceback", "qualify: /dev/zero as a spec",
                     lambda root: ["qualify", str(copy_run(root)), "--spec", "/dev/zero"],
-                    one_line(2, "/dev/zero"), process=True))
+                    one_line(2, "/dev/zero")))
     return out
 
 
@@ -383,7 +386,11 @@ def _sweep_cases() -> list[Case]:
         pid = (root / "holder.pid").read_text()
         os.kill(int(pid), 9)
         one_line(2, "pid " + pid)(result, root)
-    out.append(Case("data", "sweep --resume: a second sweep of a locked dir", locked, refused_with_holder))
+    out.append(Case("data", "sweep --resume: a second sweep of a locked dir", locked, refused_with_holder,
+                    procs=True))
+    out.append(Case("traceback", "table: Ctrl-C while it starts (imports)",
+                    lambda root: ["table", str(copy_run(root))], one_line(130, "interrupted"), procs=True,
+                    interrupt_after_s=0.3))
     return out
 
 
@@ -401,13 +408,21 @@ def cases() -> list[Case]:
 
 # ---------------------------------------------------------------- counting (script use)
 
-def run_in_process_of(python: str, argv: list[str], cwd: Path, timeout_s: float = 120) -> Result:
+def run_as_process(python: str, argv: list[str], cwd: Path, timeout_s: float = 120,
+                   interrupt_after_s: float | None = None) -> Result:
+    """`python -m commbench argv` in cwd; SIGINT after interrupt_after_s when given."""
+    proc = subprocess.Popen([python, "-m", "commbench", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=cwd, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    if interrupt_after_s is not None:
+        time.sleep(interrupt_after_s)
+        proc.send_signal(signal.SIGINT)
     try:
-        done = subprocess.run([python, "-m", "commbench", *argv], capture_output=True, text=True, cwd=cwd,
-                              timeout=timeout_s, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        out, err = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
         return Result(-9, "", f"still running after {timeout_s:g} s")
-    return Result(done.returncode, done.stdout, done.stderr)
+    return Result(proc.returncode, out, err)
 
 
 def count(python: str, only: str | None = None) -> dict[str, list[int]]:
@@ -420,7 +435,7 @@ def count(python: str, only: str | None = None) -> dict[str, list[int]]:
         with tempfile.TemporaryDirectory() as tmp:
             root = Path(tmp)
             argv = case.build(root)
-            result = run_in_process_of(python, argv, root, timeout_s=20 if case.process else 120)
+            result = run_as_process(python, argv, root, timeout_s=60, interrupt_after_s=case.interrupt_after_s)
             try:
                 case.check(result, root)
                 verdict = "held"

@@ -282,14 +282,14 @@ def _with_run(argv: list[str], run: Path) -> list[str]:
 @pytest.mark.parametrize("argv", UNREADABLE_OR_READ_ONLY, ids=lambda argv: argv[0])
 def test_an_unreadable_run_dir_is_one_line(argv, tmp_path, monkeypatch, capsys):
     run = _copy("cpu-gloo-4rank-a", tmp_path)
-    real = Path.read_bytes
+    real = Path.open
 
-    def read_bytes(self):
+    def open_(self, *args, **kwargs):
         if self.parent == run:
             raise PermissionError(errno.EACCES, "Permission denied", str(self))
-        return real(self)
+        return real(self, *args, **kwargs)
 
-    monkeypatch.setattr(Path, "read_bytes", read_bytes)
+    monkeypatch.setattr(Path, "open", open_)
     monkeypatch.chdir(tmp_path)
     code, out, err = run_in_process(_with_run(argv, run), capsys)
     assert_one_line(code, out, err, f"{run}/run.json: cannot read (Permission denied)")

@@ -109,9 +109,13 @@ def loads_toml(text: str, where: str) -> dict[str, Any]:
 
 # ---------------------------------------------------------------- rows
 
-def _fits(value: Any, annotation: str) -> bool:
-    """Does a JSON value fit a Measurement field's annotation (e.g. 'float | None')?"""
-    kinds = {part.strip().split("[")[0] for part in annotation.split("|")}
+def _kinds(annotation: str) -> frozenset[str]:
+    """'dict[str, Any] | None' -> {'dict', 'None'}."""
+    return frozenset(part.strip().split("[")[0] for part in annotation.split("|"))
+
+
+def _fits(value: Any, kinds: frozenset[str]) -> bool:
+    """Does a JSON value fit a Measurement field's kinds (e.g. {'float', 'None'})?"""
     if value is None:
         return "None" in kinds
     if isinstance(value, bool):
@@ -123,7 +127,7 @@ def _fits(value: Any, annotation: str) -> bool:
     return (isinstance(value, str) and "str" in kinds) or (isinstance(value, dict) and "dict" in kinds)
 
 
-_FIELD_TYPES = {f.name: str(f.type) for f in dataclasses.fields(Measurement)}
+_FIELD_KINDS = {f.name: _kinds(str(f.type)) for f in dataclasses.fields(Measurement)}
 _REQUIRED = [f.name for f in dataclasses.fields(Measurement)
              if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
 
@@ -169,7 +173,7 @@ def row_problem(data: Any) -> str | None:
     missing = [name for name in _REQUIRED if name not in data]
     if missing:
         return f"no {', '.join(missing)}"
-    wrong = [name for name, annotation in _FIELD_TYPES.items() if name in data and not _fits(data[name], annotation)]
+    wrong = [name for name, kinds in _FIELD_KINDS.items() if name in data and not _fits(data[name], kinds)]
     if wrong:
         return f"{wrong[0]} is {data[wrong[0]]!r}"
     if data["status"] not in STATUSES:
@@ -185,12 +189,15 @@ def parse_row(line: bytes) -> tuple[Measurement | None, str | None]:
         data = json.loads(line)
     except (ValueError, RecursionError):    # not JSON, not UTF-8, or nested past the parser
         return None, "not JSON"
-    if depth(data) > MAX_NESTING:
+    # Only a line with that many brackets can nest that deep: the walk is for those alone.
+    if line.count(b"{") + line.count(b"[") > MAX_NESTING and depth(data) > MAX_NESTING:
         return None, f"nested deeper than {MAX_NESTING} levels"
     problem = row_problem(data)
     if problem:
         return None, clean_text(problem)
-    return Measurement.from_dict(clean(data)), None
+    # A control character in a string is either raw (C1, bidi) or a \u escape in the line.
+    needs_cleaning = b"\\u" in line or _CONTROL_RE.search(line.decode("utf-8", errors="replace"))
+    return Measurement.from_dict(clean(data) if needs_cleaning else data), None
 
 
 # ---------------------------------------------------------------- run.json
