@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -49,6 +50,11 @@ class Case:
     check: Callable[[Result, Path], None]
     procs: bool = False                    # launches a process (a lock holder, or the command itself)
     interrupt_after_s: float | None = None  # run as a process, SIGINT this long after its start
+    file_limit_bytes: int | None = None     # run as a process whose files cannot grow past this (a full disk)
+
+    @property
+    def own_process(self) -> bool:
+        return self.interrupt_after_s is not None or self.file_limit_bytes is not None
 
 
 # ---------------------------------------------------------------- building blocks
@@ -391,7 +397,19 @@ def _sweep_cases() -> list[Case]:
     out.append(Case("traceback", "table: Ctrl-C while it starts (imports)",
                     lambda root: ["table", str(copy_run(root))], one_line(130, "interrupted"), procs=True,
                     interrupt_after_s=0.3))
+    for command in ("report", "compare", "table"):
+        out.append(Case("traceback", f"{command}: --out on a full disk",
+                        lambda root, c=command: _with_out(analysis(c, copy_run(root), root), root),
+                        one_line(1, "File too large"), procs=True, file_limit_bytes=500))
     return out
+
+
+def _with_out(argv: list[str], root: Path) -> list[str]:
+    """argv writing its output under root/full (table: a markdown file there)."""
+    (root / "full").mkdir()
+    if argv[0] == "table":
+        return [*argv, "--out", str(root / "full" / "t.md")]
+    return [*argv[:-2], "--out", str(root / "full")]
 
 
 # A process that holds the run dir's lock, as a running sweep does (fcntl, exclusive), and
@@ -409,10 +427,15 @@ def cases() -> list[Case]:
 # ---------------------------------------------------------------- counting (script use)
 
 def run_as_process(python: str, argv: list[str], cwd: Path, timeout_s: float = 120,
-                   interrupt_after_s: float | None = None) -> Result:
-    """`python -m commbench argv` in cwd; SIGINT after interrupt_after_s when given."""
+                   interrupt_after_s: float | None = None, file_limit_bytes: int | None = None) -> Result:
+    """`python -m commbench argv` in cwd; SIGINT after interrupt_after_s when given; with
+    file_limit_bytes, a write past it fails with EFBIG, as on a full disk (RLIMIT_FSIZE)."""
+    def limit() -> None:
+        if file_limit_bytes is not None:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (file_limit_bytes, file_limit_bytes))
+
     proc = subprocess.Popen([python, "-m", "commbench", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, cwd=cwd, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                            text=True, cwd=cwd, env={**os.environ, "OMP_NUM_THREADS": "1"}, preexec_fn=limit)
     if interrupt_after_s is not None:
         time.sleep(interrupt_after_s)
         proc.send_signal(signal.SIGINT)
@@ -435,7 +458,8 @@ def count(python: str, only: str | None = None) -> dict[str, list[int]]:
         with tempfile.TemporaryDirectory() as tmp:
             root = Path(tmp)
             argv = case.build(root)
-            result = run_as_process(python, argv, root, timeout_s=60, interrupt_after_s=case.interrupt_after_s)
+            result = run_as_process(python, argv, root, timeout_s=60, interrupt_after_s=case.interrupt_after_s,
+                                    file_limit_bytes=case.file_limit_bytes)
             try:
                 case.check(result, root)
                 verdict = "held"

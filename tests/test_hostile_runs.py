@@ -36,8 +36,9 @@ def _in_process(argv: list[str]) -> hostile.Result:
 
 def _run(case: hostile.Case, root: Path) -> hostile.Result:
     argv = case.build(root)
-    if case.interrupt_after_s is not None:
-        return hostile.run_as_process(sys.executable, argv, root, interrupt_after_s=case.interrupt_after_s)
+    if case.own_process:
+        return hostile.run_as_process(sys.executable, argv, root, interrupt_after_s=case.interrupt_after_s,
+                                      file_limit_bytes=case.file_limit_bytes)
     return _in_process(argv)
 
 

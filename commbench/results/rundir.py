@@ -69,7 +69,7 @@ def write_whole(path: Path, text: str) -> None:
         tmp.replace(path)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
-        raise unwritable(path, exc) from None
+        raise ResultsUnwritable(f"cannot write {path}: {exc.strerror or exc} (errno {exc.errno})") from None
 
 
 def open_append(path: Path) -> Any:
