@@ -22,7 +22,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -49,12 +48,12 @@ class Case:
     build: Callable[[Path], list[str]]
     check: Callable[[Result, Path], None]
     procs: bool = False                    # launches a process (a lock holder, or the command itself)
-    interrupt_after_s: float | None = None  # run as a process, SIGINT this long after its start
+    interrupt_during: str | None = None     # run as a process, SIGINT once it imports this module
     file_limit_bytes: int | None = None     # run as a process whose files cannot grow past this (a full disk)
 
     @property
     def own_process(self) -> bool:
-        return self.interrupt_after_s is not None or self.file_limit_bytes is not None
+        return self.interrupt_during is not None or self.file_limit_bytes is not None
 
 
 # ---------------------------------------------------------------- building blocks
@@ -396,7 +395,7 @@ def _sweep_cases() -> list[Case]:
                     procs=True))
     out.append(Case("traceback", "table: Ctrl-C while it starts (imports)",
                     lambda root: ["table", str(copy_run(root))], one_line(130, "interrupted"), procs=True,
-                    interrupt_after_s=0.3))
+                    interrupt_during="torch"))
     for command in ("report", "compare", "table"):
         out.append(Case("traceback", f"{command}: --out on a full disk",
                         lambda root, c=command: _with_out(analysis(c, copy_run(root), root), root),
@@ -426,25 +425,36 @@ def cases() -> list[Case]:
 
 # ---------------------------------------------------------------- counting (script use)
 
+_IMPORT_TIME = "import time:"   # python -X importtime's lines on stderr, one per module imported
+
+
 def run_as_process(python: str, argv: list[str], cwd: Path, timeout_s: float = 120,
-                   interrupt_after_s: float | None = None, file_limit_bytes: int | None = None) -> Result:
-    """`python -m commbench argv` in cwd; SIGINT after interrupt_after_s when given; with
-    file_limit_bytes, a write past it fails with EFBIG, as on a full disk (RLIMIT_FSIZE)."""
+                   interrupt_during: str | None = None, file_limit_bytes: int | None = None) -> Result:
+    """`python -m commbench argv` in cwd. interrupt_during: SIGINT as soon as it has imported
+    that module (-X importtime says when), so the signal lands among the start-up imports.
+    file_limit_bytes: a write past it fails with EFBIG, as on a full disk (RLIMIT_FSIZE)."""
     def limit() -> None:
         if file_limit_bytes is not None:
             resource.setrlimit(resource.RLIMIT_FSIZE, (file_limit_bytes, file_limit_bytes))
 
-    proc = subprocess.Popen([python, "-m", "commbench", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, cwd=cwd, env={**os.environ, "OMP_NUM_THREADS": "1"}, preexec_fn=limit)
-    if interrupt_after_s is not None:
-        time.sleep(interrupt_after_s)
-        proc.send_signal(signal.SIGINT)
+    flags = ["-X", "importtime"] if interrupt_during else []
+    proc = subprocess.Popen([python, *flags, "-m", "commbench", *argv], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=cwd, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                            preexec_fn=limit)
+    early = []
+    if interrupt_during and proc.stderr is not None:
+        for line in proc.stderr:
+            early.append(line)
+            if line.startswith(_IMPORT_TIME) and line.rstrip().endswith(f" {interrupt_during}"):
+                proc.send_signal(signal.SIGINT)
+                break
     try:
         out, err = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.communicate()
         return Result(-9, "", f"still running after {timeout_s:g} s")
+    err = "".join(line for line in [*early, *err.splitlines(keepends=True)] if not line.startswith(_IMPORT_TIME))
     return Result(proc.returncode, out, err)
 
 
@@ -458,7 +468,7 @@ def count(python: str, only: str | None = None) -> dict[str, list[int]]:
         with tempfile.TemporaryDirectory() as tmp:
             root = Path(tmp)
             argv = case.build(root)
-            result = run_as_process(python, argv, root, timeout_s=60, interrupt_after_s=case.interrupt_after_s,
+            result = run_as_process(python, argv, root, timeout_s=60, interrupt_during=case.interrupt_during,
                                     file_limit_bytes=case.file_limit_bytes)
             try:
                 case.check(result, root)

@@ -37,7 +37,7 @@ def _in_process(argv: list[str]) -> hostile.Result:
 def _run(case: hostile.Case, root: Path) -> hostile.Result:
     argv = case.build(root)
     if case.own_process:
-        return hostile.run_as_process(sys.executable, argv, root, interrupt_after_s=case.interrupt_after_s,
+        return hostile.run_as_process(sys.executable, argv, root, interrupt_during=case.interrupt_during,
                                       file_limit_bytes=case.file_limit_bytes)
     return _in_process(argv)
 

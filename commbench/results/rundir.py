@@ -24,7 +24,7 @@ import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from commbench.errors import ResultsUnwritable, UsageError
 from commbench.files import read_text
@@ -57,15 +57,15 @@ def _is_sweep(run_dir: Path) -> bool:
         return False
 
 
-def write_whole(path: Path, text: str) -> None:
-    """Write a file through a temporary beside it, so that no reader ever sees half of it; a
-    symlink at `path` is replaced, never written through."""
+def write_whole(path: Path, text: str | Iterable[str]) -> None:
+    """Write a file (its text, or its text in chunks) through a temporary beside it, so that no
+    reader ever sees half of it; a symlink at `path` is replaced, never written through."""
     tmp = path.with_name(path.name + ".tmp")
     try:
         tmp.unlink(missing_ok=True)   # a symlink planted at the temporary's name is not followed
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
         with open(fd, "w", encoding="utf-8", newline="") as handle:
-            handle.write(text)
+            handle.writelines([text] if isinstance(text, str) else text)
         tmp.replace(path)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
@@ -190,6 +190,22 @@ def repair_torn_tail(path: Path) -> str | None:
             f"short); moved it to {TORN_FILE}, and that row is measured again")
 
 
+def _csv_chunks(rows: Iterable[Measurement]) -> Iterator[str]:
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=CSV_COLUMNS)
+    writer.writeheader()
+    for row in rows:
+        data = row.to_dict()
+        data["env_setting"] = json.dumps(data["env_setting"], sort_keys=True) if data["env_setting"] else ""
+        data["extra"] = json.dumps(data["extra"], sort_keys=True) if data["extra"] else ""
+        writer.writerow(data)
+        if text.tell() > 1 << 20:
+            yield text.getvalue()
+            text.seek(0)
+            text.truncate()
+    yield text.getvalue()
+
+
 def _identity(row: Measurement) -> tuple:
     """What makes two rows the same measurement: the key, and for imported nccl-tests rows the
     file and -N cycle they came from (each cycle is a measurement of its own)."""
@@ -264,12 +280,18 @@ class RunDir:
         return RowsWriter(self.path)
 
     def append(self, *rows: Measurement) -> None:
-        """Append rows, durable on return (one fsync for the batch: an import of 10^5 rows
-        would otherwise spend minutes in fsync)."""
+        self.append_all(rows)
+
+    def append_all(self, rows: Iterable[Measurement], on_row: Callable[[Measurement], None] | None = None) -> None:
+        """Append rows (streamed: an iterator is never held whole), durable on return with one
+        fsync for the batch (an import of 10^5 rows would spend minutes in fsync per row);
+        on_row sees each row once it is written."""
         writer = RowsWriter(self.path)
         try:
             for row in rows:
                 writer.append(row, sync=False)
+                if on_row is not None:
+                    on_row(row)
             writer.sync()
         finally:
             writer.close()
@@ -318,17 +340,10 @@ class RunDir:
         return self.read_rows().rows
 
     def write_csv(self, rows: Iterable[Measurement] | None = None) -> Path:
-        rows = self.rows() if rows is None else list(rows)
-        text = io.StringIO(newline="")
-        writer = csv.DictWriter(text, fieldnames=CSV_COLUMNS)
-        writer.writeheader()
-        for row in rows:
-            data = row.to_dict()
-            data["env_setting"] = json.dumps(data["env_setting"], sort_keys=True) if data["env_setting"] else ""
-            data["extra"] = json.dumps(data["extra"], sort_keys=True) if data["extra"] else ""
-            writer.writerow(data)
+        """measurements.csv: `rows`, or every row of measurements.jsonl as written (streamed)."""
+        source = rows if rows is not None else (row for _, row, _ in self.iter_lines() if row is not None)
         path = self.path / CSV_FILE
-        write_whole(path, text.getvalue())
+        write_whole(path, _csv_chunks(source))
         return path
 
     def subdir(self, name: str) -> Path:

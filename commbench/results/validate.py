@@ -16,7 +16,7 @@ import dataclasses
 import json
 import math
 import re
-from typing import Any
+from typing import Any, Callable
 
 from commbench.errors import UsageError
 from commbench.results.schema import READABLE_SCHEMAS, STATUSES, Measurement, migrate_row
@@ -76,17 +76,25 @@ def depth(value: Any, limit: int = MAX_NESTING) -> int:
     return deepest
 
 
+def _bounded(parse: Callable[[str], Any], errors: tuple[type[Exception], ...], kind: str, text: str,
+             where: str) -> Any:
+    """parse(text), cleaned; a parse error, or nesting past MAX_NESTING, is bad input."""
+    too_deep = f"{where}: nested deeper than {MAX_NESTING} levels; no {kind} file commbench reads"
+    try:
+        value = parse(text)
+    except RecursionError:
+        raise UsageError(too_deep) from None
+    except errors as exc:
+        detail = f"{exc.msg} at line {exc.lineno}" if isinstance(exc, json.JSONDecodeError) else str(exc)
+        raise UsageError(f"{where}: not valid {kind} ({detail})") from None
+    if depth(value) > MAX_NESTING:
+        raise UsageError(too_deep)
+    return clean(value)
+
+
 def loads_json(text: str, where: str) -> Any:
     """Parse JSON from a file the user named; bad JSON, or JSON nested too deep, is bad input."""
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise UsageError(f"{where}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
-    except RecursionError:
-        raise UsageError(f"{where}: nested deeper than {MAX_NESTING} levels; not a file commbench writes") from None
-    if depth(value) > MAX_NESTING:
-        raise UsageError(f"{where}: nested deeper than {MAX_NESTING} levels; not a file commbench writes")
-    return clean(value)
+    return _bounded(json.loads, (json.JSONDecodeError,), "JSON", text, where)
 
 
 def loads_toml(text: str, where: str) -> dict[str, Any]:
@@ -95,16 +103,7 @@ def loads_toml(text: str, where: str) -> dict[str, Any]:
         import tomllib
     except ImportError:   # Python 3.10
         import tomli as tomllib
-
-    try:
-        value = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise UsageError(f"{where}: not valid TOML ({exc})") from None
-    except RecursionError:
-        raise UsageError(f"{where}: nested deeper than {MAX_NESTING} levels; not a spec") from None
-    if depth(value) > MAX_NESTING:
-        raise UsageError(f"{where}: nested deeper than {MAX_NESTING} levels; not a spec")
-    return clean(value)
+    return _bounded(tomllib.loads, (tomllib.TOMLDecodeError,), "TOML", text, where)
 
 
 # ---------------------------------------------------------------- rows
