@@ -411,11 +411,11 @@ def _with_out(argv: list[str], root: Path) -> list[str]:
     return [*argv[:-2], "--out", str(root / "full")]
 
 
-# A process that holds the run dir's lock, as a running sweep does (fcntl, exclusive), and
-# says so on stdout once it holds it.
+# A process that holds the run dir's lock, as a running sweep does (flock on the dir, its pid
+# and host in the holder file), and says so on stdout once it holds it.
 _HOLD_LOCK = ("import fcntl, os, socket, sys, time\n"
-              "f = open(sys.argv[1], 'a+'); fcntl.flock(f, fcntl.LOCK_EX)\n"
-              "f.seek(0); f.truncate(); f.write(f'{os.getpid()} {socket.gethostname()}\\n'); f.flush()\n"
+              "fd = os.open(os.path.dirname(sys.argv[1]), os.O_RDONLY); fcntl.flock(fd, fcntl.LOCK_EX)\n"
+              "open(sys.argv[1], 'w').write(f'{os.getpid()} {socket.gethostname()}\\n')\n"
               "print('held', flush=True); time.sleep(600)\n")
 
 

@@ -45,6 +45,17 @@ INPUTS: dict[str, bytes] = {
     "run-list/run.json": b"[1, 2]\n",
     "run-not-utf8/run.json": b'{"schema": 3, "host": "caf\xe9"}',
     "run-json-dir/run.json/x": b"",
+    # files from someone else (issue 31): nested past any real file, types and ranges run.json never has
+    "deep.toml": b"x = " + b"[" * 3000 + b"]" * 3000 + b"\n",
+    "run-deep/run.json": b'{"schema": 3, "deep": ' + b"[" * 3000 + b"]" * 3000 + b"}",
+    "run-world-text/run.json": b'{"schema": 3, "world_size": "eight"}',
+    "run-world-zero/run.json": b'{"schema": 3, "world_size": 0}',
+    "run-plan-list/run.json": b'{"schema": 3, "world_size": 1, "plan": ["not", "a", "table"]}',
+    "run-plan-no-world/run.json": b'{"schema": 3, "plan": {"message_bytes": [4096]}}',
+    "run-rows-dir/run.json": b'{"schema": 3, "run_id": "x"}',
+    "run-rows-dir/measurements.jsonl/x": b"",
+    "nan-time.txt": (TESTS / "data" / "nccl-tests" / "h200-8gpu-mpi-graph.txt").read_bytes().replace(
+        b"    9.11    0.45    0.79       0     9.05", b"     nan    0.45    0.79       0     9.05", 1),
 }
 
 ONE_RUN = ["{runs}/cpu-gloo-4rank-a"]
@@ -75,6 +86,10 @@ BAD_INPUT = [
     (["sweep", "--tokens", "1,x", "--hidden", "1024", "--out", "out"], "--tokens '1,x': 'x' is not a whole number"),
     (["sweep", "--tokens", "0", "--hidden", "1024", "--out", "out"], "--tokens '0': 0 is not positive"),
     (["sweep", "--tokens", "1,2", "--out", "out"], "need both --tokens and --hidden"),
+    (["sweep", "--sizes", "9" * 400, "--out", "out"], "is larger than 1048576G, the most a rank can send"),
+    (["sweep", "--sizes", "4K,6", "--out", "out"], "message size 6B is not a whole number of fp32 elements"),
+    (["sweep", "--tokens", "1", "--hidden", str(10 ** 30), "--out", "out"], "bytes per rank, more than 1048576G"),
+    (["sweep", "--sizes", "4K", "--backends", "gloo,gloo", "--out", "out"], "--backends 'gloo,gloo': gloo is listed"),
     # ---- sweep: limits that are no limit (NaN fails every comparison; inf overflows the timer)
     ([*SWEEP, "--timeout", "inf"], "--timeout must be a positive, finite number of seconds, at most"),
     ([*SWEEP, "--timeout", "nan"], "--timeout must be a positive, finite number of seconds (got nan)"),
@@ -96,6 +111,9 @@ BAD_INPUT = [
     ([*SWEEP, "--resume", "/nonexistent/run"], "not a commbench results dir"),
     ([*SWEEP, "--resume", "{in}/run-list"], "run.json: a JSON list, not a commbench run.json (an object)"),
     ([*SWEEP, "--resume", "{in}/run-json-dir"], "run.json: is a directory, not a commbench run.json"),
+    ([*SWEEP, "--resume", "{in}/run-plan-list"], "run.json: plan is ['not', 'a', 'table'], not a table"),
+    ([*SWEEP, "--resume", "{in}/run-plan-no-world"], "records a plan but no world_size"),
+    ([*SWEEP, "--resume", "{in}/run-rows-dir"], "measurements.jsonl: a directory, not a rows file"),
     ([*SWEEP, "--env", "lower=1"], "malformed --env"),
     ([*SWEEP, "--env", "NCCL_NVLS_ENABLE=1", "--nproc", "2"], "would enable NVLink multicast"),
     ([*SWEEP, "--mps"], "use it with --nproc N --share-gpus"),
@@ -122,6 +140,7 @@ BAD_INPUT = [
     (["report", "{in}/run-list"], "run-list/run.json: a JSON list, not a commbench run.json (an object)"),
     (["report", "{in}/run-json-dir"], "run-json-dir/run.json: is a directory, not a commbench run.json"),
     (["report", "{in}/run-not-utf8"], "run.json: not UTF-8 text (byte 26), not a commbench run.json"),
+    (["report", "{in}/run-world-zero"], "run.json: world_size is 0, not a whole number of ranks >= 1"),
     (["report", *ONE_RUN, "--out", "{in}/a-file"], "--out {in}/a-file: exists and is not a directory"),
     (["report", *ONE_RUN, "--out", "/proc/commbench-report"], "--out /proc/commbench-report: not writable"),
     # ---- floor
@@ -141,6 +160,7 @@ BAD_INPUT = [
     (["floor", "/no/such/run", "--model", "glm-5"], "no such results directory"),
     (["floor", "{in}/run-not-utf8", "--model", "glm-5"], "run.json: not UTF-8 text (byte 26)"),
     (["floor", "{in}/run-list", "--model", "glm-5"], "run.json: a JSON list, not a commbench run.json"),
+    (["floor", "{in}/run-world-text", "--model", "glm-5"], "world_size is 'eight', not a whole number of ranks"),
     ([*TABLE, "{in}/not-utf8.csv"], "not-utf8.csv: not UTF-8 text (byte 22), not a latency table"),
     ([*TABLE, "{in}/binary.csv"], "binary.csv: binary file, not a latency table"),
     ([*TABLE, "{in}"], "is a directory, not a latency table"),
@@ -164,6 +184,8 @@ BAD_INPUT = [
     ([*QUALIFY, "{in}/nan-limit.toml"], "[[latency]] #1 max_us must be a non-negative finite number, got nan"),
     ([*QUALIFY, "{in}/int8.toml"], "[spec] dtype must be one of bf16, fp16, fp32, got 'int8'"),
     ([*QUALIFY, "{in}/missing.toml"], "missing.toml: no such file"),
+    ([*QUALIFY, "{in}/deep.toml"], "deep.toml: nested deeper than 64 levels"),
+    ([*QUALIFY, "/dev/zero"], "/dev/zero: larger than 1 MiB, not a qualify spec"),
     (["qualify", "{in}/run-list", "--spec", str(SPEC)], "run.json: a JSON list, not a commbench run.json"),
     ([*QUALIFY, str(SPEC), "--junit", "/proc/q.xml"], "--junit /proc/q.xml: not writable"),
     ([*QUALIFY, str(SPEC), "--junit", "{in}"], "--junit {in}: is a directory"),
@@ -178,6 +200,7 @@ BAD_INPUT = [
     (["table", "/no/such/run"], "no such results directory"),
     (["table", *ONE_RUN, *ONE_RUN], "a run dir is listed twice"),
     (["table", *ONE_RUN, "--out", "{in}"], "--out {in}: is a directory (give a file name)"),
+    (["table", "{in}/run-deep"], "run.json: nested deeper than 64 levels"),
     (["compare", *ONE_RUN, "{in}/run-not-utf8"], "run.json: not UTF-8 text (byte 26)"),
     (["compare", "{in}/run-json-dir", *ONE_RUN], "run.json: is a directory, not a commbench run.json"),
     # ---- import-nccl-tests
@@ -185,6 +208,8 @@ BAD_INPUT = [
     (["import-nccl-tests", "{in}/not-utf8.csv", "--out", "out"], "not UTF-8 text (byte 22), not nccl-tests output"),
     (["import-nccl-tests", "{in}", "--out", "out"], "is a directory, not nccl-tests output"),
     (["import-nccl-tests", "{in}/binary.csv", "--setting", "nope", "--out", "out"], "malformed --setting 'nope'"),
+    (["import-nccl-tests", "{in}/nan-time.txt", "--average", "3", "--out", "out"],
+     "nan-time.txt: line 19: the out-of-place time is nan, not a positive time"),
 ]
 
 

@@ -86,9 +86,10 @@ def test_a_child_of_the_driver_that_holds_the_lock_takes_none(tmp_path: Path,
         monkeypatch.setenv(LOCK_HOLDER_VAR, f"{tmp_path}\n1")   # another pid than the holder's: no pass
         with pytest.raises(Exception, match="another commbench sweep"):
             RunDir(tmp_path).lock()
+        assert (tmp_path / LOCK_FILE).exists()   # the driver's, named while it holds
     finally:
         driver.release()
-    assert (tmp_path / LOCK_FILE).exists()
+    assert not (tmp_path / LOCK_FILE).exists()
 
 
 def test_the_driver_marks_its_run_interrupted_on_ctrl_c(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -35,7 +35,7 @@ RUN_FILE = "run.json"
 ROWS_FILE = "measurements.jsonl"
 CSV_FILE = "measurements.csv"
 TORN_FILE = ROWS_FILE + ".torn"   # fragments cut from the end of measurements.jsonl, kept
-LOCK_FILE = ".commbench.lock"
+LOCK_FILE = ".commbench.lock"    # "<pid> <host>" of the sweep holding the run dir, while it does
 # Set by the --nproc driver for its children: "<run dir>\n<driver pid>". The driver holds the
 # lock for the whole run; a child whose driver holds it does not take it again (it could not:
 # flock would refuse it, and waiting would deadlock the driver, which waits for the child).
@@ -48,6 +48,15 @@ def unwritable(path: Path, exc: OSError) -> ResultsUnwritable:
     return ResultsUnwritable(f"cannot write {path}: {exc.strerror or exc} (errno {exc.errno}); every row "
                              "written before it is intact: make room and run the command again"
                              + (f" with --resume {path.parent}" if _is_sweep(path.parent) else ""))
+
+
+def _head(path: Path) -> str:
+    """The first KiB of a small file, '' when there is none."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return handle.read(1024)
+    except OSError:
+        return ""
 
 
 def _is_sweep(run_dir: Path) -> bool:
@@ -359,32 +368,37 @@ class RunDir:
     def lock(self) -> "RunDir":
         """Hold the run dir for one sweep or resume (until release() or the process ends);
         a second one is refused with the holder's pid and host. A child of the --nproc driver
-        that holds it takes nothing."""
+        that holds it takes nothing.
+
+        The lock is an flock on the directory itself, so the kernel drops it with its holder
+        (kill -9 included) and no lock file is left to go stale; LOCK_FILE only names the holder
+        while it holds, and goes with release()."""
         if _driver_holds(self.path):
             return self
-        path = self.path / LOCK_FILE
         try:
-            handle = os.fdopen(os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644), "r+")
+            fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
         except OSError as exc:
-            raise UsageError(f"{path}: cannot open the run dir's lock ({exc.strerror})") from None
+            raise UsageError(f"{self.path}: cannot open the run dir to lock it ({exc.strerror})") from None
         try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
-            holder = handle.read().split()
-            handle.close()
+            os.close(fd)
+            holder = _head(self.path / LOCK_FILE).split()
             who = f"pid {holder[0]} on {holder[1]}" if len(holder) >= 2 else "another process"
             raise UsageError(f"{self.path}: another commbench sweep is running in it ({who}); wait for it to end, "
                              "or stop it") from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"{os.getpid()} {socket.gethostname()}\n")
-        handle.flush()
-        self._lock = handle
+        self._lock = fd
+        try:
+            write_whole(self.path / LOCK_FILE, f"{os.getpid()} {socket.gethostname()}\n")
+        except ResultsUnwritable as exc:
+            self.release()
+            raise UsageError(f"{self.path}: not writable ({exc})") from None
         return self
 
     def release(self) -> None:
         if self._lock is not None:
-            self._lock.close()   # closing the file drops the flock
+            (self.path / LOCK_FILE).unlink(missing_ok=True)   # before the lock goes: a holder's file is its own
+            os.close(self._lock)   # closing the descriptor drops the flock
             self._lock = None
 
     def holder_env(self) -> dict[str, str]:
@@ -398,8 +412,5 @@ def _driver_holds(path: Path) -> bool:
     held, _, pid = value.partition("\n")
     if not held or Path(held) != path.resolve() or not pid.isdigit():
         return False
-    try:
-        recorded = (path / LOCK_FILE).read_text().split()
-    except OSError:
-        return False
+    recorded = _head(path / LOCK_FILE).split()
     return bool(recorded) and recorded[0] == pid and Path(f"/proc/{pid}").exists()
