@@ -81,6 +81,15 @@ def with_row(root: Path, index: int, **changes) -> Path:
     return run
 
 
+def wrong_row(root: Path, backend: str) -> Path:
+    """The synthetic run with its one `wrong` row (which qualify and report name) renamed."""
+    run = copy_run(root)
+    rows = rows_of(run)
+    next(r for r in rows if r["status"] == "wrong")["backend"] = backend
+    write_rows(run, rows)
+    return run
+
+
 def with_info(root: Path, **changes) -> Path:
     run = copy_run(root)
     info = json.loads((run / "run.json").read_text())
@@ -254,7 +263,7 @@ def _security_cases() -> list[Case]:
     escape = "\x1b]0;pwned\x07\x1b[2J"
 
     def terminal(command: str) -> Callable[[Path], list[str]]:
-        return lambda root: analysis(command, with_row(root, 0, backend="nccl" + escape), root)
+        return lambda root: analysis(command, wrong_row(root, "p2p:oneshot" + escape), root)
 
     def no_escape(result: Result, root: Path) -> None:
         no_traceback(result)
@@ -271,14 +280,17 @@ def _security_cases() -> list[Case]:
     out.append(Case("security", "table: markdown and HTML in a backend name", markdown, markdown_clean))
 
     def junit(root: Path) -> list[str]:
-        run = with_row(root, 0, backend="nccl\x01\x02")
+        run = wrong_row(root, "p2p:oneshot\x01\x02")
         return ["qualify", str(run), "--spec", str(SPEC), "--junit", str(root / "q.xml")]
 
     def junit_parses(result: Result, root: Path) -> None:
         no_traceback(result)
         import xml.etree.ElementTree as ElementTree
 
-        ElementTree.parse(root / "q.xml")
+        try:
+            ElementTree.parse(root / "q.xml")
+        except ElementTree.ParseError as exc:
+            raise AssertionError(f"q.xml: {exc}") from None
     out.append(Case("security", "qualify: control characters into JUnit XML", junit, junit_parses))
 
     def analysis_writes_nothing(root: Path) -> list[str]:

@@ -226,7 +226,7 @@ class RunDir:
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        self._lock: Any = None
+        self._lock: int | None = None   # the directory descriptor holding the flock
 
     @classmethod
     def create(cls, root: Path) -> "RunDir":
