@@ -401,7 +401,9 @@ def recover(run_dir: Path, killed_reason: str | None = None) -> list[str]:
             RunDir(run_dir).append(stop.row({}))
             lines.append(f"{stop.reason}: recorded as a {stop.status} row")
     records_dir = run_dir / INFLIGHT_DIR
-    if records_dir.is_dir():
+    if records_dir.is_symlink():   # planted: the next records would be written out of the run dir
+        records_dir.unlink()
+    elif records_dir.is_dir():
         shutil.rmtree(records_dir, ignore_errors=True)
     return lines
 

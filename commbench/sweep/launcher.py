@@ -176,7 +176,7 @@ def _drive(args: argparse.Namespace, env_settings: list[dict[str, str]], variant
     shares_gpus = 0 < gpus < args.nproc
     daemon = nullcontext(None)
     if args.mps:
-        daemon = mps.private_daemon(run_dir / "mps-logs", mps.client_env(args.nproc, gpus))
+        daemon = mps.private_daemon(run.subdir("mps-logs"), mps.client_env(args.nproc, gpus))
     with daemon as mps_daemon:
         if mps_daemon is not None:
             print(f"# driver: private MPS daemon for the children ({mps.MPS_PERCENT_VAR}="
