@@ -9,8 +9,8 @@ The classes are those of the issue: traceback (one line and exit 2 promised), si
 accepted without a word), data (a row lost, doubled or taken without a word), security (a write
 outside the run dir, shell or terminal text passed on).
 
-Run as a script to count, per class, the cases an interpreter's commbench gets right, e.g. on
-today's main checkout: `python tests/hostile.py /work/main/.venv/bin/python`.
+Run as a script to count, per class, the cases an interpreter's commbench gets right, e.g. that
+of an older checkout's venv: `python tests/hostile.py OLD/.venv/bin/python [NAME-FILTER]`.
 """
 
 from __future__ import annotations
