@@ -1,10 +1,15 @@
 import os
 import sys
 
-from commbench.cli import main
-from commbench.launch_env import under_torchrun
+try:
+    # Ctrl-C can come at any moment, also while torch and the subcommands are still importing.
+    from commbench.cli import main
+    from commbench.launch_env import under_torchrun
 
-status = main()
+    status = main()
+except KeyboardInterrupt:
+    print("commbench: interrupted", file=sys.stderr)
+    raise SystemExit(130) from None
 if under_torchrun():
     # A torchrun worker whose results are on disk leaves without C++ teardown: torch.distributed's
     # background threads can abort a finished rank at interpreter exit ("terminate called without

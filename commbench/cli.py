@@ -109,3 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # output piped into `head` and the like: not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as exc:
+        # The environment failed a file (a full disk under --out, a lost mount): one line, and
+        # exit 1, since the input was fine.
+        print(f"commbench {args.command}: error: {exc.filename or 'a file'}: {exc.strerror or exc}", file=sys.stderr)
+        return FAILED_EXIT

@@ -19,16 +19,24 @@ from commbench.errors import UsageError
 STDOUT = "-"   # --json - writes to standard output
 
 
-def read_text(path: Path, what: str) -> str:
-    """The file's text; `what` names what it should hold ("a qualify spec")."""
+# Inputs are read whole: more than this is no file commbench reads (and /dev/zero never ends).
+MAX_INPUT_BYTES = 1 << 30
+
+
+def read_text(path: Path, what: str, max_bytes: int = MAX_INPUT_BYTES) -> str:
+    """The file's text; `what` names what it should hold ("a qualify spec"); a file larger
+    than max_bytes is refused."""
     if path.is_dir():
         raise UsageError(f"{path}: is a directory, not {what}")
     try:
-        data = path.read_bytes()
+        with path.open("rb") as handle:
+            data = handle.read(max_bytes + 1)
     except FileNotFoundError:
         raise UsageError(f"{path}: no such file") from None
     except OSError as exc:
         raise UsageError(f"{path}: cannot read ({exc.strerror})") from None
+    if len(data) > max_bytes:
+        raise UsageError(f"{path}: larger than {max_bytes >> 20} MiB, not {what}")
     if b"\0" in data:
         raise UsageError(f"{path}: binary file, not {what}")
     try:

@@ -34,8 +34,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from commbench.errors import Terminated, UsageError
-from commbench.results import CRASHED, ERROR, HANG, STRANDED, Measurement, ResultsWriter, read_rows
+from commbench.errors import ResultsUnwritable, Terminated, UsageError
+from commbench.results import CRASHED, ERROR, HANG, STRANDED, Measurement, RunDir, write_whole
+from commbench.results.validate import loads_json, row_problem
 
 INFLIGHT_DIR = "inflight"
 CRASH_LOGS_DIR = "crash-logs"
@@ -223,10 +224,13 @@ def read_records(run_dir: Path) -> list[Record]:
     out = []
     for path in sorted(records_dir.glob("rank*.json")):
         try:
-            record = Record(**json.loads(path.read_text(encoding="utf-8")))
+            record = Record(**loads_json(path.read_text(encoding="utf-8"), str(path)))
             record.state = _OLD_WORDS.get(record.state, record.state)
             record.exit = _OLD_WORDS.get(record.exit or "", record.exit)
-        except (OSError, ValueError, TypeError):  # torn by a death mid-write: nothing to say
+        except (OSError, ValueError, TypeError, UsageError):  # torn by a death mid-write: nothing to say
+            continue
+        # Written by a rank of this tool, but read from a dir that may come from anyone.
+        if not isinstance(record.rank, int) or not isinstance(record.row, dict) or row_problem(record.row):
             continue
         _, fatal_path, signals_path = _files(records_dir, record.rank)
         record.fatal = _text(fatal_path)
@@ -261,11 +265,13 @@ def _died_without_trace(record: Record) -> bool:
     return record.state == RUNNING and record.exit is None and not record.fatal and record.signalled_at is None
 
 
-def _crashed(record: Record, run_dir: Path) -> Stop:
+def _crashed(record: Record, run_dir: Path | None) -> Stop:
+    """The crashed stop of a dead rank; its fatal dump is kept in run_dir (None: a reader, who
+    writes nothing)."""
     signal_name = record.signal_name
     how = f"died ({signal_name})" if signal_name else "died without a trace (SIGKILL: the OOM killer or kill -9?)"
     extra = {"signal": signal_name, "phase": record.phase, "fault_frame": record.fault_frame(),
-             "fault_log": keep_fault_log(run_dir, record)}
+             "fault_log": keep_fault_log(run_dir, record) if run_dir is not None else None}
     return Stop(CRASHED, f"rank {record.rank} {how} during {record.what}", record.rank,
                 {k: v for k, v in extra.items() if v is not None}, record.row)
 
@@ -279,12 +285,10 @@ def keep_fault_log(run_dir: Path, record: Record) -> str | None:
     """Copy a fatal dump to RUN/crash-logs/ (the traceback of every thread); its relative path."""
     if not record.fatal:
         return None
-    name = f"{time.strftime('%Y%m%d-%H%M%S', time.localtime(record.started))}-rank{record.rank}.txt"
-    target = Path(run_dir) / CRASH_LOGS_DIR / name
+    name = f"{time.strftime('%Y%m%d-%H%M%S', time.localtime(record.started))}-rank{int(record.rank)}.txt"
     try:
-        target.parent.mkdir(exist_ok=True)
-        target.write_text(f"{record.what}\n\n{record.fatal}\n", encoding="utf-8")
-    except OSError:
+        write_whole(RunDir(run_dir).subdir(CRASH_LOGS_DIR) / name, f"{record.what}\n\n{record.fatal}\n")
+    except (OSError, UsageError, ResultsUnwritable):   # a symlink out, a full disk: the row says the rest
         return None
     return f"{CRASH_LOGS_DIR}/{name}"
 
@@ -336,13 +340,14 @@ def peer_stop(records: list[Record], me: int, step: int, run_dir: Path, raised: 
 
 # ---------------------------------------------------------------- after every process is gone
 
-def postmortem(records: list[Record], run_dir: Path, killed_reason: str | None = None) -> Stop | None:
+def postmortem(records: list[Record], run_dir: Path | None, killed_reason: str | None = None) -> Stop | None:
     """The stop that ended a run whose processes are all gone, and the record it belongs to.
 
     In order: a fatal signal; an exception that stranded the peers (unless a rank failed on
     its own first: then the exception followed from that); a watchdog that fired; a
     death without a trace; a step still running past its limit when it was stopped from
     outside; `killed_reason` (the driver killed the run) for any step still running.
+    A fatal dump is kept in run_dir's crash-logs (run_dir None: a reader, nothing written).
     """
     def first(test: Callable[[Record], bool]) -> Record | None:
         return next((r for r in records if test(r)), None)
@@ -382,8 +387,8 @@ def pending(run_dir: Path) -> str | None:
     records = read_records(run_dir)
     if not records or any(is_alive(r) for r in records):
         return None
-    stop = postmortem(records, run_dir)
-    if stop is None or stop.key() in {row.key() for row in read_rows(run_dir)}:
+    stop = postmortem(records, None)
+    if stop is None or stop.key() in {row.key() for row in RunDir(run_dir).rows()}:
         return None
     return f"{stop.reason}: not in measurements.jsonl yet (commbench sweep --resume {run_dir} records it)"
 
@@ -397,15 +402,13 @@ def recover(run_dir: Path, killed_reason: str | None = None) -> list[str]:
     if records:
         _refuse_if_running(records, run_dir)
         stop = postmortem(records, run_dir, killed_reason)
-        if stop is not None and stop.key() not in {row.key() for row in read_rows(run_dir)}:
-            writer = ResultsWriter(run_dir)
-            try:
-                writer.append(stop.row({}))
-            finally:
-                writer.close()
+        if stop is not None and stop.key() not in {row.key() for row in RunDir(run_dir).rows()}:
+            RunDir(run_dir).append(stop.row({}))
             lines.append(f"{stop.reason}: recorded as a {stop.status} row")
     records_dir = run_dir / INFLIGHT_DIR
-    if records_dir.is_dir():
+    if records_dir.is_symlink():   # planted: the next records would be written out of the run dir
+        records_dir.unlink()
+    elif records_dir.is_dir():
         shutil.rmtree(records_dir, ignore_errors=True)
     return lines
 

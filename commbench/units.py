@@ -17,6 +17,7 @@ _SUFFIX = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 <<
            "MB": 1 << 20, "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30}
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
 T = TypeVar("T")
+MAX_MESSAGE_BYTES = 1 << 50      # 1 PiB per rank: no allreduce message comes near it
 
 # dtype name -> bytes per element; aliases a user may type for them.
 DTYPE_BYTES: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4}
@@ -29,6 +30,8 @@ def parse_bytes(text: str) -> int:
     if not match or match.group(2).upper() not in _SUFFIX:
         raise UsageError(f"malformed size {text!r}: use a number with an optional K, M or G suffix")
     value = float(match.group(1)) * _SUFFIX[match.group(2).upper()]
+    if not value <= MAX_MESSAGE_BYTES:
+        raise UsageError(f"size {text[:40]!r} is larger than {format_bytes(MAX_MESSAGE_BYTES)}, the most a rank can send")
     if value != int(value) or value <= 0:
         raise UsageError(f"malformed size {text!r}: must be a positive whole number of bytes")
     return int(value)

@@ -45,6 +45,17 @@ INPUTS: dict[str, bytes] = {
     "run-list/run.json": b"[1, 2]\n",
     "run-not-utf8/run.json": b'{"schema": 3, "host": "caf\xe9"}',
     "run-json-dir/run.json/x": b"",
+    # files from someone else (issue 31): nested past any real file, types and ranges run.json never has
+    "deep.toml": b"x = " + b"[" * 3000 + b"]" * 3000 + b"\n",
+    "run-deep/run.json": b'{"schema": 3, "deep": ' + b"[" * 3000 + b"]" * 3000 + b"}",
+    "run-world-text/run.json": b'{"schema": 3, "world_size": "eight"}',
+    "run-world-zero/run.json": b'{"schema": 3, "world_size": 0}',
+    "run-plan-list/run.json": b'{"schema": 3, "world_size": 1, "plan": ["not", "a", "table"]}',
+    "run-plan-no-world/run.json": b'{"schema": 3, "plan": {"message_bytes": [4096]}}',
+    "run-rows-dir/run.json": b'{"schema": 3, "run_id": "x"}',
+    "run-rows-dir/measurements.jsonl/x": b"",
+    "nan-time.txt": (TESTS / "data" / "nccl-tests" / "h200-8gpu-mpi-graph.txt").read_bytes().replace(
+        b"    9.11    0.45    0.79       0     9.05", b"     nan    0.45    0.79       0     9.05", 1),
 }
 
 ONE_RUN = ["{runs}/cpu-gloo-4rank-a"]
@@ -83,6 +94,10 @@ BAD_INPUT = [
     (["sweep", "-d", "double", "--out", "out"], "unknown dtype 'double'"),
     (["sweep", "--tokens", "0", "--hidden", "1024", "--out", "out"], "--tokens '0': 0 is not positive"),
     (["sweep", "--tokens", "1,2", "--out", "out"], "need both --tokens and --hidden"),
+    (["sweep", "--sizes", "9" * 400, "--out", "out"], "is larger than 1048576G, the most a rank can send"),
+    (["sweep", "--sizes", "4K,6", "--out", "out"], "message size 6B is not a whole number of fp32 elements"),
+    (["sweep", "--tokens", "1", "--hidden", str(10 ** 30), "--out", "out"], "bytes per rank, more than 1048576G"),
+    (["sweep", "--sizes", "4K", "--backends", "gloo,gloo", "--out", "out"], "--backends 'gloo,gloo': gloo is listed"),
     # ---- sweep: limits that are no limit (NaN fails every comparison; inf overflows the timer)
     ([*SWEEP, "--timeout", "inf"], "--timeout must be a positive, finite number of seconds, at most"),
     ([*SWEEP, "--timeout", "nan"], "--timeout must be a positive, finite number of seconds (got nan)"),
@@ -104,6 +119,9 @@ BAD_INPUT = [
     ([*SWEEP, "--resume", "/nonexistent/run"], "not a commbench results dir"),
     ([*SWEEP, "--resume", "{in}/run-list"], "run.json: a JSON list, not a commbench run.json (an object)"),
     ([*SWEEP, "--resume", "{in}/run-json-dir"], "run.json: is a directory, not a commbench run.json"),
+    ([*SWEEP, "--resume", "{in}/run-plan-list"], "run.json: plan is ['not', 'a', 'table'], not a table"),
+    ([*SWEEP, "--resume", "{in}/run-plan-no-world"], "records a plan but no world_size"),
+    ([*SWEEP, "--resume", "{in}/run-rows-dir"], "measurements.jsonl: a directory, not a rows file"),
     ([*SWEEP, "--env", "lower=1"], "malformed --env"),
     ([*SWEEP, "--env", "NCCL_NVLS_ENABLE=1", "--nproc", "2"], "would enable NVLink multicast"),
     ([*SWEEP, "--mps"], "use it with --nproc N --share-gpus"),
@@ -130,6 +148,7 @@ BAD_INPUT = [
     (["report", "{in}/run-list"], "run-list/run.json: a JSON list, not a commbench run.json (an object)"),
     (["report", "{in}/run-json-dir"], "run-json-dir/run.json: is a directory, not a commbench run.json"),
     (["report", "{in}/run-not-utf8"], "run.json: not UTF-8 text (byte 26), not a commbench run.json"),
+    (["report", "{in}/run-world-zero"], "run.json: world_size is 0, not a whole number of ranks >= 1"),
     (["report", *ONE_RUN, "--out", "{in}/a-file"], "--out {in}/a-file: exists and is not a directory"),
     (["report", *ONE_RUN, "--out", "/proc/commbench-report"], "--out /proc/commbench-report: not writable"),
     # ---- floor
@@ -149,6 +168,7 @@ BAD_INPUT = [
     (["floor", "/no/such/run", "--model", "glm-5"], "no such results directory"),
     (["floor", "{in}/run-not-utf8", "--model", "glm-5"], "run.json: not UTF-8 text (byte 26)"),
     (["floor", "{in}/run-list", "--model", "glm-5"], "run.json: a JSON list, not a commbench run.json"),
+    (["floor", "{in}/run-world-text", "--model", "glm-5"], "world_size is 'eight', not a whole number of ranks"),
     ([*TABLE, "{in}/not-utf8.csv"], "not-utf8.csv: not UTF-8 text (byte 22), not a latency table"),
     ([*TABLE, "{in}/binary.csv"], "binary.csv: binary file, not a latency table"),
     ([*TABLE, "{in}"], "is a directory, not a latency table"),
@@ -172,6 +192,8 @@ BAD_INPUT = [
     ([*QUALIFY, "{in}/nan-limit.toml"], "[[latency]] #1 max_us must be a non-negative finite number, got nan"),
     ([*QUALIFY, "{in}/int8.toml"], "[spec] dtype must be one of bf16, fp16, fp32, got 'int8'"),
     ([*QUALIFY, "{in}/missing.toml"], "missing.toml: no such file"),
+    ([*QUALIFY, "{in}/deep.toml"], "deep.toml: nested deeper than 64 levels"),
+    ([*QUALIFY, "/dev/zero"], "/dev/zero: larger than 1 MiB, not a qualify spec"),
     (["qualify", "{in}/run-list", "--spec", str(SPEC)], "run.json: a JSON list, not a commbench run.json"),
     ([*QUALIFY, str(SPEC), "--junit", "/proc/q.xml"], "--junit /proc/q.xml: not writable"),
     ([*QUALIFY, str(SPEC), "--junit", "{in}"], "--junit {in}: is a directory"),
@@ -187,6 +209,7 @@ BAD_INPUT = [
     (["table", "/no/such/run"], "no such results directory"),
     (["table", *ONE_RUN, *ONE_RUN], "a run dir is listed twice"),
     (["table", *ONE_RUN, "--out", "{in}"], "--out {in}: is a directory (give a file name)"),
+    (["table", "{in}/run-deep"], "run.json: nested deeper than 64 levels"),
     (["compare", *ONE_RUN, "{in}/run-not-utf8"], "run.json: not UTF-8 text (byte 26)"),
     (["compare", "{in}/run-json-dir", *ONE_RUN], "run.json: is a directory, not a commbench run.json"),
     # ---- import-nccl-tests
@@ -194,6 +217,8 @@ BAD_INPUT = [
     (["import-nccl-tests", "{in}/not-utf8.csv", "--out", "out"], "not UTF-8 text (byte 22), not nccl-tests output"),
     (["import-nccl-tests", "{in}", "--out", "out"], "is a directory, not nccl-tests output"),
     (["import-nccl-tests", "{in}/binary.csv", "--setting", "nope", "--out", "out"], "malformed --setting 'nope'"),
+    (["import-nccl-tests", "{in}/nan-time.txt", "--average", "3", "--out", "out"],
+     "nan-time.txt: line 19: the out-of-place time is nan, not a positive time"),
     # ---- attribute (more in tests/test_attribute.py)
     (["attribute", "/no/such/trace.json"], "no such file"),
     (["attribute", "{in}"], "is a directory, not a trace file"),
@@ -299,14 +324,14 @@ def _with_run(argv: list[str], run: Path) -> list[str]:
 @pytest.mark.parametrize("argv", UNREADABLE_OR_READ_ONLY, ids=lambda argv: argv[0])
 def test_an_unreadable_run_dir_is_one_line(argv, tmp_path, monkeypatch, capsys):
     run = _copy("cpu-gloo-4rank-a", tmp_path)
-    real = Path.read_bytes
+    real = Path.open
 
-    def read_bytes(self):
+    def open_(self, *args, **kwargs):
         if self.parent == run:
             raise PermissionError(errno.EACCES, "Permission denied", str(self))
-        return real(self)
+        return real(self, *args, **kwargs)
 
-    monkeypatch.setattr(Path, "read_bytes", read_bytes)
+    monkeypatch.setattr(Path, "open", open_)
     monkeypatch.chdir(tmp_path)
     code, out, err = run_in_process(_with_run(argv, run), capsys)
     assert_one_line(code, out, err, f"{run}/run.json: cannot read (Permission denied)")

@@ -43,7 +43,7 @@ INSTALLED = {"commbench": "commbench", "backends": "commbench.backends", "topolo
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("commbench", "commbench.errors", "commbench.units", "commbench.files", "commbench.policy",
               "commbench.launch_env", "commbench.waits")),
-    ("results", ("commbench.results", "commbench.inflight", "commbench.runs")),
+    ("results", ("commbench.results", "commbench.results.*", "commbench.inflight", "commbench.runs")),
     ("facts", ("commbench.engines", "commbench.engine_paths", "commbench.topology", "commbench.topology.*")),
     ("analysis", ("commbench.analysis", "commbench.analysis.*")),
     ("runtime", ("commbench.runtime", "commbench.runtime.*")),

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import shutil
 from pathlib import Path
 
 from commbench.analysis import provenance, render
+from commbench.errors import UsageError
+from commbench.results import Run
 from commbench.runs import load_run
 
 DATA = Path(__file__).parent / "data"
@@ -68,9 +71,14 @@ def test_imported_and_broken_run_json(tmp_path):
     run = load_run(_copy(SYNTHETIC, tmp_path / "imp", provenance=None, source="nccl-tests"))
     assert provenance.of(run).kind == provenance.IMPORTED
     assert "imported from nccl-tests" in provenance.describe(run)
-    # Wrong types in an untrusted run.json give "unknown" words, never an exception.
-    broken = load_run(_copy(SYNTHETIC, tmp_path / "broken", provenance=None, gpus="x", world_size="8",
-                            snapshot=[1], host=3, run_id=None))
+    # Wrong types in an untrusted run.json: the reader refuses the file, naming the field ...
+    for field, value, said in (("gpus", "x", "gpus is 'x', not a list"), ("world_size", "8", "world_size is '8'"),
+                               ("snapshot", [1], "snapshot is [1], not a table"), ("host", 3, "host is 3, not text")):
+        with pytest.raises(UsageError, match=re.escape(said)):
+            load_run(_copy(SYNTHETIC, tmp_path / field, **{field: value}))
+    # ... and provenance, handed such a run.json all the same, says "unknown" words, never raises.
+    rows = load_run(SYNTHETIC).rows
+    broken = Run(tmp_path / "broken", {"gpus": "x", "world_size": "8", "snapshot": [1], "host": 3}, rows)
     line = provenance.describe(broken)
     assert "no GPU recorded" in line and "run broken" in line and "8 ranks" in line   # world size from the rows
 

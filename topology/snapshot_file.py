@@ -20,6 +20,8 @@ def load_snapshot(path: str) -> dict[str, Any]:
         data = json.loads(read_text(Path(path), "a commbench topology snapshot"))
     except json.JSONDecodeError as exc:
         raise UsageError(f"{path} is not valid JSON (line {exc.lineno}: {exc.msg})") from None
+    except RecursionError:
+        raise UsageError(f"{path} is nested too deep for a commbench topology snapshot") from None
     if not isinstance(data, dict) or data.get("kind") != SNAPSHOT_KIND:
         raise UsageError(f"{path} is not a commbench topology snapshot")
     if data.get("schema") != SCHEMA_VERSION:

@@ -447,6 +447,8 @@ def _number_cycles(rows: list[ResultRow]) -> None:
 def _load_json(path: Path, text: str, partial: bool) -> tuple[dict[str, Any], bool]:
     try:
         data = json.loads(text)
+    except RecursionError:
+        raise UsageError(f"{path}: nested too deep for nccl-tests -J output") from None
     except json.JSONDecodeError as exc:
         salvaged = _salvage_json(text)
         if salvaged is None:

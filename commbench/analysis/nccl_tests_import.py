@@ -22,18 +22,20 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
+import math
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from commbench.analysis.nccl_tests_format import (JSON_RELEASES, PLACEMENTS, NcclTestsOutput, PerIteration, Placement,
                                          RankLine, ResultRow, nccl_version_text, printed_tolerance, read_output,
                                          strtol)
 from commbench.errors import UsageError
-from commbench.results import (ENV_PREFIXES, NO_WORK, OK, ROWS_FILE, RUN_FILE, WRONG, Measurement, ResultsWriter,
-                               percentile, read_run_info, write_csv, write_run_info)
+from commbench.results import (ENV_PREFIXES, NO_WORK, OK, ROWS_FILE, RUN_FILE, WRONG, Measurement, RunDir, percentile,
+                               write_whole)
 from commbench.units import format_bytes
 
 
@@ -328,6 +330,17 @@ def _base_row(ctx: RowContext, result: ResultRow, name: str) -> Measurement:
     return row
 
 
+def check_times(source: Source) -> None:
+    """Bad input when a result's time is nan, inf or negative: no measurement commbench can
+    keep (it became an ok row before); said before any row is written."""
+    for result in source.output.results:
+        for name, p in result.placements.items():
+            if p.time_us is None or not 0 < p.time_us < math.inf:
+                raise UsageError(f"{source.output.path}: {result.where}: the {name.replace('_', '-')} time is "
+                                 f"{'nan' if p.time_us is None else f'{p.time_us:g}'}, not a positive time; "
+                                 "not importable")
+
+
 def _row(ctx: RowContext, result: ResultRow, name: str, p: Placement) -> Measurement:
     row = _base_row(ctx, result, name)
     c = ctx.source.output.config
@@ -350,11 +363,40 @@ def _row(ctx: RowContext, result: ResultRow, name: str, p: Placement) -> Measure
     return row
 
 
-def rows_for(source: Source, settings: dict[str, str]) -> list[Measurement]:
+def iter_rows(source: Source, settings: dict[str, str]) -> Iterator[Measurement]:
+    """The rows of one file, one at a time (a large log is never held as rows)."""
     meaning, target = time_meaning(source.output, source.average)
     ctx = RowContext(source, settings, meaning, target, run_flags(source), caveats(source))
-    return [_row(ctx, result, name, result.placements[name])
-            for result in source.output.results for name in PLACEMENTS if name in result.placements]
+    return (_row(ctx, result, name, result.placements[name])
+            for result in source.output.results for name in PLACEMENTS if name in result.placements)
+
+
+def rows_for(source: Source, settings: dict[str, str]) -> list[Measurement]:
+    return list(iter_rows(source, settings))
+
+
+@dataclass
+class Written:
+    """What was written of one file's rows: enough for run.json and the summary line."""
+
+    rows: int = 0
+    sizes: set[int] = field(default_factory=set)
+    dtypes: set[str] = field(default_factory=set)
+    modes: set[str] = field(default_factory=set)
+    backends: set[str] = field(default_factory=set)
+
+    def add(self, row: Measurement) -> None:
+        self.rows += 1
+        self.sizes.add(row.message_bytes)
+        self.dtypes.add(row.dtype)
+        self.modes.add(row.mode)
+        self.backends.add(row.backend)
+
+    def merge(self, other: "Written") -> None:
+        self.rows += other.rows
+        for mine, theirs in ((self.sizes, other.sizes), (self.dtypes, other.dtypes), (self.modes, other.modes),
+                             (self.backends, other.backends)):
+            mine |= theirs
 
 
 # ---------------------------------------------------------------- run.json
@@ -376,7 +418,7 @@ def _versions(out: NcclTestsOutput) -> dict[str, str]:
     return {k: v for k, v in versions.items() if v}
 
 
-def import_record(source: Source, rows: list[Measurement], settings: dict[str, str]) -> dict[str, Any]:
+def import_record(source: Source, rows: Written, settings: dict[str, str]) -> dict[str, Any]:
     out = source.output
     meaning, target = time_meaning(out, source.average)
     return {"file": str(out.path), "sha256": source.sha256, "format": out.format, "program": out.program,
@@ -385,7 +427,7 @@ def import_record(source: Source, rows: list[Measurement], settings: dict[str, s
             "json_version": out.json_version, "args": out.args, "flags": run_flags(source),
             "average": source.average, "average_from": source.average_from, "time_is": meaning,
             "time_field": target or "extra.nccl_tests_time_us", "world_size": out.world_size(),
-            "hosts": out.hosts(), "rows": len(rows), "complete": out.complete, "ends_at": out.ends_at,
+            "hosts": out.hosts(), "rows": rows.rows, "complete": out.complete, "ends_at": out.ends_at,
             "start_time": out.start_time, "end_time": out.end_time, "out_of_bounds": out.out_of_bounds,
             "avg_busbw_gbps": out.avg_busbw_gbps, "errors": out.errors, "notes": out.notes,
             "env_setting": settings, "command": sys.argv, "imported": time.time()}
@@ -402,7 +444,7 @@ NOTES = [
 
 
 def run_info(existing: dict[str, Any] | None, sources: list[Source], records: list[dict[str, Any]],
-             all_rows: list[Measurement]) -> dict[str, Any]:
+             all_rows: Written) -> dict[str, Any]:
     first = sources[0].output
     info = dict(existing) if existing else {
         "run_id": None, "source": SOURCE, "command": sys.argv, "host": first.ranks[0].host if first.ranks else None,
@@ -419,11 +461,11 @@ def run_info(existing: dict[str, Any] | None, sources: list[Source], records: li
     if len(nccl) > 1:
         note = f"the imports ran different NCCL versions ({', '.join(sorted(map(str, nccl)))}): see imports[]"
         info["notes"] = [n for n in info["notes"] if not n.startswith("the imports ran different NCCL")] + [note]
-    info["backends"] = sorted(set(info.get("backends") or []) | {r.backend for r in all_rows})
+    info["backends"] = sorted(set(info.get("backends") or []) | all_rows.backends)
     plan = info.get("plan") or {}
-    info["plan"] = {"message_bytes": sorted(set(plan.get("message_bytes") or []) | {r.message_bytes for r in all_rows}),
-                    "dtypes": sorted(set(plan.get("dtypes") or []) | {r.dtype for r in all_rows}),
-                    "modes": sorted(set(plan.get("modes") or []) | {r.mode for r in all_rows})}
+    info["plan"] = {"message_bytes": sorted(set(plan.get("message_bytes") or []) | all_rows.sizes),
+                    "dtypes": sorted(set(plan.get("dtypes") or []) | all_rows.dtypes),
+                    "modes": sorted(set(plan.get("modes") or []) | all_rows.modes)}
     settings = list(info.get("env_settings") or [])
     for record in records:
         if record["env_setting"] and record["env_setting"] not in settings:
@@ -439,7 +481,7 @@ def existing_info(out: Path, world: int) -> dict[str, Any] | None:
     if out.exists() and not out.is_dir():
         raise UsageError(f"{out}: exists and is not a directory")
     if (out / RUN_FILE).exists():
-        info = read_run_info(out)
+        info = RunDir(out).info()
         if info.get("source") != SOURCE:
             raise UsageError(f"{out}: holds a commbench sweep; import nccl-tests output into a dir of its own")
         if info.get("world_size") != world:
@@ -475,7 +517,7 @@ def _world_size(sources: list[Source], expected: int | None) -> int:
     return next(iter(worlds.values()))
 
 
-def describe(source: Source, rows: list[Measurement]) -> str:
+def describe(source: Source, rows: Written) -> str:
     out = source.output
     c = out.config
     meaning, target = time_meaning(out, source.average)
@@ -483,8 +525,8 @@ def describe(source: Source, rows: list[Measurement]) -> str:
         f"eager, {c.iters * c.agg_iters} calls"
     versions = _versions(out)
     twin = f" (checked against {', '.join(p.name for p in source.same_run)})" if source.same_run else ""
-    sizes = sorted({r.message_bytes for r in rows})
-    return (f"{out.path}{twin}: {len(rows)} rows, {format_bytes(sizes[0])}-{format_bytes(sizes[-1])}, "
+    sizes = sorted(rows.sizes)
+    return (f"{out.path}{twin}: {rows.rows} rows, {format_bytes(sizes[0])}-{format_bytes(sizes[-1])}, "
             f"world size {out.world_size()} on {len(out.hosts()) or 1} node(s), {how}; "
             f"nccl-tests {versions.get('nccl_tests', '?')}, NCCL {versions.get('nccl', '?')}; "
             f"time = {meaning} -> {target or 'extra only'}"
@@ -498,6 +540,8 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
         check_settings(source, settings)
     world = _world_size(sources, args.expect_world_size)
     existing = existing_info(args.out, world)
+    if existing is not None:
+        repair_partial(RunDir(args.out), existing, {s.sha256 for s in sources})
     records_before = (existing or {}).get("imports") or []
     done = {record.get("sha256") for record in records_before} | {
         sha for record in records_before for sha in record.get("same_run_sha256") or []}
@@ -511,30 +555,55 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     sources = fresh
     if not sources:
         return 0
-    per_source = [(source, rows_for(source, settings)) for source in sources]
-    for source, rows in per_source:
-        if not rows:
+    for source in sources:
+        if not any(name in result.placements for result in source.output.results for name in PLACEMENTS):
             raise UsageError(f"{source.path}: no out-of-place or in-place results in it")
+        check_times(source)
     _make_dir(args.out)
-    all_rows = [row for _, rows in per_source for row in rows]
-    records = [import_record(source, rows, settings) for source, rows in per_source]
-    info = run_info(existing, sources, records, all_rows)
+    run = RunDir(args.out)
+    if existing is None:   # a new dir: run.json without the imports, so the rows have a home
+        stub = run_info(None, sources, [], Written())
+        run.write_info({**stub, "run_id": args.out.resolve().name})
+    # Rows first, streamed, the import recorded last: a write cut short leaves rows no record
+    # claims, which the next import of the same file replaces (repair_partial).
+    written = [(source, _write(run, source, settings)) for source in sources]
+    total = Written()
+    for _, summary in written:
+        total.merge(summary)
+    records = [import_record(source, summary, settings) for source, summary in written]
+    info = run_info(existing, sources, records, total)
     info["run_id"] = info.get("run_id") or args.out.resolve().name
-    write_run_info(args.out, info)
-    writer = ResultsWriter(args.out)
-    try:
-        for row in all_rows:
-            writer.append(row)
-    finally:
-        writer.close()
     if all(s.output.complete for s in sources) and not existing_partial(info):
         info["finished"] = time.time()
-    write_run_info(args.out, info)
-    write_csv(args.out)
-    for source, rows in per_source:
-        print(describe(source, rows))
-    print(f"wrote {args.out / ROWS_FILE} ({len(all_rows)} rows) and {args.out / RUN_FILE}")
+    run.write_info(info)
+    run.write_csv()
+    for source, summary in written:
+        print(describe(source, summary))
+    print(f"wrote {args.out / ROWS_FILE} ({total.rows} rows) and {args.out / RUN_FILE}")
     return 0
+
+
+def _write(run: RunDir, source: Source, settings: dict[str, str]) -> Written:
+    summary = Written()
+    run.append_all(iter_rows(source, settings), summary.add)
+    return summary
+
+
+def repair_partial(run: RunDir, info: dict[str, Any], given: set[str]) -> None:
+    """Rows of an import that never recorded itself (the disk filled up, the process died):
+    dropped when that file is being imported again, else the dir is refused."""
+    recorded = {record.get("sha256") for record in info.get("imports") or []}
+    orphans = [row for row in run.rows() if row.extra.get("source_sha256") not in recorded]
+    if not orphans:
+        return
+    missing = {row.extra.get("source_sha256") for row in orphans} - given
+    if missing:
+        raise UsageError(f"{run.path}: holds {len(orphans)} row(s) of an import that did not finish "
+                         f"(source {orphans[0].extra.get('source_file')}); import that file into it again to "
+                         "complete it, or import into a new dir")
+    kept = [row for row in run.rows() if row.extra.get("source_sha256") in recorded]
+    write_whole(run.path / ROWS_FILE, "".join(json.dumps(r.to_dict(), sort_keys=True) + "\n" for r in kept))
+    print(f"{run.path}: removed {len(orphans)} row(s) of an import that did not finish; importing it again")
 
 
 def existing_partial(info: dict[str, Any]) -> bool:

@@ -213,6 +213,9 @@ def compare_figure(before: list[Curve], after: list[Curve], name_a: str, name_b:
 def save(fig: Figure, stem: Path) -> list[Path]:
     """Write stem.png and stem.svg and free the figure."""
     paths = [stem.with_suffix(".png"), stem.with_suffix(".svg")]
+    for path in paths:
+        if path.is_symlink():   # replaced, never written through (a run dir may come from anyone)
+            path.unlink()
     fig.savefig(paths[0], dpi=110)
     fig.savefig(paths[1])
     plt.close(fig)

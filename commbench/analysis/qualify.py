@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import difflib
 import math
-import sys
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,15 +29,11 @@ from commbench.analysis.curves import Curve, build_curves, exceeds_spread, is_fa
 from commbench.errors import UsageError
 from commbench.files import check_file_target, read_text
 from commbench.results import CRASHED, ERROR, HANG, Measurement, Run
+from commbench.results.validate import SPEC_MAX_BYTES, loads_toml
 from commbench.runs import load_run
 from commbench.topology import islands, nccl_checks
 from commbench.topology import pcie_findings as pf
 from commbench.units import DTYPE_BYTES, format_bytes, parse_bytes
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on 3.10 only
-    import tomli as tomllib
 
 PASS, WARN, FAIL = "PASS", "WARN", "FAIL"
 
@@ -225,10 +220,7 @@ def _reference(path: Path, ref: Any) -> ReferenceSpec:
 
 
 def load_spec(path: Path) -> Spec:
-    try:
-        data = tomllib.loads(read_text(path, "a qualify spec (TOML)"))
-    except tomllib.TOMLDecodeError as exc:
-        raise UsageError(f"{path}: not valid TOML ({exc})") from None
+    data = loads_toml(read_text(path, "a qualify spec (TOML)", SPEC_MAX_BYTES), str(path))
     _unknown(path, "the spec", data, _TOP_KEYS)
     head = _unknown(path, "[spec]", data.get("spec", {}), _SPEC_KEYS)
     mode = _text(path, "[spec]", head, "mode", "graph")

@@ -18,7 +18,8 @@ from commbench.analysis.curves import (Crossover, Curve, baseline_curve, baselin
                               crossovers, groups, is_failed_check, ranking, run_world_size, select, variant_label)
 from commbench.errors import UsageError
 from commbench.files import check_dir_target
-from commbench.results import CRASHED, HANG, OK, WRONG, Measurement, Run, describe_setting
+from commbench.results import CRASHED, HANG, OK, WRONG, Measurement, Run, RunDir, describe_setting, write_whole
+from commbench.results.validate import file_stem
 from commbench.runs import load_run
 from commbench.analysis.render import fmt_num, fmt_us
 from commbench.units import format_bytes
@@ -355,7 +356,7 @@ def write_html(run: Run, sections: list[Section], fused: list[list[str]],
     parts.append("<h2>Run</h2>")
     parts.append(run_summary(run))
     parts.append("</body></html>")
-    path.write_text("\n".join(parts), encoding="utf-8")
+    write_whole(path, "\n".join(parts))   # replaces a symlink at report.html, never follows it
 
 
 # ---------------------------------------------------------------- command
@@ -376,8 +377,8 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     check_dir_target(out, f"--out {out}" if args.out else f"{out} (the run dir; --out DIR writes elsewhere)")
     curves = build_curves(run.rows)
     baseline = baseline_name(curves, args.baseline)   # a baseline the run lacks: nothing written yet
-    plot_dir = out / "plots"
-    plot_dir.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    plot_dir = RunDir(out).subdir("plots")   # a symlink there is refused, never written through
     world = run_world_size(run)
     sections = build_sections(run, curves, baseline)
 
@@ -393,7 +394,7 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
         if baseline and len({c.key.variant for c in typed}) > 1:
             figs.append(("speedup", plots.speedup_figure(typed, baseline, f"speedup over {baseline} ({where})")))
         for name, fig in figs:
-            paths = plots.save(fig, plot_dir / f"{name}_{dtype}")
+            paths = plots.save(fig, plot_dir / f"{name}_{file_stem(dtype)}")   # the dtype is data
             written.extend(paths)
             images.setdefault(dtype, []).append((paths[0], f"{name} {dtype}"))
     html_path = out / "report.html"

@@ -36,10 +36,15 @@ class Table:
     rows: list[list[str]]
 
 
+def md_escape(text: str) -> str:
+    """Text from a run file as literal markdown: no cell break, no HTML."""
+    return text.replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
+
+
 def markdown(table: Table) -> str:
-    lines = [f"### {table.title}", "", "| " + " | ".join(table.headers) + " |",
+    lines = [f"### {md_escape(table.title)}", "", "| " + " | ".join(map(md_escape, table.headers)) + " |",
              "|" + "|".join(" --- " for _ in table.headers) + "|"]
-    lines.extend("| " + " | ".join(row) + " |" for row in table.rows)
+    lines.extend("| " + " | ".join(map(md_escape, row)) + " |" for row in table.rows)
     return "\n".join(lines) + "\n"
 
 
@@ -140,7 +145,7 @@ def render_runs(runs: list[Run]) -> str:
                   markdown(fused)]
     refused = refusals(rows)
     if refused:
-        parts += ["### Measured nothing, and why", ""] + [f"- {line}" for line in refused] + [""]
+        parts += ["### Measured nothing, and why", ""] + [f"- {md_escape(line)}" for line in refused] + [""]
     return "\n".join(parts)
 
 

@@ -27,9 +27,8 @@ from commbench.runtime.context import ControlGroupLost, RunContext, init_context
 from commbench.sweep.engine import Engine, stopped_reason
 from commbench.files import check_dir_target, check_file_target
 from commbench.sweep.plan import SweepPlan, build_plan
-from commbench.results import (ERROR, ROWS_FILE, RUN_FILE, SCHEMA_VERSION, Measurement, ResultsWriter, new_run_dir,
-                               read_rows_checked, read_run_info, refuse_other_run, repair_torn_tail, stops_backend,
-                               write_csv, write_run_info)
+from commbench.results import (ERROR, ROWS_FILE, SCHEMA_VERSION, Measurement, RunDir, refuse_other_run, repair_torn_tail,
+                               stops_backend, write_whole)
 from commbench.sweep.live import LiveTable, header_lines
 from commbench.sweep.options import SweepOptions
 from commbench.units import positive_finite
@@ -129,13 +128,16 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     plan = build_plan(args, on_gpu, spec.message_sizes() if spec is not None else None)
     env_settings = launcher.parse_env_settings(args.env, args.allow_multicast)
     if args.resume:   # one that cannot be read or written is bad input, before any work
-        read_run_info(Path(args.resume))
+        RunDir(Path(args.resume)).info()
         check_dir_target(Path(args.resume), f"--resume {args.resume}")
     check_dir_target(Path(args.out), f"--out {args.out}")
     # Building the variants validates backend names and options before anything runs.
     specs = backends.split_specs(args.backends) if args.backends is not None else None
     if specs == []:
         raise UsageError(f"--backends {args.backends!r}: the list is empty (leave it out for every backend)")
+    twice = next((name for i, name in enumerate(specs or []) if name in specs[:i]), None)
+    if twice is not None:
+        raise UsageError(f"--backends {args.backends!r}: {twice} is listed twice")
     if specs is not None and spec is not None:
         # The spec's backends are measured too: a check of a backend the run lacks can only FAIL.
         specs += [name for name in sorted(spec.backends()) if name not in specs]
@@ -238,7 +240,7 @@ def _run(opts: SweepOptions, plan: SweepPlan, specs: list[str] | None, on_gpu: b
 def _prepare_run_dir(ctx: RunContext, opts: SweepOptions, existing: str | None) -> Path:
     path = None
     if ctx.rank == 0:
-        path = str(Path(existing).resolve() if existing else new_run_dir(Path(opts.out)))
+        path = str(Path(existing).resolve() if existing else RunDir.create(Path(opts.out)).path)
     return Path(ctx.broadcast_object(path))
 
 
@@ -271,8 +273,10 @@ def _sweep(ctx: RunContext, opts: SweepOptions, plan: SweepPlan, variants: list,
     rank0 = ctx.rank == 0
     env_setting = json.loads(os.environ.get(launcher.ENV_SETTING_VAR, "{}"))
     gpus = ctx.all_gather_objects(local_device_info(ctx.device))
-    failure, opened, previous = ctx.broadcast_object(_open_run_dir(ctx, plan, gpus, run_dir) if rank0 else None)
+    run = RunDir(run_dir)   # rank 0 holds its lock for the whole sweep
+    failure, opened, previous = ctx.broadcast_object(_open_run_dir(ctx, plan, gpus, run) if rank0 else None)
     if failure is not None:
+        run.release()
         raise failure
     done_keys = {row.key() for row in previous}
     stopped = {row.backend: stopped_reason(row) for row in previous
@@ -288,8 +292,8 @@ def _sweep(ctx: RunContext, opts: SweepOptions, plan: SweepPlan, variants: list,
     completed = False   # a Ctrl-C or an error ends the run interrupted, never "finished"
     try:
         if rank0:
-            _write_run_json(ctx, opts, plan, variants, run_dir, gpus, notes, env_setting)
-            writer = ResultsWriter(run_dir)
+            _write_run_json(ctx, opts, plan, variants, run, gpus, notes, env_setting)
+            writer = run.writer()
         total = len(variants) * sum(len(plan.sizes_for(d)) for d in plan.dtypes) * len(plan.modes)
         table = LiveTable(enabled=rank0, total_rows=total)
         with table:
@@ -300,7 +304,7 @@ def _sweep(ctx: RunContext, opts: SweepOptions, plan: SweepPlan, variants: list,
             for line in header_lines(plan.check):
                 table.line(line)
             engine = Engine(ctx, plan, writer, table, done_keys, stopped, env_setting,
-                            on_stop_flush=lambda: write_csv(run_dir), recorder=recorder,
+                            on_stop_flush=run.write_csv, recorder=recorder,
                             resume_hint=None if opts.run_dir else resume_command(opts.argv, ctx, run_dir),
                             rows=list(previous))
             for backend in variants:
@@ -324,27 +328,31 @@ def _sweep(ctx: RunContext, opts: SweepOptions, plan: SweepPlan, variants: list,
         if writer is not None:
             writer.close()
             if not unwritable:
-                write_csv(run_dir)
-                _end_run_json(run_dir, completed)
+                run.write_csv()
+                _end_run_json(run, completed)
+        run.release()
     if rank0 and not opts.run_dir:  # a driver's child: the driver names the results once, at the end
         print(f"# results: {run_dir}/measurements.jsonl (+ .csv, run.json)")
     return STOP_EXIT if engine.stops else 0
 
 
-def _open_run_dir(ctx: RunContext, plan: SweepPlan, gpus: list, run_dir: Path
+def _open_run_dir(ctx: RunContext, plan: SweepPlan, gpus: list, run: RunDir
                   ) -> tuple[Exception | None, list[str], list[Measurement]]:
-    """Rank 0, before anything is written: refuse to resume another experiment; else repair a
-    torn last row, turn a dead run's in-flight records into rows, and read the rows (the
-    failure, every rank raises it; the lines that say what was done; the rows)."""
+    """Rank 0, before anything is written: take the run dir's lock (another sweep in it is
+    refused), refuse to resume another experiment; else repair a torn last row, turn a dead
+    run's in-flight records into rows, and read the rows (the failure, every rank raises it;
+    the lines that say what was done; the rows)."""
     try:
-        info = read_run_info(run_dir) if (run_dir / RUN_FILE).exists() else {}
-        refuse_other_run(run_dir, info, run_identity(ctx, plan, gpus))
-        lines = [line for line in [repair_torn_tail(run_dir / ROWS_FILE)] if line] + recover(run_dir)
+        run.lock()
+        info = run.info() if run.has_info() else {}
+        refuse_other_run(run.path, info, run_identity(ctx, plan, gpus))
+        lines = [line for line in [repair_torn_tail(run.path / ROWS_FILE)] if line] + recover(run.path)
+        read = run.read_rows()
     except (UsageError, ResultsUnwritable) as exc:
         return exc, [], []
-    read = read_rows_checked(run_dir)
-    problems = read.problems_line(run_dir / ROWS_FILE)
-    return None, lines + ([problems] if problems else []), read.rows
+    problems = [line for line in (read.problems_line(run.path / ROWS_FILE), read.duplicates_line(run.path / ROWS_FILE))
+                if line]
+    return None, lines + problems, read.rows
 
 
 def run_identity(ctx: RunContext, plan: SweepPlan, gpus: list) -> dict[str, Any]:
@@ -407,17 +415,16 @@ def _fusion_summary(ctx: RunContext, rows: list[Measurement], run_dir: Path, tab
 
     summary = summarize(rows)
     if ctx.rank == 0 and summary:  # only fused rows have a saving to report
-        (run_dir / "fusion.json").write_text(json.dumps(summary, indent=2, sort_keys=True), encoding="utf-8")
+        write_whole(run_dir / "fusion.json", json.dumps(summary, indent=2, sort_keys=True))
         for item in summary:
             table.line("# fusion: " + ", ".join(f"{k}={v}" for k, v in item.items()))
 
 
-def _write_run_json(ctx: RunContext, opts: SweepOptions, plan: SweepPlan, variants: list, run_dir: Path,
+def _write_run_json(ctx: RunContext, opts: SweepOptions, plan: SweepPlan, variants: list, run: RunDir,
                     gpus: list, notes: list[str], env_setting: dict[str, str]) -> None:
     """A new run's metadata; on a resume (the same run, checked before), the original stays and
     the resume adds an entry to `resumed` and the facts of backends new to the run."""
-    info = read_run_info(run_dir) if (run_dir / RUN_FILE).exists() else {"run_id": run_dir.name,
-                                                                           "started": time.time()}
+    info = run.info() if run.has_info() else {"run_id": run.path.name, "started": time.time()}
     command = {"command": launch_command(), "args": dict(opts.recorded),
                "versions": software_versions(), "env": relevant_env(), "notes": notes}
     # What each variant declares, for the offline analysis (it never imports a backend).
@@ -437,7 +444,7 @@ def _write_run_json(ctx: RunContext, opts: SweepOptions, plan: SweepPlan, varian
             settings.append(env_setting)
     info.pop("finished", None)
     info.pop("interrupted", None)
-    write_run_info(run_dir, info)
+    run.write_info(info)
 
 
 def backend_facts(backend, world_size: int) -> dict[str, Any]:
@@ -446,13 +453,10 @@ def backend_facts(backend, world_size: int) -> dict[str, Any]:
             "engine_settings": settings.to_dict() if settings is not None else None}
 
 
-def _end_run_json(run_dir: Path, completed: bool) -> None:
+def _end_run_json(run: RunDir, completed: bool) -> None:
     """Record how the run ended: `finished` when every backend ran, `interrupted` when Ctrl-C
     or an error stopped it (a hang ends the process and leaves neither: still unfinished)."""
     try:
-        info = read_run_info(run_dir)
+        run.update_info(**{"finished" if completed else "interrupted": time.time()})
     except UsageError:
         return
-    info["finished" if completed else "interrupted"] = time.time()
-    info.pop("schema", None)
-    write_run_info(run_dir, info)

@@ -34,9 +34,8 @@ from commbench import inflight
 from commbench.sweep import mps
 from commbench.backends.base import Backend
 from commbench.policy import MULTICAST_POLICY_VARS, multicast_forbidden_by
-from commbench.errors import FAILED_EXIT, STOP_EXIT, UsageError
-from commbench.results import (HANG, SCHEMA_VERSION, Measurement, ResultsWriter, new_run_dir, read_rows, read_run_info,
-                               refuse_other_run, stops_backend, write_csv, write_run_info)
+from commbench.errors import FAILED_EXIT, STOP_EXIT, ResultsUnwritable, UsageError
+from commbench.results import HANG, SCHEMA_VERSION, Measurement, RunDir, refuse_other_run, stops_backend
 from commbench.sweep.options import SweepOptions
 from commbench.sweep.plan import SweepPlan
 from commbench.waits import waits
@@ -89,13 +88,14 @@ def without_flags(argv: list[str], flags: set[str] | frozenset[str], switches: f
     return out
 
 
-def _new_run_dir(opts: SweepOptions) -> Path:
+def _open_run_dir(opts: SweepOptions) -> RunDir:
+    """The run dir of this driver, locked for the whole run (its children run under that lock)."""
     if opts.resume:
-        return Path(opts.resume).resolve()
-    path = new_run_dir(Path(opts.out))
-    write_run_info(path, {"run_id": path.name, "started": time.time(), "driver": {
+        return RunDir(Path(opts.resume).resolve()).lock()
+    run = RunDir.create(Path(opts.out)).lock()
+    run.write_info({"run_id": run.path.name, "started": time.time(), "driver": {
         "nproc": opts.nproc, "env": list(opts.env), "child_timeout_s": opts.child_timeout}})
-    return path
+    return run
 
 
 def _kill(proc: subprocess.Popen, run_dir: Path) -> None:
@@ -145,7 +145,28 @@ def drive(opts: SweepOptions, env_settings: list[dict[str, str]], variants: list
         mps.control_path()   # missing: bad input, said before anything is written
     if opts.resume:
         _check_resume(Path(opts.resume), opts.nproc, plan)
-    run_dir = _new_run_dir(opts)
+    run = _open_run_dir(opts)
+    try:
+        return _drive(opts, env_settings, variants, run), run.path
+    except KeyboardInterrupt:
+        _end_interrupted(run)
+        raise
+    finally:
+        run.release()
+
+
+def _end_interrupted(run: RunDir) -> None:
+    """Ctrl-C of the driver: run.json says the run was interrupted (a child may have written
+    neither, or `finished` for its own part)."""
+    try:
+        run.update_info(interrupted=time.time(), finished=None)
+    except (UsageError, ResultsUnwritable):   # the rows are on disk; the Ctrl-C line says the rest
+        pass
+
+
+def _drive(opts: SweepOptions, env_settings: list[dict[str, str]], variants: list[Backend],
+           run: RunDir) -> int:
+    run_dir = run.path
     for line in inflight.recover(run_dir):   # what a run before this command left in flight
         print(f"# driver: {line}", flush=True)
     stops_before = _stop_count(run_dir)
@@ -155,36 +176,37 @@ def drive(opts: SweepOptions, env_settings: list[dict[str, str]], variants: list
     shares_gpus = 0 < gpus < opts.nproc
     daemon = nullcontext(None)
     if opts.mps:
-        daemon = mps.private_daemon(run_dir / "mps-logs", mps.client_env(opts.nproc, gpus))
+        daemon = mps.private_daemon(run.subdir("mps-logs"), mps.client_env(opts.nproc, gpus))
     with daemon as mps_daemon:
         if mps_daemon is not None:
             print(f"# driver: private MPS daemon for the children ({mps.MPS_PERCENT_VAR}="
                   f"{mps_daemon.share[mps.MPS_PERCENT_VAR]})", flush=True)
-        failed = [_run_setting(opts, run_dir, setting, sweep_args, mps_daemon, len(variants))
+        failed = [_run_setting(opts, run, setting, sweep_args, mps_daemon, len(variants))
                   for setting, sweep_args in child_runs(list(opts.argv), env_settings, variants,
                                                         opts.allow_multicast, shares_gpus)]
-    write_csv(run_dir)
+    run.write_csv()
     print(f"# results: {run_dir}/measurements.jsonl (+ .csv, run.json)")
     if any(failed):
-        return FAILED_EXIT, run_dir
-    return (STOP_EXIT if _stop_count(run_dir) > stops_before else 0), run_dir
+        return FAILED_EXIT
+    return STOP_EXIT if _stop_count(run_dir) > stops_before else 0
 
 
 def _check_resume(run_dir: Path, nproc: int, plan: SweepPlan) -> None:
     """What the driver can compare before it starts a child (the children compare the GPUs)."""
-    refuse_other_run(run_dir, read_run_info(run_dir), {
+    refuse_other_run(run_dir, RunDir(run_dir).info(), {
         "schema": SCHEMA_VERSION, "host": socket.gethostname(), "world_size": nproc, "nodes": 1,
         "plan": plan.record()})
 
 
 def _stop_count(run_dir: Path) -> int:
-    return sum(1 for row in read_rows(run_dir) if stops_backend(row))
+    return sum(1 for row in RunDir(run_dir).rows() if stops_backend(row))
 
 
-def _run_setting(opts: SweepOptions, run_dir: Path, setting: dict[str, str], sweep_args: list[str],
+def _run_setting(opts: SweepOptions, run: RunDir, setting: dict[str, str], sweep_args: list[str],
                  daemon: mps.PrivateDaemon | None, max_resumes: int) -> bool:
     """One setting's child torchrun, resumed as long as each child that ends early recorded
     why (each such row takes a backend out of the next child); True if it failed anyway."""
+    run_dir = run.path
     # --standalone: a private rendezvous on a free local port for each child.
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(opts.nproc),
                "-m", "commbench", "sweep", *sweep_args, "--run-dir", str(run_dir)]
@@ -196,7 +218,8 @@ def _run_setting(opts: SweepOptions, run_dir: Path, setting: dict[str, str], swe
                   "the ended child's kernel)", flush=True)
             daemon.restart()
         client = daemon.client_env() if daemon is not None else {}
-        env = {**os.environ, **client, **setting, ENV_SETTING_VAR: json.dumps(setting, sort_keys=True)}
+        env = {**os.environ, **client, **setting, **run.holder_env(),
+               ENV_SETTING_VAR: json.dumps(setting, sort_keys=True)}
         print(f"# driver: torchrun x{opts.nproc} with {label}" + (f" (resume {attempt})" if attempt else ""),
               flush=True)
         proc = subprocess.Popen(command, env=env, start_new_session=True)
@@ -204,7 +227,7 @@ def _run_setting(opts: SweepOptions, run_dir: Path, setting: dict[str, str], swe
             rc, killed = _wait(proc, run_dir, opts.child_timeout)
         except KeyboardInterrupt:
             _kill(proc, run_dir)
-            write_csv(run_dir)
+            run.write_csv()
             raise
         for line in inflight.recover(run_dir, killed):   # the ranks that could not say it themselves
             print(f"# driver: {line}", flush=True)
@@ -214,7 +237,7 @@ def _run_setting(opts: SweepOptions, run_dir: Path, setting: dict[str, str], swe
             print("# driver: resuming without that backend", flush=True)
             continue
         if killed and _stop_count(run_dir) == stops_before:
-            _record_child_timeout(run_dir, opts, setting, killed)
+            _record_child_timeout(run, opts, setting, killed)
         print(f"# driver: child with {label} exited with status {rc}", flush=True)
         return True
     return True
@@ -242,12 +265,7 @@ def _wait(proc: subprocess.Popen, run_dir: Path, child_timeout_s: float) -> tupl
         return proc.wait(), reason
 
 
-def _record_child_timeout(run_dir: Path, opts: SweepOptions, setting: dict[str, str], reason: str) -> None:
+def _record_child_timeout(run: RunDir, opts: SweepOptions, setting: dict[str, str], reason: str) -> None:
     """A killed child whose ranks were outside every backend's step: the row says only that."""
-    writer = ResultsWriter(run_dir)
-    try:
-        writer.append(Measurement(backend="(torchrun child)", mode="-", dtype="-", message_bytes=0,
-                                  world_size=opts.nproc, status=HANG, env_setting=dict(setting),
-                                  reason=reason, timestamp=time.time()))
-    finally:
-        writer.close()
+    run.append(Measurement(backend="(torchrun child)", mode="-", dtype="-", message_bytes=0, world_size=opts.nproc,
+                           status=HANG, env_setting=dict(setting), reason=reason, timestamp=time.time()))

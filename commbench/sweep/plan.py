@@ -16,7 +16,8 @@ import torch
 from commbench.analysis.models import DEFAULT_CONCURRENCIES, Model, lookup
 from commbench.errors import UsageError
 from commbench.runtime.dtypes import dtype_name, parse_dtypes
-from commbench.units import format_bytes, parse_bytes, parse_int_list, parse_list, positive_finite
+from commbench.units import (MAX_MESSAGE_BYTES, format_bytes, parse_bytes, parse_int_list, parse_list,
+                             positive_finite)
 
 MODES = ("eager", "graph")
 
@@ -186,6 +187,11 @@ def build_plan(args: argparse.Namespace, on_gpu: bool, checked_bytes: list[int] 
         if not plan.sizes_for(dtype):   # the sweep would run nothing for it and say nothing
             raise UsageError(f"no message size ({', '.join(format_bytes(s.message_bytes) for s in shapes)}) is a "
                              f"whole number of {dtype_name(dtype)} elements ({dtype.itemsize} bytes each)")
+        # Some sizes only: each would be dropped for this dtype without a word.
+        dropped = [format_bytes(s.message_bytes) for s in shapes if s.message_bytes % dtype.itemsize]
+        if dropped:
+            raise UsageError(f"message size {', '.join(dropped)} is not a whole number of {dtype_name(dtype)} "
+                             f"elements ({dtype.itemsize} bytes each): drop it or pick a multiple")
     return plan
 
 
@@ -213,7 +219,12 @@ def _shapes(args: argparse.Namespace, on_gpu: bool, dtypes: list[torch.dtype], m
         hidden = parse_int_list(str(args.hidden), "--hidden")
         if len(hidden) != 1:
             raise UsageError("--hidden takes one value")
-        return [Shape(t * hidden[0] * item, t, hidden[0]) for t in parse_int_list(args.tokens, "--tokens")]
+        shapes = [Shape(t * hidden[0] * item, t, hidden[0]) for t in parse_int_list(args.tokens, "--tokens")]
+        largest = max(shapes, key=lambda s: s.message_bytes)
+        if largest.message_bytes > MAX_MESSAGE_BYTES:
+            raise UsageError(f"--tokens {largest.tokens} x --hidden {largest.hidden} is {largest.message_bytes} bytes "
+                             f"per rank, more than {format_bytes(MAX_MESSAGE_BYTES)}")
+        return shapes
     if args.sizes is not None:
         return [Shape(s) for s in sorted(parse_list(args.sizes, "--sizes", parse_bytes))]
     min_bytes = parse_bytes(args.min_bytes) if args.min_bytes else (GPU_MIN_BYTES if on_gpu else CPU_MIN_BYTES)

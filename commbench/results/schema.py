@@ -1,0 +1,176 @@
+"""The row schema: Measurement, its statuses and key, and the migration of older rows.
+
+Schema version 3 (versions 1 and 2 are read and migrated). One row per (backend variant,
+message size, dtype, mode, env setting). No torch and no files here: the run directory
+(rundir.py) writes and reads rows, the boundary (validate.py) checks what is read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+
+SCHEMA_VERSION = 3
+READABLE_SCHEMAS = (1, 2, 3)   # older rows are migrated on read (migrate_row)
+
+# Row status values. Only "ok" rows carry a trustworthy latency.
+OK = "ok"
+WRONG = "wrong"          # #wrong > 0 (wrong_kind says noop / stale / values)
+HANG = "hang"            # the watchdog fired
+CRASHED = "crashed"      # a rank's process died (signal, OOM kill, abort) during setup or a row
+ERROR = "error"          # setup passed but a call raised
+SKIPPED = "skipped"      # the backend cannot run here (reason says which rank and why)
+NO_WORK = "no_work"      # nothing was communicated (world size 1, or a graph that captured no work)
+STATUSES = (OK, WRONG, HANG, CRASHED, ERROR, SKIPPED, NO_WORK)
+# extra key on an error row whose raising rank left its peers inside a collective it never
+# joined: the processes had to end, and the backend is not run again in this results dir.
+STRANDED = "stranded_peers"
+# extra "check" of a sweep row under -c 0. Its inputs were still prepared and its calls timed as
+# usual; only no output was read back, so a backend that wrote nothing, stale or wrong sums would
+# time like a correct one.
+CHECK_OFF = ("off (-c 0): no output was checked; a no-op or wrong backend would look as fast, "
+             "so no analysis trusts this row")
+# Environment variables run.json records (every one that starts so).
+ENV_PREFIXES = ("NCCL_", "TORCH_", "MSCCLPP_", "CUDA_", "NVSHMEM_", "COMMBENCH_", "FLASHINFER_")
+
+
+@dataclass
+class Measurement:
+    """One row of measurements.jsonl. Times in microseconds, bandwidths in GB/s (1e9)."""
+
+    backend: str
+    mode: str                       # "eager" | "graph"
+    dtype: str                      # "bf16" | "fp16" | "fp32"
+    message_bytes: int
+    world_size: int
+    status: str
+    count: int = 0                  # elements per rank
+    nodes: int = 1
+    op: str = "allreduce"           # or e.g. "allreduce_residual_rmsnorm"
+    tokens: int | None = None       # model-shape sweeps: tokens x hidden
+    hidden: int | None = None
+    iterations: int = 0             # timed calls (eager) or timed replays (graph) per pass
+    ops_per_graph: int = 1          # calls captured per CUDA graph (1 in eager)
+    latency_us: float | None = None          # headline: loop total / calls, max over ranks
+    latency_rank_mean_us: float | None = None  # the same, mean over ranks (nccl-tests -a 1)
+    jitter_samples: int = 0                  # jitter pass: one timer per call (eager) or replay
+    jitter_p10_us: float | None = None
+    jitter_p50_us: float | None = None
+    jitter_p90_us: float | None = None
+    jitter_p99_us: float | None = None
+    jitter_min_us: float | None = None
+    jitter_max_us: float | None = None
+    algbw_gbps: float | None = None          # from latency_us
+    busbw_gbps: float | None = None          # algbw x the op's bus factor (None: the op has none)
+    checked_calls: int = 0              # calls per rank whose output was checked (both passes)
+    wrong_elements: int | None = None   # nccl-tests' #wrong over every checked call, summed over ranks
+    wrong_kind: str | None = None       # the first wrong call's: unwritten, noop, stale or values
+    first_wrong_call: int | None = None  # its index among the checked calls of failed_rank
+    ranks_identical: bool | None = None  # every rank's checked outputs bit-identical
+    reason: str | None = None           # why skipped / error / hang / no_work
+    failed_rank: int | None = None
+    emulation: dict[str, Any] | None = None   # ranks sharing GPUs: {gpus, ranks, mps, sm_percent}
+    requested: dict[str, str] = field(default_factory=dict)   # what the variant asked its library for
+    observed: dict[str, Any] = field(default_factory=dict)    # what the library said it did, same keys
+    setting_applied: str | None = None   # honoured / ignored / coincided: what became of the request
+    unsafe: str | None = None            # e.g. LL128 forced without NVLink
+    env_setting: dict[str, str] = field(default_factory=dict)  # process-level knobs (driver runs)
+    extra: dict[str, Any] = field(default_factory=dict)        # backend-specific facts
+    schema: int = SCHEMA_VERSION
+    timestamp: float = 0.0
+
+    def key(self) -> tuple:
+        return row_key(self.backend, self.mode, self.dtype, self.message_bytes, self.env_setting,
+                       self.tokens, self.hidden, self.op)
+
+    def to_dict(self) -> dict[str, Any]:
+        # Field by field, dicts copied one level: asdict() deep-copies every value, which made
+        # writing and reading 10^5 rows take minutes.
+        values = ((name, getattr(self, name)) for name in _FIELD_NAMES)
+        return {name: dict(value) if isinstance(value, dict) else value for name, value in values}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Measurement":
+        return cls(**{k: v for k, v in migrate_row(data).items() if k in _FIELD_NAMES})
+
+
+_FIELD_NAMES = tuple(f.name for f in dataclasses.fields(Measurement))
+
+# Version 1 and 2 rows spelled what was asked of NCCL, and what it did, as columns of their own.
+_NCCL_COLUMNS = {"nccl_proto_requested": ("requested", "NCCL_PROTO"), "nccl_algo_requested": ("requested", "NCCL_ALGO"),
+                 "nccl_proto_used": ("observed", "NCCL_PROTO"), "nccl_algo_used": ("observed", "NCCL_ALGO")}
+
+
+def migrate_row(data: dict[str, Any]) -> dict[str, Any]:
+    """Older rows read as the current schema (the migration notes are in docs/results.md).
+
+    1 -> 2: the p50 of per-call samples stands for the headline (that is how version 1 reported
+    it), the percentiles become the jitter fields, one call was checked (after the timed loop),
+    and setting_applied True/False becomes honoured/ignored.
+    2 -> 3: the nccl_* columns move into the generic requested / observed dicts.
+    """
+    version = data.get("schema")
+    if version == SCHEMA_VERSION:
+        return data
+    out = dict(data)
+    if version == 1:
+        for stat in ("p10", "p50", "p90", "p99", "min", "max"):
+            out[f"jitter_{stat}_us"] = out.pop(f"latency_{stat}_us", None)
+        out["latency_us"] = out["jitter_p50_us"]
+        out["jitter_samples"] = out.get("iterations", 0) if out["latency_us"] is not None else 0
+        out["checked_calls"] = 1 if out.get("wrong_elements") is not None else 0
+        applied = out.get("setting_applied")
+        out["setting_applied"] = None if applied is None else ("honoured" if applied else "ignored")
+    for column, (target, key) in _NCCL_COLUMNS.items():
+        value = out.pop(column, None)
+        if value is not None:
+            out.setdefault(target, {})[key] = value
+    out["schema"] = SCHEMA_VERSION
+    return out
+
+
+def is_checked(row: Measurement) -> bool:
+    """Whether its outputs were checked: #wrong is N/A after nccl-tests -c 0 or a sweep's -c 0."""
+    return row.wrong_elements is not None
+
+
+def stops_backend(row: Measurement) -> bool:
+    """A row after which its backend does not run again in this results dir: it hung, crashed,
+    or raised on one rank while its peers waited in a collective (the processes had to end)."""
+    return row.status in (HANG, CRASHED) or (row.status == ERROR and bool(row.extra.get(STRANDED)))
+
+
+def row_key(backend: str, mode: str, dtype: str, message_bytes: int, env_setting: dict[str, str] | None,
+            tokens: int | None = None, hidden: int | None = None, op: str = "allreduce") -> tuple:
+    env = tuple(sorted((env_setting or {}).items()))
+    return (backend, mode, dtype, int(message_bytes), env, tokens, hidden, op)
+
+
+CSV_COLUMNS = [f.name for f in dataclasses.fields(Measurement)]
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    """Linear-interpolated percentile of an already sorted list (q in [0, 100])."""
+    if not sorted_values:
+        raise ValueError("no samples")
+    position = (len(sorted_values) - 1) * q / 100.0
+    low = int(position)
+    high = min(low + 1, len(sorted_values) - 1)
+    return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * (position - low)
+
+
+def describe_setting(values: dict[str, Any]) -> str:
+    """{'NCCL_PROTO': 'LL', 'NCCL_ALGO': 'Ring'} -> 'NCCL_ALGO=Ring NCCL_PROTO=LL'."""
+    return " ".join(f"{k}={v}" for k, v in sorted(values.items())) or "nothing recorded"
+
+
+def describe_emulation(emulation: dict[str, Any]) -> str:
+    """One line for a run whose ranks shared GPUs: what its rows measure and what they do not."""
+    share = emulation.get("sm_percent")
+    how = (f"concurrently under MPS{f', {share:g}% of the SMs each' if share else ''}" if emulation.get("mps")
+           else "taking turns on it (time slicing, no MPS)" if emulation.get("mps") is False
+           else "with MPS unknown")
+    return (f"emulated: {emulation.get('ranks')} ranks on {emulation.get('gpus')} GPU(s), {how}; these rows "
+            "measure the protocol with no fabric between the ranks, not NVLink or PCIe")

@@ -1,0 +1,106 @@
+#!/usr/bin/env python3
+"""Time and peak memory of commbench on large inputs (issue 31, item 6).
+
+Generates, in a scratch dir:
+- a nccl-tests all_reduce_perf text log of about --log-mb MB (the committed 8-GPU log's header,
+  then its table repeated as the cycles of a long `-N` run), imported with `import-nccl-tests`;
+- a measurements.jsonl of about --rows-mb MB (rows of the committed synthetic 8-GPU run, many
+  sizes and backends, as a long resumed sweep would write them), read by the analysis commands.
+
+Each command runs as its own process; its wall time and peak RSS (ru_maxrss of the child) are
+printed as a markdown table. Usage: python scripts/bench-large-inputs.py [--log-mb 100] [--rows-mb 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+LOG = ROOT / "tests" / "data" / "nccl-tests" / "h200-8gpu-mpi-graph.txt"
+RUN = ROOT / "tests" / "data" / "runs" / "synthetic-pcie-8gpu"
+
+
+def big_log(target: Path, megabytes: int) -> int:
+    """The 8-GPU log with its result table repeated until the file is `megabytes` long."""
+    lines = LOG.read_text().splitlines(keepends=True)
+    table = [i for i, line in enumerate(lines) if line.split() and line.split()[0].isdigit()]
+    head, body, tail = lines[:table[0]], lines[table[0]:table[-1] + 1], lines[table[-1] + 1:]
+    chunk = "".join(body)
+    repeats = max(1, megabytes * 1_000_000 // len(chunk))
+    with open(target, "w") as handle:
+        handle.writelines(head)
+        for _ in range(repeats):
+            handle.write(chunk)
+        handle.writelines(tail)
+    return repeats * len(body)
+
+
+def big_rows(run: Path, megabytes: int) -> int:
+    """The synthetic run with rows for many backends and sizes (distinct keys) up to `megabytes`."""
+    shutil.copytree(RUN, run)
+    template = [json.loads(line) for line in (RUN / "measurements.jsonl").read_text().splitlines()
+                if '"status": "ok"' in line][0]
+    count, written = 0, 0
+    with open(run / "measurements.jsonl", "w") as handle:
+        while written < megabytes * 1_000_000:
+            backend, size = count // 2000, 4096 + 1024 * (count % 2000)
+            row = dict(template, backend=f"nccl:variant{backend}", message_bytes=size,
+                       latency_p50_us=20.0 + size / 1e5 + backend)
+            line = json.dumps(row) + "\n"
+            handle.write(line)
+            written += len(line)
+            count += 1
+    return count
+
+
+def measure(argv: list[str], cwd: Path) -> tuple[float, float, int]:
+    """(wall seconds, peak RSS MiB, exit status) of `python -m commbench argv` (wait4: this child's own)."""
+    start = time.monotonic()
+    with open(os.devnull, "w") as devnull, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "commbench", *argv], cwd=cwd, stdout=devnull, stderr=err)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        wall = time.monotonic() - start
+        if proc.returncode not in (0, 1):
+            err.seek(0)
+            print(f"# {' '.join(argv[:2])}: exit {proc.returncode}: {err.read().strip()[-300:]}", file=sys.stderr)
+    return wall, usage.ru_maxrss / 1024, proc.returncode
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--log-mb", type=int, default=100)
+    parser.add_argument("--rows-mb", type=int, default=200)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        scratch = Path(tmp)
+        log_rows = big_log(scratch / "big.txt", args.log_mb)
+        row_count = big_rows(scratch / "run", args.rows_mb)
+        log_mb = (scratch / "big.txt").stat().st_size / 1e6
+        rows_mb = (scratch / "run" / "measurements.jsonl").stat().st_size / 1e6
+        print(f"inputs: nccl-tests log {log_mb:.0f} MB ({log_rows} table rows); measurements.jsonl "
+              f"{rows_mb:.0f} MB ({row_count} rows)\n")
+        print("| command | wall s | peak RSS MiB | exit |")
+        print("| --- | ---: | ---: | ---: |")
+        run = str(scratch / "run")
+        for argv in (["--help"],
+                     ["import-nccl-tests", str(scratch / "big.txt"), "--average", "3", "--out", str(scratch / "imp")],
+                     ["table", run, "--out", str(scratch / "t.md")],
+                     ["floor", run, "--model", "glm-5"],
+                     ["qualify", run, "--spec", str(ROOT / "commbench" / "specs" / "pcie-8x.toml")]):
+            wall, peak, code = measure(argv, scratch)
+            label = " ".join(a if not a.startswith(str(scratch)) else Path(a).name for a in argv[:2])
+            print(f"| `{label}` | {wall:.1f} | {peak:.0f} | {code} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
