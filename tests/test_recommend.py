@@ -302,3 +302,24 @@ def test_the_engines_own_kernels_price_their_custom_allreduce_and_forced_stages_
     recorded = {name: engines.declared_paths(engines.Settings.from_dict(facts[name]["engine_settings"]))
                 for name in expected}
     assert {n: {e: (c["path"], c["stand_in"]) for e, c in r.items()} for n, r in recorded.items()} == expected
+
+
+def test_brief_keeps_the_decision_and_drops_the_tables(capsys):
+    """--brief: per engine the default path and its cost per size, the fastest path with its
+    settings and saving, and the headroom; never a kernel no engine runs as a setting."""
+    args = ["recommend", str(SYNTHETIC), "--model", "glm-5", "--engine", "sglang", "--concurrency", "1,16"]
+    assert cli([*args, "--brief"]) == 0
+    brief = capsys.readouterr().out
+    assert cli(args) == 0
+    full = capsys.readouterr().out
+    assert "  by default at concurrency 1 (12K): NCCL (PyNccl): 59.9 us/call (interpolated)" in brief
+    assert "export NCCL_PROTO=LL" in brief and "export NCCL_MIN_NCHANNELS=8" in brief
+    assert ("  p2p:oneshot (graph): a kernel like this would save 36.3 us/call, 5.66 ms/step at concurrency 1 "
+            "(12K) against nccl:proto=LL,algo=Ring (graph)") in brief
+    assert "paths at TP 8" in full and "paths at TP 8" not in brief
+    assert "settings that do nothing" in full and "settings that do nothing" not in brief
+    paste = [line for line in brief.splitlines() if line.startswith("    ")]
+    assert paste and not any("p2p" in line or "symm" in line for line in paste)
+    # the same decision lines as the full output
+    assert [l for l in brief.splitlines() if l.startswith("  concurrency ")] == \
+        [l for l in full.splitlines() if l.startswith("  concurrency ")]

@@ -35,6 +35,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mode", choices=("auto", "graph", "eager"), default="auto",
                         help="which timings: auto = CUDA-graph where measured, else eager")
     decide.add_engine_arguments(parser)
+    parser.add_argument("--brief", action="store_true",
+                        help="the decision alone: per engine its default path and cost per size, the fastest "
+                             "path with its settings and saving, the headroom (no path, cost or inert table)")
     parser.add_argument("--json", metavar="FILE", help="also write the decision as JSON ('-' for stdout)")
     render.add_arguments(parser)
 
@@ -137,6 +140,39 @@ def _choice_lines(d: EngineDecision, tag: str, tp: int | None) -> tuple[list[str
     return lines, records
 
 
+def _default_lines(d: EngineDecision) -> list[str]:
+    """--brief: per size, the path the engine takes by default here and what it costs."""
+    out = []
+    for s in d.sizes:
+        if s.default.path is None:
+            said = f"cannot tell ({s.default.why})"
+        elif s.default_price is None:
+            said = f"{s.default.path.rule.title}: not measured in this run"
+        else:
+            p = s.default_price
+            how = ", ".join(w for w, on in (("a stand-in's cost", p.stand_in), ("interpolated", p.interpolated)) if on)
+            said = f"{s.default.path.rule.title}: {fmt_us(p.latency_us)} us/call" + (f" ({how})" if how else "")
+        out.append(f"  by default at concurrency {s.concurrency} ({format_bytes(s.message_bytes)}): {said}")
+    return out
+
+
+def _brief_headroom(rooms: list[Headroom], tag: str) -> list[str]:
+    """--brief: each kernel no engine can run here, with the most it would save at one size."""
+    best: dict[str, Headroom] = {}
+    for r in decide.fastest_headroom(rooms):
+        if r.saving is not None and r.saving.per_call_us > 0 and r.saving.beyond_spread is not False:
+            if r.curve not in best or r.saving.per_step_ms > best[r.curve].saving.per_step_ms:  # type: ignore[union-attr]
+                best[r.curve] = r
+    if not best:
+        return []
+    lines = [f"\nheadroom ({tag}; no engine runs these here, never a setting):"]
+    lines += [f"  {r.curve}: a kernel like this would save {r.saving.per_call_us:.1f} us/call, "  # type: ignore[union-attr]
+              f"{r.saving.per_step_ms:.2f} ms/step at concurrency {r.concurrency} "  # type: ignore[union-attr]
+              f"({format_bytes(r.message_bytes)}) against {r.versus.curve if r.versus else '-'}"
+              for r in best.values()]
+    return lines
+
+
 def _headroom_lines(rooms: list[Headroom], model: models.Model, tag: str, args: argparse.Namespace) -> list[str]:
     if not rooms:
         return []
@@ -192,23 +228,26 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
         note = decide.version_note(d)
         if note:
             print(f"caution: {note}")
-        print(_paths_table(d, args))
-        if d.options:
+        if args.brief:
+            print("\n".join(_default_lines(d)))
+        else:
+            print(_paths_table(d, args))
+        if d.options and not args.brief:
             print()
             print(_costs_table(d, tag, args))
-        else:
+        elif not d.options:
             print(f"\nno row of this run prices a path {d.name} can take here")
         lines, choices = _choice_lines(d, tag, tp)
         print("\n".join(lines))
         records.append(_engine_record(d, choices))
-    print("\n".join(_headroom_lines(rooms, model, tag, args)))
+    print("\n".join(_brief_headroom(rooms, tag) if args.brief else _headroom_lines(rooms, model, tag, args)))
 
     shown = [c for d in decisions for o in d.options if o.state.available is not False for c in o.own + o.stand_ins]
     warned = cautions(run.rows, shown + [c for c in curves if c.label in {r.curve for r in rooms}])
     for line in warned:
         print(f"\ncaution: {line}")
     inert = inert_here(run, tp)
-    if inert:
+    if inert and not args.brief:
         print("\nsettings that do nothing on this box (from its probe snapshot; never printed above as a setting):")
         for rule in inert:
             print(f"  - {rule.setting}: {rule.why} ({rule.source})")
