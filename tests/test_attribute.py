@@ -429,3 +429,70 @@ def test_engine_needs_a_run(capsys) -> None:
     trace = Path(__file__).parent / "data" / "traces" / "h200-mps" / "symm_mem-one_shot-rank0.trace.json.gz"
     assert cli_main(["attribute", str(trace), "--engine", "vllm"]) == 2
     assert "give --run too" in capsys.readouterr().err
+
+
+NCCL_LOGS = Path(__file__).parent / "data" / "nccl-logs"
+ENGINE_LOGS = [str(NCCL_LOGS / f"engine-2.28-tp2.rank{r}.log") for r in (0, 1)]
+
+
+def test_the_nccl_log_names_the_algorithm_and_protocol_per_size(capsys: pytest.CaptureFixture[str],
+                                                                tmp_path: Path) -> None:
+    """The SGLang trace's 16 eager NCCL calls at 1 MiB against the engine's log: rank 0's three
+    Ring/LL128 choices count; the 8-rank communicator's Tree/Simple at 1 MiB is another group's."""
+    code, out, _ = attribute_cli(capsys, *map(str, SGLANG), "--steps", "gap", "--nccl-log", *ENGINE_LOGS,
+                                 "--json", str(tmp_path / "a.json"))
+    assert code == 0
+    assert "NCCL at 1M (16 calls in the trace): Ring/LL128 x3\n" in out
+    assert "Tree" not in out and "--nccl-log" not in out
+    assert max(len(line) for line in out.splitlines()) <= 100
+    data = json.loads((tmp_path / "a.json").read_text())["nccl_log"]
+    assert data["files"] == ENGINE_LOGS
+    assert data["lines"] == [{"library": "NCCL", "message_bytes": 1 << 20, "trace_calls": 16,
+                              "choices": {"Ring/LL128": 3}, "said": "Ring/LL128 x3"}]
+
+
+@pytest.mark.parametrize("log, said", [
+    ("symm-2.28-nvswitch.observe.log", "symmetric AllReduce_RSxLD_AGxST x2"),
+    ("symm-2.29-pcie.observe.log", "not in the log"),          # it holds 4096 B calls only
+    ("engine-2.28-tp2.rank1.log",
+     "not in the log: 3 calls logged, no choice (NCCL logs its choice on comm rank 0 only, with TUNING"),
+])
+def test_what_the_log_says_at_the_traces_size(log: str, said: str, capsys: pytest.CaptureFixture[str],
+                                              tmp_path: Path) -> None:
+    code, _, _ = attribute_cli(capsys, *map(str, SGLANG), "--steps", "gap", "--nccl-log", str(NCCL_LOGS / log),
+                               "--json", str(tmp_path / "a.json"))
+    lines = json.loads((tmp_path / "a.json").read_text())["nccl_log"]["lines"]
+    assert code == 0 and len(lines) == 1
+    assert lines[0]["said"].startswith(said) and lines[0]["message_bytes"] == 1 << 20
+
+
+def test_without_a_log_attribute_says_how_to_get_one(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, out, _ = attribute_cli(capsys, *map(str, SGLANG), "--steps", "gap", "--json", str(tmp_path / "a.json"))
+    assert code == 0 and "NCCL_DEBUG_SUBSYS=INIT,TUNING,COLL and give its log as --nccl-log" in out
+    assert json.loads((tmp_path / "a.json").read_text())["nccl_log"] is None
+    # At world size 1 NCCL chooses nothing: no hint; a log says why it has no choice.
+    world1 = TRACES / "h200-mps" / "nccl-world1-rank0.trace.json.gz"
+    code, out, _ = attribute_cli(capsys, str(world1))
+    assert code == 0 and "--nccl-log" not in out
+    log = tmp_path / "world1.log"
+    log.write_text("h:1:1 [0] NCCL INFO AllReduce: opCount 0 sendbuff 0x1 recvbuff 0x1 count 32768 datatype 9 "
+                   "op 4 root 0 comm 0x2 [nranks=1] stream 0x3\n" * 2)
+    code, out, _ = attribute_cli(capsys, str(world1), "--nccl-log", str(log))
+    assert code == 0
+    assert "NCCL (one rank) at 64K (192 calls in the trace): not in the log: 2 calls on one rank" in out
+
+
+def test_an_unreadable_nccl_log_is_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    log = tmp_path / "nccl.log"
+    log.write_text("h:1:1 [0] NCCL INFO NCCL version 2.28.9\n")
+    real_open = Path.open
+
+    def refuse(self: Path, *args: object, **kwargs: object):   # root reads a chmod 000 file
+        if self == log:
+            raise PermissionError(13, "Permission denied")
+        return real_open(self, *args, **kwargs)
+    monkeypatch.setattr(Path, "open", refuse)
+    code, out, err = attribute_cli(capsys, str(VLLM[0]), "--nccl-log", str(log))
+    assert (code, out) == (2, "") and err.count("\n") == 1
+    assert f"--nccl-log {log}: cannot read (Permission denied)" in err

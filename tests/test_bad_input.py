@@ -41,6 +41,8 @@ INPUTS: dict[str, bytes] = {
     "inf.csv": b"bytes,latency_us\n4K,inf\n",
     "not-utf8.json": b'{"kind": "caf\xe9"}',
     "a-file": b"not a directory\n",
+    "empty.log": b"",
+    "engine.log": b"INFO 12-02 06:40:11 [api_server.py:1090] vLLM API server version 0.11.2\n",
     # results dirs whose run.json is no run.json
     "run-list/run.json": b"[1, 2]\n",
     "run-not-utf8/run.json": b'{"schema": 3, "host": "caf\xe9"}',
@@ -63,6 +65,7 @@ FLOOR = ["floor", "{runs}/synthetic-pcie-8gpu", "--model", "glm-5"]
 TABLE = ["floor", "--model", "glm-5", "--latency-table"]
 QUALIFY = ["qualify", "{runs}/synthetic-pcie-8gpu", "--spec"]
 SWEEP = ["sweep", "--sizes", "4K", "--iters", "2", "--out", "out"]
+NCCL_LOG = ["attribute", str(TESTS / "data" / "traces" / "constructed" / "vllm-rank0.trace.json"), "--nccl-log"]
 
 BAD_INPUT = [
     # ---- sweep: sizes, lists, dtypes, modes, backends
@@ -225,6 +228,11 @@ BAD_INPUT = [
     (["attribute", "{in}/binary.csv"], "not a Chrome trace JSON"),
     (["attribute", "{in}/not-utf8.csv"], "not a profiler trace (not UTF-8 text)"),
     (["attribute", "{in}/binary.csv", "--json", "{in}"], "--json {in}: is a directory"),
+    ([*NCCL_LOG, "{in}/no-such.log"], "--nccl-log {in}/no-such.log: no such file"),
+    ([*NCCL_LOG, "{in}"], "--nccl-log {in}: is a directory, not an NCCL log"),
+    ([*NCCL_LOG, "{in}/empty.log"], "--nccl-log {in}/empty.log: empty file, not an NCCL log"),
+    ([*NCCL_LOG, "{in}/binary.csv"], "--nccl-log {in}/binary.csv: binary file, not an NCCL log"),
+    ([*NCCL_LOG, "{in}/engine.log"], "engine.log: not an NCCL log (no 'NCCL INFO' line; run the engine with"),
 ]
 
 

@@ -11,7 +11,8 @@ import torch
 from commbench import backends
 from commbench.topology.nccl_log import (COINCIDED, HONOURED, IGNORED, LOG_VARIABLES, InitEvidence, NcclLogSwitch,
                                 canonical_algo, canonical_proto, enabled_for_allreduce, env_settings,
-                                loaded_libnccl, setting_applied, used_algo_proto)
+                                LoggedAllreduce, LoggedCall, loaded_libnccl, logged_allreduces,
+                                setting_applied, used_algo_proto)
 
 # Rank 0's log of one communicator init with NCCL_PROTO=LL at 2 ranks, in the format of NCCL 2.28.9:
 # src/graph/tuning.cc (the "set by environment" line, the enabled matrix, the tuning table) and
@@ -249,3 +250,22 @@ def test_the_backend_logs_only_around_init_and_observe_and_reads_its_verdict(
     assert logged == [f"nccl_proto=LL.init.pid{os.getpid()}.log"] + [
         f"nccl_proto=LL.4096B.{n}.pid{os.getpid()}.log" for n in (1, 1, 2, 2)]
     assert "no 'AllReduce: 8192 Bytes -> Algo' line" in backend.observe(lambda: None, 8192)["nccl_observed"]
+
+
+def test_logged_allreduces_pair_each_choice_with_its_calls_nranks() -> None:
+    """COLL lines give the size (count x ncclDataType_t) and nranks on every rank; the tuning line
+    that follows in the same process takes the earliest waiting call of its size."""
+    coll = ("{p} [0] NCCL INFO AllReduce: opCount 0 sendbuff 0x7f recvbuff 0x7f count {n} datatype {t} op 0 root 0 "
+            "comm 0x55 [nranks={r}] stream 0x56")
+    lines = [coll.format(p="h:1:1", n=2048, t=9, r=2), coll.format(p="h:2:2", n=1024, t=7, r=8),
+             "h:2:2 [0] NCCL INFO AllReduce: 4096 Bytes -> Algo TREE proto SIMPLE channel{Lo..Hi}={0..1}",
+             "h:1:1 [0] NCCL INFO AllReduce: 4096 Bytes -> Algo NVLS_TREE proto LL128 channel{Lo..Hi}={0..1}",
+             "h:1:1 [0] NCCL INFO AllReduce: 4096 Bytes -> Algo RING proto LL channel{Lo..Hi}={0..1}",
+             coll.format(p="h:1:1", n=5, t=99, r=2)]
+    got = list(logged_allreduces(lines))
+    assert got == [LoggedCall("h:1", 4096, 2), LoggedCall("h:2", 4096, 8),
+                   LoggedAllreduce(4096, "Tree", "Simple", nranks=8),
+                   LoggedAllreduce(4096, "NVLSTree", "LL128", nranks=2),
+                   LoggedAllreduce(4096, "Ring", "LL"),                  # no call waiting: nranks unknown
+                   LoggedCall("h:1", None, 2)]                           # a datatype NCCL added later
+    assert [c.choice for c in got if isinstance(c, LoggedAllreduce)] == ["Tree/Simple", "NVLSTree/LL128", "Ring/LL"]

@@ -7,6 +7,10 @@ and a few untimed calls per row, never inside a timed loop. Lines it reads (NCCL
 - per collective, comm rank 0 only (src/enqueue.cc, TUNING):
   ``NCCL INFO AllReduce: 4096 Bytes -> Algo RING proto LL channel{Lo..Hi}={0..1}``
   with names from ncclAlgoToString / ncclProtoToString (src/collectives.cc);
+- per collective on entry, every rank (src/enqueue.cc ncclEnqueueCheck, COLL): ``NCCL INFO AllReduce:
+  opCount 3 sendbuff 0x.. recvbuff 0x.. count 2048 datatype 9 op 0 root 0 comm 0x.. [nranks=2]
+  stream 0x..``, datatype as ncclDataType_t (src/nccl.h.in); a world-1 call logs no Algo line after
+  it (ncclLaunchOneRank, src/enqueue.cc taskAppend);
 - at init, every rank (src/graph/tuning.cc, ENV): ``NCCL INFO NCCL_PROTO set by environment to LL``;
 - at init, comm rank 0 when NCCL_PROTO or NCCL_ALGO is set (src/graph/tuning.cc, ENV):
   ``NCCL INFO Enabled NCCL Func/Proto/Algo Matrix:`` then a header row and one row per function
@@ -31,12 +35,12 @@ from __future__ import annotations
 import ctypes
 import os
 import re
-from collections import Counter
+from collections import Counter, defaultdict, deque
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 # commbench's spelling, which requests use; NCCL's own spellings map onto it.
 PROTOCOLS = ("LL", "LL128", "Simple")
@@ -61,6 +65,15 @@ _MATRIX_ROW_RE = re.compile(r"^\s*(\w+) \|([^|]*)\|([^|]*)$")
 _LIBNCCL_RE = re.compile(r"/libnccl\.so(\.\d+)*$")
 _SYMMETRIC_RE = re.compile(r"NCCL INFO AllReduce \[Symmetric\]: (\d+) Bytes -> Kernel (\w+)")
 _NO_SYMMETRIC_MARK = "Symmetric memory is not supported."
+_COLL_RE = re.compile(r"NCCL INFO AllReduce: opCount \w+ sendbuff \S+ recvbuff \S+ count (\d+) datatype (\d+) "
+                      r"op \d+ root -?\d+ comm \S+ \[nranks=(\d+)\]")
+# Any line NCCL's logger writes (src/debug.cc: "host:pid:tid [dev] NCCL INFO|WARN ...").
+NCCL_LINE_MARKS = ("NCCL INFO", "NCCL WARN")
+# Calls waiting for their choice line, per process and size: a choice follows its call within the
+# same group, and a rank other than comm rank 0 logs calls that no choice ever takes.
+PENDING_CALLS = 4096
+# ncclDataType_t (src/nccl.h.in) -> bytes per element.
+DATATYPE_BYTES = {0: 1, 1: 1, 2: 4, 3: 4, 4: 8, 5: 8, 6: 2, 7: 4, 8: 8, 9: 2, 10: 1, 11: 1}
 
 
 def _key(name: str) -> str:
@@ -91,13 +104,84 @@ def read_lines(path: Path) -> list[str]:
     return path.read_text(encoding="utf-8", errors="replace").splitlines()
 
 
+@dataclass(frozen=True)
+class LoggedAllreduce:
+    """One allreduce NCCL logged its choice for (comm rank 0 only): an algorithm and protocol
+    (``-> Algo`` line) or a symmetric kernel (``[Symmetric]`` line, which has no Algo line).
+    ``nranks`` comes from the call's COLL line in the same process, where the log has one."""
+
+    message_bytes: int
+    algorithm: str | None = None     # commbench's spelling
+    protocol: str | None = None
+    symmetric_kernel: str | None = None
+    nranks: int | None = None
+
+    @property
+    def choice(self) -> str:
+        """'Ring/LL' or 'symmetric AllReduce_AGxLL_R'."""
+        if self.symmetric_kernel:
+            return f"symmetric {self.symmetric_kernel}"
+        return f"{self.algorithm}/{self.protocol}"
+
+
+@dataclass(frozen=True)
+class LoggedCall:
+    """One allreduce call NCCL logged on entry (COLL, every rank; src/enqueue.cc ncclEnqueueCheck:
+    ``AllReduce: opCount %lx sendbuff %p recvbuff %p count %zu datatype %d op %d root %d comm %p
+    [nranks=%d] stream %p``), its size from count and datatype."""
+
+    process: str                     # NCCL's "host:pid" prefix
+    message_bytes: int | None        # None for a datatype this table does not know
+    nranks: int
+
+
+def _process(line: str) -> str:
+    """NCCL's "host:pid" from its "host:pid:tid [dev] NCCL INFO" prefix (src/debug.cc)."""
+    return ":".join(line.split(" ", 1)[0].split(":")[:2])
+
+
+def logged_call(line: str) -> LoggedCall | None:
+    match = _COLL_RE.search(line)
+    if match is None:
+        return None
+    count, datatype, nranks = (int(g) for g in match.groups())
+    size = DATATYPE_BYTES.get(datatype)
+    return LoggedCall(_process(line), count * size if size is not None else None, nranks)
+
+
+def logged_allreduces(lines: Iterable[str]) -> Iterator[LoggedAllreduce | LoggedCall]:
+    """Every allreduce line of an INFO log in order: a LoggedCall per COLL line, a LoggedAllreduce
+    per tuning or symmetric line, paired with the earliest unpaired call of that size in the same
+    process for its nranks (NCCL logs the call on entry and its choice when it plans the launch)."""
+    pending: dict[tuple[str, int | None], deque[int]] = defaultdict(lambda: deque(maxlen=PENDING_CALLS))
+    for line in lines:
+        if "NCCL INFO AllReduce" not in line:
+            continue
+        call = logged_call(line)
+        if call is not None:
+            pending[(call.process, call.message_bytes)].append(call.nranks)
+            yield call
+            continue
+        tuning, symmetric = _TUNING_RE.search(line), _SYMMETRIC_RE.search(line)
+        if tuning is None and symmetric is None:
+            continue
+        message_bytes = int((tuning or symmetric).group(1))  # type: ignore[union-attr]
+        waiting = pending.get((_process(line), message_bytes))
+        nranks = waiting.popleft() if waiting else None
+        if tuning is not None:
+            yield LoggedAllreduce(message_bytes, canonical_algo(tuning.group(2)), canonical_proto(tuning.group(3)),
+                                  nranks=nranks)
+        else:
+            yield LoggedAllreduce(message_bytes, symmetric_kernel=symmetric.group(2), nranks=nranks)  # type: ignore[union-attr]
+
+
+def _choices(lines: Iterable[str], message_bytes: int) -> list[LoggedAllreduce]:
+    return [c for c in logged_allreduces(lines) if isinstance(c, LoggedAllreduce) and c.message_bytes == message_bytes]
+
+
 def used_algo_proto(lines: list[str], message_bytes: int) -> tuple[str | None, str | None]:
     """The (algorithm, protocol) NCCL logged most often for allreduces of this size."""
-    seen: Counter[tuple[str, str]] = Counter()
-    for line in lines:
-        match = _TUNING_RE.search(line)
-        if match and int(match.group(1)) == message_bytes:
-            seen[(canonical_algo(match.group(2)), canonical_proto(match.group(3)))] += 1
+    seen = Counter((c.algorithm, c.protocol) for c in _choices(lines, message_bytes) if c.algorithm)
     if not seen:
         return None, None
     return seen.most_common(1)[0][0]
@@ -182,11 +266,7 @@ def setting_applied(requested: dict[str, str], used: dict[str, str], init: InitE
 
 def symmetric_kernel(lines: list[str], message_bytes: int) -> str | None:
     """The symmetric kernel NCCL logged most often for allreduces of this size, or None."""
-    seen: Counter[str] = Counter()
-    for line in lines:
-        match = _SYMMETRIC_RE.search(line)
-        if match and int(match.group(1)) == message_bytes:
-            seen[match.group(2)] += 1
+    seen = Counter(c.symmetric_kernel for c in _choices(lines, message_bytes) if c.symmetric_kernel)
     return seen.most_common(1)[0][0] if seen else None
 
 

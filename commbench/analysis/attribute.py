@@ -19,6 +19,7 @@ from typing import Any, Sequence
 
 from commbench import engines
 from commbench.analysis import decide, models, provenance, render
+from commbench.analysis.attribute_nccl import HOW_TO_LOG, LogLine, has_nccl, log_lines, log_text, read_nccl_logs
 from commbench.analysis.attribute_floor import Alternative, FloorLine, Priced, against_floor
 from commbench.analysis.attribution import RULES, RankResult, SizeHint, Step, analyse_rank
 from commbench.analysis.curves import Curve, decode_curves
@@ -49,6 +50,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gap-us", type=float, help="gap rule: idle time that starts a new step (default: auto)")
     parser.add_argument("--engine", choices=tuple(engines.ENGINE_NAMES),
                         help="with --run: also price the fastest path this engine can take on that box")
+    parser.add_argument("--nccl-log", nargs="+", type=Path, metavar="FILE",
+                        help="the engine's NCCL INFO log(s) (NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,TUNING,COLL): "
+                             "the algorithm/protocol NCCL ran at each size")
     parser.add_argument("--json", metavar="FILE", help="also write the result as JSON ('-' for stdout)")
     render.add_arguments(parser)
 
@@ -233,6 +237,7 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     if args.engine and not args.run:
         raise UsageError("--engine prices the engine's fastest path from a sweep of the box: give --run too")
     run = load_run(args.run) if args.run else None
+    nccl_log = read_nccl_logs(args.nccl_log) if args.nccl_log else None
     ranks, results = analyse_traces(args.traces, hint, args.steps, annotation, args.gap_us)
     steps = [s for r in results for s in r.steps]
 
@@ -275,9 +280,20 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
         print(textwrap.fill(f"unclassified communication (counted neither as compute nor as allreduce): "
                             f"{short_name(name)} x{n}", WIDTH, subsequent_indent="  "))
 
+    world = ranks[0][1].world_size or len(ranks)
+    logged: list[LogLine] = []
+    if nccl_log is not None:
+        logged = log_lines(nccl_log, results, world)
+        print()
+        for line in log_text(nccl_log, logged):
+            print(textwrap.fill(line, WIDTH, subsequent_indent="    " if line.startswith("  ") else "  ",
+                                break_on_hyphens=False))
+    elif world > 1 and has_nccl(results):   # at world size 1 NCCL chooses no algorithm
+        print(textwrap.fill(f"note: NCCL's log tells the protocol: run the engine with {HOW_TO_LOG} and give its "
+                            "log as --nccl-log", WIDTH, subsequent_indent="  "))
+
     floor: list[FloorLine] = []
     if run is not None:
-        world = ranks[0][1].world_size or len(ranks)
         alternative = (engine_alternative(args.engine, run, world, dtype_name(args.dtype) if args.dtype else "bf16")
                        if args.engine else None)
         floor = floor_lines(run, ranks, results, args.dtype, args.batch, alternative)
@@ -295,7 +311,8 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
                    "unclassified": r.unclassified,
                    "steps": [step_json(s) for s in r.steps]} for r in results],
         "summary": [asdict(s) for s in summaries], "kernels": [asdict(k) for k in kernels],
-        "floor": [asdict(f) for f in floor]})
+        "floor": [asdict(f) for f in floor],
+        "nccl_log": None if nccl_log is None else {"files": nccl_log.files, "lines": [asdict(x) for x in logged]}})
     return 0
 
 
