@@ -21,6 +21,7 @@ ROOT = Path(__file__).parent.parent
 RUNS = Path(__file__).parent / "data" / "runs"
 EMULATED = ROOT / "results" / "reference" / "h200-mps-emulated"
 NCCL_TESTS = Path(__file__).parent / "data" / "nccl-tests" / "h200-8gpu-mpi-graph.json"
+TRACES = Path(__file__).parent / "data" / "traces" / "h200-mps"
 
 # Runs every argv list in sys.argv[1] (JSON) through the CLI with torch unimportable; prints a
 # JSON list of (exit status, whether torch got imported) per command.
@@ -59,6 +60,8 @@ def test_every_analysis_command_runs_with_torch_unimportable(tmp_path: Path) -> 
         ["table", _one("world2/allreduce/*/"), world8, "--out", str(tmp_path / "table.md")],
         ["import-nccl-tests", str(NCCL_TESTS), "--out", str(tmp_path / "imported")],
         ["report", str(tmp_path / "imported"), "--out", str(tmp_path / "imported-report")],
+        ["attribute", *(str(p) for p in sorted(TRACES.glob("p2p-oneshot_lamport-rank*.trace.json.gz"))),
+         "--run", _one("world2/allreduce/*/"), "--hidden", "4096", "--batch", "8"],
     ]
     assert {argv[0] for argv in commands} | {"probe", "sweep"} == set(cli.SUBCOMMANDS)
     done = subprocess.run([sys.executable, "-c", NO_TORCH, json.dumps(commands)], capture_output=True,
