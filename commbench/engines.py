@@ -3,8 +3,9 @@ settings that select each path.
 
 One place for every engine fact commbench uses, each with the version it was read at and its
 public source: the settings a backend declares (Backend.engine_settings builds a Settings from
-the facts here), how recommend prints them, and the explain section of the probe (which path
-each engine would take on a given box). No torch here: the analysis reads it too.
+the facts here), how recommend prints them, and the settings that do nothing on a probed box.
+commbench/engine_paths.py applies the gates to a box (recommend, floor and the probe's explain
+section read it). No torch here: the analysis reads it too.
 """
 
 from __future__ import annotations
@@ -14,8 +15,7 @@ import shlex
 from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple
 
-from commbench.policy import multicast_policy_reason
-from commbench.topology.needs import full_nvlink, p2p_reason, vmm_reason
+from commbench.topology.needs import full_nvlink
 from commbench.topology.selection import gpu_pairs, p2p_entry, used_gpus, used_hosts
 
 VLLM_VERSION = "0.33.0"
@@ -373,12 +373,7 @@ def inert_settings(snapshot: dict[str, Any], world_size: int) -> list[InertSetti
             + _nccl_symmetric_rule(nccl_version(snapshot), world_size, nvlink))
 
 
-# --- explain: which path each engine would take on a probed box ------------------------------
-
-def _cc(snapshot: dict[str, Any]) -> str:
-    gpus = snapshot.get("gpus") or []
-    return gpus[0].get("compute_capability", "?") if gpus else "?"
-
+# --- NVLink as the engines' gates read it (commbench.engine_paths applies them) ---------------
 
 def _nvml_nvlink_all(snapshot: dict[str, Any], gpu_ids: list[int]) -> bool:
     """vLLM's is_fully_connected: NVML P2P status for the NVLINK index is OK on every pair."""
@@ -392,101 +387,3 @@ def _nvml_nvlink_all(snapshot: dict[str, Any], gpu_ids: list[int]) -> bool:
 def nvlink_everywhere(snapshot: dict[str, Any], gpu_ids: list[int]) -> bool:
     """NVLink between every pair, by the link matrix or by NVML (vLLM's is_fully_connected asks NVML)."""
     return full_nvlink(snapshot, gpu_ids) or _nvml_nvlink_all(snapshot, gpu_ids)
-
-
-def _can_access_all(snapshot: dict[str, Any], gpu_ids: list[int]) -> bool:
-    return all((p2p_entry(snapshot, a, b) or {}).get("can_access_peer") is True for a, b in gpu_pairs(gpu_ids))
-
-
-def explain(snapshot: dict[str, Any], world_size: int) -> list[str]:
-    """Which allreduce path vLLM and SGLang would take on this box, and why, by their published rules
-    (inert_settings() adds the settings that would change nothing here)."""
-    if not snapshot.get("gpus"):
-        return ["No CUDA GPU in this snapshot: vLLM and SGLang would not start a CUDA tensor-parallel group."]
-    if world_size < 2:
-        return [f"World size {world_size}: there is nothing to all-reduce; pass --world-size N to see TP=N."]
-    gpus = used_gpus(snapshot, world_size)
-    distinct = sorted(set(gpus))
-    nvlink = _nvml_nvlink_all(snapshot, gpus)
-    p2p_ok = p2p_reason(snapshot, world_size) is None
-    can_access = _can_access_all(snapshot, gpus)
-    vmm_fail = vmm_reason(snapshot, world_size)
-    cc = _cc(snapshot)
-    multi_node = len(used_hosts(snapshot, world_size)) > 1
-    mc_attr = all((snapshot["gpus"][g].get("attributes") or {}).get("multicast") == 1 for g in distinct)
-    mc_allowed = multicast_policy_reason(True) is None
-    pair_text = "n/a (one GPU, ranks share it)" if len(distinct) == 1 else "yes" if nvlink else "no"
-    lines = [f"TP={world_size} on GPUs {distinct} (compute capability {cc}); "
-             f"NVLink between every pair (NVML): {pair_text}; functional P2P: "
-             f"{'yes' if p2p_ok else 'no'}; multicast attribute: {'yes' if mc_attr else 'no'}."]
-    # vLLM
-    ca = "on"
-    if multi_node:
-        ca = f"off: the group spans nodes (rule: custom_all_reduce.py, vLLM {VLLM_VERSION})"
-    elif world_size not in CUSTOM_AR_WORLD_SIZES:
-        ca = (f"off: world size {world_size} is not one of {', '.join(map(str, CUSTOM_AR_WORLD_SIZES))} "
-              f"(_SUPPORTED_WORLD_SIZES, vLLM {VLLM_VERSION})")
-    elif world_size > 2 and not nvlink:
-        ca = ("off: 'not supported on more than two PCIe-only GPUs' — is_fully_connected() asks NVML for "
-              f"NVLink on every pair and never tests PCIe peer access (vLLM {VLLM_VERSION})")
-    elif not can_access:
-        ca = f"off: cudaDeviceCanAccessPeer is false on some pair (VLLM_SKIP_P2P_CHECK=1 default, vLLM {VLLM_VERSION})"
-    if ca == "on":
-        if world_size == 2:
-            stage = "always 1-stage at TP2"
-        else:
-            limit = "512 KiB" if world_size <= 4 else "256 KiB"
-            stage = f"1-stage below {limit}, 2-stage above (full NVLink)"
-        ca = f"on: {stage}, inputs below 8 MiB (vLLM {VLLM_VERSION} custom_all_reduce.cuh)"
-        if not p2p_ok:
-            ca += ("; WARNING: vLLM trusts cudaDeviceCanAccessPeer by default but the write-and-verify check "
-                   "failed here — expect a hang or wrong output; use --disable-custom-all-reduce or "
-                   "VLLM_SKIP_P2P_CHECK=0")
-    lines.append(f"vLLM {VLLM_VERSION} custom allreduce (CUDA IPC): {ca}.")
-    if not mc_attr:
-        symm = "off: no multicast on these GPUs, so the symmetric-memory handle has multicast_ptr == 0"
-    elif not mc_allowed:
-        symm = ("off: TORCH_SYMM_MEM_DISABLE_MULTICAST/NCCL_NVLS_ENABLE policy leaves multicast_ptr == 0, and vLLM "
-                "disables the communicator even for two-shot")
-    elif cc not in ("9.0", "10.0"):
-        symm = f"off: no SYMM_MEM_ALL_REDUCE_MAX_SIZES entry for compute capability {cc}"
-    else:
-        kind = "multimem" if world_size in ((4, 6, 8) if cc == "9.0" else (6, 8)) else "two-shot"
-        symm = f"on ({kind}) for sizes above the custom-allreduce limit"
-    lines.append(f"vLLM {VLLM_VERSION} torch symmetric memory (VLLM_ALLREDUCE_USE_SYMM_MEM=1 default): {symm}.")
-    if vmm_fail:
-        fi = f"off: FlashInfer's cuMemCreate workspace cannot be shared here ({vmm_fail})"
-    elif multi_node:
-        fi = "trtllm is single-node only; mnnvl needs multicast across nodes"
-    elif mc_attr:
-        fi = ("backend 'auto' resolves to mnnvl on one node and creates a multicast object (cuMulticastCreate)"
-              + ("" if mc_allowed else " — forbidden by this host's policy: set VLLM_FLASHINFER_ALLREDUCE_BACKEND=trtllm"))
-    else:
-        fi = "backend 'auto' falls back to trtllm (cuMemCreate + POSIX FD buffers, no multicast)"
-    if world_size not in (2, 4, 8, 16) and not vmm_fail:
-        fi += f"; the AR+RMSNorm fusion pass skips world size {world_size} (supports 2, 4, 8, 16)"
-    lines.append(f"vLLM {VLLM_VERSION} FlashInfer allreduce (VLLM_ALLREDUCE_USE_FLASHINFER=1 default): {fi}.")
-    lines.append(f"vLLM {VLLM_VERSION} fallback: PyNccl (NCCL) for every size the paths above do not take.")
-    # SGLang
-    sg_ca = ca.split(":")[0] if ca.startswith("off") else "on (same gate as vLLM: ws 2/4/6/8, NVLink for >2 GPUs, 8 MiB max)"
-    lines.append(f"SGLang {SGLANG_VERSION} custom allreduce v1: {sg_ca}"
-                 + (f" — {ca.split(':', 1)[1].strip()}" if ca.startswith("off") else "") + ".")
-    if cc.split(".")[0] not in ("9", "10"):
-        sg_fi = f"off: needs SM90 or SM10x, this is compute capability {cc}"
-    elif vmm_fail:
-        sg_fi = ("off: its cuMemCreate preflight would fail on at least one rank "
-                 f"('Skipping allreduce fusion to avoid cross-rank desync'); here: {vmm_fail}")
-    elif cc.startswith("9"):
-        sg_fi = "on with backend 'auto' -> trtllm (SM90, single node)"
-    else:
-        sg_fi = "on with backend 'auto' -> mnnvl (Blackwell) — needs multicast" + ("" if mc_attr and mc_allowed else
-                                                                                  ", unavailable here")
-    lines.append(f"SGLang {SGLANG_VERSION} FlashInfer allreduce fusion (fused AR+residual+RMSNorm models): {sg_fi}.")
-    sg_symm = ("on if --enable-torch-symm-mem (multimem on SM9/SM10 at 4/6/8 ranks, else two-shot)"
-               if mc_attr and mc_allowed else "off even with --enable-torch-symm-mem: no multicast")
-    lines.append(f"SGLang {SGLANG_VERSION} torch symmetric memory: {sg_symm}.")
-    mscclpp = ("available with --enable-mscclpp" if world_size in (4, 8, 16, 32, 64) and p2p_ok
-               else "not used: needs 4/8/16/.. ranks with working P2P" if world_size not in (4, 8, 16, 32, 64)
-               else "would fail: P2P does not work here")
-    lines.append(f"SGLang {SGLANG_VERSION} MSCCL++: {mscclpp}; fallback: PyNccl.")
-    return lines
