@@ -93,8 +93,11 @@ FLASHINFER_ARCHS = "FlashInfer's trtllm kernels are built for SM 9.x/10.x/12.x o
 FUSED_TIMING = ("the fused allreduce+residual+RMSNorm timing includes the norm: compare it with allreduce + a "
                 "separate RMSNorm, not with a bare allreduce")
 SGLANG_PCIE_IPC = "SGLang integrates FlashInfer PCIe IPC in sglang #34528; no released flag selects it yet"
-MSCCLPP_NO_VLLM = ("vLLM has no MSCCL++ path; the NCCL-API shim (LD_PRELOAD libmscclpp_nccl.so) replaces NCCL "
-                   "underneath any engine")
+MSCCLPP_NO_VLLM = ("vLLM has no MSCCL++ path; the NCCL-API shim (mscclpp:shim) replaces NCCL underneath any engine "
+                   "instead")
+MSCCLPP_SHIM = ("MSCCL++'s NCCL-API shim (libmscclpp_nccl.so) loaded in place of NCCL is not an engine's MSCCL++ path "
+                "(SGLang's --enable-mscclpp runs MSCCL++'s own Python API: mscclpp:auto measures that): it serves "
+                "whatever the engine sends to NCCL, so these rows price the engine's NCCL path with the shim loaded")
 MSCCLPP_SGLANG = "SGLang's MSCCL++ needs 4+ consecutive ranks and runs only inside CUDA graphs"
 UNFUSED_BASELINE = ("the unfused baseline is plain allreduce + a separate residual add and RMSNorm: what engines run "
                     "when fusion is off; pick the allreduce backend it used instead")
@@ -139,6 +142,9 @@ class Settings:
     sglang_supported: bool = True
     # engine -> {"path": path id, "stand_in": bool}: the engine path these rows price (claim()).
     engine_paths: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # A library loaded in place of the engine's NCCL (LD_PRELOAD): "" is the NCCL the engine
+    # ships. Part of what makes two settings different; never printed as a paste-ready line.
+    preload: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -148,11 +154,16 @@ class Settings:
         return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
 
     def with_process_env(self, env_setting: dict[str, str]) -> "Settings":
-        """The same settings under a driver run's process-level variables (NCCL_* knobs)."""
-        if not env_setting:
+        """The same settings under a driver run's process-level variables (NCCL_* knobs). A
+        library the run preloaded is the settings' preload, not a knob (runs recorded before
+        backends declared preload carry it only there)."""
+        knobs = {k: v for k, v in env_setting.items() if k != PRELOAD_VAR}
+        preload = self.preload or env_setting.get(PRELOAD_VAR, "")
+        if not knobs and preload == self.preload:
             return self
-        notes = self.notes if NCCL_ENV_IS_PROCESS_WIDE in self.notes else [*self.notes, NCCL_ENV_IS_PROCESS_WIDE]
-        return Settings(**{**asdict(self), "nccl_env": {**env_setting, **self.nccl_env}, "notes": notes})
+        notes = self.notes if not knobs or NCCL_ENV_IS_PROCESS_WIDE in self.notes else [*self.notes,
+                                                                                         NCCL_ENV_IS_PROCESS_WIDE]
+        return Settings(**{**asdict(self), "nccl_env": {**knobs, **self.nccl_env}, "notes": notes, "preload": preload})
 
 
 # What SGLANG_ALGO_BY_SIZE and VLLM_STAGE_BY_SIZE say in every wording they were recorded with.
@@ -197,6 +208,15 @@ def declared_paths(s: Settings) -> dict[str, dict[str, Any]]:
     return out
 
 
+def nccl_path(variant: str, nccl_env: dict[str, str] | None = None, notes: list[str] | None = None,
+              preload: str = "") -> Settings:
+    """Settings that leave every call of both engines on their NCCL path (PyNccl): what a backend
+    serving NCCL's API prices, with NCCL's knobs or with another library loaded in its place."""
+    return Settings(variant, nccl_env=dict(nccl_env or {}), vllm_env=dict(VLLM_ONLY_NCCL),
+                    vllm_flags=[DISABLE_CUSTOM_ALLREDUCE], sglang_flags=[DISABLE_CUSTOM_ALLREDUCE],
+                    notes=list(notes or []), preload=preload, engine_paths=claim(NCCL_PATH, VLLM, SGLANG))
+
+
 def none_selects(variant: str, why: str) -> Settings:
     """A path that no engine setting selects."""
     return Settings(variant, notes=[why], vllm_supported=False, sglang_supported=False)
@@ -207,6 +227,12 @@ def none_selects(variant: str, why: str) -> Settings:
 # the engine reads, and every token goes through shlex.quote.
 
 ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
+LIBRARY_PATH = re.compile(r"^/[A-Za-z0-9_.+/-]{1,255}$")
+PRELOAD_VAR = "LD_PRELOAD"
+# The engines' PyNccl opens libnccl.so.2 through ctypes unless given a path: vLLM 0.33.0
+# vllm/utils/nccl.py find_nccl_library (VLLM_NCCL_SO_PATH); SGLang 0.5.23 pynccl_wrapper.py
+# (SGLANG_NCCL_SO_PATH).
+NCCL_SO_PATH_VAR = {VLLM: "VLLM_NCCL_SO_PATH", SGLANG: "SGLANG_NCCL_SO_PATH"}
 ENV_PREFIXES = ("NCCL_", "VLLM_", "SGLANG_", "MSCCLPP_", "TORCH_", "NVSHMEM_")
 ENV_VALUE = re.compile(r"^[A-Za-z0-9_.,:+-]{1,64}$")
 # Flags an engine setting may carry, with the values each takes (None: a switch).
@@ -262,8 +288,25 @@ def _unquoted(token: str) -> str:
     return token[1:-1] if len(token) > 1 and token[0] == token[-1] == "'" else token
 
 
+def preload_shown(path: Any) -> str | None:
+    """The preloaded library's path where it is a plain absolute path (run.json is untrusted)."""
+    return path if isinstance(path, str) and LIBRARY_PATH.match(path) and "/../" not in path else None
+
+
+def preload_deployment(s: Settings, engine: str) -> str:
+    """How a setting with another library under the engine is deployed: no engine flag selects it,
+    so commbench prints no paste-ready line for it."""
+    path = preload_shown(s.preload)
+    if path is None:
+        return "a preloaded library whose path is not a plain absolute path"
+    return (f"no engine setting loads {path}: start the engine with {PRELOAD_VAR}={path} (torch's NCCL) and "
+            f"{NCCL_SO_PATH_VAR[engine]}={path} (the engine's PyNccl, which opens NCCL by name through ctypes)")
+
+
 def paste_lines(s: Settings, engine: str, tp: int | None) -> tuple[list[str], str | None]:
     """The shell lines that select this setting in `engine` (NCCL exports first), or a refusal."""
+    if s.preload:
+        return [], preload_deployment(s, engine)
     env = s.vllm_env if engine == VLLM else s.sglang_env
     flags = s.vllm_flags if engine == VLLM else s.sglang_flags
     refusal = env_refusal(s.nccl_env) or env_refusal(env) or flags_refusal(flags)
