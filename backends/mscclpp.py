@@ -9,7 +9,9 @@ Two ways in (facts from microsoft/mscclpp 0.9.0's Python package and NCCL shim):
   <= 16 KiB allpair_packet, <= 1 MiB packet, else fullmesh); ``mscclpp:algo=NAME`` forces one.
   The algorithm that ran is recorded on every row.
 - ``mscclpp:shim``: NCCL's API served by ``libmscclpp_nccl.so``, preloaded into a child
-  torchrun (``--mscclpp-nccl-lib PATH``); the shim chooses its algorithm internally.
+  torchrun (``--mscclpp-nccl-lib PATH``); the shim chooses its algorithm internally. It is not
+  SGLang's ``--enable-mscclpp`` (that is the Python API): it prices an engine's NCCL path with the
+  shim loaded in place of NCCL, which no engine flag selects (engines.nccl_path, preload).
 
 Every default allreduce algorithm (DEFAULT_ALGORITHMS, the ten that 0.9.0's
 ``src/ext/collectives/algorithm_collection_builder.cc`` registers) is a variant of its own:
@@ -349,7 +351,9 @@ class MscclppShim(ProcessGroupBackend):
             self.group = dist.new_group(ranks=list(range(ctx.world_size)), backend="nccl")
 
     def engine_settings(self, world_size: int | None) -> engines.Settings:
-        return engine_settings(self.name)
+        # Not SGLang's --enable-mscclpp (MSCCL++'s Python API): the shim serves any engine's NCCL path.
+        return engines.nccl_path(self.name, notes=[engines.MSCCLPP_SHIM],
+                                 preload=os.path.realpath(self.library) if self.library else "")
 
     def row_fields(self) -> dict[str, Any]:
         return {"extra": {"mscclpp_nccl_lib": self.library,

@@ -106,13 +106,8 @@ class NcclBackend(ProcessGroupBackend):
         notes = [engines.LL128_OFF_NVLINK] if self.proto == "LL128" else []
         if requested:
             notes.append(engines.NCCL_ENV_IS_PROCESS_WIDE)
-        if self.library:
-            notes.append(f"this NCCL is {self.library.path}: serve with it preloaded (LD_PRELOAD) or installed "
-                         "in place of torch's")
-        return engines.Settings(self.name, nccl_env=requested, vllm_env=dict(engines.VLLM_ONLY_NCCL),
-                                vllm_flags=[engines.DISABLE_CUSTOM_ALLREDUCE],
-                                sglang_flags=[engines.DISABLE_CUSTOM_ALLREDUCE], notes=notes,
-                                engine_paths=engines.claim(engines.NCCL_PATH, engines.VLLM, engines.SGLANG))
+        # Another libnccl is part of the setting: priced apart from torch's, never as the default.
+        return engines.nccl_path(self.name, requested, notes, preload=self.library.path if self.library else "")
 
     def requested(self) -> dict[str, str]:
         """What this variant asks NCCL for, by the variables that ask it."""

@@ -21,9 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
+from commbench import engines
 from commbench.errors import UsageError
 
-PRELOAD_VAR = "LD_PRELOAD"
+PRELOAD_VAR = engines.PRELOAD_VAR   # the variable a child torchrun preloads its library with
 LIBRARY_NAME = "libnccl.so.2"
 # Where a libnccl sits below a folder given instead of a file: a pip --target dir or
 # site-packages, a wheel's nvidia/nccl, an NCCL build or install prefix, the folder itself.

@@ -2,7 +2,9 @@
 each engine takes by default at a message size, and what turns each on.
 
 The engines' rules are the facts in commbench/engines.py (versions and sources there and in the
-comments below); this module applies them to a probe snapshot. No torch: the analysis reads it.
+comments below); this module applies them to a probe snapshot. It is the one set of gates and
+size rules: recommend and floor price its paths, and the probe's explain section renders them
+(explain()). No torch: the analysis reads it.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any
 from commbench import engines
 from commbench.engines import (CUSTOM_AR, FLASHINFER_AR, FLASHINFER_FUSED, FLASHINFER_PCIE_IPC, MSCCLPP, NCCL_PATH,
                                NCCL_SYMM, SGLANG, TORCH_SYMM_MEM, VLLM)
+from commbench.policy import multicast_policy_reason
 from commbench.topology.needs import p2p_reason, vmm_reason
 from commbench.topology.selection import gpu_pairs, p2p_entry, used_gpus, used_hosts
 
@@ -33,6 +36,13 @@ FLASHINFER_MAX = {"9.0": {2: 64 * MiB, 4: 2 * MiB, 8: MiB // 2},
 FLASHINFER_WORLD_SIZES = (2, 4, 8, 16)
 PCIE_IPC_WORLD_SIZES = (2, 4, 8)
 MSCCLPP_WORLD_SIZES = (4, 8, 16, 32, 64)
+# vLLM 0.33.0 custom_all_reduce.cuh: one stage always at TP2; above, one stage below these sizes
+# (with full NVLink), two stages from them.
+VLLM_ONE_STAGE_BELOW = ((4, 512 << 10), (8, 256 << 10))
+# Where the torch symm-mem communicator uses multimem rather than two-shot: vLLM 0.33.0 symm_mem.py
+# _WORLD_SIZES_MULTIMEM; SGLang 0.5.23 torch_symm_mem.py (SM9/SM10 at 4/6/8 ranks).
+VLLM_MULTIMEM_WORLD_SIZES = {"9.0": (4, 6, 8), "10.0": (6, 8)}
+SGLANG_MULTIMEM_WORLD_SIZES = {"9": (4, 6, 8), "10": (4, 6, 8)}
 
 
 @dataclass(frozen=True)
@@ -116,9 +126,16 @@ class Box:
     multicast: bool
     vmm_reason: str | None
     nccl_version: tuple[int, ...] | None
+    multicast_blocked: str | None = None    # the host's policy forbids multicast objects (commbench.policy)
+
+    @property
+    def multicast_usable(self) -> bool:
+        return self.multicast and self.multicast_blocked is None
 
 
-def box(snapshot: dict[str, Any] | None, world_size: int) -> Box:
+def box(snapshot: dict[str, Any] | None, world_size: int, multicast_blocked: str | None = None) -> Box:
+    """multicast_blocked: why the host's policy forbids multicast objects (the probe passes its own
+    host's; a run's analysis passes none)."""
     snapshot = snapshot if isinstance(snapshot, dict) else {}
     gpus_used = used_gpus(snapshot, world_size) if snapshot.get("gpus") else []
     if not gpus_used:
@@ -133,10 +150,25 @@ def box(snapshot: dict[str, Any] | None, world_size: int) -> Box:
                can_access_all=all((p2p_entry(snapshot, a, b) or {}).get("can_access_peer") is True for a, b in pairs),
                p2p_ok=p2p_reason(snapshot, world_size) is None,
                multicast=all((gpus[g].get("attributes") or {}).get("multicast") == 1 for g in distinct),
-               vmm_reason=vmm_reason(snapshot, world_size), nccl_version=engines.nccl_version(snapshot))
+               vmm_reason=vmm_reason(snapshot, world_size), nccl_version=engines.nccl_version(snapshot),
+               multicast_blocked=multicast_blocked)
 
 
 SHARED = "ranks share one GPU in this run (an emulation): the engine's gate on the fabric cannot be read"
+P2P_TRUST_WARNING = ("WARNING: vLLM trusts cudaDeviceCanAccessPeer by default (VLLM_SKIP_P2P_CHECK=1) but the "
+                     "write-and-verify check failed here — expect a hang or wrong output; use "
+                     "--disable-custom-all-reduce or VLLM_SKIP_P2P_CHECK=0")
+
+
+def size_text(n_bytes: int) -> str:
+    return f"{n_bytes >> 20} MiB" if n_bytes >= MiB and n_bytes % MiB == 0 else f"{n_bytes >> 10} KiB"
+
+
+def _vllm_stages(world_size: int) -> str:
+    if world_size == 2:
+        return "always 1-stage at TP2"
+    below = next(size for ws, size in VLLM_ONE_STAGE_BELOW if world_size <= ws)
+    return f"1-stage below {size_text(below)}, 2-stage above (full NVLink)"
 
 
 def _custom_ar(b: Box, engine: str) -> tuple[bool | None, str, int | None]:
@@ -145,32 +177,65 @@ def _custom_ar(b: Box, engine: str) -> tuple[bool | None, str, int | None]:
     if b.world_size not in engines.CUSTOM_AR_WORLD_SIZES:
         return False, f"world size {b.world_size} is not one of {engines.CUSTOM_AR_WORLD_SIZES}", None
     cap = engines.CUSTOM_AR_MAX_BYTES
-    if engine == VLLM and b.multicast:
+    if engine == VLLM and b.multicast_usable:
         cap = CUSTOM_AR_CAP_WITH_SYMM.get(b.cc, {}).get(b.world_size, cap)
     if b.shares_gpus and b.world_size > 2:
         return None, SHARED, cap
     if b.world_size > 2 and not b.nvlink_all:
         return False, ("above 2 GPUs it needs NVLink between every pair ('not supported on more than two "
-                       "PCIe-only GPUs'; vLLM #56128)"), cap
+                       "PCIe-only GPUs': is_fully_connected() asks NVML for NVLink and never tests PCIe peer "
+                       "access; vLLM #56128)"), cap
     if not b.can_access_all:
-        return False, "cudaDeviceCanAccessPeer is false on some pair", cap
-    return True, f"on by default below {cap >> 10} KiB", cap
+        return False, "cudaDeviceCanAccessPeer is false on some pair (VLLM_SKIP_P2P_CHECK=1 default)", cap
+    if engine == SGLANG:
+        return True, f"messages below {size_text(cap)}", cap
+    why = f"{_vllm_stages(b.world_size)}, messages below {size_text(cap)} (custom_all_reduce.cuh)"
+    return True, why if b.p2p_ok else f"{why}; {P2P_TRUST_WARNING}", cap
+
+
+def _multimem(b: Box, engine: str) -> bool:
+    if engine == VLLM:
+        return b.world_size in VLLM_MULTIMEM_WORLD_SIZES.get(b.cc, ())
+    return b.world_size in SGLANG_MULTIMEM_WORLD_SIZES.get(b.cc.split(".")[0], ())
 
 
 def _symm_mem(b: Box, engine: str) -> tuple[bool | None, str, int | None]:
     if not b.multicast:
-        return False, "the communicator turns itself off without multicast, even for two-shot (vLLM #50179)", None
+        return False, ("no multicast on these GPUs: the symmetric-memory handle has multicast_ptr == 0 and the "
+                       "communicator turns itself off, even for two-shot (vLLM #50179)"), None
+    if b.multicast_blocked:
+        return False, (f"multicast {b.multicast_blocked}: multicast_ptr == 0, and the communicator turns itself "
+                       "off even for two-shot"), None
+    kind = "multimem" if _multimem(b, engine) else "two-shot"
     if engine == VLLM:
         cap = VLLM_SYMM_MEM_MAX.get(b.cc, {}).get(b.world_size)
         if cap is None:
             return False, f"no SYMM_MEM_ALL_REDUCE_MAX_SIZES entry for compute capability {b.cc}", None
-        return True, f"up to {cap >> 20} MiB, after the custom allreduce's sizes", cap
-    return True, "multimem at 4/6/8 ranks on SM9/SM10, else two-shot", None
+        return True, f"{kind} up to {size_text(cap)}, after the custom allreduce's sizes", cap
+    return True, f"{kind} (multimem at 4/6/8 ranks on SM9/SM10, else two-shot)", None
+
+
+def _flashinfer_backend(b: Box, engine: str, fused: bool) -> str:
+    """Which FlashInfer backend the engine's 'auto' resolves to here."""
+    if engine == VLLM and not fused:
+        # vLLM flashinfer_all_reduce.py _resolve_fi_ar_backend: auto -> mnnvl on one node where multicast works
+        if not b.multicast:
+            return "its backend 'auto' falls back to trtllm (cuMemCreate + POSIX FD buffers, no multicast)"
+        forbidden = f" — forbidden by this host's policy ({b.multicast_blocked})" if b.multicast_blocked else ""
+        return ("its backend 'auto' resolves to mnnvl on one node and creates a multicast object "
+                f"(cuMulticastCreate){forbidden}: set VLLM_FLASHINFER_ALLREDUCE_BACKEND=trtllm for trtllm")
+    if engine == SGLANG:
+        # SGLang flashinfer_comm_fusion.py: auto -> trtllm on SM90, mnnvl on Blackwell
+        if b.cc.startswith("9"):
+            return "backend 'auto' -> trtllm (SM90, single node)"
+        return "backend 'auto' -> mnnvl (Blackwell), which needs multicast" + (
+            "" if b.multicast_usable else ", unavailable here")
+    return "fused AR+residual+RMSNorm"
 
 
 def _flashinfer(b: Box, engine: str, fused: bool) -> tuple[bool | None, str, int | None]:
     if b.multi_node:
-        return False, "trtllm is single-node only", None
+        return False, "trtllm is single-node only; mnnvl needs multicast across nodes", None
     if b.world_size not in FLASHINFER_WORLD_SIZES:
         return False, f"world size {b.world_size} is not one of {FLASHINFER_WORLD_SIZES}", None
     if b.cc == "?":
@@ -181,12 +246,13 @@ def _flashinfer(b: Box, engine: str, fused: bool) -> tuple[bool | None, str, int
     if engine == VLLM and cap is None:
         return False, f"FI_ALLREDUCE_FUSION_MAX_SIZE_MB has no entry for compute capability {b.cc}", None
     if b.vmm_reason:
-        return (None if "not tested" in b.vmm_reason else False), f"cuMemCreate workspace: {b.vmm_reason}", cap
-    kind = "fused AR+residual+RMSNorm" if fused else "trtllm"
-    if engine == VLLM and b.multicast and not fused:
-        # vLLM flashinfer_all_reduce.py _resolve_fi_ar_backend: auto -> mnnvl on one node
-        kind += " (its default 'auto' picks mnnvl where multicast works; trtllm is VLLM_FLASHINFER_ALLREDUCE_BACKEND=trtllm)"
-    return True, f"{kind} up to {cap >> 10} KiB" if cap else kind, cap
+        unknown = None if "not tested" in b.vmm_reason else False
+        if engine == SGLANG:
+            return unknown, ("its cuMemCreate preflight would fail on at least one rank ('Skipping allreduce "
+                             f"fusion to avoid cross-rank desync'); here: {b.vmm_reason}"), cap
+        return unknown, f"FlashInfer's cuMemCreate workspace cannot be shared here ({b.vmm_reason})", cap
+    kind = _flashinfer_backend(b, engine, fused)
+    return True, f"{kind}; up to {size_text(cap)}" if cap else kind, cap
 
 
 def _nccl_symm(b: Box) -> tuple[bool | None, str, int | None]:
@@ -197,7 +263,7 @@ def _nccl_symm(b: Box) -> tuple[bool | None, str, int | None]:
     version = b.nccl_version
     if version is not None and version >= engines.NCCL_SYMMETRIC_PCIE_OFF and not b.nvlink_all:
         return False, "NCCL >= 2.29.2 runs its symmetric kernels only on fully NVLink-connected systems", None
-    return True, "opt-in", None
+    return True, "NCCL's symmetric kernels on windows the engine registers", None
 
 
 def _pcie_ipc(b: Box, dtype: str) -> tuple[bool | None, str, int | None]:
@@ -207,7 +273,7 @@ def _pcie_ipc(b: Box, dtype: str) -> tuple[bool | None, str, int | None]:
         return False, f"bf16/fp16 only, not {dtype}", None
     if b.multi_node or not b.p2p_ok:
         return False, "needs working P2P between the GPUs of one node", None
-    return True, "opt-in, bf16/fp16", None
+    return True, "bf16/fp16 over PCIe peer-to-peer", None
 
 
 def _mscclpp(b: Box) -> tuple[bool | None, str, int | None]:
@@ -215,7 +281,7 @@ def _mscclpp(b: Box) -> tuple[bool | None, str, int | None]:
         return False, f"world size {b.world_size} is not one of {MSCCLPP_WORLD_SIZES}", None
     if not b.p2p_ok:
         return False, "P2P does not work here", None
-    return True, "opt-in; runs only inside CUDA graphs", None
+    return True, "runs only inside CUDA graphs", None
 
 
 def state(rule: PathRule, b: Box, dtype: str) -> PathState:
@@ -235,11 +301,12 @@ def state(rule: PathRule, b: Box, dtype: str) -> PathState:
     return PathState(rule, available, why, cap, inclusive=rule.path != CUSTOM_AR)
 
 
-def states(engine: str, snapshot: dict[str, Any] | None, world_size: int, dtype: str) -> list[PathState]:
+def states(engine: str, snapshot: dict[str, Any] | None, world_size: int, dtype: str,
+           multicast_blocked: str | None = None) -> list[PathState]:
     """Every path of `engine` on this box at this TP, in the engine's dispatch order. A path that
     engines.inert_settings() calls inert is off here with that rule's reason, whatever the gates
     above say: the two never disagree in one output."""
-    b = box(snapshot, world_size)
+    b = box(snapshot, world_size, multicast_blocked)
     inert = engines.inert_settings(snapshot, world_size) if b.has_gpus else []
     out = []
     for rule in RULES:
@@ -271,3 +338,35 @@ def default_path(paths: list[PathState], message_bytes: int, op: str = ALLREDUCE
         if p.available and p.admits(message_bytes):
             return Default(p, p.why)
     return Default(None, "no default-on path runs here")
+
+
+# --- explain: the probe's words for the paths above --------------------------------------------
+
+def _status(p: PathState) -> str:
+    if p.available is None:
+        return "cannot tell here"
+    if not p.available:
+        return "off"
+    return "on" if p.rule.default_on else "opt-in"
+
+
+def explain(snapshot: dict[str, Any], world_size: int) -> list[str]:
+    """Which allreduce paths vLLM and SGLang would take on this box, and why: states() in words,
+    under this host's multicast policy (inert_settings() is folded into states())."""
+    if not snapshot.get("gpus"):
+        return ["No CUDA GPU in this snapshot: vLLM and SGLang would not start a CUDA tensor-parallel group."]
+    if world_size < 2:
+        return [f"World size {world_size}: there is nothing to all-reduce; pass --world-size N to see TP=N."]
+    blocked = multicast_policy_reason(True)
+    b = box(snapshot, world_size, blocked)
+    distinct = sorted(set(used_gpus(snapshot, world_size)))
+    pairs = "n/a (one GPU, ranks share it)" if len(distinct) == 1 else "yes" if b.nvlink_all else "no"
+    policy = f"; multicast {blocked}" if blocked else ""
+    lines = [f"TP={world_size} on GPUs {distinct} (compute capability {b.cc}); NVLink between every pair: {pairs}; "
+             f"functional P2P: {'yes' if b.p2p_ok else 'no'}; multicast attribute: "
+             f"{'yes' if b.multicast else 'no'}{policy}."]
+    for engine in engines.ENGINES:
+        name = f"{engines.ENGINE_NAMES[engine]} {engines.versions()[engine]}"
+        lines += [f"{name} {p.rule.title}: {_status(p)}: {p.why} — {p.rule.turn_on}."
+                  for p in states(engine, snapshot, world_size, "bf16", blocked)]
+    return lines

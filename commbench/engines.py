@@ -3,8 +3,9 @@ settings that select each path.
 
 One place for every engine fact commbench uses, each with the version it was read at and its
 public source: the settings a backend declares (Backend.engine_settings builds a Settings from
-the facts here), how recommend prints them, and the explain section of the probe (which path
-each engine would take on a given box). No torch here: the analysis reads it too.
+the facts here), how recommend prints them, and the settings that do nothing on a probed box.
+commbench/engine_paths.py applies the gates to a box (recommend, floor and the probe's explain
+section read it). No torch here: the analysis reads it too.
 """
 
 from __future__ import annotations
@@ -14,8 +15,7 @@ import shlex
 from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple
 
-from commbench.policy import multicast_policy_reason
-from commbench.topology.needs import full_nvlink, p2p_reason, vmm_reason
+from commbench.topology.needs import full_nvlink
 from commbench.topology.selection import gpu_pairs, p2p_entry, used_gpus, used_hosts
 
 VLLM_VERSION = "0.33.0"
@@ -93,8 +93,11 @@ FLASHINFER_ARCHS = "FlashInfer's trtllm kernels are built for SM 9.x/10.x/12.x o
 FUSED_TIMING = ("the fused allreduce+residual+RMSNorm timing includes the norm: compare it with allreduce + a "
                 "separate RMSNorm, not with a bare allreduce")
 SGLANG_PCIE_IPC = "SGLang integrates FlashInfer PCIe IPC in sglang #34528; no released flag selects it yet"
-MSCCLPP_NO_VLLM = ("vLLM has no MSCCL++ path; the NCCL-API shim (LD_PRELOAD libmscclpp_nccl.so) replaces NCCL "
-                   "underneath any engine")
+MSCCLPP_NO_VLLM = ("vLLM has no MSCCL++ path; the NCCL-API shim (mscclpp:shim) replaces NCCL underneath any engine "
+                   "instead")
+MSCCLPP_SHIM = ("MSCCL++'s NCCL-API shim (libmscclpp_nccl.so) loaded in place of NCCL is not an engine's MSCCL++ path "
+                "(SGLang's --enable-mscclpp runs MSCCL++'s own Python API: mscclpp:auto measures that): it serves "
+                "whatever the engine sends to NCCL, so these rows price the engine's NCCL path with the shim loaded")
 MSCCLPP_SGLANG = "SGLang's MSCCL++ needs 4+ consecutive ranks and runs only inside CUDA graphs"
 UNFUSED_BASELINE = ("the unfused baseline is plain allreduce + a separate residual add and RMSNorm: what engines run "
                     "when fusion is off; pick the allreduce backend it used instead")
@@ -139,6 +142,9 @@ class Settings:
     sglang_supported: bool = True
     # engine -> {"path": path id, "stand_in": bool}: the engine path these rows price (claim()).
     engine_paths: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # A library loaded in place of the engine's NCCL (LD_PRELOAD): "" is the NCCL the engine
+    # ships. Part of what makes two settings different; never printed as a paste-ready line.
+    preload: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -148,11 +154,16 @@ class Settings:
         return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
 
     def with_process_env(self, env_setting: dict[str, str]) -> "Settings":
-        """The same settings under a driver run's process-level variables (NCCL_* knobs)."""
-        if not env_setting:
+        """The same settings under a driver run's process-level variables (NCCL_* knobs). A
+        library the run preloaded is the settings' preload, not a knob (runs recorded before
+        backends declared preload carry it only there)."""
+        knobs = {k: v for k, v in env_setting.items() if k != PRELOAD_VAR}
+        preload = self.preload or env_setting.get(PRELOAD_VAR, "")
+        if not knobs and preload == self.preload:
             return self
-        notes = self.notes if NCCL_ENV_IS_PROCESS_WIDE in self.notes else [*self.notes, NCCL_ENV_IS_PROCESS_WIDE]
-        return Settings(**{**asdict(self), "nccl_env": {**env_setting, **self.nccl_env}, "notes": notes})
+        notes = self.notes if not knobs or NCCL_ENV_IS_PROCESS_WIDE in self.notes else [*self.notes,
+                                                                                         NCCL_ENV_IS_PROCESS_WIDE]
+        return Settings(**{**asdict(self), "nccl_env": {**knobs, **self.nccl_env}, "notes": notes, "preload": preload})
 
 
 # What SGLANG_ALGO_BY_SIZE and VLLM_STAGE_BY_SIZE say in every wording they were recorded with.
@@ -197,6 +208,15 @@ def declared_paths(s: Settings) -> dict[str, dict[str, Any]]:
     return out
 
 
+def nccl_path(variant: str, nccl_env: dict[str, str] | None = None, notes: list[str] | None = None,
+              preload: str = "") -> Settings:
+    """Settings that leave every call of both engines on their NCCL path (PyNccl): what a backend
+    serving NCCL's API prices, with NCCL's knobs or with another library loaded in its place."""
+    return Settings(variant, nccl_env=dict(nccl_env or {}), vllm_env=dict(VLLM_ONLY_NCCL),
+                    vllm_flags=[DISABLE_CUSTOM_ALLREDUCE], sglang_flags=[DISABLE_CUSTOM_ALLREDUCE],
+                    notes=list(notes or []), preload=preload, engine_paths=claim(NCCL_PATH, VLLM, SGLANG))
+
+
 def none_selects(variant: str, why: str) -> Settings:
     """A path that no engine setting selects."""
     return Settings(variant, notes=[why], vllm_supported=False, sglang_supported=False)
@@ -207,6 +227,12 @@ def none_selects(variant: str, why: str) -> Settings:
 # the engine reads, and every token goes through shlex.quote.
 
 ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
+LIBRARY_PATH = re.compile(r"^/[A-Za-z0-9_.+/-]{1,255}$")
+PRELOAD_VAR = "LD_PRELOAD"
+# The engines' PyNccl opens libnccl.so.2 through ctypes unless given a path: vLLM 0.33.0
+# vllm/utils/nccl.py find_nccl_library (VLLM_NCCL_SO_PATH); SGLang 0.5.23 pynccl_wrapper.py
+# (SGLANG_NCCL_SO_PATH).
+NCCL_SO_PATH_VAR = {VLLM: "VLLM_NCCL_SO_PATH", SGLANG: "SGLANG_NCCL_SO_PATH"}
 ENV_PREFIXES = ("NCCL_", "VLLM_", "SGLANG_", "MSCCLPP_", "TORCH_", "NVSHMEM_")
 ENV_VALUE = re.compile(r"^[A-Za-z0-9_.,:+-]{1,64}$")
 # Flags an engine setting may carry, with the values each takes (None: a switch).
@@ -262,8 +288,25 @@ def _unquoted(token: str) -> str:
     return token[1:-1] if len(token) > 1 and token[0] == token[-1] == "'" else token
 
 
+def preload_shown(path: Any) -> str | None:
+    """The preloaded library's path where it is a plain absolute path (run.json is untrusted)."""
+    return path if isinstance(path, str) and LIBRARY_PATH.match(path) and "/../" not in path else None
+
+
+def preload_deployment(s: Settings, engine: str) -> str:
+    """How a setting with another library under the engine is deployed: no engine flag selects it,
+    so commbench prints no paste-ready line for it."""
+    path = preload_shown(s.preload)
+    if path is None:
+        return "a preloaded library whose path is not a plain absolute path"
+    return (f"no engine setting loads {path}: start the engine with {PRELOAD_VAR}={path} (torch's NCCL) and "
+            f"{NCCL_SO_PATH_VAR[engine]}={path} (the engine's PyNccl, which opens NCCL by name through ctypes)")
+
+
 def paste_lines(s: Settings, engine: str, tp: int | None) -> tuple[list[str], str | None]:
     """The shell lines that select this setting in `engine` (NCCL exports first), or a refusal."""
+    if s.preload:
+        return [], preload_deployment(s, engine)
     env = s.vllm_env if engine == VLLM else s.sglang_env
     flags = s.vllm_flags if engine == VLLM else s.sglang_flags
     refusal = env_refusal(s.nccl_env) or env_refusal(env) or flags_refusal(flags)
@@ -373,12 +416,7 @@ def inert_settings(snapshot: dict[str, Any], world_size: int) -> list[InertSetti
             + _nccl_symmetric_rule(nccl_version(snapshot), world_size, nvlink))
 
 
-# --- explain: which path each engine would take on a probed box ------------------------------
-
-def _cc(snapshot: dict[str, Any]) -> str:
-    gpus = snapshot.get("gpus") or []
-    return gpus[0].get("compute_capability", "?") if gpus else "?"
-
+# --- NVLink as the engines' gates read it (commbench.engine_paths applies them) ---------------
 
 def _nvml_nvlink_all(snapshot: dict[str, Any], gpu_ids: list[int]) -> bool:
     """vLLM's is_fully_connected: NVML P2P status for the NVLINK index is OK on every pair."""
@@ -392,101 +430,3 @@ def _nvml_nvlink_all(snapshot: dict[str, Any], gpu_ids: list[int]) -> bool:
 def nvlink_everywhere(snapshot: dict[str, Any], gpu_ids: list[int]) -> bool:
     """NVLink between every pair, by the link matrix or by NVML (vLLM's is_fully_connected asks NVML)."""
     return full_nvlink(snapshot, gpu_ids) or _nvml_nvlink_all(snapshot, gpu_ids)
-
-
-def _can_access_all(snapshot: dict[str, Any], gpu_ids: list[int]) -> bool:
-    return all((p2p_entry(snapshot, a, b) or {}).get("can_access_peer") is True for a, b in gpu_pairs(gpu_ids))
-
-
-def explain(snapshot: dict[str, Any], world_size: int) -> list[str]:
-    """Which allreduce path vLLM and SGLang would take on this box, and why, by their published rules
-    (inert_settings() adds the settings that would change nothing here)."""
-    if not snapshot.get("gpus"):
-        return ["No CUDA GPU in this snapshot: vLLM and SGLang would not start a CUDA tensor-parallel group."]
-    if world_size < 2:
-        return [f"World size {world_size}: there is nothing to all-reduce; pass --world-size N to see TP=N."]
-    gpus = used_gpus(snapshot, world_size)
-    distinct = sorted(set(gpus))
-    nvlink = _nvml_nvlink_all(snapshot, gpus)
-    p2p_ok = p2p_reason(snapshot, world_size) is None
-    can_access = _can_access_all(snapshot, gpus)
-    vmm_fail = vmm_reason(snapshot, world_size)
-    cc = _cc(snapshot)
-    multi_node = len(used_hosts(snapshot, world_size)) > 1
-    mc_attr = all((snapshot["gpus"][g].get("attributes") or {}).get("multicast") == 1 for g in distinct)
-    mc_allowed = multicast_policy_reason(True) is None
-    pair_text = "n/a (one GPU, ranks share it)" if len(distinct) == 1 else "yes" if nvlink else "no"
-    lines = [f"TP={world_size} on GPUs {distinct} (compute capability {cc}); "
-             f"NVLink between every pair (NVML): {pair_text}; functional P2P: "
-             f"{'yes' if p2p_ok else 'no'}; multicast attribute: {'yes' if mc_attr else 'no'}."]
-    # vLLM
-    ca = "on"
-    if multi_node:
-        ca = f"off: the group spans nodes (rule: custom_all_reduce.py, vLLM {VLLM_VERSION})"
-    elif world_size not in CUSTOM_AR_WORLD_SIZES:
-        ca = (f"off: world size {world_size} is not one of {', '.join(map(str, CUSTOM_AR_WORLD_SIZES))} "
-              f"(_SUPPORTED_WORLD_SIZES, vLLM {VLLM_VERSION})")
-    elif world_size > 2 and not nvlink:
-        ca = ("off: 'not supported on more than two PCIe-only GPUs' — is_fully_connected() asks NVML for "
-              f"NVLink on every pair and never tests PCIe peer access (vLLM {VLLM_VERSION})")
-    elif not can_access:
-        ca = f"off: cudaDeviceCanAccessPeer is false on some pair (VLLM_SKIP_P2P_CHECK=1 default, vLLM {VLLM_VERSION})"
-    if ca == "on":
-        if world_size == 2:
-            stage = "always 1-stage at TP2"
-        else:
-            limit = "512 KiB" if world_size <= 4 else "256 KiB"
-            stage = f"1-stage below {limit}, 2-stage above (full NVLink)"
-        ca = f"on: {stage}, inputs below 8 MiB (vLLM {VLLM_VERSION} custom_all_reduce.cuh)"
-        if not p2p_ok:
-            ca += ("; WARNING: vLLM trusts cudaDeviceCanAccessPeer by default but the write-and-verify check "
-                   "failed here — expect a hang or wrong output; use --disable-custom-all-reduce or "
-                   "VLLM_SKIP_P2P_CHECK=0")
-    lines.append(f"vLLM {VLLM_VERSION} custom allreduce (CUDA IPC): {ca}.")
-    if not mc_attr:
-        symm = "off: no multicast on these GPUs, so the symmetric-memory handle has multicast_ptr == 0"
-    elif not mc_allowed:
-        symm = ("off: TORCH_SYMM_MEM_DISABLE_MULTICAST/NCCL_NVLS_ENABLE policy leaves multicast_ptr == 0, and vLLM "
-                "disables the communicator even for two-shot")
-    elif cc not in ("9.0", "10.0"):
-        symm = f"off: no SYMM_MEM_ALL_REDUCE_MAX_SIZES entry for compute capability {cc}"
-    else:
-        kind = "multimem" if world_size in ((4, 6, 8) if cc == "9.0" else (6, 8)) else "two-shot"
-        symm = f"on ({kind}) for sizes above the custom-allreduce limit"
-    lines.append(f"vLLM {VLLM_VERSION} torch symmetric memory (VLLM_ALLREDUCE_USE_SYMM_MEM=1 default): {symm}.")
-    if vmm_fail:
-        fi = f"off: FlashInfer's cuMemCreate workspace cannot be shared here ({vmm_fail})"
-    elif multi_node:
-        fi = "trtllm is single-node only; mnnvl needs multicast across nodes"
-    elif mc_attr:
-        fi = ("backend 'auto' resolves to mnnvl on one node and creates a multicast object (cuMulticastCreate)"
-              + ("" if mc_allowed else " — forbidden by this host's policy: set VLLM_FLASHINFER_ALLREDUCE_BACKEND=trtllm"))
-    else:
-        fi = "backend 'auto' falls back to trtllm (cuMemCreate + POSIX FD buffers, no multicast)"
-    if world_size not in (2, 4, 8, 16) and not vmm_fail:
-        fi += f"; the AR+RMSNorm fusion pass skips world size {world_size} (supports 2, 4, 8, 16)"
-    lines.append(f"vLLM {VLLM_VERSION} FlashInfer allreduce (VLLM_ALLREDUCE_USE_FLASHINFER=1 default): {fi}.")
-    lines.append(f"vLLM {VLLM_VERSION} fallback: PyNccl (NCCL) for every size the paths above do not take.")
-    # SGLang
-    sg_ca = ca.split(":")[0] if ca.startswith("off") else "on (same gate as vLLM: ws 2/4/6/8, NVLink for >2 GPUs, 8 MiB max)"
-    lines.append(f"SGLang {SGLANG_VERSION} custom allreduce v1: {sg_ca}"
-                 + (f" — {ca.split(':', 1)[1].strip()}" if ca.startswith("off") else "") + ".")
-    if cc.split(".")[0] not in ("9", "10"):
-        sg_fi = f"off: needs SM90 or SM10x, this is compute capability {cc}"
-    elif vmm_fail:
-        sg_fi = ("off: its cuMemCreate preflight would fail on at least one rank "
-                 f"('Skipping allreduce fusion to avoid cross-rank desync'); here: {vmm_fail}")
-    elif cc.startswith("9"):
-        sg_fi = "on with backend 'auto' -> trtllm (SM90, single node)"
-    else:
-        sg_fi = "on with backend 'auto' -> mnnvl (Blackwell) — needs multicast" + ("" if mc_attr and mc_allowed else
-                                                                                  ", unavailable here")
-    lines.append(f"SGLang {SGLANG_VERSION} FlashInfer allreduce fusion (fused AR+residual+RMSNorm models): {sg_fi}.")
-    sg_symm = ("on if --enable-torch-symm-mem (multimem on SM9/SM10 at 4/6/8 ranks, else two-shot)"
-               if mc_attr and mc_allowed else "off even with --enable-torch-symm-mem: no multicast")
-    lines.append(f"SGLang {SGLANG_VERSION} torch symmetric memory: {sg_symm}.")
-    mscclpp = ("available with --enable-mscclpp" if world_size in (4, 8, 16, 32, 64) and p2p_ok
-               else "not used: needs 4/8/16/.. ranks with working P2P" if world_size not in (4, 8, 16, 32, 64)
-               else "would fail: P2P does not work here")
-    lines.append(f"SGLang {SGLANG_VERSION} MSCCL++: {mscclpp}; fallback: PyNccl.")
-    return lines

@@ -11,6 +11,7 @@ import pytest
 
 from commbench import engine_paths, engines
 from commbench.engines import CUSTOM_AR, FLASHINFER_AR, NCCL_PATH, NCCL_SYMM, SGLANG, TORCH_SYMM_MEM, VLLM
+from commbench.policy import MULTICAST_POLICY_VARS
 
 ROOT = Path(__file__).parent.parent
 PCIE = json.loads((ROOT / "tests/data/runs/synthetic-pcie-8gpu/run.json").read_text())["snapshot"]
@@ -106,3 +107,31 @@ def test_the_fastest_path_at_a_size_for_callers_without_a_model():
     option, price = decide.best_path_at(SGLANG, run, curves, 8, "bf16", 16 * KiB)
     # p2p:oneshot (13 us) is faster there, but SGLang cannot run it on 8 PCIe GPUs
     assert option.state.path == NCCL_PATH and price.curve == "nccl:proto=LL,algo=Ring (graph)" and price.latency_us == 54
+
+
+def test_explain_is_the_path_model_in_words(monkeypatch):
+    """The probe's explain section renders states(): on an emulated run it cannot tell the custom
+    allreduce's gate either, and every path's state and reason appear as the model has them."""
+    for name in MULTICAST_POLICY_VARS:     # explain reads this host's policy
+        monkeypatch.delenv(name, raising=False)
+    lines = engine_paths.explain(EMULATED, 8)
+    assert ("vLLM 0.33.0 custom allreduce (CUDA IPC): cannot tell here: ranks share one GPU" in "\n".join(lines))
+    words = {None: "cannot tell here", False: "off"}
+    for engine in engines.ENGINES:
+        for state in engine_paths.states(engine, EMULATED, 8, "bf16"):
+            status = words.get(state.available, "on" if state.rule.default_on else "opt-in")
+            head = f"{engines.ENGINE_NAMES[engine]} {engines.versions()[engine]} {state.rule.title}: {status}: "
+            assert any(line.startswith(head + state.why) for line in lines), head
+
+
+def test_the_write_and_verify_warning_and_flashinfer_auto_live_in_the_path_model():
+    acs = json.loads((ROOT / "tests/fixtures/snapshots/pcie-switch-4x-acs.json").read_text())
+    assert "WARNING: vLLM trusts cudaDeviceCanAccessPeer" in by_path(VLLM, acs, world_size=2)[CUSTOM_AR].why
+    assert "WARNING" not in by_path(VLLM, PCIE, world_size=2)[CUSTOM_AR].why
+    assert "resolves to mnnvl" in by_path(VLLM, nvswitch_h200(True))[FLASHINFER_AR].why
+    assert "falls back to trtllm" in by_path(VLLM, nvswitch_h200(False))[FLASHINFER_AR].why
+    # a host whose policy forbids multicast: symm-mem off, the custom allreduce keeps 8 MiB
+    blocked = {s.path: s for s in engine_paths.states(VLLM, nvswitch_h200(True), 8, "bf16", "disabled by policy")}
+    assert blocked[TORCH_SYMM_MEM].available is False and "multicast_ptr == 0" in blocked[TORCH_SYMM_MEM].why
+    assert blocked[CUSTOM_AR].max_bytes == engines.CUSTOM_AR_MAX_BYTES
+    assert "forbidden by this host's policy" in blocked[FLASHINFER_AR].why

@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from commbench import engines
 from commbench.backends import factory
 from commbench.backends import flashinfer as fi
 from commbench.backends import mscclpp as mp_backend
@@ -107,6 +108,25 @@ def test_mscclpp_shim_needs_a_library_path(tmp_path):
     missing.write_bytes(b"")
     assert shim.process_env(allow_multicast=False) == {"LD_PRELOAD": str(missing.resolve()), "MSCCLPP_FORCE_DISABLE_NVLS": "1"}
     assert not mp_backend.shim_preloaded(str(missing))
+
+
+def test_mscclpp_shim_prices_the_engines_nccl_path_not_sglangs_mscclpp(tmp_path):
+    """The shim replaces NCCL under any engine: it claims both engines' NCCL path with the library
+    as part of the setting, never SGLang's --enable-mscclpp; its deployment is said, not pasted."""
+    library = tmp_path / "libmscclpp_nccl.so"
+    shim = factory("mscclpp").make("shim", {"mscclpp_nccl_lib": str(library)})[0]
+    settings = shim.engine_settings(8)
+    real = os.path.realpath(library)
+    assert settings.preload == real and engines.SGLANG_MSCCLPP not in settings.sglang_flags
+    assert engines.declared_paths(settings) == {engines.VLLM: {"path": engines.NCCL_PATH, "stand_in": False},
+                                                engines.SGLANG: {"path": engines.NCCL_PATH, "stand_in": False}}
+    assert engines.MSCCLPP_SHIM in settings.notes and "not an engine's MSCCL++ path" in engines.MSCCLPP_SHIM
+    for engine in engines.ENGINES:
+        lines, how = engines.paste_lines(settings, engine, 8)
+        assert lines == [] and f"LD_PRELOAD={real}" in how and f"{engines.NCCL_SO_PATH_VAR[engine]}={real}" in how
+    # MSCCL++'s Python API is the one that prices SGLang's --enable-mscclpp
+    auto = factory("mscclpp").make("auto", {})[0].engine_settings(8)
+    assert engines.declared_paths(auto) == {engines.SGLANG: {"path": engines.MSCCLPP, "stand_in": False}}
 
 
 SEGV_BOOTSTRAP = """

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from commbench import backends
-from commbench.engines import explain
+from commbench.engine_paths import explain
 from commbench.policy import MULTICAST_POLICY_VARS
 from commbench.topology import verdicts
 from commbench.topology.needs import NO_GPU, SHARED_GPU
@@ -187,20 +187,21 @@ def test_ll128_without_nvlink_is_flagged_not_skipped(pcie8, hgx):
 
 def test_explain_pcie_gates_custom_allreduce(pcie8):
     text = "\n".join(explain(pcie8, 4))
-    assert "vLLM 0.33.0 custom allreduce (CUDA IPC): off: 'not supported on more than two PCIe-only GPUs'" in text
+    assert ("vLLM 0.33.0 custom allreduce (CUDA IPC): off: above 2 GPUs it needs NVLink between every pair "
+            "('not supported on more than two PCIe-only GPUs'") in text
     assert "no multicast on these GPUs" in text
     assert "SGLang 0.5.23" in text
     tp2 = "\n".join(explain(pcie8, 2))
     assert "custom allreduce (CUDA IPC): on: always 1-stage at TP2" in tp2
     tp8 = "\n".join(explain(pcie8, 8))
-    assert "FlashInfer allreduce (VLLM_ALLREDUCE_USE_FLASHINFER=1 default): off" in tp8
+    assert "vLLM 0.33.0 FlashInfer allreduce (trtllm): off" in tp8 and "VLLM_ALLREDUCE_USE_FLASHINFER=1 (default)" in tp8
     assert "needs SM90 or SM10x, this is compute capability 12.0" in tp8
 
 
 def test_explain_nvswitch(hgx, monkeypatch):
     text = "\n".join(explain(hgx, 8))
     assert "1-stage below 256 KiB, 2-stage above (full NVLink)" in text
-    assert "on (multimem)" in text
+    assert "torch symmetric memory: on: multimem" in text
     assert "resolves to mnnvl" in text and "trtllm (SM90, single node)" in text
     monkeypatch.setenv("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
     text = "\n".join(explain(hgx, 4))
@@ -221,7 +222,7 @@ def test_explain_sm90_vmm_failure_turns_flashinfer_fusion_off(hgx):
             p.update(status="fail", detail="process 2 on GPU 2 writing to process 0 on GPU 0: "
                                            "cuMemImportFromShareableHandle failed: CUDA_ERROR_INVALID_VALUE (1)")
     text = "\n".join(explain(hgx, 4))
-    assert "SGLang 0.5.23 FlashInfer allreduce fusion (fused AR+residual+RMSNorm models): off: its cuMemCreate " \
+    assert "SGLang 0.5.23 FlashInfer allreduce+RMSNorm fusion: off: its cuMemCreate " \
            "preflight would fail on at least one rank" in text
     assert "process 2 on GPU 2" in text
     assert reason_for("symm_mem:two_shot", hgx, 4, False).startswith("cuMemCreate -> POSIX FD export")

@@ -323,3 +323,53 @@ def test_brief_keeps_the_decision_and_drops_the_tables(capsys):
     # the same decision lines as the full output
     assert [l for l in brief.splitlines() if l.startswith("  concurrency ")] == \
         [l for l in full.splitlines() if l.startswith("  concurrency ")]
+
+
+FAST_LIB = "/opt/nccl-fast/lib/libnccl.so.2"
+
+
+def _run_with_another_nccl(tmp_path: Path, declared_preload: bool, rows_say_so: bool = True) -> Path:
+    """The synthetic run plus nccl:lib=fast: NCCL's rows at half the latency, from another libnccl
+    preloaded in a child torchrun. declared_preload: the backend declared it (today's runs); else
+    only the rows' env_setting says so (runs recorded before the field). rows_say_so: the rows carry
+    the child's LD_PRELOAD (a driver run does); else only the declared settings tell the two apart."""
+    from commbench.backends.nccl import NcclBackend
+    from commbench.backends.nccl_libs import NcclLibrary
+    run = tmp_path / "two-ncccls"
+    shutil.copytree(SYNTHETIC, run)
+    lines = (run / "measurements.jsonl").read_text().splitlines()
+    added = []
+    for line in lines:
+        row = json.loads(line)
+        if row["backend"] != "nccl" or row["env_setting"]:
+            continue
+        row["backend"] = "nccl:lib=fast"
+        row["env_setting"] = {"LD_PRELOAD": FAST_LIB} if rows_say_so else {}
+        row.update({k: v / 2 for k, v in row.items() if k.startswith("latency_") and isinstance(v, (int, float))})
+        added.append(json.dumps(row))
+    (run / "measurements.jsonl").write_text("\n".join(lines + added) + "\n")
+    info = json.loads((run / "run.json").read_text())
+    settings = (NcclBackend(library=NcclLibrary("fast", FAST_LIB)) if declared_preload else NcclBackend()).engine_settings(8)
+    settings.variant = "nccl:lib=fast"
+    info["backend_facts"]["nccl:lib=fast"] = {"engine_settings": settings.to_dict()}
+    (run / "run.json").write_text(json.dumps(info))
+    return run
+
+
+@pytest.mark.parametrize("declared_preload,rows_say_so", [(True, True), (False, True), (True, False)])
+def test_another_nccl_library_is_an_option_of_its_own_never_the_default(tmp_path, capsys, declared_preload,
+                                                                        rows_say_so):
+    run_dir = _run_with_another_nccl(tmp_path, declared_preload, rows_say_so)
+    run = load_run(run_dir)
+    (s,) = decide.decide(engines.SGLANG, run, decode_curves(run, tp=8, dtype="bf16", mode="auto"), LLAMA, [1], 8).sizes
+    # the default is NCCL as the engine ships it, priced by plain nccl only (68 us), not by the faster library
+    assert s.default_option.plain and s.default_price.curve == "nccl (graph)" and s.default_price.latency_us == 68
+    assert s.best.label == f"NCCL (PyNccl) [LD_PRELOAD={FAST_LIB}]" and s.best.variants[0].startswith("nccl:lib=fast")
+    assert s.best_price.latency_us == 34 and s.saving.versus == "nccl (graph)"
+    assert cli(["recommend", str(run_dir), "--model", "llama-3.1-70b", "--engine", "sglang", "--concurrency", "1"]) == 0
+    text = capsys.readouterr().out
+    assert (f"  not paste-ready: no engine setting loads {FAST_LIB}: start the engine with LD_PRELOAD={FAST_LIB} "
+            f"(torch's NCCL) and SGLANG_NCCL_SO_PATH={FAST_LIB}") in text
+    # the engine's own settings for it are shown, and no command line carries the library
+    assert "  the engine settings to run with it:\n    python -m sglang.launch_server" in text
+    assert not any(x.lstrip().startswith(("export", "python", "vllm")) and "LD_PRELOAD" in x for x in text.splitlines())

@@ -62,15 +62,20 @@ class Option:
 
     @property
     def plain(self) -> bool:
-        """The path as the engine runs it without process-wide knobs (NCCL_* left alone)."""
-        return not self.settings.nccl_env
+        """The path as the engine runs it: no process-wide knobs (NCCL_* left alone) and the
+        engine's own NCCL, no other library loaded in its place."""
+        return not self.settings.nccl_env and not self.settings.preload
 
     @property
     def label(self) -> str:
-        if engines.env_refusal(self.settings.nccl_env):     # run.json is untrusted: never echo it
+        preload = self.settings.preload
+        # run.json is untrusted: never echo what is refused
+        if engines.env_refusal(self.settings.nccl_env) or (preload and not engines.preload_shown(preload)):
             return f"{self.state.rule.title} [settings refused]"
         knobs = " ".join(f"{k}={v}" for k, v in sorted(self.settings.nccl_env.items()))
-        return self.state.rule.title + (f" [{knobs}]" if knobs else "")
+        parts = [knobs] if knobs else []
+        parts += [f"{engines.PRELOAD_VAR}={preload}"] if preload else []
+        return self.state.rule.title + "".join(f" [{p}]" for p in parts)
 
     def price(self, message_bytes: int) -> Price | None:
         for curves, stand_in in ((self.own, False), (self.stand_ins, True)):
@@ -85,7 +90,7 @@ class Option:
 def _setting_key(engine: str, s: engines.Settings) -> str:
     env = s.vllm_env if engine == engines.VLLM else s.sglang_env
     flags = s.vllm_flags if engine == engines.VLLM else s.sglang_flags
-    return json.dumps([s.nccl_env, env, flags], sort_keys=True, default=str)
+    return json.dumps([s.nccl_env, env, flags, s.preload], sort_keys=True, default=str)
 
 
 def options(engine: str, states: list[PathState], run: Run, curves: list[Curve]) -> list[Option]:

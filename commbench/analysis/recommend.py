@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any, Sequence
 
 from commbench import engines
@@ -125,10 +125,17 @@ def _choice_lines(d: EngineDecision, tag: str, tp: int | None) -> tuple[list[str
             lines.append(f"  concurrency {s.concurrency} ({format_bytes(s.message_bytes)}): {said}")
         is_default = all(s.best is s.default_option for s in sizes)
         off_here = {st.path for st in d.states if st.available is False}
-        paste, refusal = (([], None) if is_default else
-                          engines.paste_lines(engines.without_offs(option.settings, d.engine, off_here), d.engine, tp))
+        settings = engines.without_offs(option.settings, d.engine, off_here)
+        paste, refusal = ([], None) if is_default else engines.paste_lines(settings, d.engine, tp)
         if is_default:
             lines.append("  this is what the engine does by default: nothing to set")
+        elif refusal and option.settings.preload:
+            lines.append(f"  not paste-ready: {refusal}")
+            under, under_refusal = engines.paste_lines(replace(settings, preload=""), d.engine, tp)
+            if not under_refusal:
+                lines.append("  the engine settings to run with it:")
+                lines.extend(f"    {line}" for line in under)
+            lines.extend(f"  note: {one_line(n)}" for n in option.settings.notes)
         elif refusal:
             lines.append(f"  warning: settings from this run refused, not printed: {refusal}")
         else:
