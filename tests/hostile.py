@@ -407,7 +407,7 @@ def _sweep_cases() -> list[Case]:
                     procs=True))
     out.append(Case("traceback", "table: Ctrl-C while it starts (imports)",
                     lambda root: ["table", str(copy_run(root))], one_line(130, "interrupted"), procs=True,
-                    interrupt_during="torch"))
+                    interrupt_during="commbench.cli"))
     for command in ("report", "compare", "table"):
         out.append(Case("traceback", f"{command}: --out on a full disk",
                         lambda root, c=command: _with_out(analysis(c, copy_run(root), root), root),

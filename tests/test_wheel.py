@@ -32,8 +32,14 @@ SETUPTOOLS_MIN = "70.1"
 # become inside it.
 PACKAGE_DIRS = {"commbench": "commbench", "backends": "commbench/backends", "topology": "commbench/topology"}
 # Copied to build from: the source without anything a checkout may have lying around.
-NOT_SOURCE = shutil.ignore_patterns(".git", ".venv", "venv", "build", "dist", "results", "tests", "docs",
-                                    "*.egg-info", "__pycache__", ".pytest_cache", "gpu-logs", ".whl", ".device")
+_NOT_SOURCE_ANYWHERE = shutil.ignore_patterns(".git", ".venv", "venv", "build", "dist", "*.egg-info", "__pycache__",
+                                              ".pytest_cache", "gpu-logs", ".whl", ".device")
+_NOT_SOURCE_TOP = {"results", "tests", "docs"}   # top-level folders only: commbench/results is the package
+
+
+def NOT_SOURCE(folder: str, names: list[str]) -> set[str]:
+    ignored = set(_NOT_SOURCE_ANYWHERE(folder, names))
+    return ignored | (_NOT_SOURCE_TOP & set(names)) if Path(folder) == REPO else ignored
 
 
 def run(argv: list[str], cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
