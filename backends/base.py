@@ -29,6 +29,7 @@ import traceback
 import torch
 import torch.distributed as dist
 
+from commbench.errors import UsageError
 from commbench.results import Measurement
 from commbench.runtime.workload import AllreduceWorkload, Workload
 from commbench.topology.needs import ranks_reason
@@ -262,6 +263,18 @@ class BackendFactory:
     # Optional native code that may crash the process (MSCCL++, FlashInfer's JIT kernels): runs
     # after the built-in families. None: no for built-ins, yes for plug-ins.
     native: bool | None = None
+
+
+def chosen_variants(family: str, names: Sequence[str], known: Sequence[str], every: str | None = None,
+                    also: str = "") -> list[str]:
+    """The variants a spec names, in its order: every one of `known` where it names none (or only
+    the `every` alias); a name the family lacks is bad input naming its choices (and `also`)."""
+    asked = [n for n in names if n != every] or list(known)
+    unknown = [n for n in asked if n not in known]
+    if unknown:
+        choices = ", ".join([every, *known] if every else known)
+        raise UsageError(f"{family}: unknown variant {', '.join(unknown)}; choose from {choices}{also}")
+    return asked
 
 
 def parse_variant_options(variant: str | None) -> dict[str, str]:

@@ -40,9 +40,8 @@ import torch
 import torch.distributed as dist
 
 from commbench import engines
-from commbench.backends.base import (Backend, BackendFactory, BackendUnavailable, parse_variant_options, voted,
-                                     voted_rank0_first)
-from commbench.errors import UsageError
+from commbench.backends.base import (Backend, BackendFactory, BackendUnavailable, chosen_variants,
+                                     parse_variant_options, voted, voted_rank0_first)
 
 if TYPE_CHECKING:
     from commbench.runtime.context import RunContext
@@ -424,10 +423,7 @@ VARIANTS = (*ALGOS, AUTO)
 
 
 def make(variant: str | None, options: dict[str, Any]) -> list[Backend]:
-    names = list(VARIANTS) if variant in (None, "custom_ar") else list(parse_variant_options(variant))
-    unknown = [n for n in names if n not in VARIANTS]
-    if unknown:
-        raise UsageError(f"sglang: unknown variant {', '.join(unknown)}; choose from custom_ar, {', '.join(VARIANTS)}")
+    names = chosen_variants("sglang", list(parse_variant_options(variant)), VARIANTS, every="custom_ar")
     return [SglangCustomAllreduce(n) for n in names]
 
 

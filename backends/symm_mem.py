@@ -20,7 +20,8 @@ import torch
 import torch.distributed as dist
 
 from commbench import engines
-from commbench.backends.base import Backend, BackendFactory, BackendUnavailable, parse_variant_options, voted
+from commbench.backends.base import (Backend, BackendFactory, BackendUnavailable, chosen_variants, parse_variant_options,
+                                     voted)
 
 if TYPE_CHECKING:
     from commbench.runtime.context import RunContext
@@ -146,15 +147,7 @@ class SymmMemAllreduce(Backend):
 
 
 def make(variant: str | None, options: dict[str, Any]) -> list[Backend]:
-    if variant is None:
-        return [SymmMemAllreduce(algo) for algo in ALGOS]
-    names = list(parse_variant_options(variant))
-    unknown = [n for n in names if n not in ALGOS]
-    if unknown:
-        from commbench.errors import UsageError
-
-        raise UsageError(f"symm_mem: unknown variant {', '.join(unknown)}; choose from {', '.join(ALGOS)}")
-    return [SymmMemAllreduce(name) for name in names]
+    return [SymmMemAllreduce(name) for name in chosen_variants("symm_mem", list(parse_variant_options(variant)), ALGOS)]
 
 
 FACTORY = BackendFactory(

@@ -39,7 +39,8 @@ from typing import TYPE_CHECKING, Any, Iterator
 import torch
 
 from commbench import engines
-from commbench.backends.base import Backend, BackendFactory, parse_variant_options, voted, voted_rank0_first
+from commbench.backends.base import (Backend, BackendFactory, chosen_variants, parse_variant_options, voted,
+                                     voted_rank0_first)
 from commbench.errors import UsageError
 
 if TYPE_CHECKING:
@@ -284,11 +285,7 @@ def make(variant: str | None, options: dict[str, Any]) -> list[Backend]:
     impl = parsed.pop("impl", None)
     if impl is not None and impl not in IMPLS:
         raise UsageError(f"vllm: impl={impl} unknown; choose impl=flashinfer or impl=vllm")
-    names = [n for n in parsed if n != "custom_ar"] or list(VARIANTS)
-    unknown = [n for n in names if n not in VARIANTS]
-    if unknown:
-        raise UsageError(f"vllm: unknown variant {', '.join(unknown)}; choose from custom_ar, {', '.join(VARIANTS)} "
-                         "(and impl=flashinfer|vllm)")
+    names = chosen_variants("vllm", list(parsed), VARIANTS, every="custom_ar", also=" (and impl=flashinfer|vllm)")
     return [VllmCustomAllreduce(n, impl) for n in names]
 
 
