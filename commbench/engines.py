@@ -15,6 +15,7 @@ import shlex
 from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple
 
+from commbench.results.schema import PRELOAD_VAR   # one name for the variable, where rows record it
 from commbench.topology.needs import full_nvlink
 from commbench.topology.selection import gpu_pairs, p2p_entry, used_gpus, used_hosts
 
@@ -228,7 +229,6 @@ def none_selects(variant: str, why: str) -> Settings:
 
 ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 LIBRARY_PATH = re.compile(r"^/[A-Za-z0-9_.+/-]{1,255}$")
-PRELOAD_VAR = "LD_PRELOAD"
 # The engines' PyNccl opens libnccl.so.2 through ctypes unless given a path: vLLM 0.33.0
 # vllm/utils/nccl.py find_nccl_library (VLLM_NCCL_SO_PATH); SGLang 0.5.23 pynccl_wrapper.py
 # (SGLANG_NCCL_SO_PATH).

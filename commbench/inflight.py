@@ -30,7 +30,7 @@ import shutil
 import signal
 import socket
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -65,7 +65,7 @@ class Record:
     step: int
     phase: str                  # check, setup, row or close
     what: str                   # "setup of x (fp32)", "x 16K fp32 eager": the watchdog's words
-    row: dict[str, Any]         # the row this step stands for (status filled in when it is recorded)
+    row: Measurement            # the row of the cell this step stands for (its status set when recorded)
     started: float
     deadline: float | None      # when this step's watchdog should have fired
     state: str = RUNNING
@@ -78,9 +78,8 @@ class Record:
     signalled_at: float | None = field(default=None, compare=False)  # when SIGTERM/SIGINT arrived
 
     def to_json(self) -> str:
-        data = asdict(self)
-        data.pop("fatal")
-        data.pop("signalled_at")
+        data = {**vars(self), "row": self.row.to_dict()}   # the row as measurements.jsonl holds it
+        del data["fatal"], data["signalled_at"]
         return json.dumps(data, sort_keys=True, default=str)
 
     @property
@@ -104,20 +103,15 @@ class Stop:
     reason: str = ""
     failed_rank: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
-    template: dict[str, Any] | None = None   # the row of the record it came from, when one did
+    template: Measurement | None = None   # the row of the record it came from, when one did
 
-    def key(self) -> tuple:
-        assert self.template is not None
-        return Measurement.from_dict(self.template).key()
-
-    def row(self, template: dict[str, Any]) -> Measurement:
+    def row(self, template: Measurement | None = None) -> Measurement:
         """The row this stop stands for: its own record's, else `template` (this rank's step)."""
-        row = Measurement.from_dict(self.template or template)
+        base = self.template or template
+        assert base is not None, "a stop from no record stands for the row of this rank's step"
         assert self.status is not None, "LEAVE records nothing"
-        row.status, row.reason, row.failed_rank = self.status, self.reason, self.failed_rank
-        row.extra.update(self.extra)
-        row.timestamp = time.time()
-        return row
+        return replace(base, status=self.status, reason=self.reason, failed_rank=self.failed_rank,
+                       extra={**base.extra, **self.extra}, timestamp=time.time())
 
 
 LEAVE = Stop(None)
@@ -151,7 +145,7 @@ class Recorder:
         for sig in (signal.SIGTERM, signal.SIGINT):
             faulthandler.register(sig, file=signals, all_threads=True, chain=True)
 
-    def begin(self, step: int, phase: str, what: str, row: dict[str, Any], timeout_s: float | None) -> None:
+    def begin(self, step: int, phase: str, what: str, row: Measurement, timeout_s: float | None) -> None:
         if self.dir is None:
             return
         now = time.time()
@@ -224,13 +218,17 @@ def read_records(run_dir: Path) -> list[Record]:
     out = []
     for path in sorted(records_dir.glob("rank*.json")):
         try:
-            record = Record(**loads_json(path.read_text(encoding="utf-8"), str(path)))
+            data = loads_json(path.read_text(encoding="utf-8"), str(path))
+            row = data.pop("row", None) if isinstance(data, dict) else None
+            # Written by a rank of this tool, but read from a dir that may come from anyone.
+            if not isinstance(row, dict) or row_problem(row):
+                continue
+            record = Record(**data, row=Measurement.from_dict(row))
             record.state = _OLD_WORDS.get(record.state, record.state)
             record.exit = _OLD_WORDS.get(record.exit or "", record.exit)
         except (OSError, ValueError, TypeError, UsageError):  # torn by a death mid-write: nothing to say
             continue
-        # Written by a rank of this tool, but read from a dir that may come from anyone.
-        if not isinstance(record.rank, int) or not isinstance(record.row, dict) or row_problem(record.row):
+        if not isinstance(record.rank, int):
             continue
         _, fatal_path, signals_path = _files(records_dir, record.rank)
         record.fatal = _text(fatal_path)
@@ -388,7 +386,7 @@ def pending(run_dir: Path) -> str | None:
     if not records or any(is_alive(r) for r in records):
         return None
     stop = postmortem(records, None)
-    if stop is None or stop.key() in {row.key() for row in RunDir(run_dir).rows()}:
+    if stop is None or stop.row().cell in {row.cell for row in RunDir(run_dir).rows()}:
         return None
     return f"{stop.reason}: not in measurements.jsonl yet (commbench sweep --resume {run_dir} records it)"
 
@@ -402,8 +400,8 @@ def recover(run_dir: Path, killed_reason: str | None = None) -> list[str]:
     if records:
         _refuse_if_running(records, run_dir)
         stop = postmortem(records, run_dir, killed_reason)
-        if stop is not None and stop.key() not in {row.key() for row in RunDir(run_dir).rows()}:
-            RunDir(run_dir).append(stop.row({}))
+        if stop is not None and (row := stop.row()).cell not in {r.cell for r in RunDir(run_dir).rows()}:
+            RunDir(run_dir).append(row)
             lines.append(f"{stop.reason}: recorded as a {stop.status} row")
     records_dir = run_dir / INFLIGHT_DIR
     if records_dir.is_symlink():   # planted: the next records would be written out of the run dir

@@ -14,7 +14,8 @@ from commbench.sweep.launcher import child_arguments, parse_env_settings
 from commbench.sweep.plan import Shape, build_plan
 from commbench.sweep.command import add_arguments, backend_options
 from commbench.sweep.options import SweepOptions
-from commbench.results import percentile
+from commbench.inflight import Record, read_records, recover
+from commbench.results import CRASHED, OK, Cell, Measurement, RunDir, percentile
 from commbench.runtime.timing import headline_us, jitter_stats, max_over_ranks
 from commbench.runtime.dtypes import parse_dtypes
 from commbench.units import format_bytes, parse_bytes
@@ -76,6 +77,51 @@ def test_model_shapes_and_explicit_lists() -> None:
     plan = build_plan(sweep_args("--sizes", "12K,8K", "--dtype", "fp16,fp32"), on_gpu=True)
     assert [s.message_bytes for s in plan.shapes] == [8192, 12288]
     assert plan.sizes_for(torch.float32) == plan.shapes
+
+
+def test_the_plan_yields_each_variants_cells_in_the_order_they_are_measured() -> None:
+    plan = build_plan(sweep_args("--sizes", "12K,8K", "--dtype", "fp16,fp32"), on_gpu=True)
+    cells = plan.cells("nccl:proto=LL", "allreduce", {"NCCL_B": "2", "NCCL_A": "1"})
+    assert [(c.dtype, c.shape.message_bytes, c.mode) for c in cells[:3]] == [
+        ("fp16", 8192, "eager"), ("fp16", 8192, "graph"), ("fp16", 12288, "eager")]
+    assert len(set(cells)) == len(cells) == 8 and {c.dtype for c in cells[4:]} == {"fp32"}
+    # The setting is kept sorted: the order it was written in never makes two cells differ.
+    assert cells[0].env_setting == (("NCCL_A", "1"), ("NCCL_B", "2"))
+    assert cells == plan.cells("nccl:proto=LL", "allreduce", {"NCCL_A": "1", "NCCL_B": "2"})
+    assert cells[0].library == "" and cells[0].backend == "nccl:proto=LL" and cells[0].op == "allreduce"
+
+
+def test_a_row_is_its_cell_plus_an_outcome_in_the_row_format_it_always_had() -> None:
+    cell = Cell("nccl:lib=next", "allreduce", "bf16", Shape(14336, 1, 7168), "graph",
+                Cell.setting({"LD_PRELOAD": "/opt/nccl/libnccl.so.2"}))
+    row = Measurement.of(cell, 8, OK, count=7168, latency_us=12.5)
+    flat = Measurement(backend="nccl:lib=next", mode="graph", dtype="bf16", message_bytes=14336, world_size=8,
+                       status=OK, count=7168, tokens=1, hidden=7168, latency_us=12.5,
+                       env_setting={"LD_PRELOAD": "/opt/nccl/libnccl.so.2"})
+    assert row.to_dict() == flat.to_dict() and row.cell == flat.key() == cell
+    assert cell.library == "/opt/nccl/libnccl.so.2"
+    # Every part of the cell tells rows apart; the outcome does not.
+    for other in (Shape(14336), Shape(28672, 2, 7168)):
+        assert Measurement.of(Cell("nccl:lib=next", "allreduce", "bf16", other, "graph", cell.env_setting), 8,
+                              OK).key() != row.key()
+    assert Measurement.from_dict({**row.to_dict(), "op": "allreduce_residual_rmsnorm"}).key() != row.key()
+    assert Measurement.from_dict({**row.to_dict(), "env_setting": {}}).key() != row.key()
+    assert Measurement.of(cell, 8, CRASHED, reason="died").key() == row.key()
+
+
+def test_an_in_flight_record_keeps_its_cells_row_and_recovery_writes_it_once(tmp_path) -> None:
+    run = RunDir.create(tmp_path)
+    cell = Cell("demo", "allreduce", "fp32", Shape(4096), "eager", Cell.setting({"NCCL_PROTO": "LL"}))
+    template = Measurement.of(cell, 2, CRASHED, count=1024, requested={"NCCL_PROTO": "LL"})
+    (run.path / "inflight").mkdir()
+    record = Record(rank=1, pid=999999999, host="synthetic-host", step=3, phase="row", what="demo 4K fp32 eager",
+                    row=template, started=1.0, deadline=None)
+    (run.path / "inflight" / "rank1.json").write_text(record.to_json())
+    assert read_records(run.path)[0].row == template
+    assert len(recover(run.path)) == 1 and recover(run.path) == []   # the records are gone after the first
+    written = run.rows()
+    assert len(written) == 1 and written[0].cell == cell and written[0].status == CRASHED
+    assert written[0].requested == {"NCCL_PROTO": "LL"} and written[0].failed_rank == 1
 
 
 @pytest.mark.parametrize("argv, hidden", [(["--tokens", "1,8", "--hidden", "4096"], 4096), ([], None)])

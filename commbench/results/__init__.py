@@ -16,9 +16,9 @@ from commbench.results.rundir import (CSV_FILE, LOCK_FILE, ROWS_FILE, RUN_FILE, 
 from commbench.results.run import Run
 from commbench.results.identity import MEASURED_PLAN_KEYS
 from commbench.results.schema import (CHECK_OFF, CRASHED, CSV_COLUMNS, ENV_PREFIXES, ERROR, HANG, NO_WORK, OK,
-                                      READABLE_SCHEMAS, SCHEMA_VERSION, SKIPPED, STATUSES, STRANDED, WRONG,
-                                      Measurement, describe_emulation, describe_setting, is_checked, migrate_row,
-                                      percentile, row_key, stops_backend)
+                                      PRELOAD_VAR, READABLE_SCHEMAS, SCHEMA_VERSION, SKIPPED, STATUSES, STRANDED,
+                                      WRONG, Cell, Measurement, Shape, describe_emulation, describe_setting,
+                                      is_checked, migrate_row, percentile, stops_backend)
 from commbench.results.validate import row_problem
 
 ResultsWriter = RowsWriter   # the name plug-ins and tests know
@@ -49,11 +49,11 @@ def write_csv(run_dir: Path, rows: Iterable[Measurement] | None = None) -> Path:
 
 
 __all__ = [
-    "CHECK_OFF", "CRASHED", "CSV_COLUMNS", "CSV_FILE", "ENV_PREFIXES", "ERROR", "HANG", "IDENTITY_KEYS", "LOCK_FILE", "NO_WORK",
-    "OK", "READABLE_SCHEMAS", "ROWS_FILE", "RUN_FILE", "SCHEMA_VERSION", "SKIPPED", "STATUSES", "STRANDED",
-    "TORN_FILE", "WRONG", "Measurement", "ResultsWriter", "RowsRead", "RowsWriter", "Run", "RunDir",
+    "CHECK_OFF", "Cell", "CRASHED", "CSV_COLUMNS", "CSV_FILE", "ENV_PREFIXES", "ERROR", "HANG", "IDENTITY_KEYS", "LOCK_FILE", "NO_WORK",
+    "OK", "PRELOAD_VAR", "READABLE_SCHEMAS", "ROWS_FILE", "RUN_FILE", "SCHEMA_VERSION", "SKIPPED", "STATUSES", "STRANDED",
+    "Shape", "TORN_FILE", "WRONG", "Measurement", "ResultsWriter", "RowsRead", "RowsWriter", "Run", "RunDir",
     "describe_emulation", "describe_setting", "is_checked", "MEASURED_PLAN_KEYS", "migrate_row", "new_run_dir", "percentile",
     "read_rows", "read_rows_checked", "read_run_info", "refuse_other_run", "repair_torn_tail",
-    "resume_differences", "row_key", "row_problem", "stops_backend", "unwritable", "write_csv",
+    "resume_differences", "row_problem", "stops_backend", "unwritable", "write_csv",
     "write_run_info", "write_whole",
 ]

@@ -1,15 +1,16 @@
-"""The row schema: Measurement, its statuses and key, and the migration of older rows.
+"""The row schema: the cell a row measures, Measurement (a cell plus its outcome), its
+statuses, and the migration of older rows.
 
-Schema version 3 (versions 1 and 2 are read and migrated). One row per (backend variant,
-message size, dtype, mode, env setting). No torch and no files here: the run directory
-(rundir.py) writes and reads rows, the boundary (validate.py) checks what is read.
+Schema version 3 (versions 1 and 2 are read and migrated). One row per cell: backend variant,
+op, dtype, shape, mode, env setting. No torch and no files here: the run directory (rundir.py)
+writes and reads rows, the boundary (validate.py) checks what is read.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 
 SCHEMA_VERSION = 3
@@ -34,6 +35,43 @@ CHECK_OFF = ("off (-c 0): no output was checked; a no-op or wrong backend would 
              "so no analysis trusts this row")
 # Environment variables run.json records (every one that starts so).
 ENV_PREFIXES = ("NCCL_", "TORCH_", "MSCCLPP_", "CUDA_", "NVSHMEM_", "COMMBENCH_", "FLASHINFER_")
+# The variable a child torchrun preloads another NCCL with: a row's env_setting carries it, and
+# with it which library the row measured.
+PRELOAD_VAR = "LD_PRELOAD"
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One planned message: bytes per rank, and the (tokens, hidden) it came from, if any."""
+
+    message_bytes: int
+    tokens: int | None = None
+    hidden: int | None = None
+
+
+@dataclass(frozen=True)
+class Cell:
+    """What one row measures, before any outcome: the plan yields cells, a row is a cell plus its
+    outcome, and two rows of one cell are the same measurement (resume skips a cell that has a
+    row). Hashable, so sets of cells are what resume and the engine keep."""
+
+    backend: str
+    op: str
+    dtype: str                                      # "bf16" | "fp16" | "fp32"
+    shape: Shape
+    mode: str                                       # "eager" | "graph"
+    env_setting: tuple[tuple[str, str], ...] = ()   # process-level knobs (driver runs), sorted by name
+
+    @staticmethod
+    def setting(env_setting: Mapping[str, str] | None) -> tuple[tuple[str, str], ...]:
+        """A row's env_setting as a cell holds it: sorted pairs, so the order it was written in
+        never makes two cells differ."""
+        return tuple(sorted((env_setting or {}).items()))
+
+    @property
+    def library(self) -> str:
+        """The library preloaded in place of the NCCL torch ships ("": torch's own)."""
+        return dict(self.env_setting).get(PRELOAD_VAR, "")
 
 
 @dataclass
@@ -81,9 +119,22 @@ class Measurement:
     schema: int = SCHEMA_VERSION
     timestamp: float = 0.0
 
-    def key(self) -> tuple:
-        return row_key(self.backend, self.mode, self.dtype, self.message_bytes, self.env_setting,
-                       self.tokens, self.hidden, self.op)
+    @classmethod
+    def of(cls, cell: Cell, world_size: int, status: str, **outcome: Any) -> "Measurement":
+        """The row of `cell`: what it measured is the cell's, the rest is `outcome`."""
+        return cls(backend=cell.backend, op=cell.op, dtype=cell.dtype, message_bytes=cell.shape.message_bytes,
+                   tokens=cell.shape.tokens, hidden=cell.shape.hidden, mode=cell.mode,
+                   env_setting=dict(cell.env_setting), world_size=world_size, status=status, **outcome)
+
+    @property
+    def cell(self) -> Cell:
+        return Cell(self.backend, self.op, self.dtype, Shape(int(self.message_bytes), self.tokens, self.hidden),
+                    self.mode, Cell.setting(self.env_setting))
+
+    def key(self) -> Cell:
+        """What makes two rows of one run the same measurement (RunDir adds the world size and
+        an imported row's source): the cell."""
+        return self.cell
 
     def to_dict(self) -> dict[str, Any]:
         # Field by field, dicts copied one level: asdict() deep-copies every value, which made
@@ -140,12 +191,6 @@ def stops_backend(row: Measurement) -> bool:
     """A row after which its backend does not run again in this results dir: it hung, crashed,
     or raised on one rank while its peers waited in a collective (the processes had to end)."""
     return row.status in (HANG, CRASHED) or (row.status == ERROR and bool(row.extra.get(STRANDED)))
-
-
-def row_key(backend: str, mode: str, dtype: str, message_bytes: int, env_setting: dict[str, str] | None,
-            tokens: int | None = None, hidden: int | None = None, op: str = "allreduce") -> tuple:
-    env = tuple(sorted((env_setting or {}).items()))
-    return (backend, mode, dtype, int(message_bytes), env, tokens, hidden, op)
 
 
 CSV_COLUMNS = [f.name for f in dataclasses.fields(Measurement)]

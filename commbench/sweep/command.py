@@ -278,7 +278,7 @@ def _sweep(ctx: RunContext, opts: SweepOptions, plan: SweepPlan, variants: list,
     if failure is not None:
         run.release()
         raise failure
-    done_keys = {row.key() for row in previous}
+    done_cells = {row.cell for row in previous}
     stopped = {row.backend: stopped_reason(row) for row in previous
                if stops_backend(row) and row.env_setting == env_setting}
     ctx, probe_notes = _probe(ctx, opts, variants)
@@ -303,7 +303,7 @@ def _sweep(ctx: RunContext, opts: SweepOptions, plan: SweepPlan, variants: list,
                        f"{'CUDA' if ctx.is_cuda else 'CPU/gloo'}; results in {run_dir}")
             for line in header_lines(plan.check):
                 table.line(line)
-            engine = Engine(ctx, plan, writer, table, done_keys, stopped, env_setting,
+            engine = Engine(ctx, plan, writer, table, done_cells, stopped, env_setting,
                             on_stop_flush=run.write_csv, recorder=recorder,
                             resume_hint=None if opts.run_dir else resume_command(opts.argv, ctx, run_dir),
                             rows=list(previous))

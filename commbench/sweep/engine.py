@@ -32,13 +32,13 @@ from commbench.backends.base import Backend, BackendTimeout, BackendUnavailable,
 from commbench.errors import Terminated
 from commbench.inflight import ENDED, RAISED, PeerWatch, Recorder, Stop, stop_line
 from commbench.runtime.context import ControlGroupLost, RunContext
-from commbench.sweep.plan import Shape, SweepPlan
-from commbench.results import (CHECK_OFF, CRASHED, ERROR, HANG, NO_WORK, OK, SKIPPED, WRONG, Measurement,
-                               ResultsWriter, row_key, stops_backend)
+from commbench.sweep.plan import SweepPlan
+from commbench.results import (CHECK_OFF, CRASHED, ERROR, HANG, NO_WORK, OK, SKIPPED, WRONG, Cell, Measurement,
+                               ResultsWriter, stops_backend)
 from commbench.sweep.live import LiveTable
 from commbench.runtime.timing import (capture_graph, count_work_nodes, headline_us, jitter_stats, loop_total_us,
                               per_step_us, synchronize)
-from commbench.runtime.dtypes import dtype_name
+from commbench.runtime.dtypes import TORCH_DTYPES, dtype_name
 from commbench.units import format_bytes
 from commbench.sweep.watchdog import Watchdog
 from commbench.waits import waits
@@ -58,14 +58,14 @@ def stopped_reason(row: Measurement) -> str:
 
 class Engine:
     def __init__(self, ctx: RunContext, plan: SweepPlan, writer: ResultsWriter | None, table: LiveTable,
-                 done_keys: set[tuple], stopped_backends: dict[str, str], env_setting: dict[str, str],
+                 done_cells: set[Cell], stopped_backends: dict[str, str], env_setting: dict[str, str],
                  on_stop_flush: Callable[[], None], recorder: Recorder, resume_hint: str | None,
                  rows: list[Measurement]):
         self.ctx = ctx
         self.plan = plan
         self.writer = writer
         self.table = table
-        self.done_keys = done_keys
+        self.done_cells = done_cells   # the cells that have a row in this run
         self.stopped_backends = stopped_backends   # backend -> why it does not run again
         self.env_setting = env_setting
         self.on_stop_flush = on_stop_flush
@@ -78,24 +78,16 @@ class Engine:
 
     # ---- bookkeeping -------------------------------------------------------------------
 
-    def cells(self) -> list[tuple[torch.dtype, Shape, str]]:
-        """Every (dtype, shape, mode) of the plan, in the order they are measured."""
-        return [(dtype, shape, mode) for dtype in self.plan.dtypes for shape in self.plan.sizes_for(dtype)
-                for mode in self.plan.modes]
+    def _open_cells(self, backend: Backend) -> list[Cell]:
+        """The plan's cells of `backend` that have no row yet, in the order they are measured."""
+        return [c for c in self.plan.cells(backend.name, backend.op, self.env_setting) if c not in self.done_cells]
 
-    def _key(self, backend: Backend, dtype: torch.dtype, shape: Shape, mode: str) -> tuple:
-        return row_key(backend.name, mode, dtype_name(dtype), shape.message_bytes, self.env_setting,
-                       shape.tokens, shape.hidden, backend.op)
-
-    def _base_row(self, backend: Backend, dtype: torch.dtype, shape: Shape, mode: str, status: str,
-                  **extra_fields: Any) -> Measurement:
-        item = torch.tensor([], dtype=dtype).element_size()
-        row = Measurement(backend=backend.name, mode=mode, dtype=dtype_name(dtype),
-                          message_bytes=shape.message_bytes, world_size=self.ctx.world_size, status=status,
-                          count=shape.message_bytes // item, nodes=self.ctx.nodes, op=backend.op,
-                          tokens=shape.tokens, hidden=shape.hidden, env_setting=dict(self.env_setting),
-                          emulation=self.ctx.emulation.to_dict() if self.ctx.emulation else None,
-                          timestamp=time.time())
+    def _base_row(self, backend: Backend, cell: Cell, status: str, **extra_fields: Any) -> Measurement:
+        item = TORCH_DTYPES[cell.dtype].itemsize
+        row = Measurement.of(cell, self.ctx.world_size, status, count=cell.shape.message_bytes // item,
+                             nodes=self.ctx.nodes,
+                             emulation=self.ctx.emulation.to_dict() if self.ctx.emulation else None,
+                             timestamp=time.time())
         self._apply_fields(row, backend.row_fields())
         self._apply_fields(row, extra_fields)
         return row
@@ -112,18 +104,18 @@ class Engine:
 
     def emit(self, row: Measurement) -> None:
         self.rows.append(row)
-        self.done_keys.add(row.key())
+        self.done_cells.add(row.cell)
         if self.writer is not None:
             self.writer.append(row)
         self.table.row(row)
 
-    def _skip_all(self, backend: Backend, cells: list, reason: str, failed_rank: int | None = None) -> None:
+    def _skip_all(self, backend: Backend, cells: list[Cell], reason: str, failed_rank: int | None = None) -> None:
         """One row per planned cell, so every cell of the plan has an answer; one line printed."""
         self.table.line(f"# {backend.name}: skipped: {reason}")
-        for dtype, shape, mode in cells:
-            row = self._base_row(backend, dtype, shape, mode, SKIPPED, reason=reason, failed_rank=failed_rank)
+        for cell in cells:
+            row = self._base_row(backend, cell, SKIPPED, reason=reason, failed_rank=failed_rank)
             self.rows.append(row)
-            self.done_keys.add(row.key())
+            self.done_cells.add(row.cell)
             if self.writer is not None:
                 self.writer.append(row)
         self.table.advance(len(cells))
@@ -142,12 +134,11 @@ class Engine:
         return f"rank {rank}: {text}" if self.ctx.world_size > 1 else text
 
     @contextmanager
-    def _step(self, backend: Backend, phase: str, what: str, cell: tuple[torch.dtype, Shape, str],
-              timeout_s: float | None) -> Iterator[None]:
+    def _step(self, backend: Backend, phase: str, what: str, cell: Cell, timeout_s: float | None) -> Iterator[None]:
         """One step of a backend on every rank: recorded in flight first (the row it stands for
         is `cell`'s), and watched when it has a time limit."""
         self.step += 1
-        template = self._base_row(backend, *cell, CRASHED).to_dict()
+        template = self._base_row(backend, cell, CRASHED)
         self.recorder.begin(self.step, phase, what, template, timeout_s)
         if timeout_s is None:
             yield
@@ -163,16 +154,16 @@ class Engine:
         with Watchdog(timeout_s, what, on_stop, peers, who=f"rank {self.ctx.rank}"):
             yield
 
-    def record_stop(self, stop: Stop, template: dict[str, Any]) -> None:
+    def record_stop(self, stop: Stop, template: Measurement) -> None:
         """The row a stop stands for (its record's, else `template`), written once (rank 0),
         and the one line a user reads."""
         if stop.status is None:
             return
         with self._stop_lock:
             row = stop.row(template)
-            if row.key() in self.done_keys:
+            if row.cell in self.done_cells:
                 return
-            self.done_keys.add(row.key())
+            self.done_cells.add(row.cell)
             self.stops += 1
             if self.writer is not None:
                 self.writer.append(row)
@@ -186,7 +177,7 @@ class Engine:
     # ---- the sweep -----------------------------------------------------------------------
 
     def run_backend(self, backend: Backend) -> None:
-        cells = [c for c in self.cells() if self._key(backend, *c) not in self.done_keys]
+        cells = self._open_cells(backend)
         if not cells:
             return
         if backend.name in self.stopped_backends:
@@ -213,28 +204,27 @@ class Engine:
             if not ending:
                 self._close(backend, cells[-1])
 
-    def _measure_backend(self, backend: Backend, cells: list) -> None:
+    def _measure_backend(self, backend: Backend, cells: list[Cell]) -> None:
         for dtype in self.plan.dtypes:
-            dtype_cells = [c for c in cells if c[0] == dtype]
+            dtype_cells = [c for c in cells if c.dtype == dtype_name(dtype)]
             if not dtype_cells or not self._setup(backend, dtype, dtype_cells):
                 continue
             for cell in dtype_cells:
                 row = self._run_cell(backend, cell)
                 if stops_backend(row):
                     # A backend whose bounded wait gave up is not trusted for the rest.
-                    rest = [c for c in cells if self._key(backend, *c) not in self.done_keys]
-                    self._skip_all(backend, rest, stopped_reason(row))
+                    self._skip_all(backend, [c for c in cells if c not in self.done_cells], stopped_reason(row))
                     return
 
-    def _close(self, backend: Backend, cell: tuple[torch.dtype, Shape, str]) -> None:
+    def _close(self, backend: Backend, cell: Cell) -> None:
         with self._step(backend, "close", f"close of {backend.name}", cell, None):
             try:
                 backend.close()
             except Exception as exc:  # a failing close must not lose the rows already written
                 self.table.line(f"# {backend.name}: close failed: {exc}")
 
-    def _setup(self, backend: Backend, dtype: torch.dtype, cells: list) -> bool:
-        max_bytes = max(shape.message_bytes for _, shape, _ in cells)
+    def _setup(self, backend: Backend, dtype: torch.dtype, cells: list[Cell]) -> bool:
+        max_bytes = max(cell.shape.message_bytes for cell in cells)
         local: str | None = None
         what = f"setup of {backend.name} ({dtype_name(dtype)})"
         with self._step(backend, "setup", what, cells[0], self.plan.setup_timeout_s):
@@ -249,17 +239,16 @@ class Engine:
             return False
         return True
 
-    def _run_cell(self, backend: Backend, cell: tuple[torch.dtype, Shape, str]) -> Measurement:
-        dtype, shape, mode = cell
-        unsupported = backend.supports(shape.message_bytes, dtype)
-        if unsupported is None and mode == "graph" and not backend.graph_capturable:
+    def _run_cell(self, backend: Backend, cell: Cell) -> Measurement:
+        unsupported = backend.supports(cell.shape.message_bytes, TORCH_DTYPES[cell.dtype])
+        if unsupported is None and cell.mode == "graph" and not backend.graph_capturable:
             unsupported = "not CUDA-graph capturable"
         if unsupported:
-            row = self._base_row(backend, dtype, shape, mode, SKIPPED, reason=unsupported)
+            row = self._base_row(backend, cell, SKIPPED, reason=unsupported)
         else:
-            what = f"{backend.name} {format_bytes(shape.message_bytes)} {dtype_name(dtype)} {mode}"
+            what = f"{backend.name} {format_bytes(cell.shape.message_bytes)} {cell.dtype} {cell.mode}"
             with self._step(backend, "row", what, cell, self.plan.timeout_s):
-                local = self._measure_local(backend, dtype, shape, mode)
+                local = self._measure_local(backend, cell)
                 if "skip" in local or "error" in local:   # before the gather: peers may never come to it
                     self.recorder.mark(RAISED, local.get("skip") or local.get("error"))
                 gathered = self.ctx.all_gather_objects(local)
@@ -267,15 +256,16 @@ class Engine:
         self.emit(row)
         return row
 
-    def _measure_local(self, backend: Backend, dtype: torch.dtype, shape: Shape, mode: str) -> dict[str, Any]:
+    def _measure_local(self, backend: Backend, cell: Cell) -> dict[str, Any]:
         """This rank's loop totals, jitter samples and checks; errors are caught so every rank
         reaches the gather."""
         out: dict[str, Any] = {}
         try:
-            item = torch.tensor([], dtype=dtype).element_size()
+            dtype, shape = TORCH_DTYPES[cell.dtype], cell.shape
+            item = dtype.itemsize
             two_d = (shape.tokens, shape.hidden) if shape.tokens else None
             size = shape.message_bytes
-            eager = mode == "eager"
+            eager = cell.mode == "eager"
             calls = self.plan.iterations_for(size) if eager else self.plan.graph_ops_for(size)
             # Eager: one pair per call of a pass, the aligning call included.
             workload = backend.make_workload(self.ctx, size // item, dtype, two_d, calls + 1 if eager else calls)
@@ -358,10 +348,9 @@ class Engine:
             out.append((timed, workload.verify(0, checked)))
         return out
 
-    def _build_row(self, backend: Backend, cell: tuple[torch.dtype, Shape, str],
-                   gathered: list[dict[str, Any]]) -> Measurement:
-        dtype, shape, mode = cell
-        row = self._base_row(backend, dtype, shape, mode, OK)
+    def _build_row(self, backend: Backend, cell: Cell, gathered: list[dict[str, Any]]) -> Measurement:
+        mode = cell.mode
+        row = self._base_row(backend, cell, OK)
         self._apply_fields(row, gathered[0].get("observed") or {})
         skips = [(rank, g["skip"]) for rank, g in enumerate(gathered) if g.get("skip")]
         if skips:
@@ -388,7 +377,7 @@ class Engine:
         if not empty_graph:
             self._apply_fields(row, headline_us([g["total_us"] for g in gathered], first["timed_calls"]))
             self._apply_fields(row, jitter_stats([g["samples"] for g in gathered], first["calls_per_sample"]))
-            row.algbw_gbps, row.busbw_gbps = bandwidths_gbps(shape.message_bytes, row.latency_us,
+            row.algbw_gbps, row.busbw_gbps = bandwidths_gbps(cell.shape.message_bytes, row.latency_us,
                                                              first["bus_factor"])
         if row.wrong_elements:
             row.status = WRONG

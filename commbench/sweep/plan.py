@@ -1,4 +1,5 @@
-"""The sweep plan: message sizes, dtypes, modes and iteration counts, validated up front.
+"""The sweep plan: message sizes, dtypes, modes and iteration counts, validated up front; the
+cells each backend variant measures.
 
 Everything here is checked before any process group exists, so bad input costs nothing and
 writes nothing.
@@ -9,12 +10,13 @@ from __future__ import annotations
 import argparse
 import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 
 from commbench.analysis.models import DEFAULT_CONCURRENCIES, Model, lookup
 from commbench.errors import UsageError
+from commbench.results.schema import Cell, Shape
 from commbench.runtime.dtypes import dtype_name, parse_dtypes
 from commbench.units import (MAX_MESSAGE_BYTES, format_bytes, parse_bytes, parse_int_list, parse_list,
                              positive_finite)
@@ -38,15 +40,6 @@ GRAPH_BYTES_BUDGET = 256 << 20
 GRAPH_REPLAYS = (20, 50)             # replays per pass: a quarter of the eager calls, in this range
 
 
-@dataclass(frozen=True)
-class Shape:
-    """One planned message: bytes per rank, and the (tokens, hidden) it came from, if any."""
-
-    message_bytes: int
-    tokens: int | None = None
-    hidden: int | None = None
-
-
 @dataclass
 class SweepPlan:
     shapes: list[Shape]
@@ -66,6 +59,13 @@ class SweepPlan:
     def sizes_for(self, dtype: torch.dtype) -> list[Shape]:
         """Shapes whose byte count is a whole number of elements of dtype."""
         return [s for s in self.shapes if s.message_bytes % dtype.itemsize == 0]
+
+    def cells(self, backend: str, op: str, env_setting: Mapping[str, str]) -> list[Cell]:
+        """Every cell one backend variant measures, in the order they are measured (dtype, then
+        size, then mode)."""
+        setting = Cell.setting(env_setting)
+        return [Cell(backend, op, dtype_name(dtype), shape, mode, setting) for dtype in self.dtypes
+                for shape in self.sizes_for(dtype) for mode in self.modes]
 
     def iterations_for(self, message_bytes: int) -> int:
         """Timed eager calls per pass."""
