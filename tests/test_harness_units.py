@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from commbench import backends
-from commbench.backends.base import SweepFacts
+from commbench.backends.base import BackendUnavailable, SweepFacts
 from commbench.backends.mscclpp import MscclppOptions
 from commbench.backends.nccl_variants import NcclOptions
 from commbench.errors import UsageError
@@ -224,6 +224,10 @@ def test_each_family_is_handed_its_own_options_and_the_sweeps_facts() -> None:
     # unfused:best rebuilds the allreduce it measured fastest as the sweep made it, p2p's options and all.
     (unfused,) = backends.expand(["unfused:best"], options, True)
     assert unfused._rebuild("p2p:oneshot").options.max_bytes == 4 << 20
+    with pytest.raises(BackendUnavailable, match="cannot rebuild backend 'nccl:algo=Ring,proto=LL'"):
+        backends.Options().build("nccl:algo=Ring,proto=LL")   # no variant has that name (nccl:proto=LL,algo=Ring)
+    with pytest.raises(BackendUnavailable, match="outside a sweep"):
+        backends.factory("unfused").variants("best")[0]._rebuild("p2p:oneshot")
     # Where no flags were read (the probe), a family gets what it reads from its flags' defaults.
     assert backends.factory("p2p").default_options() == P2POptions()
     assert backends.factory("flashinfer").default_options() == FlashinferOptions()
