@@ -15,11 +15,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from dataclasses import dataclass, field
 from functools import cache
 from importlib import metadata
-from typing import Any
+from typing import Any, Mapping
 
-from commbench.backends.base import Backend, BackendFactory
+from commbench.backends.base import Backend, BackendFactory, BackendUnavailable, MakeOptions, SweepFacts
 from commbench.errors import UsageError
 
 ENTRY_POINT_GROUP = "commbench.backends"
@@ -113,11 +114,32 @@ def _unique(variants: list[Backend]) -> list[Backend]:
     return unique
 
 
-def _make(fac: BackendFactory, variant: str | None, options: dict[str, Any], skip_if_broken: bool) -> list[Backend]:
+@dataclass(frozen=True)
+class Options:
+    """What the sweep hands the families: its facts and each family's own options, as read_options
+    returned them (a family left out gets its flags' defaults). Each family's make sees its own."""
+
+    sweep: SweepFacts = SweepFacts()
+    families: Mapping[str, Any] = field(default_factory=dict)
+
+    def make(self, fac: BackendFactory, variant: str | None) -> list[Backend]:
+        own = self.families[fac.family] if fac.family in self.families else fac.default_options()
+        return fac.make(variant, MakeOptions(own, self.sweep, self.build))
+
+    def build(self, name: str) -> Backend:
+        """The variant behind a measured row's name, made the way the sweep made it."""
+        family, _, variant = name.partition(":")
+        for backend in self.make(factory(family), variant or None):
+            if backend.name == name:
+                return backend
+        raise BackendUnavailable(f"cannot rebuild backend {name!r}")
+
+
+def _make(fac: BackendFactory, variant: str | None, options: Options, skip_if_broken: bool) -> list[Backend]:
     """fac.make(). A plug-in that fails there (other than refusing bad input, UsageError) is
     a one-line UsageError when asked for by name, and left out with one warning otherwise."""
     try:
-        return fac.make(variant, options)
+        return options.make(fac, variant)
     except UsageError:
         raise
     except Exception as exc:
@@ -131,7 +153,7 @@ def _make(fac: BackendFactory, variant: str | None, options: dict[str, Any], ski
         return []
 
 
-def expand(specs: list[str] | None, options: dict[str, Any], on_gpu: bool) -> list[Backend]:
+def expand(specs: list[str] | None, options: Options, on_gpu: bool) -> list[Backend]:
     """Backend variants for the specs; None means every family's defaults for this machine."""
     variants: list[Backend] = []
     if specs is None:
@@ -145,9 +167,8 @@ def expand(specs: list[str] | None, options: dict[str, Any], on_gpu: bool) -> li
     return _unique(variants)
 
 
-def probe_variants(options: dict[str, Any] | None = None) -> list[Backend]:
+def probe_variants(options: Options = Options()) -> list[Backend]:
     """The variants the probe gives a verdict for: each family's probe_specs."""
-    options = options or {}
     return _unique([b for fac in usable_factories() for spec in fac.probe_specs
                     for b in _make(fac, spec, options, skip_if_broken=True)])
 
@@ -168,13 +189,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def read_options(args: argparse.Namespace) -> dict[str, Any]:
-    """What every family reads back from the parsed flags (validated there: bad input raises)."""
+    """Each family's own options, read from the parsed flags (validated there: bad input raises)."""
     options: dict[str, Any] = {}
     for fac in usable_factories():
         if fac.read_options is None:
             continue
         try:
-            options.update(fac.read_options(args))
+            options[fac.family] = fac.read_options(args)
         except UsageError:
             raise
         except Exception as exc:  # a bug in an installed plug-in, or flags it never added

@@ -21,7 +21,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Generic, Sequence, TypeVar
 
 import argparse
 import traceback
@@ -240,18 +241,43 @@ class ProcessGroupBackend(Backend):
             self.group = None
 
 
+@dataclass(frozen=True)
+class SweepFacts:
+    """What the sweep tells every family when it makes variants."""
+
+    hidden: int | None = None                 # model shapes share one hidden size; None for plain sizes
+    message_bytes: tuple[int, ...] = ()       # every planned size (flashinfer:pcie_ipc tunes per size at setup)
+    allow_multicast: bool = False
+    run_dir: Path | None = None               # None until the run has one (validation, the probe)
+
+
+OwnOptions = TypeVar("OwnOptions")
+
+
+@dataclass(frozen=True)
+class MakeOptions(Generic[OwnOptions]):
+    """What make() is handed: this family's own options (what its read_options returned, or what it
+    returns for its flags' defaults; None for a family without read_options) and the sweep's facts."""
+
+    own: OwnOptions
+    sweep: SweepFacts = SweepFacts()
+    # Another family's variant by its name, made as the sweep makes it, without reading that family's
+    # options (unfused:best rebuilds the allreduce it measured fastest); None outside a sweep.
+    build: Callable[[str], "Backend"] | None = field(default=None, repr=False, compare=False)
+
+
 @dataclass
 class BackendFactory:
     """How a family turns specs into variants, and what it adds to commbench.
 
     make(variant, options) -> list of backends; variant is the text after ``family:`` or None
-    for the family's default variants. options holds the sweep's own (hidden, message_bytes:
-    every planned size, allow_multicast, run_dir) and whatever read_options returned for every
-    family.
+    for the family's default variants; options is a MakeOptions: ``options.own`` is what this
+    family's read_options returned (its own frozen object), ``options.sweep`` the sweep's facts.
+    No family sees another's options.
     """
 
     family: str
-    make: Callable[[str | None, dict[str, Any]], list[Backend]]
+    make: Callable[[str | None, MakeOptions[Any]], list[Backend]]
     on_gpu_by_default: bool = True
     on_cpu_by_default: bool = False
     summary: str = ""
@@ -259,10 +285,24 @@ class BackendFactory:
     probe_specs: tuple[str | None, ...] = (None,)     # variants the probe gives verdicts for
     packages: tuple[str, ...] = ()                    # distributions whose versions runs record
     add_arguments: Callable[[argparse._ArgumentGroup], None] | None = None   # the family's flags
-    read_options: Callable[[argparse.Namespace], dict[str, Any]] | None = None  # and reading them back
+    read_options: Callable[[argparse.Namespace], Any] | None = None  # and reading them into its options
     # Optional native code that may crash the process (MSCCL++, FlashInfer's JIT kernels): runs
     # after the built-in families. None: no for built-ins, yes for plug-ins.
     native: bool | None = None
+
+    def default_options(self) -> Any:
+        """What read_options returns for this family's flags left at their defaults (None without
+        read_options): the options of a probe, or of a family whose flags were not read."""
+        if self.read_options is None:
+            return None
+        parser = argparse.ArgumentParser(add_help=False)
+        if self.add_arguments is not None:
+            self.add_arguments(parser.add_argument_group(self.family))
+        return self.read_options(parser.parse_args([]))
+
+    def variants(self, variant: str | None, own: Any = None, sweep: SweepFacts = SweepFacts()) -> list[Backend]:
+        """make() with `own` (None: the defaults of this family's flags) and the sweep's facts."""
+        return self.make(variant, MakeOptions(self.default_options() if own is None else own, sweep))
 
 
 def chosen_variants(family: str, names: Sequence[str], known: Sequence[str], every: str | None = None,

@@ -38,6 +38,7 @@ import json
 import logging
 import re
 from contextlib import contextmanager
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
@@ -45,7 +46,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator
 import torch
 
 from commbench import engines
-from commbench.backends.base import Backend, BackendFactory, BackendUnavailable, voted, voted_gather
+from commbench.backends.base import Backend, BackendFactory, BackendUnavailable, MakeOptions, voted, voted_gather
 from commbench.backends.fused import RMS_EPS, TOLERANCE, FusedBackend
 from commbench.runtime.context import own_sms
 
@@ -62,12 +63,21 @@ PCIE_WORLD_SIZES = (2, 4, 8)    # pcie_ipc_ar._SUPPORTED_WORLD_SIZES
 PCIE_DTYPES = (torch.bfloat16, torch.float16)
 PCIE_PACK_BYTES = 16            # pcie_ipc_collectives._constants.PACK_BYTES
 PCIE_TUNE_DIR = "flashinfer-pcie-ipc"   # tune caches, inside the run dir
-PCIE_TUNE_OPTION = "flashinfer_pcie_tune"
-PDL_OPTION = "flashinfer_pdl"
 PLAIN_HIDDEN = 4096             # elements per token when a plain size is reshaped
 BYTES_PER_ACCESS = 16           # the kernels load 16 bytes per thread: hidden must be a multiple
 WORKSPACE_ROW = 256             # workspace sized as rows of this many elements (only the product counts)
 BARRIER_FLAGS = 256             # trtllm_ar.BarrierFlagCount, for the allocation probe
+
+
+@dataclass(frozen=True)
+class FlashinferOptions:
+    """The flashinfer family's flags, read once."""
+
+    pcie_tune: bool = True    # --flashinfer-pcie-tune measure (True) or seed (False)
+    pdl: bool = True          # --flashinfer-pdl on (True) or off
+
+
+FlashinferMake = MakeOptions[FlashinferOptions]   # what make() hands this family
 
 # Kernel names this family's allreduce leaves in a profiler trace, read by `commbench attribute`
 # with ast, without importing this module (docs/attribute.md): (regex searched in the demangled
@@ -194,11 +204,11 @@ class _TrtllmWorkspaceBackend(_FlashInferBase):
 
     workspace_backend = "trtllm"
 
-    def __init__(self, oneshot: bool | None, options: dict[str, Any]):
+    def __init__(self, oneshot: bool | None, options: FlashinferMake):
         super().__init__()
         self.oneshot = oneshot
         # PDL as in serving, unless --flashinfer-pdl off asks what it is worth.
-        self.pdl = options.get(PDL_OPTION, "on") == "on"
+        self.pdl = options.own.pdl
         self._workspace: Any = None
         self._scratch: torch.Tensor | None = None   # the fused pattern's allreduce output, unused
 
@@ -262,7 +272,7 @@ class _TrtllmWorkspaceBackend(_FlashInferBase):
 
 
 class TrtllmAllreduce(_TrtllmWorkspaceBackend):
-    def __init__(self, oneshot: bool, options: dict[str, Any]):
+    def __init__(self, oneshot: bool, options: FlashinferMake):
         super().__init__(oneshot, options)
         self.name = f"flashinfer:trtllm_{'oneshot' if oneshot else 'twoshot'}"
 
@@ -279,7 +289,7 @@ class TrtllmAllreduce(_TrtllmWorkspaceBackend):
 
 
 class TrtllmFused(_TrtllmWorkspaceBackend, FusedBackend):
-    def __init__(self, oneshot: bool, options: dict[str, Any]):
+    def __init__(self, oneshot: bool, options: FlashinferMake):
         super().__init__(oneshot, options)
         self.name = f"flashinfer:fused_{'oneshot' if oneshot else 'twoshot'}"
 
@@ -316,7 +326,7 @@ class MnnvlAllreduce(_TrtllmWorkspaceBackend):
     # Multicast across ranks that share a GPU means nothing.
     needs = ("cuda", "multicast", "own_gpu", "node", "p2p", "vmm")
 
-    def __init__(self, options: dict[str, Any]) -> None:
+    def __init__(self, options: FlashinferMake) -> None:
         super().__init__(None, options)
 
     def _build_kernels(self) -> None:
@@ -478,12 +488,12 @@ class PcieIpcAllreduce(_FlashInferBase):
     world_sizes = PCIE_WORLD_SIZES
     needs = ("cuda", "node", "p2p", "ipc")     # cudaMalloc + cudaIpcGetMemHandle buffers, no cuMemCreate
 
-    def __init__(self, options: dict[str, Any]) -> None:
+    def __init__(self, options: FlashinferMake) -> None:
         super().__init__()
-        self._hidden: int | None = options.get("hidden")
-        self._planned_bytes: list[int] = list(options.get("message_bytes") or [])
-        self._run_dir: Path | None = options.get("run_dir")
-        self.tune = options.get(PCIE_TUNE_OPTION, "measure") == "measure"
+        self._hidden: int | None = options.sweep.hidden
+        self._planned_bytes: list[int] = list(options.sweep.message_bytes)
+        self._run_dir: Path | None = options.sweep.run_dir
+        self.tune = options.own.pcie_tune
         self._workspace: Any = None
         self._itemsize = 2
         self._tuning: dict[str, Any] = {}
@@ -602,7 +612,7 @@ class PcieIpcAllreduce(_FlashInferBase):
 VARIANTS = ("trtllm_oneshot", "trtllm_twoshot", "fused_oneshot", "fused_twoshot", "pcie_ipc", "mnnvl")
 
 
-def _build(variant: str, options: dict[str, Any]) -> Backend:
+def _build(variant: str, options: FlashinferMake) -> Backend:
     if variant.startswith("trtllm_"):
         return TrtllmAllreduce(variant.endswith("oneshot"), options)
     if variant.startswith("fused_"):
@@ -612,10 +622,10 @@ def _build(variant: str, options: dict[str, Any]) -> Backend:
     return MnnvlAllreduce(options)
 
 
-def make(variant: str | None, options: dict[str, Any]) -> list[Backend]:
+def make(variant: str | None, options: FlashinferMake) -> list[Backend]:
     if variant is None:
         # The fused variants only make sense on model shapes.
-        names = [v for v in VARIANTS if options.get("hidden") or not v.startswith("fused_")]
+        names = [v for v in VARIANTS if options.sweep.hidden or not v.startswith("fused_")]
         return [_build(v, options) for v in names]
     if variant not in VARIANTS:
         from commbench.errors import UsageError
@@ -633,8 +643,8 @@ def add_arguments(group: argparse._ArgumentGroup) -> None:
                             "(on, the default, as vLLM and SGLang serve) or without it (off), to see what it saves")
 
 
-def read_options(args: argparse.Namespace) -> dict[str, Any]:
-    return {PCIE_TUNE_OPTION: args.flashinfer_pcie_tune, PDL_OPTION: args.flashinfer_pdl}
+def read_options(args: argparse.Namespace) -> FlashinferOptions:
+    return FlashinferOptions(pcie_tune=args.flashinfer_pcie_tune == "measure", pdl=args.flashinfer_pdl == "on")
 
 
 FACTORY = BackendFactory(

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from commbench import engines
-from commbench.backends.base import Backend, BackendFactory, ProcessGroupBackend, parse_variant_options
+from commbench.backends.base import Backend, BackendFactory, MakeOptions, ProcessGroupBackend, parse_variant_options
 from commbench.runtime.context import RunContext
 from commbench.errors import UsageError
 
@@ -26,7 +25,7 @@ class GlooBackend(ProcessGroupBackend):
             self.group = dist.new_group(backend="gloo")
 
 
-def make(variant: str | None, options: dict[str, Any]) -> list[Backend]:
+def make(variant: str | None, options: MakeOptions[None]) -> list[Backend]:
     if variant and parse_variant_options(variant):
         raise UsageError(f"gloo takes no variant options (got {variant!r})")
     return [GlooBackend()]

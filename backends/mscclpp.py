@@ -35,6 +35,7 @@ import os
 import signal
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -42,7 +43,7 @@ import torch
 import torch.distributed as dist
 
 from commbench import engines
-from commbench.backends.base import (Backend, BackendFactory, ProcessGroupBackend, parse_variant_options,
+from commbench.backends.base import (Backend, BackendFactory, MakeOptions, ProcessGroupBackend, parse_variant_options,
                                      raise_unless_all_ranks_ok)
 from commbench.backends.nccl_libs import PRELOAD_VAR
 from commbench.policy import multicast_policy_reason
@@ -92,7 +93,6 @@ print("created", flush=True)
 bootstrap.create_unique_id()
 print("create_unique_id ok", flush=True)
 """
-SHIM_LIB_OPTION = "mscclpp_nccl_lib"
 MSCCLPP_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 
 
@@ -364,12 +364,17 @@ def add_arguments(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--mscclpp-nccl-lib", help="path to libmscclpp_nccl.so for the mscclpp:shim backend")
 
 
-def read_options(args: argparse.Namespace) -> dict[str, Any]:
-    return {SHIM_LIB_OPTION: args.mscclpp_nccl_lib}
+@dataclass(frozen=True)
+class MscclppOptions:
+    nccl_lib: str | None = None    # --mscclpp-nccl-lib: libmscclpp_nccl.so for mscclpp:shim
 
 
-def make(variant: str | None, options: dict[str, Any]) -> list[Backend]:
-    library = options.get(SHIM_LIB_OPTION)
+def read_options(args: argparse.Namespace) -> MscclppOptions:
+    return MscclppOptions(nccl_lib=args.mscclpp_nccl_lib)
+
+
+def make(variant: str | None, options: MakeOptions[MscclppOptions]) -> list[Backend]:
+    library = options.own.nccl_lib
     each: list[Backend] = [MscclppAllreduce(name) for name in DEFAULT_ALGORITHMS]
     if variant is None:
         return [MscclppAllreduce(None), *each, MscclppShim(library)]

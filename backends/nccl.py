@@ -244,7 +244,6 @@ def _environment(values: dict[str, str | None]) -> Iterator[None]:
         apply(saved)
 
 
-def nccl_log_dir(options: dict[str, Any]) -> Path | None:
+def nccl_log_dir(run_dir: Path | None, log: bool) -> Path | None:
     """Where NCCL's log goes: RUN/nccl-logs, unless the user turned it off or nothing is written."""
-    run_dir = options.get("run_dir")
-    return Path(run_dir) / "nccl-logs" if run_dir and options.get("nccl_log", True) else None
+    return Path(run_dir) / "nccl-logs" if run_dir and log else None

@@ -15,15 +15,17 @@ and the NCCL it calls, as that library reports itself (``nccl.core.get_version()
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import importlib.util
+from dataclasses import dataclass
 from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
 from commbench import engines
-from commbench.backends.base import Backend, BackendFactory, BackendUnavailable, voted
+from commbench.backends.base import Backend, BackendFactory, BackendUnavailable, MakeOptions, voted
 from commbench.backends.nccl import logged_calls, nccl_log_dir, unlogged_reason
 from commbench.topology.nccl_log import logged_choice, process_nccl, process_switch, read_lines
 from commbench.errors import UsageError
@@ -137,10 +139,19 @@ class Nccl4pyAllreduce(Backend):
             self._comm = None
 
 
-def make(variant: str | None, options: dict[str, Any]) -> list[Backend]:
+@dataclass(frozen=True)
+class Nccl4pyOptions:
+    log: bool = True    # the nccl family's --no-nccl-log covers NCCL called through nccl4py too
+
+
+def read_options(args: argparse.Namespace) -> Nccl4pyOptions:
+    return Nccl4pyOptions(log=not getattr(args, "no_nccl_log", False))   # absent: the nccl family is not loaded
+
+
+def make(variant: str | None, options: MakeOptions[Nccl4pyOptions]) -> list[Backend]:
     if variant is not None:
         raise UsageError(f"nccl4py: unknown variant {variant!r}; the family has one variant, nccl4py")
-    return [Nccl4pyAllreduce(nccl_log_dir(options))]
+    return [Nccl4pyAllreduce(nccl_log_dir(options.sweep.run_dir, options.own.log))]
 
 
 FACTORY = BackendFactory(
@@ -150,4 +161,5 @@ FACTORY = BackendFactory(
             "(optional: pip install nccl4py)",
     variants_help=["nccl4py             Communicator.init over the control group, allreduce in place on torch's stream"],
     packages=("nccl4py",),
+    read_options=read_options,
 )

@@ -8,9 +8,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from commbench.backends.base import Backend, BackendFactory, parse_variant_options
+from commbench.backends.base import Backend, BackendFactory, MakeOptions, parse_variant_options
 from commbench.backends.nccl import NcclBackend, nccl_log_dir
 from commbench.backends.nccl_libs import NcclLibrary, by_label, parse_nccl_libs
 from commbench.topology.nccl_log import ALGORITHMS, PROTOCOLS
@@ -41,13 +40,23 @@ def add_arguments(group: argparse._ArgumentGroup) -> None:
                        help="do not record the algorithm/protocol NCCL used (logged only around untimed calls)")
 
 
-def read_options(args: argparse.Namespace) -> dict[str, Any]:
+@dataclass(frozen=True)
+class NcclOptions:
+    """The nccl family's flags, read once."""
+
+    protos: tuple[str, ...] = ()              # --nccl-proto, NCCL's spelling
+    algos: tuple[str, ...] = ()               # --nccl-algo
+    symm: bool = False                        # --nccl-symm
+    libraries: tuple[NcclLibrary, ...] = ()   # --nccl-lib
+    log: bool = True                          # not --no-nccl-log
+
+
+def read_options(args: argparse.Namespace) -> NcclOptions:
     split = lambda text: [v.strip() for v in text.split(",") if v.strip()] if text else []  # noqa: E731
-    protos = _normalise(split(args.nccl_proto), PROTOCOLS, "protocol")
-    algos = _normalise(split(args.nccl_algo), ALGORITHMS, "algorithm")
-    return {"nccl_proto": protos, "nccl_algo": algos, "nccl_log": not args.no_nccl_log,
-            "nccl_symm": bool(getattr(args, "nccl_symm", False)),
-            "nccl_libs": parse_nccl_libs(getattr(args, "nccl_lib", None))}
+    return NcclOptions(protos=tuple(_normalise(split(args.nccl_proto), PROTOCOLS, "protocol")),
+                       algos=tuple(_normalise(split(args.nccl_algo), ALGORITHMS, "algorithm")),
+                       symm=args.nccl_symm, libraries=tuple(parse_nccl_libs(args.nccl_lib)),
+                       log=not args.no_nccl_log)
 
 
 VARIANT_OPTIONS = ("proto", "algo", "symm", "lib")
@@ -84,28 +93,26 @@ def parse_variant(variant: str, libraries: list[NcclLibrary]) -> tuple[VariantSp
     return VariantSpec(proto, algo, "symm" in opts), library
 
 
-def default_specs(options: dict[str, Any]) -> list[VariantSpec]:
+def default_specs(options: NcclOptions) -> list[VariantSpec]:
     """NCCL's own choice, the --nccl-proto x --nccl-algo matrix, and nccl:symm with --nccl-symm."""
-    protos = _normalise(options.get("nccl_proto") or [], PROTOCOLS, "protocol")
-    algos = _normalise(options.get("nccl_algo") or [], ALGORITHMS, "algorithm")
     specs = [VariantSpec()]
-    specs += [VariantSpec(p, a) for p in protos or [None] for a in algos or [None] if p or a]
-    if options.get("nccl_symm"):
+    specs += [VariantSpec(p, a) for p in options.protos or [None] for a in options.algos or [None] if p or a]
+    if options.symm:
         specs.append(VariantSpec(symm=True))
     return specs
 
 
-def make(variant: str | None, options: dict[str, Any]) -> list[Backend]:
+def make(variant: str | None, options: MakeOptions[NcclOptions]) -> list[Backend]:
     """Each variant with torch's NCCL, and once more per --nccl-lib unless it names its lib=."""
-    log_dir = nccl_log_dir(options)
-    libraries: list[NcclLibrary] = list(options.get("nccl_libs") or [])
+    log_dir = nccl_log_dir(options.sweep.run_dir, options.own.log)
+    libraries = list(options.own.libraries)
     if variant:
         spec, library = parse_variant(variant, libraries)
         if library is not None:
             return [spec.build(log_dir, library)]
         specs = [spec]
     else:
-        specs = default_specs(options)
+        specs = default_specs(options.own)
     return [spec.build(log_dir, library) for library in [None, *libraries] for spec in specs]
 
 

@@ -82,8 +82,8 @@ import numpy
 import torch
 
 from commbench import engines
-from commbench.backends.base import (ALL_DTYPES, Backend, BackendFactory, BackendTimeout, BackendUnavailable, voted,
-                                     voted_gather)
+from commbench.backends.base import (ALL_DTYPES, Backend, BackendFactory, BackendTimeout, BackendUnavailable,
+                                     MakeOptions, voted, voted_gather)
 from commbench.backends.p2p_kernels import (PdlLauncher, SharedArea, cuda_driver, cupy_module, kernel_blocks_per_sm,
                                             kernel_functions)
 from commbench.backends.p2p_layout import (MAX_BLOCKS, MAX_RANKS, THREADS_PER_BLOCK, VECTOR_BYTES, grid_capacity,
@@ -420,16 +420,15 @@ def add_arguments(group: argparse._ArgumentGroup) -> None:
                             "(cuda-python, SM 9.0+; rows say why not) (default on)")
 
 
-def read_options(args: argparse.Namespace) -> dict[str, Any]:
-    options = {"p2p_max_bytes": args.p2p_max_bytes, "p2p_auto_rule": args.p2p_auto_rule,
-               "p2p_timeout_ms": args.p2p_timeout_ms, "p2p_threads": args.p2p_threads,
-               "p2p_vectors_per_thread": args.p2p_vectors_per_thread, "p2p_pdl": args.p2p_pdl}
-    P2POptions.from_options(options)    # bad values are bad input, said before anything runs
-    return options
+def read_options(args: argparse.Namespace) -> P2POptions:
+    """Bad values are bad input, said before anything runs."""
+    return P2POptions.from_options({"p2p_max_bytes": args.p2p_max_bytes, "p2p_auto_rule": args.p2p_auto_rule,
+                                    "p2p_timeout_ms": args.p2p_timeout_ms, "p2p_threads": args.p2p_threads,
+                                    "p2p_vectors_per_thread": args.p2p_vectors_per_thread, "p2p_pdl": args.p2p_pdl})
 
 
-def make(variant: str | None, options: dict[str, Any]) -> list[Backend]:
-    opts = P2POptions.from_options(options)
+def make(variant: str | None, options: MakeOptions[P2POptions]) -> list[Backend]:
+    opts = options.own
     names = DEFAULT_VARIANTS if variant is None else (variant.strip(),)
     for name in names:
         if name not in VARIANTS:

@@ -40,7 +40,7 @@ import torch
 import torch.distributed as dist
 
 from commbench import engines
-from commbench.backends.base import (Backend, BackendFactory, BackendUnavailable, chosen_variants,
+from commbench.backends.base import (Backend, BackendFactory, BackendUnavailable, MakeOptions, chosen_variants,
                                      parse_variant_options, voted, voted_rank0_first)
 
 if TYPE_CHECKING:
@@ -422,7 +422,7 @@ def _version(distribution: str) -> str | None:
 VARIANTS = (*ALGOS, AUTO)
 
 
-def make(variant: str | None, options: dict[str, Any]) -> list[Backend]:
+def make(variant: str | None, options: MakeOptions[None]) -> list[Backend]:
     names = chosen_variants("sglang", list(parse_variant_options(variant)), VARIANTS, every="custom_ar")
     return [SglangCustomAllreduce(n) for n in names]
 

@@ -20,8 +20,8 @@ import torch
 import torch.distributed as dist
 
 from commbench import engines
-from commbench.backends.base import (Backend, BackendFactory, BackendUnavailable, chosen_variants, parse_variant_options,
-                                     voted)
+from commbench.backends.base import (Backend, BackendFactory, BackendUnavailable, MakeOptions, chosen_variants,
+                                     parse_variant_options, voted)
 
 if TYPE_CHECKING:
     from commbench.runtime.context import RunContext
@@ -146,7 +146,7 @@ class SymmMemAllreduce(Backend):
             self._group = None
 
 
-def make(variant: str | None, options: dict[str, Any]) -> list[Backend]:
+def make(variant: str | None, options: MakeOptions[None]) -> list[Backend]:
     return [SymmMemAllreduce(name) for name in chosen_variants("symm_mem", list(parse_variant_options(variant)), ALGOS)]
 
 

@@ -10,11 +10,11 @@ backend's own time, are recorded on every row.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 
-from commbench.backends.base import Backend, BackendFactory, BackendUnavailable
+from commbench.backends.base import Backend, BackendFactory, BackendUnavailable, MakeOptions
 from commbench import engines
 from commbench.analysis.fusion import best_allreduce_rows
 from commbench.backends.fused import RMS_EPS, FusedBackend, residual_rmsnorm
@@ -26,24 +26,13 @@ if TYPE_CHECKING:
     from commbench.runtime.workload import Workload
 
 
-def rebuild_backend(name: str, options: dict[str, Any]) -> Backend:
-    """The backend object behind a measured row's name, built the way the sweep built it."""
-    from commbench.backends import factory
-
-    family, _, variant = name.partition(":")
-    for backend in factory(family).make(variant or None, options):
-        if backend.name == name:
-            return backend
-    raise BackendUnavailable(f"cannot rebuild allreduce backend {name!r} for the unfused baseline")
-
-
 class UnfusedBest(FusedBackend):
     family = "unfused"
     name = "unfused:best"
     reads_rows = True
 
-    def __init__(self, options: dict[str, Any]):
-        self._options = options
+    def __init__(self, build: Callable[[str], Backend] | None):
+        self._build = build
         self._inner: dict[str, Backend] = {}
         self._rows: tuple[Measurement, ...] = ()
         self._best: dict[int, Measurement] = {}
@@ -63,13 +52,20 @@ class UnfusedBest(FusedBackend):
         # Every rank was handed the same rows, so every rank sets up the same backends in
         # the same order (their setups are collective).
         for name in sorted({row.backend for row in self._best.values()}):
-            backend = self._inner.get(name) or rebuild_backend(name, self._options)
+            backend = self._inner.get(name) or self._rebuild(name)
             reason = backend.check(ctx)
             if reason:
                 raise BackendUnavailable(f"allreduce backend {name} of the baseline cannot run: {reason}")
             backend.setup(ctx, max_bytes, dtype)
             self._inner[name] = backend
         self.graph_capturable = all(b.graph_capturable for b in self._inner.values())
+
+    def _rebuild(self, name: str) -> Backend:
+        """The allreduce behind a measured row's name, made the way the sweep made it."""
+        if self._build is None:
+            raise BackendUnavailable(f"cannot rebuild allreduce backend {name!r} for the unfused baseline "
+                                     "outside a sweep")
+        return self._build(name)
 
     def make_workload(self, ctx: "RunContext", count: int, dtype: torch.dtype,
                       shape: tuple[int, int] | None, pairs: int) -> "Workload":
@@ -119,15 +115,15 @@ class UnfusedBest(FusedBackend):
         self._summed = None
 
 
-def make(variant: str | None, options: dict[str, Any]) -> list[Backend]:
+def make(variant: str | None, options: MakeOptions[None]) -> list[Backend]:
     if variant is None:
         # Only model-shape sweeps have fused work to compare against.
-        return [UnfusedBest(options)] if options.get("hidden") else []
+        return [UnfusedBest(options.build)] if options.sweep.hidden else []
     if variant != "best":
         from commbench.errors import UsageError
 
         raise UsageError(f"unfused: unknown variant {variant!r}; choose 'best'")
-    return [UnfusedBest(options)]
+    return [UnfusedBest(options.build)]
 
 
 FACTORY = BackendFactory(

@@ -39,8 +39,8 @@ from typing import TYPE_CHECKING, Any, Iterator
 import torch
 
 from commbench import engines
-from commbench.backends.base import (Backend, BackendFactory, chosen_variants, parse_variant_options, voted,
-                                     voted_rank0_first)
+from commbench.backends.base import (Backend, BackendFactory, MakeOptions, chosen_variants, parse_variant_options,
+                                     voted, voted_rank0_first)
 from commbench.errors import UsageError
 
 if TYPE_CHECKING:
@@ -280,7 +280,7 @@ class VllmCustomAllreduce(Backend):
 VARIANTS = (*STAGES, AUTO)
 
 
-def make(variant: str | None, options: dict[str, Any]) -> list[Backend]:
+def make(variant: str | None, options: MakeOptions[None]) -> list[Backend]:
     parsed = parse_variant_options(variant)
     impl = parsed.pop("impl", None)
     if impl is not None and impl not in IMPLS:

@@ -123,15 +123,6 @@ class DecodeStep:
             h = self._allreduce() * 0.5
 
 
-def _backend_options() -> dict[str, Any]:
-    """Every family's option defaults, as `commbench sweep` would read them with no flags."""
-    from commbench import backends
-
-    parser = argparse.ArgumentParser()
-    backends.add_arguments(parser)
-    return backends.read_options(parser.parse_args([]))
-
-
 def _graph_rank(rank: int, world: int, port: int, name: str, spec: str, out_dir: str, result_path: str) -> None:
     _rank_env(rank, world, port)
     from commbench import backends
@@ -140,7 +131,7 @@ def _graph_rank(rank: int, world: int, port: int, name: str, spec: str, out_dir:
     ctx, _ = init_context(share_gpus=True, timeout_s=120.0)
     backend = None
     try:
-        backend = backends.expand([spec], _backend_options(), on_gpu=True)[0]
+        backend = backends.expand([spec], backends.Options(), on_gpu=True)   # every family's flag defaults[0]
         reasons = ctx.all_gather_objects(backend.check(ctx) or backend.supports(BATCH * HIDDEN * 2, DTYPE))
         reason = next((f"rank {i}: {r}" for i, r in enumerate(reasons) if r), None)
         if reason is None:

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from commbench import engines
-from commbench.backends import expand, factory
+from commbench.backends import Options, expand, factory
 from commbench.backends import sglang_custom_ar as sg
 from commbench.backends import vllm_custom_ar as vl
 from commbench.backends.base import BackendUnavailable, voted_rank0_first
@@ -23,7 +23,7 @@ REFERENCE = Path(__file__).resolve().parent.parent / "results" / "reference" / "
 
 
 def names(spec: str) -> list[str]:
-    return [b.name for b in expand([spec], {}, on_gpu=True)]
+    return [b.name for b in expand([spec], Options(), on_gpu=True)]
 
 
 def test_registry_and_variants() -> None:
@@ -38,7 +38,7 @@ def test_registry_and_variants() -> None:
     assert factory("sglang").native and factory("vllm").native
     for bad in ("sglang:3shot", "vllm:three_stage", "vllm:auto,impl=nccl"):
         with pytest.raises(UsageError):
-            expand([bad], {}, on_gpu=True)
+            expand([bad], Options(), on_gpu=True)
 
 
 @pytest.fixture

@@ -9,6 +9,9 @@ import pytest
 import torch
 
 from commbench import backends
+from commbench.backends.base import BackendUnavailable, SweepFacts
+from commbench.backends.mscclpp import MscclppOptions
+from commbench.backends.nccl_variants import NcclOptions
 from commbench.errors import UsageError
 from commbench.sweep.launcher import child_arguments, parse_env_settings
 from commbench.sweep.plan import Shape, build_plan
@@ -128,7 +131,7 @@ def test_an_in_flight_record_keeps_its_cells_row_and_recovery_writes_it_once(tmp
 def test_model_shapes_bring_the_unfused_baseline_into_the_gpu_defaults(argv: list[str], hidden: int | None) -> None:
     args = sweep_args(*argv)
     options = backend_options(SweepOptions.from_args(args, argv), build_plan(args, on_gpu=True), None)
-    assert options["hidden"] == hidden
+    assert options.sweep.hidden == hidden
     unfused = [b.name for b in backends.expand(None, options, True) if b.family == "unfused"]
     assert unfused == (["unfused:best"] if hidden else [])
 
@@ -137,10 +140,10 @@ def test_backends_get_every_planned_size() -> None:
     """flashinfer:pcie_ipc tunes one bucket per planned size at setup, so it is told them all."""
     args = sweep_args("--tokens", "1,8", "--hidden", "4096")
     options = backend_options(SweepOptions.from_args(args, []), build_plan(args, on_gpu=True), None)
-    assert options["message_bytes"] == [8192, 65536]
+    assert options.sweep.message_bytes == (8192, 65536)
     args = sweep_args("--sizes", "1M,8K,64K")
     options = backend_options(SweepOptions.from_args(args, []), build_plan(args, on_gpu=True), None)
-    assert options["message_bytes"] == [8192, 65536, 1 << 20]
+    assert options.sweep.message_bytes == (8192, 65536, 1 << 20)
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -201,10 +204,34 @@ def test_the_headline_is_the_slowest_ranks_loop_total_and_jitter_is_kept_apart()
 
 def test_backend_specs_keep_their_options_together() -> None:
     assert backends.split_specs("nccl:proto=LL,algo=Ring,gloo, nccl") == ["nccl:proto=LL,algo=Ring", "gloo", "nccl"]
-    names = [b.name for b in backends.expand(["nccl"], {"nccl_proto": ["ll", "Simple"], "nccl_algo": ["ring"]}, True)]
+    flags = SweepOptions.from_args(sweep_args("--nccl-proto", "ll,Simple", "--nccl-algo", "ring"), [])
+    names = [b.name for b in backends.expand(["nccl"], backends.Options(families=flags.families), True)]
     assert names == ["nccl", "nccl:proto=LL,algo=Ring", "nccl:proto=Simple,algo=Ring"]
     with pytest.raises(UsageError, match="unknown backend"):
-        backends.expand(["warp"], {}, True)
+        backends.expand(["warp"], backends.Options(), True)
+
+
+def test_each_family_is_handed_its_own_options_and_the_sweeps_facts() -> None:
+    from commbench.backends.flashinfer import FlashinferOptions
+    from commbench.backends.p2p_rules import P2POptions
+
+    flags = SweepOptions.from_args(sweep_args("--p2p-max-bytes", "4M", "--nccl-proto", "ll"), [])
+    assert flags.families["p2p"] == P2POptions(max_bytes=4 << 20)
+    assert flags.families["nccl"] == NcclOptions(protos=("LL",))
+    options = backends.Options(SweepFacts(hidden=4096), flags.families)
+    (p2p,) = backends.expand(["p2p:oneshot"], options, True)
+    assert p2p.options is flags.families["p2p"]
+    # unfused:best rebuilds the allreduce it measured fastest as the sweep made it, p2p's options and all.
+    (unfused,) = backends.expand(["unfused:best"], options, True)
+    assert unfused._rebuild("p2p:oneshot").options.max_bytes == 4 << 20
+    with pytest.raises(BackendUnavailable, match="cannot rebuild backend 'nccl:algo=Ring,proto=LL'"):
+        backends.Options().build("nccl:algo=Ring,proto=LL")   # no variant has that name (nccl:proto=LL,algo=Ring)
+    with pytest.raises(BackendUnavailable, match="outside a sweep"):
+        backends.factory("unfused").variants("best")[0]._rebuild("p2p:oneshot")
+    # Where no flags were read (the probe), a family gets what it reads from its flags' defaults.
+    assert backends.factory("p2p").default_options() == P2POptions()
+    assert backends.factory("flashinfer").default_options() == FlashinferOptions()
+    assert backends.factory("gloo").default_options() is None
 
 
 def test_driver_splits_its_own_flags_from_the_childrens() -> None:
@@ -237,7 +264,8 @@ def test_driver_gives_a_preloaded_nccl_replacement_its_own_child(tmp_path) -> No
 
     library = tmp_path / "libmscclpp_nccl.so"
     library.write_bytes(b"")
-    variants = backends.expand(["nccl", "mscclpp:shim"], {"mscclpp_nccl_lib": str(library)}, True)
+    options = backends.Options(families={"mscclpp": MscclppOptions(str(library))})
+    variants = backends.expand(["nccl", "mscclpp:shim"], options, True)
     argv = ["--nproc", "8", "--backends", "nccl,mscclpp:shim", "-b", "4K", "--mscclpp-nccl-lib", str(library)]
     runs = child_runs(argv, [], variants, allow_multicast=False)
     assert runs[0] == ({}, ["--backends", "nccl,mscclpp:shim", "-b", "4K", "--mscclpp-nccl-lib", str(library)])

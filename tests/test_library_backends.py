@@ -17,7 +17,7 @@ from commbench.backends import factory
 from commbench.backends import flashinfer as fi
 from commbench.backends import mscclpp as mp_backend
 from commbench.backends import symm_mem
-from commbench.backends.base import BackendUnavailable, raise_unless_all_ranks_ok
+from commbench.backends.base import BackendUnavailable, SweepFacts, raise_unless_all_ranks_ok
 from commbench.policy import MULTICAST_POLICY_VARS
 from commbench.runtime.context import RunContext
 from commbench.errors import UsageError
@@ -35,8 +35,8 @@ def cpu_ctx(world_size: int = 2, allow_multicast: bool = False, local_world_size
                       control_group=None, allow_multicast=allow_multicast)
 
 
-def names(family: str, variant: str | None, options: dict | None = None) -> list[str]:
-    return [b.name for b in factory(family).make(variant, options or {})]
+def names(family: str, variant: str | None, sweep: SweepFacts = SweepFacts()) -> list[str]:
+    return [b.name for b in factory(family).variants(variant, sweep=sweep)]
 
 
 # --- variants -------------------------------------------------------------------------------
@@ -44,9 +44,9 @@ def names(family: str, variant: str | None, options: dict | None = None) -> list
 def test_default_variants_leave_fused_work_to_model_shape_sweeps():
     assert names("flashinfer", None) == ["flashinfer:trtllm_oneshot", "flashinfer:trtllm_twoshot",
                                          "flashinfer:pcie_ipc", "flashinfer:mnnvl"]
-    assert "flashinfer:fused_oneshot" in names("flashinfer", None, {"hidden": 4096})
+    assert "flashinfer:fused_oneshot" in names("flashinfer", None, SweepFacts(hidden=4096))
     assert names("unfused", None) == []
-    assert names("unfused", None, {"hidden": 4096}) == ["unfused:best"]
+    assert names("unfused", None, SweepFacts(hidden=4096)) == ["unfused:best"]
     assert names("symm_mem", None) == ["symm_mem:one_shot", "symm_mem:two_shot", "symm_mem:multimem"]
     each = [f"mscclpp:algo={name}" for name in mp_backend.DEFAULT_ALGORITHMS]
     assert names("mscclpp", None) == ["mscclpp:auto", *each, "mscclpp:shim"]
@@ -58,14 +58,14 @@ def test_default_variants_leave_fused_work_to_model_shape_sweeps():
                                             ("mscclpp", "fast"), ("unfused", "worst")])
 def test_unknown_variant_is_a_usage_error(family, variant):
     with pytest.raises(UsageError, match="unknown variant"):
-        factory(family).make(variant, {})
+        factory(family).variants(variant)
 
 
 # --- package missing / too old / broken -------------------------------------------------------
 
 def test_flashinfer_missing_says_how_to_install():
     assert fi.import_reason() == "flashinfer-python not installed (pip install 'commbench[flashinfer]')"
-    backend = factory("flashinfer").make("fused_oneshot", {})[0]
+    backend = factory("flashinfer").variants("fused_oneshot")[0]
     assert backend.software_reason() == fi.import_reason()
     assert backend.check(cpu_ctx()) == "needs CUDA GPUs; this run is on the CPU"
     assert factory("flashinfer").packages == ("flashinfer-python",)
@@ -86,7 +86,7 @@ def test_flashinfer_too_old_and_broken(monkeypatch):
 
 
 def test_mscclpp_missing_says_build_from_source():
-    backend = factory("mscclpp").make("auto", {})[0]
+    backend = factory("mscclpp").variants("auto")[0]
     assert backend.software_reason() == ("mscclpp not installed: build it from a checkout with "
                                          "scripts/build-mscclpp.sh (docs/mscclpp.md)")
     assert factory("mscclpp").packages == ("mscclpp",)
@@ -98,10 +98,10 @@ def test_mscclpp_missing_says_build_from_source():
 
 @pytest.mark.procs
 def test_mscclpp_shim_needs_a_library_path(tmp_path):
-    assert factory("mscclpp").make("shim", {})[0].software_reason() == \
+    assert factory("mscclpp").variants("shim")[0].software_reason() == \
         "needs the MSCCL++ NCCL shim: pass --mscclpp-nccl-lib PATH (build/lib/libmscclpp_nccl.so)"
     missing = tmp_path / "libmscclpp_nccl.so"
-    shim = factory("mscclpp").make("shim", {"mscclpp_nccl_lib": str(missing)})[0]
+    shim = factory("mscclpp").variants("shim", mp_backend.MscclppOptions(str(missing)))[0]
     assert shim.software_reason() == f"--mscclpp-nccl-lib {missing}: no such file"
     assert shim.check(cpu_ctx()) == "needs CUDA GPUs; this run is on the CPU"
     assert shim.process_env(allow_multicast=False) is None     # nothing to preload: no child of its own
@@ -114,7 +114,7 @@ def test_mscclpp_shim_prices_the_engines_nccl_path_not_sglangs_mscclpp(tmp_path)
     """The shim replaces NCCL under any engine: it claims both engines' NCCL path with the library
     as part of the setting, never SGLang's --enable-mscclpp; its deployment is said, not pasted."""
     library = tmp_path / "libmscclpp_nccl.so"
-    shim = factory("mscclpp").make("shim", {"mscclpp_nccl_lib": str(library)})[0]
+    shim = factory("mscclpp").variants("shim", mp_backend.MscclppOptions(str(library)))[0]
     settings = shim.engine_settings(8)
     real = os.path.realpath(library)
     assert settings.preload == real and engines.SGLANG_MSCCLPP not in settings.sglang_flags
@@ -125,7 +125,7 @@ def test_mscclpp_shim_prices_the_engines_nccl_path_not_sglangs_mscclpp(tmp_path)
         lines, how = engines.paste_lines(settings, engine, 8)
         assert lines == [] and f"LD_PRELOAD={real}" in how and f"{engines.NCCL_SO_PATH_VAR[engine]}={real}" in how
     # MSCCL++'s Python API is the one that prices SGLang's --enable-mscclpp
-    auto = factory("mscclpp").make("auto", {})[0].engine_settings(8)
+    auto = factory("mscclpp").variants("auto")[0].engine_settings(8)
     assert engines.declared_paths(auto) == {engines.SGLANG: {"path": engines.MSCCLPP, "stand_in": False}}
 
 
@@ -150,7 +150,7 @@ def test_mscclpp_whose_bootstrap_dies_is_skipped_with_the_signal(tmp_path, monke
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
     mp_backend.bootstrap_reason.cache_clear()
     try:
-        reason = factory("mscclpp").make("auto", {})[0].software_reason()
+        reason = factory("mscclpp").variants("auto")[0].software_reason()
     finally:
         mp_backend.bootstrap_reason.cache_clear()
         for name in ("mscclpp", "mscclpp._mscclpp"):
@@ -219,7 +219,7 @@ def test_mscclpp_shim_whose_neighbours_the_loader_cannot_find_gets_no_child_of_i
     subprocess.run(["cc", "-shared", "-fPIC", "-o", str(library), str(tmp_path / "shim.c"),
                     str(tmp_path / "libmscclpp_collectives.so.0")], check=True)
     (tmp_path / "libmscclpp_collectives.so.0").unlink()
-    shim = factory("mscclpp").make("shim", {"mscclpp_nccl_lib": str(library)})[0]
+    shim = factory("mscclpp").variants("shim", mp_backend.MscclppOptions(str(library)))[0]
     assert shim.software_reason() == (f"--mscclpp-nccl-lib {library}: the loader finds no libmscclpp_collectives.so.0 "
                                       "for it (use the shim from scripts/build-mscclpp.sh's shim step, whose RPATH "
                                       "finds its neighbours)")
@@ -237,7 +237,7 @@ def test_mscclpp_auto_rule_follows_the_shim_selector():
 
 def test_multicast_variants_need_permission(no_policy):
     multimem = symm_mem.SymmMemAllreduce("multimem")
-    mnnvl = factory("flashinfer").make("mnnvl", {})[0]
+    mnnvl = factory("flashinfer").variants("mnnvl")[0]
     for backend in (multimem, mnnvl):
         assert backend.check(cpu_ctx()) == "needs NVLink multicast: not tested: pass --allow-multicast"
 
@@ -247,8 +247,8 @@ def test_multicast_policy_variables_win_over_permission(monkeypatch, no_policy):
     ctx = cpu_ctx(allow_multicast=True)
     assert symm_mem.SymmMemAllreduce("multimem").check(ctx) == \
         "needs NVLink multicast: disabled by policy (TORCH_SYMM_MEM_DISABLE_MULTICAST=1)"
-    nvls = factory("mscclpp").make("algo=default_allreduce_nvls_packet", {})[0]
-    assert "multicast" in nvls.needs and "multicast" not in factory("mscclpp").make("auto", {})[0].needs
+    nvls = factory("mscclpp").variants("algo=default_allreduce_nvls_packet")[0]
+    assert "multicast" in nvls.needs and "multicast" not in factory("mscclpp").variants("auto")[0].needs
     assert nvls.check(ctx) == "needs NVLink multicast: disabled by policy (TORCH_SYMM_MEM_DISABLE_MULTICAST=1)"
 
 
@@ -266,11 +266,11 @@ def test_p2p_symm_mem_variants_need_no_multicast(no_policy):
     (32, "world size 32 not supported (needs one of 2, 4, 8, 16)"),
 ])
 def test_flashinfer_world_sizes(world, reason):
-    assert factory("flashinfer").make("trtllm_twoshot", {})[0].check(cpu_ctx(world)) == reason
+    assert factory("flashinfer").variants("trtllm_twoshot")[0].check(cpu_ctx(world)) == reason
 
 
 def test_pcie_ipc_world_sizes_dtypes_and_packs():
-    backend = factory("flashinfer").make("pcie_ipc", {})[0]
+    backend = factory("flashinfer").variants("pcie_ipc")[0]
     assert backend.check(cpu_ctx(16)) == "world size 16 not supported (needs one of 2, 4, 8)"
     assert backend.supports(4096, torch.float32) == "PCIe IPC allreduce takes bf16 and fp16 only"
     assert backend.supports(4096, torch.bfloat16) is None
@@ -303,7 +303,7 @@ def test_pcie_ipc_records_the_launch_configuration_it_ran():
                                                     "pcie_ipc_seed": "STAGED_RING blocks=4 threads=512",
                                                     "pcie_ipc_runs_seed": True}
     assert fi.launch_choice(Config(), None)["pcie_ipc_runs_seed"] is False
-    backend = factory("flashinfer").make("pcie_ipc", {"hidden": 7168})[0]
+    backend = factory("flashinfer").variants("pcie_ipc", sweep=SweepFacts(hidden=7168))[0]
     backend._choices = {(2, 7168): {"pcie_ipc_config": "STAGED_RING blocks=4 threads=512",
                                     "pcie_ipc_seed": "UNSTAGED blocks=16 threads=128"}}
     observed = backend.observe(lambda: None, 2 * 7168 * 2)["extra"]
@@ -331,12 +331,12 @@ def test_pcie_ipc_tune_option_and_cache_path(tmp_path):
 
     parser = argparse.ArgumentParser()
     fi.add_arguments(parser.add_argument_group("flashinfer"))
-    assert fi.read_options(parser.parse_args([])) == {"flashinfer_pcie_tune": "measure", "flashinfer_pdl": "on"}
-    options = {**fi.read_options(parser.parse_args(["--flashinfer-pcie-tune", "seed"])), "run_dir": tmp_path}
-    backend = factory("flashinfer").make("pcie_ipc", options)[0]
+    assert fi.read_options(parser.parse_args([])) == fi.FlashinferOptions(pcie_tune=True, pdl=True)
+    options = fi.read_options(parser.parse_args(["--flashinfer-pcie-tune", "seed"]))
+    backend = factory("flashinfer").variants("pcie_ipc", options, SweepFacts(run_dir=tmp_path))[0]
     assert backend.tune is False
     assert backend._cache_path(4, torch.bfloat16) == str(tmp_path / "flashinfer-pcie-ipc" / "w4-bfloat16.json")
-    assert factory("flashinfer").make("pcie_ipc", {})[0]._cache_path(4, torch.bfloat16) is None
+    assert factory("flashinfer").variants("pcie_ipc")[0]._cache_path(4, torch.bfloat16) is None
 
 
 @pytest.mark.parametrize("argv, pdl", [([], True), (["--flashinfer-pdl", "off"], False)])
@@ -352,7 +352,7 @@ def test_trtllm_variants_launch_with_pdl_unless_asked_not_to(monkeypatch, argv, 
     fake.allreduce_fusion = lambda **kwargs: calls.append(kwargs)
     monkeypatch.setitem(sys.modules, "flashinfer.comm", fake)
     for variant in ("trtllm_oneshot", "fused_twoshot"):
-        backend = factory("flashinfer").make(variant, {**options, "hidden": 4096})[0]
+        backend = factory("flashinfer").variants(variant, options, SweepFacts(hidden=4096))[0]
         assert backend.row_fields()["extra"]["launch_with_pdl"] is pdl, variant
         backend._workspace = object()
         backend._fusion(torch.zeros(1, 4096), fi.K_ALLREDUCE, torch.zeros(1, 4096))
@@ -408,7 +408,7 @@ def test_node_local_backends_refuse_several_nodes():
     ctx = cpu_ctx(world_size=8, local_world_size=4)
     for spec in ("symm_mem:one_shot", "flashinfer:trtllm_oneshot", "mscclpp:auto"):
         family, _, variant = spec.partition(":")
-        reason = factory(family).make(variant, {})[0].check(ctx)
+        reason = factory(family).variants(variant)[0].check(ctx)
         assert reason == "node-local backend: this run spans 2 nodes (P2P/IPC only works within one node)", spec
 
 
@@ -442,7 +442,7 @@ def test_plain_sizes_reshape_into_tokens():
 
 
 def test_fused_needs_a_model_shape_and_a_fitting_one():
-    backend = factory("flashinfer").make("fused_twoshot", {})[0]
+    backend = factory("flashinfer").variants("fused_twoshot")[0]
     ctx = cpu_ctx(4)
     with pytest.raises(BackendUnavailable, match="pass --tokens T --hidden H"):
         backend.make_workload(ctx, 4096, torch.bfloat16, None, pairs=3)
@@ -497,7 +497,7 @@ def test_pcie_ipc_moves_to_a_new_stream_only_after_ordering_it_behind_the_old(mo
     current, capturing, rebinds = [eager], [False], []
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: current[0])
-    backend = factory("flashinfer").make("pcie_ipc", {})[0]
+    backend = factory("flashinfer").variants("pcie_ipc")[0]
     backend._workspace = SimpleNamespace(rebind_stream=lambda: rebinds.append(current[0]))
     backend._follow_stream(torch.device("cpu"))
     backend._follow_stream(torch.device("cpu"))

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from commbench import backends
+from commbench.backends.base import SweepFacts
 from commbench.backends import nccl4py
 from commbench.errors import UsageError
 from helpers import only_run_dir, rows, run_cli
@@ -26,7 +27,7 @@ def test_missing_nccl4py_is_a_readable_reason(monkeypatch: pytest.MonkeyPatch, t
                                              no_nccl_module: None) -> None:
     monkeypatch.setattr(sys, "path", [str(tmp_path)] + [p for p in sys.path if "site-packages" not in p])
     assert nccl4py.import_reason() == "nccl4py not installed (pip install nccl4py)"
-    assert backends.expand(["nccl4py"], {}, True)[0].software_reason() == nccl4py.INSTALL_HINT
+    assert backends.expand(["nccl4py"], backends.Options(), True)[0].software_reason() == nccl4py.INSTALL_HINT
 
 
 def test_a_broken_nccl4py_says_what_failed(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
@@ -51,11 +52,12 @@ def test_rows_record_nccl4py_and_the_nccl_it_reports() -> None:
 
 
 def test_the_family_has_one_variant_and_logs_into_the_run_dir(tmp_path: Path) -> None:
-    (backend,) = backends.expand(["nccl4py"], {"run_dir": tmp_path}, True)
+    (backend,) = backends.expand(["nccl4py"], backends.Options(SweepFacts(run_dir=tmp_path)), True)
     assert backend.name == "nccl4py" and backend.log_dir == tmp_path / "nccl-logs" and backend.in_place
-    assert backends.expand(["nccl4py"], {"run_dir": tmp_path, "nccl_log": False}, True)[0].log_dir is None
+    quiet = backends.Options(SweepFacts(run_dir=tmp_path), {"nccl4py": nccl4py.Nccl4pyOptions(log=False)})
+    assert backends.expand(["nccl4py"], quiet, True)[0].log_dir is None
     with pytest.raises(UsageError, match="nccl4py: unknown variant 'fast'"):
-        backends.expand(["nccl4py:fast"], {}, True)
+        backends.expand(["nccl4py:fast"], backends.Options(), True)
 
 
 @pytest.mark.procs

@@ -9,6 +9,8 @@ import pytest
 import torch
 
 from commbench import backends
+from commbench.backends.base import SweepFacts
+from commbench.backends.nccl_variants import NcclOptions
 from commbench.topology.nccl_log import (COINCIDED, HONOURED, IGNORED, LOG_VARIABLES, InitEvidence, NcclLogSwitch,
                                 canonical_algo, canonical_proto, enabled_for_allreduce, env_settings,
                                 LoggedAllreduce, LoggedCall, loaded_libnccl, logged_allreduces,
@@ -205,10 +207,12 @@ def test_logging_to_switches_off_when_the_block_fails(monkeypatch: pytest.Monkey
 
 
 def test_variants_log_into_the_run_dir_unless_told_not_to(tmp_path: Path) -> None:
-    variants = backends.expand(["nccl"], {"nccl_proto": ["LL"], "run_dir": tmp_path}, True)
+    logged = backends.Options(SweepFacts(run_dir=tmp_path), {"nccl": NcclOptions(protos=("LL",))})
+    variants = backends.expand(["nccl"], logged, True)
     logs = tmp_path / "nccl-logs"
     assert [(b.name, b.log_dir) for b in variants] == [("nccl", logs), ("nccl:proto=LL", logs)]
-    quiet = backends.expand(["nccl"], {"run_dir": tmp_path, "nccl_log": False}, True)
+    quiet_options = backends.Options(SweepFacts(run_dir=tmp_path), {"nccl": NcclOptions(log=False)})
+    quiet = backends.expand(["nccl"], quiet_options, True)
     assert [b.log_dir for b in quiet] == [None]
 
 
@@ -238,7 +242,7 @@ def test_the_backend_logs_only_around_init_and_observe_and_reads_its_verdict(
     monkeypatch.setattr(nccl_backend.dist, "new_group", lambda backend: object())
     monkeypatch.setattr(nccl_backend.dist, "all_reduce", all_reduce)
     ctx = type("Ctx", (), {"world_size": 2, "rank": 0, "device": torch.device("cpu"), "snapshot": None})()
-    backend = backends.expand(["nccl:proto=LL"], {"run_dir": tmp_path}, True)[0]
+    backend = backends.expand(["nccl:proto=LL"], backends.Options(SweepFacts(run_dir=tmp_path)), True)[0]
     backend.setup(ctx, 1 << 20, torch.float32)
     assert "NCCL_PROTO" not in os.environ and not any(name in os.environ for name in LOG_VARIABLES)
 

@@ -13,6 +13,8 @@ import pytest
 import torch
 
 from commbench import backends
+from commbench.backends.base import SweepFacts
+from commbench.backends.nccl_variants import NcclOptions
 from commbench.backends import nccl as nccl_backend
 from commbench.backends import nccl_symm
 from commbench.topology.nccl_log import (LOG_VARIABLES, NcclLogSwitch, symmetric_kernel, symmetric_unsupported,
@@ -96,7 +98,7 @@ def observing(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     switch = NcclLogSwitch.for_library(FakeNccl(22907), "libnccl.so.2")
     monkeypatch.setattr(nccl_backend, "process_switch", lambda: switch)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
-    backend = backends.expand(["nccl:symm"], {"run_dir": tmp_path}, True)[0]
+    backend = backends.expand(["nccl:symm"], backends.Options(SweepFacts(run_dir=tmp_path)), True)[0]
     assert isinstance(backend, nccl_symm.NcclSymmBackend)
     backend._observe_calls, backend._not_observed = True, None   # what setup sets on rank 0 of 8
 
@@ -140,7 +142,8 @@ def test_nccl_s_init_refusal_is_the_reason_when_no_rule_foresaw_it(observing) ->
 
 
 def test_without_the_log_a_row_says_why_nothing_was_observed(tmp_path: Path) -> None:
-    backend = backends.expand(["nccl:symm"], {"run_dir": tmp_path, "nccl_log": False}, True)[0]
+    quiet = backends.Options(SweepFacts(run_dir=tmp_path), {"nccl": NcclOptions(log=False)})
+    backend = backends.expand(["nccl:symm"], quiet, True)[0]
     backend._not_observed = "NCCL's log was not asked for (--no-nccl-log)"
     assert backend.observe(lambda: None, 4096)["extra"] == {
         "nccl_symmetric_kernel": None, "nccl_symmetric_note": "not observed: NCCL's log was not asked for (--no-nccl-log)"}
@@ -177,14 +180,14 @@ def test_the_torch_feature_is_detected_not_its_version(monkeypatch: pytest.Monke
 
 
 def test_a_cpu_torch_says_it_has_no_nccl_before_anything_about_pools() -> None:
-    backend = backends.expand(["nccl:symm"], {}, True)[0]
+    backend = backends.expand(["nccl:symm"], backends.Options(), True)[0]
     if torch.distributed.is_nccl_available():
         pytest.skip("this torch has NCCL")
     assert backend.software_reason().endswith("has no NCCL (a CPU-only build; NCCL needs CUDA)")
 
 
 def test_symm_settings_select_nccl_symmetric_memory_in_the_engines() -> None:
-    settings = backends.expand(["nccl:symm"], {}, True)[0].engine_settings(8)
+    settings = backends.expand(["nccl:symm"], backends.Options(), True)[0].engine_settings(8)
     assert settings.vllm_env["VLLM_USE_NCCL_SYMM_MEM"] == "1" and settings.sglang_flags == ["--enable-symm-mem"]
 
 
@@ -195,7 +198,7 @@ def test_symm_settings_select_nccl_symmetric_memory_in_the_engines() -> None:
 ])
 def test_bad_symm_variants_are_usage_errors(spec: str, message: str) -> None:
     with pytest.raises(UsageError, match=message):
-        backends.expand([spec], {}, True)
+        backends.expand([spec], backends.Options(), True)
 
 
 @pytest.mark.procs

@@ -15,6 +15,7 @@ import torch
 
 from commbench import backends
 from commbench.backends import nccl as nccl_backend
+from commbench.backends.nccl_variants import NcclOptions
 from commbench.backends.nccl_libs import NcclLibrary, default_label, parse_nccl_libs, preloaded_here
 from commbench.topology.nccl_log import LoadedNccl, loaded_nccl, mapped_libnccls, version_text
 from commbench.errors import UsageError
@@ -156,7 +157,7 @@ def test_two_libraries_may_not_share_a_label(tmp_path: Path) -> None:
 
 def test_every_nccl_variant_runs_once_more_per_library(tmp_path: Path) -> None:
     lib = NcclLibrary("cu13-2.29.7", str(wheel_tree(tmp_path / "s", "cu13", "2.29.7")))
-    options = {"nccl_proto": ["LL"], "nccl_symm": True, "nccl_libs": [lib]}
+    options = backends.Options(families={"nccl": NcclOptions(protos=("LL",), symm=True, libraries=(lib,))})
     names = [b.name for b in backends.expand(["nccl"], options, True)]
     assert names == ["nccl", "nccl:proto=LL", "nccl:symm", "nccl:lib=cu13-2.29.7", "nccl:proto=LL,lib=cu13-2.29.7",
                      "nccl:symm,lib=cu13-2.29.7"]
@@ -171,7 +172,7 @@ def test_the_driver_gives_each_library_its_own_preloaded_child(tmp_path: Path) -
     from commbench.sweep.launcher import child_runs
 
     path = wheel_tree(tmp_path / "s", "cu13", "2.29.7")
-    options = {"nccl_libs": parse_nccl_libs([str(path)])}
+    options = backends.Options(families={"nccl": NcclOptions(libraries=tuple(parse_nccl_libs([str(path)])))})
     variants = backends.expand(["nccl"], options, True)
     argv = ["--nproc", "8", "--backends", "nccl", "-b", "4K", "--nccl-lib", str(path)]
     runs = child_runs(argv, [], variants, allow_multicast=False)

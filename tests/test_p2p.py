@@ -33,7 +33,7 @@ def ctx_for(world_size: int = 2, device: str = "cuda", local_world_size: int | N
 
 
 def backend(variant: str = "oneshot", **options) -> p2p.P2PAllreduce:
-    return p2p.make(variant, options)[0]
+    return factory("p2p").variants(variant, p2p_rules.P2POptions.from_options(options))[0]
 
 
 @pytest.fixture
@@ -51,15 +51,15 @@ def fake_gpus(monkeypatch):
 def test_registry_exposes_the_family_and_its_default_variants():
     fac = factory("p2p")
     assert fac.family == "p2p"
-    assert [b.name for b in fac.make(None, {})] == ["p2p:oneshot_lamport", "p2p:oneshot", "p2p:twoshot_lamport",
+    assert [b.name for b in fac.variants(None)] == ["p2p:oneshot_lamport", "p2p:oneshot", "p2p:twoshot_lamport",
                                                     "p2p:twoshot", "p2p:auto"]
-    assert [b.name for b in fac.make("oneshot_pull", {})] == ["p2p:oneshot_pull"]
-    assert all(b.node_local and b.graph_capturable for b in fac.make(None, {}))
+    assert [b.name for b in fac.variants("oneshot_pull")] == ["p2p:oneshot_pull"]
+    assert all(b.node_local and b.graph_capturable for b in fac.variants(None))
 
 
 def test_unknown_variant_is_a_usage_error_naming_the_choices():
     with pytest.raises(UsageError, match="oneshot_lamport, oneshot, oneshot_pull, twoshot_lamport, twoshot, auto"):
-        p2p.make("threeshot", {})
+        factory("p2p").variants("threeshot")
 
 
 def test_options_accept_numbers_and_size_strings():
@@ -132,7 +132,7 @@ def test_without_verdicts_every_gpu_pair_needs_peer_access(fake_gpus):
 
 def test_pcie_with_more_than_two_gpus_is_not_switched_off(fake_gpus):
     fake_gpus(count=8)           # no NVLink question is asked: working P2P is enough
-    assert all(b.check(ctx_for(8)) is None for b in p2p.make(None, {}))
+    assert all(b.check(ctx_for(8)) is None for b in factory("p2p").variants(None))
 
 
 def test_ranks_sharing_one_gpu_need_no_peer_access(fake_gpus):
@@ -589,8 +589,8 @@ def test_pdl_is_on_unless_the_option_says_off():
     assert p2p_rules.P2POptions.from_options({"p2p_pdl": False}).pdl is False
     parser = argparse.ArgumentParser()
     p2p.add_arguments(parser.add_argument_group("p2p"))
-    assert p2p.read_options(parser.parse_args([]))["p2p_pdl"] is None
-    assert p2p_rules.P2POptions.from_options(p2p.read_options(parser.parse_args(["--p2p-pdl", "off"]))).pdl is False
+    assert p2p.read_options(parser.parse_args([])).pdl is True
+    assert p2p.read_options(parser.parse_args(["--p2p-pdl", "off"])).pdl is False
 
 
 SM90, SM86 = (9, 0), (8, 6)

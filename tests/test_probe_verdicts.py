@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from commbench import backends
+from commbench.backends.mscclpp import MscclppOptions
 from commbench.engine_paths import explain
 from commbench.policy import MULTICAST_POLICY_VARS
 from commbench.topology import verdicts
@@ -18,7 +19,7 @@ SNAPSHOTS = Path(__file__).parent / "fixtures" / "snapshots"
 
 
 def variant(name: str):
-    (backend,) = backends.expand([name], {}, on_gpu=True)
+    (backend,) = backends.expand([name], backends.Options(), on_gpu=True)
     return backend
 
 
@@ -79,11 +80,11 @@ def test_the_sweeps_verdicts_take_the_software_answer_of_its_own_variants(hgx, t
     # --mscclpp-nccl-lib must not be told by it that the shim needs that flag.
     library = tmp_path / "libmscclpp_nccl.so"
     library.write_bytes(b"\x7fELF")
-    (shim,) = backends.factory("mscclpp").make("shim", {"mscclpp_nccl_lib": str(library)})
+    (shim,) = backends.factory("mscclpp").variants("shim", MscclppOptions(str(library)))
     recorded = {**hgx, "backend_software": verdicts.software_record(backends.probe_variants())}
     assert "--mscclpp-nccl-lib" in verdicts.reason_for(shim, recorded, 8, False)
     assert verdicts.run_verdicts([shim], recorded, 8, False) == {"mscclpp:shim": None}
-    (missing,) = backends.factory("mscclpp").make("shim", {"mscclpp_nccl_lib": str(tmp_path / "gone.so")})
+    (missing,) = backends.factory("mscclpp").variants("shim", MscclppOptions(str(tmp_path / "gone.so")))
     assert verdicts.run_verdicts([missing], recorded, 8, False) == {
         "mscclpp:shim": f"--mscclpp-nccl-lib {tmp_path / 'gone.so'}: no such file"}
 

@@ -189,7 +189,7 @@ def test_paste_lines_quote_what_they_print():
 
 
 def declared(name: str, world_size: int = 8) -> engines.Settings:
-    (backend,) = backends.expand([name], {}, on_gpu=True)
+    (backend,) = backends.expand([name], backends.Options(), on_gpu=True)
     return backend.engine_settings(world_size)
 
 

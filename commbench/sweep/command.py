@@ -18,7 +18,7 @@ from typing import Any, Sequence
 import torch
 
 from commbench import backends
-from commbench.backends.base import describe
+from commbench.backends.base import SweepFacts, describe
 from commbench.errors import FAILED_EXIT, STOP_EXIT, TERMINATED_EXIT, ResultsUnwritable, Terminated, UsageError
 from commbench.inflight import ENDED, LEFT, PeerWatch, Recorder, recover
 from commbench.sweep import launcher
@@ -103,12 +103,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     backends.add_arguments(p)   # each backend family's own flags
 
 
-def backend_options(opts: SweepOptions, plan: SweepPlan, run_dir: Path | None) -> dict[str, Any]:
-    """The sweep's own options every family may read, plus what each family read from its flags."""
-    return {"hidden": plan.shapes[0].hidden,   # model shapes share one hidden size; None for plain sizes
-            # every planned size, for backends that tune per size at setup (flashinfer:pcie_ipc)
-            "message_bytes": sorted({shape.message_bytes for shape in plan.shapes}),
-            "allow_multicast": opts.allow_multicast, "run_dir": run_dir, **opts.families}
+def backend_options(opts: SweepOptions, plan: SweepPlan, run_dir: Path | None) -> backends.Options:
+    """The sweep's facts every family may read, and each family's own options."""
+    facts = SweepFacts(hidden=plan.shapes[0].hidden,
+                       message_bytes=tuple(sorted({shape.message_bytes for shape in plan.shapes})),
+                       allow_multicast=opts.allow_multicast, run_dir=run_dir)
+    return backends.Options(facts, opts.families)
 
 
 def _list_backends() -> int:

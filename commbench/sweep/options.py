@@ -33,7 +33,7 @@ class SweepOptions:
     mps: bool
     child_timeout: float
     argv: tuple[str, ...]         # the sweep's own arguments as typed
-    families: Mapping[str, Any] = field(default_factory=dict)   # what every family read from its flags
+    families: Mapping[str, Any] = field(default_factory=dict)   # family -> the options it read from its flags
     recorded: Mapping[str, Any] = field(default_factory=dict)   # every flag, as run.json records them
 
     @classmethod

@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from commbench.backends.base import Backend
+from commbench.backends.base import Backend, SweepFacts
 
 GRAPH_CALLS = 3
 PLAIN_BYTES = (8 << 10, 96 << 10, 1 << 20)        # 4K..512K bf16 elements
@@ -47,7 +47,8 @@ def _variants() -> list[Backend]:
     for spec in specs:
         family, _, variant = spec.partition(":")
         # message_bytes: the sizes pcie_ipc tunes a bucket for at setup, as the sweep passes them
-        out.extend(factory(family).make(variant or None, {"hidden": 4096, "message_bytes": list(PLAIN_BYTES)}))
+        sweep = SweepFacts(hidden=4096, message_bytes=tuple(PLAIN_BYTES))
+        out.extend(factory(family).variants(variant or None, sweep=sweep))
     return out
 
 

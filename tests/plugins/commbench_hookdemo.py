@@ -11,13 +11,14 @@ dist-info beside it declares the entry point). It reduces with gloo, so it runs 
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from commbench import engines
-from commbench.backends.base import Backend, BackendFactory
+from commbench.backends.base import Backend, BackendFactory, MakeOptions
 from commbench.errors import UsageError
 
 VARIANTS = ("plain", "gpu", "missing")
@@ -69,18 +70,23 @@ def add_arguments(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--hookdemo-level", type=int, default=1, help="the demo library's level (1-9)")
 
 
-def read_options(args: argparse.Namespace) -> dict[str, Any]:
+@dataclass(frozen=True)
+class HookDemoOptions:
+    level: int = 1    # --hookdemo-level
+
+
+def read_options(args: argparse.Namespace) -> HookDemoOptions:
     if not 1 <= args.hookdemo_level <= 9:
         raise UsageError(f"--hookdemo-level must be 1-9, got {args.hookdemo_level}")
-    return {"hookdemo_level": args.hookdemo_level}
+    return HookDemoOptions(level=args.hookdemo_level)
 
 
-def make(variant: str | None, options: dict[str, Any]) -> list[Backend]:
+def make(variant: str | None, options: MakeOptions[HookDemoOptions]) -> list[Backend]:
     names = ("plain",) if variant is None else (variant,)
     for name in names:
         if name not in VARIANTS:
             raise UsageError(f"unknown hookdemo variant {name!r}: choose from {', '.join(VARIANTS)}")
-    return [HookDemo(name, options.get("hookdemo_level", 1)) for name in names]
+    return [HookDemo(name, options.own.level) for name in names]
 
 
 FACTORY = BackendFactory(family="hookdemo", make=make, on_gpu_by_default=False, on_cpu_by_default=False,

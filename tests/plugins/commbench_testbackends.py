@@ -26,7 +26,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from commbench.backends.base import Backend, BackendFactory, BackendUnavailable
+from commbench.backends.base import Backend, BackendFactory, BackendUnavailable, MakeOptions
 from commbench.errors import UsageError
 
 VARIANTS = ("exact", "noop", "one_wrong", "stale", "back_to_back", "wrong_every", "hang_rank1", "setup_fails_rank1",
@@ -117,7 +117,7 @@ class FaultyBackend(Backend):
             self.group = None
 
 
-def make(variant: str | None, options: dict[str, Any]) -> list[Backend]:
+def make(variant: str | None, options: MakeOptions[None]) -> list[Backend]:
     fault, _, number = (variant or "exact").partition("@")
     if fault not in VARIANTS:
         raise UsageError(f"unknown testfaults variant {fault!r}")
