@@ -22,7 +22,7 @@ from abc import ABC, abstractmethod
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Generic, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Generic, Mapping, Sequence, TypeVar
 
 import argparse
 import traceback
@@ -264,6 +264,13 @@ class MakeOptions(Generic[OwnOptions]):
     # Another family's variant by its name, made as the sweep makes it, without reading that family's
     # options (unfused:best rebuilds the allreduce it measured fastest); None outside a sweep.
     build: Callable[[str], "Backend"] | None = field(default=None, repr=False, compare=False)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """A plug-in written before typed options read one flat dict: its own read_options' dict
+        entries and the sweep's facts by name ("hidden", "message_bytes", ...). It still can."""
+        if isinstance(self.own, Mapping) and key in self.own:
+            return self.own[key]
+        return getattr(self.sweep, key, default) if key in SweepFacts.__dataclass_fields__ else default
 
 
 @dataclass

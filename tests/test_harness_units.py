@@ -276,3 +276,16 @@ def test_driver_gives_a_preloaded_nccl_replacement_its_own_child(tmp_path) -> No
     # Ranks that share a GPU: the shim needs one GPU per rank, so the first child's rows say why
     # and no preloaded child is started to say it again.
     assert child_runs(argv, [], variants, allow_multicast=False, shares_gpus=True) == runs[:1]
+
+
+def test_a_plugin_written_for_the_flat_options_dict_still_reads_it() -> None:
+    """Before typed options, make() got one dict: a plug-in's own read_options entries beside the
+    sweep's facts. options.get still answers both (docs/new-backend.md)."""
+    from commbench.backends.base import MakeOptions
+
+    old = MakeOptions({"hookdemo_level": 3}, SweepFacts(hidden=4096, message_bytes=(8192,)))
+    assert old.get("hookdemo_level", 1) == 3 and old.get("hidden") == 4096
+    assert old.get("message_bytes") == (8192,) and old.get("run_dir") is None
+    assert old.get("nothing_like_it", "d") == "d" and old.get("build", "d") == "d"   # fields of neither
+    typed = MakeOptions(NcclOptions(protos=("LL",)))
+    assert typed.get("protos", "d") == "d" and typed.get("allow_multicast") is False
