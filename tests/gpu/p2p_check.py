@@ -41,10 +41,11 @@ from typing import Any, Callable
 import torch
 import torch.multiprocessing as mp
 
+from commbench.backends.base import MakeOptions
 from commbench.backends.p2p import P2PAllreduce, make
 from commbench.backends.p2p_kernels import P2PTimeoutError
 from commbench.backends.p2p_layout import LaunchShape
-from commbench.backends.p2p_rules import FLOOR_VARIANTS
+from commbench.backends.p2p_rules import FLOOR_VARIANTS, P2POptions
 from commbench.runtime.context import MPS_PERCENT_VAR, RunContext, init_context, shutdown
 from commbench.sweep.mps import client_env
 from commbench.runtime.workload import exact_pattern, expected_sum
@@ -121,7 +122,8 @@ def _reduced(backend: P2PAllreduce, x: torch.Tensor) -> torch.Tensor:
 
 
 def _backend(variant: str, options: dict[str, Any], ctx: RunContext, pdl: str) -> P2PAllreduce:
-    backend = make(variant, {**options, "p2p_pdl": pdl})[0]
+    """The variant with these p2p settings (the flags' names: p2p_max_bytes, p2p_auto_rule, ...)."""
+    backend = make(variant, MakeOptions(P2POptions.from_options({**options, "p2p_pdl": pdl})))[0]
     reason = backend.check(ctx)
     if reason is not None:
         raise RuntimeError(f"{backend.name}: check() says {reason}")
