@@ -100,7 +100,11 @@ def parse_settings(items: list[str]) -> dict[str, str]:
 # ---------------------------------------------------------------- reading and pairing the sources
 
 def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:   # in pieces: a large log is never held whole
+        for piece in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(piece)
+    return digest.hexdigest()
 
 
 def _json_average(out: NcclTestsOutput, given: int | None) -> tuple[int, str]:

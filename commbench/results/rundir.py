@@ -144,17 +144,14 @@ class RowsWriter:
         except OSError as exc:
             raise _unopenable(self.path, exc) from None
 
-    def append(self, row: Measurement, sync: bool = True) -> dict[str, Any]:
-        """Write one row; durable before returning unless sync is False (a batch: sync() after).
-        Returns the row as written (to_dict)."""
-        data = row.to_dict()
+    def append(self, row: Measurement, sync: bool = True) -> None:
+        """Write one row; durable before returning unless sync is False (a batch: sync() after)."""
         try:
-            self._file.write(json.dumps(data, sort_keys=True) + "\n")
+            self._file.write(json.dumps(row.to_dict(), sort_keys=True) + "\n")
             if sync:
                 self.sync()
         except OSError as exc:
             raise unwritable(self.path, exc) from None
-        return data
 
     def sync(self) -> None:
         try:
@@ -327,17 +324,17 @@ class RunDir:
                 for _, row, _ in self.iter_lines():
                     if row is not None:
                         table.add(row.to_dict())
-                self._append(writer, rows, on_row, table.add)
+                self._append(writer, rows, on_row, table)
         finally:
             writer.close()
 
     @staticmethod
     def _append(writer: RowsWriter, rows: Iterable[Measurement], on_row: Callable[[Measurement], None] | None,
-                on_data: Callable[[dict[str, Any]], None] | None) -> None:
+                table: _CsvRows | None) -> None:
         for row in rows:
-            data = writer.append(row, sync=False)
-            if on_data is not None:
-                on_data(data)
+            writer.append(row, sync=False)
+            if table is not None:
+                table.add(row.to_dict())
             if on_row is not None:
                 on_row(row)
         writer.sync()
