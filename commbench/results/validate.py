@@ -16,6 +16,7 @@ import dataclasses
 import json
 import math
 import re
+import sys
 from typing import Any, Callable
 
 from commbench.errors import UsageError
@@ -216,7 +217,15 @@ def parse_row(line: bytes) -> tuple[Measurement | None, str | None]:
         return None, clean_text(problem)
     # A control character in a string is either raw (C1, bidi) or a \u escape in the line.
     needs_cleaning = b"\\u" in line or _CONTROL_RE.search(line.decode("utf-8", errors="replace"))
-    return Measurement.from_dict(clean(data) if needs_cleaning else data), None
+    row = Measurement.from_dict(clean(data) if needs_cleaning else data)
+    for name in _SHARED_TEXT:   # a few names repeat on every row: one copy each, not one a row
+        value = getattr(row, name)
+        if value.__class__ is str and len(value) <= 64:
+            setattr(row, name, sys.intern(value))
+    return row, None
+
+
+_SHARED_TEXT = ("backend", "mode", "dtype", "status", "op", "setting_applied", "wrong_kind")
 
 
 # ---------------------------------------------------------------- run.json
