@@ -212,6 +212,8 @@ def parse_row(line: bytes) -> tuple[Measurement | None, str | None]:
     # Only a line with that many brackets can nest that deep: the walk is for those alone.
     if line.count(b"{") + line.count(b"[") > MAX_NESTING and depth(data) > MAX_NESTING:
         return None, f"nested deeper than {MAX_NESTING} levels"
+    if isinstance(data, dict) and data.get("schema") in READABLE_SCHEMAS:
+        data = migrate_row(data)   # once: row_problem and from_dict then find it current
     problem = row_problem(data)
     if problem:
         return None, clean_text(problem)
