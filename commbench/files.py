@@ -12,7 +12,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, Iterator
 
 from commbench.errors import UsageError
 
@@ -23,26 +23,63 @@ STDOUT = "-"   # --json - writes to standard output
 MAX_INPUT_BYTES = 1 << 30
 
 
-def read_text(path: Path, what: str, max_bytes: int = MAX_INPUT_BYTES) -> str:
-    """The file's text; `what` names what it should hold ("a qualify spec"); a file larger
-    than max_bytes is refused."""
+def _open(path: Path, what: str) -> BinaryIO:
     if path.is_dir():
         raise UsageError(f"{path}: is a directory, not {what}")
     try:
-        with path.open("rb") as handle:
-            data = handle.read(max_bytes + 1)
+        return path.open("rb")
     except FileNotFoundError:
         raise UsageError(f"{path}: no such file") from None
     except OSError as exc:
         raise UsageError(f"{path}: cannot read ({exc.strerror})") from None
-    if len(data) > max_bytes:
-        raise UsageError(f"{path}: larger than {max_bytes >> 20} MiB, not {what}")
+
+
+def _read(handle: BinaryIO, path: Path, size: int) -> bytes:
+    try:
+        return handle.read(size) if size >= 0 else handle.readline(_LINE_PIECE_BYTES)
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot read ({exc.strerror})") from None
+
+
+def _decoded(data: bytes, path: Path, what: str, offset: int = 0) -> str:
     if b"\0" in data:
         raise UsageError(f"{path}: binary file, not {what}")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise UsageError(f"{path}: not UTF-8 text (byte {exc.start}), not {what}") from None
+        raise UsageError(f"{path}: not UTF-8 text (byte {offset + exc.start}), not {what}") from None
+
+
+def read_text(path: Path, what: str, max_bytes: int = MAX_INPUT_BYTES) -> str:
+    """The file's text; `what` names what it should hold ("a qualify spec"); a file larger
+    than max_bytes is refused."""
+    with _open(path, what) as handle:
+        data = _read(handle, path, max_bytes + 1)
+    if len(data) > max_bytes:
+        raise UsageError(f"{path}: larger than {max_bytes >> 20} MiB, not {what}")
+    return _decoded(data, path, what)
+
+
+_LINE_PIECE_BYTES = 1 << 20
+
+
+def read_lines(path: Path, what: str, max_bytes: int = MAX_INPUT_BYTES) -> Iterator[str]:
+    """The file's lines as str.splitlines() gives them, streamed (a large log is never held
+    whole), with read_text's checks; a binary or non-UTF-8 line is refused when it is reached."""
+    with _open(path, what) as handle:
+        offset, pieces, held = 0, [], 0
+        while True:
+            piece = _read(handle, path, -1)
+            held += len(piece)
+            if offset + held > max_bytes:
+                raise UsageError(f"{path}: larger than {max_bytes >> 20} MiB, not {what}")
+            pieces.append(piece)
+            if piece and not piece.endswith(b"\n"):
+                continue   # a line longer than a piece (bounded by max_bytes, as read_text is)
+            if not held:
+                return
+            yield from _decoded(b"".join(pieces), path, what, offset).splitlines()
+            offset, pieces, held = offset + held, [], 0
 
 
 def check_file_target(target: str | Path | None, flag: str) -> None:

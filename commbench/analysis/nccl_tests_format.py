@@ -24,12 +24,14 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import islice
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterable, Iterator, overload
 
 from commbench.errors import UsageError
-from commbench.files import read_text
+from commbench.files import read_lines, read_text
 
 PROGRAM = "all_reduce_perf"
 PLACEMENTS = ("out_of_place", "in_place")
@@ -121,7 +123,7 @@ class NcclTestsOutput:
     format: str                          # "text" | "json"
     config: Config
     ranks: list[RankLine]                # text: every rank; JSON: the first rank of each process
-    results: list[ResultRow]
+    results: Sequence[ResultRow]         # text: StreamedResults, read from the file on each pass
     complete: bool                       # the footer (text) / end_time (JSON) is there
     program: str | None = None
     nccl_tests_version: str | None = None
@@ -215,14 +217,25 @@ def parse_nccl_tests_args(argv: list[str]) -> dict[str, str]:
 
 # ---------------------------------------------------------------- reading a file
 
+WHAT = "nccl-tests output (its stdout or -J JSON)"
+
+
+def _first_character(path: Path) -> str:
+    """The file's first character that is not white space ('' when there is none), read line by line."""
+    for line in read_lines(path, WHAT):
+        if line.strip():
+            return line.lstrip()[0]
+    return ""
+
+
 def read_output(path: str | Path, partial: bool = False) -> NcclTestsOutput:
-    """Parse one nccl-tests output file (text or JSON). A truncated one is an error unless partial."""
+    """Parse one nccl-tests output file (text or JSON). A truncated one is an error unless partial.
+    A text output's rows are not held: its results are read from the file again on each pass."""
     path = Path(path)
-    text = read_text(path, "nccl-tests output (its stdout or -J JSON)")
-    stripped = text.lstrip()
-    if not stripped:
+    first = _first_character(path)
+    if not first:
         raise UsageError(f"{path}: empty file, not nccl-tests output")
-    out = _parse_json(path, text, partial) if stripped.startswith("{") else _parse_text(path, text)
+    out = _parse_json(path, read_text(path, WHAT), partial) if first == "{" else _parse_text(path)
     if out.program is not None and not out.program.startswith(PROGRAM):
         raise UsageError(f"{path}: output of {out.program}, not {PROGRAM}; only allreduce results are imported")
     if not out.results:
@@ -329,12 +342,13 @@ def _config_from_match(m: re.Match) -> Config:
 class _TextReader:
     """A line-by-line pass over nccl-tests' stdout; other lines (NCCL's log, warnings) are skipped."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, on_row: Callable[[ResultRow], None] | None = None):
         self.path = path
+        self.on_row = on_row              # each result row as it is parsed; none is kept
+        self.row_count = 0
         self.fields: dict[str, Any] = {"errors": [], "notes": []}
         self.config: Config | None = None
         self.ranks: list[RankLine] = []
-        self.rows: list[ResultRow] = []
         self.columns: _Columns | None = None
         self.bad_row: str | None = None
         self.concluded = False
@@ -353,9 +367,13 @@ class _TextReader:
         if self.bad_row is not None:
             raise UsageError(f"{self.path}: {self.bad_row} is not a whole result row of this table")
         try:
-            self.rows.append(_row_from_line(line, self.columns, f"line {number}"))  # type: ignore[arg-type]
+            row = _row_from_line(line, self.columns, f"line {number}")  # type: ignore[arg-type]
         except ValueError:
             self.bad_row = f"line {number}"
+            return
+        self.row_count += 1
+        if self.on_row is not None:
+            self.on_row(row)
 
     def _comment(self, number: int, line: str) -> None:
         line = line.rstrip()
@@ -415,31 +433,102 @@ class _TextReader:
             twice = next(r for r in ranks if ranks.count(r) > 1)
             raise UsageError(f"{self.path}: rank {twice} is listed {ranks.count(twice)} times: several separate "
                              "jobs wrote into one output (an all_reduce_perf built without MPI=1 under mpirun?)")
-        _number_cycles(self.rows)
         complete = self.concluded and self.bad_row is None
         ends_at = None if complete else (self.bad_row or f"line {self.last_line}")
         return NcclTestsOutput(path=self.path, format="text", config=self.config, ranks=self.ranks,
-                               results=self.rows, complete=complete, ends_at=ends_at, **self.fields)
+                               results=StreamedResults(self.path, self.row_count), complete=complete,
+                               ends_at=ends_at, **self.fields)
 
 
-def _parse_text(path: Path, text: str) -> NcclTestsOutput:
-    reader = _TextReader(path)
-    for number, line in enumerate(text.splitlines(), start=1):
+def _read_text_output(path: Path, on_row: Callable[[ResultRow], None] | None) -> _TextReader:
+    reader = _TextReader(path, on_row)
+    for number, line in enumerate(read_lines(path, WHAT), start=1):
         reader.feed(number, line)
-    return reader.result()
+    return reader
 
 
-def _number_cycles(rows: list[ResultRow]) -> None:
+def _parse_text(path: Path) -> NcclTestsOutput:
+    return _read_text_output(path, None).result()
+
+
+class StreamedResults(Sequence[ResultRow]):
+    """A text output's result rows, parsed from the file again on each pass, so that a 100 MB
+    log (10^6 rows) is never held as rows; the first pass counted them. A file that changed
+    since is refused rather than read as something else."""
+
+    def __init__(self, path: Path, count: int):
+        self.path = path
+        self.count = count
+        self._stamp = _stamp(path)
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __iter__(self) -> Iterator[ResultRow]:
+        if _stamp(self.path) != self._stamp:
+            raise self._changed()
+        rows: list[ResultRow] = []   # what one line gave: at most a row
+        seen, cycles = 0, _CycleCounter()
+        reader = _TextReader(self.path, rows.append)
+        for number, line in enumerate(read_lines(self.path, WHAT), start=1):
+            reader.feed(number, line)
+            for row in _numbered_rows(rows, cycles):
+                seen += 1
+                yield row
+            rows.clear()
+        if seen != self.count:
+            raise self._changed()
+
+    @overload
+    def __getitem__(self, index: int) -> ResultRow: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[ResultRow]: ...
+
+    def __getitem__(self, index: int | slice) -> ResultRow | list[ResultRow]:
+        """One pass to the rows asked for (a checking aid: the importer only iterates)."""
+        if isinstance(index, slice):
+            start, stop, step = index.indices(self.count)
+            return list(islice(self, start, stop, step)) if step > 0 else list(self)[index]
+        position = index + self.count if index < 0 else index
+        if not 0 <= position < self.count:
+            raise IndexError(index)
+        return next(islice(self, position, None))
+
+    def _changed(self) -> UsageError:
+        return UsageError(f"{self.path}: changed while it was being read (a run still writing it?); "
+                          "import it once it is complete")
+
+
+def _stamp(path: Path) -> tuple[int, int]:
+    try:
+        info = path.stat()
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot read ({exc.strerror})") from None
+    return info.st_size, info.st_mtime_ns
+
+
+@dataclass
+class _CycleCounter:
     """-N repeats the size sweep of each (type, op): a size that does not grow starts a new cycle."""
-    cycle, previous = 0, None
-    for row in rows:
+
+    cycle: int = 0
+    previous: ResultRow | None = None
+
+    def number(self, row: ResultRow) -> None:
+        previous = self.previous
         if previous is not None and (row.type_name, row.redop) == (previous.type_name, previous.redop):
             if row.size_bytes <= previous.size_bytes:
-                cycle += 1
+                self.cycle += 1
         else:
-            cycle = 0
-        row.cycle = cycle
-        previous = row
+            self.cycle = 0
+        row.cycle = self.cycle
+        self.previous = row
+
+
+def _numbered_rows(rows: Iterable[ResultRow], counter: _CycleCounter) -> Iterator[ResultRow]:
+    for row in rows:
+        counter.number(row)
+        yield row
 
 
 # ---------------------------------------------------------------- JSON
@@ -585,8 +674,8 @@ def _parse_json(path: Path, text: str, partial: bool) -> NcclTestsOutput:
     config = _dict(data["config"])
     args = [str(a) for a in data.get("args") or []]
     env = dict(str(item).partition("=")[::2] for item in data.get("env") or [] if "=" in str(item))
-    results = [_json_row(path, i, entry) for i, entry in enumerate(data["results"])]
-    _number_cycles(results)
+    results = list(_numbered_rows((_json_row(path, i, entry) for i, entry in enumerate(data["results"])),
+                                  _CycleCounter()))
     complete = whole and "end_time" in data and "out_of_bounds" in data
     oob = _dict(data.get("out_of_bounds")).get("count")
     avg = _dict(data.get("average_bus_bandwidth")).get("bandwidth")

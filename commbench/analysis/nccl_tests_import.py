@@ -100,7 +100,11 @@ def parse_settings(items: list[str]) -> dict[str, str]:
 # ---------------------------------------------------------------- reading and pairing the sources
 
 def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:   # in pieces: a large log is never held whole
+        for piece in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(piece)
+    return digest.hexdigest()
 
 
 def _json_average(out: NcclTestsOutput, given: int | None) -> tuple[int, str]:
@@ -566,7 +570,8 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
         run.write_info({**stub, "run_id": args.out.resolve().name})
     # Rows first, streamed, the import recorded last: a write cut short leaves rows no record
     # claims, which the next import of the same file replaces (repair_partial).
-    written = [(source, _write(run, source, settings)) for source in sources]
+    written = [(source, Written()) for source in sources]
+    run.append_all(_counted_rows(written, settings), with_csv=True)
     total = Written()
     for _, summary in written:
         total.merge(summary)
@@ -576,17 +581,18 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     if all(s.output.complete for s in sources) and not existing_partial(info):
         info["finished"] = time.time()
     run.write_info(info)
-    run.write_csv()
     for source, summary in written:
         print(describe(source, summary))
     print(f"wrote {args.out / ROWS_FILE} ({total.rows} rows) and {args.out / RUN_FILE}")
     return 0
 
 
-def _write(run: RunDir, source: Source, settings: dict[str, str]) -> Written:
-    summary = Written()
-    run.append_all(iter_rows(source, settings), summary.add)
-    return summary
+def _counted_rows(written: list[tuple[Source, Written]], settings: dict[str, str]) -> Iterator[Measurement]:
+    """Every source's rows in turn, each counted in its summary once the writer asks for the next."""
+    for source, summary in written:
+        for row in iter_rows(source, settings):
+            yield row
+            summary.add(row)
 
 
 def repair_partial(run: RunDir, info: dict[str, Any], given: set[str]) -> None:

@@ -94,9 +94,12 @@ def allreduce_tables(runs: list[Run]) -> list[Table]:
         column_of = {id(r): (i, key_of(r)) for i, r in members}
         columns = list(dict.fromkeys(column_of.values()))
         by_cell = {(r.message_bytes, column_of[id(r)]): r for _, r in members}
+        by_size: dict[int, list[Measurement]] = {}   # one pass: a scan per size was quadratic
+        for _, r in members:
+            by_size.setdefault(r.message_bytes, []).append(r)
         body = []
-        for size in sorted({r.message_bytes for _, r in members}):
-            measured = [r for _, r in members if r.message_bytes == size and r.status == OK and r.latency_us is not None]
+        for size in sorted(by_size):
+            measured = [r for r in by_size[size] if r.status == OK and r.latency_us is not None]
             fastest = column_of[id(min(measured, key=lambda r: r.latency_us))] if measured else None  # type: ignore[arg-type, return-value]
             body.append([format_bytes(size)] + [_cell(by_cell.get((size, column)), column == fastest)
                                                 for column in columns])
@@ -117,8 +120,10 @@ def fusion_table(rows: list[Measurement]) -> Table | None:
 def refusals(rows: list[Measurement]) -> list[str]:
     """'backend at N ranks: reason' for every backend and world size with no measured row."""
     out = []
-    for backend, world in dict.fromkeys((r.backend, r.world_size) for r in rows):
-        own = [r for r in rows if r.backend == backend and r.world_size == world]
+    by_backend: dict[tuple[str, int], list[Measurement]] = {}
+    for r in rows:
+        by_backend.setdefault((r.backend, r.world_size), []).append(r)
+    for (backend, world), own in by_backend.items():
         if not any(r.status == OK for r in own):
             first = next((r for r in own if r.reason), own[0])
             out.append(f"`{backend}` at {world} ranks: {first.status}: {first.reason or 'no reason recorded'}")

@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import csv
 import fcntl
-import io
 import json
 import os
 import socket
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, TextIO
 
 from commbench.errors import ResultsUnwritable, UsageError
 from commbench.files import read_text
@@ -66,19 +66,29 @@ def _is_sweep(run_dir: Path) -> bool:
         return False
 
 
-def write_whole(path: Path, text: str | Iterable[str]) -> None:
-    """Write a file (its text, or its text in chunks) through a temporary beside it, so that no
+@contextmanager
+def whole_file(path: Path) -> Iterator[TextIO]:
+    """A handle on a temporary beside `path` that replaces it when the block ends, so that no
     reader ever sees half of it; a symlink at `path` is replaced, never written through."""
     tmp = path.with_name(path.name + ".tmp")
     try:
         tmp.unlink(missing_ok=True)   # a symlink planted at the temporary's name is not followed
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
         with open(fd, "w", encoding="utf-8", newline="") as handle:
-            handle.writelines([text] if isinstance(text, str) else text)
+            yield handle
         tmp.replace(path)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
         raise ResultsUnwritable(f"cannot write {path}: {exc.strerror or exc} (errno {exc.errno})") from None
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_whole(path: Path, text: str | Iterable[str]) -> None:
+    """Write a file (its text, or its text in chunks) whole, as whole_file does."""
+    with whole_file(path) as handle:
+        handle.writelines([text] if isinstance(text, str) else text)
 
 
 def open_append(path: Path) -> Any:
@@ -199,20 +209,22 @@ def repair_torn_tail(path: Path) -> str | None:
             f"short); moved it to {TORN_FILE}, and that row is measured again")
 
 
-def _csv_chunks(rows: Iterable[Measurement]) -> Iterator[str]:
-    text = io.StringIO(newline="")
-    writer = csv.DictWriter(text, fieldnames=CSV_COLUMNS)
-    writer.writeheader()
-    for row in rows:
-        data = row.to_dict()
-        data["env_setting"] = json.dumps(data["env_setting"], sort_keys=True) if data["env_setting"] else ""
-        data["extra"] = json.dumps(data["extra"], sort_keys=True) if data["extra"] else ""
-        writer.writerow(data)
-        if text.tell() > 1 << 20:
-            yield text.getvalue()
-            text.seek(0)
-            text.truncate()
-    yield text.getvalue()
+class _CsvRows:
+    """measurements.csv's header and rows, written to a handle as they come."""
+
+    def __init__(self, handle: TextIO):
+        self._writer = csv.writer(handle)
+        self._writer.writerow(CSV_COLUMNS)
+
+    def add(self, data: dict[str, Any]) -> None:
+        """One row, as to_dict gives it; its dicts as sorted JSON text."""
+        values = [data[name] for name in CSV_COLUMNS]
+        for index in _CSV_JSON_COLUMNS:
+            values[index] = json.dumps(values[index], sort_keys=True) if values[index] else ""
+        self._writer.writerow(values)
+
+
+_CSV_JSON_COLUMNS = (CSV_COLUMNS.index("env_setting"), CSV_COLUMNS.index("extra"))
 
 
 IDENTITY_EXTRA = ("source_sha256", "nccl_tests_cycle", "nccl_version_loaded")
@@ -296,19 +308,36 @@ class RunDir:
     def append(self, *rows: Measurement) -> None:
         self.append_all(rows)
 
-    def append_all(self, rows: Iterable[Measurement], on_row: Callable[[Measurement], None] | None = None) -> None:
+    def append_all(self, rows: Iterable[Measurement], on_row: Callable[[Measurement], None] | None = None,
+                   with_csv: bool = False) -> None:
         """Append rows (streamed: an iterator is never held whole), durable on return with one
         fsync for the batch (an import of 10^5 rows would spend minutes in fsync per row);
-        on_row sees each row once it is written."""
+        on_row sees each row once it is written. with_csv: measurements.csv is rewritten in the
+        same pass (the rows already there, then these), so that no large batch is read back."""
         writer = RowsWriter(self.path)
         try:
-            for row in rows:
-                writer.append(row, sync=False)
-                if on_row is not None:
-                    on_row(row)
-            writer.sync()
+            if not with_csv:
+                self._append(writer, rows, on_row, None)
+                return
+            with whole_file(self.path / CSV_FILE) as handle:
+                table = _CsvRows(handle)
+                for _, row, _ in self.iter_lines():
+                    if row is not None:
+                        table.add(row.to_dict())
+                self._append(writer, rows, on_row, table)
         finally:
             writer.close()
+
+    @staticmethod
+    def _append(writer: RowsWriter, rows: Iterable[Measurement], on_row: Callable[[Measurement], None] | None,
+                table: _CsvRows | None) -> None:
+        for row in rows:
+            writer.append(row, sync=False)
+            if table is not None:
+                table.add(row.to_dict())
+            if on_row is not None:
+                on_row(row)
+        writer.sync()
 
     def iter_lines(self) -> Iterator[tuple[int, Measurement | None, str | None]]:
         """(line number, row or None, why not) for every non-blank complete line, streamed;
@@ -357,7 +386,10 @@ class RunDir:
         """measurements.csv: `rows`, or every row of measurements.jsonl as written (streamed)."""
         source = rows if rows is not None else (row for _, row, _ in self.iter_lines() if row is not None)
         path = self.path / CSV_FILE
-        write_whole(path, _csv_chunks(source))
+        with whole_file(path) as handle:
+            table = _CsvRows(handle)
+            for row in source:
+                table.add(row.to_dict())
         return path
 
     def subdir(self, name: str) -> Path:
