@@ -159,7 +159,7 @@ def _unfused_worker(rank: int, world: int, port: int, baseline: str, results) ->
     tokens, hidden, dtype = 6, 256, torch.bfloat16
     nbytes = tokens * hidden * dtype.itemsize
     out: dict[str, Any] = {}
-    backend = UnfusedBest({})
+    backend = UnfusedBest(backends.Options().build)   # rebuilds its allreduce as the sweep would
     backend.take_rows([row("cpugloo:plain", 50.0, mode="eager", nbytes=nbytes, world=world),
                        row(baseline, 20.0, mode="eager", nbytes=nbytes, world=world)])
     try:
