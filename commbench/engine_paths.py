@@ -100,6 +100,9 @@ class PathState:
     why: str
     max_bytes: int | None = None    # the engine routes a message here only below this size
     inclusive: bool = False         # max_bytes itself included (symm-mem, FlashInfer) or not (custom AR)
+    # False: the engine runs another kernel on this path here than the one its own-kernel backend
+    # measures (SGLang's legacy custom allreduce where its v2 gate fails): such rows stand in.
+    own_kernel: bool = True
 
     @property
     def path(self) -> str:
@@ -298,7 +301,23 @@ def state(rule: PathRule, b: Box, dtype: str) -> PathState:
             MSCCLPP: lambda: _mscclpp(b),
             NCCL_PATH: lambda: (True, "always available", None)}[rule.path]
     available, why, cap = gate()
+    if rule.engine == SGLANG and rule.path == CUSTOM_AR and available:
+        legacy = _sglang_legacy_kernel(b)
+        if legacy:
+            return PathState(rule, available, f"{why}; {legacy}", cap, own_kernel=False)
     return PathState(rule, available, why, cap, inclusive=rule.path != CUSTOM_AR)
+
+
+def _sglang_legacy_kernel(b: Box) -> str | None:
+    """Why SGLang would run its legacy custom allreduce here, not the v2 kernel `sglang:*` measures:
+    v2 needs NVLink on every pair, 2 GPUs included (engines.SGLANG_CUSTOM_AR_V2)."""
+    if b.shares_gpus:
+        return ("whether SGLang runs its v2 kernel or the legacy one here cannot be told (ranks share one GPU: "
+                "v2 needs NVLink on every pair), so its own rows only stand in")
+    if not b.nvlink_all:
+        return (f"SGLang {engines.SGLANG_VERSION} runs its legacy kernel here (v2 needs NVLink on every pair, "
+                "2 GPUs included), so rows of its v2 kernel only stand in")
+    return None
 
 
 def states(engine: str, snapshot: dict[str, Any] | None, world_size: int, dtype: str,

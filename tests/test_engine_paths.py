@@ -135,3 +135,35 @@ def test_the_write_and_verify_warning_and_flashinfer_auto_live_in_the_path_model
     assert blocked[TORCH_SYMM_MEM].available is False and "multicast_ptr == 0" in blocked[TORCH_SYMM_MEM].why
     assert blocked[CUSTOM_AR].max_bytes == engines.CUSTOM_AR_MAX_BYTES
     assert "forbidden by this host's policy" in blocked[FLASHINFER_AR].why
+
+
+def test_sglang_at_two_pcie_gpus_runs_its_legacy_kernel_so_its_v2_rows_only_stand_in():
+    """SGLang 0.5.23's custom allreduce v2 needs NVLink on every pair, 2 GPUs included: on two PCIe
+    GPUs the path is on but runs the legacy kernel, so sglang:* rows (v2) price it only as a
+    stand-in; with NVLink they are its own kernel. vLLM's gate at TP2 is unchanged."""
+    pcie = by_path(SGLANG, PCIE, world_size=2)[CUSTOM_AR]
+    assert pcie.available is True and pcie.own_kernel is False and "runs its legacy kernel here" in pcie.why
+    nvlink = by_path(SGLANG, nvswitch_h200(False), world_size=2)[CUSTOM_AR]
+    assert nvlink.available is True and nvlink.own_kernel is True
+    assert by_path(VLLM, PCIE, world_size=2)[CUSTOM_AR].own_kernel is True
+
+
+def test_own_kernel_rows_of_a_path_running_another_kernel_are_priced_as_stand_ins(tmp_path):
+    from commbench.analysis import decide
+    from commbench.analysis.curves import build_curves
+    from commbench.results import Measurement, Run
+
+    def row(backend: str, us: float) -> Measurement:
+        return Measurement(backend=backend, mode="graph", dtype="bf16", message_bytes=64 * KiB, world_size=2,
+                           status="ok", latency_us=us, wrong_elements=0)
+
+    facts = {"sglang:auto": {"engine_settings": engines.Settings(
+        "sglang:auto", sglang_env=dict(engines.SGLANG_CUSTOM_AR_V2_ENV), vllm_supported=False,
+        engine_paths=engines.claim(engines.CUSTOM_AR, SGLANG)).to_dict()}}
+    rows = [row("sglang:auto", 9.0)]
+    for snapshot, own in ((PCIE, False), (nvswitch_h200(False), True)):
+        run = Run(tmp_path, {"snapshot": snapshot, "world_size": 2, "backend_facts": facts}, rows)
+        states = engine_paths.states(SGLANG, snapshot, 2, "bf16")
+        (option,) = [o for o in decide.options(SGLANG, states, run, build_curves(rows)) if o.state.path == CUSTOM_AR]
+        assert ([c.backend for c in option.own], [c.backend for c in option.stand_ins]) == \
+            ((["sglang:auto"], []) if own else ([], ["sglang:auto"]))

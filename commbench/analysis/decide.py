@@ -107,7 +107,7 @@ def options(engine: str, states: list[PathState], run: Run, curves: list[Curve])
             continue
         slot = (state.path, _setting_key(engine, settings))
         option = found.setdefault(slot, Option(engine, state, settings))
-        (option.stand_ins if claim.get("stand_in") else option.own).append(curve)
+        (option.stand_ins if claim.get("stand_in") or not state.own_kernel else option.own).append(curve)
     order = {s.path: i for i, s in enumerate(states)}
     return sorted(found.values(), key=lambda o: (order[o.state.path], not o.plain, o.label))
 
