@@ -104,7 +104,7 @@ if TYPE_CHECKING:
 # Kernel names this family's allreduce leaves in a profiler trace, read by `commbench attribute`
 # with ast, without importing this module (docs/attribute.md): (regex searched in the demangled
 # name, library, regex over this family's run variants that are its floor, note).
-# The kernels of p2p_allreduce.cu beside this file (p2p_rules.KERNEL_NAMES): no serving engine runs them.
+# The kernels of p2p_allreduce.cu beside this file (p2p_layout.KERNEL_NAMES): no serving engine runs them.
 TRACE_KERNELS = (
     (r"\bp2p_ll_oneshot\b", "commbench p2p", r"^p2p:oneshot_lamport$", ""),
     (r"\bp2p_ll_twoshot\b", "commbench p2p", r"^p2p:twoshot_lamport$", ""),

@@ -108,11 +108,16 @@ def analyse_traces(paths: list[Path], hint: SizeHint, rule: str = "auto", annota
 
 
 def floor_lines(run: Run, ranks: list[tuple[int, RankTrace]], results: list[RankResult], dtype: str | None,
-                batch: int | None, alternative: Alternative | None = None) -> list[FloorLine]:
+                batch: int | None, alternative: Alternative | None = None,
+                engine: str | None = None) -> list[FloorLine]:
     """The decode steps' calls (all steps where none is told to be decode) against the run;
-    `alternative` (attribute_floor.Alternative) adds what the engine could take instead."""
+    `alternative` (attribute_floor.Alternative), or `engine`'s fastest path on the run's box
+    (engine_alternative), adds what the engine could take instead."""
     world = ranks[0][1].world_size or len(ranks)
-    curves = decode_curves(run, world, dtype_name(dtype) if dtype else "bf16", "auto")
+    dtype_text = dtype_name(dtype) if dtype else "bf16"
+    curves = decode_curves(run, world, dtype_text, "auto")
+    if alternative is None and engine is not None:
+        alternative = engine_alternative(engine, run, world, dtype_text)
     steps = [s for r in results for s in r.steps]
     decode = [s for s in steps if s.phase == "decode"] or steps
     return against_floor(decode, curves, batch, alternative)
@@ -294,9 +299,7 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
 
     floor: list[FloorLine] = []
     if run is not None:
-        alternative = (engine_alternative(args.engine, run, world, dtype_name(args.dtype) if args.dtype else "bf16")
-                       if args.engine else None)
-        floor = floor_lines(run, ranks, results, args.dtype, args.batch, alternative)
+        floor = floor_lines(run, ranks, results, args.dtype, args.batch, engine=args.engine)
         print()
         print(floor_text(floor, args.wide))
         if args.engine and floor and not any(f.alternative for f in floor):
