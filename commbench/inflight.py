@@ -302,15 +302,21 @@ class PeerWatch:
         if self.run_dir is None:
             return None
         now = time.monotonic()
+        # Which peers are gone is decided before their records are read: a record read first may
+        # predate its last write (a watchdog writes "hang" and "ended" just before os._exit), and
+        # with its process then found gone it would read as a death without a trace. A record
+        # read after its process is gone is final.
+        dead = {r.rank for r in read_records(self.run_dir) if r.rank != self.rank and is_alive(r) is False}
         records = read_records(self.run_dir)
         for record in records:
             if record.state == RAISED and record.step == self.step:
                 self._raised_seen.setdefault(record.rank, now)
         waited = {rank for rank, seen in self._raised_seen.items() if now - seen >= self.peer_wait_s}
-        return peer_stop(records, self.rank, self.step, self.run_dir, waited)
+        return peer_stop(records, self.rank, self.step, self.run_dir, waited, dead)
 
 
-def peer_stop(records: list[Record], me: int, step: int, run_dir: Path, raised: set[int]) -> Stop | None:
+def peer_stop(records: list[Record], me: int, step: int, run_dir: Path, raised: set[int],
+              dead_ranks: set[int]) -> Stop | None:
     """Why this rank, waiting in step `step`, will never see it finish; None when no record says.
 
     A peer that died with a fatal signal or without a trace crashed; a peer whose watchdog
@@ -318,9 +324,9 @@ def peer_stop(records: list[Record], me: int, step: int, run_dir: Path, raised: 
     in `raised` have been waited for; this rank counts too) stranded them, unless a peer failed
     on its own first (results unwritable). Any other peer that is gone was stopped from outside
     or left through Python, and whoever stopped it or it itself reports that: this rank only
-    leaves (LEAVE).
+    leaves (LEAVE). `dead_ranks`: the peers found gone before `records` were read.
     """
-    dead = [r for r in records if r.rank != me and is_alive(r) is False]
+    dead = [r for r in records if r.rank != me and r.rank in dead_ranks]
     crashed = next((r for r in dead if r.fatal or _died_without_trace(r)), None)
     if crashed is not None:
         return _crashed(crashed, run_dir)
