@@ -301,7 +301,8 @@ def state(rule: PathRule, b: Box, dtype: str) -> PathState:
             MSCCLPP: lambda: _mscclpp(b),
             NCCL_PATH: lambda: (True, "always available", None)}[rule.path]
     available, why, cap = gate()
-    if rule.engine == SGLANG and rule.path == CUSTOM_AR and available:
+    # Also where the gate itself cannot be read: which kernel would run is then unknown too.
+    if rule.engine == SGLANG and rule.path == CUSTOM_AR and available is not False:
         legacy = _sglang_legacy_kernel(b)
         if legacy:
             return PathState(rule, available, f"{why}; {legacy}", cap, own_kernel=False)

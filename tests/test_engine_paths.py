@@ -148,6 +148,15 @@ def test_sglang_at_two_pcie_gpus_runs_its_legacy_kernel_so_its_v2_rows_only_stan
     assert by_path(VLLM, PCIE, world_size=2)[CUSTOM_AR].own_kernel is True
 
 
+def test_where_ranks_share_a_gpu_sglang_v2_rows_stand_in_at_every_world_size():
+    """On an emulated run SGLang's gate cannot be read at 8 ranks (available None) and reads
+    "on" at 2; at both, whether v2 or the legacy kernel would run is unknown, so its rows stand in."""
+    for world_size in (2, 8):
+        state = by_path(SGLANG, EMULATED, world_size=world_size)[CUSTOM_AR]
+        assert state.available is not False and state.own_kernel is False, (world_size, state)
+        assert "cannot be told" in state.why
+
+
 def test_own_kernel_rows_of_a_path_running_another_kernel_are_priced_as_stand_ins(tmp_path):
     from commbench.analysis import decide
     from commbench.analysis.curves import build_curves
