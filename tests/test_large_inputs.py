@@ -99,3 +99,76 @@ def test_an_import_writes_its_csv_in_the_same_pass(tmp_path: Path) -> None:
     RunDir(out).write_csv()   # the CSV written whole from measurements.jsonl is the same file
     os.replace(out / CSV_FILE, fresh)
     assert fresh.read_text().splitlines() == csv_lines
+
+
+# ---------------------------------------------------------------- rows encoded from templates
+
+def _variants(tmp_path: Path) -> list[Path]:
+    """The 8-GPU log with rows a template must not get wrong: #wrong > 0, a nan bandwidth; and
+    the log repeated as -N cycles."""
+    lines = LOG.read_text().splitlines()
+    rows = [i for i, line in enumerate(lines) if line.startswith("       65536") or line.startswith("      131072")]
+    lines[rows[0]] = lines[rows[0]][:-6] + "%6g" % 12            # in-place #wrong 12
+    tokens = lines[rows[1]].split()
+    lines[rows[1]] = lines[rows[1]].replace(f" {tokens[7]} ", "   nan ", 1)   # out-of-place busbw nan
+    path = tmp_path / "variants.txt"
+    path.write_text("\n".join(lines) + "\n")
+    long = tmp_path / "cycles.txt"
+    _long_log(long, 3)
+    return [path, long]
+
+
+@pytest.mark.parametrize("average", [3, 1])
+def test_rows_from_templates_are_those_the_full_encoder_writes(tmp_path: Path, monkeypatch, average: int) -> None:
+    """Every committed log (text and -J JSON, every -a meaning) and hand-made variants: the lines
+    written from templates equal, byte for byte, json_line and csv_line of the rows built in full."""
+    from commbench.analysis import nccl_tests_import as imp
+    from commbench.results import csv_line, json_line
+
+    monkeypatch.setattr(imp.time, "time", lambda: 1796199982.1328485)   # the one field made at write time
+    data = LOG.parent
+    logs = sorted(p for p in data.iterdir() if p.suffix in (".txt", ".json")) + _variants(tmp_path)
+    checked: list[str] = []
+    for path in logs:
+        for source in imp.read_sources([path], None if path.suffix == ".json" else average, False):
+            full = [(json_line(row), csv_line(row)) for row in imp.iter_rows(source, {"NCCL_PROTO": "LL"})]
+            encoded = [tuple(row.lines) for row in imp.iter_encoded(source, {"NCCL_PROTO": "LL"})]
+            assert encoded == full, path.name
+            checked += [json_line for json_line, _ in full]
+    assert len(checked) > 400
+    assert any('"status": "wrong"' in line for line in checked) and any('"busbw_gbps": null' in line for line in checked)
+    assert any('"nccl_tests_cycle": 2' in line for line in checked)
+
+
+def test_a_template_that_would_not_reproduce_its_row_is_not_used() -> None:
+    """A slot whose value the row spells in text of its own (here: formatted into the reason)
+    cannot be filled in from a template: every such row is encoded in full, and is right."""
+    from commbench.results import Measurement, csv_line, json_line
+    from commbench.results.templates import Templates
+
+    def build(values):
+        size, latency = values
+        return Measurement("nccl", "graph", "bf16", size, 8, "ok", latency_us=latency, reason=f"took {latency:.1f}")
+
+    templates = Templates()
+    for size, latency in [(4096, 9.11), (8192, 9.25), (16384, 9.3)]:
+        row = build((size, latency))
+        assert templates.lines("shape", (size, latency), build) == (json_line(row), csv_line(row))
+    assert list(templates._made.values()) == [None]
+
+
+def test_a_template_fills_numbers_and_text_where_the_row_has_them() -> None:
+    from commbench.results import Measurement, csv_line, json_line
+    from commbench.results.templates import Templates
+
+    def build(values):
+        size, latency, where, cycle = values
+        return Measurement("nccl", "graph", "bf16", size, 8, "ok", latency_us=latency, algbw_gbps=latency,
+                           extra={"row": where, "cycle": cycle, "note": 'a "quoted", text'})
+
+    templates = Templates()
+    cases = [(4096, 9.11, "line 1", 0), (8192, 1e-05, 'line "2", \\ \u00e9', 3), (1 << 40, 123456.5, "", 0)]
+    for values in cases * 2:
+        row = build(values)
+        assert templates.lines("s", values, build) == (json_line(row), csv_line(row))
+    assert sum(made is not None for made in templates._made.values()) == 3   # cycle 0 and "" are shapes

@@ -23,6 +23,7 @@ Bad input raises UsageError with one line that names the file.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -60,7 +61,7 @@ class PerIteration:
     summary: dict[str, float] = field(default_factory=dict)   # JSON's avg/p50/p95/stdev
 
 
-@dataclass
+@dataclass(slots=True)
 class Placement:
     """One placement's columns: time (µs), algbw/busbw (GB/s), #wrong (None: N/A, not validated)."""
 
@@ -72,7 +73,7 @@ class Placement:
     per_iteration: PerIteration | None = None
 
 
-@dataclass
+@dataclass(slots=True)
 class ResultRow:
     size_bytes: int
     count: int
@@ -140,6 +141,9 @@ class NcclTestsOutput:
     errors: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     ends_at: str | None = None           # where a truncated output stops
+    # The first result whose time is nan, inf or not positive: (where, placement, time or None),
+    # found by the first pass, so that no other pass is needed to refuse the file.
+    bad_time: tuple[str, str, float | None] | None = None
 
     @property
     def processes(self) -> int:
@@ -286,9 +290,18 @@ def _columns(header: str) -> _Columns:
 
 
 def _number(token: str) -> float | None:
-    if token.lower() in ("nan", "-nan", "inf", "-inf"):
-        return None
-    return float(token)
+    value = float(token)
+    if math.isfinite(value):
+        return value
+    return None if token.lower() in ("nan", "-nan", "inf", "-inf") else value
+
+
+def bad_time(row: ResultRow) -> tuple[str, str, float | None] | None:
+    """(where, placement, time) of a placement whose time is not a positive time; None when all are."""
+    for name, p in row.placements.items():
+        if p.time_us is None or not 0 < p.time_us < math.inf:
+            return row.where, name, p.time_us
+    return None
 
 
 def _placement(tokens: list[str], cols: _Columns) -> Placement:
@@ -301,11 +314,9 @@ def _placement(tokens: list[str], cols: _Columns) -> Placement:
                      wrong=wrong, cputime=cols.cputime, per_iteration=per_iter)
 
 
-def _row_from_line(line: str, cols: _Columns, where: str) -> ResultRow:
-    """One table row; ValueError when the line is not one whole row of this layout."""
-    match = _ROW_RE.match(line)
-    if not match:
-        raise ValueError(line)
+def _row_from_line(match: re.Match[str], cols: _Columns, where: str) -> ResultRow:
+    """One table row from its _ROW_RE match; ValueError when the line is not one whole row of this layout."""
+    line = match.string
     size, count, type_name, redop, root, rest = match.groups()
     tokens = (rest or "").split()
     timestamp = None
@@ -356,22 +367,24 @@ class _TextReader:
 
     def feed(self, number: int, line: str) -> None:
         self.last_line = number
-        if self.columns is not None and not line.startswith("#") and _ROW_RE.match(line):
-            self._row(number, line)
+        if self.columns is not None and not line.startswith("#") and (match := _ROW_RE.match(line)):
+            self._row(number, match)
         elif line.startswith("#"):
             self._comment(number, line)
         elif _FAILURE_RE.search(line):
             self.fields["errors"].append(line.strip())
 
-    def _row(self, number: int, line: str) -> None:
+    def _row(self, number: int, match: re.Match[str]) -> None:
         if self.bad_row is not None:
             raise UsageError(f"{self.path}: {self.bad_row} is not a whole result row of this table")
         try:
-            row = _row_from_line(line, self.columns, f"line {number}")  # type: ignore[arg-type]
+            row = _row_from_line(match, self.columns, f"line {number}")  # type: ignore[arg-type]
         except ValueError:
             self.bad_row = f"line {number}"
             return
         self.row_count += 1
+        if self.fields.get("bad_time") is None:
+            self.fields["bad_time"] = bad_time(row)
         if self.on_row is not None:
             self.on_row(row)
 
@@ -695,6 +708,7 @@ def _parse_json(path: Path, text: str, partial: bool) -> NcclTestsOutput:
         args=args, env=env, start_time=data.get("start_time"), end_time=data.get("end_time"),
         out_of_bounds=oob if isinstance(oob, int) else None, avg_busbw_gbps=_json_float(avg),
         errors=[str(e) for e in data.get("errors") or [] if str(e).strip()],
+        bad_time=next(filter(None, map(bad_time, results)), None),
         ends_at=None if complete else (f"results[{len(results)}]" if not whole else "before its footer"))
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import csv
 import fcntl
+import io
 import json
 import os
 import socket
@@ -24,7 +25,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, TextIO
+from typing import Any, Callable, Iterable, Iterator, NamedTuple, TextIO
 
 from commbench.errors import ResultsUnwritable, UsageError
 from commbench.files import read_text
@@ -144,10 +145,11 @@ class RowsWriter:
         except OSError as exc:
             raise _unopenable(self.path, exc) from None
 
-    def append(self, row: Measurement, sync: bool = True) -> None:
-        """Write one row; durable before returning unless sync is False (a batch: sync() after)."""
+    def append(self, row: Measurement | str, sync: bool = True) -> None:
+        """Write one row (or its json_line); durable before returning unless sync is False (a
+        batch: sync() after)."""
         try:
-            self._file.write(json.dumps(row.to_dict(), sort_keys=True) + "\n")
+            self._file.write(row if isinstance(row, str) else json_line(row))
             if sync:
                 self.sync()
         except OSError as exc:
@@ -209,22 +211,47 @@ def repair_torn_tail(path: Path) -> str | None:
             f"short); moved it to {TORN_FILE}, and that row is measured again")
 
 
+def json_line(row: Measurement) -> str:
+    """The row's line of measurements.jsonl (keys sorted), newline included."""
+    return json.dumps(row.to_dict(), sort_keys=True) + "\n"
+
+
+def csv_line(row: Measurement) -> str:
+    """The row's line of measurements.csv (CSV_COLUMNS; its dicts as sorted JSON text)."""
+    data = row.to_dict()
+    values = [data[name] for name in CSV_COLUMNS]
+    for index in _CSV_JSON_COLUMNS:
+        values[index] = json.dumps(values[index], sort_keys=True) if values[index] else ""
+    _CSV_WRITER.writerow(values)
+    text = _CSV_BUFFER.getvalue()
+    _CSV_BUFFER.seek(0)
+    _CSV_BUFFER.truncate()
+    return text
+
+
+_CSV_JSON_COLUMNS = (CSV_COLUMNS.index("env_setting"), CSV_COLUMNS.index("extra"))
+_CSV_BUFFER = io.StringIO()
+_CSV_WRITER = csv.writer(_CSV_BUFFER)
+
+
+class Lines(NamedTuple):
+    """A row already encoded, as json_line and csv_line give it (an import encodes rows of one
+    shape from a template: appending them needs no Measurement)."""
+
+    json: str
+    csv: str
+
+
 class _CsvRows:
     """measurements.csv's header and rows, written to a handle as they come."""
 
     def __init__(self, handle: TextIO):
-        self._writer = csv.writer(handle)
-        self._writer.writerow(CSV_COLUMNS)
+        self._handle = handle
+        csv.writer(handle).writerow(CSV_COLUMNS)
 
-    def add(self, data: dict[str, Any]) -> None:
-        """One row, as to_dict gives it; its dicts as sorted JSON text."""
-        values = [data[name] for name in CSV_COLUMNS]
-        for index in _CSV_JSON_COLUMNS:
-            values[index] = json.dumps(values[index], sort_keys=True) if values[index] else ""
-        self._writer.writerow(values)
-
-
-_CSV_JSON_COLUMNS = (CSV_COLUMNS.index("env_setting"), CSV_COLUMNS.index("extra"))
+    def add(self, row: Measurement | str) -> None:
+        """One row, or its csv_line."""
+        self._handle.write(row if isinstance(row, str) else csv_line(row))
 
 
 IDENTITY_EXTRA = ("source_sha256", "nccl_tests_cycle", "nccl_version_loaded")
@@ -308,12 +335,13 @@ class RunDir:
     def append(self, *rows: Measurement) -> None:
         self.append_all(rows)
 
-    def append_all(self, rows: Iterable[Measurement], on_row: Callable[[Measurement], None] | None = None,
+    def append_all(self, rows: Iterable[Measurement | Lines], on_row: Callable[[Measurement | Lines], None] | None = None,
                    with_csv: bool = False) -> None:
-        """Append rows (streamed: an iterator is never held whole), durable on return with one
-        fsync for the batch (an import of 10^5 rows would spend minutes in fsync per row);
-        on_row sees each row once it is written. with_csv: measurements.csv is rewritten in the
-        same pass (the rows already there, then these), so that no large batch is read back."""
+        """Append rows, or rows already encoded (Lines), streamed: an iterator is never held
+        whole; durable on return with one fsync for the batch (an import of 10^5 rows would spend
+        minutes in fsync per row); on_row sees each row once it is written. with_csv:
+        measurements.csv is rewritten in the same pass (the rows already there, then these), so
+        that no large batch is read back."""
         writer = RowsWriter(self.path)
         try:
             if not with_csv:
@@ -323,18 +351,19 @@ class RunDir:
                 table = _CsvRows(handle)
                 for _, row, _ in self.iter_lines():
                     if row is not None:
-                        table.add(row.to_dict())
+                        table.add(row)
                 self._append(writer, rows, on_row, table)
         finally:
             writer.close()
 
     @staticmethod
-    def _append(writer: RowsWriter, rows: Iterable[Measurement], on_row: Callable[[Measurement], None] | None,
-                table: _CsvRows | None) -> None:
+    def _append(writer: RowsWriter, rows: Iterable[Measurement | Lines],
+                on_row: Callable[[Measurement | Lines], None] | None, table: _CsvRows | None) -> None:
         for row in rows:
-            writer.append(row, sync=False)
+            encoded = isinstance(row, Lines)
+            writer.append(row.json if encoded else row, sync=False)
             if table is not None:
-                table.add(row.to_dict())
+                table.add(row.csv if encoded else row)
             if on_row is not None:
                 on_row(row)
         writer.sync()
@@ -389,7 +418,7 @@ class RunDir:
         with whole_file(path) as handle:
             table = _CsvRows(handle)
             for row in source:
-                table.add(row.to_dict())
+                table.add(row)
         return path
 
     def subdir(self, name: str) -> Path:
