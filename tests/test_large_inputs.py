@@ -172,3 +172,108 @@ def test_a_template_fills_numbers_and_text_where_the_row_has_them() -> None:
         row = build(values)
         assert templates.lines("s", values, build) == (json_line(row), csv_line(row))
     assert sum(made is not None for made in templates._made.values()) == 3   # cycle 0 and "" are shapes
+
+
+# ---------------------------------------------------------------- analysis: rows and points held compactly
+
+RUNS = Path(__file__).parent / "data" / "runs"
+
+
+def _parsed(path: Path) -> list:
+    from commbench.results.validate import parse_row
+    return [row for line in path.read_bytes().splitlines(keepends=True) if (row := parse_row(line)[0]) is not None]
+
+
+def test_compact_rows_give_back_every_row_as_it_was_read(tmp_path: Path) -> None:
+    """Every committed run's rows and an import's (dicts in every field, an int latency that must
+    stay an int, None wherever a number may be one) come back equal, field for field and type
+    for type; a row changed after it came back changes no other."""
+    from commbench.results.compact import CompactRows
+
+    out = tmp_path / "imp"
+    assert cli(["import-nccl-tests", str(LOG), "--average", "3", "--out", str(out)]) == 0
+    periter = tmp_path / "periter"   # -I 1: every jitter field set
+    assert cli(["import-nccl-tests", str(LOG.parent / "h200-8gpu-mpi-eager-periter.json"), "--out", str(periter)]) == 0
+    files = [p / ROWS_FILE for p in sorted(RUNS.iterdir())] + [out / ROWS_FILE, periter / ROWS_FILE]
+    rows = [row for path in files for row in _parsed(path)]
+    held = CompactRows()
+    for row in rows:
+        held.add(row)
+    back = list(held.finish())
+    assert len(held) == len(rows) > 150 and back == rows
+    assert [[type(v) for v in _values(r)] for r in back] == [[type(v) for v in _values(r)] for r in rows]
+    assert any(type(r.jitter_p50_us) is int for r in back)   # the synthetic run's version-1 "latency_p50_us": 42
+    assert held[3] == rows[3] and held[-1] == rows[-1] and held[2:4] == rows[2:4]
+    first, second = held[0], held[0]
+    first.extra["changed"] = 1
+    first.env_setting["X"] = "1"
+    assert "changed" not in second.extra and held[0] == rows[0]
+
+
+def _values(row) -> list:
+    import dataclasses
+    return [getattr(row, f.name) for f in dataclasses.fields(row)]
+
+
+def test_dropped_rows_leave_no_gap_and_profiles_past_the_limit_are_kept_whole(monkeypatch) -> None:
+    from commbench.results import compact
+    from commbench.results.compact import CompactRows
+
+    rows = _parsed(RUNS / "synthetic-pcie-8gpu" / ROWS_FILE)
+    monkeypatch.setattr(compact, "MAX_PROFILES", 2)
+    held = CompactRows()
+    positions = [held.add(row) for row in rows]
+    held.drop(positions[0])
+    held.drop(positions[5])
+    held.drop(positions[5])   # twice is once
+    assert len(held) == len(rows) - 2
+    assert list(held) == [r for i, r in enumerate(rows) if i not in (0, 5)]
+    held.finish()
+    assert held[0] == rows[1] and held[4] == rows[6] and len(list(held)) == len(rows) - 2
+
+
+def test_read_rows_holds_a_few_hundred_bytes_a_key(tmp_path: Path) -> None:
+    """15,000 rows, each its own key, as a long sweep writes them: read, deduplicated and held at
+    well under 0.5 KB a row (Measurements held ~1.5 KB a row at peak, 0.9 KB after)."""
+    template = next(json.loads(line) for line in (RUNS / "synthetic-pcie-8gpu" / ROWS_FILE).read_text().splitlines()
+                    if '"status": "ok"' in line)
+    run = tmp_path / "run"
+    run.mkdir()
+    count = 15_000
+    with open(run / ROWS_FILE, "w") as handle:
+        for i in range(count + 100):
+            j = i % count   # the last 100 lines repeat the first 100 keys
+            row = dict(template, backend=f"nccl:variant{j // 2000}", message_bytes=4096 + 1024 * (j % 2000),
+                       latency_p50_us=20.0 + j / 7 + i / 1e6)
+            handle.write(json.dumps(row) + "\n")
+    tracemalloc.start()
+    try:
+        read = RunDir(run).read_rows()
+        held, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(read.rows) == count and len(read.duplicates) == 100
+    assert read.duplicates[0] == (1, count + 1)
+    rows = list(read.rows)
+    # the later row of a repeated key is kept, in its own line's place (the last)
+    assert rows[-1].jitter_p50_us == 20.0 + 99 / 7 + (count + 99) / 1e6 and rows[0].message_bytes == 4096 + 1024 * 100
+    assert held / count < 250 and peak / count < 500, (held / count, peak / count)   # 1,490 at peak before
+
+
+def test_curve_points_as_columns_answer_as_the_points_did() -> None:
+    from commbench.analysis.curves import Curve, CurveKey, Point, Points
+
+    points = [Point(4096 * 2 ** i, 10.0 + i, 9.0 + i, None, 12.5 + i, 0.1 * (i + 1)) for i in range(8)]
+    curve = Curve(CurveKey("nccl", "graph", "bf16", "allreduce"), "nccl", {}, points, frozenset({4096 * 2 ** 5 + 1}))
+    assert list(curve.points) == points and curve.points == points and curve.sizes() == [p.message_bytes for p in points]
+    assert curve.point(4096 * 4) == points[2] and curve.point(4097) is None and curve.point(1) is None
+    middle = curve.at(6144)   # between the first two sizes, log-log
+    assert middle is not None and 10.0 < middle.latency_us < 11.0 and middle.p90_us is None
+    assert curve.at(4096 * 2 ** 5 + 1000) is None   # a failed size lies between: never interpolated across
+    assert curve.at(1 << 40) is None and curve.at(4096 * 2 ** 7) == points[7]
+    exact = Points([Point(4096, 42, None, None, None, None), Point(8192, 43.5)])   # an int latency is kept as it is
+    assert type(exact[0].latency_us) is int and exact.sizes() == [4096, 8192]
+    later = Point(points[3].message_bytes, 99.0)
+    several = Points([points[3], points[1], later, points[2]])
+    assert list(several.settled(frozenset())) == [points[1], points[2], later]   # sorted, the last of a size
+    assert list(several.settled(frozenset({points[2].message_bytes}))) == [points[1], later]
