@@ -95,7 +95,9 @@ def main() -> int:
                      ["import-nccl-tests", str(scratch / "big.txt"), "--average", "3", "--out", str(scratch / "imp")],
                      ["table", run, "--out", str(scratch / "t.md")],
                      ["floor", run, "--model", "glm-5"],
-                     ["qualify", run, "--spec", str(ROOT / "commbench" / "specs" / "pcie-8x.toml")]):
+                     ["qualify", run, "--spec", str(ROOT / "commbench" / "specs" / "pcie-8x.toml")],
+                     ["recommend", run, "--model", "glm-5"],
+                     ["report", run, "--out", str(scratch / "report")]):
             wall, peak, code = measure(argv, scratch)
             label = " ".join(a if not a.startswith(str(scratch)) else Path(a).name for a in argv[:2])
             print(f"| `{label}` | {wall:.1f} | {peak:.0f} | {code} |", flush=True)

@@ -310,8 +310,10 @@ def _placement(tokens: list[str], cols: _Columns) -> Placement:
     if cols.per_iteration:
         values = [_number(t) for t in tokens[4:8]]
         per_iter = PerIteration(min_us=values[0], max_us=values[1], p99_us=values[2], cv_pct=values[3])
-    return Placement(time_us=_number(tokens[0]), algbw_gbps=_number(tokens[1]), busbw_gbps=_number(tokens[2]),
-                     wrong=wrong, cputime=cols.cputime, per_iteration=per_iter)
+    time_us, algbw, busbw = float(tokens[0]), float(tokens[1]), float(tokens[2])
+    if not math.isfinite(time_us + algbw + busbw):   # a nan or inf among them: _number says which is what
+        time_us, algbw, busbw = _number(tokens[0]), _number(tokens[1]), _number(tokens[2])
+    return Placement(time_us, algbw, busbw, wrong, cols.cputime, per_iter)
 
 
 def _row_from_line(match: re.Match[str], cols: _Columns, where: str) -> ResultRow:
