@@ -4,7 +4,7 @@ An import writes 10^6 rows (a 100 MB nccl-tests log) that share almost every fie
 values change from row to row (size, times, the line it came from). Encoding each row in full
 (json_line and csv_line: a Measurement, its dict, json.dumps of 45 fields) cost ~70 µs a row.
 Templates builds the full row once per *shape* with a sentinel in each slot, encodes it, and keeps
-both lines with each sentinel's text turned into a format field; a later row of that shape is
+both lines with each sentinel's text turned into a slot; a later row of that shape is
 the two lines with its values filled in.
 
 A shape is what the caller says it is plus, for each slot, its type, and its value itself where
@@ -17,6 +17,8 @@ lines spell another way) is dropped, and rows of that shape are encoded in full.
 from __future__ import annotations
 
 import json
+import operator
+import re
 from json.encoder import encode_basestring_ascii
 from typing import Any, Callable, Hashable, Sequence
 
@@ -48,11 +50,29 @@ def _texts(value: Any) -> tuple[str, str]:
 _KINDS = (int, float, str)
 
 
+class _Line:
+    """One line as its literal pieces with slots between them; filled in by a join (7x faster
+    than str.format on a 1.6 KB line)."""
+
+    def __init__(self, line: str, slots: dict[str, int]):
+        """`slots`: each sentinel's text in the line -> the index of its value's text."""
+        pattern = re.compile("(" + "|".join(map(re.escape, sorted(slots, key=len, reverse=True))) + ")")
+        pieces = pattern.split(line) if slots else [line]
+        self._out: list[str] = list(pieces)   # literals at even places, each row's texts at odd ones
+        refs = [slots[text] for text in pieces[1::2]]
+        self._pick = (operator.itemgetter(*refs) if len(refs) > 1
+                      else (lambda texts: (texts[refs[0]],)) if refs else (lambda texts: ()))
+
+    def fill(self, texts: list[str]) -> str:
+        self._out[1::2] = self._pick(texts)
+        return "".join(self._out)
+
+
 class Templates:
     """Lines of rows, from a template per shape (see the module's docstring)."""
 
     def __init__(self) -> None:
-        self._made: dict[Hashable, tuple[str, str] | None] = {}
+        self._made: dict[Hashable, tuple[_Line, _Line] | None] = {}
 
     def lines(self, shape: Hashable, values: Sequence[Any], build: Build) -> Lines:
         key = (shape, *[v.__class__ if v else (v.__class__, repr(v)) for v in values])
@@ -74,29 +94,22 @@ class Templates:
                 else:
                     text = repr(value)
                     texts += (text, text)
-        return Lines(made[0].format(*texts), made[1].format(*texts))
+        return Lines(made[0].fill(texts), made[1].fill(texts))
 
     @staticmethod
-    def _make(values: Sequence[Any], build: Build, full: Lines) -> tuple[str, str] | None:
+    def _make(values: Sequence[Any], build: Build, full: Lines) -> tuple[_Line, _Line] | None:
         """The shape's two template lines, or None when they would not give `full` back."""
         if any(v and v.__class__ not in _KINDS for v in values):
             return None
         sentinels = [_sentinel(v.__class__, i) if v else v for i, v in enumerate(values)]
         probe = build(sentinels)
-        json_text, csv_text = (line.replace("{", "{{").replace("}", "}}")
-                               for line in (json_line(probe), csv_line(probe)))
-        field = 0
-        for sentinel in sentinels:
-            if not sentinel:
-                continue
-            in_json, in_csv = _texts(sentinel)
-            json_text = json_text.replace(in_json, f"{{{field}}}")
+        in_json: dict[str, int] = {}
+        in_csv: dict[str, int] = {}
+        for sentinel in filter(None, sentinels):
+            json_text, csv_text = _texts(sentinel)
             # In the CSV a string slot lies in a JSON cell (quotes doubled); a number is as in JSON.
-            csv_text = csv_text.replace(in_csv, f"{{{field + 1}}}")
-            field += 2
+            in_json[json_text] = 2 * len(in_json)
+            in_csv[csv_text] = 2 * len(in_csv) + (csv_text != json_text)
+        made = _Line(json_line(probe), in_json), _Line(csv_line(probe), in_csv)
         texts = [text for v in values if v for text in _texts(v)]
-        try:
-            same = (json_text.format(*texts), csv_text.format(*texts)) == full
-        except (IndexError, KeyError, ValueError):
-            same = False
-        return (json_text, csv_text) if same else None
+        return made if (made[0].fill(texts), made[1].fill(texts)) == full else None
