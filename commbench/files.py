@@ -7,6 +7,7 @@ is bad input: one line naming the file, never a traceback, and nothing written.
 
 from __future__ import annotations
 
+import codecs
 import json
 import os
 import sys
@@ -85,6 +86,37 @@ def read_lines(path: Path, what: str, max_bytes: int = MAX_INPUT_BYTES) -> Itera
             whole, rest = rest + block[:end], block[end:]
             yield from _block_lines(whole, path, what, offset)
             offset += len(whole)
+
+
+def text_blocks(path: Path, what: str, block_bytes: int = _LINE_BLOCK_BYTES,
+                max_bytes: int = MAX_INPUT_BYTES) -> Iterator[str]:
+    """The file's text a block at a time (a character cut by a block's end comes with the next),
+    with read_text's checks, each made when its block is reached."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    with _open(path, what) as handle:
+        offset = 0
+        while block := _read(handle, path, block_bytes):
+            if offset + len(block) > max_bytes:
+                raise UsageError(f"{path}: larger than {max_bytes >> 20} MiB, not {what}")
+            if b"\0" in block:
+                _decoded(block, path, what)   # raises: a binary file
+            try:
+                yield decoder.decode(block)
+            except UnicodeDecodeError as exc:
+                raise UsageError(f"{path}: not UTF-8 text (byte {offset + exc.start}), not {what}") from None
+            offset += len(block)
+        pending = len(decoder.getstate()[0])   # a character the file ends inside of
+        if pending:
+            raise UsageError(f"{path}: not UTF-8 text (byte {offset - pending}), not {what}")
+
+
+def first_character(path: Path, what: str) -> str:
+    """The file's first character that is not white space ('' when there is none), read a block
+    at a time (a -J JSON file is one line of up to MAX_INPUT_BYTES)."""
+    for text in text_blocks(path, what):
+        if text.strip():
+            return text.lstrip()[0]
+    return ""
 
 
 def _block_lines(block: bytes, path: Path, what: str, offset: int) -> list[str] | Iterator[str]:

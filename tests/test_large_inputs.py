@@ -277,3 +277,82 @@ def test_curve_points_as_columns_answer_as_the_points_did() -> None:
     several = Points([points[3], points[1], later, points[2]])
     assert list(several.settled(frozenset())) == [points[1], points[2], later]   # sorted, the last of a size
     assert list(several.settled(frozenset({points[2].message_bytes}))) == [points[1], later]
+
+
+# ---------------------------------------------------------------- a -J file read a piece at a time
+
+def _events(path: Path) -> tuple[list, Exception | None]:
+    from commbench.json_stream import JsonError, object_events
+    events: list = []
+    try:
+        for event in object_events(path, "results", "a test file"):
+            events.append(event)
+    except JsonError as exc:
+        return events, exc
+    return events, None
+
+
+def _whole_results(text: str) -> int:
+    """How many whole objects the results array of a cut -J text holds (as --partial counted them)."""
+    at = text.find('"results": [')
+    if at < 0:
+        return 0
+    at, count, decoder = at + len('"results": ['), 0, json.JSONDecoder()
+    while True:
+        while at < len(text) and text[at] in " \t\r\n,":
+            at += 1
+        try:
+            _, at = decoder.raw_decode(text, at)
+        except json.JSONDecodeError:
+            return count
+        count += 1
+
+
+@pytest.mark.parametrize("indent", [None, 1])
+def test_a_json_file_streamed_in_small_blocks_gives_what_json_loads_does(tmp_path: Path, monkeypatch,
+                                                                         indent: int | None) -> None:
+    """Cut anywhere (a block of 61 bytes: values cut by every block end), a -J file gives the
+    fields and whole results json.loads finds, and json.loads's message, line and column."""
+    from commbench import json_stream
+
+    monkeypatch.setattr(json_stream, "_BLOCK_BYTES", 61)
+    data = json.loads(LOG.with_suffix(".json").read_text())
+    text = json.dumps(data, indent=indent)
+    path = tmp_path / "cut.json"
+    for cut in [*range(0, len(text), 37), len(text) - 1, len(text)]:
+        path.write_text(text[:cut] + ("" if cut < len(text) else "  \n"))
+        events, error = _events(path)
+        items = [value for kind, _, value in events if kind == "item"]
+        fields = {name: value for kind, name, value in events if kind == "field"}
+        assert items == data["results"][:len(items)]
+        assert all(data[name] == value for name, value in fields.items())
+        try:
+            json.loads(path.read_text())
+        except json.JSONDecodeError as expected:
+            assert error is not None and (error.msg, error.lineno, error.colno) == (
+                expected.msg, expected.lineno, expected.colno), cut
+            assert len(items) == _whole_results(text[:cut]), cut
+        else:
+            assert error is None and len(items) == len(data["results"]) and len(fields) == len(data) - 1
+    path.write_text(text + " x")
+    assert _events(path)[1].msg == "Extra data"
+
+
+def test_a_large_json_file_is_imported_without_holding_it(tmp_path: Path) -> None:
+    """A -J file of 2,000 results (1 MB) is read with a buffer of a block or two: its results are
+    parsed again on each pass, as a text log's are."""
+    from commbench.analysis.nccl_tests_format import StreamedResults
+
+    data = json.loads(LOG.with_suffix(".json").read_text())
+    data["results"] = data["results"] * 120
+    path = tmp_path / "big.json"
+    path.write_text(json.dumps(data))
+    tracemalloc.start()
+    try:
+        out = read_output(path)
+        cycles = max(row.cycle for row in out.results)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert isinstance(out.results, StreamedResults) and len(out.results) == 17 * 120 and cycles == 119
+    assert out.complete and peak < 4_000_000, peak   # parsed whole: ~10 MB

@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, overload
 
 from commbench.errors import UsageError
-from commbench.files import read_lines, read_text
+from commbench.files import first_character, read_lines
+from commbench.json_stream import JsonError, object_events
 
 PROGRAM = "all_reduce_perf"
 PLACEMENTS = ("out_of_place", "in_place")
@@ -224,22 +225,14 @@ def parse_nccl_tests_args(argv: list[str]) -> dict[str, str]:
 WHAT = "nccl-tests output (its stdout or -J JSON)"
 
 
-def _first_character(path: Path) -> str:
-    """The file's first character that is not white space ('' when there is none), read line by line."""
-    for line in read_lines(path, WHAT):
-        if line.strip():
-            return line.lstrip()[0]
-    return ""
-
-
 def read_output(path: str | Path, partial: bool = False) -> NcclTestsOutput:
     """Parse one nccl-tests output file (text or JSON). A truncated one is an error unless partial.
     A text output's rows are not held: its results are read from the file again on each pass."""
     path = Path(path)
-    first = _first_character(path)
+    first = first_character(path, WHAT)
     if not first:
         raise UsageError(f"{path}: empty file, not nccl-tests output")
-    out = _parse_json(path, read_text(path, WHAT), partial) if first == "{" else _parse_text(path)
+    out = _parse_json(path, partial) if first == "{" else _parse_text(path)
     if out.program is not None and not out.program.startswith(PROGRAM):
         raise UsageError(f"{path}: output of {out.program}, not {PROGRAM}; only allreduce results are imported")
     if not out.results:
@@ -451,7 +444,7 @@ class _TextReader:
         complete = self.concluded and self.bad_row is None
         ends_at = None if complete else (self.bad_row or f"line {self.last_line}")
         return NcclTestsOutput(path=self.path, format="text", config=self.config, ranks=self.ranks,
-                               results=StreamedResults(self.path, self.row_count), complete=complete,
+                               results=StreamedResults(self.path, self.row_count, _text_rows), complete=complete,
                                ends_at=ends_at, **self.fields)
 
 
@@ -466,14 +459,24 @@ def _parse_text(path: Path) -> NcclTestsOutput:
     return _read_text_output(path, None).result()
 
 
-class StreamedResults(Sequence[ResultRow]):
-    """A text output's result rows, parsed from the file again on each pass, so that a 100 MB
-    log (10^6 rows) is never held as rows; the first pass counted them. A file that changed
-    since is refused rather than read as something else."""
+def _text_rows(path: Path) -> Iterator[ResultRow]:
+    rows: list[ResultRow] = []   # what one line gave: at most a row
+    reader = _TextReader(path, rows.append)
+    for number, line in enumerate(read_lines(path, WHAT), start=1):
+        reader.feed(number, line)
+        yield from rows
+        rows.clear()
 
-    def __init__(self, path: Path, count: int):
+
+class StreamedResults(Sequence[ResultRow]):
+    """An output's result rows, parsed from the file again on each pass, so that a 100 MB log
+    (10^6 rows) is never held as rows; the first pass counted them. A file that changed since
+    is refused rather than read as something else."""
+
+    def __init__(self, path: Path, count: int, rows: Callable[[Path], Iterator[ResultRow]]):
         self.path = path
         self.count = count
+        self._rows = rows   # one pass over the file's rows, not yet numbered in cycles
         self._stamp = _stamp(path)
 
     def __len__(self) -> int:
@@ -482,15 +485,13 @@ class StreamedResults(Sequence[ResultRow]):
     def __iter__(self) -> Iterator[ResultRow]:
         if _stamp(self.path) != self._stamp:
             raise self._changed()
-        rows: list[ResultRow] = []   # what one line gave: at most a row
         seen, cycles = 0, _CycleCounter()
-        reader = _TextReader(self.path, rows.append)
-        for number, line in enumerate(read_lines(self.path, WHAT), start=1):
-            reader.feed(number, line)
-            for row in _numbered_rows(rows, cycles):
-                seen += 1
-                yield row
-            rows.clear()
+        for row in self._rows(self.path):
+            seen += 1
+            if seen > self.count:
+                raise self._changed()
+            cycles.number(row)
+            yield row
         if seen != self.count:
             raise self._changed()
 
@@ -540,57 +541,48 @@ class _CycleCounter:
         self.previous = row
 
 
-def _numbered_rows(rows: Iterable[ResultRow], counter: _CycleCounter) -> Iterator[ResultRow]:
-    for row in rows:
-        counter.number(row)
-        yield row
-
-
 # ---------------------------------------------------------------- JSON
 
-def _load_json(path: Path, text: str, partial: bool) -> tuple[dict[str, Any], bool]:
-    try:
-        data = json.loads(text)
-    except RecursionError:
-        raise UsageError(f"{path}: nested too deep for nccl-tests -J output") from None
-    except json.JSONDecodeError as exc:
-        salvaged = _salvage_json(text)
-        if salvaged is None:
-            raise UsageError(f"{path}: not valid JSON ({exc.msg}, line {exc.lineno} column {exc.colno}), "
-                             "not nccl-tests -J output") from None
-        if not partial:
-            raise UsageError(f"{path}: JSON ends early ({exc.msg}, line {exc.lineno} column {exc.colno}; "
-                             f"run cut short?); --partial imports its {len(salvaged['results'])} complete row(s)")
-        return salvaged, False
-    if not isinstance(data, dict):
-        raise UsageError(f"{path}: JSON of another shape (not an object), not nccl-tests -J output")
-    return data, True
-
-
-def _salvage_json(text: str) -> dict[str, Any] | None:
-    """The top-level fields and every whole result object of a -J file that ends early."""
-    config_at, results_at = text.find('"config":'), text.find('"results":[')
-    if not text.lstrip().startswith("{") or config_at < 0 or results_at < 0:
-        return None
-    decoder = json.JSONDecoder()
+def _read_json(path: Path, partial: bool) -> tuple[dict[str, Any], int, tuple[str, str, float | None] | None, bool]:
+    """The first pass over a -J file, streamed (commbench.json_stream): its fields but the results,
+    how many results it has (each checked, none held), the first bad time, and whether it is
+    whole. A file cut short inside or after its results keeps the fields before them and every
+    whole result (as --partial imports it); anything else that is not JSON is bad input."""
     head: dict[str, Any] = {}
+    data: dict[str, Any] = {}
+    count, first_bad, in_results = 0, None, False
     try:
-        head = json.loads(text[:results_at].rstrip().rstrip(",") + "}")
-    except json.JSONDecodeError:
-        return None
-    results: list[Any] = []
-    at = results_at + len('"results":[')
-    while True:
-        while at < len(text) and text[at] in " \t\r\n,":
-            at += 1
-        try:
-            item, at = decoder.raw_decode(text, at)
-        except json.JSONDecodeError:
-            break
-        if not isinstance(item, dict):
-            break
-        results.append(item)
-    return {**head, "results": results}
+        for kind, name, value in object_events(path, "results", WHAT):
+            if kind == "field":
+                data[name] = value
+            elif kind == "array":
+                head, in_results = dict(data), True
+            else:
+                row = _json_row(path, name, value)
+                count += 1
+                first_bad = first_bad or bad_time(row)
+    except JsonError as exc:
+        where = f"{exc.msg}, line {exc.lineno} column {exc.colno}"
+        if not in_results or not isinstance(head.get("config"), dict):
+            raise UsageError(f"{path}: not valid JSON ({where}), not nccl-tests -J output") from None
+        if not partial:
+            raise UsageError(f"{path}: JSON ends early ({where}; run cut short?); --partial imports its {count} "
+                             "complete row(s)") from None
+        return head, count, first_bad, False
+    if not isinstance(data.get("config"), dict) or not in_results:
+        raise UsageError(f"{path}: JSON without nccl-tests' 'config' and 'results'; not nccl-tests -J output")
+    return data, count, first_bad, True
+
+
+def _json_rows(path: Path) -> Iterator[ResultRow]:
+    """A later pass over a -J file's results: the whole ones the first pass found (a cut-short
+    file ends there)."""
+    try:
+        for kind, index, value in object_events(path, "results", WHAT):
+            if kind == "item":
+                yield _json_row(path, index, value)
+    except JsonError:
+        return
 
 
 def _dict(value: Any) -> dict[str, Any]:
@@ -682,15 +674,12 @@ def _json_row(path: Path, index: int, entry: Any) -> ResultRow:
                      placements=placements, where=f"results[{index}]")
 
 
-def _parse_json(path: Path, text: str, partial: bool) -> NcclTestsOutput:
-    data, whole = _load_json(path, text, partial)
-    if not isinstance(data.get("config"), dict) or not isinstance(data.get("results"), list):
-        raise UsageError(f"{path}: JSON without nccl-tests' 'config' and 'results'; not nccl-tests -J output")
+def _parse_json(path: Path, partial: bool) -> NcclTestsOutput:
+    data, count, first_bad, whole = _read_json(path, partial)
     config = _dict(data["config"])
     args = [str(a) for a in data.get("args") or []]
     env = dict(str(item).partition("=")[::2] for item in data.get("env") or [] if "=" in str(item))
-    results = list(_numbered_rows((_json_row(path, i, entry) for i, entry in enumerate(data["results"])),
-                                  _CycleCounter()))
+    results = StreamedResults(path, count, _json_rows)
     complete = whole and "end_time" in data and "out_of_bounds" in data
     oob = _dict(data.get("out_of_bounds")).get("count")
     avg = _dict(data.get("average_bus_bandwidth")).get("bandwidth")
@@ -710,8 +699,8 @@ def _parse_json(path: Path, text: str, partial: bool) -> NcclTestsOutput:
         args=args, env=env, start_time=data.get("start_time"), end_time=data.get("end_time"),
         out_of_bounds=oob if isinstance(oob, int) else None, avg_busbw_gbps=_json_float(avg),
         errors=[str(e) for e in data.get("errors") or [] if str(e).strip()],
-        bad_time=next(filter(None, map(bad_time, results)), None),
-        ends_at=None if complete else (f"results[{len(results)}]" if not whole else "before its footer"))
+        bad_time=first_bad,
+        ends_at=None if complete else (f"results[{count}]" if not whole else "before its footer"))
 
 
 # ---------------------------------------------------------------- helpers for the importer
