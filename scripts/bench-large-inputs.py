@@ -46,13 +46,19 @@ def big_log(target: Path, megabytes: int) -> int:
 
 
 def big_json(target: Path, megabytes: int) -> int:
-    """The 8-GPU run's -J file with its results repeated until the file is `megabytes` long."""
+    """The 8-GPU run's -J file with its results repeated until the file is `megabytes` long,
+    written a piece at a time: this process stays small, and a child's peak RSS (which counts
+    this process's pages from before its exec) stays the child's own."""
     data = json.loads(LOG.with_suffix(".json").read_text())
-    results = data["results"]
-    repeats = max(1, megabytes * 1_000_000 // len(json.dumps(results)))
-    data["results"] = results * repeats
-    target.write_text(json.dumps(data))
-    return len(data["results"])
+    chunk = ", ".join(json.dumps(item) for item in data["results"])
+    head, _, tail = json.dumps({**data, "results": ["@"]}).partition('"@"')
+    repeats = max(1, megabytes * 1_000_000 // len(chunk))
+    with open(target, "w") as handle:
+        handle.write(head)
+        for index in range(repeats):
+            handle.write(chunk if index == 0 else ", " + chunk)
+        handle.write(tail)
+    return repeats * len(data["results"])
 
 
 def big_rows(run: Path, megabytes: int) -> int:

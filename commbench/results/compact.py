@@ -12,7 +12,8 @@ as it is. Iterating the rows gives each as a Measurement again, made on the spot
 one read; nothing is held per row but the profile's reference and the packed numbers.
 
 Where rows share no profile (each imported nccl-tests row names its source line in `extra`),
-at most MAX_PROFILES are shared and the rest are kept each with its own.
+each keeps its own: once more than half the rows past the first thousand had a new profile,
+or MAX_PROFILES are held, no new one is remembered (nor its key made: a JSON text of its dicts).
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ class CompactRows(Sequence[Measurement]):
         self._profiles: list[tuple[Any, ...] | None] = []
         self._packed: list[bytes | Measurement | None] = []   # a Measurement where its profile is None
         self._shared: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+        self._sharing = True
         self._count = 0
 
     def add(self, row: Measurement) -> int:
@@ -78,13 +80,15 @@ class CompactRows(Sequence[Measurement]):
         numbers = _SPLIT_PACKED(values)
         packed = self._pack(numbers)
         profile = _SPLIT_PROFILE(values) if packed is not None else None
-        if profile is not None:
+        if profile is not None and self._sharing:
             key = _profile_key(profile)
             shared = self._shared.get(key) if key is not None else None
             if shared is not None:
                 profile = shared
-            elif key is not None and len(self._shared) < MAX_PROFILES:
+            elif key is not None:
                 self._shared[key] = profile
+                held = len(self._shared)
+                self._sharing = held < MAX_PROFILES and (held < 1024 or 2 * held < self._count)
         self._profiles.append(profile)
         self._packed.append(packed if profile is not None else row)
         self._count += 1
