@@ -42,6 +42,7 @@ _SPLIT_PACKED = operator.itemgetter(*(_FIELDS.index(name) for name in _PACKED))
 # Measurement's fields in order, from the profile followed by the unpacked numbers.
 _JOIN = operator.itemgetter(*((_PROFILE + _PACKED).index(name) for name in _FIELDS))
 _INT_LIMIT = 1 << 62
+_FLOAT_KINDS = frozenset((float, type(None)))
 _NAN = math.nan
 MAX_PROFILES = 1 << 16
 
@@ -97,12 +98,12 @@ class CompactRows(Sequence[Measurement]):
     @staticmethod
     def _pack(numbers: tuple[Any, ...]) -> bytes | None:
         """The numbers packed; None when one would not come back as it is."""
-        ints, floats = numbers[:len(_INTS)], numbers[len(_INTS):]
-        if any(v.__class__ is not int or not -_INT_LIMIT <= v <= _INT_LIMIT for v in ints):
+        size, count = numbers[:len(_INTS)]
+        floats = numbers[len(_INTS):]
+        if (size.__class__ is not int or count.__class__ is not int or not -_INT_LIMIT <= size <= _INT_LIMIT
+                or not -_INT_LIMIT <= count <= _INT_LIMIT or not _FLOAT_KINDS.issuperset(map(type, floats))):
             return None
-        if any(v is not None and v.__class__ is not float for v in floats):
-            return None
-        return _FORMAT.pack(*ints, *[_NAN if v is None else v for v in floats])
+        return _FORMAT.pack(size, count, *[_NAN if v is None else v for v in floats])
 
     def drop(self, position: int) -> None:
         """Forget the row added at `position` (a later row of the same key replaces it)."""
