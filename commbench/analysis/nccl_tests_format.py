@@ -16,20 +16,21 @@ src/common.cu); older releases back to 2.17 print the same lines less a few fiel
   out_of_place{time|cpu_time, alg_bw, bus_bw, nwrong|null}, in_place{...}, *_per_iter{...},
   actual_iterations}]`, `out_of_bounds`, `average_bus_bandwidth`, `errors`, `end_time`.
 
-The text table does not say how ranks were combined (`-a`); the JSON's `args` do.
+The text table does not say how ranks were combined (`-a`); the JSON's `args` do. Neither is
+held whole: a first pass reads the header (the JSON's fields) and checks and counts the results,
+each later pass parses them from the file again.
 Bad input raises UsageError with one line that names the file.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, overload
+from typing import Any, Callable, Iterator, overload
 
 from commbench.errors import UsageError
 from commbench.files import first_character, read_lines
@@ -125,7 +126,7 @@ class NcclTestsOutput:
     format: str                          # "text" | "json"
     config: Config
     ranks: list[RankLine]                # text: every rank; JSON: the first rank of each process
-    results: Sequence[ResultRow]         # text: StreamedResults, read from the file on each pass
+    results: Sequence[ResultRow]         # StreamedResults: read from the file again on each pass
     complete: bool                       # the footer (text) / end_time (JSON) is there
     program: str | None = None
     nccl_tests_version: str | None = None
@@ -227,7 +228,8 @@ WHAT = "nccl-tests output (its stdout or -J JSON)"
 
 def read_output(path: str | Path, partial: bool = False) -> NcclTestsOutput:
     """Parse one nccl-tests output file (text or JSON). A truncated one is an error unless partial.
-    A text output's rows are not held: its results are read from the file again on each pass."""
+    Its rows are not held: its results are read from the file again on each pass (a -J file
+    a record at a time, commbench.json_stream)."""
     path = Path(path)
     first = first_character(path, WHAT)
     if not first:

@@ -16,7 +16,6 @@ lines spell another way) is dropped, and rows of that shape are encoded in full.
 
 from __future__ import annotations
 
-import json
 import operator
 import re
 from json.encoder import encode_basestring_ascii
