@@ -215,6 +215,33 @@ def _values(row) -> list:
     return [getattr(row, f.name) for f in dataclasses.fields(row)]
 
 
+def test_a_key_as_one_int_tells_rows_apart_as_the_key_does(tmp_path: Path) -> None:
+    """Two rows get one int exactly when their key (the cell), world size and identifying extras
+    are the same: on every committed run, two imports, and rows that differ in one field each."""
+    import dataclasses
+    from commbench.results.rundir import IDENTITY_EXTRA, _Identities
+
+    out, log = tmp_path / "imp", tmp_path / "cycles.txt"
+    _long_log(log, 3)   # -N cycles: rows of one cell told apart by their cycle
+    assert cli(["import-nccl-tests", str(log), "--average", "3", "--out", str(out)]) == 0
+    rows = [row for path in [p / ROWS_FILE for p in sorted(RUNS.iterdir())] + [out / ROWS_FILE]
+            for row in _parsed(path)]
+    base = rows[0]
+    rows += [dataclasses.replace(base, **change) for change in (
+        {"tokens": 7}, {"hidden": 7}, {"message_bytes": base.message_bytes + 1}, {"world_size": 3},
+        {"env_setting": {"NCCL_PROTO": "LL"}}, {"extra": {"nccl_tests_cycle": 1}}, {"op": "x"}, {"mode": "eager"},
+        {"status": "hang"}, {"latency_us": 1.0})]   # the last two: the same key
+
+    def full(row) -> tuple:
+        return row.key(), row.world_size, *(repr(row.extra.get(name)) for name in IDENTITY_EXTRA)
+
+    identities = _Identities()
+    ints = [identities.of(row) for row in rows]
+    keys = [full(row) for row in rows]
+    assert len(set(keys)) > 100
+    assert all((ints[i] == ints[j]) == (keys[i] == keys[j]) for i in range(len(rows)) for j in range(i))
+
+
 def test_dropped_rows_leave_no_gap_and_profiles_past_the_limit_are_kept_whole(monkeypatch) -> None:
     from commbench.results import compact
     from commbench.results.compact import CompactRows

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import csv
 import fcntl
-import hashlib
 import io
 import json
 import os
@@ -32,7 +31,7 @@ from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence, Text
 from commbench.errors import ResultsUnwritable, UsageError
 from commbench.files import read_text
 from commbench.results.compact import CompactRows
-from commbench.results.schema import CSV_COLUMNS, READABLE_SCHEMAS, SCHEMA_VERSION, Measurement
+from commbench.results.schema import CSV_COLUMNS, Cell, READABLE_SCHEMAS, SCHEMA_VERSION, Measurement
 from commbench.results.validate import MAX_RUN_INFO_BYTES, info_problem, loads_json, parse_row
 
 RUN_FILE = "run.json"
@@ -260,17 +259,26 @@ class _CsvRows:
 IDENTITY_EXTRA = ("source_sha256", "nccl_tests_cycle", "nccl_version_loaded")
 
 
-def _identity(row: Measurement) -> bytes:
-    """What makes two rows the same measurement: the key, the world size, for imported nccl-tests
-    rows the file and -N cycle they came from (each cycle is a measurement of its own), and the
-    NCCL the row loaded (analysis keys curves by it too). Extra values come from a file anyone
-    may have written: compared as text. As 16 bytes (BLAKE2b of its repr): a key held per row
-    while reading costs 50 bytes, not the ~0.5 KB of the tuple, and no file can be crafted to
-    make two keys collide."""
-    cell = row.key()
-    flat = (cell.backend, cell.op, cell.dtype, cell.shape.message_bytes, cell.shape.tokens, cell.shape.hidden,
-            cell.mode, cell.env_setting, row.world_size, *(repr(row.extra.get(name)) for name in IDENTITY_EXTRA))
-    return hashlib.blake2b(repr(flat).encode("utf-8", "surrogatepass"), digest_size=16).digest()
+class _Identities:
+    """What makes two rows the same measurement: the key (the cell: backend, op, dtype, size,
+    tokens, hidden, mode, env setting), the world size, for imported nccl-tests rows the file and
+    -N cycle they came from (each cycle is a measurement of its own), and the NCCL the row loaded
+    (analysis keys curves by it too). Extra values come from a file anyone may have written:
+    compared as text.
+
+    As one int: the number of the identity less the size (numbered as first seen: a run has one
+    per backend, setting and shape), shifted left 64 bits, plus the size. A key held per row costs
+    an int, not the ~0.5 KB of a tuple; the fields are read from the row directly, as Cell holds
+    them (key() makes two frozen dataclasses a row)."""
+
+    def __init__(self) -> None:
+        self._numbers: dict[tuple, int] = {}
+
+    def of(self, row: Measurement) -> int:
+        rest = (row.backend, row.op, row.dtype, row.tokens, row.hidden, row.mode, Cell.setting(row.env_setting),
+                row.world_size, *[repr(row.extra.get(name)) for name in IDENTITY_EXTRA])
+        number = self._numbers.setdefault(rest, len(self._numbers))
+        return number << 64 | int(row.message_bytes)
 
 
 class RunDir:
@@ -403,7 +411,8 @@ class RunDir:
         duplicate keys; never raises on content. The rows are held compactly (CompactRows): a
         key costs ~0.3 KB while reading, ~0.2 KB after, however many rows repeat it."""
         read = RowsRead(CompactRows())
-        by_key: dict[bytes, int] = {}   # the key's digest: its row's position
+        identities = _Identities()
+        by_key: dict[int, int] = {}     # the row's identity: its position
         line_of = array("q")            # a position's line number
         for number, row, why in self.iter_lines():
             if row is None and why is None:
@@ -411,7 +420,7 @@ class RunDir:
             elif row is None:
                 read.unreadable.append((number, why or ""))
             else:
-                key = _identity(row)
+                key = identities.of(row)
                 if key in by_key:
                     position = by_key.pop(key)
                     read.duplicates.append((line_of[position], number))
