@@ -4,11 +4,13 @@
 Generates, in a scratch dir:
 - a nccl-tests all_reduce_perf text log of about --log-mb MB (the committed 8-GPU log's header,
   then its table repeated as the cycles of a long `-N` run), imported with `import-nccl-tests`;
+- an nccl-tests -J JSON file of about --json-mb MB (the committed 8-GPU run's JSON, its results
+  repeated as the cycles of a long -N run), imported the same way;
 - a measurements.jsonl of about --rows-mb MB (rows of the committed synthetic 8-GPU run, many
   sizes and backends, as a long resumed sweep would write them), read by the analysis commands.
 
 Each command runs as its own process; its wall time and peak RSS (ru_maxrss of the child) are
-printed as a markdown table. Usage: python scripts/bench-large-inputs.py [--log-mb 100] [--rows-mb 200]
+printed as a markdown table. Usage: python scripts/bench-large-inputs.py [--log-mb 100] [--json-mb 20] [--rows-mb 200]
 """
 
 from __future__ import annotations
@@ -41,6 +43,22 @@ def big_log(target: Path, megabytes: int) -> int:
             handle.write(chunk)
         handle.writelines(tail)
     return repeats * len(body)
+
+
+def big_json(target: Path, megabytes: int) -> int:
+    """The 8-GPU run's -J file with its results repeated until the file is `megabytes` long,
+    written a piece at a time: this process stays small, and a child's peak RSS (which counts
+    this process's pages from before its exec) stays the child's own."""
+    data = json.loads(LOG.with_suffix(".json").read_text())
+    chunk = ", ".join(json.dumps(item) for item in data["results"])
+    head, _, tail = json.dumps({**data, "results": ["@"]}).partition('"@"')
+    repeats = max(1, megabytes * 1_000_000 // len(chunk))
+    with open(target, "w") as handle:
+        handle.write(head)
+        for index in range(repeats):
+            handle.write(chunk if index == 0 else ", " + chunk)
+        handle.write(tail)
+    return repeats * len(data["results"])
 
 
 def big_rows(run: Path, megabytes: int) -> int:
@@ -78,24 +96,30 @@ def measure(argv: list[str], cwd: Path) -> tuple[float, float, int]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--log-mb", type=int, default=100)
+    parser.add_argument("--json-mb", type=int, default=20)
     parser.add_argument("--rows-mb", type=int, default=200)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         scratch = Path(tmp)
         log_rows = big_log(scratch / "big.txt", args.log_mb)
+        json_rows = big_json(scratch / "big.json", args.json_mb)
         row_count = big_rows(scratch / "run", args.rows_mb)
         log_mb = (scratch / "big.txt").stat().st_size / 1e6
         rows_mb = (scratch / "run" / "measurements.jsonl").stat().st_size / 1e6
-        print(f"inputs: nccl-tests log {log_mb:.0f} MB ({log_rows} table rows); measurements.jsonl "
-              f"{rows_mb:.0f} MB ({row_count} rows)\n")
+        json_mb = (scratch / "big.json").stat().st_size / 1e6
+        print(f"inputs: nccl-tests log {log_mb:.0f} MB ({log_rows} table rows); -J JSON {json_mb:.0f} MB ({json_rows} "
+              f"results); measurements.jsonl {rows_mb:.0f} MB ({row_count} rows)\n")
         print("| command | wall s | peak RSS MiB | exit |")
         print("| --- | ---: | ---: | ---: |")
         run = str(scratch / "run")
         for argv in (["--help"],
                      ["import-nccl-tests", str(scratch / "big.txt"), "--average", "3", "--out", str(scratch / "imp")],
+                     ["import-nccl-tests", str(scratch / "big.json"), "--out", str(scratch / "imp-json")],
                      ["table", run, "--out", str(scratch / "t.md")],
                      ["floor", run, "--model", "glm-5"],
-                     ["qualify", run, "--spec", str(ROOT / "commbench" / "specs" / "pcie-8x.toml")]):
+                     ["qualify", run, "--spec", str(ROOT / "commbench" / "specs" / "pcie-8x.toml")],
+                     ["recommend", run, "--model", "glm-5"],
+                     ["report", run, "--out", str(scratch / "report")]):
             wall, peak, code = measure(argv, scratch)
             label = " ".join(a if not a.startswith(str(scratch)) else Path(a).name for a in argv[:2])
             print(f"| `{label}` | {wall:.1f} | {peak:.0f} | {code} |", flush=True)

@@ -41,7 +41,7 @@ INSTALLED = {"commbench": "commbench", "backends": "commbench.backends", "topolo
 # module must be placed. "facts" is what the probe, the backends and the analysis all read:
 # torch-free machine checks and readings (topology) and how each engine picks a path (engines).
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("base", ("commbench", "commbench.errors", "commbench.units", "commbench.files", "commbench.policy",
+    ("base", ("commbench", "commbench.errors", "commbench.units", "commbench.files", "commbench.json_stream", "commbench.policy",
               "commbench.launch_env", "commbench.waits")),
     ("results", ("commbench.results", "commbench.results.*", "commbench.inflight", "commbench.runs")),
     ("facts", ("commbench.engines", "commbench.engine_paths", "commbench.topology", "commbench.topology.*")),

@@ -13,11 +13,13 @@ Every analysis command goes through here so that they agree on three rules:
 from __future__ import annotations
 
 import math
+from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Iterable
+from typing import Iterable, Iterator, overload
 
 from commbench.errors import UsageError
-from commbench.results import CRASHED, HANG, OK, WRONG, Measurement, Run, is_checked
+from commbench.results import CRASHED, HANG, OK, WRONG, Cell, Measurement, Run, is_checked
 from commbench.units import format_bytes
 
 DEFAULT_BASELINE = "nccl"
@@ -43,7 +45,7 @@ def variant_label(row: Measurement) -> str:
     return f"{row.backend}[{knobs}]"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)   # one per measured size of every curve: 10^5 of them
 class Point:
     message_bytes: int
     latency_us: float
@@ -92,27 +94,105 @@ class CurveKey:
         return (self.world_size, self.library, self.emulation)
 
 
+class Points(Sequence[Point]):
+    """A curve's points held as columns (8 bytes a number, NaN for None) and made into Point
+    objects when read: a run of 10^5 sizes held ~0.2 KB a point as objects. Points with a
+    number that is not a float (an int latency) are kept as they are."""
+
+    _NUMBERS = ("latency_us", "p10_us", "p90_us", "p99_us", "busbw_gbps")
+
+    def __init__(self, points: Iterable[Point] = ()):
+        self._kept: list[Point] | None = None
+        self._sizes = array("q")
+        self._numbers = [array("d") for _ in self._NUMBERS]
+        for point in points:
+            self.append(point)
+
+    def append(self, point: Point) -> None:
+        if self._kept is None and point.message_bytes.__class__ is int and all(
+                getattr(point, name).__class__ in (float, type(None)) for name in self._NUMBERS):
+            self._sizes.append(point.message_bytes)
+            for name, column in zip(self._NUMBERS, self._numbers):
+                value = getattr(point, name)
+                column.append(math.nan if value is None else value)
+            return
+        if self._kept is None:
+            self._kept = list(self)
+            self._sizes, self._numbers = array("q"), []
+        self._kept.append(point)
+
+    def settled(self, dropped: frozenset[int]) -> "Points":
+        """One point per size, sorted by size: the one appended last; none at a dropped size."""
+        last = {self.size_at(i): i for i in range(len(self))}
+        return Points(self[i] for size, i in sorted(last.items()) if size not in dropped)
+
+    def sizes(self) -> list[int]:
+        return [p.message_bytes for p in self._kept] if self._kept is not None else self._sizes.tolist()
+
+    def size_at(self, index: int) -> int:
+        return self._kept[index].message_bytes if self._kept is not None else self._sizes[index]
+
+    def __len__(self) -> int:
+        return len(self._kept) if self._kept is not None else len(self._sizes)
+
+    @overload
+    def __getitem__(self, index: int) -> Point: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[Point]: ...
+
+    def __getitem__(self, index: int | slice) -> Point | list[Point]:
+        if self._kept is not None:
+            return self._kept[index]
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        size = self._sizes[index]
+        latency, p10, p90, p99, busbw = (column[index] for column in self._numbers)
+        return Point(size, latency, *(None if v != v else v for v in (p10, p90, p99, busbw)))
+
+    def __iter__(self) -> Iterator[Point]:
+        return iter(self._kept) if self._kept is not None else (self[i] for i in range(len(self._sizes)))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, (Points, list)) and list(self) == list(other)
+
+    def __repr__(self) -> str:
+        return f"Points({list(self)!r})"
+
+
 @dataclass
 class Curve:
     key: CurveKey
     backend: str
     env_setting: dict[str, str]
-    points: list[Point] = field(default_factory=list)   # sorted by message_bytes, one per size
+    points: Points = field(default_factory=Points)   # sorted by message_bytes, one per size
     # Sizes where this variant returned wrong data, hung or crashed: never interpolated across.
     failed_sizes: frozenset[int] = frozenset()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.points, Points):
+            self.points = Points(self.points)
 
     @property
     def label(self) -> str:
         return self.key.label
 
     def sizes(self) -> list[int]:
-        return [p.message_bytes for p in self.points]
+        return self.points.sizes()
 
     def point(self, message_bytes: int) -> Point | None:
-        for p in self.points:
-            if p.message_bytes == message_bytes:
-                return p
-        return None
+        index = self._index(message_bytes)
+        return self.points[index] if index < len(self.points) and self.points.size_at(index) == message_bytes else None
+
+    def _index(self, message_bytes: int) -> int:
+        """Where message_bytes is, or would go, among the sorted sizes (bisect)."""
+        low, high = 0, len(self.points)
+        while low < high:
+            middle = (low + high) // 2
+            if self.points.size_at(middle) < message_bytes:
+                low = middle + 1
+            else:
+                high = middle
+        return low
 
     def covers(self, message_bytes: int) -> bool:
         return bool(self.points) and self.points[0].message_bytes <= message_bytes <= self.points[-1].message_bytes
@@ -124,18 +204,18 @@ class Curve:
             return exact
         if not self.covers(message_bytes):
             return None
-        for lo, hi in zip(self.points, self.points[1:]):
-            if lo.message_bytes < message_bytes < hi.message_bytes:
-                if any(lo.message_bytes < f < hi.message_bytes for f in self.failed_sizes):
-                    return None
-                def interp(a: float | None, b: float | None) -> float | None:
-                    if a is None or b is None:
-                        return None
-                    return loglog_interpolate(lo.message_bytes, a, hi.message_bytes, b, message_bytes)
-                return Point(message_bytes, interp(lo.latency_us, hi.latency_us),  # type: ignore[arg-type]
-                             interp(lo.p10_us, hi.p10_us), interp(lo.p90_us, hi.p90_us),
-                             interp(lo.p99_us, hi.p99_us), interp(lo.busbw_gbps, hi.busbw_gbps))
-        return None
+        index = self._index(message_bytes)
+        lo, hi = self.points[index - 1], self.points[index]
+        if any(lo.message_bytes < f < hi.message_bytes for f in self.failed_sizes):
+            return None
+
+        def interp(a: float | None, b: float | None) -> float | None:
+            if a is None or b is None:
+                return None
+            return loglog_interpolate(lo.message_bytes, a, hi.message_bytes, b, message_bytes)
+        return Point(message_bytes, interp(lo.latency_us, hi.latency_us),  # type: ignore[arg-type]
+                     interp(lo.p10_us, hi.p10_us), interp(lo.p90_us, hi.p90_us),
+                     interp(lo.p99_us, hi.p99_us), interp(lo.busbw_gbps, hi.busbw_gbps))
 
     def range_text(self) -> str:
         if not self.points:
@@ -202,7 +282,7 @@ def distinguish(keys: Iterable[CurveKey]) -> dict[CurveKey, CurveKey]:
 def build_curves(rows: Iterable[Measurement]) -> list[Curve]:
     """One curve per key_of() from trusted rows; the last row of a size wins (a resumed or
     repeated sweep appends a newer measurement of the same point)."""
-    by_key: dict[CurveKey, tuple[Measurement, dict[int, Point]]] = {}
+    by_key: dict[CurveKey, tuple[Measurement, Points]] = {}   # points as columns: 48 bytes each
     failed: dict[CurveKey, set[int]] = {}
     for row in rows:
         if is_failed_check(row):
@@ -210,14 +290,13 @@ def build_curves(rows: Iterable[Measurement]) -> list[Curve]:
         if not is_trusted(row) or row.latency_us is None:
             continue
         key = key_of(row)
-        first, points = by_key.setdefault(key, (row, {}))
-        points[row.message_bytes] = point_of(row)
+        first, points = by_key.setdefault(key, (row, Points()))
+        points.append(point_of(row))
     named = distinguish(by_key)
     curves = []
     for key, (first, points) in by_key.items():
         bad = frozenset(failed.get(key, set()))
-        curves.append(Curve(named[key], first.backend, dict(first.env_setting),
-                            [points[b] for b in sorted(points) if b not in bad], bad))
+        curves.append(Curve(named[key], first.backend, dict(first.env_setting), points.settled(bad), bad))
     curves.sort(key=lambda c: (c.key.dtype, c.key.mode, c.key.variant, c.key.op, c.key.qualifier))
     return curves
 
@@ -348,13 +427,15 @@ def crossovers(curves: list[Curve]) -> list[Crossover]:
 def cautions(rows: Iterable[Measurement], shown: Iterable[Curve]) -> list[str]:
     """A shown curve whose backend returned wrong data or hung at some other size is a risk at
     every size: one line per backend and settings (its failures in any dtype or mode), in the
-    order shown."""
-    rows = list(rows)
+    order shown. One pass over the rows, keeping the failures alone."""
+    failures: dict[tuple[str, tuple[tuple[str, str], ...]], set[tuple[int, str]]] = {}
+    for r in rows:
+        if is_failed_check(r):
+            failures.setdefault((r.backend, Cell.setting(r.env_setting)), set()).add(
+                (r.message_bytes, r.status + (f" ({r.wrong_kind})" if r.wrong_kind else "")))
     out: list[str] = []
     for curve in shown:
-        bad = sorted({(r.message_bytes, r.status + (f" ({r.wrong_kind})" if r.wrong_kind else ""))
-                      for r in rows if is_failed_check(r)
-                      and r.backend == curve.backend and r.env_setting == curve.env_setting})
+        bad = sorted(failures.get((curve.backend, Cell.setting(curve.env_setting)), ()))
         if bad:
             where = ", ".join(f"{format_bytes(b)} {failure}" for b, failure in bad)
             line = (f"{curve.key.variant} failed its check at {where}: enable it only if the engine "
@@ -400,8 +481,7 @@ def decode_curves(run: Run, tp: int | None, dtype: str, mode: str) -> list[Curve
     if tp is not None and world is not None and tp != world:
         raise UsageError(f"{run.path}: measured at world size {world}, not TP {tp}; "
                          f"sweep with torchrun --nproc-per-node {tp} for that answer")
-    rows = [r for r in run.rows if tp is None or r.world_size == tp]
-    curves = build_curves(rows)
+    curves = build_curves(r for r in run.rows if tp is None or r.world_size == tp)   # streamed, never held
     if not curves:
         statuses = sorted({r.status for r in run.rows})
         raise UsageError(f"{run.path}: no trusted (status ok, #wrong 0) rows to build a curve from "

@@ -4,7 +4,7 @@ The backends themselves are commbench.backends.fused and commbench.backends.unfu
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterable
 
 from commbench.analysis.render import fmt_pct, fmt_us
 from commbench.results import OK, Measurement
@@ -16,8 +16,9 @@ def _family(backend_name: str) -> str:
     return backend_name.partition(":")[0]
 
 
-def summarize(rows: list[Measurement]) -> list[dict[str, Any]]:
-    """Pair every measured fused row with the unfused baseline of the same work.
+def summarize(rows: Iterable[Measurement]) -> list[dict[str, Any]]:
+    """Pair every measured fused row with the unfused baseline of the same work (two passes
+    over `rows`, which may be any iterable that can be iterated twice).
 
     Same work = same op, mode, dtype, world size, tokens, hidden and process-level env. The
     time compared is the headline latency per call; saving_us > 0 means fusion is faster.
@@ -81,7 +82,7 @@ COMPARISON_HEADERS = ["ranks", "mode", "dtype", "hidden", "tokens", "fused", "fu
 COMPARISON_NUMERIC = (0, 3, 4, 6, 8, 9, 10)     # the numeric ones of COMPARISON_HEADERS, right-aligned
 
 
-def comparison_cells(rows: list[Measurement]) -> list[list[str]]:
+def comparison_cells(rows: Iterable[Measurement]) -> list[list[str]]:
     """summarize() as table cells under COMPARISON_HEADERS, one line per fused row, in order."""
     pairs = sorted(summarize(rows), key=lambda p: (p["world_size"], p["mode"], p["dtype"], p["hidden"] or 0,
                                                    p["tokens"] or 0, p["fused_backend"]))

@@ -16,22 +16,25 @@ src/common.cu); older releases back to 2.17 print the same lines less a few fiel
   out_of_place{time|cpu_time, alg_bw, bus_bw, nwrong|null}, in_place{...}, *_per_iter{...},
   actual_iterations}]`, `out_of_bounds`, `average_bus_bandwidth`, `errors`, `end_time`.
 
-The text table does not say how ranks were combined (`-a`); the JSON's `args` do.
+The text table does not say how ranks were combined (`-a`); the JSON's `args` do. Neither is
+held whole: a first pass reads the header (the JSON's fields) and checks and counts the results,
+each later pass parses them from the file again.
 Bad input raises UsageError with one line that names the file.
 """
 
 from __future__ import annotations
 
-import json
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, overload
+from typing import Any, Callable, Iterator, overload
 
 from commbench.errors import UsageError
-from commbench.files import read_lines, read_text
+from commbench.files import first_character, read_lines
+from commbench.json_stream import JsonError, object_events
 
 PROGRAM = "all_reduce_perf"
 PLACEMENTS = ("out_of_place", "in_place")
@@ -60,7 +63,7 @@ class PerIteration:
     summary: dict[str, float] = field(default_factory=dict)   # JSON's avg/p50/p95/stdev
 
 
-@dataclass
+@dataclass(slots=True)
 class Placement:
     """One placement's columns: time (µs), algbw/busbw (GB/s), #wrong (None: N/A, not validated)."""
 
@@ -72,7 +75,7 @@ class Placement:
     per_iteration: PerIteration | None = None
 
 
-@dataclass
+@dataclass(slots=True)
 class ResultRow:
     size_bytes: int
     count: int
@@ -123,7 +126,7 @@ class NcclTestsOutput:
     format: str                          # "text" | "json"
     config: Config
     ranks: list[RankLine]                # text: every rank; JSON: the first rank of each process
-    results: Sequence[ResultRow]         # text: StreamedResults, read from the file on each pass
+    results: Sequence[ResultRow]         # StreamedResults: read from the file again on each pass
     complete: bool                       # the footer (text) / end_time (JSON) is there
     program: str | None = None
     nccl_tests_version: str | None = None
@@ -140,6 +143,9 @@ class NcclTestsOutput:
     errors: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     ends_at: str | None = None           # where a truncated output stops
+    # The first result whose time is nan, inf or not positive: (where, placement, time or None),
+    # found by the first pass, so that no other pass is needed to refuse the file.
+    bad_time: tuple[str, str, float | None] | None = None
 
     @property
     def processes(self) -> int:
@@ -220,22 +226,15 @@ def parse_nccl_tests_args(argv: list[str]) -> dict[str, str]:
 WHAT = "nccl-tests output (its stdout or -J JSON)"
 
 
-def _first_character(path: Path) -> str:
-    """The file's first character that is not white space ('' when there is none), read line by line."""
-    for line in read_lines(path, WHAT):
-        if line.strip():
-            return line.lstrip()[0]
-    return ""
-
-
 def read_output(path: str | Path, partial: bool = False) -> NcclTestsOutput:
     """Parse one nccl-tests output file (text or JSON). A truncated one is an error unless partial.
-    A text output's rows are not held: its results are read from the file again on each pass."""
+    Its rows are not held: its results are read from the file again on each pass (a -J file
+    a record at a time, commbench.json_stream)."""
     path = Path(path)
-    first = _first_character(path)
+    first = first_character(path, WHAT)
     if not first:
         raise UsageError(f"{path}: empty file, not nccl-tests output")
-    out = _parse_json(path, read_text(path, WHAT), partial) if first == "{" else _parse_text(path)
+    out = _parse_json(path, partial) if first == "{" else _parse_text(path)
     if out.program is not None and not out.program.startswith(PROGRAM):
         raise UsageError(f"{path}: output of {out.program}, not {PROGRAM}; only allreduce results are imported")
     if not out.results:
@@ -286,9 +285,18 @@ def _columns(header: str) -> _Columns:
 
 
 def _number(token: str) -> float | None:
-    if token.lower() in ("nan", "-nan", "inf", "-inf"):
-        return None
-    return float(token)
+    value = float(token)
+    if math.isfinite(value):
+        return value
+    return None if token.lower() in ("nan", "-nan", "inf", "-inf") else value
+
+
+def bad_time(row: ResultRow) -> tuple[str, str, float | None] | None:
+    """(where, placement, time) of a placement whose time is not a positive time; None when all are."""
+    for name, p in row.placements.items():
+        if p.time_us is None or not 0 < p.time_us < math.inf:
+            return row.where, name, p.time_us
+    return None
 
 
 def _placement(tokens: list[str], cols: _Columns) -> Placement:
@@ -297,15 +305,15 @@ def _placement(tokens: list[str], cols: _Columns) -> Placement:
     if cols.per_iteration:
         values = [_number(t) for t in tokens[4:8]]
         per_iter = PerIteration(min_us=values[0], max_us=values[1], p99_us=values[2], cv_pct=values[3])
-    return Placement(time_us=_number(tokens[0]), algbw_gbps=_number(tokens[1]), busbw_gbps=_number(tokens[2]),
-                     wrong=wrong, cputime=cols.cputime, per_iteration=per_iter)
+    time_us, algbw, busbw = float(tokens[0]), float(tokens[1]), float(tokens[2])
+    if not math.isfinite(time_us + algbw + busbw):   # a nan or inf among them: _number says which is what
+        time_us, algbw, busbw = _number(tokens[0]), _number(tokens[1]), _number(tokens[2])
+    return Placement(time_us, algbw, busbw, wrong, cols.cputime, per_iter)
 
 
-def _row_from_line(line: str, cols: _Columns, where: str) -> ResultRow:
-    """One table row; ValueError when the line is not one whole row of this layout."""
-    match = _ROW_RE.match(line)
-    if not match:
-        raise ValueError(line)
+def _row_from_line(match: re.Match[str], cols: _Columns, where: str) -> ResultRow:
+    """One table row from its _ROW_RE match; ValueError when the line is not one whole row of this layout."""
+    line = match.string
     size, count, type_name, redop, root, rest = match.groups()
     tokens = (rest or "").split()
     timestamp = None
@@ -356,22 +364,24 @@ class _TextReader:
 
     def feed(self, number: int, line: str) -> None:
         self.last_line = number
-        if self.columns is not None and not line.startswith("#") and _ROW_RE.match(line):
-            self._row(number, line)
+        if self.columns is not None and not line.startswith("#") and (match := _ROW_RE.match(line)):
+            self._row(number, match)
         elif line.startswith("#"):
             self._comment(number, line)
         elif _FAILURE_RE.search(line):
             self.fields["errors"].append(line.strip())
 
-    def _row(self, number: int, line: str) -> None:
+    def _row(self, number: int, match: re.Match[str]) -> None:
         if self.bad_row is not None:
             raise UsageError(f"{self.path}: {self.bad_row} is not a whole result row of this table")
         try:
-            row = _row_from_line(line, self.columns, f"line {number}")  # type: ignore[arg-type]
+            row = _row_from_line(match, self.columns, f"line {number}")  # type: ignore[arg-type]
         except ValueError:
             self.bad_row = f"line {number}"
             return
         self.row_count += 1
+        if self.fields.get("bad_time") is None:
+            self.fields["bad_time"] = bad_time(row)
         if self.on_row is not None:
             self.on_row(row)
 
@@ -436,7 +446,7 @@ class _TextReader:
         complete = self.concluded and self.bad_row is None
         ends_at = None if complete else (self.bad_row or f"line {self.last_line}")
         return NcclTestsOutput(path=self.path, format="text", config=self.config, ranks=self.ranks,
-                               results=StreamedResults(self.path, self.row_count), complete=complete,
+                               results=StreamedResults(self.path, self.row_count, _text_rows), complete=complete,
                                ends_at=ends_at, **self.fields)
 
 
@@ -451,14 +461,24 @@ def _parse_text(path: Path) -> NcclTestsOutput:
     return _read_text_output(path, None).result()
 
 
-class StreamedResults(Sequence[ResultRow]):
-    """A text output's result rows, parsed from the file again on each pass, so that a 100 MB
-    log (10^6 rows) is never held as rows; the first pass counted them. A file that changed
-    since is refused rather than read as something else."""
+def _text_rows(path: Path) -> Iterator[ResultRow]:
+    rows: list[ResultRow] = []   # what one line gave: at most a row
+    reader = _TextReader(path, rows.append)
+    for number, line in enumerate(read_lines(path, WHAT), start=1):
+        reader.feed(number, line)
+        yield from rows
+        rows.clear()
 
-    def __init__(self, path: Path, count: int):
+
+class StreamedResults(Sequence[ResultRow]):
+    """An output's result rows, parsed from the file again on each pass, so that a 100 MB log
+    (10^6 rows) is never held as rows; the first pass counted them. A file that changed since
+    is refused rather than read as something else."""
+
+    def __init__(self, path: Path, count: int, rows: Callable[[Path], Iterator[ResultRow]]):
         self.path = path
         self.count = count
+        self._rows = rows   # one pass over the file's rows, not yet numbered in cycles
         self._stamp = _stamp(path)
 
     def __len__(self) -> int:
@@ -467,15 +487,13 @@ class StreamedResults(Sequence[ResultRow]):
     def __iter__(self) -> Iterator[ResultRow]:
         if _stamp(self.path) != self._stamp:
             raise self._changed()
-        rows: list[ResultRow] = []   # what one line gave: at most a row
         seen, cycles = 0, _CycleCounter()
-        reader = _TextReader(self.path, rows.append)
-        for number, line in enumerate(read_lines(self.path, WHAT), start=1):
-            reader.feed(number, line)
-            for row in _numbered_rows(rows, cycles):
-                seen += 1
-                yield row
-            rows.clear()
+        for row in self._rows(self.path):
+            seen += 1
+            if seen > self.count:
+                raise self._changed()
+            cycles.number(row)
+            yield row
         if seen != self.count:
             raise self._changed()
 
@@ -525,57 +543,48 @@ class _CycleCounter:
         self.previous = row
 
 
-def _numbered_rows(rows: Iterable[ResultRow], counter: _CycleCounter) -> Iterator[ResultRow]:
-    for row in rows:
-        counter.number(row)
-        yield row
-
-
 # ---------------------------------------------------------------- JSON
 
-def _load_json(path: Path, text: str, partial: bool) -> tuple[dict[str, Any], bool]:
-    try:
-        data = json.loads(text)
-    except RecursionError:
-        raise UsageError(f"{path}: nested too deep for nccl-tests -J output") from None
-    except json.JSONDecodeError as exc:
-        salvaged = _salvage_json(text)
-        if salvaged is None:
-            raise UsageError(f"{path}: not valid JSON ({exc.msg}, line {exc.lineno} column {exc.colno}), "
-                             "not nccl-tests -J output") from None
-        if not partial:
-            raise UsageError(f"{path}: JSON ends early ({exc.msg}, line {exc.lineno} column {exc.colno}; "
-                             f"run cut short?); --partial imports its {len(salvaged['results'])} complete row(s)")
-        return salvaged, False
-    if not isinstance(data, dict):
-        raise UsageError(f"{path}: JSON of another shape (not an object), not nccl-tests -J output")
-    return data, True
-
-
-def _salvage_json(text: str) -> dict[str, Any] | None:
-    """The top-level fields and every whole result object of a -J file that ends early."""
-    config_at, results_at = text.find('"config":'), text.find('"results":[')
-    if not text.lstrip().startswith("{") or config_at < 0 or results_at < 0:
-        return None
-    decoder = json.JSONDecoder()
+def _read_json(path: Path, partial: bool) -> tuple[dict[str, Any], int, tuple[str, str, float | None] | None, bool]:
+    """The first pass over a -J file, streamed (commbench.json_stream): its fields but the results,
+    how many results it has (each checked, none held), the first bad time, and whether it is
+    whole. A file cut short inside or after its results keeps the fields before them and every
+    whole result (as --partial imports it); anything else that is not JSON is bad input."""
     head: dict[str, Any] = {}
+    data: dict[str, Any] = {}
+    count, first_bad, in_results = 0, None, False
     try:
-        head = json.loads(text[:results_at].rstrip().rstrip(",") + "}")
-    except json.JSONDecodeError:
-        return None
-    results: list[Any] = []
-    at = results_at + len('"results":[')
-    while True:
-        while at < len(text) and text[at] in " \t\r\n,":
-            at += 1
-        try:
-            item, at = decoder.raw_decode(text, at)
-        except json.JSONDecodeError:
-            break
-        if not isinstance(item, dict):
-            break
-        results.append(item)
-    return {**head, "results": results}
+        for kind, name, value in object_events(path, "results", WHAT):
+            if kind == "field":
+                data[name] = value
+            elif kind == "array":
+                head, in_results = dict(data), True
+            else:
+                row = _json_row(path, name, value)
+                count += 1
+                first_bad = first_bad or bad_time(row)
+    except JsonError as exc:
+        where = f"{exc.msg}, line {exc.lineno} column {exc.colno}"
+        if not in_results or not isinstance(head.get("config"), dict):
+            raise UsageError(f"{path}: not valid JSON ({where}), not nccl-tests -J output") from None
+        if not partial:
+            raise UsageError(f"{path}: JSON ends early ({where}; run cut short?); --partial imports its {count} "
+                             "complete row(s)") from None
+        return head, count, first_bad, False
+    if not isinstance(data.get("config"), dict) or not in_results:
+        raise UsageError(f"{path}: JSON without nccl-tests' 'config' and 'results'; not nccl-tests -J output")
+    return data, count, first_bad, True
+
+
+def _json_rows(path: Path) -> Iterator[ResultRow]:
+    """A later pass over a -J file's results: the whole ones the first pass found (a cut-short
+    file ends there)."""
+    try:
+        for kind, index, value in object_events(path, "results", WHAT):
+            if kind == "item":
+                yield _json_row(path, index, value)
+    except JsonError:
+        return
 
 
 def _dict(value: Any) -> dict[str, Any]:
@@ -667,15 +676,12 @@ def _json_row(path: Path, index: int, entry: Any) -> ResultRow:
                      placements=placements, where=f"results[{index}]")
 
 
-def _parse_json(path: Path, text: str, partial: bool) -> NcclTestsOutput:
-    data, whole = _load_json(path, text, partial)
-    if not isinstance(data.get("config"), dict) or not isinstance(data.get("results"), list):
-        raise UsageError(f"{path}: JSON without nccl-tests' 'config' and 'results'; not nccl-tests -J output")
+def _parse_json(path: Path, partial: bool) -> NcclTestsOutput:
+    data, count, first_bad, whole = _read_json(path, partial)
     config = _dict(data["config"])
     args = [str(a) for a in data.get("args") or []]
     env = dict(str(item).partition("=")[::2] for item in data.get("env") or [] if "=" in str(item))
-    results = list(_numbered_rows((_json_row(path, i, entry) for i, entry in enumerate(data["results"])),
-                                  _CycleCounter()))
+    results = StreamedResults(path, count, _json_rows)
     complete = whole and "end_time" in data and "out_of_bounds" in data
     oob = _dict(data.get("out_of_bounds")).get("count")
     avg = _dict(data.get("average_bus_bandwidth")).get("bandwidth")
@@ -695,7 +701,8 @@ def _parse_json(path: Path, text: str, partial: bool) -> NcclTestsOutput:
         args=args, env=env, start_time=data.get("start_time"), end_time=data.get("end_time"),
         out_of_bounds=oob if isinstance(oob, int) else None, avg_busbw_gbps=_json_float(avg),
         errors=[str(e) for e in data.get("errors") or [] if str(e).strip()],
-        ends_at=None if complete else (f"results[{len(results)}]" if not whole else "before its footer"))
+        bad_time=first_bad,
+        ends_at=None if complete else (f"results[{count}]" if not whole else "before its footer"))
 
 
 # ---------------------------------------------------------------- helpers for the importer

@@ -475,12 +475,17 @@ def _hung_text(rows: list[Measurement]) -> str:
 
 
 def check_wrong(run: Run, scope: set[str]) -> Result:
-    bad = [r for r in run.rows if is_failed_check(r) and r.status not in (HANG, CRASHED)]
+    bad: list[Measurement] = []
+    checked = 0
+    for r in run.rows:   # one pass: a large run's rows are made one at a time (CompactRows)
+        if is_failed_check(r) and r.status not in (HANG, CRASHED):
+            bad.append(r)
+        if r.wrong_elements is not None and in_scope(r.backend, scope):
+            checked += 1
     mine = [r for r in bad if in_scope(r.backend, scope)]
     if mine:
         return Result("correctness", "zero #wrong", FAIL,
                       f"{len(mine)} row(s) with wrong results: {_wrong_text(mine)}")
-    checked = sum(1 for r in run.rows if r.wrong_elements is not None and in_scope(r.backend, scope))
     if bad:
         return Result("correctness", "zero #wrong", WARN,
                       f"{checked} checked rows of {', '.join(sorted(scope))}, none wrong; outside the spec's backends, "
@@ -490,9 +495,17 @@ def check_wrong(run: Run, scope: set[str]) -> Result:
 
 def check_hangs(run: Run, scope: set[str]) -> Result:
     """A hang or a crash (a rank's process died) FAILs: neither may happen while serving."""
-    hung = [r for r in run.rows if r.status in (HANG, CRASHED)]
+    hung: list[Measurement] = []
+    errors: list[Measurement] = []
+    rows = 0
+    for r in run.rows:   # one pass (see check_wrong)
+        own = in_scope(r.backend, scope)
+        rows += own
+        if r.status in (HANG, CRASHED):
+            hung.append(r)
+        elif r.status == ERROR and own:
+            errors.append(r)
     mine = [r for r in hung if in_scope(r.backend, scope)]
-    errors = [r for r in run.rows if r.status == ERROR and in_scope(r.backend, scope)]
     if mine:
         crashes = sum(r.status == CRASHED for r in mine)
         counted = ", ".join(f"{n} {what}" for n, what in ((len(mine) - crashes, "hang(s)"), (crashes, "crash(es)")) if n)
@@ -502,7 +515,6 @@ def check_hangs(run: Run, scope: set[str]) -> Result:
     if errors:
         return Result("correctness", "no hangs", WARN, f"no hangs, but {len(errors)} row(s) raised errors: "
                       + ", ".join(sorted({f'{r.backend}: {r.reason}' for r in errors})[:3]) + outside)
-    rows = sum(in_scope(r.backend, scope) for r in run.rows)
     return Result("correctness", "no hangs", WARN if hung else PASS,
                   f"{rows} rows of {', '.join(sorted(scope))}, no hangs{outside}")
 

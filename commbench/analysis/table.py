@@ -11,9 +11,10 @@ nothing, with its first reason, so a refusal is part of the result.
 from __future__ import annotations
 
 import argparse
+import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Iterable, Iterator, Sequence
 
 from commbench.analysis.fusion import COMPARISON_HEADERS, COMPARISON_TITLE, comparison_cells
 from commbench.analysis import provenance
@@ -82,26 +83,25 @@ def column_labels(runs: list[Run], columns: list[Column]) -> list[str]:
 
 def allreduce_tables(runs: list[Run]) -> list[Table]:
     """One table per (dtype, mode, world size, emulation): sizes down, a column per experiment
-    (key_of: backend, env setting, loaded NCCL) and run."""
-    groups: dict[GroupKey, list[tuple[int, Measurement]]] = {}
+    (key_of: backend, env setting, loaded NCCL) and run. One pass over the rows, keeping per
+    cell only its text (the last row of a cell is shown) and per size the fastest measured column."""
+    groups: dict[GroupKey, _Group] = {}
+    columns_seen: dict[Column, Column] = {}   # one copy of each column key, not one per row
     for index, run in enumerate(runs):
         for row in run.rows:
-            if row.op == "allreduce":
-                groups.setdefault((row.dtype, row.mode, row.world_size, emulation_text(row.emulation) or ""),
-                                  []).append((index, row))
+            if row.op != "allreduce":
+                continue
+            group = groups.setdefault((row.dtype, row.mode, row.world_size, emulation_text(row.emulation) or ""),
+                                      _Group())
+            column = columns_seen.setdefault((index, key_of(row)), (index, key_of(row)))
+            group.add(row, column)
     tables = []
-    for (dtype, mode, world, emulated), members in sorted(groups.items(), key=lambda kv: kv[0]):
-        column_of = {id(r): (i, key_of(r)) for i, r in members}
-        columns = list(dict.fromkeys(column_of.values()))
-        by_cell = {(r.message_bytes, column_of[id(r)]): r for _, r in members}
-        by_size: dict[int, list[Measurement]] = {}   # one pass: a scan per size was quadratic
-        for _, r in members:
-            by_size.setdefault(r.message_bytes, []).append(r)
+    for (dtype, mode, world, emulated), group in sorted(groups.items(), key=lambda kv: kv[0]):
+        columns = list(group.cells)
         body = []
-        for size in sorted(by_size):
-            measured = [r for r in by_size[size] if r.status == OK and r.latency_us is not None]
-            fastest = column_of[id(min(measured, key=lambda r: r.latency_us))] if measured else None  # type: ignore[arg-type, return-value]
-            body.append([format_bytes(size)] + [_cell(by_cell.get((size, column)), column == fastest)
+        for size in sorted(group.fastest):
+            fastest = group.fastest[size][1]
+            body.append([format_bytes(size)] + [_shown(group.cells[column].get(size), column == fastest)
                                                 for column in columns])
         where = f", {emulated}" if emulated else ""
         tables.append(Table(f"allreduce, {dtype}, {mode}, {world} ranks{where}: latency_us / jitter p50 us",
@@ -109,7 +109,34 @@ def allreduce_tables(runs: list[Run]) -> list[Table]:
     return tables
 
 
-def fusion_table(rows: list[Measurement]) -> Table | None:
+class _Group:
+    """One table as its rows come: per column (in the order first seen) each size's cell, and per
+    size the fastest measured row's latency and column (the first of equals). A cell is its text
+    when the row measured, else (its status,); the last row of a cell is the one shown."""
+
+    def __init__(self) -> None:
+        self.cells: dict[Column, dict[int, str | tuple[str]]] = {}
+        self.fastest: dict[int, tuple[float, Column | None]] = {}
+
+    def add(self, row: Measurement, column: Column) -> None:
+        measured = row.status == OK and row.latency_us is not None
+        self.cells.setdefault(column, {})[row.message_bytes] = _cell(row, False) if measured else (row.status,)
+        best = self.fastest.get(row.message_bytes)
+        if measured and (best is None or best[1] is None or row.latency_us < best[0]):  # type: ignore[operator]
+            self.fastest[row.message_bytes] = (row.latency_us, column)  # type: ignore[assignment]
+        elif best is None:
+            self.fastest[row.message_bytes] = (math.inf, None)
+
+
+def _shown(cell: str | tuple[str] | None, best: bool) -> str:
+    if cell is None:
+        return ""
+    if isinstance(cell, tuple):
+        return cell[0]
+    return f"**{cell}**" if best else cell
+
+
+def fusion_table(rows: Iterable[Measurement]) -> Table | None:
     """Fused vs unfused per model shape, every world size in one table."""
     cells = comparison_cells(rows)
     if not cells:
@@ -117,21 +144,23 @@ def fusion_table(rows: list[Measurement]) -> Table | None:
     return Table(f"{COMPARISON_TITLE}, latency_us per call", COMPARISON_HEADERS, cells)
 
 
-def refusals(rows: list[Measurement]) -> list[str]:
+def refusals(rows: Iterable[Measurement]) -> list[str]:
     """'backend at N ranks: reason' for every backend and world size with no measured row."""
-    out = []
-    by_backend: dict[tuple[str, int], list[Measurement]] = {}
+    # (backend, world size): whether a row measured, and the row that says why not (the first
+    # with a reason, else the first)
+    seen: dict[tuple[str, int], tuple[bool, Measurement]] = {}
     for r in rows:
-        by_backend.setdefault((r.backend, r.world_size), []).append(r)
-    for (backend, world), own in by_backend.items():
-        if not any(r.status == OK for r in own):
-            first = next((r for r in own if r.reason), own[0])
-            out.append(f"`{backend}` at {world} ranks: {first.status}: {first.reason or 'no reason recorded'}")
-    return out
+        slot = (r.backend, r.world_size)
+        measured, first = seen.get(slot, (False, None))
+        if first is None or (r.reason and not first.reason):
+            first = r
+        seen[slot] = (measured or r.status == OK, first)
+    return [f"`{backend}` at {world} ranks: {first.status}: {first.reason or 'no reason recorded'}"
+            for (backend, world), (measured, first) in seen.items() if not measured]
 
 
 def render_runs(runs: list[Run]) -> str:
-    rows = [row for run in runs for row in run.rows]
+    rows = _Rows(runs)
     # First, what the runs are: one line per machine and kind, naming its runs.
     kinds: dict[str, list[str]] = {}
     for run in runs:
@@ -152,6 +181,17 @@ def render_runs(runs: list[Run]) -> str:
     if refused:
         parts += ["### Measured nothing, and why", ""] + [f"- {md_escape(line)}" for line in refused] + [""]
     return "\n".join(parts)
+
+
+class _Rows:
+    """Every run's rows, as often as they are iterated (never held as one list)."""
+
+    def __init__(self, runs: list[Run]):
+        self.runs = runs
+
+    def __iter__(self) -> Iterator[Measurement]:
+        for run in self.runs:
+            yield from run.rows
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from commbench.results.identity import IDENTITY_KEYS, refuse_other_run, resume_differences
-from commbench.results.rundir import (CSV_FILE, LOCK_FILE, ROWS_FILE, RUN_FILE, TORN_FILE, RowsRead, RowsWriter,
-                                      RunDir, repair_torn_tail, unwritable, write_whole)
+from commbench.results.rundir import (CSV_FILE, LOCK_FILE, ROWS_FILE, RUN_FILE, TORN_FILE, Lines, RowsRead, RowsWriter,
+                                      RunDir, csv_line, json_line, repair_torn_tail, unwritable, write_whole)
 from commbench.results.run import Run
 from commbench.results.identity import MEASURED_PLAN_KEYS
 from commbench.results.schema import (CHECK_OFF, CRASHED, CSV_COLUMNS, ENV_PREFIXES, ERROR, HANG, NO_WORK, OK,
@@ -51,8 +51,8 @@ def write_csv(run_dir: Path, rows: Iterable[Measurement] | None = None) -> Path:
 __all__ = [
     "CHECK_OFF", "Cell", "CRASHED", "CSV_COLUMNS", "CSV_FILE", "ENV_PREFIXES", "ERROR", "HANG", "IDENTITY_KEYS", "LOCK_FILE", "NO_WORK",
     "OK", "PRELOAD_VAR", "READABLE_SCHEMAS", "ROWS_FILE", "RUN_FILE", "SCHEMA_VERSION", "SKIPPED", "STATUSES", "STRANDED",
-    "Shape", "TORN_FILE", "WRONG", "Measurement", "ResultsWriter", "RowsRead", "RowsWriter", "Run", "RunDir",
-    "describe_emulation", "describe_setting", "is_checked", "MEASURED_PLAN_KEYS", "migrate_row", "new_run_dir", "percentile",
+    "Shape", "TORN_FILE", "WRONG", "Lines", "Measurement", "ResultsWriter", "RowsRead", "RowsWriter", "Run", "RunDir",
+    "csv_line", "describe_emulation", "describe_setting", "is_checked", "json_line", "MEASURED_PLAN_KEYS", "migrate_row", "new_run_dir", "percentile",
     "read_rows", "read_rows_checked", "read_run_info", "refuse_other_run", "repair_torn_tail",
     "resume_differences", "row_problem", "stops_backend", "unwritable", "write_csv",
     "write_run_info", "write_whole",

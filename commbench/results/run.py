@@ -4,8 +4,9 @@ file it reads has passed the boundary, validate.py, first)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 from commbench.results.schema import OK, Measurement, describe_emulation
 
@@ -16,7 +17,7 @@ class Run:
 
     path: Path
     info: dict[str, Any]
-    rows: list[Measurement]
+    rows: Sequence[Measurement]   # CompactRows when loaded: each row made as it is iterated
 
     def ok_rows(self) -> Iterator[Measurement]:
         return (r for r in self.rows if r.status == OK)
@@ -27,6 +28,11 @@ class Run:
         recorded = self.info.get("emulation")
         if isinstance(recorded, dict):
             return recorded
+        return self._rows_emulation
+
+    @cached_property
+    def _rows_emulation(self) -> dict[str, Any] | None:
+        """The first row's that says so, found once: a pass over 10^5 rows each time adds up."""
         return next((r.emulation for r in self.rows if isinstance(r.emulation, dict)), None)
 
     def emulation_line(self) -> str | None:

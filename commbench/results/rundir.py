@@ -17,18 +17,21 @@ from __future__ import annotations
 
 import csv
 import fcntl
+import io
 import json
 import os
 import socket
 import time
+from array import array
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, TextIO
+from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence, TextIO
 
 from commbench.errors import ResultsUnwritable, UsageError
 from commbench.files import read_text
-from commbench.results.schema import CSV_COLUMNS, READABLE_SCHEMAS, SCHEMA_VERSION, Measurement
+from commbench.results.compact import CompactRows
+from commbench.results.schema import CSV_COLUMNS, Cell, READABLE_SCHEMAS, SCHEMA_VERSION, Measurement
 from commbench.results.validate import MAX_RUN_INFO_BYTES, info_problem, loads_json, parse_row
 
 RUN_FILE = "run.json"
@@ -102,7 +105,7 @@ class RowsRead:
     """What measurements.jsonl held: the rows, every line that is not one (number, why), and
     the lines whose key an earlier line had (the later row is the one kept)."""
 
-    rows: list[Measurement]
+    rows: Sequence[Measurement]   # CompactRows when read from a file
     unreadable: list[tuple[int, str]] = field(default_factory=list)
     torn_tail: bool = False     # the last line has no newline: a row being written, or cut short
     duplicates: list[tuple[int, int]] = field(default_factory=list)   # (earlier line, later line)
@@ -144,10 +147,11 @@ class RowsWriter:
         except OSError as exc:
             raise _unopenable(self.path, exc) from None
 
-    def append(self, row: Measurement, sync: bool = True) -> None:
-        """Write one row; durable before returning unless sync is False (a batch: sync() after)."""
+    def append(self, row: Measurement | str, sync: bool = True) -> None:
+        """Write one row (or its json_line); durable before returning unless sync is False (a
+        batch: sync() after)."""
         try:
-            self._file.write(json.dumps(row.to_dict(), sort_keys=True) + "\n")
+            self._file.write(row if isinstance(row, str) else json_line(row))
             if sync:
                 self.sync()
         except OSError as exc:
@@ -209,33 +213,72 @@ def repair_torn_tail(path: Path) -> str | None:
             f"short); moved it to {TORN_FILE}, and that row is measured again")
 
 
+def json_line(row: Measurement) -> str:
+    """The row's line of measurements.jsonl (keys sorted), newline included."""
+    return json.dumps(row.to_dict(), sort_keys=True) + "\n"
+
+
+def csv_line(row: Measurement) -> str:
+    """The row's line of measurements.csv (CSV_COLUMNS; its dicts as sorted JSON text)."""
+    data = row.to_dict()
+    values = [data[name] for name in CSV_COLUMNS]
+    for index in _CSV_JSON_COLUMNS:
+        values[index] = json.dumps(values[index], sort_keys=True) if values[index] else ""
+    _CSV_WRITER.writerow(values)
+    text = _CSV_BUFFER.getvalue()
+    _CSV_BUFFER.seek(0)
+    _CSV_BUFFER.truncate()
+    return text
+
+
+_CSV_JSON_COLUMNS = (CSV_COLUMNS.index("env_setting"), CSV_COLUMNS.index("extra"))
+_CSV_BUFFER = io.StringIO()
+_CSV_WRITER = csv.writer(_CSV_BUFFER)
+
+
+class Lines(NamedTuple):
+    """A row already encoded, as json_line and csv_line give it (an import encodes rows of one
+    shape from a template: appending them needs no Measurement)."""
+
+    json: str
+    csv: str
+
+
 class _CsvRows:
     """measurements.csv's header and rows, written to a handle as they come."""
 
     def __init__(self, handle: TextIO):
-        self._writer = csv.writer(handle)
-        self._writer.writerow(CSV_COLUMNS)
+        self._handle = handle
+        csv.writer(handle).writerow(CSV_COLUMNS)
 
-    def add(self, data: dict[str, Any]) -> None:
-        """One row, as to_dict gives it; its dicts as sorted JSON text."""
-        values = [data[name] for name in CSV_COLUMNS]
-        for index in _CSV_JSON_COLUMNS:
-            values[index] = json.dumps(values[index], sort_keys=True) if values[index] else ""
-        self._writer.writerow(values)
-
-
-_CSV_JSON_COLUMNS = (CSV_COLUMNS.index("env_setting"), CSV_COLUMNS.index("extra"))
+    def add(self, row: Measurement | str) -> None:
+        """One row, or its csv_line."""
+        self._handle.write(row if isinstance(row, str) else csv_line(row))
 
 
 IDENTITY_EXTRA = ("source_sha256", "nccl_tests_cycle", "nccl_version_loaded")
 
 
-def _identity(row: Measurement) -> tuple:
-    """What makes two rows the same measurement: the key, the world size, for imported nccl-tests
-    rows the file and -N cycle they came from (each cycle is a measurement of its own), and the
-    NCCL the row loaded (analysis keys curves by it too). Extra values come from a file anyone
-    may have written: compared as text, so that no value can make the key unhashable."""
-    return row.key(), row.world_size, *(repr(row.extra.get(name)) for name in IDENTITY_EXTRA)
+class _Identities:
+    """What makes two rows the same measurement: the key (the cell: backend, op, dtype, size,
+    tokens, hidden, mode, env setting), the world size, for imported nccl-tests rows the file and
+    -N cycle they came from (each cycle is a measurement of its own), and the NCCL the row loaded
+    (analysis keys curves by it too). Extra values come from a file anyone may have written:
+    compared as text.
+
+    As one int: the number of the identity less the size (numbered as first seen: a run has one
+    per backend, setting and shape), shifted left 64 bits, plus the size. A key held per row costs
+    an int, not the ~0.5 KB of a tuple; the fields are read from the row directly, as Cell holds
+    them (key() makes two frozen dataclasses a row)."""
+
+    def __init__(self) -> None:
+        self._numbers: dict[tuple, int] = {}
+
+    def of(self, row: Measurement) -> int:
+        rest = (row.backend, row.op, row.dtype, row.tokens, row.hidden, row.mode, Cell.setting(row.env_setting),
+                row.world_size, *[repr(row.extra.get(name)) for name in IDENTITY_EXTRA])
+        number = self._numbers.setdefault(rest, len(self._numbers))
+        return number << 64 | int(row.message_bytes)
 
 
 class RunDir:
@@ -308,12 +351,13 @@ class RunDir:
     def append(self, *rows: Measurement) -> None:
         self.append_all(rows)
 
-    def append_all(self, rows: Iterable[Measurement], on_row: Callable[[Measurement], None] | None = None,
+    def append_all(self, rows: Iterable[Measurement | Lines], on_row: Callable[[Measurement | Lines], None] | None = None,
                    with_csv: bool = False) -> None:
-        """Append rows (streamed: an iterator is never held whole), durable on return with one
-        fsync for the batch (an import of 10^5 rows would spend minutes in fsync per row);
-        on_row sees each row once it is written. with_csv: measurements.csv is rewritten in the
-        same pass (the rows already there, then these), so that no large batch is read back."""
+        """Append rows, or rows already encoded (Lines), streamed: an iterator is never held
+        whole; durable on return with one fsync for the batch (an import of 10^5 rows would spend
+        minutes in fsync per row); on_row sees each row once it is written. with_csv:
+        measurements.csv is rewritten in the same pass (the rows already there, then these), so
+        that no large batch is read back."""
         writer = RowsWriter(self.path)
         try:
             if not with_csv:
@@ -323,18 +367,19 @@ class RunDir:
                 table = _CsvRows(handle)
                 for _, row, _ in self.iter_lines():
                     if row is not None:
-                        table.add(row.to_dict())
+                        table.add(row)
                 self._append(writer, rows, on_row, table)
         finally:
             writer.close()
 
     @staticmethod
-    def _append(writer: RowsWriter, rows: Iterable[Measurement], on_row: Callable[[Measurement], None] | None,
-                table: _CsvRows | None) -> None:
+    def _append(writer: RowsWriter, rows: Iterable[Measurement | Lines],
+                on_row: Callable[[Measurement | Lines], None] | None, table: _CsvRows | None) -> None:
         for row in rows:
-            writer.append(row, sync=False)
+            encoded = isinstance(row, Lines)
+            writer.append(row.json if encoded else row, sync=False)
             if table is not None:
-                table.add(row.to_dict())
+                table.add(row.csv if encoded else row)
             if on_row is not None:
                 on_row(row)
         writer.sync()
@@ -363,24 +408,30 @@ class RunDir:
 
     def read_rows(self) -> RowsRead:
         """Every row (one per key: the one written last), every line that is not one, and the
-        duplicate keys; never raises on content."""
-        read = RowsRead([])
-        by_key: dict[tuple, tuple[int, Measurement]] = {}
+        duplicate keys; never raises on content. The rows are held compactly (CompactRows): a
+        key costs ~0.3 KB while reading, ~0.2 KB after, however many rows repeat it."""
+        read = RowsRead(CompactRows())
+        identities = _Identities()
+        by_key: dict[int, int] = {}     # the row's identity: its position
+        line_of = array("q")            # a position's line number
         for number, row, why in self.iter_lines():
             if row is None and why is None:
                 read.torn_tail = True
             elif row is None:
                 read.unreadable.append((number, why or ""))
             else:
-                key = _identity(row)
+                key = identities.of(row)
                 if key in by_key:
-                    read.duplicates.append((by_key.pop(key)[0], number))
-                by_key[key] = (number, row)
-        read.rows = [row for _, row in sorted(by_key.values(), key=lambda item: item[0])]
+                    position = by_key.pop(key)
+                    read.duplicates.append((line_of[position], number))
+                    read.rows.drop(position)
+                by_key[key] = read.rows.add(row)
+                line_of.append(number)
+        read.rows.finish()
         return read
 
     def rows(self) -> list[Measurement]:
-        return self.read_rows().rows
+        return list(self.read_rows().rows)
 
     def write_csv(self, rows: Iterable[Measurement] | None = None) -> Path:
         """measurements.csv: `rows`, or every row of measurements.jsonl as written (streamed)."""
@@ -389,7 +440,7 @@ class RunDir:
         with whole_file(path) as handle:
             table = _CsvRows(handle)
             for row in source:
-                table.add(row.to_dict())
+                table.add(row)
         return path
 
     def subdir(self, name: str) -> Path:

@@ -352,7 +352,7 @@ def _open_run_dir(ctx: RunContext, plan: SweepPlan, gpus: list, run: RunDir
         return exc, [], []
     problems = [line for line in (read.problems_line(run.path / ROWS_FILE), read.duplicates_line(run.path / ROWS_FILE))
                 if line]
-    return None, lines + problems, read.rows
+    return None, lines + problems, list(read.rows)   # the engine appends to them
 
 
 def run_identity(ctx: RunContext, plan: SweepPlan, gpus: list) -> dict[str, Any]:
