@@ -181,6 +181,31 @@ def test_the_page_says_how_the_run_ended(ending, shown, tmp_path):
     assert ("<p><b>Run " in page) == ("finished" not in ending)
 
 
+def test_a_plot_of_a_hundred_variants_keeps_its_axes_and_names_every_failure(tmp_path):
+    """137 variants of 200 sizes (a long resumed sweep): the legend names the failed checks and
+    counts the curves it leaves out, so the axes keep their size (matplotlib warned that
+    constrained_layout collapsed them), and such dense curves are drawn without markers."""
+    import warnings
+
+    from commbench.analysis import plots
+
+    run = load_run(SYNTHETIC)
+    failed = [r for r in run.rows if r.status in ("wrong", "hang")]
+    ok = [r for r in run.rows if r.status == "ok" and r.latency_us][0]
+    rows = [Measurement.from_dict({**ok.to_dict(), "backend": f"nccl:variant{v}", "message_bytes": 4096 * (i + 1)})
+            for v in range(137) for i in range(200)]
+    fig = plots.latency_figure(build_curves(rows), failed, "t")
+    labels = [" ".join(t.get_text().split()) for t in fig.axes[0].get_legend().get_texts()]
+    assert len(labels) == plots.LEGEND_ENTRIES_MAX, labels
+    assert any(label.startswith("p2p:oneshot failed: wrong at 1M") for label in labels)
+    assert f"and {137 - (plots.LEGEND_ENTRIES_MAX - 1 - len(set(r.backend for r in failed)))} more curves, " \
+           "not named here" in labels
+    assert all(line.get_marker() in ("None", None, "") for line in fig.axes[0].lines)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # "constrained_layout not applied" is a UserWarning
+        plots.save(fig, tmp_path / "latency")
+
+
 def test_failed_checks_are_named_in_the_legend_not_over_the_curves():
     from commbench.analysis import plots
 
@@ -197,7 +222,7 @@ def test_all_measurements_fit_a_1400_px_page():
     """One column per fact, backend settings and fused ops under the name: no reason needs a scroll."""
     from commbench.analysis.report import measurement_table
 
-    table = measurement_table(load_run(SYNTHETIC).rows)
+    table = "".join(measurement_table(load_run(SYNTHETIC).rows))
     assert table.count("<th>") == 11
     assert '<span class="sub">NCCL_MIN_NCHANNELS=8</span>' in table
 
@@ -229,14 +254,13 @@ def test_winners_are_ranked_within_one_world_size(tmp_path):
     """Rows of two world sizes in one dir (nccl-tests imports can hold both): a section each, so an
     8-rank curve never 'wins' against a 4-rank one."""
     from commbench.analysis.report import build_sections
-    from commbench.results import Run
 
     def row(backend: str, world: int, us: float) -> Measurement:
         return Measurement(backend=backend, mode="graph", dtype="bf16", message_bytes=4096, world_size=world,
                            status="ok", latency_us=us, wrong_elements=0)
 
     rows = [row("nccl", 4, 10.0), row("nccl", 8, 20.0), row("p2p:auto", 8, 15.0)]
-    sections = build_sections(Run(tmp_path, {}, rows), build_curves(rows), "nccl")
+    sections = build_sections([], build_curves(rows), "nccl")
     assert [(s.title, [r.crossover.winner for r in s.ranges]) for s in sections] == [
         ("bf16, graph mode, 4 ranks", ["nccl {4 ranks} (graph)"]),
         ("bf16, graph mode, 8 ranks", ["p2p:auto (graph)"])]

@@ -11,14 +11,16 @@ from __future__ import annotations
 import math
 import textwrap
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Iterable
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.axes import Axes  # noqa: E402
+from matplotlib.collections import PathCollection  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullLocator  # noqa: E402
 
 from commbench.analysis.curves import Curve, baseline_curve, counterpart  # noqa: E402
@@ -72,10 +74,23 @@ def _ratio_y(ax: Axes) -> None:
     ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:.2g}x"))
 
 
+# More entries than this do not fit beside a plot: its axes would shrink to nothing (a run with a
+# hundred variants). The failed-check markers are always named; curves past the limit are counted.
+LEGEND_ENTRIES_MAX = 24
+
+
 def _legend(ax: Axes) -> None:
     handles, labels = ax.get_legend_handles_labels()
-    if handles:
-        ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    if not handles:
+        return
+    if len(handles) > LEGEND_ENTRIES_MAX:
+        entries = list(zip(handles, labels))
+        failed = [e for e in entries if isinstance(e[0], PathCollection)]
+        curves = [e for e in entries if not isinstance(e[0], PathCollection)]
+        kept = curves[:max(0, LEGEND_ENTRIES_MAX - 1 - len(failed))]
+        more = (Line2D([], [], linestyle="none"), f"and {len(curves) - len(kept)} more curves, not named here")
+        handles, labels = (list(x) for x in zip(*(kept + [more] + failed)))
+    ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
 
 
 def _new(title: str, height: float = 4.8) -> tuple[Figure, Axes]:
@@ -119,13 +134,22 @@ def _mark_failed(ax: Axes, failed: list[Measurement]) -> None:
                        **style)
 
 
+# A curve of more measured sizes than this is drawn as a line alone: markers there are a smear,
+# and drawing them is most of a large run's plotting time (SVG and PNG).
+MARKED_POINTS_MAX = 100
+
+
+def _markers(points: int) -> dict[str, Any]:
+    return {"marker": "o", "markersize": 3} if points <= MARKED_POINTS_MAX else {}
+
+
 def latency_figure(curves: list[Curve], failed: list[Measurement], title: str) -> Figure:
     fig, ax = _new(title)
     colors = colors_for(c.key.variant for c in curves)
     for curve in curves:
         xs = curve.sizes()
         color = colors[curve.key.variant]
-        ax.plot(xs, [p.latency_us for p in curve.points], _style(curve), marker="o", markersize=3,
+        ax.plot(xs, [p.latency_us for p in curve.points], _style(curve), **_markers(len(xs)),
                 color=color, label=curve.label)
         if all(p.p10_us is not None and p.p90_us is not None for p in curve.points):
             ax.fill_between(xs, [p.p10_us for p in curve.points], [p.p90_us for p in curve.points],
@@ -144,8 +168,8 @@ def busbw_figure(curves: list[Curve], title: str) -> Figure:
     for curve in curves:
         pts = [p for p in curve.points if p.busbw_gbps]
         if pts:
-            ax.plot([p.message_bytes for p in pts], [p.busbw_gbps for p in pts], _style(curve), marker="o",
-                    markersize=3, color=colors[curve.key.variant], label=curve.label)
+            ax.plot([p.message_bytes for p in pts], [p.busbw_gbps for p in pts], _style(curve), **_markers(len(pts)),
+                    color=colors[curve.key.variant], label=curve.label)
     _log_y(ax)
     ax.set_ylabel("bus bandwidth (GB/s, nccl-tests definition)")
     _size_axis(ax, [s for c in curves for s in c.sizes()])
@@ -165,7 +189,7 @@ def speedup_figure(curves: list[Curve], baseline: str, title: str) -> Figure:
         pairs = [(p.message_bytes, base.point(p.message_bytes)) for p in curve.points]
         pts = [(size, b.latency_us / curve.point(size).latency_us) for size, b in pairs if b is not None]  # type: ignore[union-attr]
         if pts:
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], _style(curve), marker="o", markersize=3,
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], _style(curve), **_markers(len(pts)),
                     color=colors[curve.key.variant], label=curve.label)
     _ratio_y(ax)
     ax.set_ylabel(f"speedup over {baseline} (same mode)")
@@ -194,11 +218,11 @@ def compare_figure(before: list[Curve], after: list[Curve], name_a: str, name_b:
         other = counterpart(curve, after, before)
         if other is None:
             continue
-        top.plot(other.sizes(), [p.latency_us for p in other.points], "-", marker="o", markersize=3, color=color,
+        top.plot(other.sizes(), [p.latency_us for p in other.points], "-", **_markers(len(other.points)), color=color,
                  label=f"{label} B")
         shared = [(s, curve.point(s), other.point(s)) for s in curve.sizes() if other.point(s) is not None]
         bottom.plot([s for s, _, _ in shared], [b.latency_us / a.latency_us for _, a, b in shared],  # type: ignore[union-attr]
-                    "-", marker="o", markersize=3, color=color, label=label)
+                    "-", **_markers(len(shared)), color=color, label=label)
     _log_y(top)
     top.set_ylabel("latency (us)")
     _legend(top)

@@ -6,11 +6,12 @@ import argparse
 import base64
 import datetime
 import html
+import itertools
 import json
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 from commbench.analysis import attribute_plots, plots, provenance, render
 from commbench.analysis.fusion import COMPARISON_HEADERS, COMPARISON_NUMERIC, COMPARISON_TITLE, comparison_cells
@@ -102,17 +103,21 @@ def _esc(value: Any) -> str:
     return html.escape("" if value is None else str(value))
 
 
+def _thead(headers: list[str] | None) -> str:
+    head = "".join(f"<th>{_esc(h)}</th>" for h in headers) if headers else ""
+    return f"<table><thead><tr>{head}</tr></thead><tbody>" if head else "<table><tbody>"
+
+
+def _tr(row: list[str], cls: str | None, numeric: tuple[int, ...]) -> str:
+    cells = "".join(f'<td class="n">{c}</td>' if j in numeric else f"<td>{c}</td>" for j, c in enumerate(row))
+    return f'<tr class="{cls}">{cells}</tr>' if cls else f"<tr>{cells}</tr>"
+
+
 def _table(headers: list[str] | None, rows: list[list[str]], classes: list[str] | None = None,
            numeric: tuple[int, ...] = ()) -> str:
     """Cells are already escaped by the caller; headers None = a key/value table without a header."""
-    head = "".join(f"<th>{_esc(h)}</th>" for h in headers) if headers else ""
-    body = []
-    for i, row in enumerate(rows):
-        cls = f' class="{classes[i]}"' if classes and classes[i] else ""
-        cells = "".join(f'<td class="n">{c}</td>' if j in numeric else f"<td>{c}</td>" for j, c in enumerate(row))
-        body.append(f"<tr{cls}>{cells}</tr>")
-    thead = f"<thead><tr>{head}</tr></thead>" if head else ""
-    return f"<table>{thead}<tbody>{''.join(body)}</tbody></table>"
+    body = "".join(_tr(row, classes[i] if classes else None, numeric) for i, row in enumerate(rows))
+    return f"{_thead(headers)}{body}</tbody></table>"
 
 
 def _img(png: Path, alt: str) -> str:
@@ -136,13 +141,18 @@ def _variant_cell(row: Measurement) -> str:
     return _esc(row.backend) + "".join(f'<br><span class="sub">{_esc(text)}</span>' for text in under)
 
 
-def measurement_table(rows: list[Measurement]) -> str:
-    ordered = sorted(rows, key=lambda r: (r.dtype, r.mode, r.backend, sorted(r.env_setting.items()), r.op,
-                                          r.message_bytes))
-    headers = ["backend", "mode", "dtype", "size", "status", "latency us", "jitter p10-p90 us", "jitter p99 us",
-               "busbw GB/s", "#wrong", "reason / note"]
-    cells = []
-    for r in ordered:
+def _measurement_order(row: Measurement) -> tuple[Any, ...]:
+    return (row.dtype, row.mode, row.backend, sorted(row.env_setting.items()), row.op, row.message_bytes)
+
+
+def measurement_table(rows: Sequence[Measurement]) -> Iterator[str]:
+    """The table of every row, as HTML pieces made one row at a time: a run of 10^5 rows and more
+    (a long resumed sweep, an import) is never held as row objects or as one string of HTML."""
+    order = sorted(range(len(rows)), key=lambda i: _measurement_order(rows[i]))
+    yield _thead(["backend", "mode", "dtype", "size", "status", "latency us", "jitter p10-p90 us", "jitter p99 us",
+                  "busbw GB/s", "#wrong", "reason / note"])
+    for i in order:
+        r = rows[i]
         band = (f"{fmt_us(r.jitter_p10_us)}-{fmt_us(r.jitter_p90_us)}"
                 if r.jitter_p10_us is not None and r.jitter_p90_us is not None else "-")
         wrong = "-" if r.wrong_elements is None else f"{r.wrong_elements}" + (f" ({r.wrong_kind})" if r.wrong_kind else "")
@@ -151,10 +161,11 @@ def measurement_table(rows: list[Measurement]) -> str:
             notes.append(f"used {describe_setting(r.observed)}, not the requested {describe_setting(r.requested)}")
         if r.unsafe:
             notes.append(f"unsafe: {r.unsafe}")
-        cells.append([_variant_cell(r)] + [_esc(c) for c in (
+        cells = [_variant_cell(r)] + [_esc(c) for c in (
             r.mode, r.dtype, format_bytes(r.message_bytes), r.status, fmt_us(r.latency_us), band,
-            fmt_us(r.jitter_p99_us), fmt_num(r.busbw_gbps), wrong, "; ".join(notes))])
-    return _table(headers, cells, [_row_class(r) for r in ordered], numeric=(3, 5, 6, 7, 8))
+            fmt_us(r.jitter_p99_us), fmt_num(r.busbw_gbps), wrong, "; ".join(notes))]
+        yield _tr(cells, _row_class(r), numeric=(3, 5, 6, 7, 8))
+    yield "</tbody></table>"
 
 
 def nccl_versions(rows: list[Measurement]) -> dict[str, dict[str, list[str]]]:
@@ -163,24 +174,57 @@ def nccl_versions(rows: list[Measurement]) -> dict[str, dict[str, list[str]]]:
     recorded one. Two NCCL versions side by side are told apart here."""
     found: dict[str, dict[str, list[str]]] = {}
     for row in rows:
-        version, lib = row.extra.get("nccl_version_loaded"), row.extra.get("nccl_lib_loaded")
-        if version is None and lib is None:
-            continue
-        entry = found.setdefault(variant_label(row), {"versions": [], "libraries": []})
-        for key, value in (("versions", version), ("libraries", lib)):
-            if value is not None and value not in entry[key]:
-                entry[key].append(str(value))
+        _add_nccl(found, row)
     return found
 
 
-def nccl_version_lines(rows: list[Measurement]) -> list[str]:
+def _add_nccl(found: dict[str, dict[str, list[str]]], row: Measurement) -> None:
+    version, lib = row.extra.get("nccl_version_loaded"), row.extra.get("nccl_lib_loaded")
+    if version is None and lib is None:
+        return
+    entry = found.setdefault(variant_label(row), {"versions": [], "libraries": []})
+    for key, value in (("versions", version), ("libraries", lib)):
+        if value is not None and value not in entry[key]:
+            entry[key].append(str(value))
+
+
+def nccl_version_lines(rows: Iterable[Measurement]) -> list[str]:
     """'variant: NCCL 2.29.7 (/path/libnccl.so.2)', one line per variant that recorded its NCCL."""
+    return _nccl_lines(nccl_versions(rows))
+
+
+def _nccl_lines(entries: dict[str, dict[str, list[str]]]) -> list[str]:
     return [f"{label}: NCCL {', '.join(entry['versions']) or '?'} ({', '.join(entry['libraries']) or '?'})"
-            for label, entry in sorted(nccl_versions(rows).items())]
+            for label, entry in sorted(entries.items())]
 
 
-def nccl_version_table(run: Run) -> str:
-    entries = nccl_versions(run.rows)
+@dataclass
+class RowFacts:
+    """What the report says of the rows as a whole, gathered in one pass over them (each pass
+    over a run of 10^5 rows costs about a second)."""
+
+    counts: dict[str, int]               # status -> rows
+    failed: list[Measurement]            # rows that failed their check
+    statuses: dict[str, set[str]]        # backend -> the statuses of its rows
+    nccl: dict[str, dict[str, list[str]]]   # as nccl_versions
+
+    @classmethod
+    def of(cls, rows: Iterable[Measurement]) -> "RowFacts":
+        facts = cls({}, [], {}, {})
+        for row in rows:
+            facts.counts[row.status] = facts.counts.get(row.status, 0) + 1
+            if is_failed_check(row):
+                facts.failed.append(row)
+            facts.statuses.setdefault(row.backend, set()).add(row.status)
+            _add_nccl(facts.nccl, row)
+        return facts
+
+    @property
+    def status_text(self) -> str:
+        return ", ".join(f"{n} {s}" for s, n in sorted(self.counts.items())) or "no rows"
+
+
+def nccl_version_table(entries: dict[str, dict[str, list[str]]]) -> str:
     if not entries:
         return '<p class="note">No row recorded the NCCL its process ran.</p>'
     return _table(["variant", "NCCL loaded (ncclGetVersion)", "library file"],
@@ -188,11 +232,8 @@ def nccl_version_table(run: Run) -> str:
                    for label, e in sorted(entries.items())])
 
 
-def verdict_table(run: Run) -> str:
+def verdict_table(run: Run, statuses: dict[str, set[str]]) -> str:
     verdicts: dict[str, Any] = run.info.get("verdicts") or {}
-    statuses: dict[str, set[str]] = {}
-    for r in run.rows:
-        statuses.setdefault(r.backend, set()).add(r.status)
     names = sorted(set(verdicts) | set(statuses))
     if not names:
         return '<p class="note">run.json holds no probe verdicts and the run has no rows.</p>'
@@ -269,13 +310,6 @@ def run_summary(run: Run) -> str:
     return out
 
 
-def status_counts(rows: list[Measurement]) -> str:
-    counts: dict[str, int] = {}
-    for r in rows:
-        counts[r.status] = counts.get(r.status, 0) + 1
-    return ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "no rows"
-
-
 @dataclass
 class Section:
     title: str            # "bf16, graph mode", plus world size and emulation where the run has several
@@ -284,8 +318,9 @@ class Section:
     cautions: list[str]   # winners here that failed their check at some size
 
 
-def build_sections(run: Run, curves: list[Curve], baseline: str | None) -> list[Section]:
-    """One section per group of curves whose winners may be compared."""
+def build_sections(failed: list[Measurement], curves: list[Curve], baseline: str | None) -> list[Section]:
+    """One section per group of curves whose winners may be compared (`failed`: the rows that
+    failed their check, for the cautions)."""
     found = groups(curves)
     out = []
     for group in found:
@@ -298,7 +333,7 @@ def build_sections(run: Run, curves: list[Curve], baseline: str | None) -> list[
         if len({g.emulation for g in found}) > 1:
             title += f", {group.emulation or 'real GPUs'}"
         out.append(Section(title, members, ranges,
-                           cautions(run.rows, [by_label[r.crossover.winner] for r in ranges])))
+                           cautions(failed, [by_label[r.crossover.winner] for r in ranges])))
     return out
 
 
@@ -310,16 +345,16 @@ def crossover_html(section: Section, baseline: str | None) -> str:
                    "margin over runner-up", f"vs {baseline or 'baseline'}"], rows, numeric=(2, 3, 5, 6))
 
 
-def write_html(run: Run, sections: list[Section], fused: list[list[str]],
+def write_html(run: Run, facts: RowFacts, sections: list[Section], fused: list[list[str]],
                images: dict[str, list[tuple[Path, str]]], baseline: str | None, path: Path,
                trace: tuple[str, list[tuple[Path, str]]] = ("", [])) -> None:
-    failed = [r for r in run.rows if is_failed_check(r)]
+    failed = facts.failed
     parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>commbench report: "
              f"{_esc(run.info.get('run_id', run.path.name))}</title><style>{_CSS}</style></head><body>",
              f"<p class='provenance'><b>{_esc(provenance.describe(run))}</b></p>",
              f"<h1>commbench report: {_esc(run.info.get('run_id', run.path.name))}</h1>",
              f"<p class='meta'>{_esc(run.info.get('host', ''))} &middot; world size {_esc(run_world_size(run))} "
-             f"&middot; rows: {_esc(status_counts(run.rows))}</p>"]
+             f"&middot; rows: {_esc(facts.status_text)}</p>"]
     if run_state(run.info):
         parts.append(f"<p><b>Run {_esc(run_state(run.info))}.</b></p>")
     if failed:
@@ -345,18 +380,18 @@ def write_html(run: Run, sections: list[Section], fused: list[list[str]],
         parts.extend(_img(png, alt) for png, alt in imgs)
     parts.extend([trace[0], *(_img(png, alt) for png, alt in trace[1])])
     parts.append("<h2>Backends and probe verdicts</h2>")
-    parts.append(verdict_table(run))
+    parts.append(verdict_table(run, facts.statuses))
     parts.append("<h2>NCCL each variant ran</h2>")
     parts.append("<p class='note'>As the library mapped into each process reports itself; a variant run with "
                  "<code>--nccl-lib</code> is its own curve above (<code>nccl:...,lib=LABEL</code>).</p>")
-    parts.append(nccl_version_table(run))
+    parts.append(nccl_version_table(facts.nccl))
     parts.append("<h2>All measurements</h2>")
     parts.append("<p class='note'>Red: wrong data, hang or crash. Grey: skipped, error or no work.</p>")
-    parts.append(f"<div class='wide'>{measurement_table(run.rows)}</div>")
-    parts.append("<h2>Run</h2>")
-    parts.append(run_summary(run))
-    parts.append("</body></html>")
-    write_whole(path, "\n".join(parts))   # replaces a symlink at report.html, never follows it
+    ending = ["</div>", "<h2>Run</h2>", run_summary(run), "</body></html>"]
+    # Replaces a symlink at report.html, never follows it; the table of every row is written as
+    # it is made.
+    write_whole(path, itertools.chain(("\n".join(parts), "\n<div class='wide'>"), measurement_table(run.rows),
+                                      ("\n".join(ending),)))
 
 
 # ---------------------------------------------------------------- command
@@ -375,18 +410,19 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
         raise UsageError(f"{run.path}: no measurements yet (measurements.jsonl is empty or missing)")
     out = args.out or run.path
     check_dir_target(out, f"--out {out}" if args.out else f"{out} (the run dir; --out DIR writes elsewhere)")
+    facts = RowFacts.of(run.rows)
     curves = build_curves(run.rows)
     baseline = baseline_name(curves, args.baseline)   # a baseline the run lacks: nothing written yet
     out.mkdir(parents=True, exist_ok=True)
     plot_dir = RunDir(out).subdir("plots")   # a symlink there is refused, never written through
     world = run_world_size(run)
-    sections = build_sections(run, curves, baseline)
+    sections = build_sections(facts.failed, curves, baseline)
 
     images: dict[str, list[tuple[Path, str]]] = {}
     written: list[Path] = []
-    for dtype in sorted({c.key.dtype for c in curves} | {r.dtype for r in run.rows if is_failed_check(r)}):
+    for dtype in sorted({c.key.dtype for c in curves} | {r.dtype for r in facts.failed}):
         typed = select(curves, dtype=dtype)
-        failed = [r for r in run.rows if is_failed_check(r) and r.dtype == dtype]
+        failed = [r for r in facts.failed if r.dtype == dtype]
         where = f"{dtype}, {world} ranks, {provenance.of(run).kind}, {run.info.get('host', run.path.name)}"
         figs = [("latency", plots.latency_figure(typed, failed, f"allreduce latency vs size ({where})"))]
         if any(p.busbw_gbps for c in typed for p in c.points):
@@ -401,10 +437,10 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     fused = comparison_cells(run.rows)
     trace = attribute_plots.report_section(args, run, plot_dir)
     written.extend(path for png, _ in trace[1] for path in (png, png.with_suffix(".svg")))
-    write_html(run, sections, fused, images, baseline, html_path, trace)
+    write_html(run, facts, sections, fused, images, baseline, html_path, trace)
 
     print(provenance.describe(run))   # says "emulated: ..." for ranks that shared GPUs
-    print(f"run {run.info.get('run_id', run.path.name)}: {status_counts(run.rows)}"
+    print(f"run {run.info.get('run_id', run.path.name)}: {facts.status_text}"
           + (f"; {run_state(run.info)}" if run_state(run.info) else ""))
     for section in sections:
         print(f"\n{section.title}: winner per size range (trusted rows only; margins are latency ratios)")
@@ -418,12 +454,12 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     if fused:
         print(f"\n{COMPARISON_TITLE} ({FUSION_NOTE})")
         print(render.table(COMPARISON_HEADERS, fused, right=COMPARISON_NUMERIC, wide=args.wide))
-    versions = nccl_version_lines(run.rows)
+    versions = _nccl_lines(facts.nccl)
     if versions:
         print("\nNCCL each variant ran (ncclGetVersion of the library in its process):")
         for line in versions:
             print(f"  {line}")
-    failed_rows = [r for r in run.rows if is_failed_check(r)]
+    failed_rows = facts.failed
     if failed_rows:
         print(f"\n{len(failed_rows)} row(s) failed their check (wrong data, hang or crash), excluded from winners: "
               + ", ".join(sorted({f'{r.backend} {format_bytes(r.message_bytes)} {r.status}' for r in failed_rows})))
