@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import os
 import sys
 import time
@@ -42,6 +43,19 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "attribute": ("commbench.analysis.attribute",
                   "what a serving trace spends on allreduce, per step and per library, against this box's floor"),
 }
+
+
+# backends/ and topology/ sit beside commbench/ in a checkout and become its sub-packages only when
+# installed (pyproject's package-dir), so `python -m commbench` in an uninstalled checkout cannot
+# import any subcommand.
+LAYOUT_PACKAGES = ("commbench.backends", "commbench.topology")
+NOT_INSTALLED = ("commbench: error: this checkout is not installed (its backends/ and topology/ become "
+                 "commbench.backends and commbench.topology when it is): pip install -e . in it, or "
+                 "bash scripts/quickstart.sh")
+
+
+def installed() -> bool:
+    return all(importlib.util.find_spec(name) is not None for name in LAYOUT_PACKAGES)
 
 
 def usage_error(line: str) -> None:
@@ -83,7 +97,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"commbench: error: {exc}", file=sys.stderr)
         return USAGE_EXIT
     # The top-level parser has no options of its own but -h, so the subcommand is the first word.
-    parser = build_parser(argv[0] if argv else None)
+    try:
+        parser = build_parser(argv[0] if argv else None)
+    except ImportError:
+        if installed():
+            raise
+        print(NOT_INSTALLED, file=sys.stderr)
+        return FAILED_EXIT
     args = parser.parse_args(argv)
     if not getattr(args, "command", None):
         parser.print_help()

@@ -363,3 +363,22 @@ def test_a_read_only_run_dir_is_one_line_before_any_work(argv, tmp_path, monkeyp
     assert "not writable (Read-only file system)" in err
     assert ("--out DIR" in err) == (argv[0] != "sweep")   # analysis can write elsewhere; a resume cannot
     assert _tree(run) == before
+
+
+def test_an_uninstalled_checkout_says_so_in_one_line(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    """`python -m commbench` in a checkout that was never installed finds no commbench.topology or
+    commbench.backends (they are backends/ and topology/ until installed): one line, exit 1."""
+    import importlib
+    import importlib.util
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *rest: None if name in cli.LAYOUT_PACKAGES else real_find_spec(name, *rest))
+
+    def import_module(name: str):
+        raise ModuleNotFoundError("No module named 'commbench.topology'", name="commbench.topology")
+
+    monkeypatch.setattr(importlib, "import_module", import_module)
+    assert cli.main(["report", "--help"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "this checkout is not installed" in err and "pip install -e ." in err
