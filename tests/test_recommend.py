@@ -304,6 +304,30 @@ def test_the_engines_own_kernels_price_their_custom_allreduce_and_forced_stages_
     assert {n: {e: (c["path"], c["stand_in"]) for e, c in r.items()} for n, r in recorded.items()} == expected
 
 
+def test_a_price_from_an_engines_own_kernel_says_which_version_was_measured(tmp_path, capsys):
+    """The engine-kernel reference at 4 ranks: vLLM's custom allreduce is priced by vllm:auto and
+    says it ran FlashInfer's port (vLLM was not installed), SGLang's names its v2 JIT kernel; in
+    the costs legend and in --json. The text comes from the rows (untrusted): one line, capped."""
+    run_dir = next((ROOT / "results" / "reference" / "h200-mps-engine-kernels" / "world4").glob("*/"))
+    out_json = tmp_path / "r.json"
+    assert cli(["recommend", str(run_dir), "--model", "llama-3.1-70b", "--engine", "vllm,sglang",
+                "--json", str(out_json)]) == 0
+    out = capsys.readouterr().out
+    assert ("priced by vllm:auto (graph) [measured: flashinfer-python 0.7.4 (its port of vLLM's kernel, "
+            "flashinfer.comm.vllm_ar)]") in out
+    assert "sglang:auto (graph) [measured: sglang 0.5.23 custom allreduce v2 (JIT, " in out
+    vllm = next(e for e in json.loads(out_json.read_text())["engines"] if e["engine"] == "vllm")
+    (custom,) = [o for o in vllm["options"] if o["path"] == engines.CUSTOM_AR]
+    assert custom["measured_implementations"]["vllm:auto (graph)"].startswith("flashinfer-python 0.7.4")
+
+    from commbench.analysis.recommend import IMPLEMENTATION_CHARS, measured_implementations
+    from commbench.results import Measurement
+    crafted = Measurement(backend="x:auto", mode="graph", dtype="bf16", message_bytes=4096, world_size=2,
+                          status="ok", latency_us=1.0, extra={"implementation": "v1\x1b]0;pwned\x07\n" + "y" * 500})
+    (text,) = measured_implementations([crafted]).values()
+    assert len(text) == IMPLEMENTATION_CHARS and "\x1b" not in text and "\n" not in text and "\x07" not in text
+
+
 def test_brief_keeps_the_decision_and_drops_the_tables(capsys):
     """--brief: per engine the default path and its cost per size, the fastest path with its
     settings and saving, and the headroom; never a kernel no engine runs as a setting."""

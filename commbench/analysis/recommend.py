@@ -14,15 +14,15 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import asdict, replace
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 from commbench import engines
 from commbench.analysis import decide, models, provenance, render
-from commbench.analysis.curves import cautions, decode_curves, run_world_size
+from commbench.analysis.curves import Curve, cautions, decode_curves, run_world_size
 from commbench.analysis.decide import EngineDecision, Headroom, Option, Price
 from commbench.analysis.render import fmt_us
 from commbench.files import check_file_target, write_json
-from commbench.results import Run
+from commbench.results import OK, Measurement, Run
 from commbench.runs import load_run
 from commbench.units import format_bytes, parse_int_list
 
@@ -80,16 +80,36 @@ def _letter(i: int) -> str:
     return chr(ord("A") + i) if i < 26 else f"Z{i - 25}"
 
 
-def _legend(key: str, o: Option) -> str:
-    own = ", ".join(c.label for c in o.own)
-    stand = ", ".join(c.label for c in o.stand_ins)
+IMPLEMENTATION_CHARS = 160   # run files are untrusted: a row's text is shown on one line, this long at most
+
+
+def measured_implementations(rows: Iterable[Measurement]) -> dict[str, str]:
+    """Per backend, what its rows say they ran (`extra.implementation`, set by the backends of
+    the engines' own kernels: "sglang 0.5.23 custom allreduce v2 (JIT ...)", FlashInfer's port of
+    vLLM's kernel and its version), so a price from them says which version was measured."""
+    found: dict[str, str] = {}
+    for row in rows:
+        text = row.extra.get("implementation") if row.status == OK else None
+        if isinstance(text, str) and text and row.backend not in found:
+            found[row.backend] = one_line(text)[:IMPLEMENTATION_CHARS]
+    return found
+
+
+def _priced_by(curve: Curve, implementations: dict[str, str]) -> str:
+    measured = implementations.get(curve.backend)
+    return f"{curve.label} [measured: {measured}]" if measured else curve.label
+
+
+def _legend(key: str, o: Option, implementations: dict[str, str]) -> str:
+    own = ", ".join(_priced_by(c, implementations) for c in o.own)
+    stand = ", ".join(_priced_by(c, implementations) for c in o.stand_ins)
     parts = [f"priced by {own}" if own else "",
              (f"stand-in (not the engine's kernel): {stand}" + (", used only where no own kernel was measured"
                                                               if own else "")) if stand else ""]
     return f"  {key} = {o.label}: " + "; ".join(p for p in parts if p)
 
 
-def _costs_table(d: EngineDecision, tag: str, args: argparse.Namespace) -> str:
+def _costs_table(d: EngineDecision, tag: str, args: argparse.Namespace, implementations: dict[str, str]) -> str:
     """One column per option (a letter, explained under the table): cells fit any terminal."""
     shown = [i for i, o in enumerate(d.options) if o.state.available is not False]
     headers = ["concurrency", "message", "default path", *(_letter(n) for n in range(len(shown)))]
@@ -99,7 +119,7 @@ def _costs_table(d: EngineDecision, tag: str, args: argparse.Namespace) -> str:
         rows.append([str(s.concurrency), format_bytes(s.message_bytes), default, *(_cost(s.prices[i]) for i in shown)])
     # The title is a line of its own: a table's title folds to the table's width.
     table = render.table(headers, rows, right=(0, 1, *range(3, 3 + len(shown))), wide=args.wide)
-    legend = [_legend(_letter(n), d.options[i]) for n, i in enumerate(shown)]
+    legend = [_legend(_letter(n), d.options[i], implementations) for n, i in enumerate(shown)]
     return "\n".join([f"{d.name}: us per allreduce call ({tag})", table,
                       "  * a stand-in's cost, ~ interpolated between measured sizes", *legend])
 
@@ -223,6 +243,7 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     tag = decide.data_tag(run)
     decisions = [decide.decide(engine, run, curves, model, concurrencies, tp or 0, version) for engine, version in asked]
     rooms = decide.headroom(model, run, curves, decisions, concurrencies)
+    implementations = measured_implementations(run.rows)
 
     print(provenance.describe(run))
     print(f"{model.describe()}; TP {args.tp_shown}")
@@ -241,12 +262,12 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
             print(_paths_table(d, args))
         if d.options and not args.brief:
             print()
-            print(_costs_table(d, tag, args))
+            print(_costs_table(d, tag, args, implementations))
         elif not d.options:
             print(f"\nno row of this run prices a path {d.name} can take here")
         lines, choices = _choice_lines(d, tag, tp)
         print("\n".join(lines))
-        records.append(_engine_record(d, choices))
+        records.append(_engine_record(d, choices, implementations))
     print("\n".join(_brief_headroom(rooms, tag) if args.brief else _headroom_lines(rooms, model, tag, args)))
 
     shown = [c for d in decisions for o in d.options if o.state.available is not False for c in o.own + o.stand_ins]
@@ -277,14 +298,17 @@ def _price_record(p: Price | None) -> dict[str, Any] | None:
             "mode": p.mode, "p10_us": p.point.p10_us, "p90_us": p.point.p90_us}
 
 
-def _engine_record(d: EngineDecision, choices: list[dict[str, Any]]) -> dict[str, Any]:
+def _engine_record(d: EngineDecision, choices: list[dict[str, Any]], implementations: dict[str, str]
+                   ) -> dict[str, Any]:
     return {
         "engine": d.engine, "version": d.version, "version_note": decide.version_note(d),
         "paths": [{"path": s.path, "title": s.rule.title, "default_on": s.rule.default_on, "available": s.available,
                    "why": s.why, "turn_on": s.rule.turn_on, "source": s.rule.source, "max_bytes": s.max_bytes}
                   for s in d.states],
         "options": [{"label": o.label, "path": o.state.path, "available": o.state.available,
-                     "own": [c.label for c in o.own], "stand_ins": [c.label for c in o.stand_ins]}
+                     "own": [c.label for c in o.own], "stand_ins": [c.label for c in o.stand_ins],
+                     "measured_implementations": {c.label: implementations[c.backend]
+                                                  for c in o.own + o.stand_ins if c.backend in implementations}}
                     for o in d.options],
         "sizes": [{"concurrency": s.concurrency, "message_bytes": s.message_bytes,
                    "default_path": s.default.path.path if s.default.path else None, "default_why": s.default.why,
