@@ -173,11 +173,11 @@ def test_driver_resumes_after_a_hang_and_kills_a_child_past_its_limit(tmp_path: 
     assert [r["status"] for r in rows(only_run_dir(tmp_path / "a"))] == ["ok", "hang", "skipped"]
     assert resumed.stdout.count("# results:") == 1, resumed.stdout    # the driver's, not each child's
     killed = run_cli(["sweep", "--nproc", "2", "--backends", "testfaults:hang_rank1@4096", "--sizes", "4K",
-                      "--timeout", "600", "--child-timeout", "30", "--out", str(tmp_path / "b")], timeout=300)
+                      "--timeout", "600", "--child-timeout", "12", "--out", str(tmp_path / "b")], timeout=300)
     assert killed.returncode == 3, killed.stdout + killed.stderr
     (row,) = rows(only_run_dir(tmp_path / "b"))   # named from the ranks' in-flight records
     assert row["backend"] == "testfaults:hang_rank1" and row["status"] == "hang"
-    assert row["reason"] == ("child torchrun exceeded --child-timeout 30 s and was killed, during "
+    assert row["reason"] == ("child torchrun exceeded --child-timeout 12 s and was killed, during "
                              "testfaults:hang_rank1 4K fp32 eager")
 
 

@@ -64,17 +64,18 @@ def test_model_flags_that_cannot_answer_the_question_exit_2(tmp_path, capsys, ar
 
 @pytest.mark.procs
 def test_model_sweep_on_cpu_runs_the_preset_sizes_and_prints_the_next_command(tmp_path, capsys):
-    done = run_torchrun(8, ["sweep", "--model", "glm-5", "--tp", "8", "--iters", "2", "--warmup", "0",
+    # Two ranks: the preset's sizes do not depend on the TP size, and 8 CPU ranks cost CI 30 s more.
+    done = run_torchrun(2, ["sweep", "--model", "glm-5", "--tp", "2", "--iters", "2", "--warmup", "0",
                             "--out", str(tmp_path)], timeout=600)
     assert done.returncode == 0, done.stderr
     run_dir = only_run_dir(tmp_path)
     got = rows(run_dir)
     assert [r["message_bytes"] for r in got] == [t * 6144 * 2 for t in DEFAULT_CONCURRENCIES]
-    assert all(r["status"] == "ok" and r["mode"] == "eager" and r["dtype"] == "bf16" and r["world_size"] == 8
+    assert all(r["status"] == "ok" and r["mode"] == "eager" and r["dtype"] == "bf16" and r["world_size"] == 2
                for r in got)
     assert "# GLM-5: graph mode needs CUDA GPUs, so on the CPU its decode sizes run in eager mode" in done.stdout
     last = done.stdout.strip().splitlines()[-1]
-    assert last == f"# next: commbench recommend {run_dir} --model glm-5 --tp 8"
+    assert last == f"# next: commbench recommend {run_dir} --model glm-5 --tp 2"
     # The printed command runs as printed.
     assert cli(last.removeprefix("# next: commbench ").split()) == 0
     assert "GLM-5" in capsys.readouterr().out
