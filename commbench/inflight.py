@@ -302,12 +302,13 @@ class PeerWatch:
         if self.run_dir is None:
             return None
         now = time.monotonic()
-        # Which peers are gone is decided before their records are read: a record read first may
-        # predate its last write (a watchdog writes "hang" and "ended" just before os._exit), and
-        # with its process then found gone it would read as a death without a trace. A record
-        # read after its process is gone is final.
-        dead = {r.rank for r in read_records(self.run_dir) if r.rank != self.rank and is_alive(r) is False}
         records = read_records(self.run_dir)
+        dead = {r.rank for r in records if r.rank != self.rank and is_alive(r) is False}
+        if dead:
+            # A record read before its process was found gone may predate its last write (a
+            # watchdog writes "hang" and "ended" just before os._exit) and would read as a death
+            # without a trace; read after, it is final.
+            records = read_records(self.run_dir)
         for record in records:
             if record.state == RAISED and record.step == self.step:
                 self._raised_seen.setdefault(record.rank, now)
