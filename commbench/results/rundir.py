@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence, Text
 from commbench.errors import ResultsUnwritable, UsageError
 from commbench.files import read_text
 from commbench.results.compact import CompactRows
-from commbench.results.schema import CSV_COLUMNS, Cell, READABLE_SCHEMAS, SCHEMA_VERSION, Measurement
+from commbench.results.schema import CSV_COLUMNS, READABLE_SCHEMAS, SCHEMA_VERSION, Measurement
 from commbench.results.validate import MAX_RUN_INFO_BYTES, info_problem, loads_json, parse_row
 
 RUN_FILE = "run.json"
@@ -268,15 +268,14 @@ class _Identities:
 
     As one int: the number of the identity less the size (numbered as first seen: a run has one
     per backend, setting and shape), shifted left 64 bits, plus the size. A key held per row costs
-    an int, not the ~0.5 KB of a tuple; the fields are read from the row directly, as Cell holds
-    them (key() makes two frozen dataclasses a row)."""
+    an int, not the ~0.5 KB of a tuple; the cell's fields come from cell_but_size (key() makes
+    two frozen dataclasses a row)."""
 
     def __init__(self) -> None:
         self._numbers: dict[tuple, int] = {}
 
     def of(self, row: Measurement) -> int:
-        rest = (row.backend, row.op, row.dtype, row.tokens, row.hidden, row.mode, Cell.setting(row.env_setting),
-                row.world_size, *[repr(row.extra.get(name)) for name in IDENTITY_EXTRA])
+        rest = (*row.cell_but_size(), row.world_size, *[repr(row.extra.get(name)) for name in IDENTITY_EXTRA])
         number = self._numbers.setdefault(rest, len(self._numbers))
         return number << 64 | int(row.message_bytes)
 
