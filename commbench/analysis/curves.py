@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from array import array
+from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Iterable, Iterator, overload
@@ -184,15 +185,8 @@ class Curve:
         return self.points[index] if index < len(self.points) and self.points.size_at(index) == message_bytes else None
 
     def _index(self, message_bytes: int) -> int:
-        """Where message_bytes is, or would go, among the sorted sizes (bisect)."""
-        low, high = 0, len(self.points)
-        while low < high:
-            middle = (low + high) // 2
-            if self.points.size_at(middle) < message_bytes:
-                low = middle + 1
-            else:
-                high = middle
-        return low
+        """Where message_bytes is, or would go, among the sorted sizes."""
+        return bisect_left(range(len(self.points)), message_bytes, key=self.points.size_at)
 
     def covers(self, message_bytes: int) -> bool:
         return bool(self.points) and self.points[0].message_bytes <= message_bytes <= self.points[-1].message_bytes
