@@ -251,6 +251,7 @@ fi
 
 # Python side of the wheel: interpreter, headers, pip, scikit-build-core, setuptools-scm.
 PYDEPS=$OUT/build/pydeps
+SCM_WHEEL=""      # the setuptools-scm wheel to unpack into PYDEPS; empty: the installed one serves
 if want wheel; then
   if ! command -v "$PY" >/dev/null 2>&1; then
     miss "python: $PY not found (set PYTHON)"
@@ -260,10 +261,22 @@ if want wheel; then
     [ -f "$py_inc/Python.h" ] || miss "python: $py_inc/Python.h not found (the Python development headers, e.g. python3-dev)"
     "$PY" -m pip --version >/dev/null 2>&1 || miss "python: pip not available for $PY"
     "$PY" -c 'import scikit_build_core' 2>/dev/null || miss "python: scikit-build-core not installed for $PY (pyproject's build backend)"
-    if "$PY" -c 'import setuptools_scm' 2>/dev/null; then
+    # A checkout whose python/mscclpp/__init__.py imports __commit_id__ (0.9.0 does) needs
+    # setuptools-scm 9 or newer: 8.x writes no __commit_id__ into _version.py, and the wheel
+    # builds, then fails at `import mscclpp` (seen on the H200, 2026-12-02).
+    scm_min=0
+    grep -q '__commit_id__' "$SRC/python/mscclpp/__init__.py" 2>/dev/null && scm_min=9
+    scm_ok() { [ -n "$1" ] && [ "${1%%.*}" -ge "$scm_min" ] 2>/dev/null; }
+    scm_have=$("$PY" -c 'from importlib.metadata import version; print(version("setuptools-scm"))' 2>/dev/null || true)
+    scm_whl=$(ls "${MSCCLPP_WHEELS_DIR:-/nonexistent}"/setuptools_scm-*.whl 2>/dev/null | sort -V | tail -n1 || true)
+    scm_whl_version=$([ -z "$scm_whl" ] || basename "$scm_whl" | cut -d- -f2)
+    if scm_ok "$scm_have"; then
       :
-    elif [ -n "${MSCCLPP_WHEELS_DIR:-}" ] && ls "$MSCCLPP_WHEELS_DIR"/setuptools_scm-*.whl >/dev/null 2>&1; then
-      notes+=("setuptools-scm: from $(ls "$MSCCLPP_WHEELS_DIR"/setuptools_scm-*.whl | tail -n1) into $PYDEPS")
+    elif scm_ok "$scm_whl_version"; then
+      SCM_WHEEL=$scm_whl
+      notes+=("setuptools-scm: from $SCM_WHEEL into $PYDEPS")
+    elif [ -n "$scm_have$scm_whl" ]; then
+      miss "python: setuptools-scm ${scm_have:+$scm_have (installed for $PY)}${scm_have:+${scm_whl:+ and }}${scm_whl:+$scm_whl_version ($scm_whl)}: this checkout's python/mscclpp/__init__.py imports __commit_id__, which setuptools-scm writes into _version.py only from version 9 on (put a newer setuptools_scm-*.whl in MSCCLPP_WHEELS_DIR)"
     else
       miss "python: setuptools-scm not installed for $PY and no setuptools_scm-*.whl in MSCCLPP_WHEELS_DIR (${MSCCLPP_WHEELS_DIR:-unset})"
     fi
@@ -365,10 +378,10 @@ if want shim; then
 fi
 
 if want wheel; then
-  if ! "$PY" -c 'import setuptools_scm' 2>/dev/null; then
+  if [ -n "$SCM_WHEEL" ]; then
+    # --upgrade: a re-run with another wheel replaces the copy an earlier run left in PYDEPS.
     step $n "setuptools-scm into $PYDEPS (build-time only)" "$LOGS/pydeps.log" \
-      "$PY" -m pip install --no-index --no-deps --disable-pip-version-check --target "$PYDEPS" \
-        "$(ls "$MSCCLPP_WHEELS_DIR"/setuptools_scm-*.whl | tail -n1)"
+      "$PY" -m pip install --no-index --no-deps --upgrade --disable-pip-version-check --target "$PYDEPS" "$SCM_WHEEL"
     n=$((n + 1))
     export PYTHONPATH=$PYDEPS${PYTHONPATH:+:$PYTHONPATH}
   fi

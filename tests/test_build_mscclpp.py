@@ -57,3 +57,46 @@ def test_cxx_that_links_libstdcxx_statically_gives_way_to_one_on_path_that_does_
     assert len(chosen) == 1 and chosen[0].endswith(", shared libstdc++)"), result.stdout
     assert str(static_gxx) not in chosen[0]
     assert "C++ compiler" not in result.stderr     # whatever else this machine lacks, not that
+
+
+@pytest.fixture
+def old_setuptools_scm(tmp_path: Path) -> dict[str, str]:
+    """An installed setuptools-scm 8.3.1 as Python sees it (its metadata, first on the path)."""
+    site = tmp_path / "site"
+    (site / "setuptools_scm-8.3.1.dist-info").mkdir(parents=True)
+    (site / "setuptools_scm-8.3.1.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: setuptools-scm\nVersion: 8.3.1\n")
+    return {"PYTHONPATH": str(site), "MSCCLPP_STEPS": "wheel"}
+
+
+def imports_commit_id(checkout: Path) -> None:
+    (checkout / "python" / "mscclpp").mkdir(parents=True)
+    (checkout / "python" / "mscclpp" / "__init__.py").write_text("from ._version import __version__, __commit_id__\n")
+
+
+def scm_lines(result: subprocess.CompletedProcess) -> list[str]:
+    return [line for line in result.stderr.splitlines() if line.startswith("missing: python: setuptools-scm")]
+
+
+def test_setuptools_scm_8_is_refused_for_a_checkout_that_imports_commit_id(checkout, tmp_path, old_setuptools_scm):
+    # 8.x writes no __commit_id__: MSCCL++ 0.9.0's wheel built with it failed at `import mscclpp`.
+    imports_commit_id(checkout)
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    (wheels / "setuptools_scm-8.2.0-py3-none-any.whl").write_bytes(b"")
+    result = build(checkout, tmp_path, MSCCLPP_WHEELS_DIR=str(wheels), **old_setuptools_scm)
+    assert result.returncode == 2
+    (line,) = scm_lines(result)
+    assert line.startswith("missing: python: setuptools-scm 8.3.1 (installed for python3) and 8.2.0 ("), line
+    assert "imports __commit_id__, which setuptools-scm writes into _version.py only from version 9 on" in line
+
+
+def test_a_newer_setuptools_scm_wheel_stands_in_for_an_old_installed_one(checkout, tmp_path, old_setuptools_scm):
+    imports_commit_id(checkout)
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    for name in ("setuptools_scm-8.3.1-py3-none-any.whl", "setuptools_scm-9.2.2-py3-none-any.whl"):
+        (wheels / name).write_bytes(b"")
+    assert scm_lines(build(checkout, tmp_path, MSCCLPP_WHEELS_DIR=str(wheels), **old_setuptools_scm)) == []
+    # A checkout that does not import it (older MSCCL++) builds with 8.x as before.
+    (checkout / "python" / "mscclpp" / "__init__.py").write_text("from ._version import __version__\n")
+    assert scm_lines(build(checkout, tmp_path, **old_setuptools_scm)) == []
