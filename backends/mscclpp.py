@@ -68,6 +68,10 @@ DEFAULT_ALGORITHMS = (
     "default_allreduce_fullmesh", "default_allreduce_rsag", "default_allreduce_rsag_pipeline",
     "default_allreduce_rsag_zero_copy",
 )
+# Algorithms whose kernel is instantiated for some ranks-per-node counts only: any other count
+# throws InvalidUsage at every call (0.9.0 allreduce_rsag_zero_copy.cu; seen at 2 ranks on the
+# H200, 2026-12-02). One node, so the ranks per node are the world size.
+RANKS_PER_NODE = {"default_allreduce_rsag_zero_copy": (4, 8)}
 BOOTSTRAP_TIMEOUT_S = 120
 
 # Kernel names this family's allreduce leaves in a profiler trace, read by `commbench attribute`
@@ -221,6 +225,14 @@ class MscclppAllreduce(Backend):
     def needs(self) -> tuple[str, ...]:  # type: ignore[override]
         nvls = self.algorithm is not None and "nvls" in self.algorithm
         return ("cuda", "node", "p2p", "ipc", "multicast") if nvls else ("cuda", "node", "p2p", "ipc")
+
+    def world_size_reason(self, world_size: int) -> str | None:
+        reason = super().world_size_reason(world_size)
+        allowed = RANKS_PER_NODE.get(self.algorithm or "")
+        if reason is None and allowed and world_size not in allowed:
+            return (f"{self.algorithm} runs {' or '.join(map(str, allowed))} ranks per node "
+                    f"(MSCCL++ 0.9.0), this run has {world_size}")
+        return reason
 
     def software_reason(self) -> str | None:
         return import_reason()

@@ -96,6 +96,16 @@ def test_mscclpp_missing_says_build_from_source():
     assert os.environ.get("MSCCLPP_FORCE_DISABLE_NVLS") == "1"
 
 
+def test_mscclpp_rsag_zero_copy_is_skipped_where_its_kernel_has_no_instance():
+    # MSCCL++ 0.9.0 instantiates it for 4 and 8 ranks per node and throws InvalidUsage otherwise.
+    zero_copy = factory("mscclpp").variants("algo=default_allreduce_rsag_zero_copy")[0]
+    assert zero_copy.world_size_reason(2) == \
+        "default_allreduce_rsag_zero_copy runs 4 or 8 ranks per node (MSCCL++ 0.9.0), this run has 2"
+    assert zero_copy.world_size_reason(4) is None and zero_copy.world_size_reason(8) is None
+    assert zero_copy.world_size_reason(1) == "needs at least 2 ranks, this run has 1"
+    assert factory("mscclpp").variants("algo=default_allreduce_rsag")[0].world_size_reason(2) is None
+
+
 @pytest.mark.procs
 def test_mscclpp_shim_needs_a_library_path(tmp_path):
     assert factory("mscclpp").variants("shim")[0].software_reason() == \
