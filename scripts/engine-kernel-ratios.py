@@ -59,7 +59,8 @@ def table(run_dir: Path) -> list[str]:
         p2p, sglang, vllm = by.get("p2p:auto"), by.get("sglang:auto"), by.get("vllm:auto")
         symm = best(by, ("symm_mem:one_shot", "symm_mem:two_shot"))
         flashinfer = best(by, ("flashinfer:trtllm_oneshot", "flashinfer:trtllm_twoshot"))
-        algo = sglang.extra.get("sglang_choice", {}).get(MODE) if sglang else None
+        choice = sglang.extra.get("sglang_choice") if sglang else None   # extra is a file's JSON: any shape
+        algo = choice.get(MODE) if isinstance(choice, dict) else None
         stage = vllm.extra.get("vllm_stage") if vllm else None
         cells = (format_bytes(size), us(p2p), named(symm), named(flashinfer),
                  f"{us(sglang)} ({algo})" if sglang else "-",
