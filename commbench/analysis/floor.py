@@ -238,7 +238,9 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     tp = args.tp or run_world_size(run)
     tag = decide.data_tag(run)
     named = match_curves(curves, args.backend) if args.backend else []
-    decisions = [decide.decide(engine, run, curves, model, concurrencies, tp or 0, version) for engine, version in asked]
+    chains = decide.engine_chains(args)
+    decisions = [decide.decide(engine, run, curves, model, concurrencies, tp or 0, version, args.mode, chains.get(engine))
+                 for engine, version in asked]
     rooms = decide.headroom(model, run, curves, decisions, concurrencies)
 
     print(provenance.describe(run))

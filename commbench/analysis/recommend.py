@@ -18,6 +18,7 @@ from typing import Any, Iterable, Sequence
 
 from commbench import engines
 from commbench.analysis import decide, models, provenance, render
+from commbench.engines import paths as engine_paths
 from commbench.analysis.curves import Curve, cautions, decode_curves, run_world_size
 from commbench.analysis.decide import EngineDecision, Headroom, Option, Price
 from commbench.analysis.render import fmt_us
@@ -70,10 +71,12 @@ def _availability(state: Any) -> str:
 
 def _paths_table(d: EngineDecision, args: argparse.Namespace) -> str:
     measured = {o.state.path for o in d.options}
-    rows = [[s.rule.title, "on" if s.rule.default_on else f"opt-in ({s.rule.turn_on})", _availability(s),
+    rows = [[s.rule.title, "on" if s.default_on else f"opt-in ({s.rule.turn_on})", _availability(s),
              "yes" if s.path in measured else "not measured"] for s in d.states]
-    return f"{d.name} paths at TP {args.tp_shown}\n" + render.table(["path", "by default", "on this box", "in this run"],
-                                                                  rows, wide=args.wide)
+    sources = [f"  {s.rule.title}: {s.source}" for s in d.states]
+    return (f"{d.name} paths at TP {args.tp_shown}, in dispatch order\n"
+            + render.table(["path", "by default", "on this box", "in this run"], rows, wide=args.wide)
+            + "\nwhere each rule comes from:\n" + "\n".join(sources))
 
 
 def _letter(i: int) -> str:
@@ -145,7 +148,8 @@ def _choice_lines(d: EngineDecision, tag: str, tp: int | None) -> tuple[list[str
             lines.append(f"  concurrency {s.concurrency} ({format_bytes(s.message_bytes)}): {said}")
         is_default = all(s.best is s.default_option for s in sizes)
         off_here = {st.path for st in d.states if st.available is False}
-        settings = engines.without_offs(option.settings, d.engine, off_here)
+        settings = engine_paths.launch_settings(engines.without_offs(option.settings, d.engine, off_here), d.engine,
+                                                option.state.path, d.states)
         paste, refusal = ([], None) if is_default else engines.paste_lines(settings, d.engine, tp)
         if is_default:
             lines.append("  this is what the engine does by default: nothing to set")
@@ -155,13 +159,13 @@ def _choice_lines(d: EngineDecision, tag: str, tp: int | None) -> tuple[list[str
             if not under_refusal:
                 lines.append("  the engine settings to run with it:")
                 lines.extend(f"    {line}" for line in under)
-            lines.extend(f"  note: {one_line(n)}" for n in option.settings.notes)
+            lines.extend(f"  note: {one_line(n)}" for n in settings.notes)
         elif refusal:
             lines.append(f"  warning: settings from this run refused, not printed: {refusal}")
         else:
             lines.append("  paste-ready:")
             lines.extend(f"    {line}" for line in paste)
-            lines.extend(f"  note: {one_line(n)}" for n in option.settings.notes)
+            lines.extend(f"  note: {one_line(n)}" for n in settings.notes)
         records.append({"option": option.label, "path": option.state.path, "concurrency": [s.concurrency for s in sizes],
                         "default": is_default, "paste": paste or None, "refused": refusal})
     return lines, records
@@ -235,18 +239,22 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     if model is None:
         return 0
     asked = decide.requested_engines(args)
+    chains = decide.engine_chains(args)
     concurrencies = parse_int_list(args.concurrency, "--concurrency") if args.concurrency else models.DEFAULT_CONCURRENCIES
     run = load_run(args.run_dir)
     curves = decode_curves(run, args.tp, model.dtype, args.mode)
     tp = args.tp or run_world_size(run)
     args.tp_shown = tp or "?"
     tag = decide.data_tag(run)
-    decisions = [decide.decide(engine, run, curves, model, concurrencies, tp or 0, version) for engine, version in asked]
+    decisions = [decide.decide(engine, run, curves, model, concurrencies, tp or 0, version, args.mode, chains.get(engine))
+                 for engine, version in asked]
     rooms = decide.headroom(model, run, curves, decisions, concurrencies)
     implementations = measured_implementations(run.rows)
 
     print(provenance.describe(run))
     print(f"{model.describe()}; TP {args.tp_shown}")
+    if not args.brief or chains:
+        print("\n".join(decide.source_lines(asked, chains, args.engine_log)))
     print(f"costs are us per allreduce call from this run ({tag}); per step = {model.allreduces_per_token} calls "
           "(each sequence's time per output token); a saving is quoted only against the engine's default "
           "measured in this run, and one inside both sides' p10-p90 spread is 'no measurable difference'")
@@ -303,7 +311,7 @@ def _engine_record(d: EngineDecision, choices: list[dict[str, Any]], implementat
     return {
         "engine": d.engine, "version": d.version, "version_note": decide.version_note(d),
         "paths": [{"path": s.path, "title": s.rule.title, "default_on": s.rule.default_on, "available": s.available,
-                   "why": s.why, "turn_on": s.rule.turn_on, "source": s.rule.source, "max_bytes": s.max_bytes}
+                   "why": s.why, "turn_on": s.rule.turn_on, "source": s.source, "max_bytes": s.max_bytes}
                   for s in d.states],
         "options": [{"label": o.label, "path": o.state.path, "available": o.state.available,
                      "own": [c.label for c in o.own], "stand_ins": [c.label for c in o.stand_ins],
