@@ -15,12 +15,12 @@ from typing import Any
 from commbench import engines
 from commbench.engines import (CUSTOM_AR, FLASHINFER_AR, FLASHINFER_FUSED, FLASHINFER_PCIE_IPC, MSCCLPP, NCCL_PATH,
                                NCCL_SYMM, SGLANG, TORCH_SYMM_MEM, VLLM)
+from commbench.ops import ALLREDUCE, FUSED_OP
 from commbench.policy import multicast_policy_reason
 from commbench.topology.needs import p2p_reason, vmm_reason
 from commbench.topology.selection import gpu_pairs, p2p_entry, used_gpus, used_hosts
 
 MiB = 1 << 20
-ALLREDUCE, FUSED_OP = "allreduce", "allreduce_residual_rmsnorm"
 
 # vLLM 0.33.0 all_reduce_utils.py CUSTOM_ALL_REDUCE_MAX_SIZES: the custom allreduce's cap where the
 # torch symm-mem communicator is on (multicast); else CUSTOM_AR_MAX_BYTES (8 MiB).

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -49,3 +50,12 @@ def only_run_dir(out: Path) -> Path:
 
 def rows(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "measurements.jsonl").read_text().splitlines() if line.strip()]
+
+
+def sweep_args(*argv: str) -> "argparse.Namespace":
+    """The sweep's flags parsed as `commbench sweep` parses them."""
+    from commbench.sweep.command import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(list(argv))

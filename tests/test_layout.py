@@ -42,7 +42,7 @@ INSTALLED = {"commbench": "commbench", "backends": "commbench.backends", "topolo
 # torch-free machine checks and readings (topology) and how each engine picks a path (engines).
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("commbench", "commbench.errors", "commbench.units", "commbench.files", "commbench.json_stream", "commbench.policy",
-              "commbench.launch_env", "commbench.waits")),
+              "commbench.launch_env", "commbench.waits", "commbench.ops")),
     ("results", ("commbench.results", "commbench.results.*", "commbench.inflight", "commbench.runs")),
     ("facts", ("commbench.engines", "commbench.engine_paths", "commbench.topology", "commbench.topology.*")),
     ("analysis", ("commbench.analysis", "commbench.analysis.*")),

@@ -32,6 +32,7 @@ from commbench.analysis.nccl_tests_format import (JSON_RELEASES, PLACEMENTS, Ncc
                                          RankLine, ResultRow, nccl_version_text, printed_tolerance, read_output,
                                          strtol)
 from commbench.errors import UsageError
+from commbench.ops import ALLREDUCE
 from commbench.results import (ENV_PREFIXES, NO_WORK, OK, ROWS_FILE, RUN_FILE, WRONG, Lines, Measurement, RunDir,
                                csv_line, json_line, percentile, write_whole)
 from commbench.results.templates import Templates
@@ -314,7 +315,7 @@ def _base_row(ctx: RowContext, result: ResultRow, name: str) -> Measurement:
     row = Measurement(
         backend=BACKENDS[name], mode="graph" if graph else "eager", dtype=DTYPES.get(result.type_name, result.type_name),
         message_bytes=result.size_bytes, world_size=out.world_size(), status=OK, count=result.count,
-        nodes=len(out.hosts()) or 1, op="allreduce" if result.redop == "sum" else f"allreduce_{result.redop}",
+        nodes=len(out.hosts()) or 1, op=ALLREDUCE if result.redop == "sum" else f"{ALLREDUCE}_{result.redop}",
         iterations=c.graph_launches if graph else c.iters * c.agg_iters,
         ops_per_graph=c.iters * c.agg_iters if graph else 1,
         env_setting=dict(ctx.settings), timestamp=time.time(),

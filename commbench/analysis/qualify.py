@@ -28,6 +28,7 @@ from commbench.analysis import provenance, render
 from commbench.analysis.curves import Curve, build_curves, exceeds_spread, is_failed_check, pick_mode, run_world_size, select
 from commbench.errors import UsageError
 from commbench.files import check_file_target, read_text
+from commbench.ops import ALLREDUCE
 from commbench.results import CRASHED, ERROR, HANG, Measurement, Run
 from commbench.results.validate import SPEC_MAX_BYTES, loads_toml
 from commbench.runs import load_run
@@ -520,7 +521,7 @@ def check_hangs(run: Run, scope: set[str]) -> Result:
 
 
 def _curve(curves: list[Curve], backend: str) -> Curve | None:
-    hits = [c for c in curves if c.key.variant == backend and c.key.op == "allreduce"]
+    hits = [c for c in curves if c.key.variant == backend and c.key.op == ALLREDUCE]
     return hits[0] if hits else None
 
 

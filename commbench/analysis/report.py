@@ -19,6 +19,7 @@ from commbench.analysis.curves import (Crossover, Curve, baseline_curve, baselin
                               crossovers, groups, is_failed_check, ranking, run_world_size, select, variant_label)
 from commbench.errors import UsageError
 from commbench.files import check_dir_target
+from commbench.ops import ALLREDUCE
 from commbench.results import CRASHED, HANG, OK, WRONG, Measurement, Run, RunDir, describe_setting, write_whole
 from commbench.results.validate import file_stem
 from commbench.runs import load_run
@@ -137,7 +138,7 @@ def _variant_cell(row: Measurement) -> str:
     """Backend name, with its process-level settings and a fused op under it in small print: one
     narrow column instead of three, so the reasons fit on a page."""
     under = [" ".join(f"{k}={v}" for k, v in sorted(row.env_setting.items()))] if row.env_setting else []
-    under += [row.op] if row.op != "allreduce" else []
+    under += [row.op] if row.op != ALLREDUCE else []
     return _esc(row.backend) + "".join(f'<br><span class="sub">{_esc(text)}</span>' for text in under)
 
 

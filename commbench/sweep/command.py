@@ -23,6 +23,7 @@ from commbench.errors import FAILED_EXIT, STOP_EXIT, TERMINATED_EXIT, ResultsUnw
 from commbench.inflight import ENDED, LEFT, PeerWatch, Recorder, recover
 from commbench.sweep import launcher
 from commbench.launch_env import torchrun_env, under_torchrun
+from commbench.ops import ALLREDUCE
 from commbench.runtime.context import ControlGroupLost, RunContext, init_context, shutdown
 from commbench.sweep.engine import Engine, stopped_reason
 from commbench.files import check_dir_target, check_file_target
@@ -231,7 +232,7 @@ def _run(opts: SweepOptions, plan: SweepPlan, specs: list[str] | None, on_gpu: b
         # Backends that read earlier rows (Backend.reads_rows) after all the others; plain
         # allreduce before fused ops; optional native code (MSCCL++, FlashInfer, plug-ins) last
         # within each, where a crash costs least.
-        variants.sort(key=lambda b: (b.reads_rows, b.op != "allreduce", backends.runs_native_code(b.family)))
+        variants.sort(key=lambda b: (b.reads_rows, b.op != ALLREDUCE, backends.runs_native_code(b.family)))
         return _sweep(ctx, opts, plan, variants, run_dir, note), run_dir
     finally:
         shutdown()
@@ -408,7 +409,7 @@ def _oversubscribed(ctx: RunContext) -> list[str]:
 
 
 def _fusion_summary(ctx: RunContext, rows: list[Measurement], run_dir: Path, table: LiveTable) -> None:
-    fused = [r for r in rows if r.op != "allreduce"]
+    fused = [r for r in rows if r.op != ALLREDUCE]
     if not fused:
         return
     from commbench.analysis.fusion import summarize
