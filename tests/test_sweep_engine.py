@@ -4,21 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from commbench.results import OK, Measurement
 from commbench.sweep.engine import Engine, UnknownRowField
-
-
-def _row() -> Measurement:
-    return Measurement(backend="nccl", mode="graph", dtype="bf16", message_bytes=4096, world_size=2, status=OK)
+from factories import row
 
 
 def test_a_built_in_backends_unknown_row_field_is_an_error_and_a_plugins_goes_to_extra() -> None:
     fields = {"requested": {"NCCL_PROTO": "LL"}, "extra": {"kept": 1}}
-    strict = _row()
+    strict = row()
     Engine._apply_fields(strict, fields, strict="nccl")
     assert strict.requested == {"NCCL_PROTO": "LL"} and strict.extra == {"kept": 1}
     with pytest.raises(UnknownRowField, match="nccl: row_fields\\(\\) sets 'requsted'"):
-        Engine._apply_fields(_row(), {"requsted": {"NCCL_PROTO": "LL"}}, strict="nccl")
-    plugin = _row()
+        Engine._apply_fields(row(), {"requsted": {"NCCL_PROTO": "LL"}}, strict="nccl")
+    plugin = row()
     Engine._apply_fields(plugin, {"requsted": "x"})
     assert plugin.extra == {"requsted": "x"} and plugin.requested == {}

@@ -463,8 +463,8 @@ def groups(curves: list[Curve]) -> list[Group]:
 
 def run_world_size(run: Run) -> int | None:
     """The run's world size: run.json's, else the rows' (a run has one)."""
-    if run.info.get("world_size"):
-        return int(run.info["world_size"])
+    if run.info.world_size:
+        return run.info.world_size
     sizes = {r.world_size for r in run.rows}
     return sizes.pop() if len(sizes) == 1 else None
 

@@ -24,8 +24,7 @@ from commbench.results import Run
 
 def recorded_settings(run: Run, curve: Curve) -> engines.Settings | None:
     """What the backend declared in this run (run.json backend_facts), under the curve's process env."""
-    facts = run.info.get("backend_facts")
-    entry = facts.get(curve.backend) if isinstance(facts, dict) else None
+    entry = (run.info.backend_facts or {}).get(curve.backend)
     declared = entry.get("engine_settings") if isinstance(entry, dict) else None
     if not isinstance(declared, dict):
         return None
@@ -216,11 +215,10 @@ def decide_size(model: Model, e_states: list[PathState], opts: list[Option], con
 
 def box_snapshot(run: Run) -> dict | None:
     """The run's probe snapshot; the NCCL the run recorded fills in one the probe did not."""
-    snapshot = run.info.get("snapshot")
-    if not isinstance(snapshot, dict):
+    snapshot = run.info.snapshot
+    if snapshot is None:
         return None
-    versions = run.info.get("versions")
-    nccl = versions.get("nccl") if isinstance(versions, dict) else None
+    nccl = (run.info.versions or {}).get("nccl")
     software = snapshot.get("software") if isinstance(snapshot.get("software"), dict) else {}
     if isinstance(nccl, str) and not software.get("nccl"):
         return {**snapshot, "software": {**software, "nccl": nccl}}

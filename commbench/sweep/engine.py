@@ -35,7 +35,7 @@ from commbench.inflight import ENDED, RAISED, PeerWatch, Recorder, Stop, stop_li
 from commbench.runtime.context import ControlGroupLost, RunContext
 from commbench.sweep.plan import SweepPlan
 from commbench.results import (CHECK_OFF, CRASHED, ERROR, HANG, NO_WORK, OK, SKIPPED, WRONG, Cell, Measurement,
-                               ResultsWriter, stops_backend)
+                               RowsWriter, stops_backend)
 from commbench.sweep.live import LiveTable
 from commbench.runtime.timing import (capture_graph, count_work_nodes, headline_us, jitter_stats, loop_total_us,
                               per_step_us, synchronize)
@@ -62,7 +62,7 @@ def stopped_reason(row: Measurement) -> str:
 
 
 class Engine:
-    def __init__(self, ctx: RunContext, plan: SweepPlan, writer: ResultsWriter | None, table: LiveTable,
+    def __init__(self, ctx: RunContext, plan: SweepPlan, writer: RowsWriter | None, table: LiveTable,
                  done_cells: set[Cell], stopped_backends: dict[str, str], env_setting: dict[str, str],
                  on_stop_flush: Callable[[], None], recorder: Recorder, resume_hint: str | None,
                  rows: list[Measurement]):
