@@ -7,13 +7,11 @@ rows, followed by torch's residual add and RMSNorm on the CPU.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from commbench.backends.base import Backend, BackendFactory, BackendUnavailable
 from commbench.analysis.fusion import FUSED_OP, best_allreduce_rows, summarize
@@ -21,6 +19,7 @@ from commbench.backends.fused import (RMS_EPS, TOLERANCE, check_fused, reference
                                       rms_gamma)
 from commbench.results import Measurement
 import factories
+from helpers import spawn_ranks
 
 
 class CpuGlooAllreduce(Backend):
@@ -145,9 +144,7 @@ def test_summarize_pairs_fused_with_the_unfused_baseline_of_the_same_work():
 
 # --- unfused:best for real, on gloo processes ----------------------------------------------
 
-def _unfused_worker(rank: int, world: int, port: int, baseline: str, results) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
-                      LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+def _unfused_worker(rank: int, world: int, baseline: str) -> dict[str, Any]:
     from commbench import backends
     from commbench.backends.unfused import UnfusedBest
     from commbench.runtime.context import init_context, shutdown
@@ -180,23 +177,12 @@ def _unfused_worker(rank: int, world: int, port: int, baseline: str, results) ->
         out["checks"] = results_by_epoch
     finally:
         backend.close()
-    results.put((rank, out))
     shutdown()
+    return out
 
 
 def _run_unfused(baseline: str) -> dict[int, dict]:
-    from commbench.runtime.context import _free_port
-
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_unfused_worker, args=(r, 2, port, baseline, results)) for r in range(2)]
-    for p in procs:
-        p.start()
-    got = dict(results.get(timeout=120) for _ in procs)
-    for p in procs:
-        p.join(timeout=30)
-    return got
+    return spawn_ranks(_unfused_worker, 2, baseline)
 
 
 @pytest.mark.procs
