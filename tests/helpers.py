@@ -39,10 +39,22 @@ def run_cli(args: list[str], timeout: float = 120, env: dict[str, str] | None = 
 
 
 def run_torchrun(nproc: int, args: list[str], timeout: float = 180, env: dict[str, str] | None = None,
-                 torchrun_args: list[str] | None = None) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "torch.distributed.run", *(torchrun_args or ["--standalone"]),
+                 torchrun_args: list[str] | None = None, python: str = sys.executable) -> subprocess.CompletedProcess:
+    command = [python, "-m", "torch.distributed.run", *(torchrun_args or ["--standalone"]),
                "--nproc-per-node", str(nproc), "-m", "commbench", *args]
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=child_env(env))
+
+
+def our_frames(stderr: str) -> list[str]:
+    """The lines of a traceback in `stderr` that name a file of commbench's own package (its
+    folders, wherever they are installed): a checkout is often itself named "commbench", so
+    "commbench/" in a path says nothing (torch's frames under its .venv hold it too)."""
+    import importlib.util
+
+    folders = [folder for name in ("commbench", "commbench.backends", "commbench.topology")
+               for folder in importlib.util.find_spec(name).submodule_search_locations]
+    return [line for line in stderr.splitlines()
+            if any(f'File "{os.path.join(folder, "")}' in line for folder in folders)]
 
 
 def only_run_dir(out: Path) -> Path:
