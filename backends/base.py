@@ -160,7 +160,9 @@ class Backend(ABC):
         return nullcontext()
 
     def row_fields(self) -> dict[str, Any]:
-        """Fields recorded on every row of this variant (Measurement attributes or 'extra')."""
+        """Fields recorded on every row of this variant: Measurement attributes, or 'extra' (a
+        dict). Any other name goes into extra for a plug-in; from a built-in backend it is a typo,
+        and the sweep raises (UnknownRowField)."""
         return {}
 
     def observe(self, call: Callable[[], None], message_bytes: int) -> dict[str, Any]:
