@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 from commbench.errors import UsageError
+from commbench.ops import ALLREDUCE
 from commbench.results import Measurement
 from commbench.runtime.workload import AllreduceWorkload, Workload
 from commbench.topology.needs import ranks_reason
@@ -72,7 +73,7 @@ class Backend(ABC):
     graph_capturable: bool = True
     needs: tuple[str, ...] = ()     # names from topology.needs.NEEDS, checked in its order
     in_place: bool = False          # the sum overwrites the input (torch ProcessGroups)
-    op: str = "allreduce"           # what one call computes; see commbench.runtime.workload
+    op: str = ALLREDUCE            # what one call computes; see commbench.runtime.workload
     dtypes: tuple[torch.dtype, ...] = ALL_DTYPES
     min_world_size: int = 1
     max_world_size: int | None = None
@@ -159,7 +160,9 @@ class Backend(ABC):
         return nullcontext()
 
     def row_fields(self) -> dict[str, Any]:
-        """Fields recorded on every row of this variant (Measurement attributes or 'extra')."""
+        """Fields recorded on every row of this variant: Measurement attributes, or 'extra' (a
+        dict). Any other name goes into extra for a plug-in; from a built-in backend it is a typo,
+        and the sweep raises (UnknownRowField)."""
         return {}
 
     def observe(self, call: Callable[[], None], message_bytes: int) -> dict[str, Any]:

@@ -12,15 +12,17 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
 from commbench import cli
-from helpers import PLUGINS, run_cli, run_torchrun
+from helpers import PLUGINS, our_frames, run_cli, run_torchrun
 
 TESTS = Path(__file__).parent
+REPO = TESTS.parent
 RUNS = TESTS / "data" / "runs"
 SNAPSHOT = TESTS / "fixtures" / "snapshots" / "pcie-2x4-numa.json"
 SPEC = TESTS.parent / "commbench" / "specs" / "pcie-8x.toml"
@@ -303,11 +305,28 @@ def test_the_real_entry_point_answers_the_same(argv, expected, tmp_path):
 @pytest.mark.procs
 def test_under_torchrun_the_line_comes_once_before_torchrun_reports(tmp_path):
     """torchrun adds its own report of the failed workers (docs/sweep.md says so); commbench's part is
-    one line from rank 0, with no traceback of ours."""
-    done = run_torchrun(2, ["sweep", "--timeout", "nan", "--out", str(tmp_path / "out")])
+    one line from rank 0, with no traceback of ours. Run from a checkout named commbench, as a plain
+    `git clone` makes it: torchrun's own frames then lie under commbench/.venv/ and must not count."""
+    python = Path(sys.executable)
+    if REPO not in python.parents:
+        pytest.skip(f"{python} is not in this checkout's own environment")
+    clone = tmp_path / "commbench"
+    clone.symlink_to(REPO, target_is_directory=True)
+    done = run_torchrun(2, ["sweep", "--timeout", "nan", "--out", str(tmp_path / "out")],
+                        python=str(clone / python.relative_to(REPO)))
     ours = [line for line in done.stderr.splitlines() if line.startswith("commbench sweep: error:")]
     assert ours == ["commbench sweep: error: --timeout must be a positive, finite number of seconds (got nan)"]
-    assert "commbench/" not in done.stderr and not (tmp_path / "out").exists()
+    assert f"{clone}/" in done.stderr   # torchrun's report names its own files under the clone
+    assert our_frames(done.stderr) == [] and not (tmp_path / "out").exists()
+
+
+def test_our_frames_are_told_by_the_package_folder_not_by_the_word():
+    import commbench
+
+    package = Path(commbench.__file__).parent
+    torch_frame = '  File "/home/u/commbench/.venv/lib/python3.11/site-packages/torch/distributed/run.py", line 9'
+    our_frame = f'  File "{package}/sweep/command.py", line 130, in main'
+    assert our_frames("\n".join([torch_frame, our_frame])) == [our_frame]
 
 
 # ---------------------------------------------------------------- runs that cannot be read or written

@@ -15,6 +15,7 @@ from commbench.analysis import decide, models
 from commbench.analysis.curves import cautions, decode_curves
 from commbench.cli import main as cli
 from commbench.runs import load_run
+from factories import row
 
 ROOT = Path(__file__).parent.parent
 RUNS = Path(__file__).parent / "data" / "runs"
@@ -97,7 +98,7 @@ def test_sglang_on_the_pcie_run_names_its_default_and_every_opt_in_path(capsys, 
     assert offered[engines.MSCCLPP]["default_on"] is False and offered[engines.MSCCLPP]["available"] is True
     assert offered[engines.CUSTOM_AR]["available"] is False
     # every printed setting is on a path this box runs; the same output's inert list names none of them
-    inert_paths = {p for rule in engines.inert_settings(load_run(SYNTHETIC).info["snapshot"], 8) for p in rule.paths}
+    inert_paths = {p for rule in engines.inert_settings(load_run(SYNTHETIC).info.snapshot, 8) for p in rule.paths}
     pasted = [c for c in sglang["choices"] if c["paste"]]
     assert pasted and all(offered[c["path"]]["available"] is True for c in pasted)
     assert all((engines.SGLANG, c["path"]) not in inert_paths for c in pasted)
@@ -326,9 +327,7 @@ def test_a_price_from_an_engines_own_kernel_says_which_version_was_measured(tmp_
     assert custom["measured_implementations"]["vllm:auto (graph)"].startswith("flashinfer-python 0.7.4")
 
     from commbench.analysis.recommend import IMPLEMENTATION_CHARS, measured_implementations
-    from commbench.results import Measurement
-    crafted = Measurement(backend="x:auto", mode="graph", dtype="bf16", message_bytes=4096, world_size=2,
-                          status="ok", latency_us=1.0, extra={"implementation": "v1\x1b]0;pwned\x07\n" + "y" * 500})
+    crafted = row(backend="x:auto", latency_us=1.0, extra={"implementation": "v1\x1b]0;pwned\x07\n" + "y" * 500})
     (text,) = measured_implementations([crafted]).values()
     assert len(text) == IMPLEMENTATION_CHARS and "\x1b" not in text and "\n" not in text and "\x07" not in text
 

@@ -6,7 +6,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import child_env, only_run_dir, rows, run_cli, run_torchrun
+from helpers import child_env, free_port, only_run_dir, rows, run_cli, run_torchrun
 
 pytestmark = pytest.mark.procs   # every test here launches processes
 
@@ -181,14 +180,8 @@ def test_driver_resumes_after_a_hang_and_kills_a_child_past_its_limit(tmp_path: 
                              "testfaults:hang_rank1 4K fp32 eager")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_two_torchrun_agents_as_two_nodes(tmp_path: Path) -> None:
-    port = str(_free_port())
+    port = str(free_port())
     # c10d rendezvous, as users start agents on several hosts; the store lives on one agent.
     common = ["--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
               "--rdzv-id", f"commbench-test-{port}"]

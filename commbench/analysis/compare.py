@@ -110,7 +110,7 @@ def paired(curves_a: list[Curve], curves_b: list[Curve], run_a: Run, run_b: Run,
 
 
 def _name(run: Run) -> str:
-    return str(run.info.get("run_id", run.path.name))
+    return run.run_id
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

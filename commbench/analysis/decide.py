@@ -29,8 +29,7 @@ def recorded_settings(run: Run, curve: Curve) -> engines.Settings | None:
     """What the backend declared in this run (run.json backend_facts), under the curve's process env.
     An nccl-tests import declares none: its rows are NCCL's own kernels, the path every engine
     falls back to (PyNccl)."""
-    facts = run.info.get("backend_facts")
-    entry = facts.get(curve.backend) if isinstance(facts, dict) else None
+    entry = (run.info.backend_facts or {}).get(curve.backend)
     declared = entry.get("engine_settings") if isinstance(entry, dict) else None
     if not isinstance(declared, dict) and _imported(run):
         return engines.nccl_path(curve.backend).with_process_env(curve.env_setting)
@@ -234,18 +233,16 @@ def _imported(run: Run) -> bool:
 def box_snapshot(run: Run) -> dict | None:
     """The run's probe snapshot; the NCCL the run recorded fills in one the probe did not. An
     nccl-tests import has no snapshot: its box is the GPUs and nodes its log shows, the fabric unknown."""
-    snapshot = run.info.get("snapshot")
-    if not isinstance(snapshot, dict) and _imported(run):
-        gpus, nodes = run.info.get("gpus"), run.info.get("nodes")
-        versions = run.info.get("versions")
-        nccl = versions.get("nccl") if isinstance(versions, dict) else None
+    snapshot = run.info.snapshot
+    if snapshot is None and _imported(run):
+        gpus, nodes = run.info.gpus, run.info.nodes
+        nccl = (run.info.versions or {}).get("nccl")
         return {engine_paths.IMPORTED: {"gpus": len(gpus) if isinstance(gpus, list) else None,
                                         "nodes": nodes if isinstance(nodes, int) else None},
                 "software": {"nccl": nccl if isinstance(nccl, str) else None}}
-    if not isinstance(snapshot, dict):
+    if snapshot is None:
         return None
-    versions = run.info.get("versions")
-    nccl = versions.get("nccl") if isinstance(versions, dict) else None
+    nccl = (run.info.versions or {}).get("nccl")
     software = snapshot.get("software") if isinstance(snapshot.get("software"), dict) else {}
     if isinstance(nccl, str) and not software.get("nccl"):
         return {**snapshot, "software": {**software, "nccl": nccl}}

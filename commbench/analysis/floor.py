@@ -28,6 +28,7 @@ from commbench.analysis.decide import EngineDecision, Price
 from commbench.files import check_file_target, read_text, write_json
 from commbench.errors import UsageError
 from commbench.analysis.models import Model
+from commbench.ops import ALLREDUCE
 from commbench.runs import load_run
 from commbench.analysis.render import fmt_num, fmt_us
 from commbench.units import format_bytes, parse_bytes, parse_int_list, positive_finite
@@ -89,7 +90,7 @@ def table_curve(path: Path) -> Curve:
         points[size] = Point(size, latency_us)
     if not points:
         raise UsageError(f"{path}: latency table has no rows")
-    key = CurveKey(f"table:{path.name}", "", "any", "allreduce")
+    key = CurveKey(f"table:{path.name}", "", "any", ALLREDUCE)
     return Curve(key, key.variant, {}, [points[s] for s in sorted(points)])
 
 
@@ -137,7 +138,7 @@ def rows_for(model: Model, curves: list[Curve], concurrencies: list[int]) -> lis
 def takeable(d: EngineDecision, message_bytes: int) -> list[Curve]:
     """The curves of the engine's own kernels on paths it can take at this size."""
     return [c for o in d.options if o.state.available is True and o.state.admits(message_bytes)
-            and o.state.rule.op == "allreduce" for c in o.own]
+            and o.state.rule.op == ALLREDUCE for c in o.own]
 
 
 def engine_rows(model: Model, d: EngineDecision) -> list[tuple[FloorRow, FloorRow]]:

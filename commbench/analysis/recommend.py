@@ -45,8 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def inert_here(run: Run, tp: int | None) -> list[engines.InertSetting]:
     """The engine settings the run's own probe snapshot says would change nothing."""
-    snapshot = run.info.get("snapshot")
-    if not isinstance(snapshot, dict) or not snapshot.get("gpus"):
+    snapshot = run.info.snapshot
+    if not snapshot or not snapshot.get("gpus"):
         return []
     return engines.inert_settings(snapshot, tp or run_world_size(run) or 0)
 

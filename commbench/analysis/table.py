@@ -22,6 +22,7 @@ from commbench.analysis.curves import CurveKey, distinguish, emulation_text, key
 from commbench.analysis.render import fmt_us
 from commbench.errors import UsageError
 from commbench.files import STDOUT, check_file_target
+from commbench.ops import ALLREDUCE
 from commbench.results import OK, Measurement, Run
 from commbench.runs import load_run
 from commbench.units import format_bytes
@@ -89,7 +90,7 @@ def allreduce_tables(runs: list[Run]) -> list[Table]:
     columns_seen: dict[Column, Column] = {}   # one copy of each column key, not one per row
     for index, run in enumerate(runs):
         for row in run.rows:
-            if row.op != "allreduce":
+            if row.op != ALLREDUCE:
                 continue
             group = groups.setdefault((row.dtype, row.mode, row.world_size, emulation_text(row.emulation) or ""),
                                       _Group())

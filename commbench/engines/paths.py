@@ -17,13 +17,13 @@ from commbench.engines import libs, settings, source
 from commbench.engines.facts import FactSet
 from commbench.engines.settings import (CUSTOM_AR, FLASHINFER_AR, FLASHINFER_FUSED, FLASHINFER_PCIE_IPC, MSCCLPP,
                                         NCCL_PATH, NCCL_SYMM, SGLANG, TORCH_SYMM_MEM, VLLM, Settings)
+from commbench.ops import ALLREDUCE, FUSED_OP
 from commbench.policy import multicast_policy_reason
 from commbench.topology.needs import p2p_reason, vmm_reason
 from commbench.topology.selection import gpu_pairs, p2p_entry, used_gpus, used_hosts
 from commbench.units import DTYPE_BYTES
 
 MiB = 1 << 20
-ALLREDUCE, FUSED_OP = "allreduce", "allreduce_residual_rmsnorm"
 GRAPH, EAGER = "graph", "eager"
 
 

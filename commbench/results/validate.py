@@ -241,6 +241,12 @@ _INFO_CHECKS: dict[str, tuple[type | tuple[type, ...], str]] = {
     "resumed": (list, "a list"), "backend_facts": (dict, "a table"), "verdicts": (dict, "a table"),
     "emulation": (dict, "a table"), "versions": (dict, "a table"), "snapshot": (dict, "a table"),
     "host": (str, "text"), "run_id": (str, "text"), "source": (str, "text"),
+    # The rest of RunInfo's fields (info.py): a reader uses each as its type says.
+    "device_type": (str, "text"), "shares_gpus": (bool, "true or false"), "command": (list, "a list"),
+    "args": ((dict, list), "a table or a list"), "notes": (list, "a list"), "note": (str, "text"),
+    "driver": (dict, "a table"), "provenance": (str, "text"),
+    "started": ((int, float, str), "a time"), "finished": ((int, float, str), "a time"),
+    "interrupted": ((int, float, str), "a time"),
 }
 
 
@@ -250,7 +256,7 @@ def info_problem(info: dict[str, Any]) -> str | None:
         value = info.get(name)
         if value is None:
             continue
-        if isinstance(value, bool) or not isinstance(value, kind):
+        if isinstance(value, bool) != (kind is bool) or not isinstance(value, kind):
             return f"{name} is {_short(value)}, not {what}"
         if kind is int and not 1 <= value <= MAX_WORLD_SIZE:
             return f"{name} is {value}, not {what}"

@@ -35,7 +35,7 @@ from commbench.sweep import mps
 from commbench.backends.base import Backend
 from commbench.policy import MULTICAST_POLICY_VARS, multicast_forbidden_by
 from commbench.errors import FAILED_EXIT, STOP_EXIT, ResultsUnwritable, UsageError
-from commbench.results import HANG, SCHEMA_VERSION, Measurement, RunDir, refuse_other_run, stops_backend
+from commbench.results import HANG, SCHEMA_VERSION, Measurement, RunDir, RunInfo, refuse_other_run, stops_backend
 from commbench.sweep.options import SweepOptions
 from commbench.sweep.plan import SweepPlan
 from commbench.waits import waits
@@ -93,8 +93,8 @@ def _open_run_dir(opts: SweepOptions) -> RunDir:
     if opts.resume:
         return RunDir(Path(opts.resume).resolve()).lock()
     run = RunDir.create(Path(opts.out)).lock()
-    run.write_info({"run_id": run.path.name, "started": time.time(), "driver": {
-        "nproc": opts.nproc, "env": list(opts.env), "child_timeout_s": opts.child_timeout}})
+    run.write_info(RunInfo(run_id=run.path.name, started=time.time(), driver={
+        "nproc": opts.nproc, "env": list(opts.env), "child_timeout_s": opts.child_timeout}))
     return run
 
 
