@@ -212,6 +212,8 @@ BAD_INPUT = [
     (["compare", *ONE_RUN, "/no/such/run"], "no such results directory"),
     # ---- table
     (["table", "/no/such/run"], "no such results directory"),
+    (["engines", "--check", "/no/such/site"], "--check: /no/such/site does not exist"),
+    (["engines", "--tp", "0"], "--tp must be a positive number of ranks"),
     (["table", *ONE_RUN, *ONE_RUN], "a run dir is listed twice"),
     (["table", *ONE_RUN, "--out", "{in}"], "--out {in}: is a directory (give a file name)"),
     (["table", "{in}/run-deep"], "run.json: nested deeper than 64 levels"),
