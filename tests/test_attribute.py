@@ -254,7 +254,7 @@ def test_size_hint_from_the_model_or_hidden_and_batch(argv: list[str], expected:
 
 
 @pytest.mark.parametrize("argv, expected", [
-    (["--batch", "0", "--hidden", "4096"], "--batch must be a positive number"),
+    (["--batch", "0", "--hidden", "4096"], "--batch must be a whole number from 1"),
     (["--model", "no-such-model"], "unknown model"),
     (["--model", "llama-3.1-70b", "--hidden", "4096"], "give --model or --hidden, not both"),
     (["--step-annotation", "("], "--step-annotation: not a regular expression"),
