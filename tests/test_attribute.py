@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import re
 import sqlite3
 import sys
@@ -254,7 +255,7 @@ def test_size_hint_from_the_model_or_hidden_and_batch(argv: list[str], expected:
 
 
 @pytest.mark.parametrize("argv, expected", [
-    (["--batch", "0", "--hidden", "4096"], "--batch must be a positive number"),
+    (["--batch", "0", "--hidden", "4096"], "--batch must be a whole number from 1"),
     (["--model", "no-such-model"], "unknown model"),
     (["--model", "llama-3.1-70b", "--hidden", "4096"], "give --model or --hidden, not both"),
     (["--step-annotation", "("], "--step-annotation: not a regular expression"),
@@ -486,13 +487,13 @@ def test_an_unreadable_nccl_log_is_one_line(capsys: pytest.CaptureFixture[str], 
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     log = tmp_path / "nccl.log"
     log.write_text("h:1:1 [0] NCCL INFO NCCL version 2.28.9\n")
-    real_open = Path.open
+    real_open = os.open
 
-    def refuse(self: Path, *args: object, **kwargs: object):   # root reads a chmod 000 file
-        if self == log:
+    def refuse(path: Path, *args: object, **kwargs: object):   # root reads a chmod 000 file
+        if Path(path) == log:
             raise PermissionError(13, "Permission denied")
-        return real_open(self, *args, **kwargs)
-    monkeypatch.setattr(Path, "open", refuse)
+        return real_open(path, *args, **kwargs)
+    monkeypatch.setattr(os, "open", refuse)
     code, out, err = attribute_cli(capsys, str(VLLM[0]), "--nccl-log", str(log))
     assert (code, out) == (2, "") and err.count("\n") == 1
     assert f"--nccl-log {log}: cannot read (Permission denied)" in err

@@ -101,7 +101,7 @@ BAD_INPUT = [
     (["sweep", "--tokens", "1,2", "--out", "out"], "need both --tokens and --hidden"),
     (["sweep", "--sizes", "9" * 400, "--out", "out"], "is larger than 1048576G, the most a rank can send"),
     (["sweep", "--sizes", "4K,6", "--out", "out"], "message size 6B is not a whole number of fp32 elements"),
-    (["sweep", "--tokens", "1", "--hidden", str(10 ** 30), "--out", "out"], "bytes per rank, more than 1048576G"),
+    (["sweep", "--tokens", "1", "--hidden", str(10 ** 30), "--out", "out"], "--hidden must be a whole number from 1 to 1048576"),
     (["sweep", "--sizes", "4K", "--backends", "gloo,gloo", "--out", "out"], "--backends 'gloo,gloo': gloo is listed"),
     # ---- sweep: limits that are no limit (NaN fails every comparison; inf overflows the timer)
     ([*SWEEP, "--timeout", "inf"], "--timeout must be a positive, finite number of seconds, at most"),
@@ -198,7 +198,7 @@ BAD_INPUT = [
     ([*QUALIFY, "{in}/int8.toml"], "[spec] dtype must be one of bf16, fp16, fp32, got 'int8'"),
     ([*QUALIFY, "{in}/missing.toml"], "missing.toml: no such file"),
     ([*QUALIFY, "{in}/deep.toml"], "deep.toml: nested deeper than 64 levels"),
-    ([*QUALIFY, "/dev/zero"], "/dev/zero: larger than 1 MiB, not a qualify spec"),
+    ([*QUALIFY, "/dev/zero"], "/dev/zero: is a device, not a qualify spec"),
     (["qualify", "{in}/run-list", "--spec", str(SPEC)], "run.json: a JSON list, not a commbench run.json"),
     ([*QUALIFY, str(SPEC), "--junit", "/proc/q.xml"], "--junit /proc/q.xml: not writable"),
     ([*QUALIFY, str(SPEC), "--junit", "{in}"], "--junit {in}: is a directory"),
@@ -228,7 +228,7 @@ BAD_INPUT = [
      "nan-time.txt: line 19: the out-of-place time is nan, not a positive time"),
     # ---- attribute (more in tests/test_attribute.py)
     (["attribute", "/no/such/trace.json"], "no such file"),
-    (["attribute", "{in}"], "is a directory, not a trace file"),
+    (["attribute", "{in}"], "is a directory, not a profiler trace"),
     (["attribute", "{in}/binary.csv"], "not a Chrome trace JSON"),
     (["attribute", "{in}/not-utf8.csv"], "not a profiler trace (not UTF-8 text)"),
     (["attribute", "{in}/binary.csv", "--json", "{in}"], "--json {in}: is a directory"),
@@ -353,14 +353,14 @@ def _with_run(argv: list[str], run: Path) -> list[str]:
 @pytest.mark.parametrize("argv", UNREADABLE_OR_READ_ONLY, ids=lambda argv: argv[0])
 def test_an_unreadable_run_dir_is_one_line(argv, tmp_path, monkeypatch, capsys):
     run = _copy("cpu-gloo-4rank-a", tmp_path)
-    real = Path.open
+    real = os.open
 
-    def open_(self, *args, **kwargs):
-        if self.parent == run:
-            raise PermissionError(errno.EACCES, "Permission denied", str(self))
-        return real(self, *args, **kwargs)
+    def open_(path, flags, *args, **kwargs):   # inputs are opened with os.open (files.open_input)
+        if Path(path).parent == run and not flags & (os.O_WRONLY | os.O_RDWR):
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real(path, flags, *args, **kwargs)
 
-    monkeypatch.setattr(Path, "open", open_)
+    monkeypatch.setattr(os, "open", open_)
     monkeypatch.chdir(tmp_path)
     code, out, err = run_in_process(_with_run(argv, run), capsys)
     assert_one_line(code, out, err, f"{run}/run.json: cannot read (Permission denied)")

@@ -29,7 +29,7 @@ from commbench.errors import UsageError
 from commbench.files import check_file_target, write_json
 from commbench.results import Run, percentile
 from commbench.runs import load_run
-from commbench.units import DTYPE_BYTES, dtype_name, format_bytes
+from commbench.units import DTYPE_BYTES, dtype_name, format_bytes, positive_finite, shape_bytes
 
 SGLANG_RANK = re.compile(r"-TP-(\d+)")
 KERNEL_NAME_CHARS = 30
@@ -60,16 +60,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def size_hint(args: argparse.Namespace) -> SizeHint:
     if args.model and args.hidden:
         raise UsageError("give --model or --hidden, not both")
-    if args.batch is not None and args.batch <= 0:
-        raise UsageError(f"--batch must be a positive number of tokens (got {args.batch})")
     hidden, dtype = args.hidden, dtype_name(args.dtype) if args.dtype else "bf16"
     if args.model:
         model = models.lookup(args.model)
         hidden, dtype = model.hidden, dtype_name(args.dtype) if args.dtype else model.dtype
-    if hidden is not None and hidden <= 0:
-        raise UsageError(f"--hidden must be positive (got {hidden})")
+    # the sweep's shape bounds, each flag alone too
+    message_bytes = shape_bytes(1 if args.batch is None else args.batch, 1 if hidden is None else hidden,
+                                DTYPE_BYTES[dtype], "--batch", "--hidden")
     if hidden and args.batch:
-        return SizeHint(args.batch * hidden * DTYPE_BYTES[dtype], f"{args.batch} x {hidden} x {dtype}")
+        return SizeHint(message_bytes, f"{args.batch} x {hidden} x {dtype}")
     return SizeHint(None, "unknown")
 
 
@@ -233,8 +232,8 @@ def kernel_rows(results: list[RankResult]) -> list[KernelRow]:
 def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     check_file_target(args.json, "--json")
     hint = size_hint(args)
-    if args.gap_us is not None and not args.gap_us > 0:
-        raise UsageError(f"--gap-us must be positive (got {args.gap_us})")
+    if args.gap_us is not None:
+        positive_finite(args.gap_us, "--gap-us", "us")
     try:
         annotation = re.compile(args.step_annotation) if args.step_annotation else None
     except re.error as exc:

@@ -396,7 +396,7 @@ def requested_engines(args: argparse.Namespace) -> list[tuple[str, str]]:
     for item in args.engine_version or []:
         engine, sep, version = item.partition("=")
         engine = engine.strip().lower()
-        if not sep or engine not in engines.ENGINES or not VERSION.match(version.strip()):
+        if not sep or engine not in engines.ENGINES or not VERSION.fullmatch(version.strip()):
             raise UsageError(f"--engine-version {item!r}: expected ENGINE=VERSION, e.g. vllm=0.33.0")
         versions[engine] = version.strip()
     return [(name, versions[name]) for name in names]

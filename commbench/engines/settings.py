@@ -309,9 +309,9 @@ def without_offs(s: Settings, engine: str, off_here: set[str]) -> Settings:
 def env_refusal(env: dict[str, Any]) -> str | None:
     for name, value in env.items():
         # The refusal never repeats the text it refuses: run.json is untrusted.
-        if not isinstance(name, str) or not ENV_NAME.match(name) or not name.startswith(ENV_PREFIXES):
+        if not isinstance(name, str) or not ENV_NAME.fullmatch(name) or not name.startswith(ENV_PREFIXES):
             return "a variable that is not an NCCL, vLLM, SGLang, MSCCL++ or torch variable"
-        if not isinstance(value, str) or not ENV_VALUE.match(value):
+        if not isinstance(value, str) or not ENV_VALUE.fullmatch(value):
             return f"the value of {name} is not a plain word"
     return None
 
@@ -334,7 +334,7 @@ def _unquoted(token: str) -> str:
 
 def preload_shown(path: Any) -> str | None:
     """The preloaded library's path where it is a plain absolute path (run.json is untrusted)."""
-    return path if isinstance(path, str) and LIBRARY_PATH.match(path) and "/../" not in path else None
+    return path if isinstance(path, str) and LIBRARY_PATH.fullmatch(path) and "/../" not in path else None
 
 
 def preload_deployment(s: Settings, engine: str) -> str:

@@ -55,7 +55,7 @@ def parse_env_settings(specs: list[str], allow_multicast: bool) -> list[dict[str
         name, sep, values_text = spec.partition("=")
         name = name.strip()
         values = [v.strip() for v in values_text.split(",") if v.strip()]
-        if not sep or not _NAME_RE.match(name) or not values:
+        if not sep or not _NAME_RE.fullmatch(name) or not values:
             raise UsageError(f"malformed --env {spec!r}: use NAME=VALUE1,VALUE2")
         if name in MULTICAST_POLICY_VARS and any(v != MULTICAST_POLICY_VARS[name] for v in values):
             if not allow_multicast or multicast_forbidden_by():
