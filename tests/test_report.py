@@ -106,14 +106,20 @@ def test_a_winner_that_failed_at_other_sizes_is_cautioned_under_its_table(tmp_pa
     assert not any("caution:" in t for t in tables if t.startswith("bf16, eager mode"))
 
 
-def test_report_of_a_cpu_sweep_into_the_run_dir(tmp_path):
+def test_report_of_a_cpu_sweep_goes_to_a_new_folder_never_into_the_run_dir(tmp_path, monkeypatch):
     run = tmp_path / "run"
     shutil.copytree(CPU_A, run)
+    before = sorted(p.name for p in run.iterdir())
+    monkeypatch.chdir(tmp_path)
     assert cli(["report", str(run)]) == 0
-    page = (run / "report.html").read_text()
+    assert sorted(p.name for p in run.iterdir()) == before
+    page = (tmp_path / "run-report" / "report.html").read_text()
     assert "gloo (eager)" in page and "commbench sweep -b 1K -e 1M" in page
-    assert sorted(p.name for p in (run / "plots").glob("*.png")) == [
+    assert sorted(p.name for p in (tmp_path / "run-report" / "plots").glob("*.png")) == [
         "busbw_bf16.png", "busbw_fp32.png", "latency_bf16.png", "latency_fp32.png"]
+    monkeypatch.chdir(run)   # the default would land inside the run: refused, nothing written
+    assert cli(["report", str(run)]) == 2
+    assert sorted(p.name for p in run.iterdir()) == before
 
 
 def test_report_shows_fused_against_unfused_from_a_recorded_run(tmp_path, capsys):
@@ -175,8 +181,8 @@ def test_the_page_says_how_the_run_ended(ending, shown, tmp_path):
     shutil.copytree(CPU_A, run)
     info = {k: v for k, v in json.loads((run / "run.json").read_text()).items() if k != "finished"}
     (run / "run.json").write_text(json.dumps({**info, **ending}))
-    assert cli(["report", str(run)]) == 0
-    page = (run / "report.html").read_text()
+    assert cli(["report", str(run), "--out", str(tmp_path / "out")]) == 0
+    page = (tmp_path / "out" / "report.html").read_text()
     assert f"<td>finished</td><td>{shown}" in page
     assert ("<p><b>Run " in page) == ("finished" not in ending)
 

@@ -25,7 +25,7 @@ from typing import Sequence
 
 from commbench.analysis import plots, provenance, render
 from commbench.analysis.curves import Curve, CurveKey, build_curves, counterpart, exceeds_spread, variant_label
-from commbench.files import check_dir_target, check_file_target, write_json
+from commbench.files import check_file_target, output_folder, write_json
 from commbench.errors import UsageError
 from commbench.results import Measurement, Run
 from commbench.runs import load_run
@@ -116,7 +116,8 @@ def _name(run: Run) -> str:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_a", help="the earlier / reference results dir (A)")
     parser.add_argument("run_b", help="the results dir to compare with it (B)")
-    parser.add_argument("--out", type=Path, help="where to write the plot (default: RUN_B)")
+    parser.add_argument("--out", type=Path, help="where to write the plot (default: a new folder compare-A-vs-B in "
+                                                 "the current directory; never a run dir)")
     parser.add_argument("--json", metavar="FILE", help="also write the changes as JSON ('-' for stdout)")
     parser.add_argument("--backend-a", metavar="NAME",
                         help="compare only this backend of RUN_A (with --backend-b; RUN_B may be RUN_A), e.g. nccl, "
@@ -137,8 +138,8 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     if differ and not args.different_machines:
         raise UsageError(f"A and B are not one machine's runs ({'; '.join(differ)}): their latencies differ for "
                          f"that reason too; pass --different-machines to compare them anyway")
-    out = args.out or run_b.path
-    check_dir_target(out, f"--out {out}" if args.out else f"{out} (RUN_B; --out DIR writes the plot elsewhere)")
+    out = output_folder(args.out, f"compare-{run_a.path.resolve().name}-vs-{run_b.path.resolve().name}",
+                        [run_a.path, run_b.path])
     curves_a, curves_b = build_curves(run_a.rows), build_curves(run_b.rows)
     if not curves_a or not curves_b:
         empty = run_a if not curves_a else run_b

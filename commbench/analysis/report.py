@@ -18,7 +18,7 @@ from commbench.analysis.fusion import COMPARISON_HEADERS, COMPARISON_NUMERIC, CO
 from commbench.analysis.curves import (Crossover, Curve, baseline_curve, baseline_name, build_curves, cautions,
                               crossovers, groups, is_failed_check, ranking, run_world_size, select, variant_label)
 from commbench.errors import UsageError
-from commbench.files import check_dir_target
+from commbench.files import output_folder
 from commbench.results import CRASHED, HANG, OK, WRONG, Measurement, Run, RunDir, describe_setting, write_whole
 from commbench.results.validate import file_stem
 from commbench.runs import load_run
@@ -398,7 +398,8 @@ def write_html(run: Run, facts: RowFacts, sections: list[Section], fused: list[l
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dir", help="results dir written by commbench sweep")
-    parser.add_argument("--out", type=Path, help="where to write report.html and plots/ (default: the run dir)")
+    parser.add_argument("--out", type=Path, help="where to write report.html and plots/ (default: a new folder "
+                                                 "RUN-report in the current directory; never the run dir)")
     parser.add_argument("--baseline", help="backend speedups are measured against (default: nccl, else gloo)")
     render.add_arguments(parser)
     attribute_plots.add_arguments(parser)
@@ -408,8 +409,7 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     run = load_run(args.run_dir)
     if not run.rows:
         raise UsageError(f"{run.path}: no measurements yet (measurements.jsonl is empty or missing)")
-    out = args.out or run.path
-    check_dir_target(out, f"--out {out}" if args.out else f"{out} (the run dir; --out DIR writes elsewhere)")
+    out = output_folder(args.out, f"{run.path.resolve().name}-report", [run.path])
     facts = RowFacts.of(run.rows)
     curves = build_curves(run.rows)
     baseline = baseline_name(curves, args.baseline)   # a baseline the run lacks: nothing written yet
