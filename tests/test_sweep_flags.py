@@ -12,7 +12,9 @@ import torch
 
 from commbench.analysis.curves import is_trusted
 from commbench.results import CHECK_OFF, OK, Measurement
+from commbench.errors import UsageError
 from commbench.sweep.command import add_arguments
+from commbench.sweep.nccl_flags import ANSWERS
 from commbench.sweep.live import WIDTH, format_row, header_lines
 from commbench.sweep.plan import build_plan
 from helpers import only_run_dir, rows, run_torchrun
@@ -50,6 +52,22 @@ def test_check_defaults_on_and_zero_turns_it_off() -> None:
     assert build_plan(sweep_args(), on_gpu=False).check is True
     off = build_plan(sweep_args("-c", "0"), on_gpu=False)
     assert off.check is False and off.record()["check"] is False
+
+
+def test_check_takes_a_count_as_nccl_tests_does() -> None:
+    assert build_plan(sweep_args("-c", "5"), on_gpu=False).check is True
+    with pytest.raises(UsageError, match="a count of checks"):
+        build_plan(sweep_args("-c", "-1"), on_gpu=False)
+
+
+@pytest.mark.parametrize("argv", [["-a", "3"], ["-g", "1"], ["-t", "8"], ["-J", "out.json"], ["-z"], ["-R", "2"]])
+def test_an_nccl_tests_flag_commbench_lacks_gets_one_line_with_its_equivalent(argv, capsys) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        sweep_args(*argv)
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert exit_.value.code == 2
+    assert f"{argv[0]} is not a commbench sweep flag: nccl-tests' " in err and "unrecognized" not in err
+    assert err.endswith(ANSWERS[argv[0]])
 
 
 def _row(**fields) -> Measurement:

@@ -21,7 +21,7 @@ from commbench import backends
 from commbench.backends.base import SweepFacts, describe
 from commbench.errors import FAILED_EXIT, STOP_EXIT, TERMINATED_EXIT, ResultsUnwritable, Terminated, UsageError
 from commbench.inflight import ENDED, LEFT, PeerWatch, Recorder, recover
-from commbench.sweep import launcher
+from commbench.sweep import launcher, nccl_flags
 from commbench.launch_env import torchrun_env, under_torchrun
 from commbench.runtime.context import ControlGroupLost, RunContext, init_context, shutdown
 from commbench.sweep.engine import Engine, stopped_reason
@@ -69,9 +69,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     timing.add_argument("-G", "--graph-launches", type=int, metavar="N",
                         help="nccl-tests' -G: graph mode only, each pass replaying the captured graph N times "
                              "(-n then counts the calls captured per graph); -G 0 is eager mode only")
-    timing.add_argument("-c", "--check", type=int, choices=(0, 1), default=1,
-                        help="1 (default): check every timed call's output; 0: check nothing, the rows say "
-                             "so and analysis trusts none of them")
+    timing.add_argument("-c", "--check", type=int, default=1, metavar="N",
+                        help="a count, as nccl-tests' -c: 1 or more (default 1) checks every timed call's output; "
+                             "0 checks nothing, the rows say so and analysis trusts none of them")
     timing.add_argument("-T", "--timeout", type=float, default=120.0, help="watchdog seconds per row (default 120)")
     timing.add_argument("--setup-timeout", type=float, default=900.0,
                         help="watchdog seconds for a backend's setup, which may build its kernels on first use "
@@ -101,6 +101,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     drv.add_argument("--child-timeout", type=float, default=3600.0,
                      help="seconds before the driver kills a child torchrun (default 3600)")
     backends.add_arguments(p)   # each backend family's own flags
+    nccl_flags.add_arguments(p, p._option_string_actions)   # nccl-tests' other letters: one line each
 
 
 def backend_options(opts: SweepOptions, plan: SweepPlan, run_dir: Path | None) -> backends.Options:
