@@ -338,8 +338,8 @@ def test_brief_keeps_the_decision_and_drops_the_tables(capsys):
     assert cli(args) == 0
     full = capsys.readouterr().out
     assert "export NCCL_MIN_NCHANNELS=8" in brief and "export NCCL_PROTO=LL" not in brief   # one paste block
-    assert ("  p2p:oneshot (graph): a kernel like this would save 36.3 us/call, 5.66 ms/step at concurrency 1 "
-            "(12K) against nccl:proto=LL,algo=Ring (graph)") in brief
+    assert ("  p2p:oneshot (graph): would save 36.3 us/call, 5.66 ms/step at concurrency 1 "
+            "(12K) vs nccl:proto=LL,algo=Ring (graph)") in brief
     assert "paths at TP 8" in full and "paths at TP 8" not in brief
     assert "settings that do nothing" in full and "settings that do nothing" not in brief
     paste = [line for line in brief.splitlines() if line.startswith("    ")]

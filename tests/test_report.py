@@ -88,8 +88,8 @@ def test_report_writes_self_contained_html_with_red_rows(tmp_path, capsys):
     assert page.split("<body>")[1].startswith(f"\n<p class='provenance'><b>{line}")
 
 
-CAUTION = ("caution: p2p:oneshot failed its check at 1M wrong (stale), 2M hang, 4M hang: its timings at the other "
-           "sizes come from the same code")
+CAUTION = ("caution: p2p:oneshot failed its check at 1M wrong (stale), 2M hang, 4M hang; its other sizes run "
+           "the same code")
 
 
 def test_a_winner_that_failed_at_other_sizes_is_cautioned_under_its_table(tmp_path, capsys):

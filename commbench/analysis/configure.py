@@ -20,8 +20,7 @@ from commbench.engine_paths import ALLREDUCE
 from commbench.errors import UsageError
 from commbench.units import format_bytes
 
-NCCL_ENV_SCOPE = ("an NCCL_* variable applies to every message size of every NCCL communicator of the process "
-                  "(decode, prefill and any other group), not to one concurrency")
+NCCL_ENV_SCOPE = "an NCCL_* variable applies to every message size of every NCCL communicator of the process"
 
 DECODE, PREFILL = "decode", "prefill"
 

@@ -13,8 +13,7 @@ def _said(cell: Cell) -> str:
     if cell.saving_us is None:
         missing = "the default" if cell.default_us is None else "the configuration"
         reach = 1 << max(0, (cell.message_bytes - 1).bit_length())
-        return (f"{cell.where()}: {missing} not measured at this size, never extrapolated (a sweep with "
-                f"-e {format_bytes(reach)} prices it)")
+        return f"{cell.where()}: {missing} not measured (a sweep with -e {format_bytes(reach)} prices it)"
     if cell.beyond_spread is False:
         return f"{cell.where()}: no measurable difference ({abs(cell.saving_us):.1f} us/call, inside the spread)"
     word = "slower" if cell.saving_us < 0 else "faster"
@@ -30,15 +29,15 @@ def block(c: Configuration, tag: str, wide: bool = False, brief: bool = False) -
         if c.next_command:
             lines += ["the command that would price it:", f"  {c.next_command}"]
         return lines
-    source = "the engine's default here" if brief else c.prefill_source
-    lines = [render.prose(f"one configuration for {loads_text(c.loads)} and prefill chunks of {c.prefill_tokens} "
-                          f"tokens ({source}):", wide)]
+    source = "" if brief else f" ({c.prefill_source})"
+    lines = [render.prose(f"one configuration for {loads_text(c.loads)}, prefill chunk {c.prefill_tokens} "
+                          f"tokens{source}:", wide)]
     if c.is_default:
         said = c.why or "the engine's default is the cheapest configuration measured here"
         lines.append(render.prose(f"the engine's default: nothing to set ({said}; {tag})", wide))
     else:
-        lines.append(render.prose(f"{c.chosen}: {c.weighted_saving_ms:.2f} ms per step less allreduce than the "
-                                  f"engine's default, weighted over the mix ({tag})", wide))
+        lines.append(render.prose(f"{c.chosen}: {c.weighted_saving_ms:.2f} ms/step less allreduce than the "
+                                  f"default over the mix ({tag})", wide))
         if c.library:
             lines.append(render.prose(f"not paste-ready: {c.refused}", wide, indent="  "))
             if c.paste:
@@ -53,7 +52,7 @@ def block(c: Configuration, tag: str, wide: bool = False, brief: bool = False) -
         lines.extend(render.prose(f"note: {n}", wide, indent="  ") for n in c.notes)
     losses = [_said(cell) for cell in c.cells if cell.loses or cell.saving_us is None]
     if not c.is_default:
-        lines.append(render.prose("where it loses or is not priced: " + ("; ".join(losses) if losses else "nowhere"),
+        lines.append(render.prose("where it loses: " + ("; ".join(losses) if losses else "nowhere"),
                                   wide, indent="  "))
     return lines
 
@@ -79,5 +78,4 @@ def _mark(c: Configuration, k: Candidate) -> str:
 
 
 def tradeoff_title(names: str, tag: str) -> str:
-    return (f"{names} trade-offs ({tag}): us per allreduce call at each size ('-': not measured there), ms/step "
-            "weighted over the mix; '>' the configuration above")
+    return f"{names} trade-offs ({tag}): us per call ('-': not measured), ms/step over the mix; '>' chosen"

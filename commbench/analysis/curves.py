@@ -461,8 +461,7 @@ def cautions(rows: Iterable[Measurement], shown: Iterable[Curve]) -> list[str]:
         bad = sorted(failures.get((curve.backend, Cell.setting(curve.env_setting)), ()))
         if bad:
             where = ", ".join(f"{format_bytes(b)} {failure}" for b, failure in bad)
-            line = (f"{curve.key.variant} failed its check at {where}: its timings at the other sizes come "
-                    "from the same code")
+            line = f"{curve.key.variant} failed its check at {where}; its other sizes run the same code"
             if line not in out:
                 out.append(line)
     return out

@@ -226,7 +226,7 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     run, curves, tp, tag = found.run, found.curves, found.tp, found.tag
     named = match_curves(curves, args.backend) if args.backend else []
 
-    print(provenance.describe(run))
+    print(render.prose(provenance.describe(run), args.wide))
     print(f"{model.describe()}; TP {tp or '?'}")
     print(render.prose(f"source: {model.source}", args.wide))
     if model.note:

@@ -129,11 +129,10 @@ def _brief_headroom(rooms: list[Headroom], tag: str, wide: bool) -> list[str]:
                 best[r.curve] = r
     if not best:
         return []
-    lines = ["\n" + render.prose(f"headroom ({tag}): kernels measured here that no requested engine takes here, by "
-                                  "default or by a setting; for comparison only:", wide)]
-    lines += [render.prose(f"{_kernel(r)}: a kernel like this would save {r.saving.per_call_us:.1f} us/call, "  # type: ignore[union-attr]
+    lines = ["\n" + render.prose(f"headroom ({tag}; no engine takes these here, for comparison only):", wide)]
+    lines += [render.prose(f"{_kernel(r)}: would save {r.saving.per_call_us:.1f} us/call, "  # type: ignore[union-attr]
                            f"{r.saving.per_step_ms:.2f} ms/step at concurrency {r.concurrency} "  # type: ignore[union-attr]
-                           f"({format_bytes(r.message_bytes)}) against {r.versus.curve if r.versus else '-'}",
+                           f"({format_bytes(r.message_bytes)}) vs {r.versus.curve if r.versus else '-'}",
                            wide, indent="  ")
               for r in best.values()]
     return lines
@@ -184,13 +183,17 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     args.tp_shown = tp or "?"
     implementations = measured_implementations(run.rows)
 
-    print(provenance.describe(run))
+    print(render.prose(provenance.describe(run), args.wide))
     print(f"{model.describe()}; TP {args.tp_shown}")
-    print(render.prose(f"costs are us per allreduce call from this run ({tag}); per step = "
-                       f"{model.allreduces_per_token} calls (each sequence's time per output token). A server runs "
-                       "one configuration: it is priced against the engine's default measured in this run at every "
-                       "size of the mix and the prefill chunk; a margin inside both sides' p10-p90 spread is 'no "
-                       "measurable difference'", args.wide))
+    if args.brief:
+        print(render.prose(f"us per allreduce call, ms per step of {model.allreduces_per_token} calls; one "
+                           "configuration per server, against the engine's default in this run", args.wide))
+    else:
+        print(render.prose(f"costs are us per allreduce call from this run ({tag}); per step = "
+                           f"{model.allreduces_per_token} calls (each sequence's time per output token). A server "
+                           "runs one configuration: it is priced against the engine's default measured in this run "
+                           "at every size of the mix and the prefill chunk; a margin inside both sides' p10-p90 "
+                           "spread is 'no measurable difference'", args.wide))
     costs = [_costs_table(d, tag, args, implementations) if d.options and not args.brief else None
              for d in found.decisions]
     trades = [configure_text.tradeoffs(c, args.wide) for c in found.configurations]
@@ -223,9 +226,10 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
         for rule in inert:
             print(render.prose(f"- {rule.setting}: {rule.why} ({rule.source})", args.wide, indent="  "))
     print("\n" + render.prose(
-        "A microbenchmark win is a hypothesis: confirm it with an end-to-end decode run at your concurrency (on a "
-        "16-GPU PCIe-switch server, Kimi K2.6 at TP8 decoded faster with the custom allreduce off at short "
-        "context: 157 vs 139 tok/s at concurrency 1; voipmonitor/rtx6kpro benchmarks, 2026-04-25).", args.wide))
+        "A microbenchmark win is a hypothesis: confirm it with an end-to-end decode run at your concurrency"
+        + ("." if args.brief else " (on a 16-GPU PCIe-switch server, Kimi K2.6 at TP8 decoded faster with the "
+           "custom allreduce off at short context: 157 vs 139 tok/s at concurrency 1; voipmonitor/rtx6kpro "
+           "benchmarks, 2026-04-25)."), args.wide))
     sys.stdout.flush()
 
     write_json(args.json, {"provenance": provenance.of(run).to_dict(), "model": asdict(model), "tp": tp,
