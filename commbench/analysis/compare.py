@@ -156,12 +156,12 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     if backend_a is not None:
         name_a, name_b = f"{name_a} {backend_a}", f"{name_b} {backend_b}"
 
-    print(f"A: {origin_a.line()}")
-    print(f"B: {origin_b.line()}")
+    print(render.prose(f"A: {origin_a.line()}", args.wide))
+    print(render.prose(f"B: {origin_b.line()}", args.wide))
     if differ:
         print(f"note: A and B are not one machine's runs ({'; '.join(differ)}): a change below is "
               "partly the machines' difference, not a before/after of one setting")
-    print(f"A = {name_a} ({run_a.path}), B = {name_b} ({run_b.path})")
+    print(render.prose(f"A = {name_a} ({run_a.path}), B = {name_b} ({run_b.path})", args.wide))
     nccl_ran = {side: nccl_version_lines(_rows_of(run, backend))
                 for side, run, backend in (("a", run_a, backend_a), ("b", run_b, backend_b))}
     for side, lines in nccl_ran.items():
@@ -173,13 +173,21 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
         print(f"only in A: {', '.join(only_a)}")
     if only_b:
         print(f"only in B: {', '.join(only_b)}")
-    print("'beyond spread' = the latency change is larger than the jitter p10-p90 spread of both runs\n")
-    print(render.table(["backend", "dtype", "size", "latency A us", "latency B us", "change", "p99 A us",
-                        "p99 B us", "p99 change", "verdict"],
-                       [[c.curve, c.dtype, format_bytes(c.message_bytes), fmt_us(c.latency_a_us),
-                         fmt_us(c.latency_b_us), fmt_pct(c.latency_change_pct), fmt_us(c.p99_a_us), fmt_us(c.p99_b_us),
-                         fmt_pct(c.p99_change_pct), c.verdict] for c in rows],
-                       right=(2, 3, 4, 5, 6, 7, 8), wide=args.wide))
+    print(render.prose("'beyond spread' = the latency change is larger than the jitter p10-p90 spread of both runs",
+                       args.wide) + "\n")
+    # One table per backend and dtype under its name: the backend spec is never folded in a column.
+    groups: dict[tuple[str, str], list[Change]] = {}
+    for c in rows:
+        groups.setdefault((c.curve, c.dtype), []).append(c)
+    for (curve, dtype), changed in groups.items():
+        print(f"{curve}, {dtype}")
+        print(render.table(["size", "latency A us", "latency B us", "change", "p99 A us", "p99 B us", "p99 change",
+                            "verdict"],
+                           [[format_bytes(c.message_bytes), fmt_us(c.latency_a_us), fmt_us(c.latency_b_us),
+                             fmt_pct(c.latency_change_pct), fmt_us(c.p99_a_us), fmt_us(c.p99_b_us),
+                             fmt_pct(c.p99_change_pct), c.verdict] for c in changed],
+                           right=(0, 1, 2, 3, 4, 5, 6), wide=args.wide))
+        print()
     slower = [c for c in rows if c.verdict == "B slower"]
     faster = [c for c in rows if c.verdict == "B faster"]
     print(f"\n{len(slower)} slower and {len(faster)} faster beyond spread, "

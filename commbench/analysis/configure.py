@@ -201,7 +201,7 @@ def _weighted(model: Model, loads: tuple[Load, ...], costs: list[float | None]) 
 def next_command(model: Model, tp: int | None) -> str:
     """The sweep that would price an engine's default on the serving box."""
     what = f"--model {model.key}" if model.key != "custom" else f"--hidden {model.hidden} --tokens 1,2,4,...,256"
-    return f"torchrun --nproc-per-node {tp or 'TP'} -m commbench sweep {what}   # on the serving box, one GPU per rank"
+    return f"torchrun --nproc-per-node {tp or 'TP'} -m commbench sweep {what}"
 
 
 def configure(d: EngineDecision, model: Model, loads: tuple[Load, ...], prefill_tokens: int, prefill_source: str,

@@ -27,7 +27,8 @@ def block(c: Configuration, tag: str, wide: bool = False, brief: bool = False) -
     if c.chosen is None:
         lines = [render.prose(f"no configuration can be priced from this run ({tag}): {c.why}", wide)]
         if c.next_command:
-            lines += ["the command that would price it:", f"  {c.next_command}"]
+            lines += ["the sweep that would price it, on the serving box with one GPU per rank:",
+                      f"    {c.next_command}"]
         return lines
     source = "" if brief else f" ({c.prefill_source})"
     lines = [render.prose(f"one configuration for {loads_text(c.loads)}, prefill chunk {c.prefill_tokens} "

@@ -222,7 +222,8 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
         print("\n" + render.prose(f"caution: {line}", args.wide))
     inert = inert_here(run, tp)
     if inert and not args.brief:
-        print("\nsettings that do nothing on this box (from its probe snapshot; never printed above as a setting):")
+        print("\n" + render.prose("settings that do nothing on this box (from its probe snapshot; never printed "
+                                  "above as a setting):", args.wide))
         for rule in inert:
             print(render.prose(f"- {rule.setting}: {rule.why} ({rule.source})", args.wide, indent="  "))
     print("\n" + render.prose(
