@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from commbench.cli import main as cli
-from commbench.analysis.curves import baseline_name, build_curves, crossovers, ranking, select
+from commbench.analysis.curves import NO_DIFFERENCE, baseline_name, build_curves, crossovers, ranking, select
 from commbench.analysis.fusion import COMPARISON_HEADERS, FUSED_OP, comparison_cells
 from commbench.analysis.report import range_rows
 from commbench.results import Measurement
@@ -36,9 +36,12 @@ def test_a_wrong_row_never_wins_even_when_fastest():
 
 def test_crossover_table():
     cuts = [(c.first_bytes, c.last_bytes, c.winner) for c in crossovers(_graph_bf16())]
+    # a size where the fastest is inside both spreads of the runner-up has no winner
     assert cuts == [(4 * K, 64 * K, "p2p:oneshot (graph)"),
-                    (128 * K, 1 << 20, "symm_mem:two_shot (graph)"),
-                    (2 << 20, 4 << 20, "nccl[NCCL_MIN_NCHANNELS=8] (graph)")]
+                    (128 * K, 128 * K, NO_DIFFERENCE),
+                    (256 * K, 1 << 20, "symm_mem:two_shot (graph)"),
+                    (2 << 20, 2 << 20, "nccl[NCCL_MIN_NCHANNELS=8] (graph)"),
+                    (4 << 20, 4 << 20, NO_DIFFERENCE)]
     first = range_rows(_graph_bf16(), "nccl")[0]
     assert first.runner_up == "symm_mem:two_shot (graph)"
     assert first.margin_x == pytest.approx((33 / 27, 20 / 8))      # runner-up / winner p50 at 64K and 4K
@@ -81,7 +84,8 @@ def test_report_writes_self_contained_html_with_red_rows(tmp_path, capsys):
     assert sum("p2p:oneshot" in r and "<td>hang</td>" in r for r in bad) == 2
     assert "cuMemCreate probe failed on rank 3" in page                   # probe verdicts
     out = capsys.readouterr().out
-    assert "2M-4M    nccl[NCCL_MIN_NCHANNELS=8] (graph)" in out
+    assert re.search(r"\n2M +nccl\[NCCL_MIN_NCHANNELS=8\]", out)
+    assert re.search(r"\n4M +no measurable difference ", out)
     # What the data is comes first, on the console and on the page.
     line = "data: fixture: hand-made test data, not a measurement"
     assert out.startswith(line)

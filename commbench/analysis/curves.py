@@ -430,8 +430,13 @@ class Crossover:
     sizes: int          # measured sizes in this range
 
 
+NO_DIFFERENCE = "no measurable difference"
+
+
 def crossovers(curves: list[Curve]) -> list[Crossover]:
-    """Size ranges with one winner, over every size any curve measured (same dtype and mode)."""
+    """Size ranges with one winner, over every size any curve measured (same dtype and mode). A
+    size where the fastest beats the runner-up by no more than both their p10-p90 spreads has no
+    winner: NO_DIFFERENCE (a table alternating between two kernels at 1.00x says nothing)."""
     sizes = sorted({p.message_bytes for c in curves for p in c.points})
     out: list[Crossover] = []
     for size in sizes:
@@ -439,6 +444,9 @@ def crossovers(curves: list[Curve]) -> list[Crossover]:
         if not ranked:
             continue
         winner = ranked[0].curve.label
+        if len(ranked) > 1 and exceeds_spread(ranked[1].point.latency_us - ranked[0].point.latency_us,
+                                              ranked[0].point, ranked[1].point) is False:
+            winner = NO_DIFFERENCE
         if out and out[-1].winner == winner:
             last = out[-1]
             out[-1] = Crossover(last.first_bytes, size, winner, last.sizes + 1)

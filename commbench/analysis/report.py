@@ -34,8 +34,7 @@ class RangeRow:
     """One line of the crossover table: who wins a size range, by how much."""
 
     crossover: Crossover
-    latency_first_us: float
-    latency_last_us: float
+    latency_us: tuple[float, float]           # the fastest's latency over the range, lowest and highest
     runner_up: str | None
     margin_x: tuple[float, float] | None      # runner-up latency / winner latency, min and max over the range
     vs_baseline_x: tuple[float, float] | None  # baseline latency / winner latency
@@ -62,7 +61,7 @@ def range_rows(curves: list[Curve], baseline: str | None) -> list[RangeRow]:
             base_point = base.at(size) if base is not None else None
             if base_point is not None:
                 versus.append(base_point.latency_us / win.point.latency_us)
-        out.append(RangeRow(cross, firsts[0], firsts[-1], runner, _span(margins), _span(versus)))
+        out.append(RangeRow(cross, (min(firsts), max(firsts)), runner, _span(margins), _span(versus)))
     return out
 
 
@@ -333,16 +332,32 @@ def build_sections(failed: list[Measurement], curves: list[Curve], baseline: str
         if len({g.emulation for g in found}) > 1:
             title += f", {group.emulation or 'real GPUs'}"
         out.append(Section(title, members, ranges,
-                           cautions(failed, [by_label[r.crossover.winner] for r in ranges])))
+                           cautions(failed, [by_label[r.crossover.winner] for r in ranges
+                                             if r.crossover.winner in by_label])))
     return out
 
 
+def _latency(r: RangeRow) -> str:
+    lo, hi = r.latency_us   # ascending, whichever end of the range is faster
+    return fmt_us(lo) if fmt_us(lo) == fmt_us(hi) else f"{fmt_us(lo)}-{fmt_us(hi)}"
+
+
+def crossover_cells(section: Section, baseline: str | None) -> tuple[list[str], list[list[str]]]:
+    """The crossover table's headers and rows; the baseline column only where it says something."""
+    headers = ["sizes", "winner", "measured sizes", "fastest latency us", "runner-up (first size)",
+               "margin over runner-up"]
+    rows = [[_range_text(r.crossover), r.crossover.winner, str(r.crossover.sizes), _latency(r), r.runner_up or "-",
+             _x(r.margin_x)] for r in section.ranges]
+    if baseline and any(r.vs_baseline_x for r in section.ranges):
+        headers.append(f"vs {baseline}")
+        for row, r in zip(rows, section.ranges):
+            row.append(_x(r.vs_baseline_x))
+    return headers, rows
+
+
 def crossover_html(section: Section, baseline: str | None) -> str:
-    rows = [[_esc(_range_text(r.crossover)), _esc(r.crossover.winner), _esc(str(r.crossover.sizes)),
-             _esc(f"{fmt_us(r.latency_first_us)}-{fmt_us(r.latency_last_us)}"), _esc(r.runner_up or "-"),
-             _esc(_x(r.margin_x)), _esc(_x(r.vs_baseline_x))] for r in section.ranges]
-    return _table(["sizes", "winner", "measured sizes", "winner latency us", "runner-up (first size)",
-                   "margin over runner-up", f"vs {baseline or 'baseline'}"], rows, numeric=(2, 3, 5, 6))
+    headers, rows = crossover_cells(section, baseline)
+    return _table(headers, [[_esc(c) for c in row] for row in rows], numeric=(2, 3, 5, 6))
 
 
 def write_html(run: Run, facts: RowFacts, sections: list[Section], fused: list[list[str]],
@@ -439,18 +454,15 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     written.extend(path for png, _ in trace[1] for path in (png, png.with_suffix(".svg")))
     write_html(run, facts, sections, fused, images, baseline, html_path, trace)
 
-    print(provenance.describe(run))   # says "emulated: ..." for ranks that shared GPUs
+    print(render.prose(provenance.describe(run), args.wide))   # says "emulated: ..." for ranks that shared GPUs
     print(f"run {run.info.get('run_id', run.path.name)}: {facts.status_text}"
           + (f"; {run_state(run.info)}" if run_state(run.info) else ""))
     for section in sections:
         print(f"\n{section.title}: winner per size range (trusted rows only; margins are latency ratios)")
-        print(render.table(["sizes", "winner", "latency us", "runner-up", "margin", f"vs {baseline or '-'}"],
-                           [[_range_text(r.crossover), r.crossover.winner,
-                             f"{fmt_us(r.latency_first_us)}-{fmt_us(r.latency_last_us)}", r.runner_up or "-",
-                             _x(r.margin_x), _x(r.vs_baseline_x)] for r in section.ranges],
-                           right=(2, 4, 5), wide=args.wide))
+        headers, rows = crossover_cells(section, baseline)
+        print(render.table(headers, rows, right=tuple(i for i in (2, 3, 5, 6) if i < len(headers)), wide=args.wide))
         for line in section.cautions:
-            print(f"caution: {line}")
+            print(render.prose(f"caution: {line}", args.wide))
     if fused:
         print(f"\n{COMPARISON_TITLE} ({FUSION_NOTE})")
         print(render.table(COMPARISON_HEADERS, fused, right=COMPARISON_NUMERIC, wide=args.wide))
@@ -461,8 +473,10 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
             print(f"  {line}")
     failed_rows = facts.failed
     if failed_rows:
-        print(f"\n{len(failed_rows)} row(s) failed their check (wrong data, hang or crash), excluded from winners: "
-              + ", ".join(sorted({f'{r.backend} {format_bytes(r.message_bytes)} {r.status}' for r in failed_rows})))
+        print("\n" + render.prose(
+            f"{len(failed_rows)} row(s) failed their check (wrong data, hang or crash), excluded from winners: "
+            + ", ".join(sorted({f'{r.backend} {format_bytes(r.message_bytes)} {r.status}' for r in failed_rows})),
+            args.wide))
     print(f"\nwrote {html_path}")
     for path in written:
         print(f"wrote {path}")
