@@ -93,6 +93,17 @@ def test_every_live_line_fits_120_columns_and_nothing_is_cut(fields: dict) -> No
         assert " ".join(" ".join(line.split()) for line in lines).endswith(" ".join(row.reason.split()))
         assert len(lines) > 1 and all(line.startswith("        ") for line in lines[1:])
     assert all(len(line) <= WIDTH for line in header_lines(False))
+    assert f"{row.backend}: " in " ".join(lines)   # the whole name: MSCCL++ variants begin alike
+
+
+def test_the_p99_beside_the_time_says_what_it_is() -> None:
+    graph = format_row(_row(jitter_samples=10))
+    assert "[p99 of 10 replay means]" in " ".join(graph.split())
+    eager = format_row(_row(mode="eager", jitter_samples=200))
+    assert "p99" not in eager.split("  ok")[-1]                      # a per-call p99 of 200 calls: no flag
+    assert "p99 of 20 calls" in " ".join(format_row(_row(mode="eager", jitter_samples=20)).split())
+    below = format_row(_row(mode="eager", jitter_samples=200, jitter_p99_us=10000.0))
+    assert "p99 below time: separate passes" in " ".join(below.split())
 
 
 def test_header_says_time_and_p99_come_from_different_passes() -> None:
@@ -106,7 +117,7 @@ def test_header_says_time_and_p99_come_from_different_passes() -> None:
 def test_an_unchecked_row_is_labelled_and_never_trusted() -> None:
     checked, unchecked = _row(), _row(wrong_elements=None, checked_calls=0, extra={"check": CHECK_OFF})
     assert is_trusted(checked) and not is_trusted(unchecked)
-    assert "ok, unchecked" in format_row(unchecked).splitlines()[0] and "unchecked" not in format_row(checked)
+    assert "ok, unchecked" in " ".join(format_row(unchecked).split()) and "unchecked" not in format_row(checked)
 
 
 @pytest.mark.procs

@@ -165,21 +165,34 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
             status, run_dir = launcher.drive(opts, env_settings, variants, plan)
         finally:
             del os.environ[LAUNCH_COMMAND_VAR]
-        return _finish(opts, status, run_dir, ranks)
+        return _finish(opts, status, run_dir, ranks, on_gpu)
     status, run_dir = _run(opts, plan, specs, on_gpu)
     if rank != 0 or opts.run_dir:   # a driver's child: the driver says what comes next
         return status
-    return _finish(opts, status, run_dir, ranks)
+    return _finish(opts, status, run_dir, ranks, on_gpu)
 
 
-def _finish(opts: SweepOptions, status: int, run_dir: Path, ranks: int) -> int:
-    """After a sweep that ended well: the command that turns a --model run into the decision,
-    then the --qualify verdict (whose exit status is the command's)."""
+def next_commands(opts: SweepOptions, run_dir: Path, ranks: int, on_gpu: bool) -> list[str]:
+    """What to run after a sweep: every sweep ends with them. A run of one GPU per rank answers
+    recommend; a CPU run prices no engine path, so its next step is the sweep on the GPU box."""
+    run = shlex.quote(str(run_dir))
+    model = shlex.quote(opts.model) if opts.model is not None else "MODEL"
+    out = [f"commbench report {run}"]
+    if on_gpu:
+        out.append(f"commbench recommend {run} --model {model} --tp {ranks}")
+    else:
+        out.append(f"torchrun --nproc-per-node N -m commbench sweep --model {model}   "
+                   "# on the GPU box: a CPU run prices no engine path")
+    return out
+
+
+def _finish(opts: SweepOptions, status: int, run_dir: Path, ranks: int, on_gpu: bool) -> int:
+    """After a sweep that ended well: the commands that come next (the decision for a --model
+    run), then the --qualify verdict (whose exit status is the command's)."""
     if status != 0:
         return status
-    if opts.model is not None:
-        print(f"# next: commbench recommend {shlex.quote(str(run_dir))} --model {shlex.quote(opts.model)} "
-              f"--tp {ranks}", flush=True)
+    for command in next_commands(opts, run_dir, ranks, on_gpu):
+        print(f"# next: {command}", flush=True)
     return _qualify(opts, run_dir) if opts.qualify is not None else status
 
 
