@@ -508,9 +508,7 @@ class PcieIpcAllreduce(_FlashInferBase):
         return reason
 
     def engine_settings(self, world_size: int | None) -> engines.Settings:
-        return engines.Settings(self.name, vllm_env=dict(engines.FLASHINFER_PCIE_IPC_ENV), sglang_supported=False,
-                                notes=[engines.SGLANG_PCIE_IPC],
-                                engine_paths=engines.claim(engines.FLASHINFER_PCIE_IPC, engines.VLLM))
+        return engines.pcie_ipc(self.name, [])
 
     def _shape(self, message_bytes: int) -> tuple[int, int]:
         return pcie_shapes([message_bytes], self._itemsize, self._hidden)[0]

@@ -180,9 +180,8 @@ class VllmCustomAllreduce(Backend):
     def engine_settings(self, world_size: int | None) -> engines.Settings:
         notes = [engines.CUSTOM_AR_ON_BY_DEFAULT, engines.CUSTOM_AR_PCIE_GATE, engines.SGLANG_NOT_VLLM_KERNEL]
         if self.variant != AUTO:
-            # One stage of vLLM's kernel: vLLM runs it only at the sizes its kernel picks it for.
-            return engines.Settings(self.name, notes=[engines.VLLM_STAGE_BY_SIZE, *notes], vllm_supported=False,
-                                    sglang_supported=False)
+            # One stage of vLLM's kernel: VLLM_CUSTOM_ALLREDUCE_ALGO makes vLLM run it at every size.
+            return engines.vllm_forced_stage(self.name, STAGES[self.variant], notes)
         # vLLM's kernel (its _C ops, or FlashInfer's verbatim port of the same source; the row says which).
         return engines.Settings(self.name, vllm_env=dict(engines.VLLM_ONLY_CUSTOM_ALLREDUCE), sglang_supported=False,
                                 notes=notes, engine_paths=engines.claim(engines.CUSTOM_AR, engines.VLLM))

@@ -31,6 +31,9 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "recommend": ("commbench.analysis.recommend",
                   "per engine: the allreduce paths it can take here, its default, their costs and the fastest, "
                   "with settings"),
+    "engines": ("commbench.analysis.engine_chains",
+                "per engine: its allreduce dispatch chain here, each path's gate, limit and source, the default per "
+                "decode size; --check PATH compares the built-in engine facts with a release's source"),
     "qualify": ("commbench.analysis.qualify",
                 "PASS/WARN/FAIL a results dir against a machine-class spec (exit 1 on FAIL, JUnit XML on request)"),
     "compare": ("commbench.analysis.compare",

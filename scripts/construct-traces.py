@@ -3,7 +3,7 @@
 here): kineto's Chrome-trace layout (output_json.cpp: top keys, ph "X" events, kernel args
 "correlation", "stream", "graph id", "graph node id"; launches as cuda_runtime events; c10d's
 record_param_comms args) with the kernel names the engines' sources give (see each backend
-module's TRACE_KERNELS and commbench/engines.py). Every file says it is constructed.
+module's TRACE_KERNELS and commbench/engines/settings.py). Every file says it is constructed.
 
     python3 scripts/construct-traces.py [OUT_DIR]
 

@@ -147,6 +147,7 @@ BAD_INPUT = [
     # ---- report
     (["report", "{runs}/synthetic-pcie-8gpu", "--baseline", "nosuch", "--out", "out"], "baseline 'nosuch' has no"),
     (["report", "/no/such/run"], "no such results directory"),
+    (["engines", "--model", "no-such-model"], "unknown model 'no-such-model'"),
     (["report", "{in}"], "not a commbench results dir (no run.json)"),
     (["report", "{in}/run-list"], "run-list/run.json: a JSON list, not a commbench run.json (an object)"),
     (["report", "{in}/run-json-dir"], "run-json-dir/run.json: is a directory, not a commbench run.json"),

@@ -87,7 +87,10 @@ def test_engine_settings() -> None:
     assert vauto.vllm_env == engines.VLLM_ONLY_CUSTOM_ALLREDUCE and vauto.vllm_supported
     assert not vauto.sglang_supported and engines.CUSTOM_AR_PCIE_GATE in vauto.notes
     stage = vl.VllmCustomAllreduce("two_stage", None).engine_settings(4)
-    assert stage.notes[0] == engines.VLLM_STAGE_BY_SIZE and not stage.vllm_supported and not stage.vllm_env
+    # VLLM_CUSTOM_ALLREDUCE_ALGO forces vLLM's stage: the stage is a setting a user can choose
+    assert stage.notes[0] == engines.VLLM_STAGE_FORCED and stage.vllm_supported and not stage.sglang_supported
+    assert stage.vllm_env["VLLM_CUSTOM_ALLREDUCE_ALGO"] == "2stage"
+    assert engines.declared_paths(stage) == {"vllm": {"path": engines.CUSTOM_AR, "stand_in": False}}
 
 
 @pytest.mark.parametrize("world, size, graph, eager", [

@@ -1,5 +1,5 @@
 """The engine-path model: which allreduce paths vLLM and SGLang can take on a probed box at a TP
-size, and which one each takes by default at a message size (commbench/engine_paths.py)."""
+size, and which one each takes by default at a message size (commbench/engines/paths.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from commbench import engine_paths, engines
-from commbench.engines import CUSTOM_AR, FLASHINFER_AR, NCCL_PATH, NCCL_SYMM, SGLANG, TORCH_SYMM_MEM, VLLM
+from commbench import engines
+from commbench.engines import paths as engine_paths
+from commbench.engines import (CUSTOM_AR, FLASHINFER_AR, FLASHINFER_FUSED, NCCL_PATH, NCCL_SYMM, SGLANG, TORCH_SYMM_MEM,
+                               VLLM)
 from commbench.policy import MULTICAST_POLICY_VARS
 
 ROOT = Path(__file__).parent.parent
@@ -35,13 +37,19 @@ def nvswitch_h200(multicast: bool) -> dict:
     return snap
 
 
-def by_path(engine: str, snapshot: dict, world_size: int = 8, dtype: str = "bf16") -> dict:
-    return {s.path: s for s in engine_paths.states(engine, snapshot, world_size, dtype)}
+def by_path(engine: str, snapshot: dict, world_size: int = 8, dtype: str = "bf16",
+            workload: engine_paths.Workload | None = None) -> dict:
+    return {s.path: s for s in engine_paths.states(engine, snapshot, world_size, dtype, workload=workload)}
 
 
-def default(engine: str, snapshot: dict, message_bytes: int, world_size: int = 8) -> str | None:
-    chosen = engine_paths.default_path(engine_paths.states(engine, snapshot, world_size, "bf16"), message_bytes)
+def default(engine: str, snapshot: dict, message_bytes: int, world_size: int = 8,
+            workload: engine_paths.Workload | None = None) -> str | None:
+    chosen = engine_paths.default_path(engine_paths.states(engine, snapshot, world_size, "bf16", workload=workload),
+                                       message_bytes)
     return chosen.path.path if chosen.path else None
+
+
+EAGER = engine_paths.Workload(mode="eager")
 
 
 def test_on_8_pcie_gpus_both_engines_fall_back_to_nccl_at_every_size():
@@ -56,27 +64,35 @@ def test_on_8_pcie_gpus_both_engines_fall_back_to_nccl_at_every_size():
     assert by_path(VLLM, with_nccl)[NCCL_SYMM].available is False
 
 
-def test_two_pcie_gpus_take_the_custom_allreduce_below_8_mib():
+def test_two_pcie_gpus_take_the_custom_allreduce_up_to_8_mib():
     for engine in engines.ENGINES:
         assert default(engine, PCIE, 64 * KiB, world_size=2) == CUSTOM_AR
-        assert default(engine, PCIE, 8 << 20, world_size=2) == NCCL_PATH     # inp_size < max_size
+        assert default(engine, PCIE, (8 << 20) + 16, world_size=2) == NCCL_PATH
+    # vLLM: inp_size < max_size; SGLang's legacy kernel: inp_size <= max_size (custom_all_reduce.py)
+    assert default(VLLM, PCIE, 8 << 20, world_size=2) == NCCL_PATH
+    assert default(SGLANG, PCIE, 8 << 20, world_size=2) == CUSTOM_AR
 
 
 def test_nvswitch_h200_dispatch_order_and_size_caps():
     snap = nvswitch_h200(multicast=True)
-    # vLLM: FlashInfer first (up to 512 KiB at TP8 on SM90), then the custom allreduce (capped at
-    # 256 KiB where symm-mem is on, so FlashInfer covers its sizes), then torch symm-mem (64 MiB).
-    assert default(VLLM, snap, 12 * KiB) == FLASHINFER_AR
+    # vLLM with CUDA graphs: the allreduce+RMSNorm fusion first (on by default, up to 512 KiB at TP8
+    # on SM90); under --enforce-eager nothing is fused and the standalone FlashInfer allreduce takes
+    # those sizes. Then the custom allreduce (capped at 256 KiB where symm-mem is on, so FlashInfer
+    # covers its sizes), then torch symm-mem (64 MiB).
+    assert default(VLLM, snap, 12 * KiB) == FLASHINFER_FUSED
+    assert default(VLLM, snap, 12 * KiB, workload=EAGER) == FLASHINFER_AR
     assert default(VLLM, snap, 1 << 20) == TORCH_SYMM_MEM
     assert default(VLLM, snap, 128 << 20) == NCCL_PATH
     assert by_path(VLLM, snap)[CUSTOM_AR].max_bytes == 256 * KiB
-    # SGLang: its custom allreduce up to 8 MiB, NCCL above; torch symm-mem is opt-in
-    assert default(SGLANG, snap, 1 << 20) == CUSTOM_AR and default(SGLANG, snap, 16 << 20) == NCCL_PATH
+    # SGLang (no architecture given, so FlashInfer stays opt-in): custom allreduce v2 up to 16 MiB
+    # inclusive, NCCL above; torch symm-mem is opt-in
+    assert default(SGLANG, snap, 1 << 20) == CUSTOM_AR and default(SGLANG, snap, 16 << 20) == CUSTOM_AR
+    assert default(SGLANG, snap, 32 << 20) == NCCL_PATH
     assert by_path(SGLANG, snap)[TORCH_SYMM_MEM].available is True
     # without multicast the symm-mem communicator is off and the custom allreduce keeps 8 MiB
     plain = nvswitch_h200(multicast=False)
     assert by_path(VLLM, plain)[TORCH_SYMM_MEM].available is False
-    assert by_path(VLLM, plain)[CUSTOM_AR].max_bytes == engines.CUSTOM_AR_MAX_BYTES
+    assert by_path(VLLM, plain)[CUSTOM_AR].max_bytes == 8 << 20
 
 
 def test_ranks_sharing_one_gpu_leave_the_fabric_gates_unknown():
@@ -84,7 +100,8 @@ def test_ranks_sharing_one_gpu_leave_the_fabric_gates_unknown():
     assert paths[CUSTOM_AR].available is None and "ranks share one GPU" in paths[CUSTOM_AR].why
     assert default(SGLANG, EMULATED, 12 * KiB) is None
     # vLLM tries FlashInfer before its custom allreduce: its default at small sizes is known
-    assert default(VLLM, EMULATED, 12 * KiB) == FLASHINFER_AR and default(VLLM, EMULATED, 1 << 20) is None
+    assert default(VLLM, EMULATED, 12 * KiB) == FLASHINFER_FUSED and default(VLLM, EMULATED, 1 << 20) is None
+    assert default(VLLM, EMULATED, 12 * KiB, workload=EAGER) == FLASHINFER_AR
     # and the inert list no longer calls the custom allreduce inert on one shared GPU
     assert not any((VLLM, CUSTOM_AR) in r.paths for r in engines.inert_settings(EMULATED, 8))
 
@@ -115,11 +132,11 @@ def test_explain_is_the_path_model_in_words(monkeypatch):
     for name in MULTICAST_POLICY_VARS:     # explain reads this host's policy
         monkeypatch.delenv(name, raising=False)
     lines = engine_paths.explain(EMULATED, 8)
-    assert ("vLLM 0.33.0 custom allreduce (CUDA IPC): cannot tell here: ranks share one GPU" in "\n".join(lines))
+    assert ("vLLM 0.34.0 custom allreduce (CUDA IPC): cannot tell here: ranks share one GPU" in "\n".join(lines))
     words = {None: "cannot tell here", False: "off"}
     for engine in engines.ENGINES:
         for state in engine_paths.states(engine, EMULATED, 8, "bf16"):
-            status = words.get(state.available, "on" if state.rule.default_on else "opt-in")
+            status = words.get(state.available, "on" if state.default_on else "opt-in")
             head = f"{engines.ENGINE_NAMES[engine]} {engines.versions()[engine]} {state.rule.title}: {status}: "
             assert any(line.startswith(head + state.why) for line in lines), head
 
@@ -133,7 +150,7 @@ def test_the_write_and_verify_warning_and_flashinfer_auto_live_in_the_path_model
     # a host whose policy forbids multicast: symm-mem off, the custom allreduce keeps 8 MiB
     blocked = {s.path: s for s in engine_paths.states(VLLM, nvswitch_h200(True), 8, "bf16", "disabled by policy")}
     assert blocked[TORCH_SYMM_MEM].available is False and "multicast_ptr == 0" in blocked[TORCH_SYMM_MEM].why
-    assert blocked[CUSTOM_AR].max_bytes == engines.CUSTOM_AR_MAX_BYTES
+    assert blocked[CUSTOM_AR].max_bytes == 8 << 20
     assert "forbidden by this host's policy" in blocked[FLASHINFER_AR].why
 
 

@@ -114,16 +114,17 @@ def test_floor_per_engine_default_best_and_headroom_apart(capsys, tmp_path):
 
 
 def test_no_what_if_against_a_default_that_was_not_measured(capsys):
-    # 8 ranks on one H200: SGLang's default (its custom allreduce) cannot be told, vLLM's default at
-    # 12K (FlashInfer) was not measured in the PCIe run
+    # 8 ranks on one H200: neither engine's default at 12K (FlashInfer, fused in vLLM) was measured in
+    # the PCIe run
     run = Path(__file__).parent.parent / "results/reference/h200-mps-emulated/world8/pcie/20261202-005850-vm"
     assert cli(["floor", str(run), "--model", "glm-5", "--concurrency", "1", "--step-ms", "17.28"]) == 0
     out = capsys.readouterr().out
     flat = " ".join(out.split())
-    assert ("vLLM 0.33.0: no what-if: the engine's default at any size of the mix cannot be priced: its default "
-            "(FlashInfer allreduce (trtllm)) was not measured") in flat
-    assert ("SGLang 0.5.23: no what-if: the engine's default at any size of the mix cannot be priced: custom "
-            "allreduce (CUDA IPC) is on by default and ranks share one GPU") in flat
+    assert ("vLLM 0.34.0: no what-if: the engine's default at any size of the mix cannot be priced: its default "
+            "(FlashInfer allreduce+RMSNorm fusion) was not measured") in flat
+    # GLM-5 (GlmMoeDsaForCausalLM): SGLang sends decode allreduces to FlashInfer by default
+    assert ("SGLang 0.5.23: no what-if: the engine's default at any size of the mix cannot be priced: its default "
+            "(FlashInfer allreduce (fusion workspace)) was not measured") in flat
     assert "not measured  " not in out    # no table of "not measured"
     assert "tokens/s" not in out
 

@@ -44,7 +44,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("commbench", "commbench.errors", "commbench.units", "commbench.files", "commbench.json_stream", "commbench.policy",
               "commbench.launch_env", "commbench.waits")),
     ("results", ("commbench.results", "commbench.results.*", "commbench.inflight", "commbench.runs")),
-    ("facts", ("commbench.engines", "commbench.engine_paths", "commbench.topology", "commbench.topology.*")),
+    ("facts", ("commbench.engines", "commbench.engines.*", "commbench.topology", "commbench.topology.*")),
     ("analysis", ("commbench.analysis", "commbench.analysis.*")),
     ("runtime", ("commbench.runtime", "commbench.runtime.*")),
     ("backends", ("commbench.backends", "commbench.backends.*")),

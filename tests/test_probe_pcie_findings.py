@@ -250,7 +250,7 @@ def test_inert_settings_on_sm120_pcie(dual):
     assert settings_of(dual, 8) == {
         "vLLM compilation pass fuse_allreduce_rms", "SGLang --enable-flashinfer-allreduce-fusion",
         "vLLM VLLM_ALLREDUCE_USE_SYMM_MEM=1", "SGLang --enable-torch-symm-mem", "vLLM / SGLang custom allreduce"}
-    assert all(r.source.startswith(("vLLM 0.33.0", "SGLang 0.5.23", "NCCL 2.29.2")) for r in rules)
+    assert all(r.source.startswith(("vLLM 0.34.0", "SGLang 0.5.23", "NCCL 2.29.2")) for r in rules)
     assert "TP 8 without full NVLink" in next(r.why for r in rules if r.setting.startswith("vLLM / SGLang custom"))
     # at TP2 vLLM's custom allreduce does run on PCIe
     assert "vLLM / SGLang custom allreduce" not in settings_of(dual, 2)

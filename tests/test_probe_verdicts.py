@@ -9,7 +9,7 @@ import pytest
 
 from commbench import backends
 from commbench.backends.mscclpp import MscclppOptions
-from commbench.engine_paths import explain
+from commbench.engines.paths import explain
 from commbench.policy import MULTICAST_POLICY_VARS
 from commbench.topology import verdicts
 from commbench.topology.needs import NO_GPU, SHARED_GPU
@@ -188,20 +188,20 @@ def test_ll128_without_nvlink_is_flagged_not_skipped(pcie8, hgx):
 
 def test_explain_pcie_gates_custom_allreduce(pcie8):
     text = "\n".join(explain(pcie8, 4))
-    assert ("vLLM 0.33.0 custom allreduce (CUDA IPC): off: above 2 GPUs it needs NVLink between every pair "
+    assert ("vLLM 0.34.0 custom allreduce (CUDA IPC): off: above 2 GPUs it needs NVLink between every pair "
             "('not supported on more than two PCIe-only GPUs'") in text
     assert "no multicast on these GPUs" in text
     assert "SGLang 0.5.23" in text
     tp2 = "\n".join(explain(pcie8, 2))
     assert "custom allreduce (CUDA IPC): on: always 1-stage at TP2" in tp2
     tp8 = "\n".join(explain(pcie8, 8))
-    assert "vLLM 0.33.0 FlashInfer allreduce (trtllm): off" in tp8 and "VLLM_ALLREDUCE_USE_FLASHINFER=1 (default)" in tp8
+    assert "vLLM 0.34.0 FlashInfer allreduce: off" in tp8 and "VLLM_ALLREDUCE_USE_FLASHINFER=1 (default)" in tp8
     assert "needs SM90 or SM10x, this is compute capability 12.0" in tp8
 
 
 def test_explain_nvswitch(hgx, monkeypatch):
     text = "\n".join(explain(hgx, 8))
-    assert "1-stage below 256 KiB, 2-stage above (full NVLink)" in text
+    assert "1-stage below 256 KiB, 2-stage above (full NVLink" in text
     assert "torch symmetric memory: on: multimem" in text
     assert "resolves to mnnvl" in text and "trtllm (SM90, single node)" in text
     monkeypatch.setenv("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")

@@ -127,8 +127,11 @@ def test_on_the_emulated_run_nothing_is_faster_than_a_default_that_was_not_measu
     text = capsys.readouterr().out
     assert text.splitlines()[0].startswith("data: emulated: 8 ranks on 1x NVIDIA H200 under MPS")
     engine_part, _ = _sections(text)
-    assert "less allreduce than" not in engine_part and "paste-ready" not in engine_part
-    assert "its default (FlashInfer allreduce (trtllm)) was not measured by the engine's own kernel" in text
+    assert "of allreduce saved" not in engine_part and "paste-ready" not in engine_part
+    # GLM-5 at TP8 on an H200: vLLM fuses allreduce+RMSNorm with FlashInfer by default, SGLang sends
+    # every decode allreduce to FlashInfer (GlmMoeDsaForCausalLM); neither was measured in this run
+    assert "its default (FlashInfer allreduce+RMSNorm fusion) was not measured by the engine's own kernel" in text
+    assert "its default (FlashInfer allreduce (fusion workspace)) was not measured by the engine's own kernel" in text
     data = json.loads(out_json.read_text())
     assert all(s["saving"] is None for e in data["engines"] for s in e["sizes"])
     assert all(e["configuration"]["chosen"] is None for e in data["engines"])
@@ -145,11 +148,13 @@ def test_variants_with_the_same_settings_are_one_block_listing_them(capsys):
     text = capsys.readouterr().out
     (legend,) = [x for x in text.splitlines() if x.startswith("  ") and " = custom allreduce (CUDA IPC): " in x]
     assert "stand-in (not the engine's kernel): p2p:auto (graph), p2p:oneshot (graph)" in legend
-    (fi,) = [x for x in text.splitlines() if x.startswith("  ") and " = FlashInfer allreduce (trtllm): " in x]
+    (fi,) = [x for x in text.splitlines() if x.startswith("  ") and " = FlashInfer allreduce: " in x]
     assert "flashinfer:trtllm_oneshot (graph), flashinfer:trtllm_twoshot (graph)" in fi
     # the custom allreduce's NVLink gate cannot be read with 8 ranks on one GPU: never a choice
     assert "cannot tell here: ranks share one GPU" in text
-    assert "the engine's default: nothing to set" in text and "paste-ready" not in text
+    # its default at these sizes (FlashInfer's fusion) was not measured: no configuration, the sweep that would
+    assert "no configuration can be priced from this run (MPS-emulated, no fabric)" in text
+    assert "paste-ready" not in text
 
 
 def _crafted_run(tmp_path: Path, settings: dict) -> Path:
@@ -218,7 +223,8 @@ def test_backends_declare_the_settings_and_the_engine_path_that_select_them():
         "flashinfer:trtllm_oneshot": {engines.VLLM: (engines.FLASHINFER_AR, False)},
         "flashinfer:fused_oneshot": {engines.VLLM: (engines.FLASHINFER_FUSED, False),
                                      engines.SGLANG: (engines.FLASHINFER_FUSED, False)},
-        "flashinfer:pcie_ipc": {engines.VLLM: (engines.FLASHINFER_PCIE_IPC, False)},
+        "flashinfer:pcie_ipc": {engines.VLLM: (engines.FLASHINFER_PCIE_IPC, False),
+                                engines.SGLANG: (engines.FLASHINFER_PCIE_IPC, False)},
         "mscclpp:auto": {engines.SGLANG: (engines.MSCCLPP, False)},
     }
     for name, claims in expected.items():
@@ -254,7 +260,7 @@ def test_cli_json(tmp_path, capsys):
     size = vllm["sizes"][0]
     assert set(size) >= {"default_path", "default_cost", "costs", "choice", "choice_cost", "saving", "why_no_saving"}
     assert size["saving"]["versus"] == "nccl (graph)"
-    assert data["engine_versions"] == {"vllm": "0.33.0", "sglang": "0.5.23", "nccl": "2.30.7"}
+    assert data["engine_versions"] == {"vllm": "0.34.0", "sglang": "0.5.23", "nccl": "2.30.7"}
     assert "caution: p2p:oneshot failed its check" in capsys.readouterr().out
 
 
@@ -287,21 +293,22 @@ def test_settings_that_do_nothing_on_the_probed_box_are_said(capsys):
     assert "vLLM / SGLang custom allreduce" in out and "at TP 8 without full NVLink" in out
 
 
-def test_the_engines_own_kernels_price_their_custom_allreduce_and_forced_stages_price_nothing():
+def test_the_engines_own_kernels_price_their_custom_allreduce_and_forced_stages_price_a_setting():
     """sglang:auto and vllm:auto are the engines' own kernels (vllm:auto through FlashInfer's
-    verbatim port where vLLM is absent); a forced algorithm or stage runs only where the engine's
-    size rule picks it, so it claims no path. Runs recorded before engine_paths existed (the H200
-    engine-kernel reference of 2026-12-02) get the same from their recorded settings."""
+    verbatim port where vLLM is absent); a forced SGLang algorithm runs only where the engine's
+    size rule picks it, so it claims no path, but vLLM's stage is a setting
+    (VLLM_CUSTOM_ALLREDUCE_ALGO). Runs recorded before engine_paths existed (the H200
+    engine-kernel reference of 2026-12-02) get the same from their recorded settings, upgraded."""
     expected = {"sglang:auto": {engines.SGLANG: (engines.CUSTOM_AR, False)},
                 "vllm:auto": {engines.VLLM: (engines.CUSTOM_AR, False)},
-                "sglang:1shot_pull": {}, "vllm:one_stage": {}}
+                "sglang:1shot_pull": {}, "vllm:one_stage": {engines.VLLM: (engines.CUSTOM_AR, False)}}
     for name, claims in expected.items():
         settings = declared(name)
         assert {e: (c["path"], c["stand_in"]) for e, c in engines.declared_paths(settings).items()} == claims, name
     run_json = next((ROOT / "results" / "reference" / "h200-mps-engine-kernels" / "world4").glob("*/run.json"))
     facts = json.loads(run_json.read_text())["backend_facts"]
-    recorded = {name: engines.declared_paths(engines.Settings.from_dict(facts[name]["engine_settings"]))
-                for name in expected}
+    recorded = {name: engines.declared_paths(engines.upgraded(engines.Settings.from_dict(
+        facts[name]["engine_settings"]))) for name in expected}
     assert {n: {e: (c["path"], c["stand_in"]) for e, c in r.items()} for n, r in recorded.items()} == expected
 
 
@@ -318,7 +325,7 @@ def test_a_price_from_an_engines_own_kernel_says_which_version_was_measured(tmp_
             "flashinfer.comm.vllm_ar)]") in out
     assert "sglang:auto (graph) [measured: sglang 0.5.23 custom allreduce v2 (JIT, " in out
     vllm = next(e for e in json.loads(out_json.read_text())["engines"] if e["engine"] == "vllm")
-    (custom,) = [o for o in vllm["options"] if o["path"] == engines.CUSTOM_AR]
+    (custom,) = [o for o in vllm["options"] if o["path"] == engines.CUSTOM_AR and "vllm:auto (graph)" in o["own"]]
     assert custom["measured_implementations"]["vllm:auto (graph)"].startswith("flashinfer-python 0.7.4")
 
     from commbench.analysis.recommend import IMPLEMENTATION_CHARS, measured_implementations

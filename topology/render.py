@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from commbench.topology.findings import findings
-from commbench.engine_paths import explain
+from commbench.engines.paths import explain
 from commbench.topology.render_pcie import pcie_tables
 from commbench.topology.tables import literal_console, new_table, styled
 from commbench.topology.verdicts import reason_for

@@ -12,11 +12,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from commbench import engine_paths, engines
+from commbench import engines
 from commbench.analysis.curves import exceeds_spread
 from commbench.analysis.decide import EngineDecision, Option, Price
 from commbench.analysis.models import Model
-from commbench.engine_paths import ALLREDUCE
+from commbench.engines import paths as engine_paths
+from commbench.engines.paths import ALLREDUCE
 from commbench.errors import UsageError
 from commbench.units import format_bytes
 
@@ -183,7 +184,7 @@ class _Engine:
         if option is None or option is default_option:
             return default_price
         state = option.state
-        takes = state.admits(message_bytes) and (not state.rule.default_on or (
+        takes = state.admits(message_bytes) and (not state.default_on or (
             default_option is not None and default_option.state is state))
         return _own_price(option, message_bytes) if takes else default_price
 
@@ -248,13 +249,14 @@ def configure(d: EngineDecision, model: Model, loads: tuple[Load, ...], prefill_
     library = False
     if option is not None:
         off_here = {st.path for st in d.states if st.available is False}
-        settings = engines.without_offs(option.settings, d.engine, off_here)
+        settings = engine_paths.launch_settings(engines.without_offs(option.settings, d.engine, off_here), d.engine,
+                                                option.state.path, d.states)
         paste, refused = engines.paste_lines(settings, d.engine, tp)
         library = bool(refused and option.settings.preload)
         if library:   # the library is loaded by the deployment; the engine's own settings still paste
             under, under_refused = engines.paste_lines(replace(settings, preload=""), d.engine, tp)
             paste = [] if under_refused else under
-        notes = tuple(one_line(n) for n in option.settings.notes if str(n) != engines.NCCL_ENV_IS_PROCESS_WIDE)
+        notes = tuple(one_line(n) for n in settings.notes if str(n) != engines.NCCL_ENV_IS_PROCESS_WIDE)
         if option.settings.nccl_env:
             notes = (NCCL_ENV_SCOPE, *notes)
     return Configuration(d.engine, d.name, loads, prefill_tokens, prefill_source,

@@ -37,8 +37,8 @@ def block(c: Configuration, tag: str, wide: bool = False, brief: bool = False) -
         said = c.why or "the engine's default is the cheapest configuration measured here"
         lines.append(render.prose(f"the engine's default: nothing to set ({said}; {tag})", wide))
     else:
-        lines.append(render.prose(f"{c.chosen}: {c.weighted_saving_ms:.2f} ms/step less allreduce than the "
-                                  f"default over the mix ({tag})", wide))
+        lines.append(render.prose(f"{c.chosen}: {c.weighted_saving_ms:.2f} ms/step of allreduce saved over the mix "
+                                  f"({tag})", wide))
         if c.library:
             lines.append(render.prose(f"not paste-ready: {c.refused}", wide, indent="  "))
             if c.paste:
@@ -65,7 +65,7 @@ def _column(kind: str, tokens: int, message_bytes: int) -> str:
 def tradeoffs(c: Configuration, wide: bool = False) -> str | None:
     """Every configuration the engine can take: us per call at each size of the mix and the
     prefill chunk, and the allreduce ms per step weighted over the mix (chosen marked '>')."""
-    if len(c.candidates) < 2:
+    if c.chosen is None or len(c.candidates) < 2:
         return None
     headers = ["configuration", *(_column(cell.phase, cell.tokens, cell.message_bytes) for cell in c.cells),
                "ms/step"]

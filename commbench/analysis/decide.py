@@ -14,26 +14,33 @@ import json
 import re
 from dataclasses import dataclass, field
 
-from commbench import engine_paths, engines
+from commbench import engines
+from commbench.engines import log as engine_log
+from commbench.engines import paths as engine_paths
+from commbench.engines import source
 from commbench.analysis.curves import Curve, Point, exceeds_spread, ranking
 from commbench.analysis.models import Model
-from commbench.engine_paths import ALLREDUCE, PathState
+from commbench.engines.paths import ALLREDUCE, PathState
 from commbench.errors import UsageError
 from commbench.results import Run
 
 
 def recorded_settings(run: Run, curve: Curve) -> engines.Settings | None:
-    """What the backend declared in this run (run.json backend_facts), under the curve's process env."""
+    """What the backend declared in this run (run.json backend_facts), under the curve's process env.
+    An nccl-tests import declares none: its rows are NCCL's own kernels, the path every engine
+    falls back to (PyNccl)."""
     facts = run.info.get("backend_facts")
     entry = facts.get(curve.backend) if isinstance(facts, dict) else None
     declared = entry.get("engine_settings") if isinstance(entry, dict) else None
+    if not isinstance(declared, dict) and _imported(run):
+        return engines.nccl_path(curve.backend).with_process_env(curve.env_setting)
     if not isinstance(declared, dict):
         return None
     try:
         settings = engines.Settings.from_dict(declared)
     except TypeError:
         return None
-    return settings.with_process_env(curve.env_setting)
+    return engines.upgraded(settings).with_process_env(curve.env_setting)
 
 
 @dataclass(frozen=True)
@@ -72,7 +79,9 @@ class Option:
         # run.json is untrusted: never echo what is refused
         if engines.env_refusal(self.settings.nccl_env) or (preload and not engines.preload_shown(preload)):
             return f"{self.state.rule.title} [settings refused]"
-        knobs = " ".join(f"{k}={v}" for k, v in sorted(self.settings.nccl_env.items()))
+        engine_env = self.settings.vllm_env if self.engine == engines.VLLM else self.settings.sglang_env
+        chosen = {k: v for k, v in engine_env.items() if k in engines.VARIANT_VARS}
+        knobs = " ".join(f"{k}={v}" for k, v in sorted({**self.settings.nccl_env, **chosen}.items()))
         parts = [knobs] if knobs else []
         parts += [f"{engines.PRELOAD_VAR}={preload}"] if preload else []
         return self.state.rule.title + "".join(f" [{p}]" for p in parts)
@@ -203,6 +212,9 @@ def decide_size(model: Model, e_states: list[PathState], opts: list[Option], con
     gain, why = None, ""
     if best is None:
         why = "no path this engine can take here was measured at this size"
+    elif default.path is not None and default.path.rule.op != ALLREDUCE:
+        why = (f"by default the engine runs {default.path.rule.title} at this size, whose timing includes the norm: "
+               "no saving is claimed against a bare allreduce (the paths below run only with the fusion off)")
     elif default.path is None:
         why = f"the default path cannot be told here: {default.why}"
     elif d_price is None:
@@ -214,9 +226,22 @@ def decide_size(model: Model, e_states: list[PathState], opts: list[Option], con
     return SizeDecision(concurrency, size, default, d_opt, d_price, prices, best, best_price, gain, why)
 
 
+def _imported(run: Run) -> bool:
+    from commbench.analysis import provenance
+    return provenance.of(run).kind == "imported"
+
+
 def box_snapshot(run: Run) -> dict | None:
-    """The run's probe snapshot; the NCCL the run recorded fills in one the probe did not."""
+    """The run's probe snapshot; the NCCL the run recorded fills in one the probe did not. An
+    nccl-tests import has no snapshot: its box is the GPUs and nodes its log shows, the fabric unknown."""
     snapshot = run.info.get("snapshot")
+    if not isinstance(snapshot, dict) and _imported(run):
+        gpus, nodes = run.info.get("gpus"), run.info.get("nodes")
+        versions = run.info.get("versions")
+        nccl = versions.get("nccl") if isinstance(versions, dict) else None
+        return {engine_paths.IMPORTED: {"gpus": len(gpus) if isinstance(gpus, list) else None,
+                                        "nodes": nodes if isinstance(nodes, int) else None},
+                "software": {"nccl": nccl if isinstance(nccl, str) else None}}
     if not isinstance(snapshot, dict):
         return None
     versions = run.info.get("versions")
@@ -227,9 +252,16 @@ def box_snapshot(run: Run) -> dict | None:
     return snapshot
 
 
+def workload(model: Model, mode: str) -> engine_paths.Workload:
+    """What the engines' model rules read; engines run CUDA graphs unless told --enforce-eager."""
+    return engine_paths.Workload(model.arch, model.hidden, engine_paths.EAGER if mode == "eager" else engine_paths.GRAPH)
+
+
 def decide(engine: str, run: Run, curves: list[Curve], model: Model, concurrencies: list[int],
-           world_size: int, version: str | None = None) -> EngineDecision:
-    e_states = engine_paths.states(engine, box_snapshot(run), world_size, model.dtype)
+           world_size: int, version: str | None = None, mode: str = "auto",
+           chain: engine_log.Chain | None = None) -> EngineDecision:
+    e_states = engine_paths.states(engine, box_snapshot(run), world_size, model.dtype, workload=workload(model, mode),
+                                   logged=list(chain.paths) if chain else None)
     opts = options(engine, e_states, run, curves)
     return EngineDecision(engine, version or engines.versions()[engine], e_states, opts,
                           [decide_size(model, e_states, opts, c) for c in concurrencies])
@@ -326,8 +358,36 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the serving engine(s) to answer for (repeatable or a comma list; default: both)")
     parser.add_argument("--engine-version", action="append", default=None, metavar="ENGINE=VERSION",
                         help="the engine version you serve with, e.g. vllm=0.33.0 (the rules are read at "
-                             f"vLLM {engines.VLLM_VERSION} and SGLang {engines.SGLANG_VERSION}; another version "
-                             "is named in the output as unchecked)")
+                             f"vLLM {engines.VLLM_VERSION} and SGLang {engines.SGLANG_VERSION}, or from the engine "
+                             "installed here; another version is named in the output as unchecked)")
+    parser.add_argument("--engine-site", metavar="PATH",
+                        help="read the engines' facts from this site-packages folder or unpacked wheel (default: "
+                             "the vLLM / SGLang installed beside commbench, else the facts built in)")
+    parser.add_argument("--engine-log", metavar="FILE",
+                        help="vLLM's start-up log: use the all-reduce chain it says it set up ('Using [...] "
+                             "all-reduce backends (in dispatch order)'); SGLang logs none")
+
+
+def engine_chains(args: argparse.Namespace) -> dict[str, engine_log.Chain]:
+    """--engine-site applied and --engine-log read: the chain per engine that logged one."""
+    source.use_site(getattr(args, "engine_site", None))
+    path = getattr(args, "engine_log", None)
+    return {engines.VLLM: engine_log.read_chain(path)} if path else {}
+
+
+def source_lines(asked: list[tuple[str, str]], chains: dict[str, engine_log.Chain], log_file: str | None
+                 ) -> list[str]:
+    """Where each engine's facts and chain come from, for the top of an output."""
+    lines = []
+    for engine, _ in asked:
+        facts = source.active(engine)
+        lines.append(f"{facts.name} facts: {source.provenance_line(facts)}")
+        lines += [f"  warning: {w}" for w in facts.warnings]
+        if engine in chains:
+            lines.append(f"  {chains[engine].said(log_file or '')}")
+        elif log_file and engine == engines.SGLANG:
+            lines.append(f"  SGLang {facts.version} logs no dispatch chain on CUDA: its chain here is the model's")
+    return lines
 
 
 def requested_engines(args: argparse.Namespace) -> list[tuple[str, str]]:

@@ -222,12 +222,12 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
         return _table_main(args, model, concurrencies)
 
     found = question.answer(question.Question(args.run_dir, model, args.tp, args.mode, loads, tuple(asked),
-                                              args.prefill_tokens))
+                                              args.prefill_tokens, tuple(decide.engine_chains(args).items())))
     run, curves, tp, tag = found.run, found.curves, found.tp, found.tag
     named = match_curves(curves, args.backend) if args.backend else []
 
     print(render.prose(provenance.describe(run), args.wide))
-    print(f"{model.describe()}; TP {tp or '?'}")
+    print(render.prose(f"{model.describe()}; TP {tp or '?'}", args.wide))
     print(render.prose(f"source: {model.source}", args.wide))
     if model.note:
         print(render.prose(f"note: {model.note}", args.wide))

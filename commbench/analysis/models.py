@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 import sys
 from dataclasses import dataclass
 from importlib import resources
@@ -19,7 +20,8 @@ else:  # pragma: no cover - exercised on 3.10 only
 
 # Decode batch sizes looked at when none are given (floor, recommend).
 DEFAULT_CONCURRENCIES = [1, 2, 4, 8, 16, 32, 64, 128, 256]
-_FIELDS = {"name", "aliases", "layers", "hidden", "ar_per_layer", "dtype", "source", "note"}
+_FIELDS = {"name", "aliases", "layers", "hidden", "architecture", "ar_per_layer", "dtype", "source", "note"}
+ARCH = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,79}$")   # a config.json architectures[0] class name
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,7 @@ class Model:
     dtype: str
     source: str
     note: str = ""
+    arch: str | None = None     # config.json architectures[0]; None: not known (a custom shape)
 
     @property
     def allreduces_per_token(self) -> int:
@@ -42,8 +45,9 @@ class Model:
         return concurrency * self.hidden * DTYPE_BYTES[self.dtype]
 
     def describe(self) -> str:
+        arch = f", {self.arch}" if self.arch else ", architecture not given (--arch NAME)"
         return (f"{self.name}: {self.layers} layers x {self.ar_per_layer} allreduces = "
-                f"{self.allreduces_per_token} per token, hidden {self.hidden}, {self.dtype}")
+                f"{self.allreduces_per_token} per token, hidden {self.hidden}, {self.dtype}{arch}")
 
 
 def _validated(key: str, data: dict[str, Any]) -> Model:
@@ -53,7 +57,8 @@ def _validated(key: str, data: dict[str, Any]) -> Model:
     try:
         model = Model(key=key, name=str(data["name"]), layers=int(data["layers"]), hidden=int(data["hidden"]),
                       ar_per_layer=int(data["ar_per_layer"]), dtype=str(data["dtype"]),
-                      source=str(data["source"]), note=str(data.get("note", "")))
+                      source=str(data["source"]), note=str(data.get("note", "")),
+                      arch=str(data["architecture"]) if "architecture" in data else None)
     except KeyError as exc:
         raise UsageError(f"models.toml [{key}]: missing key {exc.args[0]!r}") from None
     if model.dtype not in DTYPE_BYTES:
@@ -99,10 +104,26 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--hidden", type=int, help="custom model: hidden size")
     group.add_argument("--ar-per-layer", type=int, default=None, help="custom model: allreduces per layer (2 under plain TP)")
     group.add_argument("--dtype", default=None, help="activation dtype: bf16 (default), fp16, fp32")
+    group.add_argument("--arch", default=None, metavar="NAME",
+                       help="the model's architecture (config.json architectures[0], e.g. GlmMoeDsaForCausalLM): "
+                            "engines route allreduces by it; a preset carries its own")
     group.add_argument("--list-models", action="store_true", help="print the presets with their sources and exit")
 
 
 def from_args(args: argparse.Namespace) -> Model:
+    return with_arch(_shape_from_args(args), getattr(args, "arch", None))
+
+
+def with_arch(model: Model, arch: str | None, dtype: str | None = None) -> Model:
+    """The model with the architecture --arch names (checked) and the dtype --dtype names."""
+    if arch is not None:
+        if not ARCH.match(arch):
+            raise UsageError(f"--arch {arch[:80]!r}: expected a class name like GlmMoeDsaForCausalLM")
+        model = dataclasses.replace(model, arch=arch)
+    return dataclasses.replace(model, dtype=dtype_name(dtype)) if dtype else model
+
+
+def _shape_from_args(args: argparse.Namespace) -> Model:
     custom_given = [v is not None for v in (args.layers, args.hidden, args.ar_per_layer)]
     if args.model and any(custom_given):
         raise UsageError("give either --model or --layers/--hidden/--ar-per-layer, not both")

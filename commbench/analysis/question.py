@@ -12,6 +12,7 @@ from commbench.analysis.configure import Configuration, Load
 from commbench.analysis.curves import Curve, decode_curves, run_world_size
 from commbench.analysis.decide import EngineDecision, Headroom
 from commbench.analysis.models import Model
+from commbench.engines.log import Chain
 from commbench.errors import UsageError
 from commbench.results import Run
 from commbench.runs import load_run
@@ -26,6 +27,7 @@ class Question:
     loads: tuple[Load, ...]            # the serving mix (--concurrency)
     engines: tuple[tuple[str, str], ...]   # (engine, version) in the order asked
     prefill_tokens: int | None         # None: each engine's default chunk on the run's GPUs
+    chains: tuple[tuple[str, Chain], ...] = ()   # engine -> the all-reduce chain its start-up log set up
 
     @property
     def concurrencies(self) -> list[int]:
@@ -48,12 +50,15 @@ def from_args(args: argparse.Namespace, model: Model) -> Question:
     if args.prefill_tokens is not None and args.prefill_tokens <= 0:
         raise UsageError(f"--prefill-tokens must be a positive number of tokens (got {args.prefill_tokens})")
     loads = configure.parse_loads(args.concurrency, models.DEFAULT_CONCURRENCIES)
-    return Question(args.run_dir, model, args.tp, args.mode, loads, tuple(decide.requested_engines(args)),
-                    args.prefill_tokens)
+    engines = tuple(decide.requested_engines(args))
+    return Question(args.run_dir, model, args.tp, args.mode, loads, engines, args.prefill_tokens,
+                    tuple(decide.engine_chains(args).items()))
 
 
 @dataclass(frozen=True)
 class Answer:
+    engines: tuple[tuple[str, str], ...]
+    chains: dict[str, Chain]
     run: Run
     curves: list[Curve]
     tp: int | None
@@ -68,13 +73,14 @@ def answer(q: Question) -> Answer:
     curves = decode_curves(run, q.tp, q.model.dtype, q.mode)
     tp = q.tp or run_world_size(run)
     tag = decide.data_tag(run)
-    decisions = [decide.decide(engine, run, curves, q.model, q.concurrencies, tp or 0, version)
-                 for engine, version in q.engines]
+    chains = dict(q.chains)
+    decisions = [decide.decide(engine, run, curves, q.model, q.concurrencies, tp or 0, version, q.mode,
+                               chains.get(engine)) for engine, version in q.engines]
     snapshot = decide.box_snapshot(run)
     configurations = []
     for d in decisions:
         tokens, source = ((q.prefill_tokens, "--prefill-tokens") if q.prefill_tokens
                           else configure.default_prefill_tokens(d.engine, snapshot))
         configurations.append(configure.configure(d, q.model, q.loads, tokens, source, tp))
-    return Answer(run, curves, tp, tag, decisions, configurations,
+    return Answer(q.engines, chains, run, curves, tp, tag, decisions, configurations,
                   decide.headroom(q.model, run, curves, decisions, q.concurrencies))

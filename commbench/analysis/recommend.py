@@ -66,10 +66,12 @@ def _availability(state: Any) -> str:
 
 def _paths_table(d: EngineDecision, args: argparse.Namespace) -> str:
     measured = {o.state.path for o in d.options}
-    rows = [[s.rule.title, "on" if s.rule.default_on else f"opt-in ({s.rule.turn_on})", _availability(s),
+    rows = [[s.rule.title, "on" if s.default_on else f"opt-in ({s.rule.turn_on})", _availability(s),
              "yes" if s.path in measured else "not measured"] for s in d.states]
-    return f"{d.name} paths at TP {args.tp_shown}\n" + render.table(["path", "by default", "on this box", "in this run"],
-                                                                  rows, wide=args.wide)
+    sources = [render.prose(f"{s.rule.title}: {s.source}", args.wide, indent="  ") for s in d.states]
+    return (f"{d.name} paths at TP {args.tp_shown}, in dispatch order\n"
+            + render.table(["path", "by default", "on this box", "in this run"], rows, wide=args.wide)
+            + "\nwhere each rule comes from:\n" + "\n".join(sources))
 
 
 def _letter(i: int) -> str:
@@ -102,7 +104,7 @@ def _legend(key: str, o: Option, implementations: dict[str, str]) -> str:
     parts = [f"priced by {own}" if own else "",
              (f"stand-in (not the engine's kernel): {stand}" + (", used only where no own kernel was measured"
                                                               if own else "")) if stand else ""]
-    return f"  {key} = {o.label}: " + "; ".join(p for p in parts if p)
+    return f"{key} = {o.label}: " + "; ".join(p for p in parts if p)
 
 
 def _costs_table(d: EngineDecision, tag: str, args: argparse.Namespace, implementations: dict[str, str]) -> str:
@@ -184,7 +186,10 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     implementations = measured_implementations(run.rows)
 
     print(render.prose(provenance.describe(run), args.wide))
-    print(f"{model.describe()}; TP {args.tp_shown}")
+    print(render.prose(f"{model.describe()}; TP {args.tp_shown}", args.wide))
+    if not args.brief or found.chains:
+        print("\n".join(render.prose(line, args.wide) for line in
+                        decide.source_lines(list(found.engines), found.chains, args.engine_log)))
     if args.brief:
         print(render.prose(f"us per allreduce call, ms per step of {model.allreduces_per_token} calls; one "
                            "configuration per server, against the engine's default in this run", args.wide))
@@ -264,7 +269,7 @@ def _engine_record(d: EngineDecision, c: configure.Configuration, implementation
     return {
         "engine": d.engine, "version": d.version, "version_note": decide.version_note(d),
         "paths": [{"path": s.path, "title": s.rule.title, "default_on": s.rule.default_on, "available": s.available,
-                   "why": s.why, "turn_on": s.rule.turn_on, "source": s.rule.source, "max_bytes": s.max_bytes}
+                   "why": s.why, "turn_on": s.rule.turn_on, "source": s.source, "max_bytes": s.max_bytes}
                   for s in d.states],
         "options": [{"label": o.label, "path": o.state.path, "available": o.state.available,
                      "own": [c.label for c in o.own], "stand_ins": [c.label for c in o.stand_ins],

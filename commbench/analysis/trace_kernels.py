@@ -97,7 +97,7 @@ def _module_files() -> list[Path]:
 @cache
 def all_patterns() -> tuple[KernelPattern, ...]:
     """Every module's patterns; the engines' own first."""
-    out = [_pattern(entry, "commbench/engines.py") for entry in engines.TRACE_KERNELS]
+    out = [_pattern(entry, "commbench/engines/settings.py") for entry in engines.TRACE_KERNELS]
     for path in dict.fromkeys(_module_files()):
         try:
             text = path.read_text(encoding="utf-8")

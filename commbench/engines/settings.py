@@ -1,11 +1,7 @@
-"""Serving engines: what vLLM, SGLang and NCCL do with a tensor-parallel allreduce, and the
-settings that select each path.
-
-One place for every engine fact commbench uses, each with the version it was read at and its
-public source: the settings a backend declares (Backend.engine_settings builds a Settings from
-the facts here), how recommend prints them, and the settings that do nothing on a probed box.
-commbench/engine_paths.py applies the gates to a box (recommend, floor and the probe's explain
-section read it). No torch here: the analysis reads it too.
+"""The settings that select each engine path, and how commbench prints them: what a backend
+declares (Backend.engine_settings builds a Settings from the names here), the paste-ready lines
+recommend prints, and the settings that do nothing on a probed box. The facts these follow are
+data in vllm.py, sglang.py and libs.py, each with its source. No torch here: the analysis reads it.
 """
 
 from __future__ import annotations
@@ -15,13 +11,14 @@ import shlex
 from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple
 
+from commbench.engines import libs, source
 from commbench.results.schema import PRELOAD_VAR   # one name for the variable, where rows record it
 from commbench.topology.needs import full_nvlink
 from commbench.topology.selection import gpu_pairs, p2p_entry, used_gpus, used_hosts
 
-VLLM_VERSION = "0.33.0"
-SGLANG_VERSION = "0.5.23"
-NCCL_VERSION = "2.30.7"      # the NCCL whose environment semantics the settings follow
+VLLM_VERSION = source.BUILT_IN["vllm"].version
+SGLANG_VERSION = source.BUILT_IN["sglang"].version
+NCCL_VERSION = libs.NCCL_VERSION
 
 # --- facts, with their sources --------------------------------------------------------------
 
@@ -51,10 +48,19 @@ SGLANG_FLASHINFER_TRTLLM = ["--flashinfer-allreduce-fusion-backend", "trtllm"]
 # The raw JSON: paste-ready lines quote every value themselves (shlex.quote).
 FUSE_ALLREDUCE_RMS_CONFIG = '{"pass_config": {"fuse_allreduce_rms": true}}'
 VLLM_FUSE_ALLREDUCE_RMS = ["--compilation-config", FUSE_ALLREDUCE_RMS_CONFIG]
+# vLLM's default -O2 turns the fusion on at TP > 1 on SM90/SM10x (vllm/config/vllm.py): a line that
+# moves decode allreduces off FlashInfer turns it off too, or the fused kernel still takes them.
+NO_FUSE_ALLREDUCE_RMS_CONFIG = '{"pass_config": {"fuse_allreduce_rms": false}}'
+VLLM_NO_FUSE_ALLREDUCE_RMS = ["--compilation-config", NO_FUSE_ALLREDUCE_RMS_CONFIG]
+# SGLang routes every TP allreduce of up to 2048 tokens to FlashInfer where its fusion is on (by
+# default for the architectures in sglang.py flashinfer_archs): this flag wins over that default.
+SGLANG_NO_FLASHINFER = "--enforce-disable-flashinfer-allreduce-fusion"
+VLLM_FUSION_OFF_NOTE = ("the fusion of allreduce + RMSNorm is turned off (fuse_allreduce_rms false): at vLLM's default "
+                        "-O2 it would otherwise run FlashInfer's fused kernel for these decode allreduces")
+SGLANG_FLASHINFER_OFF_NOTE = ("--enforce-disable-flashinfer-allreduce-fusion: for this architecture SGLang otherwise "
+                              "sends every allreduce of up to 2048 tokens to FlashInfer, ahead of this path")
+NEEDS_CUDA_GRAPHS = "this path runs only inside CUDA graphs: do not add --enforce-eager"
 
-# Custom (CUDA-IPC) allreduce gates, vLLM custom_all_reduce.py / .cuh.
-CUSTOM_AR_WORLD_SIZES = (2, 4, 6, 8)
-CUSTOM_AR_MAX_BYTES = 8 << 20
 CUSTOM_AR_PCIE_GATE = (f"vLLM enables its custom allreduce for more than 2 GPUs only when every pair is "
                        f"NVLink-connected; on PCIe at TP>2 it stays off whatever you set (vLLM {VLLM_VERSION}, "
                        "custom_all_reduce.py; vLLM #56128); SGLang's custom allreduce has the same gate")
@@ -64,20 +70,31 @@ CUSTOM_AR_ON_BY_DEFAULT = ("custom CUDA-IPC allreduce is on by default in both e
 SGLANG_CUSTOM_AR_V2_ENV = {"SGLANG_OPT_USE_CUSTOM_ALL_REDUCE_V2": "1"}   # the default in 0.5.23
 SGLANG_CUSTOM_AR_V2 = (f"SGLang {SGLANG_VERSION} runs its JIT custom allreduce v2 by default on CUDA "
                        "(SGLANG_OPT_USE_CUSTOM_ALL_REDUCE_V2=1; 0 falls back to the legacy kernel), only where "
-                       "every GPU pair is NVLink-connected, 2 GPUs included (can_use_custom_all_reduce_v2); sizes "
-                       "above its tuned table go to NCCL (custom_all_reduce_v2.py, configs/custom_all_reduce_v2.py)")
-SGLANG_ALGO_BY_SIZE = (f"SGLang {SGLANG_VERSION} picks 1shot_push / 1shot_pull / 2shot_pull by size and world size "
-                       "itself and no released setting forces one: this algorithm at every size is headroom, and "
+                       "every GPU pair is NVLink-connected, 2 GPUs included (can_use_custom_all_reduce_v2), for "
+                       "messages up to 16 MiB inclusive (SGLANG_CUSTOM_ALL_REDUCE_V2_MAX_SIZE_KB), after a real P2P "
+                       "test (SGLANG_SKIP_P2P_CHECK=0 by default; custom_all_reduce_v2.py, environ.py)")
+SGLANG_ALGO_BY_SIZE = (f"SGLang {SGLANG_VERSION} picks 1shot_push / 2shot_push / 1shot_pull / 2shot_pull (multicast "
+                       "where it works) by size and world size itself; SGLANG_FORCE_CUSTOM_ALL_REDUCE_V2_PUSH_SIZE_KB "
+                       "only forces one-shot push up to a size: this algorithm at every size is headroom, and "
                        "SGLang's custom allreduce is priced by sglang:auto")
-VLLM_STAGE_BY_SIZE = ("vLLM's kernel picks one- or two-stage by size itself (custom_all_reduce.cuh) and no setting "
-                      "forces one: these rows are the sizes where it takes this stage; vLLM's custom allreduce is "
-                      "priced by vllm:auto")
+VLLM_ALGO_VAR = "VLLM_CUSTOM_ALLREDUCE_ALGO"      # read by vLLM's custom_all_reduce.cuh: 1stage | 2stage
+VARIANT_VARS = (VLLM_ALGO_VAR,)    # engine variables that make one option of a path differ from another
+VLLM_STAGE_FORCED = (f"VLLM_CUSTOM_ALLREDUCE_ALGO=1stage|2stage forces vLLM's custom allreduce stage at every size it "
+                     f"takes (read by its kernel, custom_all_reduce.cuh, in vLLM {VLLM_VERSION}'s _C library): "
+                     "a setting a user can choose")
+
+
+def vllm_forced_stage(variant: str, stage: str, notes: list[str]) -> "Settings":
+    """vLLM's custom allreduce with its stage forced (stage: '1stage' or '2stage')."""
+    return Settings(variant, vllm_env={**VLLM_ONLY_CUSTOM_ALLREDUCE, VLLM_ALGO_VAR: stage}, sglang_supported=False,
+                    notes=[VLLM_STAGE_FORCED, *notes], engine_paths=claim(CUSTOM_AR, VLLM))
 SGLANG_NOT_VLLM_KERNEL = (f"SGLang {SGLANG_VERSION} runs its own custom allreduce v2 on NVLink, not vLLM's kernel "
                           "(measure sglang:auto for SGLang)")
 FLASHINFER_PCIE_IPC_ENV = {"VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC": "1"}   # vLLM #53576, opt-in
+SGLANG_PCIE_IPC_ENV = {"SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "1"}              # SGLang 0.5.23 environ.py, opt-in
 FLASHINFER_PCIE_ALTERNATIVE = ("on PCIe hosts without NVLink the upstream alternative is FlashInfer's PCIe IPC "
-                               "allreduce: VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC=1 (opt-in, bf16/fp16, 2/4/8 ranks; "
-                               "vLLM #53576)")
+                               "allreduce: vLLM VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC=1 (bf16/fp16, 2/4/8 ranks, CUDA "
+                               "graphs only; vLLM #53576), SGLang SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1 (bf16, 2/4/8 ranks)")
 LL128_OFF_NVLINK = ("LL128 forced off NVLink can corrupt data silently (NVIDIA/nccl #786, #1261): keep it only "
                     "where this run's correctness check passed on the same fabric")
 NCCL_ENV_IS_PROCESS_WIDE = "NCCL_* variables apply to every NCCL communicator of the process, not only TP"
@@ -90,10 +107,11 @@ SYMM_MEM_NEEDS_MULTICAST = ("vLLM and SGLang turn their symm-mem communicator of
 MULTIMEM_NEEDS_NVSWITCH = ("multimem needs NVSwitch multicast: never on PCIe, nor where NCCL_NVLS_ENABLE=0 / "
                            "TORCH_SYMM_MEM_DISABLE_MULTICAST=1 is policy")
 FLASHINFER_NEVER_AUTO = "use trtllm, never auto: auto picks mnnvl, which creates multicast objects"
-FLASHINFER_ARCHS = "FlashInfer's trtllm kernels are built for SM 9.x/10.x/12.x only (not RTX 4090 / L40)"
+FLASHINFER_ARCHS = libs.FLASHINFER_ARCHS
 FUSED_TIMING = ("the fused allreduce+residual+RMSNorm timing includes the norm: compare it with allreduce + a "
                 "separate RMSNorm, not with a bare allreduce")
-SGLANG_PCIE_IPC = "SGLang integrates FlashInfer PCIe IPC in sglang #34528; no released flag selects it yet"
+SGLANG_PCIE_IPC = (f"SGLang {SGLANG_VERSION} runs FlashInfer's PCIe IPC allreduce with SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1 "
+                   "(bf16 only, TP 2/4/8, tried right after its custom allreduce; pcie_ipc_ar.py)")
 MSCCLPP_NO_VLLM = ("vLLM has no MSCCL++ path; the NCCL-API shim (mscclpp:shim) replaces NCCL underneath any engine "
                    "instead")
 MSCCLPP_SHIM = ("MSCCL++'s NCCL-API shim (libmscclpp_nccl.so) loaded in place of NCCL is not an engine's MSCCL++ path "
@@ -168,7 +186,8 @@ class Settings:
 
 
 # What SGLANG_ALGO_BY_SIZE and VLLM_STAGE_BY_SIZE say in every wording they were recorded with.
-FORCED_BY_SIZE_MARKS = ("picks 1shot_push / 1shot_pull / 2shot_pull by size", "picks one- or two-stage by size itself")
+FORCED_BY_SIZE_MARKS = ("picks 1shot_push / 1shot_pull / 2shot_pull by size", "picks one- or two-stage by size itself",
+                        "picks 1shot_push / 2shot_push / 1shot_pull / 2shot_pull")
 
 
 def declared_paths(s: Settings) -> dict[str, dict[str, Any]]:
@@ -199,7 +218,8 @@ def declared_paths(s: Settings) -> dict[str, dict[str, Any]]:
     sg = s.sglang_flags
     # Only SGLang's own custom allreduce declares the switch of its v2 kernel (backends/sglang_custom_ar.py).
     sglang_own = s.sglang_env == SGLANG_CUSTOM_AR_V2_ENV
-    sglang = (MSCCLPP if SGLANG_MSCCLPP in sg else TORCH_SYMM_MEM if SGLANG_TORCH_SYMM_MEM in sg
+    sglang = (FLASHINFER_PCIE_IPC if s.sglang_env == SGLANG_PCIE_IPC_ENV
+              else MSCCLPP if SGLANG_MSCCLPP in sg else TORCH_SYMM_MEM if SGLANG_TORCH_SYMM_MEM in sg
               else NCCL_SYMM if "--enable-symm-mem" in sg
               else FLASHINFER_FUSED if SGLANG_FLASHINFER_TRTLLM[0] in sg and FLASHINFER_FUSED == vllm
               else NCCL_PATH if DISABLE_CUSTOM_ALLREDUCE in sg
@@ -207,6 +227,29 @@ def declared_paths(s: Settings) -> dict[str, dict[str, Any]]:
     if s.sglang_supported and sglang:
         out[SGLANG] = {"path": sglang, "stand_in": sglang == CUSTOM_AR and not sglang_own}
     return out
+
+
+def pcie_ipc(variant: str, notes: list[str]) -> Settings:
+    """FlashInfer's PCIe IPC allreduce: one kernel both engines run, each behind its own variable."""
+    return Settings(variant, vllm_env=dict(FLASHINFER_PCIE_IPC_ENV), sglang_env=dict(SGLANG_PCIE_IPC_ENV),
+                    notes=[SGLANG_PCIE_IPC, *notes], engine_paths=claim(FLASHINFER_PCIE_IPC, VLLM, SGLANG))
+
+
+STAGE_VARIANT = re.compile(r"^vllm:(one|two)_stage(,|$)")
+OLD_PCIE_IPC_NOTE = "SGLang integrates FlashInfer PCIe IPC in sglang #34528"
+
+
+def upgraded(s: Settings) -> Settings:
+    """Settings a run recorded under older engine facts, as today's facts have them: vLLM's forced
+    custom-allreduce stage is a setting (VLLM_CUSTOM_ALLREDUCE_ALGO), and SGLang 0.5.23 selects
+    FlashInfer's PCIe IPC allreduce (SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1)."""
+    stage = STAGE_VARIANT.match(s.variant)
+    if stage and any(FORCED_BY_SIZE_MARKS[1] in n for n in s.notes):
+        rest = [n for n in s.notes if FORCED_BY_SIZE_MARKS[1] not in n]
+        return vllm_forced_stage(s.variant, f"{'1' if stage.group(1) == 'one' else '2'}stage", rest)
+    if s.vllm_env == FLASHINFER_PCIE_IPC_ENV and not s.sglang_supported and not s.preload:
+        return pcie_ipc(s.variant, [n for n in s.notes if not n.startswith(OLD_PCIE_IPC_NOTE)])
+    return s
 
 
 def nccl_path(variant: str, nccl_env: dict[str, str] | None = None, notes: list[str] | None = None,
@@ -238,9 +281,10 @@ ENV_VALUE = re.compile(r"^[A-Za-z0-9_.,:+-]{1,64}$")
 # Flags an engine setting may carry, with the values each takes (None: a switch).
 KNOWN_FLAGS: dict[str, frozenset[str] | None] = {
     DISABLE_CUSTOM_ALLREDUCE: None, SGLANG_TORCH_SYMM_MEM: None, SGLANG_MSCCLPP: None, "--enable-symm-mem": None,
-    SGLANG_FLASHINFER_TRTLLM[0]: frozenset({"trtllm"}),
+    SGLANG_FLASHINFER_TRTLLM[0]: frozenset({"trtllm"}), SGLANG_NO_FLASHINFER: None,
     # runs recorded before the raw form carried the JSON in single quotes
-    VLLM_FUSE_ALLREDUCE_RMS[0]: frozenset({FUSE_ALLREDUCE_RMS_CONFIG, f"'{FUSE_ALLREDUCE_RMS_CONFIG}'"}),
+    VLLM_FUSE_ALLREDUCE_RMS[0]: frozenset({FUSE_ALLREDUCE_RMS_CONFIG, f"'{FUSE_ALLREDUCE_RMS_CONFIG}'",
+                                           NO_FUSE_ALLREDUCE_RMS_CONFIG}),
 }
 COMMANDS = {VLLM: "vllm serve MODEL --tensor-parallel-size {tp}",
             SGLANG: "python -m sglang.launch_server --model-path MODEL --tp {tp}"}
@@ -320,14 +364,15 @@ def paste_lines(s: Settings, engine: str, tp: int | None) -> tuple[list[str], st
 
 
 def versions() -> dict[str, str]:
-    return {"vllm": VLLM_VERSION, "sglang": SGLANG_VERSION, "nccl": NCCL_VERSION}
+    """The engine versions whose facts the outputs use: installed here (or --engine-site), else built in."""
+    return {"vllm": source.active(VLLM).version, "sglang": source.active(SGLANG).version, "nccl": NCCL_VERSION}
 
 
 # --- settings that do nothing on a probed box ------------------------------------------------
 # Users turn these on, nothing changes, and hours go into finding out why. Each rule names the
 # version whose code it reads, so a release that changes the rule shows as a stale source.
 
-NCCL_SYMMETRIC_PCIE_OFF = (2, 29, 2)   # first NCCL whose symmetric kernels need all-NVLink
+NCCL_SYMMETRIC_PCIE_OFF = libs.NCCL_SYMMETRIC_PCIE_OFF
 
 
 class InertSetting(NamedTuple):
@@ -349,13 +394,14 @@ def _fusion_rules(cc: str) -> list[InertSetting]:
         return []
     return [
         InertSetting("vLLM compilation pass fuse_allreduce_rms (FlashInfer allreduce + RMSNorm fusion)",
-                     f"turned on automatically at -O2 on SM 9.0 and 10.0 only; its size table "
+                     f"turned on automatically at -O2 on SM90 and every SM10x only; its size table "
                      f"FI_ALLREDUCE_FUSION_MAX_SIZE_MB has no row for compute capability {cc}, so nothing is fused",
-                     f"vLLM {VLLM_VERSION} compilation/passes/fusion/allreduce_rms_fusion.py",
+                     f"vLLM {VLLM_VERSION} config/vllm.py, compilation/passes/fusion/allreduce_rms_fusion.py",
                      ((VLLM, FLASHINFER_FUSED),)),
         InertSetting("SGLang --enable-flashinfer-allreduce-fusion",
                      f"an alias of --flashinfer-allreduce-fusion-backend=auto, which needs SM90 or SM10x: on compute "
-                     f"capability {cc} it silently does nothing",
+                     f"capability {cc} the server fails at start-up ('FlashInfer allreduce fusion requires SM90 or "
+                     "SM10X NVIDIA GPUs', raised while it sets up the workspaces); leave the flag out",
                      f"SGLang {SGLANG_VERSION} srt/layers/flashinfer_comm_fusion.py, srt/arg_groups/serving_hook.py",
                      ((SGLANG, FLASHINFER_FUSED),)),
     ]
@@ -365,7 +411,7 @@ def _symm_mem_rules(cc: str, multicast: bool) -> list[InertSetting]:
     out = []
     if cc == "12.0":
         out.append(InertSetting("vLLM VLLM_ALLREDUCE_USE_SYMM_MEM=1 (torch symmetric-memory allreduce, on by default)",
-                                "SYMM_MEM_ALL_REDUCE_MAX_SIZES gives sizes for compute capability 9.0 and 10.0 and "
+                                "SYMM_MEM_ALL_REDUCE_MAX_SIZES gives sizes for compute capability 9.0 and 10.x and "
                                 "none for 12.0: no message takes this path",
                                 f"vLLM {VLLM_VERSION} distributed/device_communicators/symm_mem.py",
                                 ((VLLM, TORCH_SYMM_MEM),)))
@@ -396,7 +442,7 @@ def _nccl_symmetric_rule(version: tuple[int, ...] | None, world_size: int, nvlin
                          "NCCL_SYM_KERNEL)",
                          f"from NCCL 2.29.2 the built-in symmetric kernels run only on fully NVLink-connected systems "
                          f"(ncclSymkAvailable() is false otherwise): NCCL {shown} here uses its regular kernels",
-                         "NCCL 2.29.2, commit ebd1e929 (src/sym_kernels.cc)", ((VLLM, NCCL_SYMM), (SGLANG, NCCL_SYMM)))]
+                         libs.NCCL_SYMMETRIC_SOURCE, ((VLLM, NCCL_SYMM), (SGLANG, NCCL_SYMM)))]
 
 
 def inert_settings(snapshot: dict[str, Any], world_size: int) -> list[InertSetting]:
