@@ -57,19 +57,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     render.add_arguments(parser)
 
 
-def size_hint(args: argparse.Namespace) -> SizeHint:
-    if args.model and args.hidden:
+def size_hint(model_name: str | None, hidden: int | None, batch: int | None, dtype: str | None) -> SizeHint:
+    """The allreduce size a trace's steps send, from --model or --hidden with --batch (typed: report
+    calls it with its --trace-hidden / --trace-batch)."""
+    if model_name and hidden:
         raise UsageError("give --model or --hidden, not both")
-    if args.batch is not None and args.batch <= 0:
-        raise UsageError(f"--batch must be a positive number of tokens (got {args.batch})")
-    hidden, dtype = args.hidden, dtype_name(args.dtype) if args.dtype else "bf16"
-    if args.model:
-        model = models.lookup(args.model)
-        hidden, dtype = model.hidden, dtype_name(args.dtype) if args.dtype else model.dtype
+    if batch is not None and batch <= 0:
+        raise UsageError(f"--batch must be a positive number of tokens (got {batch})")
+    act = dtype_name(dtype) if dtype else "bf16"
+    if model_name:
+        model = models.lookup(model_name)
+        hidden, act = model.hidden, dtype_name(dtype) if dtype else model.dtype
     if hidden is not None and hidden <= 0:
         raise UsageError(f"--hidden must be positive (got {hidden})")
-    if hidden and args.batch:
-        return SizeHint(args.batch * hidden * DTYPE_BYTES[dtype], f"{args.batch} x {hidden} x {dtype}")
+    if hidden and batch:
+        return SizeHint(batch * hidden * DTYPE_BYTES[act], f"{batch} x {hidden} x {act}")
     return SizeHint(None, "unknown")
 
 
@@ -232,7 +234,7 @@ def kernel_rows(results: list[RankResult]) -> list[KernelRow]:
 
 def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     check_file_target(args.json, "--json")
-    hint = size_hint(args)
+    hint = size_hint(args.model, args.hidden, args.batch, args.dtype)
     if args.gap_us is not None and not args.gap_us > 0:
         raise UsageError(f"--gap-us must be positive (got {args.gap_us})")
     try:

@@ -29,7 +29,7 @@ from commbench.files import check_file_target, output_folder, write_json
 from commbench.errors import UsageError
 from commbench.results import Measurement, Run
 from commbench.runs import load_run
-from commbench.analysis.report import nccl_version_lines
+from commbench.analysis.nccl_loaded import nccl_version_lines
 from commbench.analysis.render import fmt_pct, fmt_us
 from commbench.units import format_bytes
 

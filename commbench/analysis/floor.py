@@ -29,9 +29,8 @@ from commbench.analysis.decide import Price
 from commbench.files import check_file_target, read_text, write_json
 from commbench.errors import UsageError
 from commbench.analysis.models import Model
-from commbench.runs import load_run
 from commbench.analysis.render import fmt_num, fmt_us
-from commbench.units import format_bytes, parse_bytes, parse_int_list, positive_finite
+from commbench.units import format_bytes, parse_bytes, positive_finite
 
 
 @dataclass

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from typing import Any, Iterable, Sequence
 
 from commbench import engines
@@ -24,8 +24,7 @@ from commbench.analysis.decide import EngineDecision, Headroom, Option, Price
 from commbench.analysis.render import fmt_us
 from commbench.files import check_file_target, write_json
 from commbench.results import OK, Measurement, Run
-from commbench.runs import load_run
-from commbench.units import format_bytes, parse_int_list
+from commbench.units import format_bytes
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

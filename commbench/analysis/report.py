@@ -15,6 +15,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 from commbench.analysis import attribute_plots, plots, provenance, render
 from commbench.analysis.fusion import COMPARISON_HEADERS, COMPARISON_NUMERIC, COMPARISON_TITLE, comparison_cells
+from commbench.analysis.nccl_loaded import add_nccl, nccl_lines
 from commbench.analysis.curves import (Crossover, Curve, baseline_curve, baseline_name, build_curves, cautions,
                               crossovers, groups, is_failed_check, ranking, run_world_size, select, variant_label)
 from commbench.errors import UsageError
@@ -167,36 +168,6 @@ def measurement_table(rows: Sequence[Measurement]) -> Iterator[str]:
     yield "</tbody></table>"
 
 
-def nccl_versions(rows: list[Measurement]) -> dict[str, dict[str, list[str]]]:
-    """Per variant label (backend[env setting]): the NCCL versions and library files its rows
-    say their processes ran (extra.nccl_version_loaded / nccl_lib_loaded), for variants that
-    recorded one. Two NCCL versions side by side are told apart here."""
-    found: dict[str, dict[str, list[str]]] = {}
-    for row in rows:
-        _add_nccl(found, row)
-    return found
-
-
-def _add_nccl(found: dict[str, dict[str, list[str]]], row: Measurement) -> None:
-    version, lib = row.extra.get("nccl_version_loaded"), row.extra.get("nccl_lib_loaded")
-    if version is None and lib is None:
-        return
-    entry = found.setdefault(variant_label(row), {"versions": [], "libraries": []})
-    for key, value in (("versions", version), ("libraries", lib)):
-        if value is not None and value not in entry[key]:
-            entry[key].append(str(value))
-
-
-def nccl_version_lines(rows: Iterable[Measurement]) -> list[str]:
-    """'variant: NCCL 2.29.7 (/path/libnccl.so.2)', one line per variant that recorded its NCCL."""
-    return _nccl_lines(nccl_versions(rows))
-
-
-def _nccl_lines(entries: dict[str, dict[str, list[str]]]) -> list[str]:
-    return [f"{label}: NCCL {', '.join(entry['versions']) or '?'} ({', '.join(entry['libraries']) or '?'})"
-            for label, entry in sorted(entries.items())]
-
-
 @dataclass
 class RowFacts:
     """What the report says of the rows as a whole, gathered in one pass over them (each pass
@@ -215,7 +186,7 @@ class RowFacts:
             if is_failed_check(row):
                 facts.failed.append(row)
             facts.statuses.setdefault(row.backend, set()).add(row.status)
-            _add_nccl(facts.nccl, row)
+            add_nccl(facts.nccl, row)
         return facts
 
     @property
@@ -466,7 +437,7 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     if fused:
         print(f"\n{COMPARISON_TITLE} ({FUSION_NOTE})")
         print(render.table(COMPARISON_HEADERS, fused, right=COMPARISON_NUMERIC, wide=args.wide))
-    versions = _nccl_lines(facts.nccl)
+    versions = nccl_lines(facts.nccl)
     if versions:
         print("\nNCCL each variant ran (ncclGetVersion of the library in its process):")
         for line in versions:
