@@ -90,3 +90,46 @@ def test_weights_are_shares_and_the_prefill_chunk_is_the_engines_default_for_the
     assert configure.default_prefill_tokens("sglang", None)[0] == 4096
     assert configure.default_prefill_tokens("sglang", {"gpus": [{"memory_total_mib": 180 * 1024}]})[0] == 16384
     assert configure.default_prefill_tokens("vllm", rtx)[0] == 8192
+
+
+def _engine_sections(text: str) -> list[list[str]]:
+    """The lines of each '== engine ==' section, up to the next section or the headroom."""
+    sections: list[list[str]] = []
+    for line in text.splitlines():
+        if line.startswith("== "):
+            sections.append([])
+        elif line.startswith(("headroom (", "caution: ", "A microbenchmark win")):
+            sections.append(None)  # type: ignore[arg-type]
+        if sections and sections[-1] is not None:
+            sections[-1].append(line)
+    return [s for s in sections if s is not None]
+
+
+@pytest.mark.parametrize("kind", ["cpu", "emulated", "imported"])
+def test_a_run_that_cannot_price_the_default_says_why_and_names_the_sweep(
+        kind: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The dead ends of issue 38: a CPU run, ranks sharing a GPU without the engines' kernels, an
+    nccl-tests import. recommend --brief: a short block per engine with the next command; floor:
+    that block, never a table of 'not measured'."""
+    root = Path(__file__).resolve().parent.parent
+    if kind == "cpu":
+        run, extra = SYNTHETIC.parent / "cpu-gloo-4rank-a", ["--dtype", "fp32"]
+    elif kind == "emulated":
+        run, extra = root / "results/reference/h200-mps-emulated/world8/pcie/20261202-005850-vm", []
+    else:
+        run, extra = tmp_path / "imported", []
+        assert cli(["import-nccl-tests", str(root / "tests/data/nccl-tests/h200-8gpu-mpi-graph.json"),
+                    "--out", str(run)]) == 0
+        capsys.readouterr()
+    assert cli(["recommend", str(run), "--model", "glm-5", "--brief", *extra]) == 0
+    brief = capsys.readouterr().out
+    sections = _engine_sections(brief)
+    assert len(sections) == 2
+    for section in sections:
+        assert len([line for line in section if line.strip()]) <= 12, section
+        assert any(line.strip().startswith("torchrun --nproc-per-node") for line in section), section
+        assert any(line.startswith("no configuration can be priced from this run") for line in section)
+    assert cli(["floor", str(run), "--model", "glm-5", *extra]) == 0
+    floor = capsys.readouterr().out
+    assert "torchrun --nproc-per-node" in floor
+    assert not any(line.rstrip().endswith("not measured") for line in floor.splitlines())   # no such table
