@@ -14,6 +14,7 @@ import sys
 import time
 
 from commbench.errors import FAILED_EXIT, TERMINATED_EXIT, USAGE_EXIT, ResultsUnwritable, Terminated, UsageError
+from commbench.files import json_alone_on_stdout
 from commbench.waits import waits
 
 # name -> (module, one-line help). The help lives here, not in the module, so that
@@ -112,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return USAGE_EXIT
     try:
-        return int(args._module.main(args, argv[1:]) or 0)
+        with json_alone_on_stdout(getattr(args, "json", None)):
+            return int(args._module.main(args, argv[1:]) or 0)
     except UsageError as exc:
         usage_error(f"commbench {args.command}: error: {exc}")
         return USAGE_EXIT

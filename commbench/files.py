@@ -13,8 +13,9 @@ import os
 import stat
 import sys
 import tempfile
+from contextlib import contextmanager, redirect_stdout
 from pathlib import Path
-from typing import Any, BinaryIO, Iterator
+from typing import Any, BinaryIO, Iterator, TextIO
 
 from commbench.errors import UsageError
 
@@ -177,6 +178,21 @@ def check_dir_target(path: Path, what: str) -> None:
     _check_writable_folder(existing, what)
 
 
+def output_folder(given: Path | None, name: str, inputs: list[Path]) -> Path:
+    """Where an analysis command writes: --out, else ./NAME. Analysis reads its input run dirs
+    and never writes into one, so a default that would land inside one is refused."""
+    if given is not None:
+        check_dir_target(given, f"--out {given}")
+        return given
+    out = Path.cwd() / name
+    for folder in inputs:
+        if out.resolve().is_relative_to(folder.resolve()):
+            raise UsageError(f"{out} would be inside the input run dir {folder}: run from another directory or "
+                             "pass --out DIR")
+    check_dir_target(out, f"{out} (the default; --out DIR writes elsewhere)")
+    return out
+
+
 def _check_writable_folder(folder: Path, what: str) -> None:
     # Root ignores mode bits, so only a real write tells (a read-only mount, /proc).
     try:
@@ -186,13 +202,33 @@ def _check_writable_folder(folder: Path, what: str) -> None:
         raise UsageError(f"{what}: not writable ({exc.strerror})") from None
 
 
+# While json_alone_on_stdout() holds: the real standard output, where `--json -` writes.
+_json_stream: TextIO | None = None
+
+
+@contextmanager
+def json_alone_on_stdout(target: str | None) -> Iterator[None]:
+    """With `--json -`, standard output carries the JSON alone (a pipe into a JSON reader):
+    everything the command prints meanwhile goes to standard error."""
+    global _json_stream
+    if target != STDOUT:
+        yield
+        return
+    _json_stream = sys.stdout
+    try:
+        with redirect_stdout(sys.stderr):
+            yield
+    finally:
+        _json_stream = None
+
+
 def write_json(target: str | None, payload: Any) -> None:
     """Write payload to the --json target (checked before with check_file_target)."""
     if target is None:
         return
     text = json.dumps(payload, indent=2, default=str) + "\n"
     if target == STDOUT:
-        sys.stdout.write(text)
+        (_json_stream or sys.stdout).write(text)
         return
     try:
         Path(target).write_text(text, encoding="utf-8")

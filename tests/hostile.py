@@ -237,7 +237,7 @@ def _security_cases() -> list[Case]:
         run = copy_run(root)
         (root / "victim.txt").write_text("keep me\n")
         (run / "report.html").symlink_to(root / "victim.txt")
-        return ["report", str(run)]
+        return ["report", str(run), "--out", str(run)]   # analysis writes into a run dir only when told to
 
     def victim_kept(result: Result, root: Path) -> None:
         no_traceback(result)

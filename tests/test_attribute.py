@@ -251,7 +251,8 @@ def test_size_hint_from_the_model_or_hidden_and_batch(argv: list[str], expected:
 
     parser = argparse.ArgumentParser()
     attribute.add_arguments(parser)
-    assert attribute.size_hint(parser.parse_args(["t.json", *argv])) == expected
+    args = parser.parse_args(["t.json", *argv])
+    assert attribute.size_hint(args.model, args.hidden, args.batch, args.dtype) == expected
 
 
 @pytest.mark.parametrize("argv, expected", [

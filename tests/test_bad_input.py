@@ -94,7 +94,7 @@ BAD_INPUT = [
     (["sweep", "-G", "-1", "--out", "out"], "-G must be 0 (eager) or a number of graph launches"),
     (["sweep", "-G", "10", "-n", "5", "--graph-ops", "5", "--out", "out"], "give -n or --graph-ops, not both"),
     (["sweep", "-G", "10", "--out", "out"], "graph mode needs CUDA"),
-    (["sweep", "-c", "2", "--out", "out"], "argument -c/--check: invalid choice: 2"),
+    (["sweep", "-c", "-1", "--out", "out"], "-c/--check is a count of checks, 0 or more (got -1)"),
     (["sweep", "-n", "0", "--out", "out"], "--iters must be positive"),
     (["sweep", "-d", "double", "--out", "out"], "unknown dtype 'double'"),
     (["sweep", "--tokens", "0", "--hidden", "1024", "--out", "out"], "--tokens '0': 0 is not positive"),
@@ -149,6 +149,7 @@ BAD_INPUT = [
     # ---- report
     (["report", "{runs}/synthetic-pcie-8gpu", "--baseline", "nosuch", "--out", "out"], "baseline 'nosuch' has no"),
     (["report", "/no/such/run"], "no such results directory"),
+    (["engines", "--model", "no-such-model"], "unknown model 'no-such-model'"),
     (["report", "{in}"], "not a commbench results dir (no run.json)"),
     (["report", "{in}/run-list"], "run-list/run.json: a JSON list, not a commbench run.json (an object)"),
     (["report", "{in}/run-json-dir"], "run-json-dir/run.json: is a directory, not a commbench run.json"),
@@ -367,20 +368,25 @@ def test_an_unreadable_run_dir_is_one_line(argv, tmp_path, monkeypatch, capsys):
 
 
 @pytest.mark.parametrize("argv", [a for a in UNREADABLE_OR_READ_ONLY if a[0] != "floor"], ids=lambda argv: argv[0])
-def test_a_read_only_run_dir_is_one_line_before_any_work(argv, tmp_path, monkeypatch, capsys):
+def test_a_read_only_output_folder_is_one_line_before_any_work(argv, tmp_path, monkeypatch, capsys):
+    """A resume writes into its run dir; report and compare write to a new folder in the current
+    directory (never into the run they read): whichever is read-only is one line, nothing written."""
     run = _copy("cpu-gloo-4rank-a", tmp_path)
+    here = tmp_path / "here"
+    here.mkdir()
+    read_only = run if argv[0] == "sweep" else here
     real = tempfile.TemporaryFile
 
     def temporary_file(*args, dir=None, **kwargs):
-        if dir is not None and Path(dir) == run:
+        if dir is not None and Path(dir) == read_only:
             raise OSError(errno.EROFS, os.strerror(errno.EROFS))
         return real(*args, dir=dir, **kwargs)
 
     monkeypatch.setattr(tempfile, "TemporaryFile", temporary_file)
-    monkeypatch.chdir(tmp_path)
+    monkeypatch.chdir(here)
     before = _tree(run)
     code, out, err = run_in_process(_with_run(argv, run), capsys)
-    assert_one_line(code, out, err, f"{run}")
+    assert_one_line(code, out, err, f"{read_only}")
     assert "not writable (Read-only file system)" in err
     assert ("--out DIR" in err) == (argv[0] != "sweep")   # analysis can write elsewhere; a resume cannot
     assert _tree(run) == before

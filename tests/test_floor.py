@@ -14,7 +14,7 @@ from commbench.analysis import models
 from commbench.cli import main as cli
 from commbench.analysis.curves import decode_curves
 from commbench.analysis import decide
-from commbench.analysis.floor import floor_row, table_curve, takeable, what_if
+from commbench.analysis.floor import floor_row, table_curve, what_if
 from commbench.runs import load_run
 
 RUNS = Path(__file__).parent / "data" / "runs"
@@ -77,13 +77,13 @@ def test_sizes_outside_the_curve_are_flagged_not_extrapolated(tmp_path):
 
 def test_what_if_swaps_in_only_a_path_the_engine_can_take():
     # Issue 27 changed this: the what-if once swapped in p2p:oneshot (+78%), which no engine runs on
-    # 8 PCIe GPUs at TP8. It now swaps NCCL's default for the fastest path the engine can take.
+    # 8 PCIe GPUs at TP8. It now swaps NCCL's default for the configuration the engine can take.
     model = models.lookup("glm-5")
     run = load_run(SYNTHETIC)
     curves = decode_curves(run, tp=8, dtype="bf16", mode="auto")
     nccl = next(c for c in curves if c.label == "nccl (graph)")
-    d = decide.decide("sglang", run, curves, model, [1], 8)
-    w = what_if(model, takeable(d, model.message_bytes(1)), nccl, concurrency=1, step_ms=17.28)
+    configured = [c for c in curves if c.label == "nccl:proto=LL,algo=Ring (graph)"]
+    w = what_if(model, configured, nccl, concurrency=1, step_ms=17.28)
     # nccl graph: 50 us at 8K, 68 us at 16K; NCCL_PROTO=LL 40 and 54 us -> 12K interpolated in log-log space
     nccl_us = 50 * (68 / 50) ** (math.log(1.5) / math.log(2))
     ll_us = 40 * (54 / 40) ** (math.log(1.5) / math.log(2))
@@ -99,17 +99,18 @@ def test_floor_per_engine_default_best_and_headroom_apart(capsys, tmp_path):
                 "--json", str(out_json), "--wide"]) == 0
     out = capsys.readouterr().out
     assert out.splitlines()[0].startswith("data: fixture")
-    engine_part, _, headroom = out.partition("headroom: ")
+    engine_part, _, headroom = out.partition("headroom (")
     assert "p2p:" not in engine_part and "+78%" not in out
     assert re.search(r"default +1 +12K +nccl \(graph\) ", engine_part)
-    assert re.search(r"fastest +1 +12K +nccl:proto=LL,algo=Ring \(graph\) ", engine_part)
+    assert re.search(r"configured +1 +12K +nccl:proto=LL,algo=Ring \(graph\) ", engine_part)
     assert "SGLang 0.5.23 (fixture, not a measurement) what-if: measured step 17.28 ms" in engine_part
     assert "with nccl:proto=LL,algo=Ring (graph)" in engine_part and "p2p:oneshot (graph)" in headroom
     data = json.loads(out_json.read_text())
     assert [e["engine"] for e in data["engines"]] == ["vllm", "sglang"]
     assert all(e["what_if"]["best"]["backend"] == "nccl:proto=LL,algo=Ring (graph)" for e in data["engines"])
     assert data["headroom"][0]["backend"] == "p2p:oneshot (graph)"
-    assert data["engines"][1]["rows"][0]["default_path"] == "NCCL (PyNccl)"
+    assert data["engines"][1]["configuration"]["chosen"] == "NCCL (PyNccl) [NCCL_ALGO=Ring NCCL_PROTO=LL]"
+    assert data["engines"][1]["rows"][0]["default"]["backend"] == "nccl (graph)"
 
 
 def test_no_what_if_against_a_default_that_was_not_measured(capsys):
@@ -118,9 +119,13 @@ def test_no_what_if_against_a_default_that_was_not_measured(capsys):
     run = Path(__file__).parent.parent / "results/reference/h200-mps-emulated/world8/pcie/20261202-005850-vm"
     assert cli(["floor", str(run), "--model", "glm-5", "--concurrency", "1", "--step-ms", "17.28"]) == 0
     out = capsys.readouterr().out
-    assert "vLLM 0.34.0: no what-if: its default (FlashInfer allreduce+RMSNorm fusion) was not measured" in out
+    flat = " ".join(out.split())
+    assert ("vLLM 0.34.0: no what-if: the engine's default at any size of the mix cannot be priced: its default "
+            "(FlashInfer allreduce+RMSNorm fusion) was not measured") in flat
     # GLM-5 (GlmMoeDsaForCausalLM): SGLang sends decode allreduces to FlashInfer by default
-    assert "SGLang 0.5.23: no what-if: its default (FlashInfer allreduce (fusion workspace)) was not measured" in out
+    assert ("SGLang 0.5.23: no what-if: the engine's default at any size of the mix cannot be priced: its default "
+            "(FlashInfer allreduce (fusion workspace)) was not measured") in flat
+    assert "not measured  " not in out    # no table of "not measured"
     assert "tokens/s" not in out
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from commbench.analysis.report import nccl_version_lines
+from commbench.analysis.nccl_loaded import nccl_version_lines
 from commbench.cli import main as cli
 from commbench.results import ROWS_FILE
 from commbench.runs import load_run

@@ -77,8 +77,8 @@ def test_every_fixture_imports_and_reports(tmp_path: Path, path: Path) -> None:
     assert len(rows) == 2 * len(out.results)
     assert {r["backend"] for r in rows} == {"nccl-tests:out-of-place", "nccl-tests:in-place"}
     assert all(r["world_size"] == out.world_size() for r in rows)
-    assert cli(["report", str(run)]) == 0
-    assert (run / "report.html").exists() and (run / CSV_FILE).exists()
+    assert cli(["report", str(run), "--out", str(tmp_path / "report")]) == 0
+    assert (tmp_path / "report" / "report.html").exists() and (run / CSV_FILE).exists()
 
 
 def test_text_and_json_of_one_run_agree_to_the_printed_digits() -> None:
@@ -420,8 +420,8 @@ def test_partial_imports_the_complete_rows(tmp_path: Path, capsys) -> None:
 def test_report_compare_floor_recommend_on_imports(tmp_path: Path, capsys) -> None:
     a = _import(tmp_path, GRAPH8_JSON, out="a")
     b = _import(tmp_path, GRAPH8_TXT, extra=["--average", "3"], out="b")
-    assert cli(["report", str(a)]) == 0
-    html = (a / "report.html").read_text()
+    assert cli(["report", str(a), "--out", str(tmp_path / "report")]) == 0
+    html = (tmp_path / "report" / "report.html").read_text()
     assert "nccl-tests:out-of-place" in html and "imported from nccl-tests" in html
     changes = tmp_path / "changes.json"
     assert cli(["compare", str(a), str(b), "--out", str(tmp_path), "--json", str(changes)]) == 0
@@ -488,7 +488,7 @@ def test_run_script_runs_each_setting_and_imports_it(tmp_path: Path) -> None:
     assert "-t 8 -b 4K -e 256M -f 2 -g 1 -d bfloat16 -a 3 -c 1" in text and "-G 100" in text
     info = json.loads((out / RUN_FILE).read_text())
     assert info["env"]["NCCL_NVLS_ENABLE"] == "0" and len(info["imports"]) == 4
-    assert cli(["report", str(out)]) == 0
+    assert cli(["report", str(out), "--out", str(tmp_path / "report")]) == 0
 
 
 @pytest.mark.parametrize("args,words", [

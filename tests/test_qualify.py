@@ -178,3 +178,17 @@ def test_reference_run_and_junit(tmp_path):
     assert int(suite.get("failures")) == sum(c.find("failure") is not None for c in cases) == 2
     failed = [c for c in cases if c.find("failure") is not None and c.get("name") != "real hardware"]
     assert failed[0].get("classname") == "commbench.qualify.reference" and "gloo (eager)" in failed[0].get("name")
+
+
+@pytest.mark.parametrize("checks, status", [("", WARN), ("zero_wrong = true\nno_hangs = true\n", FAIL)])
+def test_a_check_that_found_no_rows_is_no_data_never_pass(tmp_path, capsys, checks, status):
+    """A CPU run has gloo rows only: an NCCL spec's correctness checks read nothing. That is
+    "no data": a WARN where the check runs by default, a FAIL where the spec asks for it."""
+    spec = tmp_path / "spec.toml"
+    spec.write_text(f"[spec]\nname = 't'\nbackend = 'nccl'\n[checks]\n{checks}", encoding="utf-8")
+    assert cli(["qualify", "--spec", str(spec), str(CPU_A), "--wide"]) == 1   # CPU data FAILs real hardware
+    lines = capsys.readouterr().out.splitlines()
+    for check in ("zero #wrong", "no hangs"):
+        line = next(l for l in lines if f" {check} " in l)
+        assert line.split()[0] == status and "no data: the run has no rows of nccl" in line
+    assert all(l.rstrip().endswith("cpu") for l in lines if l.split()[:1] in (["PASS"], ["WARN"], ["FAIL"]))

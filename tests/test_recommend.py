@@ -74,7 +74,7 @@ def test_kernels_no_engine_can_run_here_are_headroom_never_a_choice(synthetic):
 
 def _sections(text: str) -> tuple[str, str]:
     """The engine sections and the headroom section of recommend's output."""
-    engine_part, _, rest = text.partition("\nheadroom: ")
+    engine_part, _, rest = text.partition("\nheadroom (")
     return engine_part, rest
 
 
@@ -99,8 +99,8 @@ def test_sglang_on_the_pcie_run_names_its_default_and_every_opt_in_path(capsys, 
     assert offered[engines.CUSTOM_AR]["available"] is False
     # every printed setting is on a path this box runs; the same output's inert list names none of them
     inert_paths = {p for rule in engines.inert_settings(load_run(SYNTHETIC).info.snapshot, 8) for p in rule.paths}
-    pasted = [c for c in sglang["choices"] if c["paste"]]
-    assert pasted and all(offered[c["path"]]["available"] is True for c in pasted)
+    pasted = [sglang["configuration"]]
+    assert pasted[0]["paste"] and all(offered[c["path"]]["available"] is True for c in pasted)
     assert all((engines.SGLANG, c["path"]) not in inert_paths for c in pasted)
     pasted_text = "\n".join(line for c in pasted for line in c["paste"])
     for inert_flag in ("--enable-torch-symm-mem", "--enable-symm-mem", "--flashinfer-allreduce-fusion-backend"):
@@ -128,17 +128,19 @@ def test_on_the_emulated_run_nothing_is_faster_than_a_default_that_was_not_measu
     text = capsys.readouterr().out
     assert text.splitlines()[0].startswith("data: emulated: 8 ranks on 1x NVIDIA H200 under MPS")
     engine_part, _ = _sections(text)
-    assert "faster than" not in engine_part
-    # GLM-5 at TP8 on an H200: vLLM fuses allreduce+RMSNorm with FlashInfer by default (compared with
-    # no bare allreduce), SGLang sends every decode allreduce to FlashInfer (GlmMoeDsaForCausalLM)
-    assert "by default the engine runs FlashInfer allreduce+RMSNorm fusion at this size" in text
-    assert "the default (FlashInfer allreduce (fusion workspace)) was not measured in this run" in text
+    assert "of allreduce saved" not in engine_part and "paste-ready" not in engine_part
+    # GLM-5 at TP8 on an H200: vLLM fuses allreduce+RMSNorm with FlashInfer by default, SGLang sends
+    # every decode allreduce to FlashInfer (GlmMoeDsaForCausalLM); neither was measured in this run
+    assert "its default (FlashInfer allreduce+RMSNorm fusion) was not measured by the engine's own kernel" in text
+    assert "its default (FlashInfer allreduce (fusion workspace)) was not measured by the engine's own kernel" in text
     data = json.loads(out_json.read_text())
     assert all(s["saving"] is None for e in data["engines"] for s in e["sizes"])
-    # every line about numbers says what they are
+    assert all(e["configuration"]["chosen"] is None for e in data["engines"])
+    # every line about numbers says what they are, and the dead end names the command that would price it
     for line in text.splitlines():
-        if line.startswith(("fastest vLLM", "fastest SGLang", "headroom: ")) or ": us per allreduce call" in line:
+        if line.startswith(("no configuration can be priced", "headroom (")) or ": us per allreduce call" in line:
             assert "MPS-emulated" in line, line
+    assert text.count("torchrun --nproc-per-node 8 -m commbench sweep --model glm-5") == 2
 
 
 def test_variants_with_the_same_settings_are_one_block_listing_them(capsys):
@@ -149,10 +151,11 @@ def test_variants_with_the_same_settings_are_one_block_listing_them(capsys):
     assert "stand-in (not the engine's kernel): p2p:auto (graph), p2p:oneshot (graph)" in legend
     (fi,) = [x for x in text.splitlines() if x.startswith("  ") and " = FlashInfer allreduce: " in x]
     assert "flashinfer:trtllm_oneshot (graph), flashinfer:trtllm_twoshot (graph)" in fi
-    assert text.count("\nfastest vLLM 0.34.0 path here") == 1
     # the custom allreduce's NVLink gate cannot be read with 8 ranks on one GPU: never a choice
     assert "cannot tell here: ranks share one GPU" in text
-    assert "fastest vLLM 0.34.0 path here at concurrency 16, 32: FlashInfer allreduce" in text
+    # its default at these sizes (FlashInfer's fusion) was not measured: no configuration, the sweep that would
+    assert "no configuration can be priced from this run (MPS-emulated, no fabric)" in text
+    assert "paste-ready" not in text
 
 
 def _crafted_run(tmp_path: Path, settings: dict) -> Path:
@@ -254,7 +257,7 @@ def test_cli_json(tmp_path, capsys):
     assert data["provenance"]["kind"] == "fixture"
     assert [e["engine"] for e in data["engines"]] == ["vllm", "sglang"]
     vllm = data["engines"][0]
-    assert set(vllm) >= {"paths", "options", "sizes", "choices"}
+    assert set(vllm) >= {"paths", "options", "sizes", "configuration"}
     size = vllm["sizes"][0]
     assert set(size) >= {"default_path", "default_cost", "costs", "choice", "choice_cost", "saving", "why_no_saving"}
     assert size["saving"]["versus"] == "nccl (graph)"
@@ -317,7 +320,7 @@ def test_a_price_from_an_engines_own_kernel_says_which_version_was_measured(tmp_
     run_dir = next((ROOT / "results" / "reference" / "h200-mps-engine-kernels" / "world4").glob("*/"))
     out_json = tmp_path / "r.json"
     assert cli(["recommend", str(run_dir), "--model", "llama-3.1-70b", "--engine", "vllm,sglang",
-                "--json", str(out_json)]) == 0
+                "--json", str(out_json), "--wide"]) == 0
     out = capsys.readouterr().out
     assert ("priced by vllm:auto (graph) [measured: flashinfer-python 0.7.4 (its port of vLLM's kernel, "
             "flashinfer.comm.vllm_ar)]") in out
@@ -333,24 +336,24 @@ def test_a_price_from_an_engines_own_kernel_says_which_version_was_measured(tmp_
 
 
 def test_brief_keeps_the_decision_and_drops_the_tables(capsys):
-    """--brief: per engine the default path and its cost per size, the fastest path with its
-    settings and saving, and the headroom; never a kernel no engine runs as a setting."""
-    args = ["recommend", str(SYNTHETIC), "--model", "glm-5", "--engine", "sglang", "--concurrency", "1,16"]
+    """--brief: per engine the one configuration with its paste block, losses and trade-off table,
+    and the headroom; never a kernel no engine runs as a setting."""
+    args = ["recommend", str(SYNTHETIC), "--model", "glm-5", "--engine", "sglang", "--concurrency", "1,16", "--wide"]
     assert cli([*args, "--brief"]) == 0
     brief = capsys.readouterr().out
     assert cli(args) == 0
     full = capsys.readouterr().out
-    assert "  by default at concurrency 1 (12K): NCCL (PyNccl): 59.9 us/call (interpolated)" in brief
-    assert "export NCCL_PROTO=LL" in brief and "export NCCL_MIN_NCHANNELS=8" in brief
-    assert ("  p2p:oneshot (graph): a kernel like this would save 36.3 us/call, 5.66 ms/step at concurrency 1 "
-            "(12K) against nccl:proto=LL,algo=Ring (graph)") in brief
+    assert "export NCCL_MIN_NCHANNELS=8" in brief and "export NCCL_PROTO=LL" not in brief   # one paste block
+    assert ("  p2p:oneshot (graph): would save 36.3 us/call, 5.66 ms/step at concurrency 1 "
+            "(12K) vs nccl:proto=LL,algo=Ring (graph)") in brief
     assert "paths at TP 8" in full and "paths at TP 8" not in brief
     assert "settings that do nothing" in full and "settings that do nothing" not in brief
     paste = [line for line in brief.splitlines() if line.startswith("    ")]
     assert paste and not any("p2p" in line or "symm" in line for line in paste)
-    # the same decision lines as the full output
-    assert [l for l in brief.splitlines() if l.startswith("  concurrency ")] == \
-        [l for l in full.splitlines() if l.startswith("  concurrency ")]
+    # the same decision and trade-offs as the full output
+    for line in brief.splitlines():
+        if line.startswith(("    ", "> ", "  NCCL")):
+            assert line in full.splitlines(), line
 
 
 FAST_LIB = "/opt/nccl-fast/lib/libnccl.so.2"
@@ -394,7 +397,8 @@ def test_another_nccl_library_is_an_option_of_its_own_never_the_default(tmp_path
     assert s.default_option.plain and s.default_price.curve == "nccl (graph)" and s.default_price.latency_us == 68
     assert s.best.label == f"NCCL (PyNccl) [LD_PRELOAD={FAST_LIB}]" and s.best.variants[0].startswith("nccl:lib=fast")
     assert s.best_price.latency_us == 34 and s.saving.versus == "nccl (graph)"
-    assert cli(["recommend", str(run_dir), "--model", "llama-3.1-70b", "--engine", "sglang", "--concurrency", "1"]) == 0
+    assert cli(["recommend", str(run_dir), "--model", "llama-3.1-70b", "--engine", "sglang", "--concurrency", "1",
+                "--wide"]) == 0
     text = capsys.readouterr().out
     assert (f"  not paste-ready: no engine setting loads {FAST_LIB}: start the engine with LD_PRELOAD={FAST_LIB} "
             f"(torch's NCCL) and SGLANG_NCCL_SO_PATH={FAST_LIB}") in text

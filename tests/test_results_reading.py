@@ -38,7 +38,7 @@ def test_every_analysis_names_the_lines_it_skips_and_keeps_every_row(tmp_path: P
                 "line 9 (latency_us is 'fast'); line 10 (unknown status 'great'); "   # p50 is schema 1's headline
                 "an incomplete last line (a row being written, or cut short)")
     for args in (["report", str(run_dir), "--out", str(tmp_path / "report")],
-                 ["recommend", str(run_dir), *MODEL], ["compare", str(run_dir), str(run_dir)]):
+                 ["recommend", str(run_dir), *MODEL], ["compare", str(run_dir), str(run_dir), "--out", str(tmp_path / "cmp")]):
         result = run_cli(args)
         assert result.returncode == 0, result.stderr
         warnings = [line for line in result.stderr.splitlines() if line.startswith("commbench: warning:")]

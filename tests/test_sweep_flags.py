@@ -12,7 +12,9 @@ import torch
 
 from commbench.analysis.curves import is_trusted
 from commbench.results import CHECK_OFF, OK, Measurement
+from commbench.errors import UsageError
 from commbench.sweep.command import add_arguments
+from commbench.sweep.nccl_flags import ANSWERS
 from commbench.sweep.live import WIDTH, format_row, header_lines
 from commbench.sweep.plan import build_plan
 import factories
@@ -53,6 +55,22 @@ def test_check_defaults_on_and_zero_turns_it_off() -> None:
     assert off.check is False and off.record()["check"] is False
 
 
+def test_check_takes_a_count_as_nccl_tests_does() -> None:
+    assert build_plan(sweep_args("-c", "5"), on_gpu=False).check is True
+    with pytest.raises(UsageError, match="a count of checks"):
+        build_plan(sweep_args("-c", "-1"), on_gpu=False)
+
+
+@pytest.mark.parametrize("argv", [["-a", "3"], ["-g", "1"], ["-t", "8"], ["-J", "out.json"], ["-z"], ["-R", "2"]])
+def test_an_nccl_tests_flag_commbench_lacks_gets_one_line_with_its_equivalent(argv, capsys) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        sweep_args(*argv)
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert exit_.value.code == 2
+    assert f"{argv[0]} is not a commbench sweep flag: nccl-tests' " in err and "unrecognized" not in err
+    assert err.endswith(ANSWERS[argv[0]])
+
+
 # A row as wide as a live line gets: the longest numbers and name in every column.
 WIDE = dict(backend="flashinfer:trtllm_oneshot_with_a_long_name", message_bytes=268435456, count=134217728,
             world_size=8, latency_us=12345.678, jitter_p99_us=23456.789, algbw_gbps=1234.5, busbw_gbps=2160.4)
@@ -73,6 +91,17 @@ def test_every_live_line_fits_120_columns_and_nothing_is_cut(fields: dict) -> No
         assert " ".join(" ".join(line.split()) for line in lines).endswith(" ".join(row.reason.split()))
         assert len(lines) > 1 and all(line.startswith("        ") for line in lines[1:])
     assert all(len(line) <= WIDTH for line in header_lines(False))
+    assert f"{row.backend}: " in " ".join(lines)   # the whole name: MSCCL++ variants begin alike
+
+
+def test_the_p99_beside_the_time_says_what_it_is() -> None:
+    graph = format_row(factories.row(**WIDE, jitter_samples=10))
+    assert "[p99 of 10 replay means]" in " ".join(graph.split())
+    eager = format_row(factories.row(**WIDE, mode="eager", jitter_samples=200))
+    assert "p99" not in eager.split("  ok")[-1]                      # a per-call p99 of 200 calls: no flag
+    assert "p99 of 20 calls" in " ".join(format_row(factories.row(**WIDE, mode="eager", jitter_samples=20)).split())
+    below = format_row(factories.row(**{**WIDE, "mode": "eager", "jitter_samples": 200, "jitter_p99_us": 10000.0}))
+    assert "p99 below time: separate passes" in " ".join(below.split())
 
 
 def test_header_says_time_and_p99_come_from_different_passes() -> None:
@@ -87,7 +116,7 @@ def test_an_unchecked_row_is_labelled_and_never_trusted() -> None:
     checked = factories.row(**WIDE)
     unchecked = factories.row(**WIDE, wrong_elements=None, checked_calls=0, extra={"check": CHECK_OFF})
     assert is_trusted(checked) and not is_trusted(unchecked)
-    assert "ok, unchecked" in format_row(unchecked).splitlines()[0] and "unchecked" not in format_row(checked)
+    assert "ok, unchecked" in " ".join(format_row(unchecked).split()) and "unchecked" not in format_row(checked)
 
 
 @pytest.mark.procs

@@ -63,7 +63,7 @@ def test_model_flags_that_cannot_answer_the_question_exit_2(tmp_path, capsys, ar
 
 
 @pytest.mark.procs
-def test_model_sweep_on_cpu_runs_the_preset_sizes_and_prints_the_next_command(tmp_path, capsys):
+def test_model_sweep_on_cpu_runs_the_preset_sizes_and_prints_the_next_command(tmp_path, capsys, monkeypatch):
     # Two ranks: the preset's sizes do not depend on the TP size, and 8 CPU ranks cost CI 30 s more.
     done = run_torchrun(2, ["sweep", "--model", "glm-5", "--tp", "2", "--iters", "2", "--warmup", "0",
                             "--out", str(tmp_path)], timeout=600)
@@ -74,11 +74,26 @@ def test_model_sweep_on_cpu_runs_the_preset_sizes_and_prints_the_next_command(tm
     assert all(r["status"] == "ok" and r["mode"] == "eager" and r["dtype"] == "bf16" and r["world_size"] == 2
                for r in got)
     assert "# GLM-5: graph mode needs CUDA GPUs, so on the CPU its decode sizes run in eager mode" in done.stdout
-    last = done.stdout.strip().splitlines()[-1]
-    assert last == f"# next: commbench recommend {run_dir} --model glm-5 --tp 2"
-    # The printed command runs as printed.
-    assert cli(last.removeprefix("# next: commbench ").split()) == 0
-    assert "GLM-5" in capsys.readouterr().out
+    report, gpu_sweep = done.stdout.strip().splitlines()[-2:]
+    assert report == f"# next: commbench report {run_dir}"
+    # a CPU run prices no engine path: the decision needs the sweep on the GPU box
+    assert gpu_sweep.startswith("# next: torchrun --nproc-per-node N -m commbench sweep --model glm-5 ")
+    # The printed command runs as printed (report writes into a new folder here, never the run dir).
+    monkeypatch.chdir(tmp_path)
+    assert cli(report.removeprefix("# next: commbench ").split()) == 0
+    assert (tmp_path / f"{run_dir.name}-report" / "report.html").exists()
+
+
+def test_a_gpu_sweep_ends_with_the_decision_and_a_cpu_sweep_with_the_sweep_that_prices_one(tmp_path):
+    from types import SimpleNamespace
+
+    from commbench.sweep.command import next_commands
+    run = tmp_path / "run"
+    assert next_commands(SimpleNamespace(model="glm-5"), run, 8, on_gpu=True) == [
+        f"commbench report {run}", f"commbench recommend {run} --model glm-5 --tp 8"]
+    assert next_commands(SimpleNamespace(model=None), run, 2, on_gpu=True)[1] == \
+        f"commbench recommend {run} --model MODEL --tp 2"
+    assert "on the GPU box" in next_commands(SimpleNamespace(model=None), run, 2, on_gpu=False)[1]
 
 
 def test_the_driver_hands_qualify_to_its_children_for_the_plan_and_runs_it_once():

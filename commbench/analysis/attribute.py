@@ -57,18 +57,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     render.add_arguments(parser)
 
 
-def size_hint(args: argparse.Namespace) -> SizeHint:
-    if args.model and args.hidden:
+def size_hint(model_name: str | None, hidden: int | None, batch: int | None, dtype: str | None) -> SizeHint:
+    """The allreduce size a trace's steps send, from --model or --hidden with --batch (typed: report
+    calls it with its --trace-hidden / --trace-batch)."""
+    if model_name and hidden:
         raise UsageError("give --model or --hidden, not both")
-    hidden, dtype = args.hidden, dtype_name(args.dtype) if args.dtype else "bf16"
-    if args.model:
-        model = models.lookup(args.model)
-        hidden, dtype = model.hidden, dtype_name(args.dtype) if args.dtype else model.dtype
+    act = dtype_name(dtype) if dtype else "bf16"
+    if model_name:
+        model = models.lookup(model_name)
+        hidden, act = model.hidden, dtype_name(dtype) if dtype else model.dtype
     # the sweep's shape bounds, each flag alone too
-    message_bytes = shape_bytes(1 if args.batch is None else args.batch, 1 if hidden is None else hidden,
-                                DTYPE_BYTES[dtype], "--batch", "--hidden")
-    if hidden and args.batch:
-        return SizeHint(message_bytes, f"{args.batch} x {hidden} x {dtype}")
+    message_bytes = shape_bytes(1 if batch is None else batch, 1 if hidden is None else hidden,
+                                DTYPE_BYTES[act], "--batch", "--hidden")
+    if hidden and batch:
+        return SizeHint(message_bytes, f"{batch} x {hidden} x {act}")
     return SizeHint(None, "unknown")
 
 
@@ -231,7 +233,7 @@ def kernel_rows(results: list[RankResult]) -> list[KernelRow]:
 
 def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     check_file_target(args.json, "--json")
-    hint = size_hint(args)
+    hint = size_hint(args.model, args.hidden, args.batch, args.dtype)
     if args.gap_us is not None:
         positive_finite(args.gap_us, "--gap-us", "us")
     try:

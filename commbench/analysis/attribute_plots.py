@@ -87,8 +87,7 @@ def report_section(args: argparse.Namespace, run: Run, plot_dir: Path) -> tuple[
     """HTML for the section and its plots (png, alt text); empty when no --trace was given."""
     if not args.trace:
         return "", []
-    hint = attribute.size_hint(argparse.Namespace(model=None, hidden=args.trace_hidden, batch=args.trace_batch,
-                                                  dtype=None))
+    hint = attribute.size_hint(None, args.trace_hidden, args.trace_batch, None)
     ranks, results = attribute.analyse_traces(args.trace, hint)
     steps = [s for r in results for s in r.steps]
     lines = attribute.floor_lines(run, ranks, results, None, args.trace_batch)

@@ -25,11 +25,11 @@ from typing import Sequence
 
 from commbench.analysis import plots, provenance, render
 from commbench.analysis.curves import Curve, CurveKey, build_curves, counterpart, exceeds_spread, variant_label
-from commbench.files import check_dir_target, check_file_target, write_json
+from commbench.files import check_file_target, output_folder, write_json
 from commbench.errors import UsageError
 from commbench.results import Measurement, Run
 from commbench.runs import load_run
-from commbench.analysis.report import nccl_version_lines
+from commbench.analysis.nccl_loaded import nccl_version_lines
 from commbench.analysis.render import fmt_pct, fmt_us
 from commbench.units import format_bytes
 
@@ -116,7 +116,8 @@ def _name(run: Run) -> str:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_a", help="the earlier / reference results dir (A)")
     parser.add_argument("run_b", help="the results dir to compare with it (B)")
-    parser.add_argument("--out", type=Path, help="where to write the plot (default: RUN_B)")
+    parser.add_argument("--out", type=Path, help="where to write the plot (default: a new folder compare-A-vs-B in "
+                                                 "the current directory; never a run dir)")
     parser.add_argument("--json", metavar="FILE", help="also write the changes as JSON ('-' for stdout)")
     parser.add_argument("--backend-a", metavar="NAME",
                         help="compare only this backend of RUN_A (with --backend-b; RUN_B may be RUN_A), e.g. nccl, "
@@ -137,8 +138,8 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     if differ and not args.different_machines:
         raise UsageError(f"A and B are not one machine's runs ({'; '.join(differ)}): their latencies differ for "
                          f"that reason too; pass --different-machines to compare them anyway")
-    out = args.out or run_b.path
-    check_dir_target(out, f"--out {out}" if args.out else f"{out} (RUN_B; --out DIR writes the plot elsewhere)")
+    out = output_folder(args.out, f"compare-{run_a.path.resolve().name}-vs-{run_b.path.resolve().name}",
+                        [run_a.path, run_b.path])
     curves_a, curves_b = build_curves(run_a.rows), build_curves(run_b.rows)
     if not curves_a or not curves_b:
         empty = run_a if not curves_a else run_b
@@ -155,12 +156,12 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     if backend_a is not None:
         name_a, name_b = f"{name_a} {backend_a}", f"{name_b} {backend_b}"
 
-    print(f"A: {origin_a.line()}")
-    print(f"B: {origin_b.line()}")
+    print(render.prose(f"A: {origin_a.line()}", args.wide))
+    print(render.prose(f"B: {origin_b.line()}", args.wide))
     if differ:
         print(f"note: A and B are not one machine's runs ({'; '.join(differ)}): a change below is "
               "partly the machines' difference, not a before/after of one setting")
-    print(f"A = {name_a} ({run_a.path}), B = {name_b} ({run_b.path})")
+    print(render.prose(f"A = {name_a} ({run_a.path}), B = {name_b} ({run_b.path})", args.wide))
     nccl_ran = {side: nccl_version_lines(_rows_of(run, backend))
                 for side, run, backend in (("a", run_a, backend_a), ("b", run_b, backend_b))}
     for side, lines in nccl_ran.items():
@@ -172,13 +173,21 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
         print(f"only in A: {', '.join(only_a)}")
     if only_b:
         print(f"only in B: {', '.join(only_b)}")
-    print("'beyond spread' = the latency change is larger than the jitter p10-p90 spread of both runs\n")
-    print(render.table(["backend", "dtype", "size", "latency A us", "latency B us", "change", "p99 A us",
-                        "p99 B us", "p99 change", "verdict"],
-                       [[c.curve, c.dtype, format_bytes(c.message_bytes), fmt_us(c.latency_a_us),
-                         fmt_us(c.latency_b_us), fmt_pct(c.latency_change_pct), fmt_us(c.p99_a_us), fmt_us(c.p99_b_us),
-                         fmt_pct(c.p99_change_pct), c.verdict] for c in rows],
-                       right=(2, 3, 4, 5, 6, 7, 8), wide=args.wide))
+    print(render.prose("'beyond spread' = the latency change is larger than the jitter p10-p90 spread of both runs",
+                       args.wide) + "\n")
+    # One table per backend and dtype under its name: the backend spec is never folded in a column.
+    groups: dict[tuple[str, str], list[Change]] = {}
+    for c in rows:
+        groups.setdefault((c.curve, c.dtype), []).append(c)
+    for (curve, dtype), changed in groups.items():
+        print(f"{curve}, {dtype}")
+        print(render.table(["size", "latency A us", "latency B us", "change", "p99 A us", "p99 B us", "p99 change",
+                            "verdict"],
+                           [[format_bytes(c.message_bytes), fmt_us(c.latency_a_us), fmt_us(c.latency_b_us),
+                             fmt_pct(c.latency_change_pct), fmt_us(c.p99_a_us), fmt_us(c.p99_b_us),
+                             fmt_pct(c.p99_change_pct), c.verdict] for c in changed],
+                           right=(0, 1, 2, 3, 4, 5, 6), wide=args.wide))
+        print()
     slower = [c for c in rows if c.verdict == "B slower"]
     faster = [c for c in rows if c.verdict == "B faster"]
     print(f"\n{len(slower)} slower and {len(faster)} faster beyond spread, "

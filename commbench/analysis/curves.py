@@ -353,6 +353,35 @@ def baseline_curve(curves: Iterable[Curve], name: str | None, like: Curve) -> Cu
     return None
 
 
+MEASURED, INTERPOLATED, OUT_OF_RANGE = "measured", "interpolated", "out of range"
+
+
+@dataclass(frozen=True)
+class CurvePrice:
+    """A curve's price at one size: the point used and how it was found (measured there,
+    interpolated between measured sizes, or out of the measured range: never extrapolated)."""
+
+    curve: str
+    message_bytes: int
+    point: Point | None
+    how: str
+    range_text: str
+
+    @property
+    def latency_us(self) -> float | None:
+        return self.point.latency_us if self.point is not None else None
+
+    def said(self) -> str:
+        return f"{OUT_OF_RANGE} {self.range_text}" if self.point is None else self.how
+
+
+def price(curve: Curve, message_bytes: int) -> CurvePrice:
+    """The one place a curve is priced at a size."""
+    point = curve.at(message_bytes)
+    how = OUT_OF_RANGE if point is None else MEASURED if curve.point(message_bytes) is not None else INTERPOLATED
+    return CurvePrice(curve.label, message_bytes, point, how, curve.range_text())
+
+
 @dataclass(frozen=True)
 class Candidate:
     curve: Curve
@@ -364,9 +393,9 @@ def ranking(curves: Iterable[Curve], message_bytes: int) -> list[Candidate]:
     """Every curve that covers the size, fastest first."""
     out = []
     for curve in curves:
-        point = curve.at(message_bytes)
-        if point is not None:
-            out.append(Candidate(curve, point, curve.point(message_bytes) is None))
+        p = price(curve, message_bytes)
+        if p.point is not None:
+            out.append(Candidate(curve, p.point, p.how == INTERPOLATED))
     out.sort(key=lambda c: (c.point.latency_us, c.curve.label))
     return out
 
@@ -402,8 +431,13 @@ class Crossover:
     sizes: int          # measured sizes in this range
 
 
+NO_DIFFERENCE = "no measurable difference"
+
+
 def crossovers(curves: list[Curve]) -> list[Crossover]:
-    """Size ranges with one winner, over every size any curve measured (same dtype and mode)."""
+    """Size ranges with one winner, over every size any curve measured (same dtype and mode). A
+    size where the fastest beats the runner-up by no more than both their p10-p90 spreads has no
+    winner: NO_DIFFERENCE (a table alternating between two kernels at 1.00x says nothing)."""
     sizes = sorted({p.message_bytes for c in curves for p in c.points})
     out: list[Crossover] = []
     for size in sizes:
@@ -411,6 +445,9 @@ def crossovers(curves: list[Curve]) -> list[Crossover]:
         if not ranked:
             continue
         winner = ranked[0].curve.label
+        if len(ranked) > 1 and exceeds_spread(ranked[1].point.latency_us - ranked[0].point.latency_us,
+                                              ranked[0].point, ranked[1].point) is False:
+            winner = NO_DIFFERENCE
         if out and out[-1].winner == winner:
             last = out[-1]
             out[-1] = Crossover(last.first_bytes, size, winner, last.sizes + 1)
@@ -433,8 +470,7 @@ def cautions(rows: Iterable[Measurement], shown: Iterable[Curve]) -> list[str]:
         bad = sorted(failures.get((curve.backend, Cell.setting(curve.env_setting)), ()))
         if bad:
             where = ", ".join(f"{format_bytes(b)} {failure}" for b, failure in bad)
-            line = (f"{curve.key.variant} failed its check at {where}: enable it only if the engine "
-                    f"never sends messages of those sizes through it")
+            line = f"{curve.key.variant} failed its check at {where}; its other sizes run the same code"
             if line not in out:
                 out.append(line)
     return out

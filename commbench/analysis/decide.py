@@ -275,10 +275,13 @@ class Headroom:
     price: Price
     versus: Price | None
     saving: Saving | None
+    engine_kernel: bool = False    # a requested engine's own kernel, forced where the engine would not take it
 
 
-def headroom_curves(run: Run, curves: list[Curve], decisions: list[EngineDecision]) -> list[tuple[Curve, str]]:
-    """Plain-allreduce curves that price no path a requested engine can take here, with why."""
+def headroom_curves(run: Run, curves: list[Curve], decisions: list[EngineDecision]
+                    ) -> list[tuple[Curve, str, bool]]:
+    """Plain-allreduce curves that price no path a requested engine can take here, with why and
+    whether the curve is a requested engine's own kernel (on a path that is off or unknown here)."""
     used = {id(c) for d in decisions for o in d.options if o.state.available is True for c in o.own + o.stand_ins}
     out = []
     for curve in curves:
@@ -287,27 +290,30 @@ def headroom_curves(run: Run, curves: list[Curve], decisions: list[EngineDecisio
         settings = recorded_settings(run, curve)
         if settings is None:
             out.append((curve, f"no engine settings recorded for {curve.backend} in this run's run.json (runs "
-                               "record what each backend declares since results schema 3)"))
+                               "record what each backend declares since results schema 3)", False))
             continue
         claims = engines.declared_paths(settings)
         reasons = []
+        own = False
         for d in decisions:
             claim = claims.get(d.engine)
             state = next((s for s in d.states if claim and s.path == claim["path"]), None)
             if state is None:
                 reasons.append(f"{d.name} has no path that runs it")
             elif state.available is None:
+                own = own or (state.own_kernel and not claim.get("stand_in"))
                 reasons.append(f"{d.name}: whether its {state.rule.title} path runs here cannot be told ({state.why})")
             else:
+                own = own or (state.own_kernel and not claim.get("stand_in"))
                 reasons.append(f"{d.name}: its {state.rule.title} path is off here ({state.why})")
-        out.append((curve, "; ".join(reasons)))
+        out.append((curve, "; ".join(reasons), own))
     return out
 
 
 def headroom(model: Model, run: Run, curves: list[Curve], decisions: list[EngineDecision],
              concurrencies: list[int]) -> list[Headroom]:
     out = []
-    for curve, why in headroom_curves(run, curves, decisions):
+    for curve, why, own in headroom_curves(run, curves, decisions):
         for i, concurrency in enumerate(concurrencies):
             size = model.message_bytes(concurrency)
             ranked = ranking([curve], size)
@@ -319,7 +325,7 @@ def headroom(model: Model, run: Run, curves: list[Curve], decisions: list[Engine
             measured = [p for p in rivals if p is not None and not p.stand_in]
             versus = min(measured, key=lambda p: p.latency_us) if measured else None
             gain = saving(model, concurrency, price, versus)[0] if versus else None
-            out.append(Headroom(curve.label, why, concurrency, size, price, versus, gain))
+            out.append(Headroom(curve.label, why, concurrency, size, price, versus, gain, own))
     return out
 
 

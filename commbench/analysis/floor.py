@@ -22,16 +22,16 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Sequence
 
-from commbench.analysis import decide, models, provenance, render
-from commbench.analysis.curves import Curve, CurveKey, Point, cautions, decode_curves, ranking, run_world_size
-from commbench.analysis.decide import EngineDecision, Price
+from commbench.analysis import configure, configure_text, decide, models, provenance, question, render
+from commbench.analysis.configure import DECODE, Configuration
+from commbench.analysis.curves import Curve, CurveKey, Point, cautions, price, ranking
+from commbench.analysis.decide import Price
 from commbench.files import check_file_target, read_text, write_json
 from commbench.errors import UsageError
 from commbench.analysis.models import Model
 from commbench.ops import ALLREDUCE
-from commbench.runs import load_run
 from commbench.analysis.render import fmt_num, fmt_us
-from commbench.units import format_bytes, parse_bytes, parse_int_list, positive_finite
+from commbench.units import format_bytes, parse_bytes, positive_finite
 
 
 @dataclass
@@ -46,29 +46,25 @@ class FloorRow:
     latency_source: str               # measured | interpolated | out of range <lo>-<hi>
 
 
-def priced_row(model: Model, concurrency: int, price: Price | None) -> FloorRow:
-    """The floor of an engine path from its price (None: not measured at this size)."""
+def row(model: Model, concurrency: int, latency_us: float | None, backend: str, source: str) -> FloorRow:
+    """The floor of one price at one concurrency (latency None: not priced there)."""
     size = model.message_bytes(concurrency)
     n = model.allreduces_per_token
-    if price is None:
-        return FloorRow(concurrency, size, n, "-", None, None, None, "not measured")
-    floor_ms = n * price.latency_us / 1000.0
-    source = ("interpolated" if price.interpolated else "measured") + (", stand-in" if price.stand_in else "")
-    return FloorRow(concurrency, size, n, price.curve, price.latency_us, floor_ms, concurrency * 1000.0 / floor_ms,
-                    source)
+    if latency_us is None:
+        return FloorRow(concurrency, size, n, backend, None, None, None, source)
+    floor_ms = n * latency_us / 1000.0
+    return FloorRow(concurrency, size, n, backend, latency_us, floor_ms, concurrency * 1000.0 / floor_ms, source)
+
+
+def priced_row(model: Model, concurrency: int, p: Price) -> FloorRow:
+    """The floor of an engine path from its price."""
+    source = ("interpolated" if p.interpolated else "measured") + (", stand-in" if p.stand_in else "")
+    return row(model, concurrency, p.latency_us, p.curve, source)
 
 
 def floor_row(model: Model, curve: Curve, concurrency: int) -> FloorRow:
-    size = model.message_bytes(concurrency)
-    n = model.allreduces_per_token
-    point = curve.at(size)
-    if point is None:
-        return FloorRow(concurrency, size, n, curve.label, None, None, None,
-                        f"out of range {curve.range_text()}")
-    floor_ms = n * point.latency_us / 1000.0
-    source = "measured" if curve.point(size) is not None else "interpolated"
-    return FloorRow(concurrency, size, n, curve.label, point.latency_us, floor_ms,
-                    concurrency * 1000.0 / floor_ms, source)
+    p = price(curve, model.message_bytes(concurrency))
+    return row(model, concurrency, p.latency_us, curve.label, p.said())
 
 
 def table_curve(path: Path) -> Curve:
@@ -112,7 +108,7 @@ class WhatIf:
 
 def what_if(model: Model, curves: list[Curve], current: Curve, concurrency: int, step_ms: float) -> WhatIf:
     """The step with `current` swapped for the fastest of `curves`: pass only curves the engine
-    can take here (takeable()), never a kernel it cannot run."""
+    can take here (the configuration's), never a kernel it cannot run."""
     now = floor_row(model, current, concurrency)
     if now.floor_ms_per_token is None:
         raise UsageError(f"{current.label}: {format_bytes(now.message_bytes)} is outside its measured range "
@@ -135,22 +131,11 @@ def rows_for(model: Model, curves: list[Curve], concurrencies: list[int]) -> lis
     return [floor_row(model, curve, c) for c in concurrencies for curve in curves]
 
 
-def takeable(d: EngineDecision, message_bytes: int) -> list[Curve]:
-    """The curves of the engine's own kernels on paths it can take at this size."""
-    return [c for o in d.options if o.state.available is True and o.state.admits(message_bytes)
-            and o.state.rule.op == ALLREDUCE for c in o.own]
-
-
-def engine_rows(model: Model, d: EngineDecision) -> list[tuple[FloorRow, FloorRow]]:
-    """Per size: the floor of the engine's default path and of the fastest path it can take."""
-    return [(priced_row(model, s.concurrency, s.default_price), priced_row(model, s.concurrency, s.best_price))
-            for s in d.sizes]
-
-
-def _paths(d: EngineDecision) -> list[tuple[str, str]]:
-    """Per size, the default path's and the fastest path's names, as engine_rows orders them."""
-    return [(s.default.path.rule.title if s.default.path else "cannot tell",
-             s.best.label if s.best else "none measured") for s in d.sizes]
+def engine_rows(model: Model, c: Configuration) -> list[tuple[FloorRow, FloorRow]]:
+    """Per load of the mix: the floor of the engine's default and of the one configuration."""
+    return [(row(model, cell.tokens, cell.default_us, cell.default_curve or "-", cell.default_how),
+             row(model, cell.tokens, cell.chosen_us, cell.chosen_curve or "-", cell.chosen_how))
+            for cell in c.cells if cell.phase == DECODE]
 
 
 def match_curves(curves: list[Curve], names: list[str]) -> list[Curve]:
@@ -171,7 +156,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--latency-table", type=Path, help="CSV with columns bytes,latency_us instead of a run")
     models.add_model_arguments(parser)
     parser.add_argument("--tp", type=int, help="tensor-parallel size (default: the run's world size)")
-    parser.add_argument("--concurrency", help="decode batch sizes, e.g. 1,8,64 (default 1,2,4,...,256)")
+    question.add_arguments(parser)
     parser.add_argument("--backend", action="append", default=None,
                         help="also show this backend variant as measured (repeatable)")
     parser.add_argument("--mode", choices=("auto", "graph", "eager"), default="auto",
@@ -199,20 +184,22 @@ def _table(rows: list[FloorRow], title: str, wide: bool, roles: list[str] | None
                         right=(1, 2, 4, 5, 6), title=title, wide=wide)
 
 
-def _engine_what_if(model: Model, d: EngineDecision, curves: list[Curve], args: argparse.Namespace,
-                    concurrency: int) -> tuple[WhatIf | None, str]:
-    """The what-if for one engine, or why there is none."""
-    size = model.message_bytes(concurrency)
-    (s,) = [x for x in d.sizes if x.concurrency == concurrency]
+def _engine_what_if(model: Model, c: Configuration, curves: list[Curve], args: argparse.Namespace,
+                    ) -> tuple[WhatIf | None, str]:
+    """The what-if for one engine: its measured step with the configuration swapped in, or why
+    there is none."""
+    by_label = {curve.label: curve for curve in curves}
+    cell = c.cells[0] if c.cells else None
     if args.current:
         current = match_curves(curves, [args.current])[0]
-    elif s.default_option is None or s.default_price is None or s.default_price.stand_in:
-        why = (s.default.why if s.default.path is None else
-               f"its default ({s.default.path.rule.title}) was not measured by its own kernel in this run")
-        return None, f"{d.name}: no what-if: {why}; give --current BACKEND (what your measured step ran)"
+    elif cell is None or cell.default_curve is None:
+        why = c.why or "its default was not measured by its own kernel in this run"
+        return None, f"{c.name}: no what-if: {why}; give --current BACKEND (what your measured step ran)"
     else:
-        current = next(c for c in s.default_option.own if c.label == s.default_price.curve)
-    return what_if(model, takeable(d, size), current, concurrency, args.step_ms), ""
+        current = by_label[cell.default_curve]
+    chosen = ([by_label[cell.chosen_curve]] if cell is not None and cell.chosen_curve in by_label
+              and not c.is_default else [])
+    return what_if(model, chosen, current, c.loads[0].concurrency, args.step_ms), ""
 
 
 def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
@@ -224,78 +211,84 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
         raise UsageError("give a results dir or --latency-table FILE (one of them)")
     if args.step_ms is not None:
         positive_finite(args.step_ms, "--step-ms", "milliseconds")
-    if args.concurrency:
-        concurrencies = parse_int_list(args.concurrency, "--concurrency")
-    else:
-        concurrencies = [1] if args.step_ms is not None else models.DEFAULT_CONCURRENCIES
+    loads = configure.parse_loads(args.concurrency, [1] if args.step_ms is not None else models.DEFAULT_CONCURRENCIES)
+    concurrencies = [load.concurrency for load in loads]
     if args.step_ms is not None and len(concurrencies) != 1:
         raise UsageError("--step-ms is one measured step: give the one concurrency it ran at (--concurrency N)")
+    if args.prefill_tokens is not None and args.prefill_tokens <= 0:
+        raise UsageError(f"--prefill-tokens must be a positive number of tokens (got {args.prefill_tokens})")
     asked = decide.requested_engines(args)
     if args.latency_table is not None:
         return _table_main(args, model, concurrencies)
 
-    run = load_run(args.run_dir)
-    curves = decode_curves(run, args.tp, model.dtype, args.mode)
-    tp = args.tp or run_world_size(run)
-    tag = decide.data_tag(run)
+    found = question.answer(question.Question(args.run_dir, model, args.tp, args.mode, loads, tuple(asked),
+                                              args.prefill_tokens, tuple(decide.engine_chains(args).items())))
+    run, curves, tp, tag = found.run, found.curves, found.tp, found.tag
     named = match_curves(curves, args.backend) if args.backend else []
-    chains = decide.engine_chains(args)
-    decisions = [decide.decide(engine, run, curves, model, concurrencies, tp or 0, version, args.mode, chains.get(engine))
-                 for engine, version in asked]
-    rooms = decide.headroom(model, run, curves, decisions, concurrencies)
 
-    print(provenance.describe(run))
-    print(f"{model.describe()}; TP {tp or '?'}")
-    print(f"source: {model.source}")
+    print(render.prose(provenance.describe(run), args.wide))
+    print(render.prose(f"{model.describe()}; TP {tp or '?'}", args.wide))
+    print(render.prose(f"source: {model.source}", args.wide))
     if model.note:
-        print(f"note: {model.note}")
-    print(f"floor_ms/step = {model.allreduces_per_token} allreduces x latency: each sequence's time per output token "
-          f"if compute were free ({tag})")
+        print(render.prose(f"note: {model.note}", args.wide))
+    print(render.prose(f"floor_ms/step = {model.allreduces_per_token} allreduces x latency: each sequence's time per "
+                       f"output token if compute were free ({tag}). Per engine, its default and the one "
+                       "configuration recommend picks for this mix of concurrencies.", args.wide))
     shown: list[str] = []
     engines_json = []
-    for d in decisions:
-        pairs = engine_rows(model, d)
-        rows = [r for pair in pairs for r in pair]
-        roles = ["default", "fastest"] * len(pairs)
+    tables: list[str | None] = []
+    for d, c in zip(found.decisions, found.configurations):
         print()
         note = decide.version_note(d)
         if note:
-            print(f"caution: {note}")
-        print(_table(rows, f"{d.name}: per size its default path, then the fastest path it can take here ({tag})",
-                     args.wide, roles))
-        shown += [s.best_price.curve for s in d.sizes if s.best_price] + \
-                 [s.default_price.curve for s in d.sizes if s.default_price]
+            print(render.prose(f"caution: {note}", args.wide))
+        pairs = engine_rows(model, c) if c.chosen is not None else []
+        if not pairs:   # nothing to tabulate: why, and the command that would price it
+            print(f"== {d.name} ==")
+            print("\n".join(configure_text.block(c, tag, args.wide, brief=True)))
+            tables.append(None)
+        else:
+            rows = [r for pair in pairs for r in (pair[:1] if c.is_default else pair)]
+            roles = ["default"] * len(pairs) if c.is_default else ["default", "configured"] * len(pairs)
+            table = _table(rows, "", args.wide, roles).split("\n", 1)[1]
+            said = ("its default: nothing to set" if c.is_default
+                    else f"its default, then the configuration {c.chosen}")
+            if table in tables:
+                print(render.prose(f"{d.name}: {said}: the same as "
+                                   f"{found.decisions[tables.index(table)].name}'s, above", args.wide))
+            else:
+                print(render.prose(f"{d.name}: per concurrency {said} ({tag})", args.wide))
+                print(table)
+            tables.append(table)
+            shown += [r.backend for r in rows if r.latency_us is not None]
         engine_json: dict = {"engine": d.engine, "version": d.version, "version_note": note,
-                             "rows": [{"default": asdict(a), "default_path": names[0], "fastest": asdict(b),
-                                       "fastest_path": names[1]} for (a, b), names in zip(pairs, _paths(d))]}
+                             "configuration": asdict(c),
+                             "rows": [{"default": asdict(a), "configured": asdict(b)} for a, b in pairs]}
         if args.step_ms is not None:
-            report, why = _engine_what_if(model, d, curves, args, concurrencies[0])
-            print(what_if_text(report, f"{d.name} ({tag})") if report else why)
+            report, why = _engine_what_if(model, c, curves, args)
+            print(what_if_text(report, f"{d.name} ({tag})") if report else render.prose(why, args.wide))
             if report:
                 shown += [report.best.backend]
             engine_json["what_if"] = asdict(report) if report else None
             engine_json["why_no_what_if"] = why or None
         engines_json.append(engine_json)
-    best_rooms = decide.fastest_headroom(rooms)
+    best_rooms = decide.fastest_headroom(found.headroom)
     room_rows = [priced_row(model, r.concurrency, r.price) for r in best_rooms]
     if room_rows:
         print()
-        print(_table(room_rows, f"headroom: the fastest kernel no requested engine can run here, per size ({tag}); "
-                                "never a setting", args.wide))
+        print(_table(room_rows, f"headroom ({tag}): the fastest kernel measured here that no requested engine takes "
+                                "here, per size; for comparison only", args.wide))
         shown += [r.curve for r in best_rooms]
     if named:
         print()
         print(_table(rows_for(model, named, concurrencies), f"as measured: {', '.join(args.backend)} ({tag})",
                      args.wide))
         shown += [c.label for c in named]
-    if any(r.latency_us is None for pair in (engine_rows(model, d) for d in decisions) for a, b in pair
-           for r in (a, b)):
-        print("\nnot measured: no row of this run prices that path at that size (never extrapolated)")
 
     by_label = {c.label: c for c in curves}
     warned = cautions(run.rows, [by_label[label] for label in dict.fromkeys(shown) if label in by_label])
     for line in warned:
-        print(f"\ncaution: {line}")
+        print("\n" + render.prose(f"caution: {line}", args.wide))
     write_json(args.json, {"provenance": provenance.of(run).to_dict(), "model": asdict(model),
                            "allreduces_per_token": model.allreduces_per_token, "tp": tp,
                            "engines": engines_json, "headroom": [asdict(r) for r in room_rows],

@@ -475,7 +475,15 @@ def _hung_text(rows: list[Measurement]) -> str:
     return ", ".join(sorted({f"{r.backend} {format_bytes(r.message_bytes)} {r.status}" for r in rows})[:6])
 
 
-def check_wrong(run: Run, scope: set[str]) -> Result:
+def no_data(name: str, scope: set[str], required: bool) -> Result:
+    """A check that found no rows to read checked nothing: never a PASS. FAIL where the spec asks
+    for the check by name ([checks] KEY = true), WARN where it runs by default."""
+    return Result("correctness", name, FAIL if required else WARN,
+                  f"no data: the run has no rows of {', '.join(sorted(scope))} to check"
+                  + ("; the spec requires this check" if required else ""))
+
+
+def check_wrong(run: Run, scope: set[str], required: bool = False) -> Result:
     bad: list[Measurement] = []
     checked = 0
     for r in run.rows:   # one pass: a large run's rows are made one at a time (CompactRows)
@@ -487,6 +495,8 @@ def check_wrong(run: Run, scope: set[str]) -> Result:
     if mine:
         return Result("correctness", "zero #wrong", FAIL,
                       f"{len(mine)} row(s) with wrong results: {_wrong_text(mine)}")
+    if not checked:
+        return no_data("zero #wrong", scope, required)
     if bad:
         return Result("correctness", "zero #wrong", WARN,
                       f"{checked} checked rows of {', '.join(sorted(scope))}, none wrong; outside the spec's backends, "
@@ -494,7 +504,7 @@ def check_wrong(run: Run, scope: set[str]) -> Result:
     return Result("correctness", "zero #wrong", PASS, f"{checked} checked rows of {', '.join(sorted(scope))}, none wrong")
 
 
-def check_hangs(run: Run, scope: set[str]) -> Result:
+def check_hangs(run: Run, scope: set[str], required: bool = False) -> Result:
     """A hang or a crash (a rank's process died) FAILs: neither may happen while serving."""
     hung: list[Measurement] = []
     errors: list[Measurement] = []
@@ -511,6 +521,8 @@ def check_hangs(run: Run, scope: set[str]) -> Result:
         crashes = sum(r.status == CRASHED for r in mine)
         counted = ", ".join(f"{n} {what}" for n, what in ((len(mine) - crashes, "hang(s)"), (crashes, "crash(es)")) if n)
         return Result("correctness", "no hangs", FAIL, f"{counted}: {_hung_text(mine)}")
+    if not rows:
+        return no_data("no hangs", scope, required)
     outside = (f"; outside the spec's backends, {len(hung)} hang(s) or crash(es): {_hung_text(hung)}"
                if hung else "")
     if errors:
@@ -641,9 +653,9 @@ def qualify(spec: Spec, run: Run, reference: Run | None, probe: dict[str, Any] |
             results.append(check(snapshot))
     results.extend(pcie_box_checks(spec, snapshot))
     if spec.checks.get("zero_wrong", True):
-        results.append(check_wrong(run, spec.backends()))
+        results.append(check_wrong(run, spec.backends(), "zero_wrong" in spec.checks))
     if spec.checks.get("no_hangs", True):
-        results.append(check_hangs(run, spec.backends()))
+        results.append(check_hangs(run, spec.backends(), "no_hangs" in spec.checks))
     curves = pick_mode(select(build_curves(run.rows), dtype=spec.dtype), spec.mode)
     where = f"{spec.dtype} {spec.mode if spec.mode != 'auto' else 'graph-or-eager'}"
     results.extend(check_limit(curves, limit, "latency", where) for limit in spec.latency)
@@ -709,8 +721,9 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     print(provenance.describe(run))
     print(f"qualify {run.run_id} against {spec.name} ({spec.path})"
           + (f"; fabric checks read {args.snapshot}" if args.snapshot else "") + "\n")
-    print(render.table(["status", "group", "check", "detail"], [[r.status, r.group, r.name, r.detail] for r in results],
-                       wide=args.wide))
+    kind = provenance.of(run).kind   # every line says what data it read, the same way
+    print(render.table(["status", "group", "check", "detail", "data"],
+                       [[r.status, r.group, r.name, r.detail, kind] for r in results], wide=args.wide))
     sources = [(r.name, r.source) for r in results if r.source]
     if sources:
         print("\nwhere the thresholds come from:")

@@ -13,26 +13,25 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from typing import Any, Iterable, Sequence
 
 from commbench import engines
-from commbench.analysis import decide, models, provenance, render
-from commbench.engines import paths as engine_paths
-from commbench.analysis.curves import Curve, cautions, decode_curves, run_world_size
+from commbench.analysis import configure, configure_text, decide, models, provenance, question, render
+from commbench.analysis.configure import one_line
+from commbench.analysis.curves import Curve, cautions, run_world_size
 from commbench.analysis.decide import EngineDecision, Headroom, Option, Price
 from commbench.analysis.render import fmt_us
 from commbench.files import check_file_target, write_json
 from commbench.results import OK, Measurement, Run
-from commbench.runs import load_run
-from commbench.units import format_bytes, parse_int_list
+from commbench.units import format_bytes
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dir", help="results dir written by commbench sweep")
     models.add_model_arguments(parser)
     parser.add_argument("--tp", type=int, help="tensor-parallel size (default: the run's world size)")
-    parser.add_argument("--concurrency", help="decode batch sizes, e.g. 1,8,64 (default 1,2,4,...,256)")
+    question.add_arguments(parser)
     parser.add_argument("--mode", choices=("auto", "graph", "eager"), default="auto",
                         help="which timings: auto = CUDA-graph where measured, else eager")
     decide.add_engine_arguments(parser)
@@ -49,11 +48,6 @@ def inert_here(run: Run, tp: int | None) -> list[engines.InertSetting]:
     if not snapshot or not snapshot.get("gpus"):
         return []
     return engines.inert_settings(snapshot, tp or run_world_size(run) or 0)
-
-
-def one_line(text: object) -> str:
-    """Text from run.json on one line, control characters blanked (never part of a paste-ready line)."""
-    return "".join(" " if ord(c) < 32 or 0x7F <= ord(c) <= 0x9F else c for c in str(text))
 
 
 def _cost(price: Price | None) -> str:
@@ -73,7 +67,7 @@ def _paths_table(d: EngineDecision, args: argparse.Namespace) -> str:
     measured = {o.state.path for o in d.options}
     rows = [[s.rule.title, "on" if s.default_on else f"opt-in ({s.rule.turn_on})", _availability(s),
              "yes" if s.path in measured else "not measured"] for s in d.states]
-    sources = [f"  {s.rule.title}: {s.source}" for s in d.states]
+    sources = [render.prose(f"{s.rule.title}: {s.source}", args.wide, indent="  ") for s in d.states]
     return (f"{d.name} paths at TP {args.tp_shown}, in dispatch order\n"
             + render.table(["path", "by default", "on this box", "in this run"], rows, wide=args.wide)
             + "\nwhere each rule comes from:\n" + "\n".join(sources))
@@ -109,7 +103,7 @@ def _legend(key: str, o: Option, implementations: dict[str, str]) -> str:
     parts = [f"priced by {own}" if own else "",
              (f"stand-in (not the engine's kernel): {stand}" + (", used only where no own kernel was measured"
                                                               if own else "")) if stand else ""]
-    return f"  {key} = {o.label}: " + "; ".join(p for p in parts if p)
+    return f"{key} = {o.label}: " + "; ".join(p for p in parts if p)
 
 
 def _costs_table(d: EngineDecision, tag: str, args: argparse.Namespace, implementations: dict[str, str]) -> str:
@@ -123,71 +117,11 @@ def _costs_table(d: EngineDecision, tag: str, args: argparse.Namespace, implemen
     # The title is a line of its own: a table's title folds to the table's width.
     table = render.table(headers, rows, right=(0, 1, *range(3, 3 + len(shown))), wide=args.wide)
     legend = [_legend(_letter(n), d.options[i], implementations) for n, i in enumerate(shown)]
-    return "\n".join([f"{d.name}: us per allreduce call ({tag})", table,
-                      "  * a stand-in's cost, ~ interpolated between measured sizes", *legend])
+    return "\n".join([table, "  * a stand-in's cost, ~ interpolated between measured sizes",
+                      *(render.prose(line, args.wide, indent="  ") for line in legend)])
 
 
-def _choices(d: EngineDecision) -> dict[int, list[decide.SizeDecision]]:
-    """Sizes grouped by the option that is fastest there (its index), in the order first seen."""
-    out: dict[int, list[decide.SizeDecision]] = {}
-    for s in d.sizes:
-        if s.best is not None:
-            out.setdefault(d.options.index(s.best), []).append(s)
-    return out
-
-
-def _choice_lines(d: EngineDecision, tag: str, tp: int | None) -> tuple[list[str], list[dict[str, Any]]]:
-    lines: list[str] = []
-    records: list[dict[str, Any]] = []
-    for index, sizes in _choices(d).items():
-        option = d.options[index]
-        span = ", ".join(str(s.concurrency) for s in sizes)
-        lines.append(f"\nfastest {d.name} path here at concurrency {span}: {option.label} ({tag})")
-        for s in sizes:
-            said = f"{decide.verdict(s.saving)}; {tag}" if s.saving else s.why_no_saving
-            lines.append(f"  concurrency {s.concurrency} ({format_bytes(s.message_bytes)}): {said}")
-        is_default = all(s.best is s.default_option for s in sizes)
-        off_here = {st.path for st in d.states if st.available is False}
-        settings = engine_paths.launch_settings(engines.without_offs(option.settings, d.engine, off_here), d.engine,
-                                                option.state.path, d.states)
-        paste, refusal = ([], None) if is_default else engines.paste_lines(settings, d.engine, tp)
-        if is_default:
-            lines.append("  this is what the engine does by default: nothing to set")
-        elif refusal and option.settings.preload:
-            lines.append(f"  not paste-ready: {refusal}")
-            under, under_refusal = engines.paste_lines(replace(settings, preload=""), d.engine, tp)
-            if not under_refusal:
-                lines.append("  the engine settings to run with it:")
-                lines.extend(f"    {line}" for line in under)
-            lines.extend(f"  note: {one_line(n)}" for n in settings.notes)
-        elif refusal:
-            lines.append(f"  warning: settings from this run refused, not printed: {refusal}")
-        else:
-            lines.append("  paste-ready:")
-            lines.extend(f"    {line}" for line in paste)
-            lines.extend(f"  note: {one_line(n)}" for n in settings.notes)
-        records.append({"option": option.label, "path": option.state.path, "concurrency": [s.concurrency for s in sizes],
-                        "default": is_default, "paste": paste or None, "refused": refusal})
-    return lines, records
-
-
-def _default_lines(d: EngineDecision) -> list[str]:
-    """--brief: per size, the path the engine takes by default here and what it costs."""
-    out = []
-    for s in d.sizes:
-        if s.default.path is None:
-            said = f"cannot tell ({s.default.why})"
-        elif s.default_price is None:
-            said = f"{s.default.path.rule.title}: not measured in this run"
-        else:
-            p = s.default_price
-            how = ", ".join(w for w, on in (("a stand-in's cost", p.stand_in), ("interpolated", p.interpolated)) if on)
-            said = f"{s.default.path.rule.title}: {fmt_us(p.latency_us)} us/call" + (f" ({how})" if how else "")
-        out.append(f"  by default at concurrency {s.concurrency} ({format_bytes(s.message_bytes)}): {said}")
-    return out
-
-
-def _brief_headroom(rooms: list[Headroom], tag: str) -> list[str]:
+def _brief_headroom(rooms: list[Headroom], tag: str, wide: bool) -> list[str]:
     """--brief: each kernel no engine can run here, with the most it would save at one size."""
     best: dict[str, Headroom] = {}
     for r in decide.fastest_headroom(rooms):
@@ -196,24 +130,31 @@ def _brief_headroom(rooms: list[Headroom], tag: str) -> list[str]:
                 best[r.curve] = r
     if not best:
         return []
-    lines = [f"\nheadroom ({tag}; no engine runs these here, never a setting):"]
-    lines += [f"  {r.curve}: a kernel like this would save {r.saving.per_call_us:.1f} us/call, "  # type: ignore[union-attr]
-              f"{r.saving.per_step_ms:.2f} ms/step at concurrency {r.concurrency} "  # type: ignore[union-attr]
-              f"({format_bytes(r.message_bytes)}) against {r.versus.curve if r.versus else '-'}"
+    lines = ["\n" + render.prose(f"headroom ({tag}; no engine takes these here, for comparison only):", wide)]
+    lines += [render.prose(f"{_kernel(r)}: would save {r.saving.per_call_us:.1f} us/call, "  # type: ignore[union-attr]
+                           f"{r.saving.per_step_ms:.2f} ms/step at concurrency {r.concurrency} "  # type: ignore[union-attr]
+                           f"({format_bytes(r.message_bytes)}) vs {r.versus.curve if r.versus else '-'}",
+                           wide, indent="  ")
               for r in best.values()]
     return lines
+
+
+def _kernel(r: Headroom) -> str:
+    """An engine's own kernel measured forced where the engine would not take it is named so."""
+    return f"{r.curve} (the engine's kernel, forced)" if r.engine_kernel else r.curve
 
 
 def _headroom_lines(rooms: list[Headroom], model: models.Model, tag: str, args: argparse.Namespace) -> list[str]:
     if not rooms:
         return []
-    lines = [f"\nheadroom: measured kernels no requested engine can run here ({tag}); never a setting"]
+    lines = ["\n" + render.prose(f"headroom ({tag}): kernels measured here that no requested engine takes here, by "
+                                  "default or by a setting; for comparison only", args.wide)]
     by_why: dict[str, list[str]] = {}
     for r in rooms:
         kernels = by_why.setdefault(r.why, [])
-        if r.curve not in kernels:
-            kernels.append(r.curve)
-    lines.extend(f"  {', '.join(kernels)}: {why}" for why, kernels in by_why.items())
+        if _kernel(r) not in kernels:
+            kernels.append(_kernel(r))
+    lines.extend(render.prose(f"{', '.join(kernels)}: {why}", args.wide, indent="  ") for why, kernels in by_why.items())
     rows = []
     for r in decide.fastest_headroom(rooms):
         if r.saving is not None and r.saving.beyond_spread is False:
@@ -238,58 +179,62 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     model = models.requested(args)
     if model is None:
         return 0
-    asked = decide.requested_engines(args)
-    chains = decide.engine_chains(args)
-    concurrencies = parse_int_list(args.concurrency, "--concurrency") if args.concurrency else models.DEFAULT_CONCURRENCIES
-    run = load_run(args.run_dir)
-    curves = decode_curves(run, args.tp, model.dtype, args.mode)
-    tp = args.tp or run_world_size(run)
+    found = question.answer(question.from_args(args, model))
+    run, tp, tag = found.run, found.tp, found.tag
     args.tp_shown = tp or "?"
-    tag = decide.data_tag(run)
-    decisions = [decide.decide(engine, run, curves, model, concurrencies, tp or 0, version, args.mode, chains.get(engine))
-                 for engine, version in asked]
-    rooms = decide.headroom(model, run, curves, decisions, concurrencies)
     implementations = measured_implementations(run.rows)
 
-    print(provenance.describe(run))
-    print(f"{model.describe()}; TP {args.tp_shown}")
-    if not args.brief or chains:
-        print("\n".join(decide.source_lines(asked, chains, args.engine_log)))
-    print(f"costs are us per allreduce call from this run ({tag}); per step = {model.allreduces_per_token} calls "
-          "(each sequence's time per output token); a saving is quoted only against the engine's default "
-          "measured in this run, and one inside both sides' p10-p90 spread is 'no measurable difference'")
+    print(render.prose(provenance.describe(run), args.wide))
+    print(render.prose(f"{model.describe()}; TP {args.tp_shown}", args.wide))
+    if not args.brief or found.chains:
+        print("\n".join(render.prose(line, args.wide) for line in
+                        decide.source_lines(list(found.engines), found.chains, args.engine_log)))
+    if args.brief:
+        print(render.prose(f"us per allreduce call, ms per step of {model.allreduces_per_token} calls; one "
+                           "configuration per server, against the engine's default in this run", args.wide))
+    else:
+        print(render.prose(f"costs are us per allreduce call from this run ({tag}); per step = "
+                           f"{model.allreduces_per_token} calls (each sequence's time per output token). A server "
+                           "runs one configuration: it is priced against the engine's default measured in this run "
+                           "at every size of the mix and the prefill chunk; a margin inside both sides' p10-p90 "
+                           "spread is 'no measurable difference'", args.wide))
+    costs = [_costs_table(d, tag, args, implementations) if d.options and not args.brief else None
+             for d in found.decisions]
+    trades = [configure_text.tradeoffs(c, args.wide) for c in found.configurations]
     records = []
-    for d in decisions:
+    for i, (d, c) in enumerate(zip(found.decisions, found.configurations)):
         print(f"\n== {d.name}, TP {args.tp_shown} ==")
         note = decide.version_note(d)
         if note:
-            print(f"caution: {note}")
-        if args.brief:
-            print("\n".join(_default_lines(d)))
-        else:
+            print(render.prose(f"caution: {note}", args.wide))
+        if not args.brief:
             print(_paths_table(d, args))
-        if d.options and not args.brief:
-            print()
-            print(_costs_table(d, tag, args, implementations))
-        elif not d.options:
-            print(f"\nno row of this run prices a path {d.name} can take here")
-        lines, choices = _choice_lines(d, tag, tp)
-        print("\n".join(lines))
-        records.append(_engine_record(d, choices, implementations))
-    print("\n".join(_brief_headroom(rooms, tag) if args.brief else _headroom_lines(rooms, model, tag, args)))
+            if costs[i]:
+                print(_once(costs, i, found.decisions, lambda names: f"{names}: us per allreduce call ({tag})", args.wide))
+        print("\n".join(configure_text.block(c, tag, args.wide, args.brief)))
+        if trades[i]:
+            print(_once(trades, i, found.decisions, lambda names: configure_text.tradeoff_title(names, tag), args.wide))
+        records.append(_engine_record(d, c, implementations))
+    rooms = found.headroom
+    for line in _brief_headroom(rooms, tag, args.wide) if args.brief else _headroom_lines(rooms, model, tag, args):
+        print(line)
 
-    shown = [c for d in decisions for o in d.options if o.state.available is not False for c in o.own + o.stand_ins]
-    warned = cautions(run.rows, shown + [c for c in curves if c.label in {r.curve for r in rooms}])
+    shown = [c for d in found.decisions for o in d.options if o.state.available is not False
+             for c in o.own + o.stand_ins]
+    warned = cautions(run.rows, shown + [c for c in found.curves if c.label in {r.curve for r in rooms}])
     for line in warned:
-        print(f"\ncaution: {line}")
+        print("\n" + render.prose(f"caution: {line}", args.wide))
     inert = inert_here(run, tp)
     if inert and not args.brief:
-        print("\nsettings that do nothing on this box (from its probe snapshot; never printed above as a setting):")
+        print("\n" + render.prose("settings that do nothing on this box (from its probe snapshot; never printed "
+                                  "above as a setting):", args.wide))
         for rule in inert:
-            print(f"  - {rule.setting}: {rule.why} ({rule.source})")
-    print("\nA microbenchmark win is a hypothesis: confirm it with an end-to-end decode run at your concurrency "
-          "(on a 16-GPU PCIe-switch server, Kimi K2.6 at TP8 decoded faster with the custom allreduce off at "
-          "short context: 157 vs 139 tok/s at concurrency 1; voipmonitor/rtx6kpro benchmarks, 2026-04-25).")
+            print(render.prose(f"- {rule.setting}: {rule.why} ({rule.source})", args.wide, indent="  "))
+    print("\n" + render.prose(
+        "A microbenchmark win is a hypothesis: confirm it with an end-to-end decode run at your concurrency"
+        + ("." if args.brief else " (on a 16-GPU PCIe-switch server, Kimi K2.6 at TP8 decoded faster with the "
+           "custom allreduce off at short context: 157 vs 139 tok/s at concurrency 1; voipmonitor/rtx6kpro "
+           "benchmarks, 2026-04-25)."), args.wide))
     sys.stdout.flush()
 
     write_json(args.json, {"provenance": provenance.of(run).to_dict(), "model": asdict(model), "tp": tp,
@@ -299,6 +244,18 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     return 0
 
 
+def _once(tables: list[str | None], i: int, decisions: list[EngineDecision], title: Any, wide: bool) -> str:
+    """Engine i's table under a title naming every engine whose table is the same; '' where an
+    earlier engine printed it already (vLLM and SGLang often take the same paths here)."""
+    table = tables[i]
+    if table is None:
+        return ""
+    if table in tables[:i]:
+        return f"({title(decisions[tables.index(table)].name).split(': ')[0]}: printed above)"
+    names = " and ".join(d.name for d, t in zip(decisions, tables) if t == table)
+    return "\n" + render.prose(title(names), wide) + "\n" + table
+
+
 def _price_record(p: Price | None) -> dict[str, Any] | None:
     if p is None:
         return None
@@ -306,7 +263,7 @@ def _price_record(p: Price | None) -> dict[str, Any] | None:
             "mode": p.mode, "p10_us": p.point.p10_us, "p90_us": p.point.p90_us}
 
 
-def _engine_record(d: EngineDecision, choices: list[dict[str, Any]], implementations: dict[str, str]
+def _engine_record(d: EngineDecision, c: configure.Configuration, implementations: dict[str, str]
                    ) -> dict[str, Any]:
     return {
         "engine": d.engine, "version": d.version, "version_note": decide.version_note(d),
@@ -325,7 +282,7 @@ def _engine_record(d: EngineDecision, choices: list[dict[str, Any]], implementat
                    "choice": s.best.label if s.best else None, "choice_cost": _price_record(s.best_price),
                    "saving": asdict(s.saving) if s.saving else None, "why_no_saving": s.why_no_saving or None}
                   for s in d.sizes],
-        "choices": choices,
+        "configuration": {**asdict(c), "losses": [asdict(cell) for cell in c.losses]},
     }
 
 

@@ -1,12 +1,14 @@
 """The one terminal renderer of the analysis commands: rich tables that fold to the terminal
-width (every cell stays whole, long ones wrap onto more lines), `--wide` for one line per row,
-and the number formats every command shares."""
+width between words (an identifier, a backend spec, a setting or a path, is never split: a table
+that cannot fold that way is printed as one record per row), prose wrapped to the width,
+`--wide` for one line per row, and the number formats every command shares."""
 
 from __future__ import annotations
 
 import argparse
 import io
 import shutil
+import textwrap
 from typing import Sequence, Union
 
 from rich import box
@@ -19,7 +21,6 @@ DEFAULT_WIDTH = 100
 # --wide: wide enough that no realistic table folds.
 WIDE_WIDTH = 10_000
 COLUMN_GAP = 2        # spaces between columns: a right pad and the box's blank separator
-MIN_TEXT_WIDTH = 8    # the narrowest a text column folds to, inside its words
 
 Cell = Union[str, Text]   # a Text keeps its own style where a styled console shows it
 
@@ -57,41 +58,66 @@ def terminal_width() -> int:
     return shutil.get_terminal_size((DEFAULT_WIDTH, 24)).columns
 
 
+def width_now(wide: bool = False, width: int | None = None) -> int:
+    return WIDE_WIDTH if wide else (width or terminal_width())
+
+
+def prose(text: str, wide: bool = False, width: int | None = None, indent: str = "") -> str:
+    """A sentence or paragraph wrapped to the width between words: a word (an identifier, a flag,
+    a path) is never split, and one longer than the width stands on a line of its own."""
+    return "\n".join(textwrap.wrap(text, width_now(wide, width), initial_indent=indent,
+                                    subsequent_indent=indent,
+                                    break_long_words=False, break_on_hyphens=False)) or text
+
+
 def table(headers: Sequence[str], rows: Sequence[Sequence[Cell]], right: Sequence[int] = (),
           title: str | None = None, wide: bool = False, width: int | None = None) -> str:
     """Rows under headers as plain text (no colour codes), lines without trailing spaces.
 
     Indexes in `right` are numbers: right-aligned and never split. Other cells wrap inside their
-    column when the table is wider than `width` (default: the terminal's): between words where
-    the columns fit that way, else inside words. Where even that cannot fit, or with `wide`, the
-    table is printed unfolded: a column is never dropped or cut. A str cell is shown as written:
-    a '[' in it is not rich markup."""
+    column, between words, when the table is wider than `width` (default: the terminal's). Where
+    the columns cannot fit that way, each row is printed as a record: its first cell on a line of
+    its own, then the other columns as "header value" wrapped between words; a word is never
+    split and a column never dropped or cut. `wide`: one line per row. A str cell is shown as
+    written: a '[' in it is not rich markup."""
     if title is not None:   # a line of its own: a rich title would fold to the table's width
-        return title + "\n" + table(headers, rows, right, None, wide, width)
-    width = WIDE_WIDTH if wide else (width or terminal_width())
+        return prose(title, wide, width) + "\n" + table(headers, rows, right, None, wide, width)
+    width = width_now(wide, width)
     widths = column_widths(headers, rows, right, width - COLUMN_GAP * (len(headers) - 1))
-    if widths is None:   # too narrow even to fold inside words: unfolded, never cut
-        return _capture(build(headers, rows, right), WIDE_WIDTH)
+    if widths is None:
+        return records(headers, rows, width)
     return _capture(build(headers, rows, right, widths), width)
+
+
+def records(headers: Sequence[str], rows: Sequence[Sequence[Cell]], width: int) -> str:
+    """A table too wide to fold between words, one row at a time: the first cell on its own
+    line, the others as 'header: value' pairs wrapped between words."""
+    out = []
+    for row in rows:
+        cells = [_plain(c) for c in row]
+        out.append(cells[0])
+        pairs = "; ".join(f"{h}: {c}" for h, c in zip(headers[1:], cells[1:]) if c.strip())
+        out.extend(textwrap.wrap(pairs, width, initial_indent="  ", subsequent_indent="    ",
+                                 break_long_words=False, break_on_hyphens=False))
+    return "\n".join(line.rstrip() for line in out)
 
 
 def column_widths(headers: Sequence[str], rows: Sequence[Sequence[Cell]], right: Sequence[int],
                   available: int) -> list[int] | None:
     """Each column's width so that the table fits `available` characters (gaps excluded): every
     column as wide as its widest cell where that fits; else text columns narrowed, the widest
-    first, down to their longest word (folding between words) or else MIN_TEXT_WIDTH (inside
-    words); None where even that does not fit. Number columns, headers included, stay whole.
-    The widths are given to rich exactly: left to itself, rich crops a cell it wrapped wider."""
+    first, down to their longest word (folding between words); None where that does not fit.
+    Number columns, headers included, stay whole. The widths are given to rich exactly: left to
+    itself, rich crops a cell it wrapped wider."""
     natural = [_widest(headers[i], rows, i, whole=True) for i in range(len(headers))]
-    words = [natural[i] if i in right else _widest(headers[i], rows, i, whole=False) for i in range(len(headers))]
-    for least in (words, [w if i in right else min(w, MIN_TEXT_WIDTH) for i, w in enumerate(words)]):
-        if sum(least) <= available:
-            widths = list(natural)
-            while sum(widths) > available:
-                widest = max((i for i in range(len(widths)) if widths[i] > least[i]), key=lambda i: widths[i])
-                widths[widest] -= 1
-            return widths
-    return None
+    least = [_widest(headers[i], rows, i, whole=False, numbers=i in right) for i in range(len(headers))]
+    if sum(least) > available:
+        return None
+    widths = list(natural)
+    while sum(widths) > available:
+        widest = max((i for i in range(len(widths)) if widths[i] > least[i]), key=lambda i: widths[i])
+        widths[widest] -= 1
+    return widths
 
 
 def build(headers: Sequence[str], rows: Sequence[Sequence[Cell]], right: Sequence[int] = (),
@@ -101,18 +127,18 @@ def build(headers: Sequence[str], rows: Sequence[Sequence[Cell]], right: Sequenc
                 header_style="bold", highlight=False)
     for i, header in enumerate(headers):
         numeric = i in right
-        out.add_column(header, justify="right" if numeric else "left", no_wrap=numeric,
+        out.add_column(header, justify="right" if numeric else "left",
                        width=widths[i] if widths else None, overflow="fold")
     for row in rows:
         out.add_row(*(cell if isinstance(cell, Text) else Text(str(cell)) for cell in row))
     return out
 
 
-def _widest(header: str, rows: Sequence[Sequence[Cell]], index: int, whole: bool) -> int:
-    """The widest cell of a column (whole) or its longest word, the header's words included."""
+def _widest(header: str, rows: Sequence[Sequence[Cell]], index: int, whole: bool, numbers: bool = False) -> int:
+    """The widest cell of a column (whole) or its longest word, the header's words included; a
+    number is never split (`numbers`: every cell whole), its header folds between words."""
     cells = [_plain(row[index]) for row in rows if index < len(row)]
-    pieces = cells if whole else [word for cell in cells for word in cell.split()]
-    # A number column never wraps, its header included (rich keeps a no_wrap header whole).
+    pieces = cells if whole or numbers else [word for cell in cells for word in cell.split()]
     heads = [header] if whole else header.split()
     return max([len(p) for p in pieces] + [len(h) for h in heads], default=0)
 

@@ -15,10 +15,11 @@ from typing import Any, Iterable, Iterator, Sequence
 
 from commbench.analysis import attribute_plots, plots, provenance, render
 from commbench.analysis.fusion import COMPARISON_HEADERS, COMPARISON_NUMERIC, COMPARISON_TITLE, comparison_cells
+from commbench.analysis.nccl_loaded import add_nccl, nccl_lines
 from commbench.analysis.curves import (Crossover, Curve, baseline_curve, baseline_name, build_curves, cautions,
                               crossovers, groups, is_failed_check, ranking, run_world_size, select, variant_label)
 from commbench.errors import UsageError
-from commbench.files import check_dir_target
+from commbench.files import output_folder
 from commbench.ops import ALLREDUCE
 from commbench.results import CRASHED, HANG, OK, WRONG, Measurement, Run, RunDir, RunInfo, describe_setting, write_whole
 from commbench.results.validate import file_stem
@@ -35,8 +36,7 @@ class RangeRow:
     """One line of the crossover table: who wins a size range, by how much."""
 
     crossover: Crossover
-    latency_first_us: float
-    latency_last_us: float
+    latency_us: tuple[float, float]           # the fastest's latency over the range, lowest and highest
     runner_up: str | None
     margin_x: tuple[float, float] | None      # runner-up latency / winner latency, min and max over the range
     vs_baseline_x: tuple[float, float] | None  # baseline latency / winner latency
@@ -63,7 +63,7 @@ def range_rows(curves: list[Curve], baseline: str | None) -> list[RangeRow]:
             base_point = base.at(size) if base is not None else None
             if base_point is not None:
                 versus.append(base_point.latency_us / win.point.latency_us)
-        out.append(RangeRow(cross, firsts[0], firsts[-1], runner, _span(margins), _span(versus)))
+        out.append(RangeRow(cross, (min(firsts), max(firsts)), runner, _span(margins), _span(versus)))
     return out
 
 
@@ -169,36 +169,6 @@ def measurement_table(rows: Sequence[Measurement]) -> Iterator[str]:
     yield "</tbody></table>"
 
 
-def nccl_versions(rows: list[Measurement]) -> dict[str, dict[str, list[str]]]:
-    """Per variant label (backend[env setting]): the NCCL versions and library files its rows
-    say their processes ran (extra.nccl_version_loaded / nccl_lib_loaded), for variants that
-    recorded one. Two NCCL versions side by side are told apart here."""
-    found: dict[str, dict[str, list[str]]] = {}
-    for row in rows:
-        _add_nccl(found, row)
-    return found
-
-
-def _add_nccl(found: dict[str, dict[str, list[str]]], row: Measurement) -> None:
-    version, lib = row.extra.get("nccl_version_loaded"), row.extra.get("nccl_lib_loaded")
-    if version is None and lib is None:
-        return
-    entry = found.setdefault(variant_label(row), {"versions": [], "libraries": []})
-    for key, value in (("versions", version), ("libraries", lib)):
-        if value is not None and value not in entry[key]:
-            entry[key].append(str(value))
-
-
-def nccl_version_lines(rows: Iterable[Measurement]) -> list[str]:
-    """'variant: NCCL 2.29.7 (/path/libnccl.so.2)', one line per variant that recorded its NCCL."""
-    return _nccl_lines(nccl_versions(rows))
-
-
-def _nccl_lines(entries: dict[str, dict[str, list[str]]]) -> list[str]:
-    return [f"{label}: NCCL {', '.join(entry['versions']) or '?'} ({', '.join(entry['libraries']) or '?'})"
-            for label, entry in sorted(entries.items())]
-
-
 @dataclass
 class RowFacts:
     """What the report says of the rows as a whole, gathered in one pass over them (each pass
@@ -217,7 +187,7 @@ class RowFacts:
             if is_failed_check(row):
                 facts.failed.append(row)
             facts.statuses.setdefault(row.backend, set()).add(row.status)
-            _add_nccl(facts.nccl, row)
+            add_nccl(facts.nccl, row)
         return facts
 
     @property
@@ -333,16 +303,32 @@ def build_sections(failed: list[Measurement], curves: list[Curve], baseline: str
         if len({g.emulation for g in found}) > 1:
             title += f", {group.emulation or 'real GPUs'}"
         out.append(Section(title, members, ranges,
-                           cautions(failed, [by_label[r.crossover.winner] for r in ranges])))
+                           cautions(failed, [by_label[r.crossover.winner] for r in ranges
+                                             if r.crossover.winner in by_label])))
     return out
 
 
+def _latency(r: RangeRow) -> str:
+    lo, hi = r.latency_us   # ascending, whichever end of the range is faster
+    return fmt_us(lo) if fmt_us(lo) == fmt_us(hi) else f"{fmt_us(lo)}-{fmt_us(hi)}"
+
+
+def crossover_cells(section: Section, baseline: str | None) -> tuple[list[str], list[list[str]]]:
+    """The crossover table's headers and rows; the baseline column only where it says something."""
+    headers = ["sizes", "winner", "measured sizes", "fastest latency us", "runner-up (first size)",
+               "margin over runner-up"]
+    rows = [[_range_text(r.crossover), r.crossover.winner, str(r.crossover.sizes), _latency(r), r.runner_up or "-",
+             _x(r.margin_x)] for r in section.ranges]
+    if baseline and any(r.vs_baseline_x for r in section.ranges):
+        headers.append(f"vs {baseline}")
+        for row, r in zip(rows, section.ranges):
+            row.append(_x(r.vs_baseline_x))
+    return headers, rows
+
+
 def crossover_html(section: Section, baseline: str | None) -> str:
-    rows = [[_esc(_range_text(r.crossover)), _esc(r.crossover.winner), _esc(str(r.crossover.sizes)),
-             _esc(f"{fmt_us(r.latency_first_us)}-{fmt_us(r.latency_last_us)}"), _esc(r.runner_up or "-"),
-             _esc(_x(r.margin_x)), _esc(_x(r.vs_baseline_x))] for r in section.ranges]
-    return _table(["sizes", "winner", "measured sizes", "winner latency us", "runner-up (first size)",
-                   "margin over runner-up", f"vs {baseline or 'baseline'}"], rows, numeric=(2, 3, 5, 6))
+    headers, rows = crossover_cells(section, baseline)
+    return _table(headers, [[_esc(c) for c in row] for row in rows], numeric=(2, 3, 5, 6))
 
 
 def write_html(run: Run, facts: RowFacts, sections: list[Section], fused: list[list[str]],
@@ -398,7 +384,8 @@ def write_html(run: Run, facts: RowFacts, sections: list[Section], fused: list[l
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dir", help="results dir written by commbench sweep")
-    parser.add_argument("--out", type=Path, help="where to write report.html and plots/ (default: the run dir)")
+    parser.add_argument("--out", type=Path, help="where to write report.html and plots/ (default: a new folder "
+                                                 "RUN-report in the current directory; never the run dir)")
     parser.add_argument("--baseline", help="backend speedups are measured against (default: nccl, else gloo)")
     render.add_arguments(parser)
     attribute_plots.add_arguments(parser)
@@ -408,8 +395,7 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     run = load_run(args.run_dir)
     if not run.rows:
         raise UsageError(f"{run.path}: no measurements yet (measurements.jsonl is empty or missing)")
-    out = args.out or run.path
-    check_dir_target(out, f"--out {out}" if args.out else f"{out} (the run dir; --out DIR writes elsewhere)")
+    out = output_folder(args.out, f"{run.path.resolve().name}-report", [run.path])
     facts = RowFacts.of(run.rows)
     curves = build_curves(run.rows)
     baseline = baseline_name(curves, args.baseline)   # a baseline the run lacks: nothing written yet
@@ -439,30 +425,29 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     written.extend(path for png, _ in trace[1] for path in (png, png.with_suffix(".svg")))
     write_html(run, facts, sections, fused, images, baseline, html_path, trace)
 
-    print(provenance.describe(run))   # says "emulated: ..." for ranks that shared GPUs
+    print(render.prose(provenance.describe(run), args.wide))   # says "emulated: ..." for ranks that shared GPUs
     print(f"run {run.run_id}: {facts.status_text}"
           + (f"; {run_state(run.info)}" if run_state(run.info) else ""))
     for section in sections:
         print(f"\n{section.title}: winner per size range (trusted rows only; margins are latency ratios)")
-        print(render.table(["sizes", "winner", "latency us", "runner-up", "margin", f"vs {baseline or '-'}"],
-                           [[_range_text(r.crossover), r.crossover.winner,
-                             f"{fmt_us(r.latency_first_us)}-{fmt_us(r.latency_last_us)}", r.runner_up or "-",
-                             _x(r.margin_x), _x(r.vs_baseline_x)] for r in section.ranges],
-                           right=(2, 4, 5), wide=args.wide))
+        headers, rows = crossover_cells(section, baseline)
+        print(render.table(headers, rows, right=tuple(i for i in (2, 3, 5, 6) if i < len(headers)), wide=args.wide))
         for line in section.cautions:
-            print(f"caution: {line}")
+            print(render.prose(f"caution: {line}", args.wide))
     if fused:
         print(f"\n{COMPARISON_TITLE} ({FUSION_NOTE})")
         print(render.table(COMPARISON_HEADERS, fused, right=COMPARISON_NUMERIC, wide=args.wide))
-    versions = _nccl_lines(facts.nccl)
+    versions = nccl_lines(facts.nccl)
     if versions:
         print("\nNCCL each variant ran (ncclGetVersion of the library in its process):")
         for line in versions:
             print(f"  {line}")
     failed_rows = facts.failed
     if failed_rows:
-        print(f"\n{len(failed_rows)} row(s) failed their check (wrong data, hang or crash), excluded from winners: "
-              + ", ".join(sorted({f'{r.backend} {format_bytes(r.message_bytes)} {r.status}' for r in failed_rows})))
+        print("\n" + render.prose(
+            f"{len(failed_rows)} row(s) failed their check (wrong data, hang or crash), excluded from winners: "
+            + ", ".join(sorted({f'{r.backend} {format_bytes(r.message_bytes)} {r.status}' for r in failed_rows})),
+            args.wide))
     print(f"\nwrote {html_path}")
     for path in written:
         print(f"wrote {path}")

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
 from commbench.analysis.fusion import COMPARISON_HEADERS, COMPARISON_TITLE, comparison_cells
-from commbench.analysis import provenance
+from commbench.analysis import provenance, render
 from commbench.analysis.curves import CurveKey, distinguish, emulation_text, key_of
 from commbench.analysis.render import fmt_us
 from commbench.errors import UsageError
@@ -160,23 +160,32 @@ def refusals(rows: Iterable[Measurement]) -> list[str]:
             for (backend, world), (measured, first) in seen.items() if not measured]
 
 
-def render_runs(runs: list[Run]) -> str:
+def render_runs(runs: list[Run], width: int | None = None) -> str:
+    """The markdown; with `width` (a terminal), its paragraphs wrapped to it between words
+    (markdown joins the lines again; a table row stays one line, as markdown needs)."""
     rows = _Rows(runs)
+
+    def para(text: str, prefix: str = "", end: str = "") -> str:
+        if width is None:
+            return prefix + text + end
+        return render.prose(text, width=width, indent=prefix) + end
+
     # First, what the runs are: one line per machine and kind, naming its runs.
     kinds: dict[str, list[str]] = {}
     for run in runs:
         origin = provenance.of(run)
         kinds.setdefault(origin.what(), []).append(origin.run_id)
-    parts = [f"> {what}; run{'s' if len(ids) > 1 else ''} {', '.join(ids)}  " for what, ids in kinds.items()]
-    parts += ["", "# commbench side by side", "", "Runs: " + ", ".join(f"`{run.path}`" for run in runs) + ".", ""]
-    parts += ["Cells: headline `latency_us` (one timer around the timed pass, slowest rank) / the jitter pass's "
-              "p50; the fastest correct backend per size in bold; a status (skipped, hang, crashed, wrong, ...) "
-              "where the row did not measure.", ""]
+    parts = [para(f"{what}; run{'s' if len(ids) > 1 else ''} {', '.join(ids)}", "> ", "  ")
+             for what, ids in kinds.items()]
+    parts += ["", "# commbench side by side", "", para("Runs: " + ", ".join(f"`{run.path}`" for run in runs) + "."), ""]
+    parts += [para("Cells: headline `latency_us` (one timer around the timed pass, slowest rank) / the jitter pass's "
+                   "p50; the fastest correct backend per size in bold; a status (skipped, hang, crashed, wrong, ...) "
+                   "where the row did not measure."), ""]
     parts += [markdown(t) for t in allreduce_tables(runs)]
     fused = fusion_table(rows)
     if fused is not None:
-        parts += ["saving = unfused - fused per call (positive: fusion is faster); unfused = the run's fastest "
-                  "correct plain allreduce at that size, then torch's add and RMSNorm in the same graph.", "",
+        parts += [para("saving = unfused - fused per call (positive: fusion is faster); unfused = the run's fastest "
+                       "correct plain allreduce at that size, then torch's add and RMSNorm in the same graph."), "",
                   markdown(fused)]
     refused = refusals(rows)
     if refused:
@@ -208,8 +217,9 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     empty = [str(run.path) for run in runs if not run.rows]
     if empty:
         raise UsageError(f"{empty[0]}: no measurements yet (measurements.jsonl is empty or missing)")
-    text = render_runs(runs)
-    if args.out is None or args.out == STDOUT:
+    to_terminal = args.out is None or args.out == STDOUT
+    text = render_runs(runs, render.terminal_width() if to_terminal else None)
+    if to_terminal:
         print(text, end="")
     else:
         Path(args.out).write_text(text, encoding="utf-8")

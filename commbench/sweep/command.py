@@ -22,7 +22,7 @@ from commbench import backends
 from commbench.backends.base import SweepFacts, describe
 from commbench.errors import FAILED_EXIT, STOP_EXIT, TERMINATED_EXIT, ResultsUnwritable, Terminated, UsageError
 from commbench.inflight import ENDED, LEFT, PeerWatch, Recorder, recover
-from commbench.sweep import launcher
+from commbench.sweep import launcher, nccl_flags
 from commbench.launch_env import torchrun_env, under_torchrun
 from commbench.ops import ALLREDUCE
 from commbench.runtime.context import ControlGroupLost, RunContext, init_context, shutdown
@@ -71,9 +71,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     timing.add_argument("-G", "--graph-launches", type=int, metavar="N",
                         help="nccl-tests' -G: graph mode only, each pass replaying the captured graph N times "
                              "(-n then counts the calls captured per graph); -G 0 is eager mode only")
-    timing.add_argument("-c", "--check", type=int, choices=(0, 1), default=1,
-                        help="1 (default): check every timed call's output; 0: check nothing, the rows say "
-                             "so and analysis trusts none of them")
+    timing.add_argument("-c", "--check", type=int, default=1, metavar="N",
+                        help="a count, as nccl-tests' -c: 1 or more (default 1) checks every timed call's output; "
+                             "0 checks nothing, the rows say so and analysis trusts none of them")
     timing.add_argument("-T", "--timeout", type=float, default=120.0, help="watchdog seconds per row (default 120)")
     timing.add_argument("--setup-timeout", type=float, default=900.0,
                         help="watchdog seconds for a backend's setup, which may build its kernels on first use "
@@ -103,6 +103,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     drv.add_argument("--child-timeout", type=float, default=3600.0,
                      help="seconds before the driver kills a child torchrun (default 3600)")
     backends.add_arguments(p)   # each backend family's own flags
+    nccl_flags.add_arguments(p, p._option_string_actions)   # nccl-tests' other letters: one line each
 
 
 def backend_options(opts: SweepOptions, plan: SweepPlan, run_dir: Path | None) -> backends.Options:
@@ -166,21 +167,34 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
             status, run_dir = launcher.drive(opts, env_settings, variants, plan)
         finally:
             del os.environ[LAUNCH_COMMAND_VAR]
-        return _finish(opts, status, run_dir, ranks)
+        return _finish(opts, status, run_dir, ranks, on_gpu)
     status, run_dir = _run(opts, plan, specs, on_gpu)
     if rank != 0 or opts.run_dir:   # a driver's child: the driver says what comes next
         return status
-    return _finish(opts, status, run_dir, ranks)
+    return _finish(opts, status, run_dir, ranks, on_gpu)
 
 
-def _finish(opts: SweepOptions, status: int, run_dir: Path, ranks: int) -> int:
-    """After a sweep that ended well: the command that turns a --model run into the decision,
-    then the --qualify verdict (whose exit status is the command's)."""
+def next_commands(opts: SweepOptions, run_dir: Path, ranks: int, on_gpu: bool) -> list[str]:
+    """What to run after a sweep: every sweep ends with them. A run of one GPU per rank answers
+    recommend; a CPU run prices no engine path, so its next step is the sweep on the GPU box."""
+    run = shlex.quote(str(run_dir))
+    model = shlex.quote(opts.model) if opts.model is not None else "MODEL"
+    out = [f"commbench report {run}"]
+    if on_gpu:
+        out.append(f"commbench recommend {run} --model {model} --tp {ranks}")
+    else:
+        out.append(f"torchrun --nproc-per-node N -m commbench sweep --model {model}   "
+                   "# on the GPU box: a CPU run prices no engine path")
+    return out
+
+
+def _finish(opts: SweepOptions, status: int, run_dir: Path, ranks: int, on_gpu: bool) -> int:
+    """After a sweep that ended well: the commands that come next (the decision for a --model
+    run), then the --qualify verdict (whose exit status is the command's)."""
     if status != 0:
         return status
-    if opts.model is not None:
-        print(f"# next: commbench recommend {shlex.quote(str(run_dir))} --model {shlex.quote(opts.model)} "
-              f"--tp {ranks}", flush=True)
+    for command in next_commands(opts, run_dir, ranks, on_gpu):
+        print(f"# next: {command}", flush=True)
     return _qualify(opts, run_dir) if opts.qualify is not None else status
 
 

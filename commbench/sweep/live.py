@@ -18,12 +18,16 @@ HEADER = (f"{'size(B)':>10} {'count':>10} {'type':>4} {'mode':>5}  {'backend':<2
 # time and p99 come from two passes over the same calls (sweep/engine.py), so p99 may be below it.
 PASSES_NOTE = ("time: one timer around the timed pass, slowest rank; p99: a timer per call in a separate "
                "jitter pass")
+TAIL_NOTE = ("p99 of a graph row: a timer per replay, so the p99 of per-replay means, not a per-call tail; "
+             "the row says so")
+TAIL_SAMPLES = 100   # fewer samples than this: the row says what its p99 is
+NAME_WIDTH = 26      # a longer backend name is cut there with '~' and given whole in the status
 CHECK_OFF_NOTE = "-c 0: no output is checked (#wrong -, status \"ok, unchecked\"); analysis trusts none of these rows"
 
 
 def header_lines(check: bool) -> list[str]:
     """The comment lines above the rows."""
-    notes = [PASSES_NOTE] + ([] if check else [CHECK_OFF_NOTE])
+    notes = [PASSES_NOTE, TAIL_NOTE] + ([] if check else [CHECK_OFF_NOTE])
     return ["#" + HEADER[1:]] + [f"# {note}" for note in notes]
 
 
@@ -46,11 +50,35 @@ def format_row(row: Measurement) -> str:
         status += f" (used {describe_setting(row.observed)})"
     if row.unsafe:
         status += f" [unsafe: {row.unsafe}]"
-    head = (f"{row.message_bytes:>10} {row.count:>10} {row.dtype:>4} {row.mode:>5}  {row.backend:<26.26} "
+    status += _tail_flag(row)
+    if len(row.backend) > NAME_WIDTH:   # every MSCCL++ variant begins alike: a cut name alone prints them the same
+        status = f"{row.backend}: {status}"
+    lead = f"{row.message_bytes:>10} {row.count:>10} {row.dtype:>4} {row.mode:>5}  "
+    cut = len(row.backend) > NAME_WIDTH
+    name = row.backend[:NAME_WIDTH - 1] + "~" if cut else row.backend
+    head = (f"{lead}{name:<{NAME_WIDTH}} "
             f"{_num(row.latency_us, 9)} {_num(row.jitter_p99_us, 9)} {_num(row.algbw_gbps, 7)} "
             f"{_num(row.busbw_gbps, 7)} {wrong:>6}  ")
+    if cut:   # the status, led by the whole name, on the lines below
+        return "\n".join([head.rstrip(), *textwrap.wrap(status, WIDTH, initial_indent=CONTINUATION,
+                                                        subsequent_indent=CONTINUATION, break_on_hyphens=False)])
     return "\n".join(textwrap.wrap(status, WIDTH, initial_indent=head, subsequent_indent=CONTINUATION,
                                    break_on_hyphens=False)) or head.rstrip()
+
+
+def _tail_flag(row: Measurement) -> str:
+    """What the p99 beside the time is, where it is not a per-call tail of enough calls, or sits
+    below the time (the two come from separate passes)."""
+    if row.jitter_p99_us is None or row.latency_us is None:
+        return ""
+    flags = []
+    if row.mode == "graph":
+        flags.append(f"p99 of {row.jitter_samples} replay means")
+    elif row.jitter_samples < TAIL_SAMPLES:
+        flags.append(f"p99 of {row.jitter_samples} calls")
+    if row.jitter_p99_us < row.latency_us:
+        flags.append("p99 below time: separate passes")
+    return f" [{'; '.join(flags)}]" if flags else ""
 
 
 class LiveTable:

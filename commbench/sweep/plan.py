@@ -175,6 +175,8 @@ def build_plan(args: argparse.Namespace, on_gpu: bool, checked_bytes: list[int] 
     for name, value in (("iters", args.iters), ("warmup", args.warmup), ("graph-ops", args.graph_ops)):
         if value is not None and value < (0 if name == "warmup" else 1):
             raise UsageError(f"--{name} must be positive (got {value})")
+    if args.check < 0:
+        raise UsageError(f"-c/--check is a count of checks, 0 or more (got {args.check})")
     plan = SweepPlan(shapes=shapes, dtypes=dtypes, modes=modes,
                      warmup=args.warmup if args.warmup is not None else (5 if on_gpu else 2),
                      iterations=iterations, min_iterations=low, max_iterations=high,

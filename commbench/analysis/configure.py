@@ -1,0 +1,290 @@
+"""One configuration per engine per server: the one set of settings that is cheapest over the
+mix of concurrencies the user serves, priced against the engine's default at every decode size
+of that mix and at the prefill chunk, with the sizes where it loses.
+
+A server runs one configuration: an NCCL_* variable applies to every message size of every NCCL
+communicator of the process, so a setting that wins at concurrency 1 and loses at 64 is one
+trade-off, never two paste blocks. Shared by recommend and floor.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from commbench import engines
+from commbench.analysis.curves import exceeds_spread
+from commbench.analysis.decide import EngineDecision, Option, Price
+from commbench.analysis.models import Model
+from commbench.engines import paths as engine_paths
+from commbench.engines.paths import ALLREDUCE
+from commbench.errors import UsageError
+from commbench.units import format_bytes
+
+NCCL_ENV_SCOPE = "an NCCL_* variable applies to every message size of every NCCL communicator of the process"
+
+DECODE, PREFILL = "decode", "prefill"
+
+
+@dataclass(frozen=True)
+class Load:
+    """One concurrency the server runs at, and its share of the serving time."""
+
+    concurrency: int
+    weight: float
+
+
+def parse_loads(text: str | None, default: list[int]) -> tuple[Load, ...]:
+    """'1,16,64' (equal shares) or '1:0.2,16:0.5,64:0.3' (weights, scaled to sum to 1)."""
+    if not text:
+        return tuple(Load(c, 1.0 / len(default)) for c in default)
+    pairs: list[tuple[int, float]] = []
+    if not text.strip(" ,"):
+        raise UsageError(f"--concurrency {text!r}: the list is empty")
+    for item in text.split(","):
+        conc, sep, weight = item.strip().partition(":")
+        try:
+            c, w = int(conc), float(weight) if sep else 1.0
+        except ValueError:
+            raise UsageError(f"--concurrency {text!r}: expected N[,N...] or N:WEIGHT[,N:WEIGHT...], "
+                             "e.g. 1,16,64 or 1:0.2,16:0.5,64:0.3") from None
+        if c <= 0 or not 0 < w < math.inf:
+            raise UsageError(f"--concurrency {text!r}: a concurrency is a positive whole number and a weight a "
+                             f"positive, finite number (got {item.strip()!r})")
+        if c in {p[0] for p in pairs}:
+            raise UsageError(f"--concurrency {text!r}: {c} is listed twice")
+        pairs.append((c, w))
+    if len({":" in item for item in text.split(",")}) > 1:
+        raise UsageError(f"--concurrency {text!r}: give a weight to every concurrency or to none")
+    total = sum(w for _, w in pairs)
+    return tuple(Load(c, w / total) for c, w in pairs)
+
+
+def loads_text(loads: tuple[Load, ...]) -> str:
+    if len({round(l.weight, 9) for l in loads}) == 1:
+        return "concurrency " + ", ".join(str(l.concurrency) for l in loads) + " (equal shares)"
+    return "concurrency " + ", ".join(f"{l.concurrency} ({100 * l.weight:.0f}%)" for l in loads)
+
+
+# --- the prefill chunk: the largest allreduce a serving step sends --------------------------------
+# Both engines pick the chunk by the GPU's memory when it is not set:
+# vLLM 0.33.0 vllm/engine/arg_utils.py:2940-3005 (EngineArgs.get_batch_defaults, API server:
+# >= 160 GiB 16384, >= 70 GiB and not A100 / GB10 8192, else 2048 tokens per step);
+# SGLang 0.5.23 sglang/srt/arg_groups/memory_hook.py:89-180 (< 20 GiB 2048, < 60 GiB 4096,
+# < 160 GiB 8192, else 16384; 4096 when the memory is unknown).
+
+def default_prefill_tokens(engine: str, snapshot: dict | None) -> tuple[int, str]:
+    """The engine's default chunked-prefill size on the run's GPUs, and where that comes from."""
+    gpus = snapshot.get("gpus") if isinstance(snapshot, dict) else None
+    first = gpus[0] if isinstance(gpus, list) and gpus and isinstance(gpus[0], dict) else {}
+    mib = first.get("memory_total_mib")
+    mib = mib if isinstance(mib, (int, float)) and mib > 0 else None
+    name = str(first.get("name") or "").lower()
+    seen = f"{mib / 1024:.0f} GiB GPUs" if mib else "GPU memory not recorded"
+    if engine == engines.VLLM:
+        small = "a100" in name or first.get("compute_capability") == "12.1"
+        tokens = (16384 if mib and mib >= 160 * 1024 else 8192 if mib and mib >= 70 * 1024 and not small else 2048)
+        return tokens, (f"vLLM {engines.VLLM_VERSION} max_num_batched_tokens default for the API server, "
+                        f"{seen} (vllm/engine/arg_utils.py get_batch_defaults)")
+    tokens = (4096 if mib is None else 2048 if mib < 20 * 1024 else 4096 if mib < 60 * 1024
+              else 8192 if mib < 160 * 1024 else 16384)
+    return tokens, (f"SGLang {engines.SGLANG_VERSION} chunked_prefill_size default, {seen} "
+                    "(sglang/srt/arg_groups/memory_hook.py)")
+
+
+# --- the configuration ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Cell:
+    """The chosen configuration against the engine's default at one message size."""
+
+    phase: str                  # decode | prefill
+    tokens: int                 # decode: the concurrency; prefill: the chunk's tokens
+    weight: float               # the load's share (decode); 0 for prefill, which is shown, not weighed
+    message_bytes: int
+    default_us: float | None    # None: not measured at this size (never extrapolated)
+    chosen_us: float | None
+    default_how: str            # measured | interpolated | not measured
+    chosen_how: str
+    default_curve: str | None   # the measured variant that priced it
+    chosen_curve: str | None
+    saving_us: float | None     # default - chosen: negative where the configuration loses
+    beyond_spread: bool | None  # the difference exceeds both sides' p10-p90 spread (None: unknown)
+
+    @property
+    def loses(self) -> bool:
+        return self.saving_us is not None and self.saving_us < 0
+
+    def where(self) -> str:
+        what = f"concurrency {self.tokens}" if self.phase == DECODE else f"prefill {self.tokens} tokens"
+        return f"{what} ({format_bytes(self.message_bytes)})"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One row of the trade-off table: a configuration the engine can take, priced over the mix."""
+
+    label: str
+    is_default: bool
+    decode_us: tuple[float | None, ...]     # per load, in --concurrency order
+    prefill_us: float | None
+    weighted_step_ms: float | None          # sum of share x allreduces per token x us/call; None: unpriced somewhere
+
+
+@dataclass(frozen=True)
+class Configuration:
+    engine: str
+    name: str                       # "vLLM 0.33.0"
+    loads: tuple[Load, ...]
+    prefill_tokens: int
+    prefill_source: str
+    chosen: str | None              # the option's label; None: no configuration can be priced here
+    path: str | None                # the chosen option's engine path (engine_paths id); None for the default
+    is_default: bool                # the engine's default is the cheapest: nothing to set
+    paste: tuple[str, ...]          # the lines to paste; with `library`, the engine's settings to run it with
+    refused: str | None             # why the settings are not paste-ready (run files are untrusted)
+    library: bool                   # the configuration loads another libnccl (LD_PRELOAD): never a paste line
+    notes: tuple[str, ...]
+    cells: tuple[Cell, ...]         # decode loads, then the prefill chunk
+    weighted_saving_ms: float | None  # per step, over the mix, against the default
+    candidates: tuple[Candidate, ...]
+    why: str                        # why nothing is chosen, or why the default stays
+    next_command: str | None        # the command that would price what is missing
+
+    @property
+    def losses(self) -> tuple[Cell, ...]:
+        return tuple(c for c in self.cells if c.loses)
+
+
+def _how(price: Price | None) -> str:
+    return "not measured" if price is None else "interpolated" if price.interpolated else "measured"
+
+
+def _own_price(option: Option, message_bytes: int) -> Price | None:
+    """The option's price from the engine's own kernel (a stand-in never decides a configuration)."""
+    price = option.price(message_bytes)
+    return price if price is not None and not price.stand_in else None
+
+
+class _Engine:
+    """What the engine takes at one size under a configuration (None: the plain default)."""
+
+    def __init__(self, d: EngineDecision):
+        self.d = d
+
+    def default(self, message_bytes: int) -> tuple[Option | None, Price | None]:
+        path = engine_paths.default_path(self.d.states, message_bytes).path
+        option = next((o for o in self.d.options if path is not None and o.state is path and o.plain), None)
+        return option, _own_price(option, message_bytes) if option else None
+
+    def under(self, option: Option | None, message_bytes: int) -> Price | None:
+        """The cost per call with `option` set: its path where the engine routes this size there
+        (the default path, or an opt-in path that admits the size), else the default's."""
+        default_option, default_price = self.default(message_bytes)
+        if option is None or option is default_option:
+            return default_price
+        state = option.state
+        takes = state.admits(message_bytes) and (not state.default_on or (
+            default_option is not None and default_option.state is state))
+        return _own_price(option, message_bytes) if takes else default_price
+
+
+def _choosable(d: EngineDecision) -> list[Option]:
+    return [o for o in d.options if o.state.available is True and o.state.rule.op == ALLREDUCE and o.own]
+
+
+def _weighted(model: Model, loads: tuple[Load, ...], costs: list[float | None]) -> float | None:
+    if any(c is None for c in costs):
+        return None
+    return sum(l.weight * model.allreduces_per_token * c / 1000.0 for l, c in zip(loads, costs))  # type: ignore[operator]
+
+
+def next_command(model: Model, tp: int | None) -> str:
+    """The sweep that would price an engine's default on the serving box."""
+    what = f"--model {model.key}" if model.key != "custom" else f"--hidden {model.hidden} --tokens 1,2,4,...,256"
+    return f"torchrun --nproc-per-node {tp or 'TP'} -m commbench sweep {what}"
+
+
+def configure(d: EngineDecision, model: Model, loads: tuple[Load, ...], prefill_tokens: int, prefill_source: str,
+              tp: int | None) -> Configuration:
+    engine = _Engine(d)
+    sizes = [model.message_bytes(l.concurrency) for l in loads]
+    prefill_bytes = model.message_bytes(prefill_tokens)
+    options: list[Option | None] = [None, *_choosable(d)]
+    candidates: list[tuple[Option | None, Candidate]] = []
+    for option in options:
+        decode = [engine.under(option, s) for s in sizes]
+        prefill = engine.under(option, prefill_bytes)
+        if option is not None and option.plain and [*decode, prefill] == [engine.under(None, s) for s in
+                                                                           [*sizes, prefill_bytes]]:
+            continue   # the path the engine takes anyway, with nothing set: the default's row
+        candidates.append((option, Candidate(
+            "the engine's default" if option is None else option.label, option is None,
+            tuple(p.latency_us if p else None for p in decode), prefill.latency_us if prefill else None,
+            _weighted(model, loads, [p.latency_us if p else None for p in decode]))))
+    base = candidates[0][1]
+    if base.weighted_step_ms is None:
+        missing = [l.concurrency for l, u in zip(loads, base.decode_us) if u is None]
+        defaults = {engine_default_why(d, s) for l, s in zip(loads, sizes) if l.concurrency in missing}
+        at = "at any size of the mix" if len(missing) == len(loads) else f"at concurrency {', '.join(map(str, missing))}"
+        why = f"the engine's default {at} cannot be priced: " + "; ".join(sorted(defaults))
+        return Configuration(d.engine, d.name, loads, prefill_tokens, prefill_source, None, None, False, (), None,
+                             False, (), (), None, tuple(c for _, c in candidates), why, next_command(model, tp))
+    priced = [(o, c) for o, c in candidates if c.weighted_step_ms is not None]
+    option, best = min(priced, key=lambda oc: (round(oc[1].weighted_step_ms, 9), not oc[1].is_default))  # type: ignore[arg-type]
+    cells = tuple(_cell(engine, option, DECODE, l.concurrency, l.weight, s) for l, s in zip(loads, sizes)) + \
+        (_cell(engine, option, PREFILL, prefill_tokens, 0.0, prefill_bytes),)
+    decode_cells = [c for c in cells if c.phase == DECODE]
+    if option is not None and not any(c.saving_us and c.saving_us > 0 and c.beyond_spread is not False
+                                      for c in decode_cells):
+        option, best = None, base    # inside the spread everywhere: no measurable difference, keep the default
+        cells = tuple(_cell(engine, None, c.phase, c.tokens, c.weight, c.message_bytes) for c in cells)
+        why = "no other configuration is faster beyond the p10-p90 spread: no measurable difference"
+    else:
+        why = "" if option is not None else "the engine's default is the cheapest configuration measured here"
+    saving = base.weighted_step_ms - best.weighted_step_ms  # type: ignore[operator]
+    paste: list[str] = []
+    refused = None
+    notes: tuple[str, ...] = ()
+    library = False
+    if option is not None:
+        off_here = {st.path for st in d.states if st.available is False}
+        settings = engine_paths.launch_settings(engines.without_offs(option.settings, d.engine, off_here), d.engine,
+                                                option.state.path, d.states)
+        paste, refused = engines.paste_lines(settings, d.engine, tp)
+        library = bool(refused and option.settings.preload)
+        if library:   # the library is loaded by the deployment; the engine's own settings still paste
+            under, under_refused = engines.paste_lines(replace(settings, preload=""), d.engine, tp)
+            paste = [] if under_refused else under
+        notes = tuple(one_line(n) for n in settings.notes if str(n) != engines.NCCL_ENV_IS_PROCESS_WIDE)
+        if option.settings.nccl_env:
+            notes = (NCCL_ENV_SCOPE, *notes)
+    return Configuration(d.engine, d.name, loads, prefill_tokens, prefill_source,
+                         option.label if option else "the engine's default", option.state.path if option else None,
+                         option is None, tuple(paste), refused, library, notes, cells, saving,
+                         tuple(c for _, c in candidates), why, None)
+
+
+def one_line(text: object) -> str:
+    """Text from run.json on one line, control characters blanked (never part of a paste-ready line)."""
+    return "".join(" " if ord(c) < 32 or 0x7F <= ord(c) <= 0x9F else c for c in str(text))
+
+
+def engine_default_why(d: EngineDecision, message_bytes: int) -> str:
+    default = engine_paths.default_path(d.states, message_bytes)
+    if default.path is None:
+        return default.why
+    return f"its default ({default.path.rule.title}) was not measured by the engine's own kernel in this run"
+
+
+def _cell(engine: _Engine, option: Option | None, phase: str, tokens: int, weight: float,
+          message_bytes: int) -> Cell:
+    default = engine.under(None, message_bytes)
+    chosen = engine.under(option, message_bytes)
+    saving = beyond = None
+    if default is not None and chosen is not None:
+        saving = default.latency_us - chosen.latency_us
+        beyond = exceeds_spread(saving, chosen.point, default.point)
+    return Cell(phase, tokens, weight, message_bytes, default.latency_us if default else None,
+                chosen.latency_us if chosen else None, _how(default), _how(chosen),
+                default.curve if default else None, chosen.curve if chosen else None, saving, beyond)
