@@ -246,6 +246,7 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     print(provenance.describe(run))
     print(f"{model.describe()}; TP {tp or '?'}")
     print(f"source: {model.source}")
+    print("\n".join(decide.source_lines(asked, chains, args.engine_log)))
     if model.note:
         print(f"note: {model.note}")
     print(f"floor_ms/step = {model.allreduces_per_token} allreduces x latency: each sequence's time per output token "

@@ -622,6 +622,6 @@ def explain(snapshot: dict[str, Any], world_size: int) -> list[str]:
     for engine in settings.ENGINES:
         facts = source.active(engine)
         lines.append(f"{source.provenance_line(facts)}:")
-        lines += [f"{facts.name} {facts.version} {p.rule.title}: {status(p)}: {p.why} — {p.rule.turn_on}."
-                  for p in states(engine, snapshot, world_size, "bf16", blocked)]
+        lines += [f"{facts.name} {facts.version} {p.rule.title}: {status(p)}: {p.why} — {p.rule.turn_on} "
+                  f"[{p.source}]." for p in states(engine, snapshot, world_size, "bf16", blocked)]
     return lines
