@@ -311,3 +311,30 @@ def test_recommend_on_an_imported_8x_h200_log_prices_nccl(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "no CUDA GPU" not in text and "cannot tell from an import" in text
     assert "NCCL (PyNccl): priced by nccl-tests:" in text
+
+
+# --- the model's architecture ----------------------------------------------------------------
+
+def test_presets_carry_their_architecture_and_arch_names_your_own(capsys):
+    from commbench.analysis import models
+    assert models.lookup("glm-5").arch == "GlmMoeDsaForCausalLM"
+    assert models.lookup("llama-3.1-70b").arch == "LlamaForCausalLM"
+    assert all(m.arch for m in models.presets().values())
+    own = ["engines", str(SNAPSHOTS / "h200-nvlink-8x.json"), "--engine", "sglang", "--hidden", "6144", "--mode", "graph"]
+    assert cli(own) == 0
+    out = capsys.readouterr().out
+    assert "architecture not given (--arch NAME)" in out
+    row = next(line for line in out.splitlines() if line.strip().startswith("1 ") and "12K" in line)
+    assert "custom allreduce (CUDA IPC)" in row      # unlisted: SGLang's default for other architectures
+    assert cli([*own, "--arch", "GlmMoeDsaForCausalLM"]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.strip().startswith("1 ") and "12K" in line)
+    assert "FlashInfer allreduce" in row
+    assert cli([*own, "--arch", "not a class; rm -rf"]) == 2
+    assert "--arch" in capsys.readouterr().err
+
+
+def test_a_missing_engine_site_is_one_line_and_exit_2(capsys):
+    assert cli(["recommend", str(PCIE_RUN), "--model", "glm-5", "--engine-site", str(SRC / "absent")]) == 2
+    err = capsys.readouterr().err
+    assert "--engine-site" in err and "does not exist" in err and len(err.strip().splitlines()) == 1
