@@ -85,7 +85,7 @@ def test_sglang_on_the_pcie_run_names_its_default_and_every_opt_in_path(capsys, 
     text = capsys.readouterr().out
     assert text.splitlines()[0].startswith("data: fixture: hand-made test data")
     engine_part, headroom = _sections(text)
-    assert "== SGLang 0.5.23, TP 8 ==" in engine_part and "vLLM 0.33.0," not in engine_part
+    assert "== SGLang 0.5.23, TP 8 ==" in engine_part and "vLLM 0.34.0," not in engine_part
     for path in ("custom allreduce (CUDA IPC)", "MSCCL++", "torch symmetric memory", "NCCL symmetric memory",
                  "NCCL (PyNccl)", "FlashInfer allreduce+RMSNorm fusion"):
         assert path in engine_part
@@ -221,7 +221,8 @@ def test_backends_declare_the_settings_and_the_engine_path_that_select_them():
         "symm_mem:two_shot": {engines.VLLM: (engines.TORCH_SYMM_MEM, False),
                               engines.SGLANG: (engines.TORCH_SYMM_MEM, False)},
         "p2p:oneshot": {engines.VLLM: (engines.CUSTOM_AR, True), engines.SGLANG: (engines.CUSTOM_AR, True)},
-        "flashinfer:trtllm_oneshot": {engines.VLLM: (engines.FLASHINFER_AR, False)},
+        "flashinfer:trtllm_oneshot": {engines.VLLM: (engines.FLASHINFER_AR, False),
+                                      engines.SGLANG: (engines.FLASHINFER_AR, False)},
         "flashinfer:fused_oneshot": {engines.VLLM: (engines.FLASHINFER_FUSED, False),
                                      engines.SGLANG: (engines.FLASHINFER_FUSED, False)},
         "flashinfer:pcie_ipc": {engines.VLLM: (engines.FLASHINFER_PCIE_IPC, False),

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from commbench import engines
+from commbench.engines import log as engine_log
 from commbench.analysis import decide, models, provenance, render
 from commbench.analysis.attribute_nccl import HOW_TO_LOG, LogLine, has_nccl, log_lines, log_text, read_nccl_logs
 from commbench.analysis.attribute_floor import Alternative, FloorLine, Priced, against_floor
@@ -50,6 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gap-us", type=float, help="gap rule: idle time that starts a new step (default: auto)")
     parser.add_argument("--engine", choices=tuple(engines.ENGINE_NAMES),
                         help="with --run: also price the fastest path this engine can take on that box")
+    decide.add_engine_source_arguments(parser)
     parser.add_argument("--nccl-log", nargs="+", type=Path, metavar="FILE",
                         help="the engine's NCCL INFO log(s) (NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,TUNING,COLL): "
                              "the algorithm/protocol NCCL ran at each size")
@@ -110,7 +112,7 @@ def analyse_traces(paths: list[Path], hint: SizeHint, rule: str = "auto", annota
 
 def floor_lines(run: Run, ranks: list[tuple[int, RankTrace]], results: list[RankResult], dtype: str | None,
                 batch: int | None, alternative: Alternative | None = None,
-                engine: str | None = None) -> list[FloorLine]:
+                engine: str | None = None, chain: engine_log.Chain | None = None) -> list[FloorLine]:
     """The decode steps' calls (all steps where none is told to be decode) against the run;
     `alternative` (attribute_floor.Alternative), or `engine`'s fastest path on the run's box
     (engine_alternative), adds what the engine could take instead."""
@@ -118,17 +120,18 @@ def floor_lines(run: Run, ranks: list[tuple[int, RankTrace]], results: list[Rank
     dtype_text = dtype_name(dtype) if dtype else "bf16"
     curves = decode_curves(run, world, dtype_text, "auto")
     if alternative is None and engine is not None:
-        alternative = engine_alternative(engine, run, world, dtype_text)
+        alternative = engine_alternative(engine, run, world, dtype_text, chain)
     steps = [s for r in results for s in r.steps]
     decode = [s for s in steps if s.phase == "decode"] or steps
     return against_floor(decode, curves, batch, alternative)
 
 
-def engine_alternative(engine: str, run: Run, world_size: int, dtype: str) -> Alternative:
+def engine_alternative(engine: str, run: Run, world_size: int, dtype: str,
+                       chain: engine_log.Chain | None = None) -> Alternative:
     """recommend's choice at one size: the fastest path `engine` can take on the run's box, priced
     by the engine's own kernel or a library it runs (a stand-in for a kernel is no price)."""
     def choose(curves: list[Curve], message_bytes: int) -> Curve | None:
-        _, price = decide.best_path_at(engine, run, curves, world_size, dtype, message_bytes)
+        _, price = decide.best_path_at(engine, run, curves, world_size, dtype, message_bytes, chain)
         if price is None or price.stand_in:
             return None
         return next((c for c in curves if c.label == price.curve), None)
@@ -242,6 +245,7 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
         raise UsageError(f"--step-annotation: not a regular expression ({exc})") from None
     if args.engine and not args.run:
         raise UsageError("--engine prices the engine's fastest path from a sweep of the box: give --run too")
+    chains = decide.engine_chains(args)
     run = load_run(args.run) if args.run else None
     nccl_log = read_nccl_logs(args.nccl_log) if args.nccl_log else None
     ranks, results = analyse_traces(args.traces, hint, args.steps, annotation, args.gap_us)
@@ -300,7 +304,8 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
 
     floor: list[FloorLine] = []
     if run is not None:
-        floor = floor_lines(run, ranks, results, args.dtype, args.batch, engine=args.engine)
+        floor = floor_lines(run, ranks, results, args.dtype, args.batch, engine=args.engine,
+                            chain=chains.get(args.engine or ""))
         print()
         print(floor_text(floor, args.wide))
         if args.engine and floor and not any(f.alternative for f in floor):

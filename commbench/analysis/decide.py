@@ -194,10 +194,11 @@ def fastest(opts: list[Option], prices: list[Price | None], message_bytes: int) 
 
 
 def best_path_at(engine: str, run: Run, curves: list[Curve], world_size: int, dtype: str,
-                 message_bytes: int) -> tuple[Option | None, Price | None]:
+                 message_bytes: int, chain: engine_log.Chain | None = None) -> tuple[Option | None, Price | None]:
     """The fastest path `engine` can take on the run's box for one message size (for a caller
     that has sizes rather than a model, e.g. a profiler trace's allreduces)."""
-    opts = options(engine, engine_paths.states(engine, box_snapshot(run), world_size, dtype), run, curves)
+    opts = options(engine, engine_paths.states(engine, box_snapshot(run), world_size, dtype,
+                                               logged=list(chain.paths) if chain else None), run, curves)
     return fastest(opts, [o.price(message_bytes) for o in opts], message_bytes)
 
 
@@ -357,6 +358,11 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the engine version you serve with, e.g. vllm=0.33.0 (the rules are read at "
                              f"vLLM {engines.VLLM_VERSION} and SGLang {engines.SGLANG_VERSION}, or from the engine "
                              "installed here; another version is named in the output as unchecked)")
+    add_engine_source_arguments(parser)
+
+
+def add_engine_source_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where the engines' facts and chain come from: --engine-site and --engine-log."""
     parser.add_argument("--engine-site", metavar="PATH",
                         help="read the engines' facts from this site-packages folder or unpacked wheel (default: "
                              "the vLLM / SGLang installed beside commbench, else the facts built in)")

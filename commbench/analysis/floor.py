@@ -229,6 +229,8 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     print(render.prose(provenance.describe(run), args.wide))
     print(render.prose(f"{model.describe()}; TP {tp or '?'}", args.wide))
     print(render.prose(f"source: {model.source}", args.wide))
+    print("\n".join(render.prose(line, args.wide) for line in
+                    decide.source_lines(list(found.engines), found.chains, args.engine_log)))
     if model.note:
         print(render.prose(f"note: {model.note}", args.wide))
     print(render.prose(f"floor_ms/step = {model.allreduces_per_token} allreduces x latency: each sequence's time per "

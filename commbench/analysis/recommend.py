@@ -59,7 +59,7 @@ def _cost(price: Price | None) -> str:
 
 def _availability(state: Any) -> str:
     if state.available is None:
-        return f"cannot tell here: {state.why}"
+        return state.why if state.why.startswith("cannot tell") else f"cannot tell here: {state.why}"
     return ("available" if state.available else "off") + f": {state.why}"
 
 

@@ -222,6 +222,7 @@ def declared_paths(s: Settings) -> dict[str, dict[str, Any]]:
               else MSCCLPP if SGLANG_MSCCLPP in sg else TORCH_SYMM_MEM if SGLANG_TORCH_SYMM_MEM in sg
               else NCCL_SYMM if "--enable-symm-mem" in sg
               else FLASHINFER_FUSED if SGLANG_FLASHINFER_TRTLLM[0] in sg and FLASHINFER_FUSED == vllm
+              else FLASHINFER_AR if SGLANG_FLASHINFER_TRTLLM[0] in sg and FLASHINFER_AR == vllm
               else NCCL_PATH if DISABLE_CUSTOM_ALLREDUCE in sg
               else CUSTOM_AR if sglang_own or vllm == CUSTOM_AR else None)
     if s.sglang_supported and sglang:
@@ -241,14 +242,18 @@ OLD_PCIE_IPC_NOTE = "SGLang integrates FlashInfer PCIe IPC in sglang #34528"
 
 def upgraded(s: Settings) -> Settings:
     """Settings a run recorded under older engine facts, as today's facts have them: vLLM's forced
-    custom-allreduce stage is a setting (VLLM_CUSTOM_ALLREDUCE_ALGO), and SGLang 0.5.23 selects
-    FlashInfer's PCIe IPC allreduce (SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1)."""
+    custom-allreduce stage is a setting (VLLM_CUSTOM_ALLREDUCE_ALGO), SGLang 0.5.23 selects
+    FlashInfer's PCIe IPC allreduce (SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1) and runs FlashInfer's trtllm
+    allreduce for plain allreduces where its fusion is on."""
     stage = STAGE_VARIANT.match(s.variant)
     if stage and any(FORCED_BY_SIZE_MARKS[1] in n for n in s.notes):
         rest = [n for n in s.notes if FORCED_BY_SIZE_MARKS[1] not in n]
         return vllm_forced_stage(s.variant, f"{'1' if stage.group(1) == 'one' else '2'}stage", rest)
     if s.vllm_env == FLASHINFER_PCIE_IPC_ENV and not s.sglang_supported and not s.preload:
         return pcie_ipc(s.variant, [n for n in s.notes if not n.startswith(OLD_PCIE_IPC_NOTE)])
+    if s.sglang_flags == SGLANG_FLASHINFER_TRTLLM and s.engine_paths == claim(FLASHINFER_AR, VLLM):
+        # SGLang sends plain allreduces to the same trtllm kernel where its fusion is on (sglang.py)
+        return Settings(**{**asdict(s), "engine_paths": claim(FLASHINFER_AR, VLLM, SGLANG)})
     return s
 
 
