@@ -76,6 +76,7 @@ MAKE_FAILS = BackendFactory(family="makefails", make=_make, on_cpu_by_default=Tr
 
 
 @pytest.mark.procs
+@pytest.mark.slow
 def test_broken_plugins_are_skipped_with_one_warning_unless_named(tmp_path: Path) -> None:
     (tmp_path / "site").mkdir()
     env = _install_plugins(tmp_path / "site", BROKEN, {"brokenplugin_values": BROKEN_SOURCE})

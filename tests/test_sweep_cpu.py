@@ -110,6 +110,7 @@ def test_every_timed_call_is_checked_so_intermittent_faults_fail_every_row(fault
     assert all(r["wrong_elements"] in (4, 6) for r in got["testfaults:wrong_every"])
 
 
+@pytest.mark.slow
 def test_plugin_env_setting_reaches_child_and_nccl_explains_itself_on_cpu(tmp_path: Path) -> None:
     result = run_cli(["sweep", "--nproc", "2", "--env", "COMMBENCH_TEST_KNOB=a,b", "--backends",
                       "testfaults:exact,nccl", "--sizes", "4K", "--iters", "2", "--out", str(tmp_path)], timeout=240)
@@ -128,6 +129,7 @@ def test_plugin_env_setting_reaches_child_and_nccl_explains_itself_on_cpu(tmp_pa
     assert "COMMBENCH_LAUNCH_COMMAND" not in info["env"]
 
 
+@pytest.mark.slow
 def test_hang_becomes_a_row_and_resume_continues_without_that_backend(tmp_path: Path) -> None:
     args = ["sweep", "--backends", "testfaults:hang_rank1@16384,testfaults:exact", "--sizes", "4K,16K,64K",
             "--iters", "2", "--timeout", "3", "--out", str(tmp_path)]
@@ -147,6 +149,7 @@ def test_hang_becomes_a_row_and_resume_continues_without_that_backend(tmp_path: 
     assert [r["status"] for r in got["testfaults:exact"]] == ["ok"] * 3
 
 
+@pytest.mark.slow
 def test_setup_has_its_own_watchdog_limit(tmp_path: Path) -> None:
     # A setup that builds kernels on first use outlasts the per-row limit and must still run.
     args = ["sweep", "--backends", "testfaults:slow_setup@3", "--sizes", "4K", "--iters", "2", "--timeout", "1"]
@@ -165,6 +168,7 @@ def test_setup_has_its_own_watchdog_limit(tmp_path: Path) -> None:
                         row["reason"]), row["reason"]
 
 
+@pytest.mark.slow
 def test_driver_resumes_after_a_hang_and_kills_a_child_past_its_limit(tmp_path: Path) -> None:
     resumed = run_cli(["sweep", "--nproc", "2", "--backends", "testfaults:hang_rank1@16384", "--sizes",
                        "4K,16K,64K", "--iters", "2", "--timeout", "3", "--out", str(tmp_path / "a")], timeout=240)
@@ -204,6 +208,7 @@ def test_two_torchrun_agents_as_two_nodes(tmp_path: Path) -> None:
     assert local["status"] == "skipped" and "spans 2 nodes" in local["reason"]
 
 
+@pytest.mark.slow
 def test_unwritable_out_and_unusable_world_size_exit_2(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("not a dir")

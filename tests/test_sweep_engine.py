@@ -18,3 +18,14 @@ def test_a_built_in_backends_unknown_row_field_is_an_error_and_a_plugins_goes_to
     plugin = row()
     Engine._apply_fields(plugin, {"requsted": "x"})
     assert plugin.extra == {"requsted": "x"} and plugin.requested == {}
+
+
+def test_every_built_in_variant_names_only_row_fields() -> None:
+    """What each built-in variant records before its setup (the fields that do not depend on a run)
+    passes the engine's strict check: no built-in backend leans on a name landing in extra."""
+    from commbench.backends import is_builtin, probe_variants
+
+    variants = [b for b in probe_variants() if is_builtin(b.family)]
+    assert len(variants) > 40
+    for backend in variants:
+        Engine._apply_fields(row(), backend.row_fields(), strict=backend.name)

@@ -20,10 +20,10 @@ from commbench.results.schema import (CHECK_OFF, CRASHED, CSV_COLUMNS, ENV_PREFI
 from commbench.results.validate import row_problem
 
 __all__ = [
-    "CHECK_OFF", "Cell", "CRASHED", "CSV_COLUMNS", "CSV_FILE", "ENV_PREFIXES", "ERROR", "HANG", "IDENTITY_KEYS", "LOCK_FILE", "NO_WORK",
-    "OK", "PRELOAD_VAR", "READABLE_SCHEMAS", "ROWS_FILE", "RUN_FILE", "SCHEMA_VERSION", "SKIPPED", "STATUSES", "STRANDED",
-    "Shape", "TORN_FILE", "WRONG", "Lines", "Measurement", "RowsRead", "RowsWriter", "Run", "RunDir", "RunInfo",
-    "csv_line", "describe_emulation", "describe_setting", "is_checked", "json_line", "MEASURED_PLAN_KEYS", "migrate_row", "percentile",
-    "refuse_other_run", "repair_torn_tail",
-    "resume_differences", "row_problem", "stops_backend", "unwritable", "write_whole",
+    "Cell", "CHECK_OFF", "CRASHED", "CSV_COLUMNS", "CSV_FILE", "csv_line", "describe_emulation", "describe_setting",
+    "ENV_PREFIXES", "ERROR", "HANG", "IDENTITY_KEYS", "is_checked", "json_line", "Lines", "LOCK_FILE",
+    "MEASURED_PLAN_KEYS", "Measurement", "migrate_row", "NO_WORK", "OK", "percentile", "PRELOAD_VAR",
+    "READABLE_SCHEMAS", "refuse_other_run", "repair_torn_tail", "resume_differences", "row_problem", "ROWS_FILE",
+    "RowsRead", "RowsWriter", "Run", "RUN_FILE", "RunDir", "RunInfo", "SCHEMA_VERSION", "Shape", "SKIPPED",
+    "STATUSES", "stops_backend", "STRANDED", "TORN_FILE", "unwritable", "write_whole", "WRONG",
 ]
