@@ -23,6 +23,7 @@ from commbench.analysis.render import fmt_us
 from commbench.errors import UsageError
 from commbench.files import STDOUT, check_file_target
 from commbench.results import OK, Measurement, Run
+from commbench.results.text import clean_text
 from commbench.runs import load_run
 from commbench.units import format_bytes
 
@@ -38,8 +39,9 @@ class Table:
 
 
 def md_escape(text: str) -> str:
-    """Text from a run file as literal markdown: no cell break, no HTML."""
-    return text.replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
+    """Text from a run file as literal markdown: one line, no cell break, no HTML."""
+    return " ".join(clean_text(text, one_line=False).split("\n")).replace("|", "\\|").replace(
+        "<", "&lt;").replace(">", "&gt;")
 
 
 def markdown(table: Table) -> str:
@@ -166,7 +168,8 @@ def render_runs(runs: list[Run]) -> str:
     for run in runs:
         origin = provenance.of(run)
         kinds.setdefault(origin.what(), []).append(origin.run_id)
-    parts = [f"> {what}; run{'s' if len(ids) > 1 else ''} {', '.join(ids)}  " for what, ids in kinds.items()]
+    parts = [f"> {md_escape(what)}; run{'s' if len(ids) > 1 else ''} {md_escape(', '.join(ids))}  "
+             for what, ids in kinds.items()]
     parts += ["", "# commbench side by side", "", "Runs: " + ", ".join(f"`{run.path}`" for run in runs) + ".", ""]
     parts += ["Cells: headline `latency_us` (one timer around the timed pass, slowest rank) / the jitter pass's "
               "p50; the fastest correct backend per size in bold; a status (skipped, hang, crashed, wrong, ...) "
