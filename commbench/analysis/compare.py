@@ -21,7 +21,7 @@ import argparse
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Iterable, Sequence
 
 from commbench.analysis import plots, provenance, render
 from commbench.analysis.curves import Curve, CurveKey, build_curves, counterpart, exceeds_spread, variant_label
@@ -88,12 +88,14 @@ def _one_backend(curves: list[Curve], backend: str, run: Run) -> list[Curve]:
     return chosen
 
 
-def _rows_of(run: Run, backend: str | None) -> list[Measurement]:
-    """The rows _one_backend's curves come from (every row without --backend-a/-b)."""
+def _rows_of(run: Run, backend: str | None) -> Iterable[Measurement]:
+    """The rows _one_backend's curves come from (every row without --backend-a/-b), read from
+    the run's compact rows as they are iterated: a list of them would hold a Measurement per row
+    (0.9 KB each, where a compact row is 0.15 KB)."""
     if backend is None:
         return run.rows
-    return ([r for r in run.rows if variant_label(r) == backend]
-            or [r for r in run.rows if r.backend == backend])
+    by_variant = any(variant_label(r) == backend for r in run.rows)
+    return (r for r in run.rows if (variant_label(r) if by_variant else r.backend) == backend)
 
 
 def paired(curves_a: list[Curve], curves_b: list[Curve], run_a: Run, run_b: Run, backend_a: str,

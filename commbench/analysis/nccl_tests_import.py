@@ -334,14 +334,22 @@ def _base_row(ctx: RowContext, result: ResultRow, name: str) -> Measurement:
     return row
 
 
-def check_times(source: Source) -> None:
-    """Bad input when a result's time is nan, inf or negative: no measurement commbench can
-    keep (it became an ok row before); said before any row is written. The first pass over the
-    file found the first such time (bad_time)."""
-    if source.output.bad_time is not None:
-        where, name, value = source.output.bad_time
-        raise UsageError(f"{source.output.path}: {where}: the {name.replace('_', '-')} time is "
-                         f"{'nan' if value is None else f'{value:g}'}, not a positive time; not importable")
+def check_results(source: Source) -> None:
+    """Bad input when a result holds a value no reader of a run dir takes (a time that is nan,
+    inf or negative, a size of 10^30 bytes, a type that is no plain name, a count that does not
+    fit its size): it would be imported and then skipped by every reader (a time became an ok
+    row before). Said before any row is written: the first pass found it (bad_time). Lines of
+    the table that start like a row but are none are named, with their count."""
+    out = source.output
+    if out.bad_time is not None:
+        where, why = out.bad_time
+        raise UsageError(f"{out.path}: {where}: {why}; not importable")
+    if out.dropped_count:
+        named = [f"line {number} ({line!r})" for number, line in out.dropped]
+        more = [f"{out.dropped_count - len(named)} more"] if out.dropped_count > len(named) else []
+        print(f"commbench import-nccl-tests: warning: {out.path}: dropped {out.dropped_count} line(s) of the results "
+              f"table that are no result row (a negative size or count?): " + "; ".join(named + more),
+              file=sys.stderr)
 
 
 def _row(ctx: RowContext, result: ResultRow, name: str, p: Placement) -> Measurement:
@@ -611,7 +619,7 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     for source in sources:
         if not any(name in result.placements for result in source.output.results for name in PLACEMENTS):
             raise UsageError(f"{source.path}: no out-of-place or in-place results in it")
-        check_times(source)
+        check_results(source)
     _make_dir(args.out)
     run = RunDir(args.out)
     if existing is None:   # a new dir: run.json without the imports, so the rows have a home

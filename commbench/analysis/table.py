@@ -24,6 +24,7 @@ from commbench.errors import UsageError
 from commbench.files import STDOUT, check_file_target
 from commbench.ops import ALLREDUCE
 from commbench.results import OK, Measurement, Run
+from commbench.results.text import clean_text
 from commbench.runs import load_run
 from commbench.units import format_bytes
 
@@ -39,8 +40,9 @@ class Table:
 
 
 def md_escape(text: str) -> str:
-    """Text from a run file as literal markdown: no cell break, no HTML."""
-    return text.replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
+    """Text from a run file as literal markdown: one line, no cell break, no HTML."""
+    return " ".join(clean_text(text, one_line=False).split("\n")).replace("|", "\\|").replace(
+        "<", "&lt;").replace(">", "&gt;")
 
 
 def markdown(table: Table) -> str:
@@ -175,7 +177,7 @@ def render_runs(runs: list[Run], width: int | None = None) -> str:
     for run in runs:
         origin = provenance.of(run)
         kinds.setdefault(origin.what(), []).append(origin.run_id)
-    parts = [para(f"{what}; run{'s' if len(ids) > 1 else ''} {', '.join(ids)}", "> ", "  ")
+    parts = [para(f"{md_escape(what)}; run{'s' if len(ids) > 1 else ''} {md_escape(', '.join(ids))}", "> ", "  ")
              for what, ids in kinds.items()]
     parts += ["", "# commbench side by side", "", para("Runs: " + ", ".join(f"`{run.path}`" for run in runs) + "."), ""]
     parts += [para("Cells: headline `latency_us` (one timer around the timed pass, slowest rank) / the jitter pass's "

@@ -15,6 +15,7 @@ replaced, not written through.
 
 from __future__ import annotations
 
+import atexit
 import csv
 import fcntl
 import io
@@ -475,6 +476,9 @@ class RunDir:
             raise UsageError(f"{self.path}: another commbench sweep is running in it ({who}); wait for it to end, "
                              "or stop it") from None
         self._lock = fd
+        if not _HELD:
+            atexit.register(release_all)   # an error that ends the process: the file goes too
+        _HELD.append(self)
         try:
             write_whole(self.path / LOCK_FILE, f"{os.getpid()} {socket.gethostname()}\n")
         except ResultsUnwritable as exc:
@@ -487,10 +491,23 @@ class RunDir:
             (self.path / LOCK_FILE).unlink(missing_ok=True)   # before the lock goes: a holder's file is its own
             os.close(self._lock)   # closing the descriptor drops the flock
             self._lock = None
+            if self in _HELD:
+                _HELD.remove(self)
 
     def holder_env(self) -> dict[str, str]:
         """What the driver hands its children: it holds this dir's lock for them."""
         return {LOCK_HOLDER_VAR: f"{self.path.resolve()}\n{os.getpid()}"}
+
+
+# The run dirs this process holds: their lock files go with it however it ends (atexit for an
+# error, release_all before a watchdog's os._exit); only SIGKILL leaves one, which the next
+# lock overwrites (the flock, not the file, is the lock).
+_HELD: list[RunDir] = []
+
+
+def release_all() -> None:
+    for run in list(_HELD):
+        run.release()
 
 
 def _driver_holds(path: Path) -> bool:

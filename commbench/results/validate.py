@@ -20,6 +20,7 @@ import sys
 from typing import Any, Callable
 
 from commbench.errors import UsageError
+from commbench.results.shapes import BACKEND_FACTS, problem, snapshot_problem
 from commbench.results.text import clean, clean_text, needs_cleaning
 from commbench.results.schema import READABLE_SCHEMAS, STATUSES, Measurement, migrate_row
 from commbench.units import MAX_MESSAGE_BYTES
@@ -39,6 +40,11 @@ _LATENCY_FIELDS = ("latency_us", "latency_rank_mean_us", "jitter_p10_us", "jitte
 _NON_NEGATIVE_FIELDS = ("algbw_gbps", "busbw_gbps", "count", "iterations", "ops_per_graph", "jitter_samples",
                         "checked_calls", "wrong_elements", "first_wrong_call", "failed_rank")
 _POSITIVE_INT_FIELDS = ("nodes", "tokens", "hidden")
+
+
+def is_plain_name(text: str) -> bool:
+    """A dtype, mode or op as rows hold them: letters, digits and _.+- only, 1 to 64 of them."""
+    return _TOKEN_RE.fullmatch(text) is not None
 
 
 def file_stem(text: str) -> str:
@@ -143,7 +149,7 @@ def _range_problem(data: dict[str, Any]) -> str | None:
     if not (isinstance(world, int) and 1 <= world <= MAX_WORLD_SIZE):
         return f"world_size is {world!r}, not a whole number of ranks >= 1"
     for name in _TOKEN_FIELDS:
-        if name in data and not _TOKEN_RE.fullmatch(data[name]):
+        if name in data and not is_plain_name(data[name]):
             return f"{name} is {data[name]!r}, not a plain name"
     for name in ("env_setting", "requested"):
         if not all(isinstance(v, str) for v in (data.get(name) or {}).values()):
@@ -227,13 +233,18 @@ _INFO_CHECKS: dict[str, tuple[type | tuple[type, ...], str]] = {
     "device_type": (str, "text"), "shares_gpus": (bool, "true or false"), "command": (list, "a list"),
     "args": ((dict, list), "a table or a list"), "notes": (list, "a list"), "note": (str, "text"),
     "driver": (dict, "a table"), "provenance": (str, "text"),
+    # seconds since 1970, or a date as text (an import records nccl-tests' own start_time)
     "started": ((int, float, str), "a time"), "finished": ((int, float, str), "a time"),
     "interrupted": ((int, float, str), "a time"),
 }
+# A time in run.json in seconds: since 1970, up to the year 2242 (a date renderer's range).
+MAX_EPOCH_S = float(1 << 33)
 
 
 def info_problem(info: dict[str, Any]) -> str | None:
-    """The first field of run.json of the wrong type or range; None when all are right."""
+    """The first field of run.json of the wrong type or range; None when all are right. The
+    probe snapshot and the backends' recorded engine settings are checked to their leaves
+    (commbench.results.shapes): a malformed one makes the run.json bad input, as any field."""
     for name, (kind, what) in _INFO_CHECKS.items():
         value = info.get(name)
         if value is None:
@@ -242,7 +253,11 @@ def info_problem(info: dict[str, Any]) -> str | None:
             return f"{name} is {_short(value)}, not {what}"
         if kind is int and not 1 <= value <= MAX_WORLD_SIZE:
             return f"{name} is {value}, not {what}"
-    return None
+        if what == "a time" and not isinstance(value, str) and not 0 <= value <= MAX_EPOCH_S:   # NaN fails too
+            return f"{name} is {_short(value)}, not a time in seconds since 1970"
+    if info.get("snapshot") is not None and (wrong := snapshot_problem(info["snapshot"])):
+        return f"snapshot: {wrong}"
+    return problem(info.get("backend_facts"), BACKEND_FACTS, "backend_facts") if info.get("backend_facts") else None
 
 
 def _short(value: Any) -> str:
