@@ -177,7 +177,7 @@ def _graph_rank(rank: int, world: int, port: int, name: str, spec: str, out_dir:
     ctx, _ = init_context(share_gpus=True, timeout_s=120.0)
     backend = None
     try:
-        backend = backends.expand([spec], backends.Options(), on_gpu=True)   # every family's flag defaults[0]
+        [backend] = backends.expand([spec], backends.Options(), on_gpu=True)   # every family's flag defaults
         reasons = ctx.all_gather_objects(backend.check(ctx) or backend.supports(BATCH * HIDDEN * 2, DTYPE))
         reason = next((f"rank {i}: {r}" for i, r in enumerate(reasons) if r), None)
         if reason is None:
@@ -203,7 +203,7 @@ def _graph_rank(rank: int, world: int, port: int, name: str, spec: str, out_dir:
         with profile(activities=[ProfilerActivity.CUDA]):
             torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with backend.graph_capture(), torch.cuda.graph(graph):
             step()
         for _ in range(WARMUP_STEPS):
             graph.replay()
