@@ -10,11 +10,14 @@ duration holds the ranks' arrival skew. Given every rank's trace:
 2. Clocks: traces of one host share a clock; when the calls' end times agree as recorded
    (every rank of an allreduce ends within a small window) that clock is used as it is. Else
    each rank is shifted by the median difference of its calls' ends from the first rank's
-   (the offset), and what is left (the residual: the median spread of the aligned ends) is
-   reported; an alignment whose residual is larger than the skew it would measure is refused.
+   (the offset), and what is left (the residual: the p90 spread of the aligned ends) is
+   reported; an alignment whose residual is larger than the skew it would measure beyond its own
+   error (the median skew of the aligned calls less the residual) is refused.
 3. Per call and rank: wait = the last rank's arrival (its kernel start) minus this rank's
    start; transfer = this rank's end minus the last arrival (wait + transfer = the kernel's
-   duration). The call's skew is the last arrival minus the first, and its late rank the last.
+   duration). The call's late rank is the last to arrive; its wait is the mean wait of the
+   other ranks (how much later than them the late rank came), its skew the last arrival minus
+   the first (the longest wait, which also holds the earliest rank's own jitter).
 4. Where a call is notably late, what the trace shows on the late rank before it: between the
    end of the previous call and this call's start, its GPU work and its idle time set against
    the other ranks' median, and the kernels it ran there that no other rank ran.
@@ -30,12 +33,16 @@ from dataclasses import dataclass, field
 from commbench.analysis.attribution import Call, RankResult, Step, union_length
 from commbench.analysis.trace_read import Kernel
 from commbench.errors import UsageError
+from commbench.results import percentile
 
 CLOCK_MODES = ("auto", "shared", "align")
 # Ends that agree within the aligned residual plus this much need no offset: the ranks share a clock.
 SHARED_CLOCK_SLACK_US = 1.0
-# A call is notably late (and its cause looked for) when its skew is at least this much and at
-# least this many times the median skew of all calls.
+# The residual an alignment leaves: this percentile of the aligned ends' spread over the calls
+# (a median would hide a clock that jumps on a minority of the calls).
+RESIDUAL_PERCENTILE = 90
+# A call is notably late (and its cause looked for) when its wait is at least this much and at
+# least this many times the median wait of all calls.
 NOTABLE_SKEW_US = 10.0
 NOTABLE_SKEW_FACTOR = 2.0
 CAUSE_KERNELS = 3
@@ -45,8 +52,8 @@ CAUSE_KERNELS = 3
 class Clock:
     mode: str                       # "shared" | "aligned" | "refused"
     offsets_us: dict[int, float]    # rank -> subtracted from its times (0 on a shared clock)
-    residual_us: float              # median spread of the calls' (aligned) end times
-    raw_spread_us: float            # the same, as recorded
+    residual_us: float              # p90 spread of the calls' (aligned) end times
+    raw_spread_us: float            # median spread of the calls' end times as recorded
     skew_us: float                  # median skew of the calls after alignment
     text: str
 
@@ -75,6 +82,7 @@ class Matched:
     calls: list[Call]               # one per rank, in the order of `ranks`
     ranks: list[int]
     late_rank: int = -1
+    wait_us: float = 0.0            # the mean wait of the ranks other than the late one
     skew_us: float = 0.0
     transfer_us: float = 0.0        # median over ranks of (end - last arrival)
     cause: Cause | None = None
@@ -95,7 +103,7 @@ class LateRow:
     rank: int
     last_share: float               # share of the matched calls where it arrived last
     last_calls: int
-    late_by_p50_us: float | None    # median skew of those calls
+    late_by_p50_us: float | None    # median wait (of the other ranks, for it) of those calls
     notable_calls: int              # of them, notably late
     causes: dict[str, int]          # Cause.kind -> notable calls
     extra_busy_p50_us: float | None
@@ -142,24 +150,29 @@ def align(calls: list[Matched], ranks: list[int], mode: str = "auto", one_file: 
     raw = statistics.median(_spread([c.end_us for c in m.calls]) for m in calls)
     offsets = {r: statistics.median(m.calls[k].end_us - m.calls[0].end_us for m in calls)
                for k, r in enumerate(ranks)}
-    residual = statistics.median(_spread([c.end_us - offsets[r] for r, c in zip(ranks, m.calls)]) for m in calls)
+    aligned = sorted(_spread([c.end_us - offsets[r] for r, c in zip(ranks, m.calls)]) for m in calls)
+    residual = percentile(aligned, RESIDUAL_PERCENTILE)
     skew = statistics.median(_spread([c.ts_us - offsets[r] for r, c in zip(ranks, m.calls)]) for m in calls)
-    shared = mode == "shared" or (mode == "auto" and (one_file or raw <= residual + SHARED_CLOCK_SLACK_US))
+    shared = mode == "shared" or (mode == "auto" and (one_file or raw <= statistics.median(aligned)
+                                                      + SHARED_CLOCK_SLACK_US))
     if shared:
         why = ("one file: one clock" if one_file else "as asked (--clock shared)" if mode == "shared" else
                f"the calls end within {raw:.1f} us of each other as recorded: one host's clock")
         raw_skew = statistics.median(_spread([c.ts_us for c in m.calls]) for m in calls)
         return Clock("shared", zero, raw, raw, raw_skew, f"clock: shared, no offsets ({why})")
     offset_text = ", ".join(f"rank {r} {offsets[r]:+,.1f} us" for r in ranks[1:])
-    if residual > skew:
+    # The aligned skew holds the alignment's own error (up to the residual): what it would measure
+    # beyond that error is skew - residual.
+    if residual > skew - residual:
         return Clock("refused", offsets, residual, raw, skew,
                      f"clock: not aligned: by the calls' end times the offsets would be {offset_text}, but the "
-                     f"ends still spread {residual:.1f} us (median) after it, more than the {skew:.1f} us of skew "
-                     "it would measure; wait and transfer are not told apart")
+                     f"ends still spread {residual:.1f} us (p{RESIDUAL_PERCENTILE}) after it, more than the "
+                     f"{max(0.0, skew - residual):.1f} us of skew it would measure beyond that error (median "
+                     f"{skew:.1f} us); wait and transfer are not told apart")
     return Clock("aligned", offsets, residual, raw, skew,
                  f"clock: aligned by the calls' end times (the traces do not share a clock: as recorded the ends "
                  f"spread {raw:,.1f} us): offsets against rank {ranks[0]}: {offset_text}; residual "
-                 f"{residual:.1f} us (median spread of the aligned ends)")
+                 f"{residual:.1f} us (p{RESIDUAL_PERCENTILE} spread of the aligned ends)")
 
 
 class _Timeline:
@@ -214,16 +227,17 @@ def split(results: list[RankResult], kernels: list[list[Kernel]], clock_mode: st
         last = max(starts)
         late = starts.index(last)
         m.late_rank, m.skew_us = ranks[late], last - min(starts)
+        m.wait_us = statistics.fmean(last - s for k, s in enumerate(starts) if k != late)
         m.transfer_us = statistics.median(e - last for e in ends)
         for c, s in zip(m.calls, starts):
             c.wait_us = last - s
     if calls:
-        skew.notable_us = max(NOTABLE_SKEW_US, NOTABLE_SKEW_FACTOR * statistics.median(m.skew_us for m in calls))
+        skew.notable_us = max(NOTABLE_SKEW_US, NOTABLE_SKEW_FACTOR * statistics.median(m.wait_us for m in calls))
     timelines = [_Timeline(k) for k in kernels]
     steps = [r.steps for r in results]
     previous: Matched | None = None
     for m in calls:
-        if m.skew_us >= skew.notable_us:
+        if m.wait_us >= skew.notable_us:
             m.cause = _cause(m, ranks.index(m.late_rank), previous, steps, timelines)
         previous = m
     skew.late = late_rows(skew)
@@ -245,7 +259,7 @@ def late_rows(skew: Skew) -> list[LateRow]:
             for name in m.cause.kernels:   # type: ignore[union-attr]
                 kernels[name] += 1
         rows.append(LateRow(rank, len(mine) / len(skew.calls) if skew.calls else 0.0, len(mine),
-                            statistics.median(m.skew_us for m in mine) if mine else None, len(notable),
+                            statistics.median(m.wait_us for m in mine) if mine else None, len(notable),
                             dict(causes),
                             statistics.median(m.cause.extra_busy_us for m in notable) if notable else None,  # type: ignore[union-attr]
                             statistics.median(m.cause.extra_idle_us for m in notable) if notable else None,  # type: ignore[union-attr]

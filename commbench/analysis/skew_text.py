@@ -59,7 +59,7 @@ def skew_text(skew: Skew, results: list[RankResult], wide: bool = False, brief: 
                          [[str(r.rank), f"{100 * r.last_share:.0f}%", str(r.last_calls), fmt_us(r.late_by_p50_us),
                            str(r.notable_calls)] for r in skew.late], right=range(1, 5), wide=wide, width=WIDTH),
             _fill(f"(late rank: the one whose kernel started last; last on = its share of the {len(skew.calls)} "
-                  "matched calls; late by = the call's skew, last arrival minus first, on those calls)")]
+                  "matched calls; late by = how much later than the others it arrived: the others' mean wait)")]
     if brief:
         out = [line for line in out if line and not line.startswith("(")]
     out += [_fill(_cause_text(r, skew.notable_us)) for r in skew.late if r.causes]
@@ -70,8 +70,9 @@ def skew_json(skew: Skew, results: list[RankResult]) -> dict[str, Any]:
     return {"clock": asdict(skew.clock), "notable_us": skew.notable_us, "late": [asdict(r) for r in skew.late],
             "phases": [asdict(p) for p in phase_splits(results)],
             "calls": [{"step": m.step, "index": m.index, "phase": m.phase, "library": m.library,
-                       "message_bytes": m.message_bytes, "late_rank": m.late_rank, "skew_us": m.skew_us,
-                       "transfer_us": m.transfer_us, "wait_us": [c.wait_us for c in m.calls],
+                       "message_bytes": m.message_bytes, "late_rank": m.late_rank, "wait_us": m.wait_us,
+                       "skew_us": m.skew_us,
+                       "transfer_us": m.transfer_us, "rank_wait_us": [c.wait_us for c in m.calls],
                        "cause": asdict(m.cause) if m.cause else None} for m in skew.calls]}
 
 
