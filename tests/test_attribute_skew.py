@@ -197,6 +197,18 @@ def test_ranks_that_do_not_match_are_one_line_naming_the_file(case: str, expecte
     assert err.count("\n") == 1 and str(bad) in err and expected in err, err
 
 
+def test_ranks_without_any_allreduce_say_so(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    from test_attribute import _graph_trace
+
+    paths = [tmp_path / f"r{rank}.json" for rank in (0, 1)]
+    for rank, path in enumerate(paths):
+        _graph_trace(path, "another_gemm_kernel", rank=rank)
+    code = cli_main(["attribute", *map(str, paths)])
+    out = capsys.readouterr().out
+    assert code == 0 and "no allreduce kernel in any step" in out
+    assert "wait and transfer: no allreduce call in the ranks' steps to set side by side" in out
+
+
 def test_user_step_annotations_are_found_without_a_flag() -> None:
     _, results = attribute.analyse_traces(_files(P2P)[:1], NO_HINT, rule="annotation")
     [r] = results

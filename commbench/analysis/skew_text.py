@@ -43,6 +43,8 @@ def _cause_text(row: LateRow, notable_us: float) -> str:
 def skew_text(skew: Skew, results: list[RankResult], wide: bool = False, brief: bool = False) -> list[str]:
     """The clock, the wait/transfer split per phase, the late-rank table and what the late ranks
     did; `brief` leaves out the explanations in parentheses."""
+    if not skew.calls:
+        return ["wait and transfer: no allreduce call in the ranks' steps to set side by side"]
     out = [_fill(skew.clock.text)]
     if skew.clock.mode == "refused":
         return out
