@@ -209,10 +209,29 @@ def test_ranks_without_any_allreduce_say_so(capsys: pytest.CaptureFixture[str], 
     assert "wait and transfer: no allreduce call in the ranks' steps to set side by side" in out
 
 
-def test_user_step_annotations_are_found_without_a_flag() -> None:
-    _, results = attribute.analyse_traces(_files(P2P)[:1], NO_HINT, rule="annotation")
-    [r] = results
-    assert r.rule == "annotation" and "step" in r.rule_detail and len(r.steps) == P2P["steps"]
+def test_user_step_annotations_are_found_without_a_flag(tmp_path: Path) -> None:
+    """An eager trace whose steps only a user's record_function("decode_step_N") marks, 30 us
+    apart (under the gap rule's 100 us): the annotation rule finds them in auto mode."""
+    events, ts, corr = [], 1000.0, 0
+    for step in range(3):
+        events.append({"ph": "X", "cat": "user_annotation", "name": f"decode_step_{step}", "pid": 1, "tid": 1,
+                       "ts": ts, "dur": 200.0})
+        for name, dur in (("gemm_kernel", 20.0), ("ncclDevKernel_AllReduce_Sum_bf16_RING_LL(x)", 30.0)):
+            corr += 1
+            events += [{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1,
+                        "ts": ts + corr % 2, "dur": 1.0, "args": {"correlation": corr}},
+                       {"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": 7, "ts": ts + 5, "dur": dur,
+                        "args": {"stream": 7, "correlation": corr}}]
+            ts += dur + 1
+        ts += 230.0
+    path = tmp_path / "user.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    [r] = attribute.analyse_traces([path], NO_HINT)[1]
+    assert r.rule == "annotation" and r.rule_detail == "annotation /step/"
+    assert [len(s.calls) for s in r.steps] == [1, 1, 1] and {s.phase for s in r.steps} == {"decode"}
+    # The recorded sets' own record_function("decode_step") too, when the graph rule is not asked.
+    [r] = attribute.analyse_traces(_files(P2P)[:1], NO_HINT, rule="annotation")[1]
+    assert r.rule_detail == "annotation /step/" and len(r.steps) == P2P["steps"]
 
 
 def _step(index: int, wall_us: float) -> Step:

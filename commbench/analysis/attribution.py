@@ -37,8 +37,10 @@ from commbench.errors import UsageError
 from commbench.results import percentile
 
 RULES = ("graph", "annotation", "gap")
-# vLLM v1 vllm/v1/worker/gpu_model_runner.py ("gpu_model_runner: forward"); torch.profiler's
-# schedule marks each profiler step as ProfilerStep#N.
+# vLLM v1 vllm/v1/worker/gpu_model_runner.py ("gpu_model_runner: forward"; 0.33.0 line 4167; the
+# 0.34.0 worker, vllm/v1/worker/gpu/, annotates no step); torch.profiler's schedule marks each
+# profiler step as ProfilerStep#N; then any annotation naming a step (a user's own
+# record_function("decode_step_3")); it must enclose kernel launches to make a step.
 ENGINE_STEP_ANNOTATION = re.compile(r"^gpu_model_runner: forward$")
 PROFILER_STEP_ANNOTATION = re.compile(r"^ProfilerStep#\d+$")
 ANY_STEP_ANNOTATION = re.compile(r"step", re.IGNORECASE)
