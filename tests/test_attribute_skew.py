@@ -156,9 +156,11 @@ def test_an_alignment_worse_than_the_skew_is_refused(capsys: pytest.CaptureFixtu
 
 def test_one_rank_says_the_wait_cannot_be_separated_and_flags_likely_waiting(
         capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    code = cli_main(["attribute", str(_files(P2P)[0]), "--json", str(tmp_path / "a.json")])
+    code = cli_main(["attribute", str(_files(P2P)[0]), "--json", str(tmp_path / "a.json"),
+                     "--plot", str(tmp_path / "p.png")])
     out = " ".join(capsys.readouterr().out.split())
     assert code == 0 and "wait and transfer: one rank's trace" in out
+    assert "plot: none written" in out and not (tmp_path / "p.png").exists()
     assert "likely waiting = a call over 2x its floor" in out
     [row] = json.loads((tmp_path / "a.json").read_text())["likely_waiting"]
     # Rank 0 waits for rank 2's spin before 3 calls of each step: at least those are flagged.

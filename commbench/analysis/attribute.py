@@ -366,9 +366,11 @@ def _attribute(args: argparse.Namespace) -> dict[str, Any]:
         spread = spreads(results, floor)
         why = "one rank's trace" if skew is None else "the ranks' clocks could not be aligned"
         print("\n".join(spread_text(spread, why, len(steps) // len(results), args.wide)))
-    if args.plot is not None and skew is not None and skew.clock.mode != "refused":
+    if args.plot is not None and spread is None and skew is not None:
         from commbench.analysis.skew_plots import save_skew_plot   # matplotlib only when asked
         print(save_skew_plot(skew, results, args.plot))
+    elif args.plot is not None:
+        print(f"plot: none written to {args.plot}: wait and transfer need every rank's trace on one clock")
     if run is not None:
         print()
         print(floor_text(floor, args.wide, args.brief))

@@ -159,7 +159,8 @@ def align(calls: list[Matched], ranks: list[int], mode: str = "auto", one_file: 
         why = ("one file: one clock" if one_file else "as asked (--clock shared)" if mode == "shared" else
                f"the calls end within {raw:.1f} us of each other as recorded: one host's clock")
         raw_skew = statistics.median(_spread([c.ts_us for c in m.calls]) for m in calls)
-        return Clock("shared", zero, raw, raw, raw_skew, f"clock: shared, no offsets ({why})")
+        raw_residual = percentile(sorted(_spread([c.end_us for c in m.calls]) for m in calls), RESIDUAL_PERCENTILE)
+        return Clock("shared", zero, raw_residual, raw, raw_skew, f"clock: shared, no offsets ({why})")
     offset_text = ", ".join(f"rank {r} {offsets[r]:+,.1f} us" for r in ranks[1:])
     # The aligned skew holds the alignment's own error (up to the residual): what it would measure
     # beyond that error is skew - residual.
