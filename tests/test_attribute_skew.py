@@ -199,6 +199,12 @@ def test_ranks_that_do_not_match_are_one_line_naming_the_file(case: str, expecte
     assert err.count("\n") == 1 and str(bad) in err and expected in err, err
 
 
+def test_a_plot_that_is_no_png_is_bad_input(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code = cli_main(["attribute", *map(str, _files(P2P)), "--plot", str(tmp_path / "p.svg")])
+    out, err = capsys.readouterr()
+    assert (code, out) == (2, "") and err.count("\n") == 1 and "give a .png file name" in err
+
+
 def test_ranks_without_any_allreduce_say_so(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     from test_attribute import _graph_trace
 
