@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Sequence
 
-from commbench.analysis import decide, models, provenance, render
+from commbench.analysis import decide, fastest, models, provenance, render
 from commbench.analysis.curves import Curve, CurveKey, Point, cautions, decode_curves, ranking, run_world_size
 from commbench.analysis.decide import EngineDecision, Price
 from commbench.files import check_file_target, read_text, write_json
@@ -280,6 +280,7 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
         print(_table(room_rows, f"headroom: the fastest kernel no requested engine can run here, per size ({tag}); "
                                 "never a setting", args.wide))
         shown += [r.curve for r in best_rooms]
+    print("\n".join(fastest.fastest_lines(run, curves, model, concurrencies, decisions, tag)))
     if named:
         print()
         print(_table(rows_for(model, named, concurrencies), f"as measured: {', '.join(args.backend)} ({tag})",

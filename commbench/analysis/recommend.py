@@ -17,7 +17,7 @@ from dataclasses import asdict, replace
 from typing import Any, Iterable, Sequence
 
 from commbench import engines
-from commbench.analysis import decide, models, provenance, render
+from commbench.analysis import decide, fastest, models, provenance, render
 from commbench.analysis.curves import Curve, cautions, decode_curves, run_world_size
 from commbench.analysis.decide import EngineDecision, Headroom, Option, Price
 from commbench.analysis.render import fmt_us
@@ -269,6 +269,8 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
         print("\n".join(lines))
         records.append(_engine_record(d, choices, implementations))
     print("\n".join(_brief_headroom(rooms, tag) if args.brief else _headroom_lines(rooms, model, tag, args)))
+    if not args.brief:
+        print("\n".join(fastest.fastest_lines(run, curves, model, concurrencies, decisions, tag)))
 
     shown = [c for d in decisions for o in d.options if o.state.available is not False for c in o.own + o.stand_ins]
     warned = cautions(run.rows, shown + [c for c in curves if c.label in {r.curve for r in rooms}])
