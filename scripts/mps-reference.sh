@@ -95,8 +95,8 @@ if ! "$py" -c "import commbench.backends" 2>/dev/null; then
 fi
 
 # Every variant the p2p family offers, from its own factory (the probe's list of it).
-p2p=$("$py" -c "from commbench import backends; print(','.join(b.name for b in backends.probe_variants({}) if b.family == 'p2p'))")
-[ -n "$p2p" ] || { echo "mps-reference: the p2p family offers no variant here" >&2; exit 1; }
+p2p=$("$py" -c "from commbench import backends; print(','.join(b.name for b in backends.probe_variants() if b.family == 'p2p'))")
+[ -n "$p2p" ] || ! wants allreduce || { echo "mps-reference: the p2p family offers no variant here" >&2; exit 1; }
 plain="$p2p,symm_mem:one_shot,symm_mem:two_shot,flashinfer:trtllm_oneshot,flashinfer:trtllm_twoshot"
 shim=()
 [ -z "$lib" ] || shim=(--mscclpp-nccl-lib "$lib")
