@@ -36,8 +36,9 @@ class Fastest:
 
 
 def _printable(text: object) -> str:
-    """Text from the run's files on one line, bounded."""
-    return clean_text(str(text))[:IMPLEMENTATION_CHARS]
+    """Text from the run's files on one line, bounded (cut at a word, marked)."""
+    line = clean_text(str(text))
+    return line if len(line) <= IMPLEMENTATION_CHARS else line[:IMPLEMENTATION_CHARS].rsplit(" ", 1)[0] + " ..."
 
 
 def whose(run: Run, curve: Curve) -> str:
