@@ -131,12 +131,17 @@ class Backend(ABC):
         """Allocate and connect. Raise BackendUnavailable (or anything) to be voted out."""
 
     @abstractmethod
-    def allreduce(self, x: torch.Tensor, out: torch.Tensor) -> None:
-        """Write the sum of x over all ranks into out, on the current stream.
+    def allreduce(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor | None:
+        """The sum of x over all ranks, on the current stream: written into out (return None), or
+        returned in a tensor of the backend's own, as an engine's kernel that allocates its
+        output does (copying it into out would time a copy the engine never makes).
 
-        The harness owns both tensors and keeps every call's output until it has checked it,
-        so a backend must not hand back a buffer of its own. An in_place backend is given
-        out = x (and a fresh x for every call); any other gets an out distinct from x."""
+        The harness owns x and out and keeps every call's output until it has checked it. A
+        returned tensor is checked and timed the same: it must hold x's element count in x's
+        dtype on x's device, and keep this call's sum until the harness drops it (a fresh
+        tensor per call, or x itself; in a CUDA graph, the tensor captured for this call, which
+        every replay rewrites), never a buffer the next call overwrites. An in_place backend is
+        given out = x (and a fresh x for every call); any other gets an out distinct from x."""
 
     def close(self) -> None:
         """Release everything (buffers, groups, IPC handles)."""
@@ -170,6 +175,13 @@ class Backend(ABC):
         before the row's timed passes and outside them; ``call`` makes one more call of the
         row's size (collective: every rank makes the same number). Rank 0's answer is recorded."""
         return {}
+
+
+def reduce_into(backend: Backend, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """One call of backend.allreduce: the tensor that holds the sum (the backend's own when it
+    returned one, else out), shaped as out."""
+    result = backend.allreduce(x, out)
+    return out if result is None else result.view(out.shape)
 
 
 def describe(exc: BaseException) -> str:

@@ -367,23 +367,34 @@ def _run_with_another_nccl(tmp_path: Path, declared_preload: bool, rows_say_so: 
     the child's LD_PRELOAD (a driver run does); else only the declared settings tell the two apart."""
     from commbench.backends.nccl import NcclBackend
     from commbench.backends.nccl_libs import NcclLibrary
-    run = tmp_path / "two-ncccls"
+    settings = (NcclBackend(library=NcclLibrary("fast", FAST_LIB)) if declared_preload else NcclBackend()).engine_settings(8)
+    settings.variant = "nccl:lib=fast"
+
+    def faster(row: dict) -> dict | None:
+        if row["backend"] != "nccl" or row["env_setting"]:
+            return None
+        return {"backend": "nccl:lib=fast", "env_setting": {"LD_PRELOAD": FAST_LIB} if rows_say_so else {}}
+
+    return _synthetic_plus(tmp_path / "two-ncccls", faster, {"nccl:lib=fast": {"engine_settings": settings.to_dict()}})
+
+
+def _synthetic_plus(run: Path, faster, facts: dict) -> Path:
+    """The synthetic run plus, for each row `faster` answers, a copy at half the latency with its
+    answer's fields, and `facts` added to run.json's backend_facts."""
     shutil.copytree(SYNTHETIC, run)
     lines = (run / "measurements.jsonl").read_text().splitlines()
     added = []
     for line in lines:
         row = json.loads(line)
-        if row["backend"] != "nccl" or row["env_setting"]:
+        fields = faster(row)
+        if fields is None:
             continue
-        row["backend"] = "nccl:lib=fast"
-        row["env_setting"] = {"LD_PRELOAD": FAST_LIB} if rows_say_so else {}
         row.update({k: v / 2 for k, v in row.items() if k.startswith("latency_") and isinstance(v, (int, float))})
+        row.update(fields)
         added.append(json.dumps(row))
     (run / "measurements.jsonl").write_text("\n".join(lines + added) + "\n")
     info = json.loads((run / "run.json").read_text())
-    settings = (NcclBackend(library=NcclLibrary("fast", FAST_LIB)) if declared_preload else NcclBackend()).engine_settings(8)
-    settings.variant = "nccl:lib=fast"
-    info["backend_facts"]["nccl:lib=fast"] = {"engine_settings": settings.to_dict()}
+    info["backend_facts"].update(facts)
     (run / "run.json").write_text(json.dumps(info))
     return run
 
@@ -406,3 +417,23 @@ def test_another_nccl_library_is_an_option_of_its_own_never_the_default(tmp_path
     # the engine's own settings for it are shown, and no command line carries the library
     assert "  the engine settings to run with it:\n    python -m sglang.launch_server" in text
     assert not any(x.lstrip().startswith(("export", "python", "vllm")) and "LD_PRELOAD" in x for x in text.splitlines())
+
+
+def test_headroom_names_the_fastest_kernel_measured_at_each_size_and_whose_it_is(tmp_path, capsys):
+    """An engine's forced algorithm faster than every other kernel of the run (SGLang's 2shot_pull
+    beat p2p:auto on the H200 under MPS): recommend and floor name it per size, with the
+    implementation its rows record and no engine path, and the engine's best path as a multiple."""
+    def forced(row: dict) -> dict | None:
+        if row["backend"] != "p2p:oneshot" or row["status"] != "ok":
+            return None
+        return {"backend": "engx:2shot", "extra": {"implementation": "engx 1.0 kernel\x07\n (JIT)"}}
+
+    run = _synthetic_plus(tmp_path / "forced", forced, {"engx:2shot": {
+        "family": "engx", "needs": [], "engine_settings": {"variant": "engx:2shot", "notes": []}}})
+    for command in ("recommend", "floor"):
+        assert cli([command, str(run), "--model", "llama-3.1-70b", "--engine", "sglang", "--concurrency", "1"]) == 0
+        text = " ".join(capsys.readouterr().out.split())
+        assert "fastest kernel measured at each size, any backend (fixture, not a measurement)" in text, command
+        assert ("concurrency 1 (16K): engx:2shot (graph) 6.50 us: engx 1.0 kernel (JIT); no engine setting selects "
+                "it; best engine path nccl:proto=LL,algo=Ring (graph) 54.0 = 8.31x") in text, command
+        assert "\x07" not in text

@@ -62,7 +62,8 @@ def test_single_process_world_of_one_says_nothing_is_communicated(tmp_path: Path
     assert row["wrong_elements"] == 0
 
 
-FAULTY = ("exact", "noop", "one_wrong", "stale", "setup_fails_rank1", "wrong_every@64", "back_to_back")
+FAULTY = ("exact", "noop", "one_wrong", "stale", "setup_fails_rank1", "wrong_every@64", "back_to_back", "returns",
+          "returns_reused", "returns_short")
 
 
 @pytest.fixture(scope="module")
@@ -108,6 +109,21 @@ def test_every_timed_call_is_checked_so_intermittent_faults_fail_every_row(fault
             assert row["failed_rank"] == 0 and row["first_wrong_call"] is not None
     # One call in 64 is wrong, on both ranks alike: two or three of every row's 130 per rank.
     assert all(r["wrong_elements"] in (4, 6) for r in got["testfaults:wrong_every"])
+
+
+def test_a_backend_that_returns_its_own_tensor_is_checked_and_timed_the_same(faulty_run) -> None:
+    """An engine's kernel hands back a tensor of its own: the harness checks that one, every call,
+    and catches one reused by the next call or of the wrong size."""
+    _, got = faulty_run
+    for row in got["testfaults:returns"]:
+        assert row["status"] == "ok" and row["wrong_elements"] == 0 and row["checked_calls"] == 130
+        assert row["latency_us"] > 0 and row["ranks_identical"] is True
+    for row in got["testfaults:returns_reused"]:
+        # Every call of each pass reads back the last call's answer: wrong wherever its epoch differs.
+        assert row["status"] == "wrong" and row["first_wrong_call"] == 0 and row["wrong_elements"] > 0
+    short = got["testfaults:returns_short"][0]
+    assert short["status"] == "error" and short["latency_us"] is None
+    assert "returned a tensor of 1023 float32 on cpu for an input of 1024 float32 on cpu" in short["reason"]
 
 
 @pytest.mark.slow

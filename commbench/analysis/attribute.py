@@ -21,7 +21,7 @@ from typing import Any, Sequence
 
 from commbench import engines
 from commbench.engines import log as engine_log
-from commbench.analysis import decide, models, provenance, render
+from commbench.analysis import decide, fastest, models, provenance, render
 from commbench.analysis.attribute_nccl import HOW_TO_LOG, LogLine, has_nccl, log_lines, log_text, read_nccl_logs
 from commbench.analysis.attribute_floor import Alternative, FloorLine, Priced, against_floor
 from commbench.analysis.attribution import RULES, RankResult, SizeHint, Step, analyse_rank, set_first_apart
@@ -155,7 +155,7 @@ def floor_lines(run: Run, ranks: list[tuple[int, RankTrace]], results: list[Rank
         alternative = engine_alternative(engine, run, world, dtype_text, chain)
     steps = [s for r in results for s in r.steps]
     decode = [s for s in steps if s.phase == "decode"] or steps
-    return against_floor(decode, curves, batch, alternative)
+    return against_floor(decode, curves, batch, alternative, lambda curve: fastest.whose(run, curve))
 
 
 def engine_alternative(engine: str, run: Run, world_size: int, dtype: str,
@@ -453,4 +453,11 @@ def floor_text(lines: list[FloorLine], wide: bool = False, brief: bool = False) 
     if alternatives:
         out += ["", "what the engine could take instead, measured in the same run (d = engine minus that path)",
                 *alternatives]
+    fastest_rows = _priced_table(lines, "fastest", "fastest_us", "fastest:", wide)
+    if fastest_rows:
+        out += ["", "the fastest kernel measured in the same run at that size, any backend (d = engine minus it)",
+                *fastest_rows]
+        whose = {f.fastest.variant: f.fastest_whose for f in lines if f.fastest is not None and f.fastest_whose}
+        out += [textwrap.fill(f"{variant}: {who}", WIDTH, initial_indent="  ", subsequent_indent="    ")
+                for variant, who in whose.items()]
     return "\n".join(out)

@@ -6,7 +6,9 @@ TRACE_KERNELS' third field), and the saving per call, per step, per token and as
 the step were the calls at that floor. What the engine could run instead is a second,
 optional comparison: `against_floor(..., alternative=...)` takes a function that, given the
 run's curves and a message size, returns the curve of the path the engine could take there
-(the engine-aware choice); without one, only the library's own floor is shown.
+(the engine-aware choice); without one, only the library's own floor is shown. Every line also
+names the fastest kernel the run measured at that size, any backend, where it is not the floor
+itself, and (given `whose`) whose it is: what headroom is measured against.
 
 Where every rank's trace was given (commbench.analysis.skew), each call's wait for the last
 rank is known: the price is then set on the transfer alone (the kernel's own time, what a
@@ -25,6 +27,7 @@ from typing import Callable
 
 from commbench.analysis.attribution import Call, Step
 from commbench.analysis.curves import Curve, ranking
+from commbench.ops import ALLREDUCE
 
 # (the run's trusted curves for this world size and dtype, message bytes) -> the engine's best path
 Alternative = Callable[[list[Curve], int], "Curve | None"]
@@ -53,6 +56,8 @@ class FloorLine:
     alternative: Priced | None = None
     transfer_p50_us: float | None = None   # median transfer, where the wait is known (priced on it)
     wait_per_step_us: float | None = None  # skew: the calls' wait per step (median over the steps)
+    fastest: Priced | None = None    # the run's fastest plain allreduce at this size, any backend (None: the floor)
+    fastest_whose: str = ""
 
 
 def _price(curve: Curve, size: int, engine_us: float, per_step: float, batch: int | None,
@@ -67,7 +72,8 @@ def _price(curve: Curve, size: int, engine_us: float, per_step: float, batch: in
 
 
 def against_floor(steps: list[Step], curves: list[Curve], batch: int | None,
-                  alternative: Alternative | None = None) -> list[FloorLine]:
+                  alternative: Alternative | None = None, whose: Callable[[Curve], str] | None = None
+                  ) -> list[FloorLine]:
     if not steps:
         return []
     groups: dict[tuple[str, str, int | None, str], list[Call]] = defaultdict(list)
@@ -102,5 +108,10 @@ def against_floor(steps: list[Step], curves: list[Curve], batch: int | None,
             curve = alternative(curves, size)
             if curve is not None:
                 line.alternative = _price(curve, size, engine_us, per_step, batch, step_us)
+        if size is not None:
+            ranked = ranking([c for c in curves if c.key.op == ALLREDUCE], size)
+            if ranked and (line.floor is None or ranked[0].curve.label != line.floor.variant):
+                line.fastest = _price(ranked[0].curve, size, engine_us, per_step, batch, step_us)
+                line.fastest_whose = whose(ranked[0].curve) if whose is not None else ""
         out.append(line)
     return out

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Sequence
 
-from commbench.analysis import configure, configure_text, decide, models, provenance, question, render
+from commbench.analysis import configure, configure_text, decide, fastest, models, provenance, question, render
 from commbench.analysis.configure import DECODE, Configuration
 from commbench.analysis.curves import Curve, CurveKey, Point, cautions, price, ranking
 from commbench.analysis.decide import Price
@@ -281,6 +281,7 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
         print(_table(room_rows, f"headroom ({tag}): the fastest kernel measured here that no requested engine takes "
                                 "here, per size; for comparison only", args.wide))
         shown += [r.curve for r in best_rooms]
+    print("\n".join(fastest.fastest_lines(run, curves, model, concurrencies, found.decisions, tag)))
     if named:
         print()
         print(_table(rows_for(model, named, concurrencies), f"as measured: {', '.join(args.backend)} ({tag})",

@@ -17,7 +17,7 @@ from dataclasses import asdict
 from typing import Any, Iterable, Sequence
 
 from commbench import engines
-from commbench.analysis import configure, configure_text, decide, models, provenance, question, render
+from commbench.analysis import configure, configure_text, decide, fastest, models, provenance, question, render
 from commbench.analysis.configure import one_line
 from commbench.analysis.curves import Curve, cautions, run_world_size
 from commbench.analysis.decide import EngineDecision, Headroom, Option, Price
@@ -179,7 +179,8 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     model = models.requested(args)
     if model is None:
         return 0
-    found = question.answer(question.from_args(args, model))
+    asked = question.from_args(args, model)
+    found = question.answer(asked)
     run, tp, tag = found.run, found.tp, found.tag
     args.tp_shown = tp or "?"
     implementations = measured_implementations(run.rows)
@@ -218,6 +219,8 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     rooms = found.headroom
     for line in _brief_headroom(rooms, tag, args.wide) if args.brief else _headroom_lines(rooms, model, tag, args):
         print(line)
+    if not args.brief:
+        print("\n".join(fastest.fastest_lines(found.run, found.curves, model, asked.concurrencies, found.decisions, tag)))
 
     shown = [c for d in found.decisions for o in d.options if o.state.available is not False
              for c in o.own + o.stand_ins]

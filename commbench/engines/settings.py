@@ -467,7 +467,7 @@ def inert_settings(snapshot: dict[str, Any], world_size: int) -> list[InertSetti
             + _nccl_symmetric_rule(nccl_version(snapshot), world_size, nvlink))
 
 
-# --- NVLink as the engines' gates read it (commbench.engine_paths applies them) ---------------
+# --- NVLink as the engines' gates read it (commbench.engines.paths applies them) ---------------
 
 def _nvml_nvlink_all(snapshot: dict[str, Any], gpu_ids: list[int]) -> bool:
     """vLLM's is_fully_connected: NVML P2P status for the NVLINK index is OK on every pair."""
