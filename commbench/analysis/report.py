@@ -21,7 +21,7 @@ from commbench.errors import UsageError
 from commbench.files import check_dir_target
 from commbench.results import CRASHED, HANG, OK, WRONG, Measurement, Run, RunDir, describe_setting, write_whole
 from commbench.results.validate import file_stem
-from commbench.runs import load_run
+from commbench.fleet.inputs import is_whole_fleet, load_one
 from commbench.analysis.render import fmt_num, fmt_us
 from commbench.units import format_bytes
 
@@ -397,7 +397,8 @@ def write_html(run: Run, facts: RowFacts, sections: list[Section], fused: list[l
 # ---------------------------------------------------------------- command
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run_dir", help="results dir written by commbench sweep")
+    parser.add_argument("run_dir", help="results dir written by commbench sweep; a fleet: its fleet.html page "
+                        "(FLEET#NODE: that run's report)")
     parser.add_argument("--out", type=Path, help="where to write report.html and plots/ (default: the run dir)")
     parser.add_argument("--baseline", help="backend speedups are measured against (default: nccl, else gloo)")
     render.add_arguments(parser)
@@ -405,7 +406,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
-    run = load_run(args.run_dir)
+    if is_whole_fleet(args.run_dir):
+        from commbench.fleet import page
+
+        return page.main(args)
+    run = load_one(args.run_dir)
     if not run.rows:
         raise UsageError(f"{run.path}: no measurements yet (measurements.jsonl is empty or missing)")
     out = args.out or run.path

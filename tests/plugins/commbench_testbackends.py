@@ -11,7 +11,8 @@ rank 1 dying of SIGSEGV (a real invalid read, as a native library would) in setu
 allreduce (rank 0 too: the rank that writes the rows), rank 0 hanging while it holds the GIL
 (its watchdog thread cannot run). ``@N`` is the fault's number: bytes from which hang_rank1,
 raise_rank1, segv_rank0/1 and hang_gil_rank0 fail, seconds slow_setup sleeps, the period of
-wrong_every.
+wrong_every, microseconds every call of `slow` sleeps before a correct allreduce (a node of a
+fleet made slower by a known amount; slow@0 is exact).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from commbench.errors import UsageError
 
 VARIANTS = ("exact", "noop", "one_wrong", "stale", "back_to_back", "wrong_every", "hang_rank1", "setup_fails_rank1",
             "slow_setup", "nodelocal", "solo", "raise_rank1", "raise_setup_rank1", "segv_rank0", "segv_rank1",
-            "segv_setup_rank1", "hang_gil_rank0")
+            "segv_setup_rank1", "hang_gil_rank0", "slow")
 
 
 def segfault() -> None:
@@ -93,6 +94,8 @@ class FaultyBackend(Backend):
             segfault()
         if self.fault == "hang_gil_rank0" and self.rank == 0 and faulty:
             hang_holding_the_gil()
+        if self.fault == "slow" and self.number:
+            time.sleep(self.number / 1e6)
         if self.fault == "back_to_back" and self._previous is not None:
             # The next call reuses what the last one handed back before anyone read it.
             self._previous.zero_()
