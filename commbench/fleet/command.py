@@ -21,7 +21,7 @@ from commbench.analysis import render
 from commbench.errors import ResultsUnwritable, UsageError
 from commbench.files import STDOUT, check_file_target, write_json
 from commbench.fleet import exports, sources
-from commbench.fleet.outliers import Rule
+from commbench.fleet.outliers import Rule, shown
 from commbench.fleet.store import FleetDir, is_fleet, run_key
 from commbench.fleet.verdicts import FAIL, PASS, WARN, FleetVerdict, judge
 from commbench.results import write_whole
@@ -47,24 +47,29 @@ def build(paths: Sequence[str], out: Path) -> int:
     fleet = FleetDir.create(out)
     kept = fleet.run_records()
     known = {r["run_key"]: (r["run_id"], r["path"]) for r in kept}
-    loaded, problems = sources.read_all(paths)
+    again = 0
+
+    def skip(run: sources.Loaded) -> bool:
+        """A run the fleet holds (counted once), or one claiming a node and job another run holds."""
+        nonlocal again
+        key = run_key(run.node, run.job)
+        if key not in known:
+            known[key] = (run.run_id, run.path)
+            return False
+        run_id, path = known[key]
+        if run_id != run.run_id:
+            warn(f"{run.path}: run {run.run_id} claims node {run.node} job {run.job}, which run {run_id} ({path}) "
+                 "holds; skipped (give each run its own COMMBENCH_JOB)")
+        else:
+            again += 1   # the same run again (in the fleet, or given twice): its rows are not read
+        return True
+
+    new, problems = sources.read_all(paths, skip)
     for line in problems:
         warn(line)
-    new, again = [], 0
-    for run in loaded:
-        key = run_key(run.node, run.job)
+    for run in new:
         for line in run.warnings:
             warn(line)
-        if key in known:
-            run_id, path = known[key]
-            if run_id == run.run_id:
-                again += 1   # the same run read again: counted once
-                continue
-            warn(f"{run.path}: run {run.run_id} claims node {run.node} job {run.job}, which run {run_id} ({path}) "
-                 "already holds in the fleet; skipped (give each run its own COMMBENCH_JOB)")
-            continue
-        known[key] = (run.run_id, run.path)
-        new.append(run)
     build_number = fleet.next_build()
     rows = fleet.append(new, build_number, kept) if new else 0
     records = fleet.run_records()
@@ -74,7 +79,7 @@ def build(paths: Sequence[str], out: Path) -> int:
     print(f"fleet {out}: added {len(new)} run(s) ({rows} rows) as build {build_number}" if new
           else f"fleet {out}: nothing new")
     if again:
-        print(f"{again} run(s) already in the fleet were not added again")
+        print(f"{again} run(s) already in the fleet (or given twice) were not added again")
     print(f"now {len(records)} run(s) of {len({r['node'] for r in records})} node(s) in {len(groups)} group(s):")
     for group, nodes in sorted(groups.items()):
         print(f"  {group}: {len(nodes)} node(s)")
@@ -123,9 +128,9 @@ def print_verdict(verdict: FleetVerdict, fleet: Path, spec: single.Spec | None, 
         print("\noutliers against the group:")
         for c in out:
             where = f" at {format_bytes(c.message_bytes)}" if c.message_bytes is not None else ""
-            names = ", ".join(f"{f.name} {f.value:.4g}" for f in c.out)
-            print(f"  {c.what}{where}: median {c.median:.4g} {c.unit} over {c.nodes} nodes, limit {c.limit:.4g} "
-                  f"{c.unit}; out: {names}")
+            names = ", ".join(f"{f.name} {shown(f.value, c.unit)}" for f in c.out)
+            print(f"  {c.what}{where}: median {shown(c.median, c.unit)} {c.unit} over {c.nodes} nodes, "
+                  f"limit {shown(c.limit, c.unit)} {c.unit}; out: {names}")
     counts = {s: sum(n.status == s for n in verdict.nodes) for s in (PASS, WARN, FAIL)}
     failed = ", ".join(n.run.node for n in verdict.failed)
     print(f"\n{counts[PASS]} PASS, {counts[WARN]} WARN, {counts[FAIL]} FAIL -> "

@@ -15,7 +15,7 @@ import xml.etree.ElementTree as ET
 from typing import Any
 
 from commbench.analysis import provenance
-from commbench.analysis.curves import build_curves, variant_label
+from commbench.analysis.curves import variant_label
 from commbench.fleet.store import pairs_of
 from commbench.fleet.verdicts import FAIL, REASONS, FleetVerdict, NodeVerdict
 
@@ -91,7 +91,7 @@ def prometheus(verdict: FleetVerdict) -> str:
                 samples["commbench_node_check_failed"].append(
                     _sample("commbench_node_check_failed", {**base, "reason": check.reason, "check": check.name}, 1))
         observed = {(variant_label(r), r.message_bytes): r.observed for r in run.run.rows if r.observed}
-        for curve in build_curves(run.run.rows):
+        for curve in run.curves:
             for point in curve.points:
                 labels = {**base, "backend": curve.key.variant, "collective": curve.key.op, "dtype": curve.key.dtype,
                           "mode": curve.key.mode, "message_size": point.message_bytes,

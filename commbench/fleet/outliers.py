@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from statistics import median
 
+from commbench.analysis.render import fmt_us
+
 MAD_TO_SIGMA = 1.4826
 
 
@@ -60,3 +62,8 @@ def outliers(values: dict[str, float], rule: Rule, higher_is_worse: bool = True)
     out = [Finding(name, value, middle, bound) for name, value in values.items()
            if (value > bound if higher_is_worse else value < bound)]
     return sorted(out, key=lambda f: -abs(f.value - middle))
+
+
+def shown(value: float, unit: str) -> str:
+    """A compared value as the output prints it: microseconds as every latency table does."""
+    return fmt_us(value) if unit == "us" else f"{value:.3g}"

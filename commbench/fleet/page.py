@@ -19,7 +19,7 @@ from pathlib import Path
 from commbench.errors import UsageError
 from commbench.files import check_dir_target
 from commbench.fleet.inputs import split
-from commbench.fleet.outliers import Rule
+from commbench.fleet.outliers import Rule, shown
 from commbench.fleet.verdicts import FAIL, Comparison, FleetVerdict, NodeVerdict, judge
 from commbench.fleet.command import open_fleet
 from commbench.units import format_bytes
@@ -82,9 +82,10 @@ def _distribution(verdict: FleetVerdict, group: str) -> list[str]:
         for c in rows:
             values = sorted(c.values.values())
             where = format_bytes(c.message_bytes) if c.message_bytes is not None else "-"
-            out = ", ".join(f'<a href="#{_e(_anchor_of(verdict, f.name))}">{_e(f.name)}</a> {f.value:.4g}' for f in c.out)
-            parts.append(f"<tr><td>{_e(where)}</td><td class=n>{c.nodes}</td><td class=n>{values[0]:.4g}</td>"
-                         f"<td class=n>{c.median:.4g}</td><td class=n>{values[-1]:.4g}</td><td class=n>{c.limit:.4g} "
+            out = ", ".join(f'<a href="#{_e(_anchor_of(verdict, f.name))}">{_e(f.name)}</a> {shown(f.value, c.unit)}' for f in c.out)
+            parts.append(f"<tr><td>{_e(where)}</td><td class=n>{c.nodes}</td><td class=n>{shown(values[0], c.unit)}</td>"
+                         f"<td class=n>{shown(c.median, c.unit)}</td><td class=n>{shown(values[-1], c.unit)}</td>"
+                         f"<td class=n>{shown(c.limit, c.unit)} "
                          f"{_e(c.unit)}</td><td class=FAIL>{out}</td></tr>")
         parts.append("</table>")
     return parts or ["<p>Nothing to compare: fewer nodes than the rule needs measured a common point.</p>"]

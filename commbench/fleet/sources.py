@@ -16,7 +16,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from commbench.errors import UsageError
 from commbench.fleet import inspector
@@ -95,22 +95,28 @@ def find(paths: Sequence[str | Path]) -> Found:
     return found
 
 
-def read_run_dir(path: Path) -> Loaded:
-    """A run dir through the validated readers; UsageError when it is none (no or bad run.json)."""
-    run = RunDir(path)
-    info = run.info()
-    read = run.read_rows()
-    rows_path = path / ROWS_FILE
-    warnings = [line for line in (read.problems_line(rows_path), read.duplicates_line(rows_path), pending(path))
-                if line]
-    source = str(info.get("source") or "sweep")
-    if source == "sweep" and not info.get("finished"):
-        warnings.append(f"{path}: half-written (run.json records no finish: a sweep still running, or stopped); "
-                        f"its {len(read.rows)} complete row(s) are kept")
+def identify(path: Path) -> Loaded:
+    """A run dir's run.json, node and job, its rows not yet read (read_rows reads them); UsageError
+    when it is no run dir (no or a bad run.json). A build skips a run it already holds unread."""
+    info = RunDir(path).info()
     env = info.get("env") if isinstance(info.get("env"), dict) else {}
     node = name(env.get(NODE_VAR), name(info.get("host"), path.name))
     job = name(env.get(JOB_VAR), name(info.get("run_id"), path.name))
-    return Loaded(str(path), source, node, job, info, read.rows, warnings)
+    return Loaded(str(path), str(info.get("source") or "sweep"), node, job, info, [])
+
+
+def read_rows(run: Loaded) -> Loaded:
+    """The run's rows through the validated reader, and a line for each thing wrong with them."""
+    path = Path(run.path)
+    read = RunDir(path).read_rows()
+    rows_path = path / ROWS_FILE
+    run.rows = read.rows
+    run.warnings = [line for line in (read.problems_line(rows_path), read.duplicates_line(rows_path), pending(path))
+                    if line]
+    if run.source == "sweep" and not run.info.get("finished"):
+        run.warnings.append(f"{path}: half-written (run.json records no finish: a sweep still running, or stopped); "
+                            f"its {len(read.rows)} complete row(s) are kept")
+    return run
 
 
 def read_inspector(files: Sequence[Path]) -> tuple[list[Loaded], list[str]]:
@@ -120,15 +126,19 @@ def read_inspector(files: Sequence[Path]) -> tuple[list[Loaded], list[str]]:
     return loaded, read.problems
 
 
-def read_all(paths: Sequence[str | Path]) -> tuple[list[Loaded], list[str]]:
-    """Every run under the paths, and one line per thing that could not be read (or read whole)."""
+def read_all(paths: Sequence[str | Path], skip: Callable[[Loaded], bool] = lambda run: False
+             ) -> tuple[list[Loaded], list[str]]:
+    """Every run under the paths but those `skip` (given a run's identity) says not to read, and
+    one line per thing that could not be read (or read whole)."""
     found = find(paths)
     problems = list(found.problems)
     loaded: list[Loaded] = []
     for path in found.run_dirs:
         try:
-            loaded.append(read_run_dir(path))
+            run = identify(path)
+            if not skip(run):
+                loaded.append(read_rows(run))
         except UsageError as exc:
             problems.append(f"{exc}; skipped")
     runs, lines = read_inspector(found.inspector_files)
-    return loaded + runs, problems + lines
+    return loaded + [run for run in runs if not skip(run)], problems + lines

@@ -15,16 +15,20 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import operator
 import time
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from commbench.analysis import provenance
+from commbench.analysis.curves import Curve, build_curves
 from commbench.errors import UsageError
 from commbench.fleet.deps import need
 from commbench.fleet.sources import Loaded
 from commbench.results import Measurement, Run
+from commbench.results.compact import CompactRows
 from commbench.results.validate import file_stem, info_problem, row_problem
 
 MARKER = "fleet.json"
@@ -119,6 +123,11 @@ class FleetRun:
     run: Run
     warnings: str
 
+    @cached_property
+    def curves(self) -> list[Curve]:
+        """The run's trusted curves, built once: the verdicts and every export read them."""
+        return build_curves(self.run.rows)
+
 
 class FleetDir:
     def __init__(self, path: str | Path):
@@ -172,19 +181,21 @@ class FleetDir:
         pairs: dict[str, list[Any]] = {name: [] for name, _ in PAIR_COLUMNS}
         records = []
         now = time.time()
+        values_of = operator.attrgetter(*fields)
+        targets = [columns[name] for name in fields]
+        dicts = [fields.index(name) for name in _DICTS]
         for loaded in runs:
             key = run_key(loaded.node, loaded.job)
             count = 0
             for row in loaded.rows:
-                data = row.to_dict()
-                columns["run_key"].append(key)
-                columns["build"].append(build)
-                for name in fields:
-                    value = data[name]
-                    if name in _DICTS:
-                        value = json.dumps(value, sort_keys=True) if value else None
-                    columns[name].append(value)
+                values = list(values_of(row))
+                for index in dicts:   # dicts as JSON text: Parquet gets one string column each
+                    values[index] = json.dumps(values[index], sort_keys=True) if values[index] else None
+                for target, value in zip(targets, values):
+                    target.append(value)
                 count += 1
+            columns["run_key"].extend([key] * count)
+            columns["build"].extend([build] * count)
             for src, dst, gbps, us in pairs_of(loaded.info):
                 for name, value in zip(pairs, (key, build, src, dst, gbps, us)):
                     pairs[name].append(value)
@@ -249,21 +260,22 @@ class FleetDir:
         wanted = [r["run_key"] for r in records]
         relation = con.sql("SELECT * EXCLUDE (node, job, fleet_group) FROM measurements "
                            "WHERE list_contains(?, run_key) ORDER BY run_key", params=[wanted])
-        # duckdb 1.x names it arrow(), 2.x to_arrow_table()
-        table = (getattr(relation, "to_arrow_table", None) or relation.arrow)()
-        rows: dict[str, list[Measurement]] = {key: [] for key in wanted}
+        rows: dict[str, CompactRows] = {key: CompactRows() for key in wanted}
         bad: dict[str, tuple[int, str]] = {}
-        for data in table.to_pylist():
-            key = data.pop("run_key")
-            data.pop("build")
-            problem = _decode(data)
-            if problem is None:
-                problem = row_problem(data)
-            if problem is not None:
-                count, first = bad.get(key, (0, problem))
-                bad[key] = (count + 1, first)
-                continue
-            rows[key].append(Measurement.from_dict(data))
+        # In batches: 3 x 10^5 rows made into dicts at once took 1 GiB; each run's rows are
+        # held compactly (CompactRows), as a run dir's are.
+        for batch in _batches(relation):
+            for data in batch.to_pylist():
+                key = data.pop("run_key")
+                data.pop("build")
+                problem = _decode(data) or row_problem(data)
+                if problem is not None:
+                    count, first = bad.get(key, (0, problem))
+                    bad[key] = (count + 1, first)
+                    continue
+                rows[key].add(Measurement.from_dict(data))
+        for held in rows.values():
+            held.finish()
         problems = [f"{self.path}: run {key}: skipped {count} stored row(s) that are not rows ({first})"
                     for key, (count, first) in bad.items()]
         out = []
@@ -281,6 +293,18 @@ class FleetDir:
                                 record["fleet_group"] or "", Run(where, info, rows[record["run_key"]]),
                                 record["warnings"] or ""))
         return out, problems
+
+
+def _batches(relation: Any) -> Iterable[Any]:
+    """A DuckDB relation's result as Arrow record batches (duckdb 1.x: arrow() is a table;
+    2.x: to_arrow_reader())."""
+    reader = getattr(relation, "to_arrow_reader", None) or getattr(relation, "record_batch", None)
+    if reader is not None:
+        return reader(_BATCH_ROWS)
+    return relation.arrow().to_batches(max_chunksize=_BATCH_ROWS)
+
+
+_BATCH_ROWS = 10_000
 
 
 def _decode(data: dict[str, Any]) -> str | None:

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from commbench.analysis import qualify as single
-from commbench.analysis.curves import Curve, build_curves
-from commbench.fleet.outliers import Finding, Rule, limit, outliers
+from commbench.analysis.curves import Curve
+from commbench.fleet.outliers import Finding, Rule, limit, outliers, shown
 from commbench.fleet.store import FleetRun, pairs_of
 from commbench.units import format_bytes
 
@@ -114,7 +114,7 @@ class Comparison:
 
 
 def _fmt(value: float, unit: str) -> str:
-    return f"{value:.4g} {unit}"
+    return f"{shown(value, unit)} {unit}"
 
 
 def compare_group(group: str, runs: list[FleetRun], rule: Rule) -> tuple[list[Comparison], dict[str, list[Check]]]:
@@ -125,7 +125,7 @@ def compare_group(group: str, runs: list[FleetRun], rule: Rule) -> tuple[list[Co
     names: dict[tuple[Any, ...], str] = {}
     has: dict[str, set[tuple[Any, ...]]] = defaultdict(set)
     for run in runs:
-        for curve in build_curves(run.run.rows):
+        for curve in run.curves:
             ident = _identity(curve)
             names[ident] = _curve_name(curve)
             has[run.key].add(ident)
@@ -209,7 +209,7 @@ def judge(runs: Iterable[FleetRun], spec: single.Spec | None, rule: Rule) -> Fle
     verdicts = {run.key: NodeVerdict(run) for run in runs}
     for run in runs:
         checks = spec_checks(spec, run) if spec is not None else workload_checks(run)
-        if not any(True for _ in build_curves(run.run.rows)):
+        if not run.curves:
             checks.append(Check("data: trusted rows", FAIL, NO_DATA, "no trusted row (status ok, output checked and "
                                 "right): nothing to judge this node by"))
         verdicts[run.key].checks.extend(checks)
