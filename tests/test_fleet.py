@@ -214,7 +214,8 @@ def test_bad_fleet_arguments_are_one_line(capsys: pytest.CaptureFixture[str], tm
     assert cli(["fleet", "build", str(CPU_RUN), "--out", str(tmp_path)]) == 2
     assert "not a fleet and not empty" in capsys.readouterr().err
     assert cli(["fleet", "build", str(tmp_path / "nothing"), "--out", str(tmp_path / "f")]) == 2
-    assert capsys.readouterr().err.splitlines()[-1].endswith("no run could be read: the fleet is empty")
+    assert capsys.readouterr().err.splitlines()[-1].endswith("no run could be read: nothing to build")
+    assert not (tmp_path / "f").exists()
     monkeypatch.setitem(sys.modules, "pyarrow", None)   # the extra not installed
     assert cli(["fleet", "build", str(CPU_RUN), "--out", str(tmp_path / "g")]) == 2
     err = capsys.readouterr().err.strip()

@@ -44,7 +44,7 @@ def open_fleet(path: str | Path) -> FleetDir:
 # ---------------------------------------------------------------- build
 
 def build(paths: Sequence[str], out: Path) -> int:
-    fleet = FleetDir.create(out)
+    fleet = FleetDir.target(out)
     kept = fleet.run_records()
     known = {r["run_key"]: (r["run_id"], r["path"]) for r in kept}
     again = 0
@@ -70,6 +70,9 @@ def build(paths: Sequence[str], out: Path) -> int:
     for run in new:
         for line in run.warnings:
             warn(line)
+    if not new and not kept:
+        raise UsageError("no run could be read: nothing to build")   # and nothing written
+    fleet.make()
     build_number = fleet.next_build()
     rows = fleet.append(new, build_number, kept) if new else 0
     records = fleet.run_records()
@@ -85,8 +88,6 @@ def build(paths: Sequence[str], out: Path) -> int:
         print(f"  {group}: {len(nodes)} node(s)")
     if len(groups) > 1:
         print("fleet qualify compares nodes within their group only (kind, ranks, GPUs, fabric), never across groups")
-    if not records:
-        raise UsageError("no run could be read: the fleet is empty")
     return 0
 
 

@@ -25,6 +25,7 @@ from typing import Any, Iterable, Sequence
 from commbench.analysis import provenance
 from commbench.analysis.curves import Curve, build_curves
 from commbench.errors import UsageError
+from commbench.files import check_dir_target
 from commbench.fleet.deps import need
 from commbench.fleet.sources import Loaded
 from commbench.results import Measurement, Run
@@ -138,22 +139,28 @@ class FleetDir:
     # ---------------------------------------------------------------- writing
 
     @classmethod
-    def create(cls, path: str | Path) -> "FleetDir":
-        """The fleet at `path`, made when absent; a folder that holds something else is refused."""
+    def target(cls, path: str | Path) -> "FleetDir":
+        """The fleet at `path` to build into: an existing fleet, or a folder that is absent or
+        empty (made by make(), once there is something to write); anything else is refused."""
         folder = Path(path)
         if folder.exists() and not folder.is_dir():
             raise UsageError(f"--out {folder}: not a folder")
         if folder.is_dir() and not is_fleet(folder) and any(folder.iterdir()):
             raise UsageError(f"--out {folder}: a folder that is not a fleet and not empty; name a new folder")
+        check_dir_target(folder, f"--out {folder}")
         fleet = cls(folder)
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-            if not is_fleet(folder):
-                (folder / MARKER).write_text(json.dumps({"format": FORMAT, "version": VERSION}) + "\n", encoding="utf-8")
-        except OSError as exc:
-            raise UsageError(f"--out {folder}: cannot write there ({exc.strerror})") from None
-        fleet.check()
+        if is_fleet(folder):
+            fleet.check()
         return fleet
+
+    def make(self) -> None:
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            if not is_fleet(self.path):
+                (self.path / MARKER).write_text(json.dumps({"format": FORMAT, "version": VERSION}) + "\n",
+                                                encoding="utf-8")
+        except OSError as exc:
+            raise UsageError(f"--out {self.path}: cannot write there ({exc.strerror})") from None
 
     def check(self) -> None:
         try:
