@@ -239,6 +239,18 @@ def test_inspector_jsonl_joins_the_fleet_as_runs(capsys: pytest.CaptureFixture[s
     assert by_size[8192].extra["source"] == "NCCL Inspector v4.0"
 
 
+def test_imported_nccl_tests_runs_join_the_fleet(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert cli(["import-nccl-tests", str(DATA / "nccl-tests" / "h200-8gpu-mpi-graph.json"),
+                "--out", str(tmp_path / "imported")]) == 0
+    capsys.readouterr()
+    code, out, _ = build(capsys, str(tmp_path / "imported"), str(CPU_RUN), "--out", str(tmp_path / "fleet"))
+    assert code == 0 and "added 2 run(s)" in out and "imported, 8 ranks" in out
+    runs = {r.source: r for r in FleetDir(tmp_path / "fleet").runs()[0]}
+    imported = runs["nccl-tests"]
+    assert imported.group.startswith("imported, 8 ranks") and imported.run.rows
+    assert all(row.extra.get("source", "").startswith("nccl-tests") for row in imported.run.rows)
+
+
 def test_table_compare_and_report_read_a_fleet(capsys: pytest.CaptureFixture[str], fleet_of_six: tuple[Path, Path]) -> None:
     root, fleet = fleet_of_six
     build(capsys, str(root), "--out", str(fleet))
