@@ -260,7 +260,8 @@ class FleetDir:
     def runs(self, keys: Iterable[str] | None = None) -> tuple[list[FleetRun], list[str]]:
         """The fleet's runs (those of `keys`, else all), rows included, and one line per thing that
         was not read (a run.json or a row the files no longer hold whole)."""
-        records = [r for r in self.run_records() if keys is None or r["run_key"] in set(keys)]
+        chosen = None if keys is None else set(keys)
+        records = [r for r in self.run_records() if chosen is None or r["run_key"] in chosen]
         if not records:
             return [], []
         con = self.connect()
