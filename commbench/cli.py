@@ -45,6 +45,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "import-nccl-tests": ("commbench.analysis.nccl_tests_import",
                           "read nccl-tests all_reduce_perf output (stdout table or -J JSON) into a commbench "
                           "results dir"),
+    "fleet": ("commbench.fleet.command",
+              "many runs as one dataset (Parquet): build it, qualify every node with reasons and outliers, query it"),
     "attribute": ("commbench.analysis.attribute",
                   "what a serving trace spends on allreduce, per step and per library, against this box's floor"),
 }

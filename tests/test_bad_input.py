@@ -212,6 +212,10 @@ BAD_INPUT = [
     (["compare", *ONE_RUN, "{runs}/cpu-gloo-4rank-b", "--out", "{in}/a-file"], "exists and is not a directory"),
     (["compare", *ONE_RUN, "/no/such/run"], "no such results directory"),
     # ---- table
+    (["fleet", "qualify", "{in}"], "{in}: not a fleet (no fleet.json)"),
+    (["fleet", "qualify", "{in}", "--min-nodes", "2"], "--min-nodes must be at least 3"),
+    (["fleet", "build", *ONE_RUN, "--out", "{in}"], "--out {in}: a folder that is not a fleet and not empty"),
+    (["fleet", "query", "{in}", "select 1"], "{in}: not a fleet (no fleet.json)"),
     (["table", "/no/such/run"], "no such results directory"),
     (["engines", "--check", "/no/such/site"], "--check: /no/such/site does not exist"),
     (["engines", "--tp", "0"], "--tp must be a positive number of ranks"),

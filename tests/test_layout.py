@@ -45,7 +45,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
               "commbench.launch_env", "commbench.waits", "commbench.ops")),
     ("results", ("commbench.results", "commbench.results.*", "commbench.inflight", "commbench.runs")),
     ("facts", ("commbench.engines", "commbench.engines.*", "commbench.topology", "commbench.topology.*")),
-    ("analysis", ("commbench.analysis", "commbench.analysis.*")),
+    ("analysis", ("commbench.analysis", "commbench.analysis.*", "commbench.fleet", "commbench.fleet.*")),
     ("runtime", ("commbench.runtime", "commbench.runtime.*")),
     ("backends", ("commbench.backends", "commbench.backends.*")),
     ("probe", ("commbench.topology.snapshot", "commbench.topology.verdicts", "commbench.topology.software",

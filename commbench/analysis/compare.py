@@ -28,7 +28,7 @@ from commbench.analysis.curves import Curve, CurveKey, build_curves, counterpart
 from commbench.files import check_file_target, output_folder, write_json
 from commbench.errors import UsageError
 from commbench.results import Measurement, Run
-from commbench.runs import load_run
+from commbench.fleet.inputs import load_one
 from commbench.analysis.nccl_loaded import nccl_version_lines
 from commbench.analysis.render import fmt_pct, fmt_us
 from commbench.units import format_bytes
@@ -116,8 +116,8 @@ def _name(run: Run) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run_a", help="the earlier / reference results dir (A)")
-    parser.add_argument("run_b", help="the results dir to compare with it (B)")
+    parser.add_argument("run_a", help="the earlier / reference results dir (A), or a fleet's run as FLEET#NODE")
+    parser.add_argument("run_b", help="the results dir to compare with it (B), or FLEET#NODE")
     parser.add_argument("--out", type=Path, help="where to write the plot (default: a new folder compare-A-vs-B in "
                                                  "the current directory; never a run dir)")
     parser.add_argument("--json", metavar="FILE", help="also write the changes as JSON ('-' for stdout)")
@@ -134,7 +134,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     check_file_target(args.json, "--json")
-    run_a, run_b = load_run(args.run_a), load_run(args.run_b)
+    run_a, run_b = load_one(args.run_a), load_one(args.run_b)
     origin_a, origin_b = provenance.of(run_a), provenance.of(run_b)
     differ = provenance.differences(origin_a, origin_b)
     if differ and not args.different_machines:

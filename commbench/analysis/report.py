@@ -23,7 +23,7 @@ from commbench.files import output_folder
 from commbench.ops import ALLREDUCE
 from commbench.results import CRASHED, HANG, OK, WRONG, Measurement, Run, RunDir, RunInfo, describe_setting, write_whole
 from commbench.results.validate import file_stem
-from commbench.runs import load_run
+from commbench.fleet.inputs import is_whole_fleet, load_one
 from commbench.analysis.render import fmt_num, fmt_us
 from commbench.units import format_bytes
 
@@ -383,7 +383,8 @@ def write_html(run: Run, facts: RowFacts, sections: list[Section], fused: list[l
 # ---------------------------------------------------------------- command
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run_dir", help="results dir written by commbench sweep")
+    parser.add_argument("run_dir", help="results dir written by commbench sweep; a fleet: its fleet.html page "
+                        "(FLEET#NODE: that run's report)")
     parser.add_argument("--out", type=Path, help="where to write report.html and plots/ (default: a new folder "
                                                  "RUN-report in the current directory; never the run dir)")
     parser.add_argument("--baseline", help="backend speedups are measured against (default: nccl, else gloo)")
@@ -392,7 +393,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
-    run = load_run(args.run_dir)
+    if is_whole_fleet(args.run_dir):
+        from commbench.fleet import page
+
+        return page.main(args)
+    run = load_one(args.run_dir)
     if not run.rows:
         raise UsageError(f"{run.path}: no measurements yet (measurements.jsonl is empty or missing)")
     out = output_folder(args.out, f"{run.path.resolve().name}-report", [run.path])

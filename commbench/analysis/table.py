@@ -25,7 +25,7 @@ from commbench.files import STDOUT, check_file_target
 from commbench.ops import ALLREDUCE
 from commbench.results import OK, Measurement, Run
 from commbench.results.text import clean_text
-from commbench.runs import load_run
+from commbench.fleet.inputs import load_runs
 from commbench.units import format_bytes
 
 
@@ -207,7 +207,8 @@ class _Rows:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run_dirs", nargs="+", metavar="RUN", help="results dirs written by commbench sweep")
+    parser.add_argument("run_dirs", nargs="+", metavar="RUN",
+                        help="results dirs written by commbench sweep, or a fleet (all its runs; FLEET#NODE: one)")
     parser.add_argument("--out", help="markdown file to write (default: stdout)")
 
 
@@ -215,7 +216,7 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     check_file_target(args.out, "--out")
     if len(set(args.run_dirs)) != len(args.run_dirs):
         raise UsageError("a run dir is listed twice")
-    runs = [load_run(path) for path in args.run_dirs]
+    runs = [run for path in args.run_dirs for run in load_runs(path)]
     empty = [str(run.path) for run in runs if not run.rows]
     if empty:
         raise UsageError(f"{empty[0]}: no measurements yet (measurements.jsonl is empty or missing)")

@@ -13,7 +13,9 @@ allreduce (rank 0 too: the rank that writes the rows), rank 0 hanging while it h
 raise_rank1, segv_rank0/1 and hang_gil_rank0 fail, seconds slow_setup sleeps, the period of
 wrong_every. The ``returns*`` variants hand back a tensor of their own, as an engine's kernel
 does: exact (a fresh tensor per call), one buffer reused by every call, and a tensor one element
-short.
+short. `slow` sleeps the
+microseconds after @ before every call's correct allreduce (a node of a fleet made slower by a
+known amount; slow@0 is exact).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from commbench.errors import UsageError
 
 VARIANTS = ("exact", "noop", "one_wrong", "stale", "back_to_back", "wrong_every", "hang_rank1", "setup_fails_rank1",
             "slow_setup", "nodelocal", "solo", "raise_rank1", "raise_setup_rank1", "segv_rank0", "segv_rank1",
-            "segv_setup_rank1", "hang_gil_rank0", "returns", "returns_reused", "returns_short")
+            "segv_setup_rank1", "hang_gil_rank0", "returns", "returns_reused", "returns_short", "slow")
 
 
 def segfault() -> None:
@@ -97,6 +99,8 @@ class FaultyBackend(Backend):
             segfault()
         if self.fault == "hang_gil_rank0" and self.rank == 0 and faulty:
             hang_holding_the_gil()
+        if self.fault == "slow" and self.number:
+            time.sleep(self.number / 1e6)
         if self.fault == "back_to_back" and self._previous is not None:
             # The next call reuses what the last one handed back before anyone read it.
             self._previous.zero_()
