@@ -338,3 +338,14 @@ def test_a_missing_engine_site_is_one_line_and_exit_2(capsys):
     assert cli(["recommend", str(PCIE_RUN), "--model", "glm-5", "--engine-site", str(SRC / "absent")]) == 2
     err = capsys.readouterr().err
     assert "--engine-site" in err and "does not exist" in err and len(err.strip().splitlines()) == 1
+
+
+def test_sglang_pcie_ipc_is_priced_by_flashinfer_rows_where_measured(capsys):
+    """The 8-rank emulated PCIe run measured flashinfer:pcie_ipc (recorded before SGLang's path was
+    known: its settings are upgraded); for GLM-5 the line also turns SGLang's FlashInfer routing off."""
+    run = ROOT / "results/reference/h200-mps-emulated/world8/pcie/20261202-005850-vm"
+    assert cli(["recommend", str(run), "--model", "glm-5", "--engine", "sglang", "--concurrency", "1", "--wide"]) == 0
+    out = capsys.readouterr().out
+    assert "= FlashInfer PCIe IPC allreduce: priced by flashinfer:pcie_ipc (graph)" in out
+    (line,) = [x.strip() for x in out.splitlines() if x.strip().startswith("SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1 ")]
+    assert line.endswith("--enforce-disable-flashinfer-allreduce-fusion")
