@@ -9,13 +9,13 @@ record theirs), else its backend family, and which engine path, if any, runs it.
 
 from __future__ import annotations
 
-import textwrap
 from dataclasses import dataclass
 
 from commbench import engines
 from commbench.analysis.curves import Curve, ranking
 from commbench.analysis.decide import EngineDecision, recorded_settings
 from commbench.analysis.models import Model
+from commbench.analysis import render
 from commbench.analysis.render import fmt_us
 from commbench.ops import ALLREDUCE
 from commbench.results import OK, Run
@@ -23,7 +23,6 @@ from commbench.results.validate import clean_text
 from commbench.units import format_bytes
 
 IMPLEMENTATION_CHARS = 80
-WIDTH = 110
 
 
 @dataclass(frozen=True)
@@ -68,7 +67,7 @@ def fastest_at(run: Run, curves: list[Curve], message_bytes: int) -> tuple[Faste
 
 
 def fastest_lines(run: Run, curves: list[Curve], model: Model, concurrencies: list[int],
-                  decisions: list[EngineDecision], tag: str) -> list[str]:
+                  decisions: list[EngineDecision], tag: str, wide: bool = False) -> list[str]:
     """Per concurrency: the fastest kernel measured at its decode size and whose it is, with each
     requested engine's best path there (its own kernel, never a stand-in) as a multiple of it."""
     lines = []
@@ -81,11 +80,11 @@ def fastest_lines(run: Run, curves: list[Curve], model: Model, concurrencies: li
         prices = [d.sizes[i].best_price for d in decisions]
         against = "; ".join(f"{p.curve} {fmt_us(p.latency_us)} = {p.latency_us / top.latency_us:.2f}x"
                             for p in prices if p is not None and not p.stand_in)
-        lines.append(textwrap.fill(
+        lines.append(render.prose(
             f"at concurrency {concurrency} ({format_bytes(message_bytes)}): {top.curve} {fmt_us(top.latency_us)} us"
             f"{' (interpolated)' if top.interpolated else ''}: {top.whose}"
-            + (f"; best engine path {against}" if against else ""), WIDTH, initial_indent="  ", subsequent_indent="   "))   # 4 spaces start paste lines
+            + (f"; best engine path {against}" if against else ""), wide, indent="  "))
     if not lines:
         return []
-    return [f"\nfastest kernel measured at each size, any backend ({tag}): what headroom is measured against",
-            *lines]
+    return ["\n" + render.prose(f"fastest kernel measured at each size, any backend ({tag}): what headroom is "
+                                "measured against", wide), *lines]
