@@ -267,11 +267,12 @@ def _snapshot_cases() -> list[Case]:
                     return ["probe", "--from", str(root / "snap.json")]
                 return ["qualify", str(copy_run(root)), "--spec", str(SPEC), "--snapshot", str(root / "snap.json")]
             return build
+        klass = "silent" if "participant" in name else "traceback"   # taken as given, or a traceback
         for command in ("recommend", "floor"):
-            out.append(Case("traceback", f"{command}: run.json's snapshot with {name}", in_run(command),
+            out.append(Case(klass, f"{command}: run.json's snapshot with {name}", in_run(command),
                             one_line(2, "run.json", "snapshot", field)))
         for command in ("probe", "qualify"):
-            out.append(Case("traceback", f"{command}: a snapshot file with {name}", as_file(command),
+            out.append(Case(klass, f"{command}: a snapshot file with {name}", as_file(command),
                             one_line(2, "snap.json", field)))
 
     def settings_text(root: Path) -> list[str]:
