@@ -7,15 +7,20 @@ Generates, in a scratch dir:
 - an nccl-tests -J JSON file of about --json-mb MB (the committed 8-GPU run's JSON, its results
   repeated as the cycles of a long -N run), imported the same way;
 - a measurements.jsonl of about --rows-mb MB (rows of the committed synthetic 8-GPU run, many
-  sizes and backends, as a long resumed sweep would write them), read by the analysis commands.
+  sizes and backends, as a long resumed sweep would write them), read by the analysis commands;
+- a kineto trace of about --trace-mb MB (decode steps of GEMMs and an NCCL allreduce, each kernel
+  with its launch call), a merged trace of --devices devices without rank info, and a gzip of
+  --blank-gb GB of white space (the bomb), each read by `attribute` (issue 43).
 
 Each command runs as its own process; its wall time and peak RSS (ru_maxrss of the child) are
-printed as a markdown table. Usage: python scripts/bench-large-inputs.py [--log-mb 100] [--json-mb 20] [--rows-mb 200]
+printed as a markdown table. Usage: python scripts/bench-large-inputs.py [--log-mb 100] [--json-mb 20]
+[--rows-mb 200] [--trace-mb 300] [--devices 6000] [--blank-gb 2] [--only traces]
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import shutil
@@ -79,6 +84,46 @@ def big_rows(run: Path, megabytes: int) -> int:
     return count
 
 
+_KERNEL = ('{{"ph": "X", "cat": "kernel", "name": "{name}", "pid": {device}, "tid": 7, "ts": {ts:.3f}, "dur": {dur}, '
+           '"args": {{"correlation": {corr}, "stream": 7, "device": {device}, "grid": [132, 1, 1]}}}}')
+_LAUNCH = ('{{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 4000, "tid": 4000, "ts": {ts:.3f}, '
+           '"dur": 3, "args": {{"correlation": {corr}}}}}')
+_NAMES = ("ampere_bf16_s16816gemm_bf16_128x128_ldg8_f2f_stages_64x3_tn", "flash_fwd_splitkv_kernel",
+          "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)")
+
+
+def big_trace(target: Path, megabytes: int, devices: int = 1) -> int:
+    """A kineto trace of decode steps (two GEMMs, attention, an NCCL allreduce per layer), each
+    kernel with its launch; `devices` > 1: a merged trace without rank info, kernels spread over
+    that many devices."""
+    count, written, ts = 0, 0, 1_000_000.0
+    with open(target, "w") as handle:
+        head = '{"schemaVersion": 1, "deviceProperties": [{"name": "NVIDIA H200"}], "traceEvents": ['
+        handle.write(head)
+        while written < megabytes * 1_000_000:
+            name = _NAMES[count % 3]
+            events = (_KERNEL.format(name=name, device=count % devices, ts=ts, dur=20, corr=count),
+                      _LAUNCH.format(ts=ts - 5, corr=count))
+            text = ("" if count == 0 else ", ") + ", ".join(events)
+            handle.write(text)
+            written += len(text)
+            ts += 21 if count % 12 else 400   # a step every 12 kernels: the gap rule finds them
+            count += 1
+        handle.write("]}")
+    return count
+
+
+def blank_bomb(target: Path, gigabytes: int) -> int:
+    """A gzip of `gigabytes` GB of white space inside a trace's event list; its size in bytes."""
+    block = b" " * (1 << 24)
+    with gzip.open(target, "wb", compresslevel=1) as handle:
+        handle.write(b'{"traceEvents": [')
+        for _ in range(gigabytes * (1 << 30) // len(block)):
+            handle.write(block)
+        handle.write(b"]}")
+    return target.stat().st_size
+
+
 def measure(argv: list[str], cwd: Path) -> tuple[float, float, int]:
     """(wall seconds, peak RSS MiB, exit status) of `python -m commbench argv` (wait4: this child's own)."""
     start = time.monotonic()
@@ -98,32 +143,53 @@ def main() -> int:
     parser.add_argument("--log-mb", type=int, default=100)
     parser.add_argument("--json-mb", type=int, default=20)
     parser.add_argument("--rows-mb", type=int, default=200)
+    parser.add_argument("--trace-mb", type=int, default=300)
+    parser.add_argument("--devices", type=int, default=6000)
+    parser.add_argument("--blank-gb", type=int, default=2)
+    parser.add_argument("--only", choices=("traces",), help="only the trace inputs")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         scratch = Path(tmp)
-        log_rows = big_log(scratch / "big.txt", args.log_mb)
-        json_rows = big_json(scratch / "big.json", args.json_mb)
-        row_count = big_rows(scratch / "run", args.rows_mb)
-        log_mb = (scratch / "big.txt").stat().st_size / 1e6
-        rows_mb = (scratch / "run" / "measurements.jsonl").stat().st_size / 1e6
-        json_mb = (scratch / "big.json").stat().st_size / 1e6
-        print(f"inputs: nccl-tests log {log_mb:.0f} MB ({log_rows} table rows); -J JSON {json_mb:.0f} MB ({json_rows} "
-              f"results); measurements.jsonl {rows_mb:.0f} MB ({row_count} rows)\n")
         print("| command | wall s | peak RSS MiB | exit |")
         print("| --- | ---: | ---: | ---: |")
-        run = str(scratch / "run")
-        for argv in (["--help"],
-                     ["import-nccl-tests", str(scratch / "big.txt"), "--average", "3", "--out", str(scratch / "imp")],
-                     ["import-nccl-tests", str(scratch / "big.json"), "--out", str(scratch / "imp-json")],
-                     ["table", run, "--out", str(scratch / "t.md")],
-                     ["floor", run, "--model", "glm-5"],
-                     ["qualify", run, "--spec", str(ROOT / "commbench" / "specs" / "pcie-8x.toml")],
-                     ["recommend", run, "--model", "glm-5"],
-                     ["report", run, "--out", str(scratch / "report")]):
+        commands = [] if args.only else _run_inputs(scratch, args)
+        commands += _trace_inputs(scratch, args)
+        for argv in [["--help"], *commands]:
             wall, peak, code = measure(argv, scratch)
             label = " ".join(a if not a.startswith(str(scratch)) else Path(a).name for a in argv[:2])
             print(f"| `{label}` | {wall:.1f} | {peak:.0f} | {code} |", flush=True)
     return 0
+
+
+def _run_inputs(scratch: Path, args: argparse.Namespace) -> list[list[str]]:
+    log_rows = big_log(scratch / "big.txt", args.log_mb)
+    json_rows = big_json(scratch / "big.json", args.json_mb)
+    row_count = big_rows(scratch / "run", args.rows_mb)
+    log_mb = (scratch / "big.txt").stat().st_size / 1e6
+    rows_mb = (scratch / "run" / "measurements.jsonl").stat().st_size / 1e6
+    json_mb = (scratch / "big.json").stat().st_size / 1e6
+    print(f"# inputs: nccl-tests log {log_mb:.0f} MB ({log_rows} table rows); -J JSON {json_mb:.0f} MB ({json_rows} "
+          f"results); measurements.jsonl {rows_mb:.0f} MB ({row_count} rows)")
+    run = str(scratch / "run")
+    return [["import-nccl-tests", str(scratch / "big.txt"), "--average", "3", "--out", str(scratch / "imp")],
+            ["import-nccl-tests", str(scratch / "big.json"), "--out", str(scratch / "imp-json")],
+            ["table", run, "--out", str(scratch / "t.md")],
+            ["floor", run, "--model", "glm-5"],
+            ["qualify", run, "--spec", str(ROOT / "commbench" / "specs" / "pcie-8x.toml")],
+            ["recommend", run, "--model", "glm-5"],
+            ["report", run, "--out", str(scratch / "report")],
+            ["compare", run, run, "--out", str(scratch / "compare")]]
+
+
+def _trace_inputs(scratch: Path, args: argparse.Namespace) -> list[list[str]]:
+    kernels = big_trace(scratch / "trace.json", args.trace_mb)
+    merged = big_trace(scratch / "merged.json", max(1, args.trace_mb // 10), args.devices)
+    bomb_bytes = blank_bomb(scratch / "bomb.json.gz", args.blank_gb)
+    print(f"# inputs: kineto trace {(scratch / 'trace.json').stat().st_size / 1e6:.0f} MB ({kernels} kernels, "
+          f"as many launches); merged trace {(scratch / 'merged.json').stat().st_size / 1e6:.0f} MB ({merged} "
+          f"kernels on {args.devices} devices); gzip of {args.blank_gb} GB of white space, {bomb_bytes / 1e6:.1f} MB")
+    return [["attribute", str(scratch / "trace.json")], ["attribute", str(scratch / "merged.json")],
+            ["attribute", str(scratch / "bomb.json.gz")]]
 
 
 if __name__ == "__main__":

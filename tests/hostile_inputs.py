@@ -219,5 +219,129 @@ def _resource_cases() -> list[Case]:
     return out
 
 
+# ---------------------------------------------------------------- probe snapshots
+
+def _snapshot(root: Path) -> dict[str, Any]:
+    return json.loads((TESTS / "fixtures" / "snapshots" / "pcie-8x-dual-socket.json").read_text())
+
+
+def _bad_snapshots() -> list[tuple[str, Callable[[dict[str, Any]], None], str]]:
+    """(name, the edit, the field the refusal names)"""
+    def gpus_numbers(s: dict[str, Any]) -> None:
+        s["gpus"] = [0, 1]
+
+    def p2p_numbers(s: dict[str, Any]) -> None:
+        s["p2p"] = [1, 2, 3]
+
+    def software_text(s: dict[str, Any]) -> None:
+        s["software"] = "torch 2.13"
+
+    def attributes_text(s: dict[str, Any]) -> None:
+        s["gpus"][0]["attributes"] = "multicast"
+
+    def ghost_gpu(s: dict[str, Any]) -> None:
+        s["participants"][0]["gpu"] = 99
+
+    return [("GPUs as numbers", gpus_numbers, "gpus[0]"), ("P2P entries as numbers", p2p_numbers, "p2p[0]"),
+            ("software as text", software_text, "software"), ("an attribute table as text", attributes_text,
+                                                            "gpus[0].attributes"),
+            ("a participant on a GPU it does not list", ghost_gpu, "participants[0].gpu")]
+
+
+def _snapshot_cases() -> list[Case]:
+    out = []
+    for name, edit, field in _bad_snapshots():
+        def in_run(command: str, e: Callable[[dict[str, Any]], None] = edit) -> Callable[[Path], list[str]]:
+            def build(root: Path) -> list[str]:
+                snapshot = _snapshot(root)
+                e(snapshot)
+                return analysis(command, with_info(root, snapshot=snapshot), root)
+            return build
+
+        def as_file(command: str, e: Callable[[dict[str, Any]], None] = edit) -> Callable[[Path], list[str]]:
+            def build(root: Path) -> list[str]:
+                snapshot = _snapshot(root)
+                e(snapshot)
+                (root / "snap.json").write_text(json.dumps(snapshot))
+                if command == "probe":
+                    return ["probe", "--from", str(root / "snap.json")]
+                return ["qualify", str(copy_run(root)), "--spec", str(SPEC), "--snapshot", str(root / "snap.json")]
+            return build
+        klass = "silent" if "participant" in name else "traceback"   # taken as given, or a traceback
+        for command in ("recommend", "floor"):
+            out.append(Case(klass, f"{command}: run.json's snapshot with {name}", in_run(command),
+                            one_line(2, "run.json", "snapshot", field)))
+        for command in ("probe", "qualify"):
+            out.append(Case(klass, f"{command}: a snapshot file with {name}", as_file(command),
+                            one_line(2, "snap.json", field)))
+
+    def settings_text(root: Path) -> list[str]:
+        run = copy_run(root)
+        info = json.loads((run / "run.json").read_text())
+        facts = info.setdefault("backend_facts", {"nccl": {"family": "nccl"}})
+        for entry in facts.values():
+            entry["engine_settings"] = {"variant": "nccl", "vllm_env": ["VLLM_X=1"]}
+        (run / "run.json").write_text(json.dumps(info))
+        return ["recommend", str(run), "--model", "glm-5"]
+    out.append(Case("traceback", "recommend: a backend's engine settings of the wrong type", settings_text,
+                    one_line(2, "run.json", "backend_facts")))
+    return out
+
+
+# ---------------------------------------------------------------- imports and renderers
+
+def _log_with(root: Path, change: Callable[[list[str]], list[str]]) -> list[str]:
+    """import-nccl-tests of the committed 8-GPU log with its first result row's fields changed."""
+    lines = NCCL_LOG.read_text().splitlines(keepends=True)
+    for i, line in enumerate(lines):
+        fields = line.split()
+        if fields and fields[0].isdigit() and len(fields) > 8:
+            lines[i] = "  ".join(change(fields)) + "\n"
+            break
+    (root / "log.txt").write_text("".join(lines))
+    return ["import-nccl-tests", str(root / "log.txt"), "--average", "3", "--out", str(root / "imp")]
+
+
+def _import_cases() -> list[Case]:
+    refused = [("a size of 10^30 bytes", lambda f: [str(10 ** 30), *f[1:]], "size"),
+               ("a type that is no plain name", lambda f: [*f[:2], "flo/at", *f[3:]], "type"),
+               ("a count that does not fit its size", lambda f: [f[0], str(int(f[1]) + 1), *f[2:]], "count")]
+    out = [Case("silent", f"import-nccl-tests: {name}", lambda root, c=change: _log_with(root, c),
+                one_line(2, "log.txt", field)) for name, change, field in refused]
+
+    def dropped_line(result: Result, root: Path) -> None:
+        no_traceback(result)
+        assert result.code == 0, (result.code, result.err[-1000:])
+        assert "dropped 1 line(s)" in result.err and "line " in result.err, result.err[-1000:]
+    out.append(Case("silent", "import-nccl-tests: a negative size",
+                    lambda root: _log_with(root, lambda f: ["-" + f[0], *f[1:]]), dropped_line))
+
+    out.append(Case("traceback", "report: run.json started in the year 3e12",
+                    lambda root: analysis("report", with_info(root, started=1e20), root),
+                    one_line(2, "run.json", "started")))
+
+    def host_markup(result: Result, root: Path) -> None:
+        no_traceback(result)
+        first_line = result.out.splitlines()[0]
+        assert "<b>" not in first_line and "|x" not in first_line.replace("\\|", ""), first_line
+        assert "rm -rf" not in result.out.splitlines()[1], result.out[:300]
+    out.append(Case("security", "table: markdown, a pipe and a newline in the run's host",
+                    lambda root: ["table", str(with_info(root, host="evil|x <b>bold</b>\nrm -rf ~"))], host_markup))
+
+    def env_newline(root: Path) -> list[str]:
+        run = copy_run(root)
+        rows = rows_of(run)
+        for row in rows:
+            row["env_setting"] = {"NCCL_MAX_CTAS": "8\nrm -rf ~"}
+        write_rows(run, rows)
+        return ["recommend", str(run), "--model", "glm-5"]
+
+    def no_shell_line(result: Result, root: Path) -> None:
+        no_traceback(result)
+        assert not any(line.lstrip().startswith("rm -rf") for line in result.out.splitlines()), result.out[-1500:]
+    out.append(Case("security", "recommend: a newline in a row's env setting", env_newline, no_shell_line))
+    return out
+
+
 def cases() -> list[Case]:
-    return _trace_cases() + _resource_cases()
+    return _trace_cases() + _resource_cases() + _snapshot_cases() + _import_cases()

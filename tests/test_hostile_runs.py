@@ -1,6 +1,6 @@
-"""Run directories, logs and specs from someone else (issue 31): every case of tests/hostile.py
-holds, and the pieces behind them (the lock, an import cut short, the driver's Ctrl-C, the
-boundary's text cleaning) do what they say."""
+"""Run directories, logs, specs, traces and snapshots from someone else (issues 31 and 43): every
+case of tests/hostile.py and tests/hostile_inputs.py holds, and the pieces behind them (the lock,
+an import cut short, the driver's Ctrl-C, the boundary's text cleaning) do what they say."""
 
 from __future__ import annotations
 

@@ -384,3 +384,52 @@ def test_a_large_json_file_is_imported_without_holding_it(tmp_path: Path) -> Non
         tracemalloc.stop()
     assert isinstance(out.results, StreamedResults) and len(out.results) == 17 * 120 and cycles == 119
     assert out.complete and peak < 4_000_000, peak   # parsed whole: ~10 MB
+
+
+# ---------------------------------------------------------------- traces (issue 43)
+
+class _CountedList(list):
+    """A list that counts the passes over it."""
+
+    passes = 0
+
+    def __iter__(self):
+        _CountedList.passes += 1
+        return super().__iter__()
+
+
+def test_a_merged_trace_is_split_by_device_in_one_pass(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A merged trace without rank info: one rank per device, found in one pass over the kernels
+    (a pass per device took 146 s at 6,000 devices)."""
+    from commbench.analysis import trace_read
+
+    events = [{"ph": "X", "cat": "kernel", "name": "k", "pid": device, "tid": 7, "ts": 10.0 * device, "dur": 1.0,
+               "args": {"stream": 7, "correlation": device}} for device in range(300)]
+    path = tmp_path / "merged.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    real = trace_read._split_by_device
+
+    def counted(trace, devices):
+        trace.kernels = _CountedList(trace.kernels)
+        _CountedList.passes = 0
+        return real(trace, devices)
+
+    monkeypatch.setattr(trace_read, "_split_by_device", counted)
+    ranks = trace_read.read_trace(path)
+    assert [(t.rank, len(t.kernels), t.kernels[0].device) for t in ranks] == [(d, 1, d) for d in range(300)]
+    assert _CountedList.passes == 1
+
+
+def test_white_space_is_skipped_in_bulk_and_a_long_run_refused(tmp_path: Path) -> None:
+    """The scanner skips blanks a buffer at a time (2 GB of them took 135 s one character at a
+    time) and refuses a run longer than any trace holds; blanks between events are read."""
+    from commbench.analysis import trace_read
+
+    path = tmp_path / "blanks.json"
+    event = json.dumps({"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 1.0, "dur": 1.0})
+    path.write_text('{"traceEvents": [' + " " * 3_000_000 + event + "\n" * 100 + "]}")
+    (trace,) = trace_read.read_trace(path)
+    assert len(trace.kernels) == 1
+    path.write_text('{"traceEvents": [' + " " * (trace_read.MAX_BLANK_CHARS + 2) + "]}")
+    with pytest.raises(UsageError, match="white space in a row"):
+        trace_read.read_trace(path)

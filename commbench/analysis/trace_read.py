@@ -353,7 +353,11 @@ class _ChromeCollector:
         cat = ev.get("cat")
         if cat not in GPU_BUSY_CATS and cat not in _HOST_CATS:
             return
-        name = self._name(ev.get("name"))
+        raw = ev.get("name")
+        wanted = _WANTED_NAME.get(cat)   # host events of these categories are kept by name only
+        if wanted is not None and isinstance(raw, str) and not wanted.search(raw):
+            return
+        name = self._name(raw)
         ts, dur = _time_us(ev.get("ts"), "ts"), _time_us(ev.get("dur"), "dur", low=0.0)
         args = ev.get("args") if isinstance(ev.get("args"), dict) else {}
         tid = self._shared(_whole(ev.get("tid"), "tid", text_is_none=True))
@@ -364,23 +368,26 @@ class _ChromeCollector:
                 name, ts, dur, pid, tid if stream is None else self._shared(stream),
                 _whole(args.get("correlation"), "correlation"), _whole(args.get("graph id"), "graph id"),
                 cat == "kernel"))
-        elif cat in ("cuda_runtime", "cuda_driver") and LAUNCH_NAME.search(name):
+        elif cat in ("cuda_runtime", "cuda_driver"):
             corr = _whole(args.get("correlation"), "correlation")
             if corr is not None:
                 self.trace.launches[corr] = HostSpan(name, ts, dur, tid, corr)
-        elif cat == "cpu_op" and COLLECTIVE_OP.search(name):
+        elif cat == "cpu_op":
             self.trace.collective_ops.append(HostSpan(name, ts, dur, tid, message_bytes=collective_bytes(args)))
         elif cat == "user_annotation":
-            # ProcessGroup's own "nccl:all_reduce" range carries the shapes too
-            size = collective_bytes(args) if COLLECTIVE_OP.search(name) else None
+            # ProcessGroup's own "nccl:all_reduce" range carries the shapes too (checked before
+            # anything of the event is kept)
+            collective = HostSpan(name, ts, dur, tid, message_bytes=collective_bytes(args)) \
+                if COLLECTIVE_OP.search(name) else None
             self.trace.annotations.append(HostSpan(name, ts, dur, tid))
-            if COLLECTIVE_OP.search(name):
-                self.trace.collective_ops.append(HostSpan(name, ts, dur, tid, message_bytes=size))
+            if collective is not None:
+                self.trace.collective_ops.append(collective)
         elif cat == "gpu_user_annotation":
             self.trace.gpu_annotations.append(HostSpan(name, ts, dur, pid))
 
 
 _HOST_CATS = ("cuda_runtime", "cuda_driver", "cpu_op", "user_annotation", "gpu_user_annotation")
+_WANTED_NAME = {"cuda_runtime": LAUNCH_NAME, "cuda_driver": LAUNCH_NAME, "cpu_op": COLLECTIVE_OP}
 
 
 def _text_stream(raw: IO[bytes]) -> IO[str]:

@@ -205,9 +205,15 @@ def parse_row(line: bytes) -> tuple[Measurement | None, str | None]:
     problem = row_problem(data)
     if problem:
         return None, clean_text(problem)
-    # A control character in a string is either raw (C1, bidi) or a \u escape in the line.
-    dirty = b"\\u" in line or needs_cleaning(line.decode("utf-8", errors="replace"))
-    row = Measurement.from_dict(clean(data) if dirty else data)
+    # A control character in a string is either raw (C1, bidi) or an escape in the line: \u001b,
+    # or one of JSON's short ones (\n, \r, \b, \f, \t).
+    dirty = b"\\" in line or needs_cleaning(line.decode("utf-8", errors="replace"))
+    if dirty:
+        data = clean(data)
+        for name in _ONE_LINE_TABLES:   # names and values of variables: one line each, never a newline
+            if isinstance(data.get(name), dict):
+                data[name] = {clean_text(k): clean_text(v) for k, v in data[name].items()}
+    row = Measurement.from_dict(data)
     for name in _SHARED_TEXT:   # a few names repeat on every row: one copy each, not one a row
         value = getattr(row, name)
         if value.__class__ is str and len(value) <= 64:
@@ -215,6 +221,7 @@ def parse_row(line: bytes) -> tuple[Measurement | None, str | None]:
     return row, None
 
 
+_ONE_LINE_TABLES = ("env_setting", "requested")
 _SHARED_TEXT = ("backend", "mode", "dtype", "status", "op", "setting_applied", "wrong_kind")
 
 
