@@ -173,9 +173,13 @@ class _Engine:
         self.d = d
 
     def default(self, message_bytes: int) -> tuple[Option | None, Price | None]:
+        """The engine's default option at this size and its price; unpriced where the default is a
+        fused path (its time includes the norm: never set against a bare allreduce)."""
         path = engine_paths.default_path(self.d.states, message_bytes).path
         option = next((o for o in self.d.options if path is not None and o.state is path and o.plain), None)
-        return option, _own_price(option, message_bytes) if option else None
+        if option is None or option.state.rule.op != ALLREDUCE:
+            return option, None
+        return option, _own_price(option, message_bytes)
 
     def under(self, option: Option | None, message_bytes: int) -> Price | None:
         """The cost per call with `option` set: its path where the engine routes this size there
@@ -274,6 +278,9 @@ def engine_default_why(d: EngineDecision, message_bytes: int) -> str:
     default = engine_paths.default_path(d.states, message_bytes)
     if default.path is None:
         return default.why
+    if default.path.rule.op != ALLREDUCE:
+        return (f"by default the engine runs {default.path.rule.title} at this size, whose time includes the norm: "
+                "never priced against a bare allreduce")
     return f"its default ({default.path.rule.title}) was not measured by the engine's own kernel in this run"
 
 
