@@ -66,6 +66,11 @@ def factory(family: str) -> BackendFactory:
     return loaded
 
 
+def is_builtin(family: str) -> bool:
+    """One of this package's families (BUILTIN), not a plug-in."""
+    return family in BUILTIN
+
+
 def runs_native_code(family: str) -> bool:
     """Optional native code that may crash the process (the factory says; plug-ins are unless
     they say otherwise): the sweep runs such families after the built-in ones."""

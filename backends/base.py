@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 from commbench.errors import UsageError
+from commbench.ops import ALLREDUCE
 from commbench.results import Measurement
 from commbench.runtime.workload import AllreduceWorkload, Workload
 from commbench.topology.needs import ranks_reason
@@ -72,7 +73,7 @@ class Backend(ABC):
     graph_capturable: bool = True
     needs: tuple[str, ...] = ()     # names from topology.needs.NEEDS, checked in its order
     in_place: bool = False          # the sum overwrites the input (torch ProcessGroups)
-    op: str = "allreduce"           # what one call computes; see commbench.runtime.workload
+    op: str = ALLREDUCE            # what one call computes; see commbench.runtime.workload
     dtypes: tuple[torch.dtype, ...] = ALL_DTYPES
     min_world_size: int = 1
     max_world_size: int | None = None
@@ -130,12 +131,17 @@ class Backend(ABC):
         """Allocate and connect. Raise BackendUnavailable (or anything) to be voted out."""
 
     @abstractmethod
-    def allreduce(self, x: torch.Tensor, out: torch.Tensor) -> None:
-        """Write the sum of x over all ranks into out, on the current stream.
+    def allreduce(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor | None:
+        """The sum of x over all ranks, on the current stream: written into out (return None), or
+        returned in a tensor of the backend's own, as an engine's kernel that allocates its
+        output does (copying it into out would time a copy the engine never makes).
 
-        The harness owns both tensors and keeps every call's output until it has checked it,
-        so a backend must not hand back a buffer of its own. An in_place backend is given
-        out = x (and a fresh x for every call); any other gets an out distinct from x."""
+        The harness owns x and out and keeps every call's output until it has checked it. A
+        returned tensor is checked and timed the same: it must hold x's element count in x's
+        dtype on x's device, and keep this call's sum until the harness drops it (a fresh
+        tensor per call, or x itself; in a CUDA graph, the tensor captured for this call, which
+        every replay rewrites), never a buffer the next call overwrites. An in_place backend is
+        given out = x (and a fresh x for every call); any other gets an out distinct from x."""
 
     def close(self) -> None:
         """Release everything (buffers, groups, IPC handles)."""
@@ -159,7 +165,9 @@ class Backend(ABC):
         return nullcontext()
 
     def row_fields(self) -> dict[str, Any]:
-        """Fields recorded on every row of this variant (Measurement attributes or 'extra')."""
+        """Fields recorded on every row of this variant: Measurement attributes, or 'extra' (a
+        dict). Any other name goes into extra for a plug-in; from a built-in backend it is a typo,
+        and the sweep raises (UnknownRowField)."""
         return {}
 
     def observe(self, call: Callable[[], None], message_bytes: int) -> dict[str, Any]:
@@ -167,6 +175,13 @@ class Backend(ABC):
         before the row's timed passes and outside them; ``call`` makes one more call of the
         row's size (collective: every rank makes the same number). Rank 0's answer is recorded."""
         return {}
+
+
+def reduce_into(backend: Backend, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """One call of backend.allreduce: the tensor that holds the sum (the backend's own when it
+    returned one, else out), shaped as out."""
+    result = backend.allreduce(x, out)
+    return out if result is None else result.view(out.shape)
 
 
 def describe(exc: BaseException) -> str:

@@ -185,7 +185,7 @@ class _FlashInferBase(Backend):
         return engines.Settings(self.name, vllm_env=dict(engines.VLLM_FLASHINFER_TRTLLM_ENV),
                                 sglang_flags=list(engines.SGLANG_FLASHINFER_TRTLLM),
                                 notes=[engines.FLASHINFER_NEVER_AUTO, engines.FLASHINFER_ARCHS],
-                                engine_paths=engines.claim(engines.FLASHINFER_AR, engines.VLLM))
+                                engine_paths=engines.claim(engines.FLASHINFER_AR, engines.VLLM, engines.SGLANG))
 
     def check(self, ctx: "RunContext") -> str | None:
         reason = super().check(ctx)

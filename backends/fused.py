@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from commbench.analysis.fusion import FUSED_OP
 from commbench.backends.base import Backend, BackendUnavailable
+from commbench.ops import FUSED_OP
 from commbench.runtime.workload import (EPOCHS_PER_PASS, NOOP, STALE, UNWRITTEN, VALUES, PassCheck, Workload,
                                       bit_checksum, exact_pattern)
 

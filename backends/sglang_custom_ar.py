@@ -17,10 +17,12 @@ Variants: ``1shot_push``, ``1shot_pull``, ``2shot_pull`` force one algorithm at 
 (configs/custom_all_reduce_v2.py, read from the installed wheel; the choice is recorded on each
 row) - above its ceiling SGLang hands the call to NCCL, and the row says so.
 
-The kernel hands back a tensor of its own (``2shot_pull`` in a graph reduces in place); the
-harness's buffer gets a copy of it, one device copy SGLang's caller does not pay (rows say
-``copy_out``). SGLang's kernels have no timeout of their own: the harness's watchdog bounds
-every call.
+The kernel hands back a tensor of its own (a fresh one per call; ``2shot_pull`` in a graph
+reduces in place and hands back its input), and so does this backend: the harness checks and
+times that tensor, with no copy SGLang's caller does not make (rows say ``copy_out: none``).
+Eager pull calls still stage the input in and the result out inside SGLang's own call, as
+SGLang does. SGLang's kernels have no timeout of their own: the harness's watchdog bounds every
+call.
 """
 
 from __future__ import annotations
@@ -326,7 +328,7 @@ class SglangCustomAllreduce(Backend):
         self._fields = {
             "implementation": f"sglang {metadata.version('sglang')} custom allreduce v2 (JIT, {KERNEL_MODULE})",
             "apache_tvm_ffi": _version("apache-tvm-ffi"),
-            "copy_out": "the kernel returns its own tensor; the harness's buffer gets a device copy",
+            "copy_out": "none",   # the kernel's own output tensor is the one checked
             "push_slot_bytes": push_bytes, "pull_bytes": pull_bytes, "num_push_blocks": num_push_blocks,
             "num_pull_blocks": num_pull_blocks, "multicast": False,
             "table": {"graph": graph_t.__dict__, "eager": eager_t.__dict__},
@@ -342,7 +344,7 @@ class SglangCustomAllreduce(Backend):
                                      f"{'in graphs' if capturing else 'in eager calls'} at {self._world_size} ranks")
         return algo
 
-    def allreduce(self, x: torch.Tensor, out: torch.Tensor) -> None:
+    def allreduce(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         assert self._comm is not None and self._graph_params is not None, "setup() first"
         flat = x.reshape(-1)
         capturing = torch.cuda.is_current_stream_capturing()
@@ -355,10 +357,7 @@ class SglangCustomAllreduce(Backend):
             self._pending.append(flat.data_ptr())
             row = self._graph_params[index]
         result = self._module.all_reduce(self._comm, flat, algo, row, False)
-        if not isinstance(result, torch.Tensor):
-            result = torch.from_dlpack(result)
-        if result.data_ptr() != flat.data_ptr():
-            flat.copy_(result)
+        return result if isinstance(result, torch.Tensor) else torch.from_dlpack(result)
 
     @contextmanager
     def graph_capture(self) -> Iterator[None]:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 
-from commbench.backends.base import Backend, BackendFactory, BackendUnavailable, MakeOptions
+from commbench.backends.base import Backend, BackendFactory, BackendUnavailable, MakeOptions, reduce_into
 from commbench import engines
 from commbench.analysis.fusion import best_allreduce_rows
 from commbench.backends.fused import RMS_EPS, FusedBackend, residual_rmsnorm
@@ -85,14 +85,14 @@ class UnfusedBest(FusedBackend):
         assert self._current is not None, "make_workload() first"
         return self._inner[self._current.backend]
 
-    def allreduce(self, x: torch.Tensor, out: torch.Tensor) -> None:
-        self._allreduce_backend().allreduce(x, out)
+    def allreduce(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor | None:
+        return self._allreduce_backend().allreduce(x, out)
 
     def allreduce_residual_rmsnorm(self, x: torch.Tensor, residual_in: torch.Tensor, gamma: torch.Tensor,
                                    residual_out: torch.Tensor, norm_out: torch.Tensor) -> None:
         # The sum is consumed at once by the add on the same stream, so one buffer serves every call.
         summed = x if self._summed is None else self._summed[: x.numel()].view(x.shape)
-        self._allreduce_backend().allreduce(x, summed)
+        summed = reduce_into(self._allreduce_backend(), x, summed)
         residual_rmsnorm(summed, residual_in, gamma, RMS_EPS, residual_out, norm_out)
 
     def engine_settings(self, world_size: int | None) -> engines.Settings:

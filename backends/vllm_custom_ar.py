@@ -231,8 +231,9 @@ class VllmCustomAllreduce(Backend):
             ops.register_buffer(self._fa, self._buffer)
 
         voted(ctx, "vLLM init_custom_ar / register_buffer", init)
+        # The kernel writes the caller's output tensor, as vLLM's own caller's: no copy is added.
         self._fields = {"implementation": ops.version, "impl": impl, "full_nvlink": True, "num_ctas": NUM_CTAS,
-                        "max_bytes": self._max_bytes}
+                        "max_bytes": self._max_bytes, "copy_out": "none"}
 
     def allreduce(self, x: torch.Tensor, out: torch.Tensor) -> None:
         assert self._ops is not None and self._fa is not None, "setup() first"

@@ -13,7 +13,8 @@ import os
 import sys
 import time
 
-from commbench.errors import FAILED_EXIT, TERMINATED_EXIT, USAGE_EXIT, ResultsUnwritable, Terminated, UsageError
+from commbench.errors import (FAILED_EXIT, TERMINATED_EXIT, USAGE_EXIT, USAGE_LINE_FILE_VAR, ResultsUnwritable,
+                              Terminated, UsageError)
 from commbench.files import json_alone_on_stdout
 from commbench.waits import waits
 
@@ -44,6 +45,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "import-nccl-tests": ("commbench.analysis.nccl_tests_import",
                           "read nccl-tests all_reduce_perf output (stdout table or -J JSON) into a commbench "
                           "results dir"),
+    "fleet": ("commbench.fleet.command",
+              "many runs as one dataset (Parquet): build it, qualify every node with reasons and outliers, query it"),
     "attribute": ("commbench.analysis.attribute",
                   "what a serving trace spends on allreduce, per step and per library, against this box's floor"),
 }
@@ -62,12 +65,19 @@ def installed() -> bool:
     return all(importlib.util.find_spec(name) is not None for name in LAYOUT_PACKAGES)
 
 
-def usage_error(line: str) -> None:
-    """Bad input: one line on stderr. Under torchrun every rank fails alike, so rank 0 says it."""
-    if os.environ.get("RANK", "0") == "0":
-        print(line, file=sys.stderr)
-    else:
+def usage_error(line: str, message: str | None = None) -> None:
+    """Bad input: one line on stderr. Under torchrun every rank fails alike, so rank 0 says it;
+    a child of the --nproc driver hands `message` to the driver, which says it."""
+    if os.environ.get("RANK", "0") != "0":
         time.sleep(waits().usage_error_grace_s)
+    elif message is not None and os.environ.get(USAGE_LINE_FILE_VAR):
+        try:
+            with open(os.environ[USAGE_LINE_FILE_VAR], "w", encoding="utf-8") as handle:
+                handle.write(message)
+        except OSError:
+            print(line, file=sys.stderr)
+    else:
+        print(line, file=sys.stderr)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -116,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         with json_alone_on_stdout(getattr(args, "json", None)):
             return int(args._module.main(args, argv[1:]) or 0)
     except UsageError as exc:
-        usage_error(f"commbench {args.command}: error: {exc}")
+        usage_error(f"commbench {args.command}: error: {exc}", str(exc))
         return USAGE_EXIT
     except ResultsUnwritable as exc:
         print(f"commbench {args.command}: error: {exc}", file=sys.stderr)

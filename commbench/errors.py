@@ -17,6 +17,9 @@ USAGE_EXIT = 2
 # backend; a torchrun worker ends with it (torchrun itself then exits 1) and --resume continues.
 STOP_EXIT = 3
 TERMINATED_EXIT = 143   # 128 + SIGTERM, as a shell reports a process it ended
+# Set by the --nproc driver for its children: a child's bad-input line goes into this file, for
+# the driver to say it once and exit USAGE_EXIT (torchrun reports any failed worker as exit 1).
+USAGE_LINE_FILE_VAR = "COMMBENCH_USAGE_LINE_FILE"
 
 
 class Terminated(BaseException):

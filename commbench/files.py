@@ -10,6 +10,7 @@ from __future__ import annotations
 import codecs
 import json
 import os
+import stat
 import sys
 import tempfile
 from contextlib import contextmanager, redirect_stdout
@@ -25,15 +26,30 @@ STDOUT = "-"   # --json - writes to standard output
 MAX_INPUT_BYTES = 1 << 30
 
 
-def _open(path: Path, what: str) -> BinaryIO:
-    if path.is_dir():
-        raise UsageError(f"{path}: is a directory, not {what}")
+def open_input(path: Path, what: str) -> BinaryIO:
+    """`path` opened for reading when it is a regular file. A directory, a FIFO, a socket or a
+    device is refused with one line: a FIFO would block the open (and the read) forever, a
+    device such as /dev/zero never ends. Opened without blocking, then checked: no race
+    between the check and the open."""
     try:
-        return path.open("rb")
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError:
         raise UsageError(f"{path}: no such file") from None
     except OSError as exc:
         raise UsageError(f"{path}: cannot read ({exc.strerror})") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kind = ("a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode)
+                else "a socket" if stat.S_ISSOCK(mode) else "a device")
+        raise UsageError(f"{path}: is {kind}, not {what}")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
+
+
+def check_input(path: Path, what: str) -> None:
+    """Refuse `path` as open_input would, for a reader that opens it itself (sqlite)."""
+    open_input(path, what).close()
 
 
 def _read(handle: BinaryIO, path: Path, size: int) -> bytes:
@@ -55,7 +71,7 @@ def _decoded(data: bytes, path: Path, what: str, offset: int = 0) -> str:
 def read_text(path: Path, what: str, max_bytes: int = MAX_INPUT_BYTES) -> str:
     """The file's text; `what` names what it should hold ("a qualify spec"); a file larger
     than max_bytes is refused."""
-    with _open(path, what) as handle:
+    with open_input(path, what) as handle:
         data = _read(handle, path, max_bytes + 1)
     if len(data) > max_bytes:
         raise UsageError(f"{path}: larger than {max_bytes >> 20} MiB, not {what}")
@@ -70,7 +86,7 @@ def read_lines(path: Path, what: str, max_bytes: int = MAX_INPUT_BYTES) -> Itera
     whole), with read_text's checks; a binary or non-UTF-8 line is refused when it is reached.
     Read a block of whole lines at a time (a line at a time cost ~2 µs a line: a third of
     reading a 10^6-line log)."""
-    with _open(path, what) as handle:
+    with open_input(path, what) as handle:
         offset, rest = 0, b""
         while True:
             block = _read(handle, path, _LINE_BLOCK_BYTES)
@@ -94,7 +110,7 @@ def text_blocks(path: Path, what: str, block_bytes: int = _LINE_BLOCK_BYTES,
     """The file's text a block at a time (a character cut by a block's end comes with the next),
     with read_text's checks, each made when its block is reached."""
     decoder = codecs.getincrementaldecoder("utf-8")()
-    with _open(path, what) as handle:
+    with open_input(path, what) as handle:
         offset = 0
         while block := _read(handle, path, block_bytes):
             if offset + len(block) > max_bytes:

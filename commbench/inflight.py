@@ -348,7 +348,8 @@ def peer_stop(records: list[Record], me: int, step: int, run_dir: Path, raised: 
 def postmortem(records: list[Record], run_dir: Path | None, killed_reason: str | None = None) -> Stop | None:
     """The stop that ended a run whose processes are all gone, and the record it belongs to.
 
-    In order: a fatal signal; an exception that stranded the peers (unless a rank failed on
+    In order: a fatal signal; a death without a trace in a step where a peer raised (the
+    exception followed from it); an exception that stranded the peers (unless a rank failed on
     its own first: then the exception followed from that); a watchdog that fired; a
     death without a trace; a step still running past its limit when it was stopped from
     outside; `killed_reason` (the driver killed the run) for any step still running.
@@ -358,6 +359,12 @@ def postmortem(records: list[Record], run_dir: Path | None, killed_reason: str |
         return next((r for r in records if test(r)), None)
 
     if (record := first(lambda r: bool(r.fatal))) is not None:
+        return _crashed(record, run_dir)
+    # A rank gone without a trace in the step where a peer raised died first: the peer's
+    # exception (gloo's "connection closed by peer") followed from the death, and blaming the
+    # survivor would name the wrong rank (kill -9 or the OOM killer on rank 0).
+    raised_steps = {r.step for r in records if r.state == RAISED}
+    if (record := first(lambda r: _died_without_trace(r) and r.step in raised_steps)) is not None:
         return _crashed(record, run_dir)
     # A rank that failed on its own said so; a peer's exception after it followed from it.
     if (record := first(lambda r: r.state == RAISED)) is not None and first(lambda r: r.exit == ERROR) is None:

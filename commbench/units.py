@@ -18,6 +18,10 @@ _SUFFIX = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 <<
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
 T = TypeVar("T")
 MAX_MESSAGE_BYTES = 1 << 50      # 1 PiB per rank: no allreduce message comes near it
+# A model shape (tokens x hidden): no engine batches 16 M tokens into one step, no model has a
+# hidden size of a million; the sweep and attribute take the same bounds.
+MAX_TOKENS = 1 << 24
+MAX_HIDDEN = 1 << 20
 
 # dtype name -> bytes per element; aliases a user may type for them.
 DTYPE_BYTES: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4}
@@ -26,7 +30,7 @@ DTYPE_ALIASES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32
 
 def parse_bytes(text: str) -> int:
     """'12K' -> 12288, '1.5M' -> 1572864; a bare number is bytes."""
-    match = _SIZE_RE.match(text)
+    match = _SIZE_RE.fullmatch(text)
     if not match or match.group(2).upper() not in _SUFFIX:
         raise UsageError(f"malformed size {text!r}: use a number with an optional K, M or G suffix")
     value = float(match.group(1)) * _SUFFIX[match.group(2).upper()]
@@ -70,6 +74,16 @@ def parse_int_list(text: str, flag: str) -> list[int]:
         return value
 
     return parse_list(text, flag, one)
+
+
+def shape_bytes(tokens: int, hidden: int, item_bytes: int, tokens_flag: str = "--tokens",
+                hidden_flag: str = "--hidden") -> int:
+    """tokens x hidden x item_bytes, each of tokens and hidden a whole number from 1 to its bound
+    (so the message stays far below MAX_MESSAGE_BYTES); anything else is bad input."""
+    for value, flag, bound in ((tokens, tokens_flag, MAX_TOKENS), (hidden, hidden_flag, MAX_HIDDEN)):
+        if not 1 <= value <= bound:
+            raise UsageError(f"{flag} must be a whole number from 1 to {bound} (got {value})")
+    return tokens * hidden * item_bytes
 
 
 def positive_finite(value: float, flag: str, unit: str, at_most: float = math.inf) -> float:

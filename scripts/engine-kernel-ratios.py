@@ -7,8 +7,11 @@ For each run (one world size, graph mode, bf16) prints a markdown table per mess
 `p2p:auto`, the faster of `symm_mem:one_shot`/`two_shot`, the faster of FlashInfer's TRT-LLM
 one-shot/two-shot, `sglang:auto` (with the algorithm SGLang's table chose) and its forced
 algorithms, `vllm:auto` (with the stage its kernel ran), and the engines' kernels as ratios of
-the others (< 1: the engine's kernel is faster). Only `ok` rows of the same run are used; a
-missing or failed row is "-". Rows are read through commbench's validated reader.
+the others (< 1: the engine's kernel is faster). Then, per run, `p2p:auto` against the fastest
+of every other kernel measured at that size (SGLang's every algorithm, vLLM's kernel in both
+stages, FlashInfer's TRT-LLM one/two-shot, torch symmetric memory), and whether it meets the
+goal of issue 40: at most GOAL_RATIO times that kernel's time. Only `ok` rows of the same run
+are used; a missing or failed row is "-". Rows are read through commbench's validated reader.
 """
 
 from __future__ import annotations
@@ -22,6 +25,9 @@ from commbench.units import format_bytes
 
 MODE, DTYPE = "graph", "bf16"
 SGLANG_FORCED = ("sglang:1shot_push", "sglang:1shot_pull", "sglang:2shot_pull")
+PEERS = ("sglang:auto", *SGLANG_FORCED, "vllm:auto", "vllm:one_stage", "vllm:two_stage", "flashinfer:trtllm_oneshot",
+         "flashinfer:trtllm_twoshot", "symm_mem:one_shot", "symm_mem:two_shot")
+GOAL_RATIO = 0.9
 
 
 def best(by: dict[str, Measurement], names: tuple[str, ...]) -> Measurement | None:
@@ -41,13 +47,35 @@ def ratio(engine: Measurement | None, peer: Measurement | None) -> str:
     return "-" if engine is None or peer is None else f"{engine.latency_us / peer.latency_us:.2f}x"
 
 
-def table(run_dir: Path) -> list[str]:
+def graph_rows(run_dir: Path) -> tuple[dict[int, dict[str, Measurement]], int | None]:
+    """The run's ok graph-mode bf16 rows by size and backend, and its world size."""
     sizes: dict[int, dict[str, Measurement]] = {}
     world = None
     for row in RunDir(run_dir).rows():
         if row.status == OK and row.mode == MODE and row.dtype == DTYPE and row.latency_us:
             sizes.setdefault(row.message_bytes, {})[row.backend] = row
             world = row.world_size
+    return sizes, world
+
+
+def goal_table(run_dir: Path) -> list[str]:
+    """p2p:auto against the fastest other kernel of the same run, per size."""
+    sizes, world = graph_rows(run_dir)
+    head = ("bytes", "p2p:auto", "fastest other kernel", "p2p:auto / it", f"<= {GOAL_RATIO}x")
+    lines = [f"#### {world} ranks: `p2p:auto` against the fastest other kernel", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for size in sorted(sizes):
+        by = sizes[size]
+        p2p, peer = by.get("p2p:auto"), best(by, PEERS)
+        meets = "-" if p2p is None or peer is None else (
+            "yes" if p2p.latency_us <= GOAL_RATIO * peer.latency_us else "no")
+        cells = (format_bytes(size), us(p2p), f"{us(peer)} ({peer.backend})" if peer else "-", ratio(p2p, peer), meets)
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def table(run_dir: Path) -> list[str]:
+    sizes, world = graph_rows(run_dir)
     head = ("bytes", "p2p:auto", "symm_mem best", "flashinfer best", "sglang:auto (algo)",
             "sglang 1shot_push / 1shot_pull / 2shot_pull", "vllm:auto (stage)",
             "sglang:auto / p2p:auto", "/ symm_mem", "/ flashinfer",
@@ -81,6 +109,7 @@ def main() -> int:
             print(f"engine-kernel-ratios: {run_dir}: no measurements.jsonl", file=sys.stderr)
             return 2
         print("\n".join(table(run_dir)) + "\n")
+        print("\n".join(goal_table(run_dir)) + "\n")
     return 0
 
 

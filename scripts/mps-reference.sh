@@ -22,7 +22,13 @@
 #   mscclpp    every mscclpp variant (auto, each default algorithm, the shim) beside p2p:auto
 #              (a peer measured in the same run), 4K..4M by factor 4, after every
 #              other part of every world size, so that an MSCCL++ build started beside this
-#              script has the most time to finish.
+#              script has the most time to finish;
+#   engines    (only when named) the engines' own kernels, every sglang and vllm variant (installed
+#              beside commbench: docs/engine-kernels.md), beside p2p:auto and symm_mem one/two-shot,
+#              4K..8M; ENGINE_KERNEL_BACKENDS=LIST replaces that list (add FlashInfer's TRT-LLM
+#              one/two-shot once its JIT modules are built: docs/testing.md); then
+#              scripts/engine-kernel-ratios.py writes the same-run ratio tables to
+#              OUT_DIR/engine-ratios.md.
 # Then `commbench report` on every run dir, and `commbench table` over all of them (every run
 # under OUT_DIR, this call's and earlier ones') into OUT_DIR/README-table.md.
 # Timing: --iters 10 graph replays per pass (of 128 calls each up to 2 MiB; the sweep's default
@@ -31,8 +37,9 @@
 # NCCL's API refuses ranks that share a GPU). NVLink multicast stays off for every process.
 # These rows measure each backend's protocol with no fabric between the ranks (docs/emulation.md).
 set -uo pipefail
-usage="usage: scripts/mps-reference.sh OUT_DIR [--ranks 2,4,8] [--parts allreduce,fused,pcie,nopdl,mscclpp]"
-all_parts=allreduce,fused,pcie,nopdl,mscclpp
+usage="usage: scripts/mps-reference.sh OUT_DIR [--ranks 2,4,8] [--parts allreduce,fused,pcie,nopdl,mscclpp,engines]"
+all_parts=allreduce,fused,pcie,nopdl,mscclpp   # the default
+known_parts=$all_parts,engines
 bad() { echo "mps-reference: $*" >&2; exit 2; }
 [ $# -ge 1 ] || bad "needs OUT_DIR ($usage)"
 case $1 in -*) bad "needs OUT_DIR first, got $1 ($usage)" ;; esac
@@ -44,7 +51,7 @@ while [ $# -gt 0 ]; do
   case $1 in
     --ranks) [ $# -ge 2 ] || bad "--ranks needs a list, e.g. --ranks 2,4,8"; ranks=$2; shift 2 ;;
     --ranks=*) ranks=${1#--ranks=}; shift ;;
-    --parts) [ $# -ge 2 ] || bad "--parts needs a list, e.g. --parts $all_parts"; parts=$2; shift 2 ;;
+    --parts) [ $# -ge 2 ] || bad "--parts needs a list, e.g. --parts $known_parts"; parts=$2; shift 2 ;;
     --parts=*) parts=${1#--parts=}; shift ;;
     *) bad "unknown argument $1 ($usage)" ;;
   esac
@@ -56,16 +63,18 @@ for n in ${ranks//,/ }; do
   case $seen in *",$n,"*) bad "--ranks lists $n twice" ;; esac
   seen="$seen$n,"
 done
-[[ $parts =~ ^[a-z]+(,[a-z]+)*$ ]] || bad "--parts takes a comma-separated list such as $all_parts, got '$parts'"
+[[ $parts =~ ^[a-z]+(,[a-z]+)*$ ]] || bad "--parts takes a comma-separated list such as $known_parts, got '$parts'"
 seen=","
 for part in ${parts//,/ }; do
-  case ",$all_parts," in *",$part,"*) ;; *) bad "--parts takes $all_parts, got $part" ;; esac
+  case ",$known_parts," in *",$part,"*) ;; *) bad "--parts takes $known_parts, got $part" ;; esac
   case $seen in *",$part,"*) bad "--parts lists $part twice" ;; esac
   seen="$seen$part,"
 done
 wants() { case ",$parts," in *",$1,"*) return 0 ;; esac; return 1; }
 iters=${MPS_REFERENCE_ITERS:-10}
 [[ $iters =~ ^[1-9][0-9]*$ ]] || bad "MPS_REFERENCE_ITERS must be a positive whole number, got '$iters'"
+engines=${ENGINE_KERNEL_BACKENDS:-p2p:auto,symm_mem:one_shot,symm_mem:two_shot,sglang:custom_ar,vllm:custom_ar}
+[[ $engines =~ ^[A-Za-z0-9_:,=.-]+$ ]] || bad "ENGINE_KERNEL_BACKENDS must be a comma-separated list of backends, got '$engines'"
 [ ! -e "$out" ] || [ -d "$out" ] || bad "$out exists and is not a directory"
 py=${PYTHON:-python3}
 "$py" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" \
@@ -86,8 +95,8 @@ if ! "$py" -c "import commbench.backends" 2>/dev/null; then
 fi
 
 # Every variant the p2p family offers, from its own factory (the probe's list of it).
-p2p=$("$py" -c "from commbench import backends; print(','.join(b.name for b in backends.probe_variants({}) if b.family == 'p2p'))")
-[ -n "$p2p" ] || { echo "mps-reference: the p2p family offers no variant here" >&2; exit 1; }
+p2p=$("$py" -c "from commbench import backends; print(','.join(b.name for b in backends.probe_variants() if b.family == 'p2p'))")
+[ -n "$p2p" ] || ! wants allreduce || { echo "mps-reference: the p2p family offers no variant here" >&2; exit 1; }
 plain="$p2p,symm_mem:one_shot,symm_mem:two_shot,flashinfer:trtllm_oneshot,flashinfer:trtllm_twoshot"
 shim=()
 [ -z "$lib" ] || shim=(--mscclpp-nccl-lib "$lib")
@@ -128,6 +137,9 @@ for n in ${ranks//,/ }; do
   fi
   ! wants nopdl || sweep "$out/world$n/nopdl" "${world[@]}" -b 4K -e 8M -f 2 \
     --backends flashinfer:trtllm_oneshot,p2p:auto --flashinfer-pdl off --p2p-pdl off
+  # The engines' kernels build on first use (SGLang's JIT, FlashInfer's port of vLLM's kernel).
+  ! wants engines || sweep "$out/world$n/engines" "${world[@]}" -b 4K -e 8M -f 2 --setup-timeout 120 \
+    --backends "$engines"
 done
 if wants mscclpp; then
   for n in ${ranks//,/ }; do
@@ -146,6 +158,17 @@ done
 if [ ${#runs[@]} -gt 0 ]; then
   log "commbench table (${#runs[@]} runs) --out $out/README-table.md"
   "$py" -m commbench table "${runs[@]}" --out "$out/README-table.md" || status=1
+fi
+if wants engines; then
+  engine_runs=()
+  for parent in "$out"/world*/engines/; do
+    run=$(ls -td "$parent"*/ 2>/dev/null | head -n 1)
+    [ -n "$run" ] && [ -f "$run/run.json" ] && engine_runs+=("${run%/}")
+  done
+  if [ ${#engine_runs[@]} -gt 0 ]; then
+    log "scripts/engine-kernel-ratios.py (${#engine_runs[@]} runs) > $out/engine-ratios.md"
+    "$py" scripts/engine-kernel-ratios.py "${engine_runs[@]}" >"$out/engine-ratios.md" || status=1
+  fi
 fi
 log "wall time $(( $(date +%s) - start )) s, world sizes $ranks, parts $parts, --iters $iters"
 exit "$status"

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Keep the README's output blocks equal to what the committed runs produce today.
+"""Keep the output blocks of the README and docs/fleet.md equal to what the committed runs produce today.
 
     python scripts/readme-outputs.py --check    # exit 1 and name every block that differs
     python scripts/readme-outputs.py --write    # regenerate every block in place
@@ -11,7 +11,8 @@ A block is a marker line naming the exact command, then a ```text fence with its
     ...
     ```
 
-Each command runs as `python -m commbench ...` from the repository root, 120 columns wide.
+Each command runs as `python -m commbench ...` from the repository root, 120 columns wide; it
+must exit 0, or 1 (a FAIL verdict).
 Add a block by writing the marker and an empty fence, then --write.
 """
 
@@ -27,7 +28,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-README = ROOT / "README.md"
+PAGES = [ROOT / "README.md", ROOT / "docs" / "fleet.md"]
 WIDTH = 120
 BLOCK = re.compile(r"(<!-- output: (?P<command>.+?) -->\n```text\n)(?P<output>.*?)(```)", re.DOTALL)
 
@@ -39,7 +40,7 @@ def run(command: str) -> str:
     env = {**os.environ, "COLUMNS": str(WIDTH), "TERM": "dumb"}
     done = subprocess.run([sys.executable, "-m", "commbench", *words[1:]], capture_output=True, text=True,
                           cwd=ROOT, env=env)
-    if done.returncode != 0:
+    if done.returncode not in (0, 1):   # 1: a verdict (qualify's FAIL) is output like any other
         sys.exit(f"readme-outputs: {command!r} exited with {done.returncode}: {done.stderr.strip()[-500:]}")
     return "".join(line.rstrip() + "\n" for line in done.stdout.splitlines())
 
@@ -50,27 +51,36 @@ def main() -> int:
     what.add_argument("--check", action="store_true", help="exit 1 when a block differs from its command's output")
     what.add_argument("--write", action="store_true", help="rewrite every block with its command's output")
     args = parser.parse_args()
-    text = README.read_text()
+    stale_pages = 0
+    for page in PAGES:
+        stale_pages += check_page(page, args.write)
+    return 1 if stale_pages and not args.write else 0
+
+
+def check_page(page: Path, write: bool) -> int:
+    """Check (or with `write`, rewrite) one page's blocks; the number that differed."""
+    name = page.relative_to(ROOT)
+    text = page.read_text()
     blocks = list(BLOCK.finditer(text))
     if not blocks:
-        sys.exit(f"readme-outputs: {README}: no output blocks")
+        sys.exit(f"readme-outputs: {name}: no output blocks")
     stale = []
     for block in blocks:
         fresh = run(block["command"])
         if fresh != block["output"]:
             stale.append((block, fresh))
-    if args.write:
+    if write:
         for block, fresh in reversed(stale):
             text = text[:block.start("output")] + fresh + text[block.end("output"):]
-        README.write_text(text)
-        print(f"readme-outputs: {len(stale)} of {len(blocks)} block(s) rewritten")
-        return 0
+        page.write_text(text)
+        print(f"readme-outputs: {name}: {len(stale)} of {len(blocks)} block(s) rewritten")
+        return len(stale)
     for block, fresh in stale:
-        print(f"readme-outputs: the output of `{block['command']}` differs from the README's block:")
+        print(f"readme-outputs: the output of `{block['command']}` differs from {name}'s block:")
         sys.stdout.writelines(difflib.unified_diff(block["output"].splitlines(True), fresh.splitlines(True),
-                                                   "README.md", "now", n=1))
-    print(f"readme-outputs: {len(blocks) - len(stale)} of {len(blocks)} block(s) match")
-    return 1 if stale else 0
+                                                   str(name), "now", n=1))
+    print(f"readme-outputs: {name}: {len(blocks) - len(stale)} of {len(blocks)} block(s) match")
+    return len(stale)
 
 
 if __name__ == "__main__":

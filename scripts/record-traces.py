@@ -3,6 +3,8 @@
 
     python3 scripts/record-traces.py --out DIR            GPU: one CUDA device, ranks sharing it
     python3 scripts/record-traces.py --gloo --out DIR     CPU: a gloo allreduce loop (format only)
+    python3 scripts/record-traces.py --skew --out DIR     GPU: SKEW_WORLD ranks, one made late on purpose
+    python3 scripts/record-traces.py --skew --gloo --out DIR   the same on the CPU (the script's dry run)
 
 GPU mode (run it through scripts/record-traces.sh, which starts a private MPS daemon so that the
 ranks run concurrently): for each backend in BACKENDS, WORLD ranks share GPU 0 and run a decode
@@ -12,6 +14,14 @@ and replayed STEPS times under torch.profiler, each replay inside a "decode_step
 ranks on one GPU, so its trace is world size 1, eager, with ReduceOp.AVG (at one rank NCCL runs
 its oneRankReduce kernel for AVG; SUM in place launches nothing). A backend that cannot run here
 (FlashInfer not installed, ...) is skipped with its reason in the manifest.
+
+--skew (issue 39: `attribute` splits a call into wait and transfer): SKEW_WORLD ranks share the GPU
+under MPS and run the same captured decode step through each backend in SKEW_BACKENDS; on rank
+LATE_RANK only, a spin kernel of a known length (torch.cuda._sleep, its cycles per us measured on
+that rank first) runs inside the graph just before the allreduces SKEW_DELAYS_US names (by their
+index in the step) and before no other. The other ranks' kernels for those calls wait for it; the
+trace holds the spin kernels themselves, the delay as the GPU ran it. With --gloo, the same ranks
+run gloo allreduces on the CPU with a host sleep instead (no GPU kernels: a dry run of the script).
 
 Every trace is written as <name>-rank<r>.trace.json.gz with a "commbench_provenance" key, and
 manifest.json says what each holds by construction: layers, allreduces per step, message
@@ -31,7 +41,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -55,6 +65,17 @@ BACKENDS = (
 )
 NCCL_TRACE = ("nccl-world1", "nccl (ReduceOp.AVG, world size 1, eager)", "NCCL (one rank)")
 GLOO_TRACE = "gloo-cpu"
+# --skew: who is late, before which allreduces of a step (index 0..LAYERS*ALLREDUCES_PER_LAYER-1)
+# and by how much. Index 0 is left alone: the first call of a replay already waits for the
+# ranks' host launches (each rank replays on its own), which the test tells apart from these.
+SKEW_WORLD = 4
+LATE_RANK = 2
+SKEW_DELAYS_US = {3: 40.0, 8: 80.0, 13: 40.0}
+SKEW_BACKENDS = (
+    ("skew-p2p-oneshot_lamport", "p2p:oneshot_lamport", "commbench p2p"),
+    ("skew-symm_mem-one_shot", "symm_mem:one_shot", "torch symm-mem one-shot"),
+)
+CALIBRATION_CYCLES = 20_000_000     # about 10 ms of spinning at an H200's clock
 # Each profiled step runs inside this annotation (torch.profiler marks ProfilerStep#N only under a
 # schedule): the annotation rule's input where a trace has no graph replays.
 STEP_ANNOTATION = "decode_step"
@@ -93,8 +114,10 @@ def _write_trace(prof: profile, path: Path, provenance: str) -> int:
 class DecodeStep:
     """LAYERS x (QKV GEMM, O GEMM, allreduce, up GEMM, down GEMM, allreduce) on static buffers."""
 
-    def __init__(self, backend: Any, device: torch.device, world: int):
+    def __init__(self, backend: Any, device: torch.device, world: int,
+                 before_allreduce: Callable[[int], None] | None = None):
         g = torch.Generator(device=device).manual_seed(0)
+        self.before_allreduce = before_allreduce
 
         def weight(rows: int, cols: int) -> torch.Tensor:
             return (torch.randn(rows, cols, generator=g, device=device) * 0.01).to(DTYPE)
@@ -107,7 +130,9 @@ class DecodeStep:
         self.partial = torch.empty(BATCH, HIDDEN, dtype=DTYPE, device=device)
         self.reduced = torch.empty(BATCH, HIDDEN, dtype=DTYPE, device=device)
 
-    def _allreduce(self) -> torch.Tensor:
+    def _allreduce(self, index: int) -> torch.Tensor:
+        if self.before_allreduce is not None:
+            self.before_allreduce(index)
         x = self.partial.view(-1)
         out = x if getattr(self.backend, "in_place", False) else self.reduced.view(-1)
         self.backend.allreduce(x, out)
@@ -115,15 +140,36 @@ class DecodeStep:
 
     def __call__(self) -> None:
         h = self.h
-        for _ in range(LAYERS):
+        for layer in range(LAYERS):
             qkv = h @ self.w_qkv
             torch.matmul(qkv[:, : HIDDEN // self.world], self.w_o, out=self.partial)
-            h = self._allreduce() * 0.5
+            h = self._allreduce(2 * layer) * 0.5
             torch.matmul(torch.nn.functional.silu(h @ self.w_up), self.w_down, out=self.partial)
-            h = self._allreduce() * 0.5
+            h = self._allreduce(2 * layer + 1) * 0.5
 
 
-def _graph_rank(rank: int, world: int, port: int, name: str, spec: str, out_dir: str, result_path: str) -> None:
+def _cycles_per_us() -> float:
+    """The spin kernel's cycles per microsecond on this rank (the median of three timed spins)."""
+    rates = []
+    for _ in range(3):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.cuda._sleep(CALIBRATION_CYCLES)
+        end.record()
+        torch.cuda.synchronize()
+        rates.append(CALIBRATION_CYCLES / (start.elapsed_time(end) * 1000.0))
+    return sorted(rates)[1]
+
+
+def _spin_before(delays_us: dict[int, float], cycles_per_us: float) -> Callable[[int], None]:
+    def spin(index: int) -> None:
+        if index in delays_us:
+            torch.cuda._sleep(int(delays_us[index] * cycles_per_us))
+    return spin
+
+
+def _graph_rank(rank: int, world: int, port: int, name: str, spec: str, out_dir: str, skew: bool,
+                result_path: str) -> None:
     _rank_env(rank, world, port)
     from commbench import backends
     from commbench.runtime.context import init_context, shutdown
@@ -131,7 +177,7 @@ def _graph_rank(rank: int, world: int, port: int, name: str, spec: str, out_dir:
     ctx, _ = init_context(share_gpus=True, timeout_s=120.0)
     backend = None
     try:
-        backend = backends.expand([spec], backends.Options(), on_gpu=True)   # every family's flag defaults[0]
+        [backend] = backends.expand([spec], backends.Options(), on_gpu=True)   # every family's flag defaults
         reasons = ctx.all_gather_objects(backend.check(ctx) or backend.supports(BATCH * HIDDEN * 2, DTYPE))
         reason = next((f"rank {i}: {r}" for i, r in enumerate(reasons) if r), None)
         if reason is None:
@@ -146,7 +192,10 @@ def _graph_rank(rank: int, world: int, port: int, name: str, spec: str, out_dir:
             if rank == 0:
                 Path(result_path).write_text(json.dumps({"skipped": reason}))
             return
-        step = DecodeStep(backend, ctx.device, world)
+        late = skew and rank == LATE_RANK
+        cycles_per_us = _cycles_per_us() if late else None
+        step = DecodeStep(backend, ctx.device, world,
+                          _spin_before(SKEW_DELAYS_US, cycles_per_us) if cycles_per_us else None)
         for _ in range(WARMUP_STEPS):
             step()
         torch.cuda.synchronize()
@@ -154,7 +203,7 @@ def _graph_rank(rank: int, world: int, port: int, name: str, spec: str, out_dir:
         with profile(activities=[ProfilerActivity.CUDA]):
             torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with backend.graph_capture(), torch.cuda.graph(graph):
             step()
         for _ in range(WARMUP_STEPS):
             graph.replay()
@@ -167,12 +216,17 @@ def _graph_rank(rank: int, world: int, port: int, name: str, spec: str, out_dir:
                 torch.cuda.synchronize()
         path = Path(out_dir) / f"{name}-rank{rank}.trace.json.gz"
         how = "under MPS" if os.environ.get("CUDA_MPS_PIPE_DIRECTORY") else "time-sliced (no MPS)"
+        late_text = (f"; rank {LATE_RANK} made late on purpose by a spin kernel before some allreduces"
+                     if skew else "")
         size = _write_trace(prof, path, f"recorded by scripts/record-traces.py: {spec}, rank {rank} of {world} "
                                         f"sharing one {torch.cuda.get_device_name()} {how} (emulated box: no "
-                                        "fabric between the ranks)")
+                                        f"fabric between the ranks){late_text}")
         sizes = ctx.all_gather_objects(size)
+        rates = ctx.all_gather_objects(cycles_per_us)
         if rank == 0:
-            Path(result_path).write_text(json.dumps({"bytes": sizes, "device": torch.cuda.get_device_name()}))
+            extra = {"cycles_per_us": rates[LATE_RANK]} if skew else {}
+            Path(result_path).write_text(json.dumps({"bytes": sizes, "device": torch.cuda.get_device_name(),
+                                                     **extra}))
     finally:
         if backend is not None:
             backend.close()
@@ -208,7 +262,7 @@ def _nccl_rank(rank: int, world: int, port: int, out_dir: str, result_path: str)
         dist.destroy_process_group()
 
 
-def _gloo_rank(rank: int, world: int, port: int, out_dir: str, result_path: str) -> None:
+def _gloo_rank(rank: int, world: int, port: int, out_dir: str, name: str, skew: bool, result_path: str) -> None:
     _rank_env(rank, world, port)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
@@ -218,9 +272,11 @@ def _gloo_rank(rank: int, world: int, port: int, out_dir: str, result_path: str)
         with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
             for _ in range(STEPS):
                 with record_function(STEP_ANNOTATION):
-                    for _ in range(LAYERS * ALLREDUCES_PER_LAYER):
+                    for index in range(LAYERS * ALLREDUCES_PER_LAYER):
+                        if skew and rank == LATE_RANK and index in SKEW_DELAYS_US:
+                            time.sleep(SKEW_DELAYS_US[index] / 1e6)
                         dist.all_reduce(x)
-        path = Path(out_dir) / f"{GLOO_TRACE}-rank{rank}.trace.json.gz"
+        path = Path(out_dir) / f"{name}-rank{rank}.trace.json.gz"
         size = _write_trace(prof, path, f"recorded by scripts/record-traces.py --gloo: gloo on the CPU, rank {rank} "
                                         f"of {world} (format only: no GPU kernels)")
         sizes = [None] * world
@@ -269,6 +325,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="folder for the traces and manifest.json")
     parser.add_argument("--gloo", action="store_true", help="record the CPU/gloo trace only")
+    parser.add_argument("--skew", action="store_true",
+                        help=f"record {SKEW_WORLD} ranks with rank {LATE_RANK} made late before some allreduces")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     entries: list[dict[str, Any]] = []
@@ -280,14 +338,21 @@ def main() -> int:
         print(json.dumps(entry), flush=True)
         _write_manifest(args.out, entries, "cpu" if args.gloo else None)
 
+    skew = {"late_rank": LATE_RANK, "delays_us": {str(i): us for i, us in SKEW_DELAYS_US.items()}} if args.skew else {}
     if args.gloo:
-        result = _spawn(_gloo_rank, WORLD, BACKEND_BUDGET_S, str(args.out))
-        record({**_entry(GLOO_TRACE, "gloo (CPU)", "", WORLD, "eager", result),
-                "message_bytes": GLOO_COUNT * 4, "dtype": "fp32", "batch": None, "hidden": None})
+        world, name = (SKEW_WORLD, f"skew-{GLOO_TRACE}") if args.skew else (WORLD, GLOO_TRACE)
+        result = _spawn(_gloo_rank, world, BACKEND_BUDGET_S, str(args.out), name, args.skew)
+        record({**_entry(name, "gloo (CPU)", "", world, "eager", result),
+                "message_bytes": GLOO_COUNT * 4, "dtype": "fp32", "batch": None, "hidden": None, **skew})
+    elif not torch.cuda.is_available():
+        print("record-traces: no CUDA device (use --gloo for the CPU trace)", file=sys.stderr)
+        return 2
+    elif args.skew:
+        for name, spec, library in SKEW_BACKENDS:
+            record({**_entry(name, spec, library, SKEW_WORLD, "graph",
+                             _spawn(_graph_rank, SKEW_WORLD, BACKEND_BUDGET_S, name, spec, str(args.out), True)),
+                    **skew})
     else:
-        if not torch.cuda.is_available():
-            print("record-traces: no CUDA device (use --gloo for the CPU trace)", file=sys.stderr)
-            return 2
         # NCCL before FlashInfer: FlashInfer may JIT-compile, so it gets whatever time is left.
         for name, spec, library in BACKENDS:
             flashinfer = spec.startswith("flashinfer")
@@ -295,7 +360,7 @@ def main() -> int:
                 record(_entry(*NCCL_TRACE, 1, "eager", _spawn(_nccl_rank, 1, BACKEND_BUDGET_S, str(args.out))))
             budget = max(MIN_BUDGET_S, deadline - time.monotonic()) if flashinfer else BACKEND_BUDGET_S
             record(_entry(name, spec, library, WORLD, "graph",
-                          _spawn(_graph_rank, WORLD, budget, name, spec, str(args.out))))
+                          _spawn(_graph_rank, WORLD, budget, name, spec, str(args.out), False)))
     print(f"wrote {args.out}/manifest.json: {sum(1 for e in entries if 'skipped' not in e)} of {len(entries)} recorded")
     return 0
 

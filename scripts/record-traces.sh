@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One command for the GPU traces of `commbench attribute`'s tests (scripts/record-traces.py):
-#   bash scripts/record-traces.sh            traces + manifest.json into $OUT/traces (else ./traces),
-#                                            logs into $OUT/record-logs
+#   bash scripts/record-traces.sh [--skew]   traces + manifest.json into $OUT/traces (else ./traces),
+#                                            logs into $OUT/record-logs (--skew: the 4-rank late-rank set)
 # Ranks share GPU 0 concurrently under a private MPS daemon started here (its own pipe and log
 # directories, stopped on exit; no other daemon is touched), as tests/gpu/run.sh does; without
 # nvidia-cuda-mps-control they take turns (time slicing) and the manifest says mps: false.
@@ -34,7 +34,7 @@ else
   echo "# nvidia-cuda-mps-control not found: ranks take turns on the GPU"
 fi
 # Each backend gets 60 s at most; FlashInfer, last, what is left of 330 s (its first JIT build takes about 2.5 min): 6 minutes at most.
-timeout 360 python3 scripts/record-traces.py --out "$dest" 2>&1 | grep -v '^USDT:' | tee "$logs/record.log"
+timeout 360 python3 scripts/record-traces.py --out "$dest" "$@" 2>&1 | grep -v '^USDT:' | tee "$logs/record.log"
 status=${PIPESTATUS[0]}
 ls -la "$dest"
 exit "$status"

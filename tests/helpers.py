@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import socket
 import subprocess
 import sys
+import traceback
 from pathlib import Path
+from typing import Any, Callable
 
 PLUGINS = Path(__file__).parent / "plugins"
 # The harness's fixed waits (commbench/waits.py), shrunk for the processes tests start: a fault
@@ -35,10 +39,22 @@ def run_cli(args: list[str], timeout: float = 120, env: dict[str, str] | None = 
 
 
 def run_torchrun(nproc: int, args: list[str], timeout: float = 180, env: dict[str, str] | None = None,
-                 torchrun_args: list[str] | None = None) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "torch.distributed.run", *(torchrun_args or ["--standalone"]),
+                 torchrun_args: list[str] | None = None, python: str = sys.executable) -> subprocess.CompletedProcess:
+    command = [python, "-m", "torch.distributed.run", *(torchrun_args or ["--standalone"]),
                "--nproc-per-node", str(nproc), "-m", "commbench", *args]
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=child_env(env))
+
+
+def our_frames(stderr: str) -> list[str]:
+    """The lines of a traceback in `stderr` that name a file of commbench's own package (its
+    folders, wherever they are installed): a checkout is often itself named "commbench", so
+    "commbench/" in a path says nothing (torch's frames under its .venv hold it too)."""
+    import importlib.util
+
+    folders = [folder for name in ("commbench", "commbench.backends", "commbench.topology")
+               for folder in importlib.util.find_spec(name).submodule_search_locations]
+    return [line for line in stderr.splitlines()
+            if any(f'File "{os.path.join(folder, "")}' in line for folder in folders)]
 
 
 def only_run_dir(out: Path) -> Path:
@@ -49,3 +65,51 @@ def only_run_dir(out: Path) -> Path:
 
 def rows(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "measurements.jsonl").read_text().splitlines() if line.strip()]
+
+
+def sweep_args(*argv: str) -> "argparse.Namespace":
+    """The sweep's flags parsed as `commbench sweep` parses them."""
+    from commbench.sweep.command import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (for a rendezvous)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def spawn_ranks(worker: Callable[..., Any], world: int, *args: Any, timeout_s: float = 120.0) -> dict[int, Any]:
+    """worker(rank, world, *args) in `world` spawned processes, each with one rank's
+    torch.distributed environment on this host (RANK, WORLD_SIZE, LOCAL_*, a free MASTER_PORT);
+    their return values by rank. A worker that raises returns {"crash": its traceback}, so a test
+    fails at once with it instead of waiting out timeout_s. `worker` and args must pickle: a
+    module-level function of a test module."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_rank_main, args=(worker, rank, world, port, args, results)) for rank in range(world)]
+    for proc in procs:
+        proc.start()
+    try:
+        return dict(results.get(timeout=timeout_s) for _ in procs)
+    finally:
+        for proc in procs:
+            proc.join(timeout=30)
+            if proc.is_alive():
+                proc.kill()
+
+
+def _rank_main(worker: Callable[..., Any], rank: int, world: int, port: int, args: tuple, results: Any) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    try:
+        results.put((rank, worker(rank, world, *args)))
+    except Exception:
+        results.put((rank, {"crash": traceback.format_exc()}))

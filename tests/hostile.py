@@ -7,7 +7,9 @@ returns the argv; `check(result, root)` raises AssertionError when the promise i
 
 The classes are those of the issue: traceback (one line and exit 2 promised), silent (bad input
 accepted without a word), data (a row lost, doubled or taken without a word), security (a write
-outside the run dir, shell or terminal text passed on).
+outside the run dir, shell or terminal text passed on), and those of issue 43 (traces, snapshots,
+imports, signals: tests/hostile_inputs.py) add resource (unbounded time or memory, a read that
+blocks forever).
 
 Run as a script to count, per class, the cases an interpreter's commbench gets right, e.g. that
 of an older checkout's venv: `python tests/hostile.py OLD/.venv/bin/python [NAME-FILTER]`.
@@ -22,6 +24,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -31,7 +34,7 @@ RUNS = TESTS / "data" / "runs"
 SPEC = TESTS.parent / "commbench" / "specs" / "pcie-8x.toml"
 NCCL_LOG = TESTS / "data" / "nccl-tests" / "h200-8gpu-mpi-graph.txt"
 
-CLASSES = ("traceback", "silent", "data", "security")
+CLASSES = ("traceback", "silent", "data", "security", "resource")
 
 
 @dataclass
@@ -39,6 +42,7 @@ class Result:
     code: int
     out: str
     err: str
+    seconds: float = 0.0                    # how long the command took
 
 
 @dataclass
@@ -50,10 +54,11 @@ class Case:
     procs: bool = False                    # launches a process (a lock holder, or the command itself)
     interrupt_during: str | None = None     # run as a process, SIGINT once it imports this module
     file_limit_bytes: int | None = None     # run as a process whose files cannot grow past this (a full disk)
+    blocks: bool = False                    # blocked forever before (a FIFO): run as a process, with a limit
 
     @property
     def own_process(self) -> bool:
-        return self.interrupt_during is not None or self.file_limit_bytes is not None
+        return self.interrupt_during is not None or self.file_limit_bytes is not None or self.blocks
 
 
 # ---------------------------------------------------------------- building blocks
@@ -432,7 +437,10 @@ _HOLD_LOCK = ("import fcntl, os, socket, sys, time\n"
 
 
 def cases() -> list[Case]:
-    return _row_cases() + _info_cases() + _security_cases() + _data_cases() + _sweep_cases()
+    import hostile_inputs
+
+    return (_row_cases() + _info_cases() + _security_cases() + _data_cases() + _sweep_cases()
+            + hostile_inputs.cases())
 
 
 # ---------------------------------------------------------------- counting (script use)
@@ -449,6 +457,7 @@ def run_as_process(python: str, argv: list[str], cwd: Path, timeout_s: float = 1
         if file_limit_bytes is not None:
             resource.setrlimit(resource.RLIMIT_FSIZE, (file_limit_bytes, file_limit_bytes))
 
+    began = time.monotonic()
     flags = ["-X", "importtime"] if interrupt_during else []
     proc = subprocess.Popen([python, *flags, "-m", "commbench", *argv], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, cwd=cwd, env={**os.environ, "OMP_NUM_THREADS": "1"},
@@ -465,9 +474,9 @@ def run_as_process(python: str, argv: list[str], cwd: Path, timeout_s: float = 1
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.communicate()
-        return Result(-9, "", f"still running after {timeout_s:g} s")
+        return Result(-9, "", f"still running after {timeout_s:g} s", timeout_s)
     err = "".join(line for line in [*early, *err.splitlines(keepends=True)] if not line.startswith(_IMPORT_TIME))
-    return Result(proc.returncode, out, err)
+    return Result(proc.returncode, out, err, time.monotonic() - began)
 
 
 def count(python: str, only: str | None = None) -> dict[str, list[int]]:
@@ -480,7 +489,8 @@ def count(python: str, only: str | None = None) -> dict[str, list[int]]:
         with tempfile.TemporaryDirectory() as tmp:
             root = Path(tmp)
             argv = case.build(root)
-            result = run_as_process(python, argv, root, timeout_s=60, interrupt_during=case.interrupt_during,
+            result = run_as_process(python, argv, root, timeout_s=20 if case.blocks else 60,
+                                    interrupt_during=case.interrupt_during,
                                     file_limit_bytes=case.file_limit_bytes)
             try:
                 case.check(result, root)

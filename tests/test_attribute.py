@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import re
 import sqlite3
 import sys
@@ -255,7 +256,7 @@ def test_size_hint_from_the_model_or_hidden_and_batch(argv: list[str], expected:
 
 
 @pytest.mark.parametrize("argv, expected", [
-    (["--batch", "0", "--hidden", "4096"], "--batch must be a positive number"),
+    (["--batch", "0", "--hidden", "4096"], "--batch must be a whole number from 1"),
     (["--model", "no-such-model"], "unknown model"),
     (["--model", "llama-3.1-70b", "--hidden", "4096"], "give --model or --hidden, not both"),
     (["--step-annotation", "("], "--step-annotation: not a regular expression"),
@@ -487,13 +488,33 @@ def test_an_unreadable_nccl_log_is_one_line(capsys: pytest.CaptureFixture[str], 
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     log = tmp_path / "nccl.log"
     log.write_text("h:1:1 [0] NCCL INFO NCCL version 2.28.9\n")
-    real_open = Path.open
+    real_open = os.open
 
-    def refuse(self: Path, *args: object, **kwargs: object):   # root reads a chmod 000 file
-        if self == log:
+    def refuse(path: Path, *args: object, **kwargs: object):   # root reads a chmod 000 file
+        if Path(path) == log:
             raise PermissionError(13, "Permission denied")
-        return real_open(self, *args, **kwargs)
-    monkeypatch.setattr(Path, "open", refuse)
+        return real_open(path, *args, **kwargs)
+    monkeypatch.setattr(os, "open", refuse)
     code, out, err = attribute_cli(capsys, str(VLLM[0]), "--nccl-log", str(log))
     assert (code, out) == (2, "") and err.count("\n") == 1
     assert f"--nccl-log {log}: cannot read (Permission denied)" in err
+
+
+def test_the_floor_names_the_fastest_kernel_of_the_run_and_whose_it_is(tmp_path: Path) -> None:
+    """Beside the library's own floor: the fastest plain allreduce the run measured at that size,
+    any backend, with whose it is (here commbench's p2p, a stand-in for the engines' kernel)."""
+    from commbench.analysis.curves import decode_curves, ranking
+    from commbench.runs import load_run
+
+    trace = tmp_path / "t.json"
+    _graph_trace(trace, "void c10d::symmetric_memory::one_shot_all_reduce_kernel<c10::BFloat16, 16, 2>(x)")
+    ranks, results = attribute.analyse_traces([trace], SizeHint(8 * 4096 * 2, "8 x 4096 x bf16"))
+    run = load_run(RUN)
+    [line] = attribute.floor_lines(run, ranks, results, None, 8)
+    top = ranking([c for c in decode_curves(run, 2, "bf16", "auto") if c.key.op == "allreduce"], 8 * 4096 * 2)[0]
+    assert line.fastest is not None and line.fastest.variant == top.curve.label != line.floor.variant  # type: ignore[union-attr]
+    assert line.fastest.latency_us < line.floor.latency_us  # type: ignore[union-attr]
+    assert line.fastest_whose.startswith("the p2p backend; stands in for SGLang's custom_ar path")
+    text = " ".join(attribute.floor_text([line]).split())
+    assert "the fastest kernel measured in the same run at that size, any backend" in text
+    assert f"{top.curve.label}: the p2p backend; stands in for" in text

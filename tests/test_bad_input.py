@@ -12,15 +12,17 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
 from commbench import cli
-from helpers import PLUGINS, run_cli, run_torchrun
+from helpers import PLUGINS, our_frames, run_cli, run_torchrun
 
 TESTS = Path(__file__).parent
+REPO = TESTS.parent
 RUNS = TESTS / "data" / "runs"
 SNAPSHOT = TESTS / "fixtures" / "snapshots" / "pcie-2x4-numa.json"
 SPEC = TESTS.parent / "commbench" / "specs" / "pcie-8x.toml"
@@ -99,7 +101,7 @@ BAD_INPUT = [
     (["sweep", "--tokens", "1,2", "--out", "out"], "need both --tokens and --hidden"),
     (["sweep", "--sizes", "9" * 400, "--out", "out"], "is larger than 1048576G, the most a rank can send"),
     (["sweep", "--sizes", "4K,6", "--out", "out"], "message size 6B is not a whole number of fp32 elements"),
-    (["sweep", "--tokens", "1", "--hidden", str(10 ** 30), "--out", "out"], "bytes per rank, more than 1048576G"),
+    (["sweep", "--tokens", "1", "--hidden", str(10 ** 30), "--out", "out"], "--hidden must be a whole number from 1 to 1048576"),
     (["sweep", "--sizes", "4K", "--backends", "gloo,gloo", "--out", "out"], "--backends 'gloo,gloo': gloo is listed"),
     # ---- sweep: limits that are no limit (NaN fails every comparison; inf overflows the timer)
     ([*SWEEP, "--timeout", "inf"], "--timeout must be a positive, finite number of seconds, at most"),
@@ -197,7 +199,7 @@ BAD_INPUT = [
     ([*QUALIFY, "{in}/int8.toml"], "[spec] dtype must be one of bf16, fp16, fp32, got 'int8'"),
     ([*QUALIFY, "{in}/missing.toml"], "missing.toml: no such file"),
     ([*QUALIFY, "{in}/deep.toml"], "deep.toml: nested deeper than 64 levels"),
-    ([*QUALIFY, "/dev/zero"], "/dev/zero: larger than 1 MiB, not a qualify spec"),
+    ([*QUALIFY, "/dev/zero"], "/dev/zero: is a device, not a qualify spec"),
     (["qualify", "{in}/run-list", "--spec", str(SPEC)], "run.json: a JSON list, not a commbench run.json"),
     ([*QUALIFY, str(SPEC), "--junit", "/proc/q.xml"], "--junit /proc/q.xml: not writable"),
     ([*QUALIFY, str(SPEC), "--junit", "{in}"], "--junit {in}: is a directory"),
@@ -210,7 +212,13 @@ BAD_INPUT = [
     (["compare", *ONE_RUN, "{runs}/cpu-gloo-4rank-b", "--out", "{in}/a-file"], "exists and is not a directory"),
     (["compare", *ONE_RUN, "/no/such/run"], "no such results directory"),
     # ---- table
+    (["fleet", "qualify", "{in}"], "{in}: not a fleet (no fleet.json)"),
+    (["fleet", "qualify", "{in}", "--min-nodes", "2"], "--min-nodes must be at least 3"),
+    (["fleet", "build", *ONE_RUN, "--out", "{in}"], "--out {in}: a folder that is not a fleet and not empty"),
+    (["fleet", "query", "{in}", "select 1"], "{in}: not a fleet (no fleet.json)"),
     (["table", "/no/such/run"], "no such results directory"),
+    (["engines", "--check", "/no/such/site"], "--check: /no/such/site does not exist"),
+    (["engines", "--tp", "0"], "--tp must be a positive number of ranks"),
     (["table", *ONE_RUN, *ONE_RUN], "a run dir is listed twice"),
     (["table", *ONE_RUN, "--out", "{in}"], "--out {in}: is a directory (give a file name)"),
     (["table", "{in}/run-deep"], "run.json: nested deeper than 64 levels"),
@@ -223,9 +231,23 @@ BAD_INPUT = [
     (["import-nccl-tests", "{in}/binary.csv", "--setting", "nope", "--out", "out"], "malformed --setting 'nope'"),
     (["import-nccl-tests", "{in}/nan-time.txt", "--average", "3", "--out", "out"],
      "nan-time.txt: line 19: the out-of-place time is nan, not a positive time"),
+    # ---- engines (more in tests/test_engine_facts.py)
+    (["engines", "--check", "{in}/a-file"], "--check: {in}/a-file is not a folder"),
+    (["engines", "--check", "{in}"], "holds no vllm or sglang package"),
+    (["engines", "--check", "/no/such/site"], "--check: /no/such/site does not exist"),
+    (["engines", "--engine-site", "{in}"], "--engine-site: {in} holds no vllm or sglang package"),
+    (["engines", "--engine-log", "{in}/engine.log"], "no \"Using [...] all-reduce backends (in dispatch order)"),
+    (["engines", "--engine-log", "{in}/no-such.log"], "--engine-log {in}/no-such.log: cannot be read"),
+    (["engines", "{in}/not-utf8.json"], "not-utf8.json"),
+    (["engines", "{in}/run-list/run.json"], "not a probe snapshot"),
+    (["engines", "--engine", "trtllm"], "--engine 'trtllm': choose from vllm, sglang"),
+    (["engines", "--model", "glm-5", "--arch", "Glm;rm"], "--arch 'Glm;rm': expected a class name"),
+    (["engines", "--tp", "0"], "--tp must be a positive number of ranks"),
+    (["recommend", "{runs}/synthetic-pcie-8gpu", "--model", "glm-5", "--engine-log", "{in}/empty.log"],
+     "no \"Using [...] all-reduce backends"),
     # ---- attribute (more in tests/test_attribute.py)
     (["attribute", "/no/such/trace.json"], "no such file"),
-    (["attribute", "{in}"], "is a directory, not a trace file"),
+    (["attribute", "{in}"], "is a directory, not a profiler trace"),
     (["attribute", "{in}/binary.csv"], "not a Chrome trace JSON"),
     (["attribute", "{in}/not-utf8.csv"], "not a profiler trace (not UTF-8 text)"),
     (["attribute", "{in}/binary.csv", "--json", "{in}"], "--json {in}: is a directory"),
@@ -304,11 +326,28 @@ def test_the_real_entry_point_answers_the_same(argv, expected, tmp_path):
 @pytest.mark.procs
 def test_under_torchrun_the_line_comes_once_before_torchrun_reports(tmp_path):
     """torchrun adds its own report of the failed workers (docs/sweep.md says so); commbench's part is
-    one line from rank 0, with no traceback of ours."""
-    done = run_torchrun(2, ["sweep", "--timeout", "nan", "--out", str(tmp_path / "out")])
+    one line from rank 0, with no traceback of ours. Run from a checkout named commbench, as a plain
+    `git clone` makes it: torchrun's own frames then lie under commbench/.venv/ and must not count."""
+    python = Path(sys.executable)
+    if REPO not in python.parents:
+        pytest.skip(f"{python} is not in this checkout's own environment")
+    clone = tmp_path / "commbench"
+    clone.symlink_to(REPO, target_is_directory=True)
+    done = run_torchrun(2, ["sweep", "--timeout", "nan", "--out", str(tmp_path / "out")],
+                        python=str(clone / python.relative_to(REPO)))
     ours = [line for line in done.stderr.splitlines() if line.startswith("commbench sweep: error:")]
     assert ours == ["commbench sweep: error: --timeout must be a positive, finite number of seconds (got nan)"]
-    assert "commbench/" not in done.stderr and not (tmp_path / "out").exists()
+    assert f"{clone}/" in done.stderr   # torchrun's report names its own files under the clone
+    assert our_frames(done.stderr) == [] and not (tmp_path / "out").exists()
+
+
+def test_our_frames_are_told_by_the_package_folder_not_by_the_word():
+    import commbench
+
+    package = Path(commbench.__file__).parent
+    torch_frame = '  File "/home/u/commbench/.venv/lib/python3.11/site-packages/torch/distributed/run.py", line 9'
+    our_frame = f'  File "{package}/sweep/command.py", line 130, in main'
+    assert our_frames("\n".join([torch_frame, our_frame])) == [our_frame]
 
 
 # ---------------------------------------------------------------- runs that cannot be read or written
@@ -333,14 +372,14 @@ def _with_run(argv: list[str], run: Path) -> list[str]:
 @pytest.mark.parametrize("argv", UNREADABLE_OR_READ_ONLY, ids=lambda argv: argv[0])
 def test_an_unreadable_run_dir_is_one_line(argv, tmp_path, monkeypatch, capsys):
     run = _copy("cpu-gloo-4rank-a", tmp_path)
-    real = Path.open
+    real = os.open
 
-    def open_(self, *args, **kwargs):
-        if self.parent == run:
-            raise PermissionError(errno.EACCES, "Permission denied", str(self))
-        return real(self, *args, **kwargs)
+    def open_(path, flags, *args, **kwargs):   # inputs are opened with os.open (files.open_input)
+        if Path(path).parent == run and not flags & (os.O_WRONLY | os.O_RDWR):
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real(path, flags, *args, **kwargs)
 
-    monkeypatch.setattr(Path, "open", open_)
+    monkeypatch.setattr(os, "open", open_)
     monkeypatch.chdir(tmp_path)
     code, out, err = run_in_process(_with_run(argv, run), capsys)
     assert_one_line(code, out, err, f"{run}/run.json: cannot read (Permission denied)")

@@ -13,6 +13,7 @@ from commbench.analysis.compare import changes
 from commbench.analysis.curves import build_curves
 from commbench.results import ROWS_FILE
 from commbench.runs import load_run
+from factories import row
 
 RUNS = Path(__file__).parent / "data" / "runs"
 SYNTHETIC = RUNS / "synthetic-pcie-8gpu"
@@ -124,19 +125,15 @@ def test_bf16_and_fp32_rows_are_told_apart(tmp_path, capsys):
 
 
 def test_curves_pair_across_runs_by_the_whole_key_and_name_what_sets_them_apart():
-    from commbench.results import Measurement
-
-    def row(us: float, version: str, world: int = 8) -> Measurement:
-        return Measurement(backend="nccl", mode="graph", dtype="bf16", message_bytes=4096, world_size=world,
-                           status="ok", latency_us=us, wrong_elements=0, extra={"nccl_version_loaded": version})
-
-    one_run = build_curves([row(40.0, "2.28.9"), row(30.0, "2.30.7")])   # two NCCLs in one run: two curves
+    old = {"extra": {"nccl_version_loaded": "2.28.9"}, "world_size": 8}
+    new = {"extra": {"nccl_version_loaded": "2.30.7"}, "world_size": 8}
+    one_run = build_curves([row(latency_us=40.0, **old), row(latency_us=30.0, **new)])   # two NCCLs: two curves
     assert sorted(c.label for c in one_run) == ["nccl {NCCL 2.28.9} (graph)", "nccl {NCCL 2.30.7} (graph)"]
     # A before/after of one NCCL upgrade: each run has one nccl curve, so they are compared.
-    (upgrade,) = changes(build_curves([row(40.0, "2.28.9")]), build_curves([row(30.0, "2.30.7")]))
+    (upgrade,) = changes(build_curves([row(latency_us=40.0, **old)]), build_curves([row(latency_us=30.0, **new)]))
     assert upgrade.latency_change_pct == pytest.approx(-25.0)
     # Against a run with both, each side pairs with its own library only.
-    paired = changes(one_run, build_curves([row(44.0, "2.28.9"), row(33.0, "2.30.7")]))
+    paired = changes(one_run, build_curves([row(latency_us=44.0, **old), row(latency_us=33.0, **new)]))
     assert sorted(round(c.latency_change_pct) for c in paired) == [10, 10]
-    mixed = build_curves([row(40.0, "2.28.9", world=4), row(50.0, "2.28.9", world=8)])
+    mixed = build_curves([row(latency_us=40.0, **{**old, "world_size": 4}), row(latency_us=50.0, **old)])
     assert sorted(c.label for c in mixed) == ["nccl {4 ranks} (graph)", "nccl {8 ranks} (graph)"]

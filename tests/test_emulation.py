@@ -3,8 +3,6 @@ says so in its first line, and qualify never passes such a run as hardware."""
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -13,6 +11,7 @@ from commbench.cli import main as cli
 from commbench.runtime.context import Emulation
 from commbench.results import describe_emulation
 from commbench.runs import load_run
+from factories import write_run
 
 SYNTHETIC = Path(__file__).parent / "data" / "runs" / "synthetic-pcie-8gpu"
 SPEC = Path(__file__).parents[1] / "commbench" / "specs" / "pcie-8x.toml"
@@ -21,12 +20,8 @@ UNDER_MPS = {"gpus": 1, "ranks": 8, "mps": True, "sm_percent": 12.0}
 
 @pytest.fixture
 def emulated(tmp_path: Path) -> Path:
-    run = tmp_path / "emulated"
-    shutil.copytree(SYNTHETIC, run)
-    info = json.loads((run / "run.json").read_text())
-    del info["provenance"]            # no longer the hand-made fixture: an emulated run
-    (run / "run.json").write_text(json.dumps({**info, "emulation": UNDER_MPS}))
-    return run
+    # No longer the hand-made fixture: an emulated run.
+    return write_run(tmp_path / "emulated", like=SYNTHETIC, provenance=None, emulation=UNDER_MPS)
 
 
 def test_the_label_says_what_ran_and_what_it_does_not_measure():
@@ -63,12 +58,7 @@ def test_qualify_never_passes_an_emulated_run(emulated, tmp_path, capsys):
     assert not [l for l in out.splitlines() if l.startswith("PASS") and " fabric " in l]
 
 
-def test_rows_alone_are_enough_to_know(emulated):
-    info = json.loads((emulated / "run.json").read_text())
-    del info["emulation"]
-    (emulated / "run.json").write_text(json.dumps(info))
-    lines = (emulated / "measurements.jsonl").read_text().splitlines()
-    first = json.loads(lines[0])
-    first["emulation"] = UNDER_MPS
-    (emulated / "measurements.jsonl").write_text("\n".join([json.dumps(first), *lines[1:]]) + "\n")
-    assert load_run(emulated).emulation == UNDER_MPS
+def test_rows_alone_are_enough_to_know(tmp_path):
+    rows = list(load_run(SYNTHETIC).rows)
+    rows[0].emulation = UNDER_MPS
+    assert load_run(write_run(tmp_path / "run", rows, like=SYNTHETIC, provenance=None)).emulation == UNDER_MPS

@@ -158,3 +158,27 @@ def test_voted_rank0_first_runs_rank0_then_the_others() -> None:
 
     with pytest.raises(BackendUnavailable, match="build failed on rank 0: RuntimeError: nvcc failed"):
         voted_rank0_first(ctx(0), "build", broken)
+
+
+def test_sglang_hands_its_kernels_own_tensor_to_the_harness_with_no_copy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SGLang's kernel returns a tensor of its own: the backend returns it as it is (no copy into
+    the harness's buffer, which SGLang's caller never makes), eager and in place alike."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)   # eager calls, no CUDA here
+    backend = sg.SglangCustomAllreduce("1shot_push")
+    calls: list[tuple[int, str]] = []
+
+    def all_reduce(comm: object, flat: torch.Tensor, algo: str, row: object, multicast: bool) -> torch.Tensor:
+        calls.append((flat.data_ptr(), algo))
+        return flat * 2 if algo == "1shot_push" else flat   # a fresh tensor, or the input (in place)
+
+    backend._comm, backend._graph_params = object(), torch.zeros(1)
+    backend._module = SimpleNamespace(all_reduce=all_reduce)
+    x = torch.arange(8, dtype=torch.float32)
+    result = backend.allreduce(x, x)
+    assert torch.equal(result, torch.arange(8, dtype=torch.float32) * 2)
+    assert torch.equal(x, torch.arange(8, dtype=torch.float32))        # nothing copied back into x
+    backend.algo = "2shot_pull"
+    assert backend.allreduce(x, x).data_ptr() == x.data_ptr()
+    assert calls == [(x.data_ptr(), "1shot_push"), (x.data_ptr(), "2shot_pull")]

@@ -14,6 +14,7 @@ from commbench.engines import paths as engine_paths
 from commbench.engines import (CUSTOM_AR, FLASHINFER_AR, FLASHINFER_FUSED, NCCL_PATH, NCCL_SYMM, SGLANG, TORCH_SYMM_MEM,
                                VLLM)
 from commbench.policy import MULTICAST_POLICY_VARS
+from factories import row
 
 ROOT = Path(__file__).parent.parent
 PCIE = json.loads((ROOT / "tests/data/runs/synthetic-pcie-8gpu/run.json").read_text())["snapshot"]
@@ -177,18 +178,14 @@ def test_where_ranks_share_a_gpu_sglang_v2_rows_stand_in_at_every_world_size():
 def test_own_kernel_rows_of_a_path_running_another_kernel_are_priced_as_stand_ins(tmp_path):
     from commbench.analysis import decide
     from commbench.analysis.curves import build_curves
-    from commbench.results import Measurement, Run
-
-    def row(backend: str, us: float) -> Measurement:
-        return Measurement(backend=backend, mode="graph", dtype="bf16", message_bytes=64 * KiB, world_size=2,
-                           status="ok", latency_us=us, wrong_elements=0)
+    from commbench.results import Run, RunInfo
 
     facts = {"sglang:auto": {"engine_settings": engines.Settings(
         "sglang:auto", sglang_env=dict(engines.SGLANG_CUSTOM_AR_V2_ENV), vllm_supported=False,
         engine_paths=engines.claim(engines.CUSTOM_AR, SGLANG)).to_dict()}}
-    rows = [row("sglang:auto", 9.0)]
+    rows = [row(backend="sglang:auto", message_bytes=64 * KiB, latency_us=9.0)]
     for snapshot, own in ((PCIE, False), (nvswitch_h200(False), True)):
-        run = Run(tmp_path, {"snapshot": snapshot, "world_size": 2, "backend_facts": facts}, rows)
+        run = Run(tmp_path, RunInfo(snapshot=snapshot, world_size=2, backend_facts=facts), rows)
         states = engine_paths.states(SGLANG, snapshot, 2, "bf16")
         (option,) = [o for o in decide.options(SGLANG, states, run, build_curves(rows)) if o.state.path == CUSTOM_AR]
         assert ([c.backend for c in option.own], [c.backend for c in option.stand_ins]) == \

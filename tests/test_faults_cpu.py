@@ -53,6 +53,7 @@ def resume_command(stderr: str) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", *words[1:]]
 
 
+@pytest.mark.slow
 def test_a_rank_that_raises_in_allreduce_is_an_error_row_and_the_printed_resume_goes_on(tmp_path: Path) -> None:
     # The default 120 s row watchdog would outlast the test's own limit: the error must come sooner.
     first = run_torchrun(2, ["sweep", "--backends", "testfaults:raise_rank1@16384,testfaults:exact", *SIZES,
@@ -79,6 +80,7 @@ def test_a_rank_that_raises_in_allreduce_is_an_error_row_and_the_printed_resume_
     assert len(info["resumed"]) == 1 and "--resume" not in info["command"]   # the original stays
 
 
+@pytest.mark.slow
 def test_the_driver_survives_crashes_and_a_stranding_setup_and_finishes_every_other_backend(tmp_path: Path) -> None:
     faulty = ["testfaults:segv_setup_rank1", "testfaults:segv_rank1@16384", "testfaults:raise_setup_rank1"]
     result = run_cli(["sweep", "--nproc", "2", "--backends", ",".join(faulty + ["testfaults:exact", "gloo"]),
@@ -123,6 +125,7 @@ def test_the_driver_survives_crashes_and_a_stranding_setup_and_finishes_every_ot
     assert re.search(r"FAIL +correctness +no hangs +2 crash\(es\): testfaults:segv_rank1 16K crashed", qualified.stdout)
 
 
+@pytest.mark.slow
 def test_a_crash_of_the_rank_that_writes_rows_under_torchrun_is_named_and_one_resume_finishes(tmp_path: Path) -> None:
     args = ["sweep", "--backends", "testfaults:segv_rank0@16384,testfaults:exact", *SIZES, "--out", str(tmp_path)]
     first = run_torchrun(2, args)
@@ -146,6 +149,7 @@ def test_a_crash_of_the_rank_that_writes_rows_under_torchrun_is_named_and_one_re
     assert_each_cell_once(got)
 
 
+@pytest.mark.slow
 def test_a_hang_holding_the_gil_on_rank_0_is_recorded_by_the_driver_which_goes_on(tmp_path: Path) -> None:
     result = run_cli(["sweep", "--nproc", "2", "--backends", "testfaults:hang_gil_rank0@16384,testfaults:exact",
                       *SIZES, "--timeout", "3", "--out", str(tmp_path)], timeout=400)
@@ -168,6 +172,7 @@ def _file_size_limit(limit_bytes: int):
     return apply
 
 
+@pytest.mark.slow
 def test_a_write_error_ends_the_run_with_one_line_and_resume_repairs_the_torn_row(tmp_path: Path) -> None:
     args = ["sweep", "--backends", "testfaults:exact", "--sizes", "1K,2K,4K,8K,16K,32K", "--iters", "2",
             "--no-probe", "--out", str(tmp_path)]
@@ -196,6 +201,7 @@ def test_a_write_error_ends_the_run_with_one_line_and_resume_repairs_the_torn_ro
     assert (run_dir / "measurements.jsonl.torn").read_text() == text.splitlines()[-1] + "\n"
 
 
+@pytest.mark.slow
 def test_exit_status_three_means_something_hung_or_crashed_during_this_command(tmp_path: Path) -> None:
     args = ["sweep", "--backends", "testfaults:slow_setup@5", "--sizes", "4K", "--iters", "2", "--setup-timeout", "1"]
     alone = run_cli(args + ["--out", str(tmp_path / "a")])
@@ -212,6 +218,7 @@ def test_exit_status_three_means_something_hung_or_crashed_during_this_command(t
     assert "exitcode  : 3" in workers.stderr
 
 
+@pytest.mark.slow
 def test_a_resume_of_another_experiment_is_refused_with_the_differences_and_changes_nothing(tmp_path: Path) -> None:
     made = run_cli(["sweep", "--backends", "testfaults:exact", "--sizes", "4K", "--iters", "2", "--no-probe",
                     "--out", str(tmp_path)])

@@ -7,19 +7,19 @@ rows, followed by torch's residual add and RMSNorm on the CPU.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from commbench.backends.base import Backend, BackendFactory, BackendUnavailable
 from commbench.analysis.fusion import FUSED_OP, best_allreduce_rows, summarize
 from commbench.backends.fused import (RMS_EPS, TOLERANCE, check_fused, reference_residual_rmsnorm, residual_rmsnorm,
                                       rms_gamma)
 from commbench.results import Measurement
+import factories
+from helpers import spawn_ranks
 
 
 class CpuGlooAllreduce(Backend):
@@ -45,12 +45,9 @@ class CpuGlooAllreduce(Backend):
 FACTORY = BackendFactory(family="cpugloo", make=lambda variant, options: [CpuGlooAllreduce(variant == "noop")])
 
 
-def row(backend: str, us: float | None, *, op: str = "allreduce", mode: str = "graph", dtype: str = "bf16",
-        nbytes: int = 8192, tokens: int | None = None, hidden: int | None = None, status: str = "ok",
-        extra: dict | None = None, env: dict | None = None, world: int = 2) -> Measurement:
-    return Measurement(backend=backend, mode=mode, dtype=dtype, message_bytes=nbytes, world_size=world,
-                       status=status, op=op, tokens=tokens, hidden=hidden, latency_us=us,
-                       extra=extra or {}, env_setting=env or {})
+def row(backend: str, us: float | None, **changes: Any) -> Measurement:
+    """`backend`'s row taking `us`, 8 KiB unless `changes` say otherwise (factories.row)."""
+    return factories.row(backend=backend, latency_us=us, **{"message_bytes": 8192, **changes})
 
 
 # --- math ------------------------------------------------------------------------------------
@@ -107,10 +104,10 @@ def test_best_allreduce_rows_prefers_graph_and_correct_reproducible_rows():
         row("symm_mem:one_shot", 9.0),
         row("symm_mem:one_shot", 5.0, dtype="fp16"),
         row("p2p:oneshot", 3.0, status="wrong"),
-        row("nccl:proto=LL", 2.0, env={"NCCL_NTHREADS": "64"}),
+        row("nccl:proto=LL", 2.0, env_setting={"NCCL_NTHREADS": "64"}),
         row("flashinfer:fused_oneshot", 1.0, op=FUSED_OP),
-        row("nccl:default", 50.0, nbytes=16384),
-        row("symm_mem:two_shot", 45.0, nbytes=16384, world=4),
+        row("nccl:default", 50.0, message_bytes=16384),
+        row("symm_mem:two_shot", 45.0, message_bytes=16384, world_size=4),
     ]
     best = best_allreduce_rows(rows, "bf16", 2)
     assert {size: r.backend for size, r in best.items()} == {8192: "symm_mem:one_shot", 16384: "nccl:default"}
@@ -119,7 +116,7 @@ def test_best_allreduce_rows_prefers_graph_and_correct_reproducible_rows():
 
 
 def test_summarize_pairs_fused_with_the_unfused_baseline_of_the_same_work():
-    shape = {"tokens": 4, "hidden": 1024, "nbytes": 8192}
+    shape = {"tokens": 4, "hidden": 1024, "message_bytes": 8192}
     rows = [
         row("gloo:plain", 30.0, mode="eager"),
         row("unfused:best", 42.0, op=FUSED_OP, mode="eager", extra={"allreduce_backend": "gloo:plain"}, **shape),
@@ -127,7 +124,7 @@ def test_summarize_pairs_fused_with_the_unfused_baseline_of_the_same_work():
         row("flashinfer:fused_oneshot", 8.0, op=FUSED_OP, **shape),
         row("flashinfer:fused_twoshot", 15.0, op=FUSED_OP, **shape),
         row("flashinfer:fused_oneshot", 30.0, op=FUSED_OP, mode="eager", **shape),
-        row("flashinfer:fused_oneshot", 7.0, op=FUSED_OP, tokens=8, hidden=1024, nbytes=16384),
+        row("flashinfer:fused_oneshot", 7.0, op=FUSED_OP, tokens=8, hidden=1024, message_bytes=16384),
         row("flashinfer:fused_twoshot", None, op=FUSED_OP, status="skipped", **shape),
     ]
     out = summarize(rows)
@@ -147,9 +144,7 @@ def test_summarize_pairs_fused_with_the_unfused_baseline_of_the_same_work():
 
 # --- unfused:best for real, on gloo processes ----------------------------------------------
 
-def _unfused_worker(rank: int, world: int, port: int, baseline: str, results) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
-                      LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+def _unfused_worker(rank: int, world: int, baseline: str) -> dict[str, Any]:
     from commbench import backends
     from commbench.backends.unfused import UnfusedBest
     from commbench.runtime.context import init_context, shutdown
@@ -160,8 +155,8 @@ def _unfused_worker(rank: int, world: int, port: int, baseline: str, results) ->
     nbytes = tokens * hidden * dtype.itemsize
     out: dict[str, Any] = {}
     backend = UnfusedBest(backends.Options().build)   # rebuilds its allreduce as the sweep would
-    backend.take_rows([row("cpugloo:plain", 50.0, mode="eager", nbytes=nbytes, world=world),
-                       row(baseline, 20.0, mode="eager", nbytes=nbytes, world=world)])
+    backend.take_rows([row("cpugloo:plain", 50.0, mode="eager", message_bytes=nbytes, world_size=world),
+                       row(baseline, 20.0, mode="eager", message_bytes=nbytes, world_size=world)])
     try:
         assert backend.check(ctx) is None
         backend.setup(ctx, nbytes, dtype)
@@ -182,23 +177,12 @@ def _unfused_worker(rank: int, world: int, port: int, baseline: str, results) ->
         out["checks"] = results_by_epoch
     finally:
         backend.close()
-    results.put((rank, out))
     shutdown()
+    return out
 
 
 def _run_unfused(baseline: str) -> dict[int, dict]:
-    from commbench.runtime.context import _free_port
-
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_unfused_worker, args=(r, 2, port, baseline, results)) for r in range(2)]
-    for p in procs:
-        p.start()
-    got = dict(results.get(timeout=120) for _ in procs)
-    for p in procs:
-        p.join(timeout=30)
-    return got
+    return spawn_ranks(_unfused_worker, 2, baseline)
 
 
 @pytest.mark.procs

@@ -10,6 +10,7 @@ import errno
 import io
 import json
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -26,19 +27,20 @@ CASES = hostile.cases()
 
 def _in_process(argv: list[str]) -> hostile.Result:
     out, err = io.StringIO(), io.StringIO()
+    began = time.monotonic()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
             code = cli.main(argv)
         except SystemExit as exc:   # argparse's own errors
             code = int(exc.code or 0)
-    return hostile.Result(code, out.getvalue(), err.getvalue())
+    return hostile.Result(code, out.getvalue(), err.getvalue(), time.monotonic() - began)
 
 
 def _run(case: hostile.Case, root: Path) -> hostile.Result:
     argv = case.build(root)
     if case.own_process:
-        return hostile.run_as_process(sys.executable, argv, root, interrupt_during=case.interrupt_during,
-                                      file_limit_bytes=case.file_limit_bytes)
+        return hostile.run_as_process(sys.executable, argv, root, timeout_s=20 if case.blocks else 120,
+                                      interrupt_during=case.interrupt_during, file_limit_bytes=case.file_limit_bytes)
     return _in_process(argv)
 
 

@@ -15,6 +15,7 @@ from commbench.cli import main as cli
 from commbench.errors import UsageError
 from commbench.files import read_lines
 from commbench.results import CSV_FILE, ROWS_FILE, RunDir
+import factories
 
 LOG = Path(__file__).parent / "data" / "nccl-tests" / "h200-8gpu-mpi-graph.txt"
 
@@ -143,12 +144,12 @@ def test_rows_from_templates_are_those_the_full_encoder_writes(tmp_path: Path, m
 def test_a_template_that_would_not_reproduce_its_row_is_not_used() -> None:
     """A slot whose value the row spells in text of its own (here: formatted into the reason)
     cannot be filled in from a template: every such row is encoded in full, and is right."""
-    from commbench.results import Measurement, csv_line, json_line
+    from commbench.results import csv_line, json_line
     from commbench.results.templates import Templates
 
     def build(values):
         size, latency = values
-        return Measurement("nccl", "graph", "bf16", size, 8, "ok", latency_us=latency, reason=f"took {latency:.1f}")
+        return factories.row(message_bytes=size, world_size=8, latency_us=latency, reason=f"took {latency:.1f}")
 
     templates = Templates()
     for size, latency in [(4096, 9.11), (8192, 9.25), (16384, 9.3)]:
@@ -158,13 +159,13 @@ def test_a_template_that_would_not_reproduce_its_row_is_not_used() -> None:
 
 
 def test_a_template_fills_numbers_and_text_where_the_row_has_them() -> None:
-    from commbench.results import Measurement, csv_line, json_line
+    from commbench.results import csv_line, json_line
     from commbench.results.templates import Templates
 
     def build(values):
         size, latency, where, cycle = values
-        return Measurement("nccl", "graph", "bf16", size, 8, "ok", latency_us=latency, algbw_gbps=latency,
-                           extra={"row": where, "cycle": cycle, "note": 'a "quoted", text'})
+        return factories.row(message_bytes=size, world_size=8, latency_us=latency, algbw_gbps=latency,
+                             extra={"row": where, "cycle": cycle, "note": 'a "quoted", text'})
 
     templates = Templates()
     cases = [(4096, 9.11, "line 1", 0), (8192, 1e-05, 'line "2", \\ \u00e9', 3), (1 << 40, 123456.5, "", 0)]

@@ -42,10 +42,10 @@ INSTALLED = {"commbench": "commbench", "backends": "commbench.backends", "topolo
 # torch-free machine checks and readings (topology) and how each engine picks a path (engines).
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("commbench", "commbench.errors", "commbench.units", "commbench.files", "commbench.json_stream", "commbench.policy",
-              "commbench.launch_env", "commbench.waits")),
+              "commbench.launch_env", "commbench.waits", "commbench.ops")),
     ("results", ("commbench.results", "commbench.results.*", "commbench.inflight", "commbench.runs")),
     ("facts", ("commbench.engines", "commbench.engines.*", "commbench.topology", "commbench.topology.*")),
-    ("analysis", ("commbench.analysis", "commbench.analysis.*")),
+    ("analysis", ("commbench.analysis", "commbench.analysis.*", "commbench.fleet", "commbench.fleet.*")),
     ("runtime", ("commbench.runtime", "commbench.runtime.*")),
     ("backends", ("commbench.backends", "commbench.backends.*")),
     ("probe", ("commbench.topology.snapshot", "commbench.topology.verdicts", "commbench.topology.software",
@@ -216,3 +216,89 @@ def test_the_repository_points_only_at_files_it_contains() -> None:
             if "<" not in target and "*" not in target and not (REPO / target).exists():
                 missing.append(f"{path.relative_to(REPO)}: {target}")
     assert missing == []
+
+
+# ---------------------------------------------------------------- the docs that describe the layout
+
+MODULE_NAME = re.compile(r"^[a-z_][a-z0-9_]*(\.py)?$")
+
+
+def layout_modules(text: str, repo: Path = REPO) -> tuple[set[Path], list[str]]:
+    """The module files docs/layout.md's table names, and the names there with no file. A row's
+    path cell gives its folder (a folder, or the folder of its first file); every lowercase name in
+    backticks in either cell is a module of that folder (`name` or `name.py`, or a package
+    `name/`), and a backticked path is a file of the repository."""
+    named: set[Path] = set()
+    missing: list[str] = []
+    for line in text.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if not line.startswith("| `") or len(cells) != 2:
+            continue
+        where = re.findall(r"`([^`]+)`", cells[0])
+        folder = repo / (where[0] if where[0].endswith("/") else str(Path(where[0]).parent))
+        for token in where + re.findall(r"`([^`]+)`", cells[1]):
+            if "/" in token:
+                path = repo / token
+            elif MODULE_NAME.match(token):
+                module = folder / (token if token.endswith(".py") else token + ".py")
+                path = module if module.exists() or not (folder / token).is_dir() else folder / token / "__init__.py"
+            else:
+                continue
+            if not path.exists():
+                missing.append(token)
+            named.add(path)
+    return named, missing
+
+
+def layout_problems(text: str, repo: Path = REPO) -> tuple[list[str], list[str]]:
+    """(names in the table with no module, modules the table does not name); a package's
+    __init__.py is named with any module of its folder."""
+    named, missing = layout_modules(text, repo)
+    unnamed = sorted(str(path.relative_to(repo)) for path in installed_modules(repo).values()
+                     if path not in named and not (path.name == "__init__.py" and any(n.parent == path.parent
+                                                                                     for n in named)))
+    return missing, unnamed
+
+
+def test_layout_md_names_every_module_and_only_modules_that_exist() -> None:
+    assert layout_problems((REPO / "docs" / "layout.md").read_text(encoding="utf-8")) == ([], [])
+
+
+def test_the_layout_check_finds_a_module_left_out_and_a_name_with_no_module(tmp_path: Path) -> None:
+    for folder in INSTALLED:
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "__init__.py").write_text("")
+    for module in ("commbench/cli.py", "commbench/runs.py", "backends/base.py", "topology/needs.py"):
+        (tmp_path / module).write_text("")
+    text = ("| path | what |\n| --- | --- |\n| `commbench/cli.py`, `gone.py` | the CLI, `commbench/runs.py` |\n"
+            "| `backends/` | `base.py` (the interface), `--not-a-module`, `RunDir` |\n")
+    assert layout_problems(text, tmp_path) == (["gone.py"], ["topology/__init__.py", "topology/needs.py"])
+
+
+def _flow(design: str) -> str:
+    """The code block under design.md's "The flow, and where it lives"."""
+    section = design.split("## The flow, and where it lives", 1)[1]
+    return section.split("```", 2)[1]
+
+
+def unnamed_commands(flow: str, names: list[str]) -> list[str]:
+    """The names the flow never says as a word of its own: "sweep" in commbench/sweep/ or
+    "attribute" in attribute_plots is no mention."""
+    return [name for name in names if not re.search(rf"(?<![\w/.-]){re.escape(name)}(?![\w/-])", flow)]
+
+
+def test_design_md_flow_names_every_subcommand() -> None:
+    from commbench.cli import SUBCOMMANDS
+
+    flow = _flow((REPO / "docs" / "design.md").read_text(encoding="utf-8"))
+    assert len(SUBCOMMANDS) >= 10 and unnamed_commands(flow, list(SUBCOMMANDS)) == []
+    made_up = _flow("## The flow, and where it lives\n```\ncommbench/sweep/ -> attribute_plots, report\n```\n")
+    assert unnamed_commands(made_up, ["sweep", "attribute", "report"]) == ["sweep", "attribute"]
+
+
+def test_results_md_lists_every_status() -> None:
+    from commbench.results import STATUSES
+
+    text = (REPO / "docs" / "results.md").read_text(encoding="utf-8")
+    (line,) = [line for line in text.splitlines() if line.startswith("| `status` |")]
+    assert re.findall(r"`(\w+)`", line.split("|")[2]) == list(STATUSES)

@@ -10,7 +10,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from commbench import engines
 from commbench.backends import factory
@@ -21,6 +20,7 @@ from commbench.backends.base import BackendUnavailable, SweepFacts, raise_unless
 from commbench.policy import MULTICAST_POLICY_VARS
 from commbench.runtime.context import RunContext
 from commbench.errors import UsageError
+from helpers import spawn_ranks
 
 
 @pytest.fixture
@@ -462,34 +462,23 @@ def test_fused_needs_a_model_shape_and_a_fitting_one():
 
 # --- the vote before a collective step ------------------------------------------------------------
 
-def _vote_worker(rank: int, world: int, port: int, failing_rank: int, results) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
-                      LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+def _vote_worker(rank: int, world: int, failing_rank: int) -> str | None:
     from commbench.runtime.context import init_context, shutdown
 
     ctx, _ = init_context(force_cpu=True, timeout_s=60)
     error = "cuMemCreate of 2097152 bytes failed: CUDA_ERROR_OUT_OF_MEMORY" if rank == failing_rank else None
     try:
         raise_unless_all_ranks_ok(ctx, error, "workspace probe")
-        results.put((rank, None))
+        return None
     except BackendUnavailable as exc:
-        results.put((rank, str(exc)))
-    shutdown()
+        return str(exc)
+    finally:
+        shutdown()
 
 
 @pytest.mark.procs
 def test_one_failing_rank_fails_every_rank_with_its_reason():
-    from commbench.runtime.context import _free_port
-
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_vote_worker, args=(r, 3, port, 2, results)) for r in range(3)]
-    for p in procs:
-        p.start()
-    got = dict(results.get(timeout=120) for _ in procs)
-    for p in procs:
-        p.join(timeout=30)
+    got = spawn_ranks(_vote_worker, 3, 2)
     expected = "workspace probe failed on rank 2: cuMemCreate of 2097152 bytes failed: CUDA_ERROR_OUT_OF_MEMORY"
     assert got == {0: expected, 1: expected, 2: expected}
 

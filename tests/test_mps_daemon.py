@@ -71,6 +71,7 @@ def test_a_pid_that_is_no_mps_server_is_never_signalled() -> None:
 
 
 @pytest.mark.procs
+@pytest.mark.slow
 def test_the_driver_gives_every_resumed_child_a_fresh_daemon(fake_mps: Path, tmp_path: Path) -> None:
     result = run_cli(["sweep", "--nproc", "2", "--share-gpus", "--mps", "--backends",
                       "testfaults:segv_rank1@16384,testfaults:exact", "--sizes", "4K,16K,64K", "--iters", "2",

@@ -12,9 +12,9 @@ from commbench.cli import main as cli
 from commbench.analysis.curves import build_curves, is_failed_check
 from commbench.analysis.nccl_tests_import import read_sources, rows_for
 from commbench.analysis.nccl_tests_format import parse_nccl_tests_args, printed_tolerance, read_output, strtol
-from commbench.results import CSV_FILE, NO_WORK, OK, ROWS_FILE, RUN_FILE, WRONG
+from commbench.results import CSV_FILE, NO_WORK, OK, RUN_FILE, WRONG
 from commbench.runs import load_run
-from helpers import run_cli
+from helpers import rows as rows_of, run_cli
 
 DATA = Path(__file__).parent / "data" / "nccl-tests"
 FIXTURES = sorted(p for p in DATA.iterdir() if p.suffix in (".txt", ".json"))
@@ -28,10 +28,6 @@ def _import(tmp_path: Path, *files: Path, extra: list[str] | None = None, out: s
     target = tmp_path / out
     assert cli(["import-nccl-tests", *map(str, files), "--out", str(target), *(extra or [])]) == 0
     return target
-
-
-def _rows(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / ROWS_FILE).read_text().splitlines() if line.strip()]
 
 
 def _usage_error(capsys, argv: list[str]) -> str:
@@ -72,7 +68,7 @@ def test_every_fixture_parses_whole(path: Path) -> None:
 def test_every_fixture_imports_and_reports(tmp_path: Path, path: Path) -> None:
     extra = ["--average", "1"] if path.suffix == ".txt" else []
     run = _import(tmp_path, path, extra=extra)
-    rows = _rows(run)
+    rows = rows_of(run)
     out = read_output(path)
     assert len(rows) == 2 * len(out.results)
     assert {r["backend"] for r in rows} == {"nccl-tests:out-of-place", "nccl-tests:in-place"}
@@ -148,14 +144,14 @@ def test_datatype_all_gives_one_curve_per_dtype(tmp_path: Path) -> None:
     out = read_output(path)
     assert [r.type_name for r in out.results].count("half") == len(rows)
     assert all(r.cycle == 0 for r in out.results)
-    imported = _rows(_import(tmp_path, path, extra=["--average", "3"]))
+    imported = rows_of(_import(tmp_path, path, extra=["--average", "3"]))
     assert {r["dtype"] for r in imported} == {"bf16", "fp16"}
 
 
 # ---------------------------------------------------------------- mapping onto commbench's fields
 
 def test_max_over_ranks_is_the_headline(tmp_path: Path) -> None:
-    rows = _rows(_import(tmp_path, GRAPH8_JSON))
+    rows = rows_of(_import(tmp_path, GRAPH8_JSON))
     js = read_output(GRAPH8_JSON)
     assert len(rows) == 34
     first = next(r for r in rows if r["backend"] == "nccl-tests:out-of-place" and r["message_bytes"] == 4096)
@@ -171,7 +167,7 @@ def test_max_over_ranks_is_the_headline(tmp_path: Path) -> None:
 
 
 def test_mean_over_ranks_is_not_the_headline_and_unvalidated_rows_do_not_look_checked(tmp_path: Path) -> None:
-    rows = _rows(_import(tmp_path, NOCHECK_TXT, extra=["--average", "1"]))
+    rows = rows_of(_import(tmp_path, NOCHECK_TXT, extra=["--average", "1"]))
     for r in rows:
         assert r["latency_us"] is None and r["latency_rank_mean_us"] == r["extra"]["nccl_tests_time_us"]
         assert r["algbw_gbps"] is None and r["extra"]["nccl_tests_algbw_gbps"] is not None
@@ -185,7 +181,7 @@ def test_mean_over_ranks_is_not_the_headline_and_unvalidated_rows_do_not_look_ch
 def test_rank0_and_min_stay_in_extra(tmp_path: Path, mode: int, key: str) -> None:
     def average(data):
         data["args"][data["args"].index("-a") + 1] = str(mode)
-    rows = _rows(_import(tmp_path, _json_variant(tmp_path, f"a{mode}.json", average)))
+    rows = rows_of(_import(tmp_path, _json_variant(tmp_path, f"a{mode}.json", average)))
     for r in rows:
         assert r["latency_us"] is None and r["latency_rank_mean_us"] is None
         assert key in r["extra"]["nccl_tests_time_is"] and f"-a {mode}" in r["reason"]
@@ -195,7 +191,7 @@ def test_default_average_is_the_mean_when_the_json_args_have_no_a(tmp_path: Path
     def drop(data):
         i = data["args"].index("-a")
         del data["args"][i:i + 2]
-    rows = _rows(_import(tmp_path, _json_variant(tmp_path, "noa.json", drop)))
+    rows = rows_of(_import(tmp_path, _json_variant(tmp_path, "noa.json", drop)))
     assert all(r["latency_us"] is None and r["latency_rank_mean_us"] for r in rows)
     info = json.loads((tmp_path / "run" / RUN_FILE).read_text())
     assert info["imports"][0]["average_from"].startswith("nccl-tests' default")
@@ -205,13 +201,13 @@ def test_one_thread_driving_every_gpu_is_one_timer_whatever_a_says(tmp_path: Pat
     def one_thread(data):
         data["config"]["ngpus"], data["config"]["devices"] = 8, data["config"]["devices"][:1]
         data["args"][data["args"].index("-a") + 1] = "1"
-    rows = _rows(_import(tmp_path, _json_variant(tmp_path, "g8.json", one_thread)))
+    rows = rows_of(_import(tmp_path, _json_variant(tmp_path, "g8.json", one_thread)))
     assert all(r["world_size"] == 8 and r["latency_us"] == r["extra"]["nccl_tests_time_us"] for r in rows)
     assert "one host timer" in rows[0]["extra"]["nccl_tests_time_is"]
 
 
 def test_one_gpu_rows_are_no_work(tmp_path: Path) -> None:
-    rows = _rows(_import(tmp_path, ONE_TXT))       # one timer: no --average needed
+    rows = rows_of(_import(tmp_path, ONE_TXT))       # one timer: no --average needed
     assert all(r["status"] == NO_WORK and r["world_size"] == 1 for r in rows)
     in_place = [r["latency_us"] for r in rows if r["backend"] == "nccl-tests:in-place"]
     assert max(in_place) < 0.2 and "world size 1" in rows[0]["reason"]
@@ -223,7 +219,7 @@ def test_cputime_is_never_a_latency(tmp_path: Path) -> None:
         for entry in data["results"]:
             for name in ("out_of_place", "in_place"):
                 entry[name]["cpu_time"] = entry[name].pop("time")
-    rows = _rows(_import(tmp_path, _json_variant(tmp_path, "c1.json", cputime)))
+    rows = rows_of(_import(tmp_path, _json_variant(tmp_path, "c1.json", cputime)))
     assert all(r["latency_us"] is None and r["latency_rank_mean_us"] is None for r in rows)
     assert "enqueue" in rows[0]["reason"] and rows[0]["extra"]["nccl_tests_flags"]["-C"] == 1
 
@@ -232,7 +228,7 @@ def test_grouped_and_blocking_calls_carry_a_note(tmp_path: Path) -> None:
     def grouped(data):
         data["config"]["aggregated_iterations"], data["config"]["blocking_collectives"] = 4, "true"
         data["args"] += ["-m", "4", "-z", "2"]
-    rows = _rows(_import(tmp_path, _json_variant(tmp_path, "m4.json", grouped)))
+    rows = rows_of(_import(tmp_path, _json_variant(tmp_path, "m4.json", grouped)))
     assert rows[0]["ops_per_graph"] == 80 and rows[0]["extra"]["nccl_tests_flags"]["-z"] == 2
     assert "-m 4" in rows[0]["reason"] and "-z 2" in rows[0]["reason"]
 
@@ -253,7 +249,7 @@ def test_wrong_elements_make_a_wrong_row(tmp_path: Path) -> None:
     lines[i] = lines[i][:-6] + "%6g" % 12
     path = tmp_path / "wrong.txt"
     path.write_text("\n".join(lines) + "\n")
-    rows = _rows(_import(tmp_path, path, extra=["--average", "3"]))
+    rows = rows_of(_import(tmp_path, path, extra=["--average", "3"]))
     bad = [r for r in rows if r["status"] == WRONG]
     assert len(bad) == 1 and bad[0]["wrong_elements"] == 12 and bad[0]["backend"] == "nccl-tests:in-place"
     assert bad[0]["message_bytes"] == 65536 and "12 wrong" in bad[0]["reason"]
@@ -264,14 +260,14 @@ def test_wrong_elements_make_a_wrong_row(tmp_path: Path) -> None:
 
 
 def test_per_iteration_samples_become_the_jitter_fields(tmp_path: Path) -> None:
-    rows = _rows(_import(tmp_path, PERITER_JSON))
+    rows = rows_of(_import(tmp_path, PERITER_JSON))
     js = read_output(PERITER_JSON)
     times = sorted(js.results[0].placements["out_of_place"].per_iteration.times_us)
     first = rows[0]
     assert first["mode"] == "eager" and first["iterations"] == 20 and first["ops_per_graph"] == 1
     assert first["jitter_samples"] == 20 and first["jitter_min_us"] == times[0] and first["jitter_max_us"] == times[-1]
     assert first["jitter_p10_us"] <= first["jitter_p50_us"] <= first["jitter_p90_us"] <= first["jitter_p99_us"]
-    text_rows = _rows(_import(tmp_path, PERITER_TXT, extra=["--average", "3"], out="text"))
+    text_rows = rows_of(_import(tmp_path, PERITER_TXT, extra=["--average", "3"], out="text"))
     assert text_rows[0]["jitter_min_us"] == pytest.approx(times[0], abs=0.006)
     assert text_rows[0]["jitter_p10_us"] is None   # the table prints min, max, p99 and cv only
 
@@ -280,7 +276,7 @@ def test_settings_tag_rows_and_are_checked_against_the_json_environment(tmp_path
     def proto(data):
         data["env"].append("NCCL_PROTO=LL")
     path = _json_variant(tmp_path, "ll.json", proto)
-    rows = _rows(_import(tmp_path, path, extra=["--setting", "NCCL_PROTO=LL"]))
+    rows = rows_of(_import(tmp_path, path, extra=["--setting", "NCCL_PROTO=LL"]))
     assert all(r["env_setting"] == {"NCCL_PROTO": "LL"} and r["requested"] == {"NCCL_PROTO": "LL"} for r in rows)
     line = _usage_error(capsys, ["import-nccl-tests", str(path), "--out", str(tmp_path / "x"),
                                  "--setting", "NCCL_PROTO=Simple"])
@@ -292,8 +288,8 @@ def test_settings_tag_rows_and_are_checked_against_the_json_environment(tmp_path
                                                  "--setting", "NCCL_ALGO"])
 
 
-def test_text_and_json_of_one_run_make_one_set_of_rows(tmp_path: Path) -> None:
-    rows = _rows(_import(tmp_path, GRAPH8_TXT, GRAPH8_JSON))
+def test_text_and_json_of_one_run_make_one_set_ofrows_of(tmp_path: Path) -> None:
+    rows = rows_of(_import(tmp_path, GRAPH8_TXT, GRAPH8_JSON))
     assert len(rows) == 34 and all(r["extra"]["source_file"] == GRAPH8_JSON.name for r in rows)
     info = json.loads((tmp_path / "run" / RUN_FILE).read_text())
     assert info["imports"][0]["same_run_as"] == [str(GRAPH8_TXT)]
@@ -326,14 +322,14 @@ def test_world_sizes_must_agree(tmp_path: Path, capsys) -> None:
 def test_appending_and_importing_twice(tmp_path: Path, capsys) -> None:
     run = _import(tmp_path, GRAPH8_JSON)
     _import(tmp_path, PERITER_JSON)
-    assert len(_rows(run)) == 34 + 18
+    assert len(rows_of(run)) == 34 + 18
     capsys.readouterr()
     assert cli(["import-nccl-tests", str(GRAPH8_JSON), str(GRAPH8_TXT), "--out", str(run)]) == 0
-    assert "already imported" in capsys.readouterr().out and len(_rows(run)) == 52
+    assert "already imported" in capsys.readouterr().out and len(rows_of(run)) == 52
     info = json.loads((run / RUN_FILE).read_text())
     assert len(info["imports"]) == 2 and info["plan"]["modes"] == ["eager", "graph"] and "finished" in info
     line = _usage_error(capsys, ["import-nccl-tests", str(ONE_JSON), "--out", str(run)])
-    assert "world size 8" in line and len(_rows(run)) == 52
+    assert "world size 8" in line and len(rows_of(run)) == 52
     sweep = tmp_path / "sweep"
     shutil.copytree(Path(__file__).parent / "data" / "runs" / "cpu-gloo-4rank-a", sweep)
     assert "sweep" in _usage_error(capsys, ["import-nccl-tests", str(GRAPH8_JSON), "--out", str(sweep)])
@@ -403,13 +399,13 @@ def test_bad_file_in_a_real_process(tmp_path: Path) -> None:
     assert "Traceback" not in proc.stderr and not (tmp_path / "out").exists()
 
 
-def test_partial_imports_the_complete_rows(tmp_path: Path, capsys) -> None:
+def test_partial_imports_the_completerows_of(tmp_path: Path, capsys) -> None:
     for make, name in ((_truncated_text, "t"), (_truncated_json, "j")):
         path = make(tmp_path)
         capsys.readouterr()
         run = _import(tmp_path, path, extra=["--partial", "--average", "3"], out=name)
         assert "PARTIAL" in capsys.readouterr().out
-        rows = _rows(run)
+        rows = rows_of(run)
         assert len(rows) == 2 * 8 and max(r["message_bytes"] for r in rows) == 512 << 10
         info = json.loads((run / RUN_FILE).read_text())
         assert "finished" not in info and info["imports"][0]["complete"] is False
@@ -479,7 +475,7 @@ def test_run_script_runs_each_setting_and_imports_it(tmp_path: Path) -> None:
     proc = _script(["--bin", str(_stand_in(tmp_path)), "--out", str(out), "--launch", "threads", "--nproc", "8",
                     "--env", "NCCL_PROTO=LL,Simple", "-b", "4K", "-e", "256M", "-f", "2"])
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    rows = _rows(out)
+    rows = rows_of(out)
     assert len(rows) == 2 * (34 + 18)
     assert sorted({r["env_setting"]["NCCL_PROTO"] for r in rows}) == ["LL", "Simple"]
     assert {r["mode"] for r in rows} == {"graph", "eager"}
@@ -523,7 +519,7 @@ def test_measured_h200_output_imports_as_its_run(tmp_path: Path, mode: str) -> N
     assert len(text_out.results) == 15 and text_out.results[0].size_bytes == 4096
     assert text_out.results[-1].size_bytes == 64 << 20
     run = _import(tmp_path, txt, js)
-    rows = _rows(run)
+    rows = rows_of(run)
     assert len(rows) == 2 * 15   # one run (the JSON checked against its text), out-of-place and in-place
     assert {r["mode"] for r in rows} == {mode} and {r["dtype"] for r in rows} == {"bf16"}
     assert {r["status"] for r in rows} == {NO_WORK} and all(r["wrong_elements"] == 0 for r in rows)

@@ -237,6 +237,7 @@ def test_bad_library_input_is_one_line_and_exit_2(tmp_path: Path, args: list[str
 @pytest.mark.procs
 @pytest.mark.skipif(torch.distributed.is_available() and torch.distributed.is_nccl_available(),
                     reason="the CPU end-to-end run expects a torch without NCCL")
+@pytest.mark.slow
 def test_the_driver_runs_a_preloaded_child_whose_rows_name_its_nccl(tmp_path: Path) -> None:
     """On the CPU NCCL cannot run, but the plumbing can: the library's child starts with it
     preloaded, and its rows say which NCCL that process mapped (a stand-in 2.29.7)."""

@@ -89,7 +89,7 @@ def test_broken_and_foreign_json_are_usage_errors(tmp_path, probe):
     broken = tmp_path / "broken.json"
     broken.write_text('{"kind": "commbench-topology-snapshot", ')
     done = probe("--from", str(broken))
-    assert done.returncode == 2 and "is not valid JSON (line 1" in done.stderr
+    assert done.returncode == 2 and "broken.json: not valid JSON (" in done.stderr and "at line 1" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
     other = tmp_path / "other.json"
     other.write_text('{"hello": 1}')

@@ -71,6 +71,7 @@ def test_one_gpu_gets_a_note_and_still_dumps_the_topology(fakes_on_path):
 
 
 @pytest.mark.procs
+@pytest.mark.slow
 def test_topology_run_keeps_what_nccl_wrote(fakes_on_path):
     fakes_on_path.setenv("COMMBENCH_TEST_NCCL_DUMPS", str(Path(__file__).parent / "fixtures" / "nccl"))
     report = nccl_checks.nccl_report([None, None], LIMIT_S, False, module=FAULT_CHILD, backend="gloo")
@@ -85,6 +86,7 @@ def test_topology_run_keeps_what_nccl_wrote(fakes_on_path):
 
 
 @pytest.mark.procs
+@pytest.mark.slow
 def test_ab_with_a_hang_only_over_p2p_at_the_ll_size(fakes_on_path, tmp_path):
     fakes_on_path.setenv("COMMBENCH_TEST_FAULT", "hang")
     fakes_on_path.setenv("COMMBENCH_TEST_FAULT_BYTES", "4")

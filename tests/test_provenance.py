@@ -2,35 +2,22 @@
 
 from __future__ import annotations
 
-import json
 import re
 
 import pytest
-import shutil
 from pathlib import Path
 
 from commbench.analysis import provenance, render
 from commbench.errors import UsageError
-from commbench.results import Run
+from commbench.results import Run, RunInfo
 from commbench.runs import load_run
+from factories import write_run
 
 DATA = Path(__file__).parent / "data"
 SYNTHETIC = DATA / "runs" / "synthetic-pcie-8gpu"
 CPU_RUN = DATA / "runs" / "cpu-gloo-4rank-a"
 EMULATED = next((Path(__file__).parents[1] / "results" / "reference" / "h200-mps-emulated" / "world8"
                  / "allreduce").glob("*/run.json")).parent
-
-
-def _copy(src: Path, dst: Path, **changes) -> Path:
-    shutil.copytree(src, dst)
-    info = json.loads((dst / "run.json").read_text())
-    for key, value in changes.items():
-        if value is None:
-            info.pop(key, None)
-        else:
-            info[key] = value
-    (dst / "run.json").write_text(json.dumps(info))
-    return dst
 
 
 def test_fixture_emulated_cpu_and_measured_say_so():
@@ -51,15 +38,14 @@ def test_fixture_emulated_cpu_and_measured_say_so():
 
 
 def test_measured_run_names_gpus_and_fabric_from_the_snapshot(tmp_path):
-    run = load_run(_copy(SYNTHETIC, tmp_path / "real", provenance=None))
+    run = load_run(write_run(tmp_path / "real", like=SYNTHETIC, provenance=None))
     measured = provenance.of(run)
     assert measured.kind == provenance.MEASURED
     assert measured.fabric == provenance.PCIE          # no link matrix: its PCIe paths
     assert measured.line().startswith(
         "data: measured: 8 ranks on 8x NVIDIA RTX PRO 6000 Blackwell Server Edition over PCIe")
     nvlink = [["X" if a == b else "NV18" for b in range(8)] for a in range(8)]
-    snapshot = dict(run.info["snapshot"], links={"matrix": nvlink})
-    run.info["snapshot"] = snapshot
+    run.info.snapshot = dict(run.info.snapshot or {}, links={"matrix": nvlink})
     assert provenance.of(run).fabric == provenance.NVLINK
     nvlink[0][1] = "SYS"
     assert provenance.of(run).fabric == provenance.MIXED
@@ -68,18 +54,17 @@ def test_measured_run_names_gpus_and_fabric_from_the_snapshot(tmp_path):
 
 
 def test_imported_and_broken_run_json(tmp_path):
-    run = load_run(_copy(SYNTHETIC, tmp_path / "imp", provenance=None, source="nccl-tests"))
+    run = load_run(write_run(tmp_path / "imp", like=SYNTHETIC, provenance=None, source="nccl-tests"))
     assert provenance.of(run).kind == provenance.IMPORTED
     assert "imported from nccl-tests" in provenance.describe(run)
     # Wrong types in an untrusted run.json: the reader refuses the file, naming the field ...
     for field, value, said in (("gpus", "x", "gpus is 'x', not a list"), ("world_size", "8", "world_size is '8'"),
                                ("snapshot", [1], "snapshot is [1], not a table"), ("host", 3, "host is 3, not text")):
         with pytest.raises(UsageError, match=re.escape(said)):
-            load_run(_copy(SYNTHETIC, tmp_path / field, **{field: value}))
-    # ... and provenance, handed such a run.json all the same, says "unknown" words, never raises.
+            load_run(write_run(tmp_path / field, like=SYNTHETIC, **{field: value}))
+    # ... and a run.json that records none of them leaves provenance with "unknown" words.
     rows = load_run(SYNTHETIC).rows
-    broken = Run(tmp_path / "broken", {"gpus": "x", "world_size": "8", "snapshot": [1], "host": 3}, rows)
-    line = provenance.describe(broken)
+    line = provenance.describe(Run(tmp_path / "broken", RunInfo(), rows))
     assert "no GPU recorded" in line and "run broken" in line and "8 ranks" in line   # world size from the rows
 
 

@@ -132,7 +132,7 @@ def test_shipped_specs_load_and_source_every_threshold():
 
 
 def test_fabric_checks_read_the_probe_snapshot():
-    healthy = load_run(SYNTHETIC).info["snapshot"]
+    healthy = load_run(SYNTHETIC).info.snapshot
     assert check_p2p(healthy).status == PASS
     assert check_links(healthy).status == PASS
     assert check_acs(healthy).status == PASS

@@ -15,6 +15,7 @@ from commbench.analysis import decide, models
 from commbench.analysis.curves import cautions, decode_curves
 from commbench.cli import main as cli
 from commbench.runs import load_run
+from factories import row
 
 ROOT = Path(__file__).parent.parent
 RUNS = Path(__file__).parent / "data" / "runs"
@@ -84,7 +85,7 @@ def test_sglang_on_the_pcie_run_names_its_default_and_every_opt_in_path(capsys, 
     text = capsys.readouterr().out
     assert text.splitlines()[0].startswith("data: fixture: hand-made test data")
     engine_part, headroom = _sections(text)
-    assert "== SGLang 0.5.23, TP 8 ==" in engine_part and "vLLM 0.33.0," not in engine_part
+    assert "== SGLang 0.5.23, TP 8 ==" in engine_part and "vLLM 0.34.0," not in engine_part
     for path in ("custom allreduce (CUDA IPC)", "MSCCL++", "torch symmetric memory", "NCCL symmetric memory",
                  "NCCL (PyNccl)", "FlashInfer allreduce+RMSNorm fusion"):
         assert path in engine_part
@@ -97,7 +98,7 @@ def test_sglang_on_the_pcie_run_names_its_default_and_every_opt_in_path(capsys, 
     assert offered[engines.MSCCLPP]["default_on"] is False and offered[engines.MSCCLPP]["available"] is True
     assert offered[engines.CUSTOM_AR]["available"] is False
     # every printed setting is on a path this box runs; the same output's inert list names none of them
-    inert_paths = {p for rule in engines.inert_settings(load_run(SYNTHETIC).info["snapshot"], 8) for p in rule.paths}
+    inert_paths = {p for rule in engines.inert_settings(load_run(SYNTHETIC).info.snapshot, 8) for p in rule.paths}
     pasted = [sglang["configuration"]]
     assert pasted[0]["paste"] and all(offered[c["path"]]["available"] is True for c in pasted)
     assert all((engines.SGLANG, c["path"]) not in inert_paths for c in pasted)
@@ -221,7 +222,8 @@ def test_backends_declare_the_settings_and_the_engine_path_that_select_them():
         "symm_mem:two_shot": {engines.VLLM: (engines.TORCH_SYMM_MEM, False),
                               engines.SGLANG: (engines.TORCH_SYMM_MEM, False)},
         "p2p:oneshot": {engines.VLLM: (engines.CUSTOM_AR, True), engines.SGLANG: (engines.CUSTOM_AR, True)},
-        "flashinfer:trtllm_oneshot": {engines.VLLM: (engines.FLASHINFER_AR, False)},
+        "flashinfer:trtllm_oneshot": {engines.VLLM: (engines.FLASHINFER_AR, False),
+                                      engines.SGLANG: (engines.FLASHINFER_AR, False)},
         "flashinfer:fused_oneshot": {engines.VLLM: (engines.FLASHINFER_FUSED, False),
                                      engines.SGLANG: (engines.FLASHINFER_FUSED, False)},
         "flashinfer:pcie_ipc": {engines.VLLM: (engines.FLASHINFER_PCIE_IPC, False),
@@ -330,9 +332,7 @@ def test_a_price_from_an_engines_own_kernel_says_which_version_was_measured(tmp_
     assert custom["measured_implementations"]["vllm:auto (graph)"].startswith("flashinfer-python 0.7.4")
 
     from commbench.analysis.recommend import IMPLEMENTATION_CHARS, measured_implementations
-    from commbench.results import Measurement
-    crafted = Measurement(backend="x:auto", mode="graph", dtype="bf16", message_bytes=4096, world_size=2,
-                          status="ok", latency_us=1.0, extra={"implementation": "v1\x1b]0;pwned\x07\n" + "y" * 500})
+    crafted = row(backend="x:auto", latency_us=1.0, extra={"implementation": "v1\x1b]0;pwned\x07\n" + "y" * 500})
     (text,) = measured_implementations([crafted]).values()
     assert len(text) == IMPLEMENTATION_CHARS and "\x1b" not in text and "\n" not in text and "\x07" not in text
 
@@ -368,23 +368,34 @@ def _run_with_another_nccl(tmp_path: Path, declared_preload: bool, rows_say_so: 
     the child's LD_PRELOAD (a driver run does); else only the declared settings tell the two apart."""
     from commbench.backends.nccl import NcclBackend
     from commbench.backends.nccl_libs import NcclLibrary
-    run = tmp_path / "two-ncccls"
+    settings = (NcclBackend(library=NcclLibrary("fast", FAST_LIB)) if declared_preload else NcclBackend()).engine_settings(8)
+    settings.variant = "nccl:lib=fast"
+
+    def faster(row: dict) -> dict | None:
+        if row["backend"] != "nccl" or row["env_setting"]:
+            return None
+        return {"backend": "nccl:lib=fast", "env_setting": {"LD_PRELOAD": FAST_LIB} if rows_say_so else {}}
+
+    return _synthetic_plus(tmp_path / "two-ncccls", faster, {"nccl:lib=fast": {"engine_settings": settings.to_dict()}})
+
+
+def _synthetic_plus(run: Path, faster, facts: dict) -> Path:
+    """The synthetic run plus, for each row `faster` answers, a copy at half the latency with its
+    answer's fields, and `facts` added to run.json's backend_facts."""
     shutil.copytree(SYNTHETIC, run)
     lines = (run / "measurements.jsonl").read_text().splitlines()
     added = []
     for line in lines:
         row = json.loads(line)
-        if row["backend"] != "nccl" or row["env_setting"]:
+        fields = faster(row)
+        if fields is None:
             continue
-        row["backend"] = "nccl:lib=fast"
-        row["env_setting"] = {"LD_PRELOAD": FAST_LIB} if rows_say_so else {}
         row.update({k: v / 2 for k, v in row.items() if k.startswith("latency_") and isinstance(v, (int, float))})
+        row.update(fields)
         added.append(json.dumps(row))
     (run / "measurements.jsonl").write_text("\n".join(lines + added) + "\n")
     info = json.loads((run / "run.json").read_text())
-    settings = (NcclBackend(library=NcclLibrary("fast", FAST_LIB)) if declared_preload else NcclBackend()).engine_settings(8)
-    settings.variant = "nccl:lib=fast"
-    info["backend_facts"]["nccl:lib=fast"] = {"engine_settings": settings.to_dict()}
+    info["backend_facts"].update(facts)
     (run / "run.json").write_text(json.dumps(info))
     return run
 
@@ -407,3 +418,23 @@ def test_another_nccl_library_is_an_option_of_its_own_never_the_default(tmp_path
     # the engine's own settings for it are shown, and no command line carries the library
     assert "  the engine settings to run with it:\n    python -m sglang.launch_server" in text
     assert not any(x.lstrip().startswith(("export", "python", "vllm")) and "LD_PRELOAD" in x for x in text.splitlines())
+
+
+def test_headroom_names_the_fastest_kernel_measured_at_each_size_and_whose_it_is(tmp_path, capsys):
+    """An engine's forced algorithm faster than every other kernel of the run (SGLang's 2shot_pull
+    beat p2p:auto on the H200 under MPS): recommend and floor name it per size, with the
+    implementation its rows record and no engine path, and the engine's best path as a multiple."""
+    def forced(row: dict) -> dict | None:
+        if row["backend"] != "p2p:oneshot" or row["status"] != "ok":
+            return None
+        return {"backend": "engx:2shot", "extra": {"implementation": "engx 1.0 kernel\x07\n (JIT)"}}
+
+    run = _synthetic_plus(tmp_path / "forced", forced, {"engx:2shot": {
+        "family": "engx", "needs": [], "engine_settings": {"variant": "engx:2shot", "notes": []}}})
+    for command in ("recommend", "floor"):
+        assert cli([command, str(run), "--model", "llama-3.1-70b", "--engine", "sglang", "--concurrency", "1"]) == 0
+        text = " ".join(capsys.readouterr().out.split())
+        assert "fastest kernel measured at each size, any backend (fixture, not a measurement)" in text, command
+        assert ("concurrency 1 (16K): engx:2shot (graph) 6.50 us: engx 1.0 kernel (JIT); no engine setting selects "
+                "it; best engine path nccl:proto=LL,algo=Ring (graph) 54.0 = 8.31x") in text, command
+        assert "\x07" not in text

@@ -15,6 +15,7 @@ from commbench.analysis.fusion import COMPARISON_HEADERS, FUSED_OP, comparison_c
 from commbench.analysis.report import range_rows
 from commbench.results import Measurement
 from commbench.runs import load_run
+from factories import row
 
 RUNS = Path(__file__).parent / "data" / "runs"
 SYNTHETIC = RUNS / "synthetic-pcie-8gpu"
@@ -49,11 +50,11 @@ def test_crossover_table():
 
 
 def test_no_interpolation_across_a_size_that_failed():
-    def row(size, status, p50=None, wrong=0):
-        return Measurement(backend="p2p:oneshot", mode="graph", dtype="bf16", message_bytes=size, world_size=8,
-                           status=status, latency_us=p50, wrong_elements=wrong)
-    curve = build_curves([row(8 * K, "ok", 10.0), row(16 * K, "wrong", 5.0, 12), row(32 * K, "ok", 20.0),
-                          row(64 * K, "ok", 40.0)])[0]
+    p2p = {"backend": "p2p:oneshot", "world_size": 8}
+    curve = build_curves([row(message_bytes=8 * K, latency_us=10.0, **p2p),
+                          row(message_bytes=16 * K, status="wrong", latency_us=5.0, wrong_elements=12, **p2p),
+                          row(message_bytes=32 * K, latency_us=20.0, **p2p),
+                          row(message_bytes=64 * K, latency_us=40.0, **p2p)])[0]
     assert curve.sizes() == [8 * K, 32 * K, 64 * K]
     assert curve.at(12 * K) is None and curve.at(24 * K) is None      # 16K lies between 8K and 32K
     assert curve.at(48 * K).latency_us == pytest.approx(30.0, rel=0.01)   # sqrt(20*40) in log-log: 28.3
@@ -61,8 +62,7 @@ def test_no_interpolation_across_a_size_that_failed():
 
 
 def test_ok_status_with_wrong_elements_is_not_trusted():
-    rows = [Measurement(backend="x", mode="eager", dtype="fp32", message_bytes=1024, world_size=2, status="ok",
-                        latency_us=1.0, wrong_elements=3)]
+    rows = [row(backend="x", mode="eager", dtype="fp32", message_bytes=1024, latency_us=1.0, wrong_elements=3)]
     assert build_curves(rows) == []
 
 
@@ -265,11 +265,8 @@ def test_winners_are_ranked_within_one_world_size(tmp_path):
     8-rank curve never 'wins' against a 4-rank one."""
     from commbench.analysis.report import build_sections
 
-    def row(backend: str, world: int, us: float) -> Measurement:
-        return Measurement(backend=backend, mode="graph", dtype="bf16", message_bytes=4096, world_size=world,
-                           status="ok", latency_us=us, wrong_elements=0)
-
-    rows = [row("nccl", 4, 10.0), row("nccl", 8, 20.0), row("p2p:auto", 8, 15.0)]
+    rows = [row(world_size=4, latency_us=10.0), row(world_size=8, latency_us=20.0),
+            row(backend="p2p:auto", world_size=8, latency_us=15.0)]
     sections = build_sections([], build_curves(rows), "nccl")
     assert [(s.title, [r.crossover.winner for r in s.ranges]) for s in sections] == [
         ("bf16, graph mode, 4 ranks", ["nccl {4 ranks} (graph)"]),

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from commbench.results import RunDir
 from helpers import child_env, only_run_dir, rows, run_cli
 
 RUNS = Path(__file__).parent / "data" / "runs"
@@ -42,9 +43,7 @@ def test_every_analysis_names_the_lines_it_skips_and_keeps_every_row(tmp_path: P
         assert result.returncode == 0, result.stderr
         warnings = [line for line in result.stderr.splitlines() if line.startswith("commbench: warning:")]
         assert warnings and set(warnings) == {expected}, (args, result.stderr)
-    from commbench.results import read_rows_checked
-
-    read = read_rows_checked(run_dir)
+    read = RunDir(run_dir).read_rows()
     assert len(read.rows) == row_count and read.torn_tail   # every good row is still counted
 
 
@@ -77,6 +76,7 @@ MAKE_FAILS = BackendFactory(family="makefails", make=_make, on_cpu_by_default=Tr
 
 
 @pytest.mark.procs
+@pytest.mark.slow
 def test_broken_plugins_are_skipped_with_one_warning_unless_named(tmp_path: Path) -> None:
     (tmp_path / "site").mkdir()
     env = _install_plugins(tmp_path / "site", BROKEN, {"brokenplugin_values": BROKEN_SOURCE})
@@ -106,15 +106,15 @@ def test_broken_plugins_are_skipped_with_one_warning_unless_named(tmp_path: Path
 
 
 def test_a_resume_on_another_machine_names_the_host_and_the_gpu_that_differ() -> None:
-    from commbench.results import resume_differences
+    from commbench.results import RunInfo, resume_differences
 
     gpu = {"host": "boxa", "device": "cuda:0", "name": "NVIDIA H200", "uuid": "GPU-aaa", "pci_bus_id": "0000:19:00.0"}
     recorded = {"world_size": 1, "host": "boxa", "nodes": 1, "gpus": [gpu], "plan": {"message_bytes": [4096]}}
     moved = {"world_size": 1, "host": "boxb", "nodes": 1, "gpus": [{**gpu, "host": "boxb", "uuid": "GPU-bbb"}],
              "plan": {"message_bytes": [4096]}}
-    assert resume_differences(recorded, moved) == [
+    assert resume_differences(RunInfo.from_dict(recorded), moved) == [
         "host boxb here, boxa in the run",
         "GPU of rank 0: boxb cuda:0 NVIDIA H200 GPU-bbb 0000:19:00.0 here, "
         "boxa cuda:0 NVIDIA H200 GPU-aaa 0000:19:00.0 in the run"]
-    assert resume_differences(recorded, recorded) == []
-    assert resume_differences({}, moved) == []   # a dir no sweep has written yet
+    assert resume_differences(RunInfo.from_dict(recorded), recorded) == []
+    assert resume_differences(RunInfo(), moved) == []   # a dir no sweep has written yet

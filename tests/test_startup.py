@@ -59,9 +59,11 @@ def test_every_analysis_command_runs_with_torch_unimportable(tmp_path: Path) -> 
         ["compare", str(RUNS / "cpu-gloo-4rank-a"), str(RUNS / "cpu-gloo-4rank-b"), "--out", str(tmp_path / "cmp")],
         ["table", _one("world2/allreduce/*/"), world8, "--out", str(tmp_path / "table.md")],
         ["import-nccl-tests", str(NCCL_TESTS), "--out", str(tmp_path / "imported")],
+        ["fleet", "build", str(RUNS / "cpu-gloo-4rank-a"), "--out", str(tmp_path / "fleet")],
         ["report", str(tmp_path / "imported"), "--out", str(tmp_path / "imported-report")],
         ["attribute", *(str(p) for p in sorted(TRACES.glob("p2p-oneshot_lamport-rank*.trace.json.gz"))),
          "--run", _one("world2/allreduce/*/"), "--hidden", "4096", "--batch", "8"],
+        ["engines", world8, "--model", "glm-5", "--engine-site", str(ROOT / "tests/data/engine-src/vllm-site")],
     ]
     assert {argv[0] for argv in commands} | {"probe", "sweep"} == set(cli.SUBCOMMANDS)
     done = subprocess.run([sys.executable, "-c", NO_TORCH, json.dumps(commands)], capture_output=True,

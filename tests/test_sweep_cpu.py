@@ -6,7 +6,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import child_env, only_run_dir, rows, run_cli, run_torchrun
+from helpers import child_env, free_port, only_run_dir, rows, run_cli, run_torchrun
 
 pytestmark = pytest.mark.procs   # every test here launches processes
 
@@ -63,7 +62,8 @@ def test_single_process_world_of_one_says_nothing_is_communicated(tmp_path: Path
     assert row["wrong_elements"] == 0
 
 
-FAULTY = ("exact", "noop", "one_wrong", "stale", "setup_fails_rank1", "wrong_every@64", "back_to_back")
+FAULTY = ("exact", "noop", "one_wrong", "stale", "setup_fails_rank1", "wrong_every@64", "back_to_back", "returns",
+          "returns_reused", "returns_short")
 
 
 @pytest.fixture(scope="module")
@@ -111,6 +111,22 @@ def test_every_timed_call_is_checked_so_intermittent_faults_fail_every_row(fault
     assert all(r["wrong_elements"] in (4, 6) for r in got["testfaults:wrong_every"])
 
 
+def test_a_backend_that_returns_its_own_tensor_is_checked_and_timed_the_same(faulty_run) -> None:
+    """An engine's kernel hands back a tensor of its own: the harness checks that one, every call,
+    and catches one reused by the next call or of the wrong size."""
+    _, got = faulty_run
+    for row in got["testfaults:returns"]:
+        assert row["status"] == "ok" and row["wrong_elements"] == 0 and row["checked_calls"] == 130
+        assert row["latency_us"] > 0 and row["ranks_identical"] is True
+    for row in got["testfaults:returns_reused"]:
+        # Every call of each pass reads back the last call's answer: wrong wherever its epoch differs.
+        assert row["status"] == "wrong" and row["first_wrong_call"] == 0 and row["wrong_elements"] > 0
+    short = got["testfaults:returns_short"][0]
+    assert short["status"] == "error" and short["latency_us"] is None
+    assert "returned a tensor of 1023 float32 on cpu for an input of 1024 float32 on cpu" in short["reason"]
+
+
+@pytest.mark.slow
 def test_plugin_env_setting_reaches_child_and_nccl_explains_itself_on_cpu(tmp_path: Path) -> None:
     result = run_cli(["sweep", "--nproc", "2", "--env", "COMMBENCH_TEST_KNOB=a,b", "--backends",
                       "testfaults:exact,nccl", "--sizes", "4K", "--iters", "2", "--out", str(tmp_path)], timeout=240)
@@ -129,6 +145,7 @@ def test_plugin_env_setting_reaches_child_and_nccl_explains_itself_on_cpu(tmp_pa
     assert "COMMBENCH_LAUNCH_COMMAND" not in info["env"]
 
 
+@pytest.mark.slow
 def test_hang_becomes_a_row_and_resume_continues_without_that_backend(tmp_path: Path) -> None:
     args = ["sweep", "--backends", "testfaults:hang_rank1@16384,testfaults:exact", "--sizes", "4K,16K,64K",
             "--iters", "2", "--timeout", "3", "--out", str(tmp_path)]
@@ -148,6 +165,7 @@ def test_hang_becomes_a_row_and_resume_continues_without_that_backend(tmp_path: 
     assert [r["status"] for r in got["testfaults:exact"]] == ["ok"] * 3
 
 
+@pytest.mark.slow
 def test_setup_has_its_own_watchdog_limit(tmp_path: Path) -> None:
     # A setup that builds kernels on first use outlasts the per-row limit and must still run.
     args = ["sweep", "--backends", "testfaults:slow_setup@3", "--sizes", "4K", "--iters", "2", "--timeout", "1"]
@@ -166,6 +184,7 @@ def test_setup_has_its_own_watchdog_limit(tmp_path: Path) -> None:
                         row["reason"]), row["reason"]
 
 
+@pytest.mark.slow
 def test_driver_resumes_after_a_hang_and_kills_a_child_past_its_limit(tmp_path: Path) -> None:
     resumed = run_cli(["sweep", "--nproc", "2", "--backends", "testfaults:hang_rank1@16384", "--sizes",
                        "4K,16K,64K", "--iters", "2", "--timeout", "3", "--out", str(tmp_path / "a")], timeout=240)
@@ -181,14 +200,8 @@ def test_driver_resumes_after_a_hang_and_kills_a_child_past_its_limit(tmp_path: 
                              "testfaults:hang_rank1 4K fp32 eager")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_two_torchrun_agents_as_two_nodes(tmp_path: Path) -> None:
-    port = str(_free_port())
+    port = str(free_port())
     # c10d rendezvous, as users start agents on several hosts; the store lives on one agent.
     common = ["--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
               "--rdzv-id", f"commbench-test-{port}"]
@@ -211,6 +224,7 @@ def test_two_torchrun_agents_as_two_nodes(tmp_path: Path) -> None:
     assert local["status"] == "skipped" and "spans 2 nodes" in local["reason"]
 
 
+@pytest.mark.slow
 def test_unwritable_out_and_unusable_world_size_exit_2(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("not a dir")

@@ -17,6 +17,7 @@ from commbench.sweep.command import add_arguments
 from commbench.sweep.nccl_flags import ANSWERS
 from commbench.sweep.live import WIDTH, format_row, header_lines
 from commbench.sweep.plan import build_plan
+import factories
 from helpers import only_run_dir, rows, run_torchrun
 
 
@@ -70,12 +71,9 @@ def test_an_nccl_tests_flag_commbench_lacks_gets_one_line_with_its_equivalent(ar
     assert err.endswith(ANSWERS[argv[0]])
 
 
-def _row(**fields) -> Measurement:
-    base = dict(backend="flashinfer:trtllm_oneshot_with_a_long_name", op="allreduce", dtype="bf16", mode="graph",
-                message_bytes=268435456, count=134217728, world_size=8, status=OK, latency_us=12345.678,
-                jitter_p99_us=23456.789, algbw_gbps=1234.5, busbw_gbps=2160.4, wrong_elements=0)
-    base.update(fields)
-    return Measurement(**base)
+# A row as wide as a live line gets: the longest numbers and name in every column.
+WIDE = dict(backend="flashinfer:trtllm_oneshot_with_a_long_name", message_bytes=268435456, count=134217728,
+            world_size=8, latency_us=12345.678, jitter_p99_us=23456.789, algbw_gbps=1234.5, busbw_gbps=2160.4)
 
 
 @pytest.mark.parametrize("fields", [
@@ -86,7 +84,7 @@ def _row(**fields) -> Measurement:
     {"wrong_elements": None},
 ])
 def test_every_live_line_fits_120_columns_and_nothing_is_cut(fields: dict) -> None:
-    row = _row(**fields)
+    row = factories.row(**{**WIDE, **fields})
     lines = format_row(row).splitlines()
     assert all(len(line) <= WIDTH for line in lines), [len(line) for line in lines]
     if row.reason:   # the whole reason is there, folded onto indented lines
@@ -97,12 +95,12 @@ def test_every_live_line_fits_120_columns_and_nothing_is_cut(fields: dict) -> No
 
 
 def test_the_p99_beside_the_time_says_what_it_is() -> None:
-    graph = format_row(_row(jitter_samples=10))
+    graph = format_row(factories.row(**WIDE, jitter_samples=10))
     assert "[p99 of 10 replay means]" in " ".join(graph.split())
-    eager = format_row(_row(mode="eager", jitter_samples=200))
+    eager = format_row(factories.row(**WIDE, mode="eager", jitter_samples=200))
     assert "p99" not in eager.split("  ok")[-1]                      # a per-call p99 of 200 calls: no flag
-    assert "p99 of 20 calls" in " ".join(format_row(_row(mode="eager", jitter_samples=20)).split())
-    below = format_row(_row(mode="eager", jitter_samples=200, jitter_p99_us=10000.0))
+    assert "p99 of 20 calls" in " ".join(format_row(factories.row(**WIDE, mode="eager", jitter_samples=20)).split())
+    below = format_row(factories.row(**{**WIDE, "mode": "eager", "jitter_samples": 200, "jitter_p99_us": 10000.0}))
     assert "p99 below time: separate passes" in " ".join(below.split())
 
 
@@ -115,7 +113,8 @@ def test_header_says_time_and_p99_come_from_different_passes() -> None:
 
 
 def test_an_unchecked_row_is_labelled_and_never_trusted() -> None:
-    checked, unchecked = _row(), _row(wrong_elements=None, checked_calls=0, extra={"check": CHECK_OFF})
+    checked = factories.row(**WIDE)
+    unchecked = factories.row(**WIDE, wrong_elements=None, checked_calls=0, extra={"check": CHECK_OFF})
     assert is_trusted(checked) and not is_trusted(unchecked)
     assert "ok, unchecked" in " ".join(format_row(unchecked).split()) and "unchecked" not in format_row(checked)
 

@@ -63,6 +63,7 @@ def test_model_flags_that_cannot_answer_the_question_exit_2(tmp_path, capsys, ar
 
 
 @pytest.mark.procs
+@pytest.mark.slow
 def test_model_sweep_on_cpu_runs_the_preset_sizes_and_prints_the_next_command(tmp_path, capsys, monkeypatch):
     # Two ranks: the preset's sizes do not depend on the TP size, and 8 CPU ranks cost CI 30 s more.
     done = run_torchrun(2, ["sweep", "--model", "glm-5", "--tp", "2", "--iters", "2", "--warmup", "0",

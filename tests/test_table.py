@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,6 +15,7 @@ from commbench.analysis.fusion import FUSED_OP
 from commbench.results import Measurement
 from commbench.runs import load_run
 from commbench.units import format_bytes
+from factories import row, write_run
 
 REFERENCE = Path(__file__).parents[1] / "results" / "reference" / "h200-mps-emulated"
 
@@ -52,18 +52,13 @@ def test_recorded_world_sizes_side_by_side(tmp_path):
 
 
 def _write_run(run_dir: Path, rows: list[Measurement]) -> None:
-    run_dir.mkdir()
-    shutil.copy(WORLDS[0] / "run.json", run_dir / "run.json")
-    with open(run_dir / "measurements.jsonl", "w", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps(row.to_dict()) + "\n")
+    write_run(run_dir, rows, like=WORLDS[0])
 
 
-def _row(backend: str, us: float | None, tokens: int, *, op: str = FUSED_OP, status: str = "ok",
-         reason: str | None = None, extra: dict | None = None, env: dict | None = None) -> Measurement:
-    return Measurement(backend=backend, mode="graph", dtype="bf16", message_bytes=tokens * 7168 * 2, world_size=2,
-                       status=status, op=op, tokens=tokens, hidden=7168, latency_us=us, jitter_p50_us=us,
-                       reason=reason, extra=extra or {}, env_setting=env or {})
+def _row(backend: str, us: float | None, tokens: int, **changes: Any) -> Measurement:
+    """`backend` at `tokens` x 7168 taking `us` (headline and jitter p50), fused unless `changes` say otherwise."""
+    return row(backend=backend, latency_us=us, jitter_p50_us=us, tokens=tokens, hidden=7168,
+               **{"op": FUSED_OP, **changes})
 
 
 def test_settings_and_libraries_never_share_a_cell_or_the_bold(tmp_path):
@@ -71,7 +66,7 @@ def test_settings_and_libraries_never_share_a_cell_or_the_bold(tmp_path):
     the default nccl cell keeps its own number and the bold goes to what really was fastest."""
     torch_nccl, other_nccl = {"nccl_version_loaded": "2.28.9"}, {"nccl_version_loaded": "2.30.7"}
     _write_run(tmp_path / "run", [
-        _row("nccl", 60.0, 64, op="allreduce", env={"NCCL_MIN_NCHANNELS": "8"}, extra=torch_nccl),
+        _row("nccl", 60.0, 64, op="allreduce", env_setting={"NCCL_MIN_NCHANNELS": "8"}, extra=torch_nccl),
         _row("symm_mem:two_shot", 80.0, 64, op="allreduce"),
         _row("nccl", 100.0, 64, op="allreduce", extra=torch_nccl),
         _row("nccl", 70.0, 32, op="allreduce", extra=torch_nccl),

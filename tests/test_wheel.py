@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 from packaging.version import Version  # pytest's own dependency
 
-pytestmark = pytest.mark.procs   # every test here launches processes
+# Every test here launches processes, and they share a wheel built and installed once (~30 s).
+pytestmark = [pytest.mark.procs, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[1]
 # The first setuptools that builds a wheel without the `wheel` package; the test extra's pin.

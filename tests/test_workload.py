@@ -9,7 +9,7 @@ import torch
 
 from commbench.backends.base import Backend
 from commbench.runtime.context import RunContext
-from commbench.runtime.workload import EPOCHS_PER_PASS, AllreduceWorkload, expected_sum
+from commbench.runtime.workload import EPOCHS_PER_PASS, AllreduceWorkload, ReturnedOutputError, expected_sum
 
 
 class Solo(Backend):
@@ -118,3 +118,60 @@ def test_pairs_start_aligned_for_vector_kernels():
     workload = AllreduceWorkload(Solo(), cpu_ctx(), 1000, torch.bfloat16, 5)
     assert all((workload.output(i).data_ptr() - workload.outputs.data_ptr()) % 256 == 0 for i in range(5))
     assert all((workload.input(i).data_ptr() - workload.inputs.data_ptr()) % 256 == 0 for i in range(3))
+
+
+class Returns(Solo):
+    """Hands back a tensor of its own, as an engine's kernel does: a fresh one per call, x itself
+    (in place), or, like a CUDA graph's captured output, one kept per call and rewritten."""
+
+    def __init__(self, how: str = "fresh", in_place: bool = False, fault=None):
+        super().__init__(in_place, fault)
+        self.how = how
+        self.kept: dict[int, torch.Tensor] = {}
+        self.skip_writes = False
+
+    def allreduce(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if self.how == "input":
+            return x
+        if self.how == "fresh":
+            return x.clone()
+        result = self.kept.setdefault(self.calls % 10, torch.empty_like(x))
+        if not self.skip_writes:
+            result.copy_(x)
+        return result
+
+
+@pytest.mark.parametrize("how, in_place", [("fresh", False), ("input", True), ("kept", False)])
+def test_a_returned_tensor_is_the_output_that_is_checked(how, in_place):
+    backend = Returns(how, in_place)
+    workload, check = run_pass(backend)
+    assert (check.calls, check.wrong_calls) == (10, 0)
+    # The harness's own outputs were never written: the returned tensors were checked.
+    assert in_place or bool(torch.isnan(workload.outputs).all())
+
+
+def test_a_returned_tensor_left_unwritten_in_the_next_pass_is_caught():
+    backend = Returns("kept")
+    workload, check = run_pass(backend)
+    assert check.wrong_calls == 0
+    backend.skip_writes = True      # a replay that wrote nothing: last pass's answers were poisoned
+    workload.prepare(40)
+    for i in range(10):
+        workload.call(i)
+    check = workload.verify(0, 10)
+    assert (check.wrong_calls, check.kinds) == (10, {"unwritten": 10})
+
+
+def test_a_returned_tensor_that_cannot_be_the_output_is_an_error_naming_it():
+    workload = AllreduceWorkload(Returns("fresh"), cpu_ctx(), 100, torch.float32, 2)
+    workload.prepare(30)
+    workload.backend.allreduce = lambda x, out: x[:50].clone()
+    with pytest.raises(ReturnedOutputError, match="returned a tensor of 50 float32 on cpu for an input of 100"):
+        workload.call(0)
+    workload.backend.allreduce = lambda x, out: x.to(torch.float64)
+    with pytest.raises(ReturnedOutputError, match="returned a tensor of 100 float64"):
+        workload.call(0)
+    workload.backend.allreduce = lambda x, out: [x]
+    with pytest.raises(ReturnedOutputError, match="returned list, not a tensor or None"):
+        workload.call(0)

@@ -9,6 +9,7 @@ The log is matched to the trace by message size only: it carries no timestamps t
 
 from __future__ import annotations
 
+import io
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Iterator
 
 from commbench.analysis.attribution import Call, RankResult
 from commbench.errors import UsageError
+from commbench.files import open_input
 from commbench.topology.nccl_log import NCCL_LINE_MARKS, LoggedAllreduce, logged_allreduces
 from commbench.units import format_bytes
 
@@ -50,16 +52,14 @@ class LogLine:
 
 def _lines(path: Path) -> Iterator[str]:
     """The file's lines, streamed (an engine's log with COLL lines grows with every call)."""
-    if path.is_dir():
-        raise UsageError(f"--nccl-log {path}: is a directory, not an NCCL log")
     try:
-        with path.open("rb") as raw:
+        with open_input(path, "an NCCL log") as raw:
             if b"\0" in raw.read(BINARY_PROBE_BYTES):
-                raise UsageError(f"--nccl-log {path}: binary file, not an NCCL log")
-        with path.open(encoding="utf-8", errors="replace") as text:
-            yield from text
-    except FileNotFoundError:
-        raise UsageError(f"--nccl-log {path}: no such file") from None
+                raise UsageError(f"{path}: binary file, not an NCCL log")
+            raw.seek(0)
+            yield from io.TextIOWrapper(raw, encoding="utf-8", errors="replace")
+    except UsageError as exc:   # the file named with its flag
+        raise UsageError(f"--nccl-log {exc}") from None
     except OSError as exc:
         raise UsageError(f"--nccl-log {path}: cannot read ({exc.strerror})") from None
 

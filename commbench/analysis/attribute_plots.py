@@ -1,6 +1,7 @@
 """The `report` section for serving traces (`commbench report RUN --trace TRACE ...`): a timeline
-of one representative step with the allreduce kernels highlighted, and per-call bars of the
-engine's median against the run's floor for the same library and size."""
+of one representative step with the allreduce kernels highlighted, per-call bars of the
+engine's median against the run's floor for the same library and size, and, given every rank,
+each rank's wait and transfer over the calls of the median step (also `attribute --plot`)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ from commbench.analysis import attribute  # noqa: E402
 from commbench.analysis.attribute_floor import FloorLine  # noqa: E402
 from commbench.analysis.attribution import Step  # noqa: E402
 from commbench.analysis.plots import FAILED_COLOR, save  # noqa: E402
+from commbench.analysis.skew_plots import median_step, skew_figure  # noqa: E402
+from commbench.analysis.skew_text import skew_text  # noqa: E402
 from commbench.analysis.trace_kernels import classify  # noqa: E402
 from commbench.results import Run  # noqa: E402
 from commbench.units import format_bytes  # noqa: E402
@@ -89,6 +92,7 @@ def report_section(args: argparse.Namespace, run: Run, plot_dir: Path) -> tuple[
         return "", []
     hint = attribute.size_hint(None, args.trace_hidden, args.trace_batch, None)
     ranks, results = attribute.analyse_traces(args.trace, hint)
+    skew = attribute.cross_rank(args.trace, ranks, results)
     steps = [s for r in results for s in r.steps]
     lines = attribute.floor_lines(run, ranks, results, None, args.trace_batch)
     images: list[tuple[Path, str]] = []
@@ -97,11 +101,17 @@ def report_section(args: argparse.Namespace, run: Run, plot_dir: Path) -> tuple[
              "<p class='note'>" + html.escape("; ".join(f"rank {r.rank}: {r.rule} rule ({r.rule_detail}), "
                                                      f"{len(r.steps)} steps" for r in results)) + "</p>",
              f"<pre>{html.escape(attribute.floor_text(lines))}</pre>"]
+    if skew is not None:
+        parts.append(f"<pre>{html.escape(chr(10).join(skew_text(skew, results)))}</pre>")
     step = representative(steps)
     if step is not None:
         title = (f"rank {step.rank}, step {step.index} ({step.phase}): {len(step.calls)} allreduce calls, "
                  f"{100 * step.share:.1f}% of {step.wall_us:.0f} us")
         images.append((save(timeline_figure(step, title), plot_dir / "trace_timeline")[0], "one step's timeline"))
+    position = median_step(skew, results) if skew is not None and skew.clock.mode != "refused" else None
+    if skew is not None and position is not None:
+        images.append((save(skew_figure(skew, results, position), plot_dir / "trace_skew")[0],
+                       "wait and transfer per rank"))
     fig = floor_figure(lines, "engine calls against the floor measured in this run")
     if fig is not None:
         images.append((save(fig, plot_dir / "trace_floor")[0], "calls against the floor"))

@@ -7,14 +7,20 @@ Step rules, tried in this order unless one is asked for (the rule used is always
   that replays several graph pieces per step (piecewise capture) shows one step per piece: use
   the annotation rule for it.
 - annotation: the engine's step annotations (vLLM's "gpu_model_runner: forward", torch.profiler's
-  "ProfilerStep#N", or --step-annotation REGEX); a kernel belongs to the annotation that
-  encloses its launch on the host thread, or, without launch records, its GPU annotation.
+  "ProfilerStep#N", then any annotation whose name holds "step", such as a user's own
+  record_function("decode_step_3"); or --step-annotation REGEX); a kernel belongs to the
+  annotation that encloses its launch on the host thread, or, without launch records, its GPU
+  annotation.
 - gap: the device goes idle longer than the gap threshold (default: the larger of 100 us and 20x
   the median idle gap between kernels).
 
 Per step: wall (first kernel start to last kernel end), GPU-busy (union of kernels, copies and
 sets), the allreduce calls and their time, their share of the wall, and how much of each
 allreduce ran beside compute on another stream.
+
+The first step after the profiler starts often carries the profiler's own start (a replay of
+hundreds of ms against a median of one): where it is over FIRST_STEP_FACTOR x the median of
+the others, set_first_apart takes it out of the steps on every rank and says so.
 """
 
 from __future__ import annotations
@@ -31,10 +37,16 @@ from commbench.errors import UsageError
 from commbench.results import percentile
 
 RULES = ("graph", "annotation", "gap")
-# vLLM v1 vllm/v1/worker/gpu_model_runner.py ("gpu_model_runner: forward"); torch.profiler's
-# schedule marks each profiler step as ProfilerStep#N.
+# vLLM v1 vllm/v1/worker/gpu_model_runner.py ("gpu_model_runner: forward"; 0.33.0 line 4167; the
+# 0.34.0 worker, vllm/v1/worker/gpu/, annotates no step); torch.profiler's schedule marks each
+# profiler step as ProfilerStep#N; then any annotation naming a step (a user's own
+# record_function("decode_step_3")); it must enclose kernel launches to make a step.
 ENGINE_STEP_ANNOTATION = re.compile(r"^gpu_model_runner: forward$")
 PROFILER_STEP_ANNOTATION = re.compile(r"^ProfilerStep#\d+$")
+ANY_STEP_ANNOTATION = re.compile(r"step", re.IGNORECASE)
+DEFAULT_STEP_ANNOTATIONS = (ENGINE_STEP_ANNOTATION, PROFILER_STEP_ANNOTATION, ANY_STEP_ANNOTATION)
+FIRST_STEP_FACTOR = 3.0
+MIN_STEPS_FOR_APART = 3
 GRAPH_LAUNCH = re.compile(r"GraphLaunch", re.IGNORECASE)   # cudaGraphLaunch, cuGraphLaunch
 MIN_GAP_US = 100.0
 GAP_MEDIAN_FACTOR = 20.0
@@ -57,6 +69,16 @@ class Call:
     message_bytes: int | None = None
     size_from: str = "unknown"      # "recorded" | "--hidden x --batch" | "unknown"
     overlap_us: float = 0.0         # time beside compute kernels on other streams
+    wait_us: float | None = None    # for the last rank's arrival, where every rank's trace is given
+
+    @property
+    def end_us(self) -> float:
+        return self.ts_us + self.dur_us
+
+    @property
+    def transfer_us(self) -> float:
+        """The kernel's own time: its duration less the wait where that is known."""
+        return self.dur_us - (self.wait_us or 0.0)
 
 
 @dataclass
@@ -102,6 +124,7 @@ class RankResult:
     outside_kernels: int            # kernels in no step (eager work between graph replays, ...)
     outside_allreduce: list[Call]   # allreduce kernels in no step
     unclassified: dict[str, int]    # kernel name -> count
+    first_apart: Step | None = None  # the first step, set apart as the profiler's start
 
 
 @dataclass
@@ -191,7 +214,7 @@ def _graph_groups(trace: RankTrace, kernels: list[Kernel]) -> list[list[Kernel]]
 
 def _annotation_groups(trace: RankTrace, kernels: list[Kernel], pattern: re.Pattern[str] | None
                        ) -> tuple[list[tuple[str, list[Kernel]]], str] | None:
-    patterns = [pattern] if pattern else [ENGINE_STEP_ANNOTATION, PROFILER_STEP_ANNOTATION]
+    patterns = [pattern] if pattern else list(DEFAULT_STEP_ANNOTATIONS)
     for pat in patterns:
         host = sorted((a for a in trace.annotations if pat.search(a.name)), key=lambda a: a.ts_us)
         gpu = sorted((a for a in trace.gpu_annotations if pat.search(a.name)), key=lambda a: a.ts_us)
@@ -280,7 +303,7 @@ def analyse_rank(trace: RankTrace, rank: int, size_hint: SizeHint, rule: str = "
     if not groups and rule == "graph":
         raise UsageError(f"{trace.source}: no CUDA-graph replays in this trace (use --steps annotation or gap)")
     if not groups and rule == "annotation":
-        wanted = annotation.pattern if annotation else f"{ENGINE_STEP_ANNOTATION.pattern} or {PROFILER_STEP_ANNOTATION.pattern}"
+        wanted = annotation.pattern if annotation else " or ".join(p.pattern for p in DEFAULT_STEP_ANNOTATIONS)
         raise UsageError(f"{trace.source}: no step annotation matching {wanted} encloses a kernel's launch "
                          "(give --step-annotation REGEX, or use --steps gap)")
     if not groups and rule in ("auto", "gap"):
@@ -333,3 +356,20 @@ def analyse_rank(trace: RankTrace, rank: int, size_hint: SizeHint, rule: str = "
             unclassified[k.name] += 1
     return RankResult(rank, trace.source, used, detail, steps, len(outside),
                       [call_of(k) for k in outside if kinds[k.name].kind == "allreduce"], dict(unclassified))
+
+
+def set_first_apart(results: list[RankResult]) -> str | None:
+    """Takes the first step out of every rank's steps where, on any rank, it lasts over
+    FIRST_STEP_FACTOR x the median of that rank's other steps; what was done, or None."""
+    outliers = []
+    for r in results:
+        if len(r.steps) >= MIN_STEPS_FOR_APART:
+            rest = statistics.median(s.wall_us for s in r.steps[1:])
+            if r.steps[0].wall_us > FIRST_STEP_FACTOR * rest:
+                outliers.append(f"rank {r.rank} {r.steps[0].wall_us:,.0f} us against a median of {rest:,.0f} us")
+    if not outliers:
+        return None
+    for r in results:
+        if r.steps:
+            r.first_apart = r.steps.pop(0)
+    return ("the first step is set apart (the profiler's start), not in the figures: " + "; ".join(outliers))

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from typing import Iterable, Iterator, overload
 
 from commbench.errors import UsageError
+from commbench.ops import ALLREDUCE
 from commbench.results import CRASHED, HANG, OK, WRONG, Cell, Measurement, Run, is_checked
 from commbench.units import format_bytes
 
@@ -85,7 +86,7 @@ class CurveKey:
 
     @property
     def label(self) -> str:
-        op = "" if self.op == "allreduce" else f" {self.op}"
+        op = "" if self.op == ALLREDUCE else f" {self.op}"
         if not self.mode:   # a latency table: no mode to tell apart
             return self.name
         return f"{self.name} ({self.mode}{op})"
@@ -346,7 +347,7 @@ def baseline_curve(curves: Iterable[Curve], name: str | None, like: Curve) -> Cu
         return None
     for curve in curves:
         if (curve.backend == name and not curve.env_setting and curve.key.mode == like.key.mode
-                and curve.key.dtype == like.key.dtype and curve.key.op == "allreduce"
+                and curve.key.dtype == like.key.dtype and curve.key.op == ALLREDUCE
                 and curve.key.world_size == like.key.world_size and curve.key.emulation == like.key.emulation):
             return curve
     return None
@@ -498,8 +499,8 @@ def groups(curves: list[Curve]) -> list[Group]:
 
 def run_world_size(run: Run) -> int | None:
     """The run's world size: run.json's, else the rows' (a run has one)."""
-    if run.info.get("world_size"):
-        return int(run.info["world_size"])
+    if run.info.world_size:
+        return run.info.world_size
     sizes = {r.world_size for r in run.rows}
     return sizes.pop() if len(sizes) == 1 else None
 

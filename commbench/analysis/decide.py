@@ -29,8 +29,7 @@ def recorded_settings(run: Run, curve: Curve) -> engines.Settings | None:
     """What the backend declared in this run (run.json backend_facts), under the curve's process env.
     An nccl-tests import declares none: its rows are NCCL's own kernels, the path every engine
     falls back to (PyNccl)."""
-    facts = run.info.get("backend_facts")
-    entry = facts.get(curve.backend) if isinstance(facts, dict) else None
+    entry = (run.info.backend_facts or {}).get(curve.backend)
     declared = entry.get("engine_settings") if isinstance(entry, dict) else None
     if not isinstance(declared, dict) and _imported(run):
         return engines.nccl_path(curve.backend).with_process_env(curve.env_setting)
@@ -195,10 +194,11 @@ def fastest(opts: list[Option], prices: list[Price | None], message_bytes: int) 
 
 
 def best_path_at(engine: str, run: Run, curves: list[Curve], world_size: int, dtype: str,
-                 message_bytes: int) -> tuple[Option | None, Price | None]:
+                 message_bytes: int, chain: engine_log.Chain | None = None) -> tuple[Option | None, Price | None]:
     """The fastest path `engine` can take on the run's box for one message size (for a caller
     that has sizes rather than a model, e.g. a profiler trace's allreduces)."""
-    opts = options(engine, engine_paths.states(engine, box_snapshot(run), world_size, dtype), run, curves)
+    opts = options(engine, engine_paths.states(engine, box_snapshot(run), world_size, dtype,
+                                               logged=list(chain.paths) if chain else None), run, curves)
     return fastest(opts, [o.price(message_bytes) for o in opts], message_bytes)
 
 
@@ -234,18 +234,16 @@ def _imported(run: Run) -> bool:
 def box_snapshot(run: Run) -> dict | None:
     """The run's probe snapshot; the NCCL the run recorded fills in one the probe did not. An
     nccl-tests import has no snapshot: its box is the GPUs and nodes its log shows, the fabric unknown."""
-    snapshot = run.info.get("snapshot")
-    if not isinstance(snapshot, dict) and _imported(run):
-        gpus, nodes = run.info.get("gpus"), run.info.get("nodes")
-        versions = run.info.get("versions")
-        nccl = versions.get("nccl") if isinstance(versions, dict) else None
+    snapshot = run.info.snapshot
+    if snapshot is None and _imported(run):
+        gpus, nodes = run.info.gpus, run.info.nodes
+        nccl = (run.info.versions or {}).get("nccl")
         return {engine_paths.IMPORTED: {"gpus": len(gpus) if isinstance(gpus, list) else None,
                                         "nodes": nodes if isinstance(nodes, int) else None},
                 "software": {"nccl": nccl if isinstance(nccl, str) else None}}
-    if not isinstance(snapshot, dict):
+    if snapshot is None:
         return None
-    versions = run.info.get("versions")
-    nccl = versions.get("nccl") if isinstance(versions, dict) else None
+    nccl = (run.info.versions or {}).get("nccl")
     software = snapshot.get("software") if isinstance(snapshot.get("software"), dict) else {}
     if isinstance(nccl, str) and not software.get("nccl"):
         return {**snapshot, "software": {**software, "nccl": nccl}}
@@ -360,6 +358,11 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the engine version you serve with, e.g. vllm=0.33.0 (the rules are read at "
                              f"vLLM {engines.VLLM_VERSION} and SGLang {engines.SGLANG_VERSION}, or from the engine "
                              "installed here; another version is named in the output as unchecked)")
+    add_engine_source_arguments(parser)
+
+
+def add_engine_source_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where the engines' facts and chain come from: --engine-site and --engine-log."""
     parser.add_argument("--engine-site", metavar="PATH",
                         help="read the engines' facts from this site-packages folder or unpacked wheel (default: "
                              "the vLLM / SGLang installed beside commbench, else the facts built in)")
@@ -405,7 +408,7 @@ def requested_engines(args: argparse.Namespace) -> list[tuple[str, str]]:
     for item in args.engine_version or []:
         engine, sep, version = item.partition("=")
         engine = engine.strip().lower()
-        if not sep or engine not in engines.ENGINES or not VERSION.match(version.strip()):
+        if not sep or engine not in engines.ENGINES or not VERSION.fullmatch(version.strip()):
             raise UsageError(f"--engine-version {item!r}: expected ENGINE=VERSION, e.g. vllm=0.33.0")
         versions[engine] = version.strip()
     return [(name, versions[name]) for name in names]

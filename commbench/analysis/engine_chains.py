@@ -40,10 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the model's architecture (config.json architectures[0]) where no preset names it")
     parser.add_argument("--hidden", type=int, help="the model's hidden size where no preset gives it")
     parser.add_argument("--dtype", default=None, help="activation dtype: bf16 (default), fp16, fp32")
-    parser.add_argument("--engine-site", metavar="PATH",
-                        help="read the engines' facts from this site-packages folder or unpacked wheel")
-    parser.add_argument("--engine-log", metavar="FILE",
-                        help="vLLM's start-up log: show the all-reduce chain it says it set up")
+    decide.add_engine_source_arguments(parser)
     parser.add_argument("--check", metavar="PATH",
                         help="compare every built-in engine fact with the source under PATH (an unpacked wheel or "
                              "site-packages); exit 1 when any differ")
@@ -89,9 +86,8 @@ def load_box(path: str | None) -> Box:
         data = data["snapshot"]
     if not isinstance(data, dict) or not isinstance(data.get("gpus"), list) or not data["gpus"]:
         raise UsageError(f"{path}: not a probe snapshot (no \"gpus\" list)")
-    world = data.get("world_size")
-    return Box(data, world if isinstance(world, int) and world > 0 else len(data["gpus"]),
-               f"snapshot {target.name}")
+    # a probe snapshot's world_size is how the probe ran (often one process): TP defaults to its GPUs
+    return Box(data, len(data["gpus"]), f"snapshot {target.name}")
 
 
 def workload_model(args: argparse.Namespace) -> models.Model | None:

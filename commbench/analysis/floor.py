@@ -22,13 +22,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Sequence
 
-from commbench.analysis import configure, configure_text, decide, models, provenance, question, render
+from commbench.analysis import configure, configure_text, decide, fastest, models, provenance, question, render
 from commbench.analysis.configure import DECODE, Configuration
 from commbench.analysis.curves import Curve, CurveKey, Point, cautions, price, ranking
 from commbench.analysis.decide import Price
 from commbench.files import check_file_target, read_text, write_json
 from commbench.errors import UsageError
 from commbench.analysis.models import Model
+from commbench.ops import ALLREDUCE
 from commbench.analysis.render import fmt_num, fmt_us
 from commbench.units import format_bytes, parse_bytes, positive_finite
 
@@ -85,7 +86,7 @@ def table_curve(path: Path) -> Curve:
         points[size] = Point(size, latency_us)
     if not points:
         raise UsageError(f"{path}: latency table has no rows")
-    key = CurveKey(f"table:{path.name}", "", "any", "allreduce")
+    key = CurveKey(f"table:{path.name}", "", "any", ALLREDUCE)
     return Curve(key, key.variant, {}, [points[s] for s in sorted(points)])
 
 
@@ -228,6 +229,8 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     print(render.prose(provenance.describe(run), args.wide))
     print(render.prose(f"{model.describe()}; TP {tp or '?'}", args.wide))
     print(render.prose(f"source: {model.source}", args.wide))
+    print("\n".join(render.prose(line, args.wide) for line in
+                    decide.source_lines(list(found.engines), found.chains, args.engine_log)))
     if model.note:
         print(render.prose(f"note: {model.note}", args.wide))
     print(render.prose(f"floor_ms/step = {model.allreduces_per_token} allreduces x latency: each sequence's time per "
@@ -278,6 +281,7 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
         print(_table(room_rows, f"headroom ({tag}): the fastest kernel measured here that no requested engine takes "
                                 "here, per size; for comparison only", args.wide))
         shown += [r.curve for r in best_rooms]
+    print("\n".join(fastest.fastest_lines(run, curves, model, concurrencies, found.decisions, tag)))
     if named:
         print()
         print(_table(rows_for(model, named, concurrencies), f"as measured: {', '.join(args.backend)} ({tag})",

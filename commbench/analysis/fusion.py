@@ -7,9 +7,8 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from commbench.analysis.render import fmt_pct, fmt_us
+from commbench.ops import ALLREDUCE, FUSED_OP
 from commbench.results import OK, Measurement
-
-FUSED_OP = "allreduce_residual_rmsnorm"
 
 
 def _family(backend_name: str) -> str:
@@ -62,7 +61,7 @@ def best_allreduce_rows(rows: list[Measurement], dtype: str, world_size: int) ->
     Graph-mode rows when there are any (decode runs in graphs), else eager rows. Rows measured
     under another process-level env (a driver run) cannot be rebuilt here and are left out.
     """
-    candidates = [r for r in rows if r.op == "allreduce" and r.status == OK and r.dtype == dtype
+    candidates = [r for r in rows if r.op == ALLREDUCE and r.status == OK and r.dtype == dtype
                   and r.world_size == world_size and not r.env_setting and r.latency_us is not None
                   and _family(r.backend) != "unfused"]
     graph = [r for r in candidates if r.mode == "graph"]

@@ -35,6 +35,9 @@ from typing import Any, Callable, Iterator, overload
 from commbench.errors import UsageError
 from commbench.files import first_character, read_lines
 from commbench.json_stream import JsonError, object_events
+from commbench.results.text import clean_text
+from commbench.results.validate import MAX_COUNT, is_plain_name
+from commbench.units import MAX_MESSAGE_BYTES
 
 PROGRAM = "all_reduce_perf"
 PLACEMENTS = ("out_of_place", "in_place")
@@ -143,9 +146,13 @@ class NcclTestsOutput:
     errors: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     ends_at: str | None = None           # where a truncated output stops
-    # The first result whose time is nan, inf or not positive: (where, placement, time or None),
-    # found by the first pass, so that no other pass is needed to refuse the file.
-    bad_time: tuple[str, str, float | None] | None = None
+    # The first result with a value no reader takes (bad_time): (where, why), found by the first
+    # pass, so that no other pass is needed to refuse the file.
+    bad_time: tuple[str, str] | None = None
+    # Lines inside the results table that start like a row but are none (a negative size):
+    # (line number, the line), the first few; said when imported, with their count.
+    dropped: list[tuple[int, str]] = field(default_factory=list)
+    dropped_count: int = 0
 
     @property
     def processes(self) -> int:
@@ -256,6 +263,12 @@ _CONFIG_RE = re.compile(
     r"(?: unalign: (-?\d+))?")
 _RANK_RE = re.compile(r"^#\s+Rank\s+(\d+) Group\s+(\d+) Pid\s+(\d+) on\s+(\S+) device\s+(\d+) \[([^\]]*)\] ?(.*)$")
 _ROW_RE = re.compile(r"^\s*(\d+)\s+(\d+)\s+(\S+)\s+(\S+)\s+(-?\d+)(\s.*)?$")
+# A line that starts as a row does (a number) but is none: a negative size or count.
+_ROW_LIKE_RE = re.compile(r"^\s*[-+]?\d")
+_LISTED_DROPPED = 5
+# Bytes per element of nccl-tests' types (its test_typenames): size = count x this.
+TYPE_BYTES = {"int8": 1, "uint8": 1, "int32": 4, "uint32": 4, "int64": 8, "uint64": 8, "half": 2, "float": 4,
+              "double": 8, "bfloat16": 2, "f8e4m3": 1, "f8e5m2": 1}
 _JSON_NOTE_RE = re.compile(r"^# Writing JSON output to (.+)$")
 _OOB_RE = re.compile(r"^# Out of bounds values\s*: (\d+)")
 _AVG_RE = re.compile(r"^# Avg bus bandwidth\s*: (\S+)")
@@ -291,11 +304,30 @@ def _number(token: str) -> float | None:
     return None if token.lower() in ("nan", "-nan", "inf", "-inf") else value
 
 
-def bad_time(row: ResultRow) -> tuple[str, str, float | None] | None:
-    """(where, placement, time) of a placement whose time is not a positive time; None when all are."""
+def bad_time(row: ResultRow) -> tuple[str, str] | None:
+    """(where, why) of the first value of a result that no reader of a run dir would take (the
+    bounds of commbench.results.validate: a time that is not positive and finite, a bandwidth
+    that is negative, a size or count out of range, a type that is no plain name, a count that
+    does not fit the size); None when all fit. The first pass finds the first, and the file is
+    refused before anything is written: a row the readers skip must not be imported."""
+    where = row.where
+    if not 1 <= row.size_bytes <= MAX_MESSAGE_BYTES:
+        return where, f"size {row.size_bytes} is not a size from 1 to {MAX_MESSAGE_BYTES} bytes"
+    if not 0 <= row.count <= MAX_COUNT:
+        return where, f"count {row.count} is not a count of elements"
+    if not is_plain_name(row.type_name):
+        return where, f"type {clean_text(row.type_name)[:40]!r} is not a plain name"
+    item = TYPE_BYTES.get(row.type_name)
+    if item is not None and row.count and row.count * item != row.size_bytes:
+        return where, (f"count {row.count} of {row.type_name} ({item} bytes each) is not size {row.size_bytes}: "
+                       "an inconsistent row")
     for name, p in row.placements.items():
+        label = name.replace("_", "-")
         if p.time_us is None or not 0 < p.time_us < math.inf:
-            return row.where, name, p.time_us
+            return where, f"the {label} time is {'nan' if p.time_us is None else f'{p.time_us:g}'}, not a positive time"
+        for what, value in (("algbw", p.algbw_gbps), ("busbw", p.busbw_gbps)):
+            if value is None or not 0 <= value <= MAX_COUNT:
+                return where, f"the {label} {what} is {'nan' if value is None else f'{value:g}'}, not a bandwidth >= 0"
     return None
 
 
@@ -370,6 +402,10 @@ class _TextReader:
             self._comment(number, line)
         elif _FAILURE_RE.search(line):
             self.fields["errors"].append(line.strip())
+        elif self.columns is not None and _ROW_LIKE_RE.match(line):
+            self.fields["dropped_count"] = self.fields.get("dropped_count", 0) + 1
+            if len(self.fields.setdefault("dropped", [])) < _LISTED_DROPPED:
+                self.fields["dropped"].append((number, clean_text(line.strip())[:60]))
 
     def _row(self, number: int, match: re.Match[str]) -> None:
         if self.bad_row is not None:
@@ -545,7 +581,7 @@ class _CycleCounter:
 
 # ---------------------------------------------------------------- JSON
 
-def _read_json(path: Path, partial: bool) -> tuple[dict[str, Any], int, tuple[str, str, float | None] | None, bool]:
+def _read_json(path: Path, partial: bool) -> tuple[dict[str, Any], int, tuple[str, str] | None, bool]:
     """The first pass over a -J file, streamed (commbench.json_stream): its fields but the results,
     how many results it has (each checked, none held), the first bad time, and whether it is
     whole. A file cut short inside or after its results keeps the fields before them and every

@@ -32,8 +32,9 @@ from commbench.analysis.nccl_tests_format import (JSON_RELEASES, PLACEMENTS, Ncc
                                          RankLine, ResultRow, nccl_version_text, printed_tolerance, read_output,
                                          strtol)
 from commbench.errors import UsageError
+from commbench.ops import ALLREDUCE
 from commbench.results import (ENV_PREFIXES, NO_WORK, OK, ROWS_FILE, RUN_FILE, WRONG, Lines, Measurement, RunDir,
-                               csv_line, json_line, percentile, write_whole)
+                               RunInfo, csv_line, json_line, percentile, write_whole)
 from commbench.results.templates import Templates
 from commbench.units import format_bytes
 
@@ -314,7 +315,7 @@ def _base_row(ctx: RowContext, result: ResultRow, name: str) -> Measurement:
     row = Measurement(
         backend=BACKENDS[name], mode="graph" if graph else "eager", dtype=DTYPES.get(result.type_name, result.type_name),
         message_bytes=result.size_bytes, world_size=out.world_size(), status=OK, count=result.count,
-        nodes=len(out.hosts()) or 1, op="allreduce" if result.redop == "sum" else f"allreduce_{result.redop}",
+        nodes=len(out.hosts()) or 1, op=ALLREDUCE if result.redop == "sum" else f"{ALLREDUCE}_{result.redop}",
         iterations=c.graph_launches if graph else c.iters * c.agg_iters,
         ops_per_graph=c.iters * c.agg_iters if graph else 1,
         env_setting=dict(ctx.settings), timestamp=time.time(),
@@ -333,14 +334,22 @@ def _base_row(ctx: RowContext, result: ResultRow, name: str) -> Measurement:
     return row
 
 
-def check_times(source: Source) -> None:
-    """Bad input when a result's time is nan, inf or negative: no measurement commbench can
-    keep (it became an ok row before); said before any row is written. The first pass over the
-    file found the first such time (bad_time)."""
-    if source.output.bad_time is not None:
-        where, name, value = source.output.bad_time
-        raise UsageError(f"{source.output.path}: {where}: the {name.replace('_', '-')} time is "
-                         f"{'nan' if value is None else f'{value:g}'}, not a positive time; not importable")
+def check_results(source: Source) -> None:
+    """Bad input when a result holds a value no reader of a run dir takes (a time that is nan,
+    inf or negative, a size of 10^30 bytes, a type that is no plain name, a count that does not
+    fit its size): it would be imported and then skipped by every reader (a time became an ok
+    row before). Said before any row is written: the first pass found it (bad_time). Lines of
+    the table that start like a row but are none are named, with their count."""
+    out = source.output
+    if out.bad_time is not None:
+        where, why = out.bad_time
+        raise UsageError(f"{out.path}: {where}: {why}; not importable")
+    if out.dropped_count:
+        named = [f"line {number} ({line!r})" for number, line in out.dropped]
+        more = [f"{out.dropped_count - len(named)} more"] if out.dropped_count > len(named) else []
+        print(f"commbench import-nccl-tests: warning: {out.path}: dropped {out.dropped_count} line(s) of the results "
+              f"table that are no result row (a negative size or count?): " + "; ".join(named + more),
+              file=sys.stderr)
 
 
 def _row(ctx: RowContext, result: ResultRow, name: str, p: Placement) -> Measurement:
@@ -497,49 +506,47 @@ NOTES = [
 ]
 
 
-def run_info(existing: dict[str, Any] | None, sources: list[Source], records: list[dict[str, Any]],
-             all_rows: Written) -> dict[str, Any]:
+def run_info(existing: RunInfo | None, sources: list[Source], records: list[dict[str, Any]],
+             all_rows: Written) -> RunInfo:
     first = sources[0].output
-    info = dict(existing) if existing else {
-        "run_id": None, "source": SOURCE, "command": sys.argv, "host": first.ranks[0].host if first.ranks else None,
-        "gpus": _gpus(sources[0].gpu_ranks), "world_size": first.world_size(), "nodes": len(first.hosts()) or 1,
-        "versions": _versions(first), "env": _relevant_env(first.env), "notes": list(NOTES), "imports": [],
-        "started": first.start_time}
-    info.pop("schema", None)
-    info.pop("finished", None)
-    info["imports"] = list(info.get("imports") or []) + records
+    info = replace(existing, finished=None) if existing else RunInfo(
+        source=SOURCE, command=sys.argv, host=first.ranks[0].host if first.ranks else None,
+        gpus=_gpus(sources[0].gpu_ranks), world_size=first.world_size(), nodes=len(first.hosts()) or 1,
+        versions=_versions(first), env=_relevant_env(first.env), notes=list(NOTES), imports=[],
+        started=first.start_time)
+    info.imports = [*(info.imports or []), *records]
     fullest = max(sources, key=lambda s: len(s.gpu_ranks))
-    if len(info["gpus"]) < len(fullest.gpu_ranks):
-        info["gpus"] = _gpus(fullest.gpu_ranks)
-    nccl = {r["versions"].get("nccl") for r in info["imports"]}
+    if len(info.gpus or []) < len(fullest.gpu_ranks):
+        info.gpus = _gpus(fullest.gpu_ranks)
+    nccl = {r["versions"].get("nccl") for r in info.imports}
     if len(nccl) > 1:
         note = f"the imports ran different NCCL versions ({', '.join(sorted(map(str, nccl)))}): see imports[]"
-        info["notes"] = [n for n in info["notes"] if not n.startswith("the imports ran different NCCL")] + [note]
-    info["backends"] = sorted(set(info.get("backends") or []) | all_rows.backends)
-    plan = info.get("plan") or {}
-    info["plan"] = {"message_bytes": sorted(set(plan.get("message_bytes") or []) | all_rows.sizes),
-                    "dtypes": sorted(set(plan.get("dtypes") or []) | all_rows.dtypes),
-                    "modes": sorted(set(plan.get("modes") or []) | all_rows.modes)}
-    settings = list(info.get("env_settings") or [])
+        info.notes = [n for n in info.notes or [] if not n.startswith("the imports ran different NCCL")] + [note]
+    info.backends = sorted(set(info.backends or []) | all_rows.backends)
+    plan = info.plan or {}
+    info.plan = {"message_bytes": sorted(set(plan.get("message_bytes") or []) | all_rows.sizes),
+                 "dtypes": sorted(set(plan.get("dtypes") or []) | all_rows.dtypes),
+                 "modes": sorted(set(plan.get("modes") or []) | all_rows.modes)}
+    settings = list(info.env_settings or [])
     for record in records:
         if record["env_setting"] and record["env_setting"] not in settings:
             settings.append(record["env_setting"])
-    info["env_settings"] = settings
+    info.env_settings = settings
     return info
 
 
 # ---------------------------------------------------------------- the results dir
 
-def existing_info(out: Path, world: int) -> dict[str, Any] | None:
+def existing_info(out: Path, world: int) -> RunInfo | None:
     """The run.json of earlier imports into out, or None for a new dir; anything else is refused."""
     if out.exists() and not out.is_dir():
         raise UsageError(f"{out}: exists and is not a directory")
     if (out / RUN_FILE).exists():
         info = RunDir(out).info()
-        if info.get("source") != SOURCE:
+        if info.source != SOURCE:
             raise UsageError(f"{out}: holds a commbench sweep; import nccl-tests output into a dir of its own")
-        if info.get("world_size") != world:
-            raise UsageError(f"{out}: holds nccl-tests rows of world size {info.get('world_size')}, "
+        if info.world_size != world:
+            raise UsageError(f"{out}: holds nccl-tests rows of world size {info.world_size}, "
                              f"these are world size {world}; import them into another dir")
         return info
     if (out / ROWS_FILE).exists():
@@ -596,7 +603,7 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     existing = existing_info(args.out, world)
     if existing is not None:
         repair_partial(RunDir(args.out), existing, {s.sha256 for s in sources})
-    records_before = (existing or {}).get("imports") or []
+    records_before = (existing.imports if existing else None) or []
     done = {record.get("sha256") for record in records_before} | {
         sha for record in records_before for sha in record.get("same_run_sha256") or []}
     fresh: list[Source] = []
@@ -612,12 +619,12 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     for source in sources:
         if not any(name in result.placements for result in source.output.results for name in PLACEMENTS):
             raise UsageError(f"{source.path}: no out-of-place or in-place results in it")
-        check_times(source)
+        check_results(source)
     _make_dir(args.out)
     run = RunDir(args.out)
     if existing is None:   # a new dir: run.json without the imports, so the rows have a home
         stub = run_info(None, sources, [], Written())
-        run.write_info({**stub, "run_id": args.out.resolve().name})
+        run.write_info(replace(stub, run_id=args.out.resolve().name))
     # Rows first, streamed, the import recorded last: a write cut short leaves rows no record
     # claims, which the next import of the same file replaces (repair_partial).
     written = [(source, Written()) for source in sources]
@@ -627,9 +634,9 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
         total.merge(summary)
     records = [import_record(source, summary, settings) for source, summary in written]
     info = run_info(existing, sources, records, total)
-    info["run_id"] = info.get("run_id") or args.out.resolve().name
+    info.run_id = info.run_id or args.out.resolve().name
     if all(s.output.complete for s in sources) and not existing_partial(info):
-        info["finished"] = time.time()
+        info.finished = time.time()
     run.write_info(info)
     for source, summary in written:
         print(describe(source, summary))
@@ -645,10 +652,10 @@ def _counted_rows(written: list[tuple[Source, Written]], settings: dict[str, str
             summary.add(row)
 
 
-def repair_partial(run: RunDir, info: dict[str, Any], given: set[str]) -> None:
+def repair_partial(run: RunDir, info: RunInfo, given: set[str]) -> None:
     """Rows of an import that never recorded itself (the disk filled up, the process died):
     dropped when that file is being imported again, else the dir is refused."""
-    recorded = {record.get("sha256") for record in info.get("imports") or []}
+    recorded = {record.get("sha256") for record in info.imports or []}
     orphans = [row for row in run.rows() if row.extra.get("source_sha256") not in recorded]
     if not orphans:
         return
@@ -662,5 +669,5 @@ def repair_partial(run: RunDir, info: dict[str, Any], given: set[str]) -> None:
     print(f"{run.path}: removed {len(orphans)} row(s) of an import that did not finish; importing it again")
 
 
-def existing_partial(info: dict[str, Any]) -> bool:
-    return any(not record.get("complete", True) for record in info.get("imports") or [])
+def existing_partial(info: RunInfo) -> bool:
+    return any(not record.get("complete", True) for record in info.imports or [])

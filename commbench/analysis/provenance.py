@@ -92,31 +92,28 @@ def _over(fabric: str | None) -> str:
 
 
 def of(run: Run) -> Provenance:
-    info = run.info if isinstance(run.info, dict) else {}
+    info = run.info
     emulation = run.emulation
-    if info.get("provenance") == FIXTURE:
+    if info.provenance == FIXTURE:
         kind = FIXTURE
-    elif info.get("source") == IMPORT_SOURCE:
+    elif info.source == IMPORT_SOURCE:
         kind = IMPORTED
     elif isinstance(emulation, dict):
         kind = EMULATED
-    elif info.get("device_type") == CPU or _cpu_rows(info):
+    elif info.device_type == CPU or _cpu_rows(info.gpus or []):
         kind = CPU
     else:
         kind = MEASURED
-    world = info.get("world_size")
-    if not isinstance(world, int) or isinstance(world, bool):
+    world = info.world_size
+    if world is None:
         sizes = {r.world_size for r in run.rows}
         world = sizes.pop() if len(sizes) == 1 else None
-    host = info.get("host") if isinstance(info.get("host"), str) else None
-    run_id = info.get("run_id") if isinstance(info.get("run_id"), str) and info.get("run_id") else run.path.name
-    gpus = () if kind == CPU else _gpu_names(info)
+    gpus = () if kind == CPU else _gpu_names(info.gpus or [])
     shared = emulation.get("gpus") if kind == EMULATED and isinstance(emulation, dict) else None
     if isinstance(shared, int) and 0 < shared < len(gpus):
         gpus = gpus[:shared]   # ranks listed without GPU ids: the emulation knows how many GPUs they shared
-    snapshot = info.get("snapshot") if isinstance(info.get("snapshot"), dict) else {}
-    fabric = None if kind in (EMULATED, CPU) else fabric_of(snapshot, len(gpus))
-    return Provenance(kind, run_id, host, world, gpus, fabric, emulation if kind == EMULATED else None)
+    fabric = None if kind in (EMULATED, CPU) else fabric_of(info.snapshot or {}, len(gpus))
+    return Provenance(kind, run.run_id, info.host, world, gpus, fabric, emulation if kind == EMULATED else None)
 
 
 def describe(run: Run) -> str:
@@ -124,17 +121,12 @@ def describe(run: Run) -> str:
     return of(run).line()
 
 
-def _cpu_rows(info: dict[str, Any]) -> bool:
-    gpus = info.get("gpus")
-    return isinstance(gpus, list) and bool(gpus) and all(isinstance(g, dict) and g.get("device") == "cpu"
-                                                          for g in gpus)
+def _cpu_rows(gpus: list[Any]) -> bool:
+    return bool(gpus) and all(isinstance(g, dict) and g.get("device") == "cpu" for g in gpus)
 
 
-def _gpu_names(info: dict[str, Any]) -> tuple[str, ...]:
+def _gpu_names(gpus: list[Any]) -> tuple[str, ...]:
     """A name per distinct GPU: ranks that share a GPU (same host and uuid or bus id) count once."""
-    gpus = info.get("gpus")
-    if not isinstance(gpus, list):
-        return ()
     seen: dict[tuple[Any, ...], str] = {}
     for position, gpu in enumerate(gpus):
         if not isinstance(gpu, dict):

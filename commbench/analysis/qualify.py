@@ -28,6 +28,7 @@ from commbench.analysis import provenance, render
 from commbench.analysis.curves import Curve, build_curves, exceeds_spread, is_failed_check, pick_mode, run_world_size, select
 from commbench.errors import UsageError
 from commbench.files import check_file_target, read_text
+from commbench.ops import ALLREDUCE
 from commbench.results import CRASHED, ERROR, HANG, Measurement, Run
 from commbench.results.validate import SPEC_MAX_BYTES, loads_toml
 from commbench.runs import load_run
@@ -534,7 +535,7 @@ def check_hangs(run: Run, scope: set[str], required: bool = False) -> Result:
 
 
 def _curve(curves: list[Curve], backend: str) -> Curve | None:
-    hits = [c for c in curves if c.key.variant == backend and c.key.op == "allreduce"]
+    hits = [c for c in curves if c.key.variant == backend and c.key.op == ALLREDUCE]
     return hits[0] if hits else None
 
 
@@ -584,7 +585,7 @@ def check_reference(run_curves: list[Curve], ref_run: Run, ref: ReferenceSpec, d
         if worst is None:
             continue
         pct, size, beyond = worst
-        detail = (f"worst {pct:+.1f}% latency at {format_bytes(size)} vs {ref_run.info.get('run_id', ref_run.path.name)}"
+        detail = (f"worst {pct:+.1f}% latency at {format_bytes(size)} vs {ref_run.run_id}"
                   + ("" if beyond is None else (" (beyond spread)" if beyond else " (within spread)")))
         status = FAIL if pct > ref.max_slowdown_pct else (
             WARN if ref.warn_slowdown_pct is not None and pct > ref.warn_slowdown_pct else PASS)
@@ -644,7 +645,7 @@ def qualify(spec: Spec, run: Run, reference: Run | None, probe: dict[str, Any] |
         results.append(Result("run", "world size", status, f"run has {world} ranks, spec wants {spec.world_size}"))
     fabric = [("p2p_all_pairs", P2P_CHECK, check_p2p), ("pcie_link_at_max", LINK_CHECK, check_links),
               ("no_acs_redirect", ACS_CHECK, check_acs)]
-    snapshot = probe if probe is not None else run.info.get("snapshot")
+    snapshot = probe if probe is not None else run.info.snapshot
     for key, name, check in fabric:
         if not spec.checks.get(key, True):
             continue
@@ -672,7 +673,7 @@ def junit_xml(spec: Spec, run: Run, results: list[Result]) -> str:
     suite = ET.Element("testsuite", name=f"commbench qualify: {spec.name}", tests=str(len(results)),
                        failures=str(sum(r.status == FAIL for r in results)), errors="0", skipped="0")
     properties = ET.SubElement(suite, "properties")
-    ET.SubElement(properties, "property", name="run", value=str(run.info.get("run_id", run.path)))
+    ET.SubElement(properties, "property", name="run", value=run.info.run_id or str(run.path))
     ET.SubElement(properties, "property", name="provenance", value=provenance.describe(run))
     for r in results:
         case = ET.SubElement(suite, "testcase", classname=f"commbench.qualify.{r.group}", name=r.name)
@@ -720,7 +721,7 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     results = qualify(spec, run, reference, probe)
 
     print(provenance.describe(run))
-    print(f"qualify {run.info.get('run_id', run.path.name)} against {spec.name} ({spec.path})"
+    print(f"qualify {run.run_id} against {spec.name} ({spec.path})"
           + (f"; fabric checks read {args.snapshot}" if args.snapshot else "") + "\n")
     kind = provenance.of(run).kind   # every line says what data it read, the same way
     print(render.table(["status", "group", "check", "detail", "data"],

@@ -17,7 +17,7 @@ from dataclasses import asdict
 from typing import Any, Iterable, Sequence
 
 from commbench import engines
-from commbench.analysis import configure, configure_text, decide, models, provenance, question, render
+from commbench.analysis import configure, configure_text, decide, fastest, models, provenance, question, render
 from commbench.analysis.configure import one_line
 from commbench.analysis.curves import Curve, cautions, run_world_size
 from commbench.analysis.decide import EngineDecision, Headroom, Option, Price
@@ -44,8 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def inert_here(run: Run, tp: int | None) -> list[engines.InertSetting]:
     """The engine settings the run's own probe snapshot says would change nothing."""
-    snapshot = run.info.get("snapshot")
-    if not isinstance(snapshot, dict) or not snapshot.get("gpus"):
+    snapshot = run.info.snapshot
+    if not snapshot or not snapshot.get("gpus"):
         return []
     return engines.inert_settings(snapshot, tp or run_world_size(run) or 0)
 
@@ -59,7 +59,7 @@ def _cost(price: Price | None) -> str:
 
 def _availability(state: Any) -> str:
     if state.available is None:
-        return f"cannot tell here: {state.why}"
+        return state.why if state.why.startswith("cannot tell") else f"cannot tell here: {state.why}"
     return ("available" if state.available else "off") + f": {state.why}"
 
 
@@ -179,7 +179,8 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     model = models.requested(args)
     if model is None:
         return 0
-    found = question.answer(question.from_args(args, model))
+    asked = question.from_args(args, model)
+    found = question.answer(asked)
     run, tp, tag = found.run, found.tp, found.tag
     args.tp_shown = tp or "?"
     implementations = measured_implementations(run.rows)
@@ -218,6 +219,8 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     rooms = found.headroom
     for line in _brief_headroom(rooms, tag, args.wide) if args.brief else _headroom_lines(rooms, model, tag, args):
         print(line)
+    if not args.brief:
+        print("\n".join(fastest.fastest_lines(found.run, found.curves, model, asked.concurrencies, found.decisions, tag)))
 
     shown = [c for d in found.decisions for o in d.options if o.state.available is not False
              for c in o.own + o.stand_ins]

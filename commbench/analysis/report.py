@@ -20,9 +20,10 @@ from commbench.analysis.curves import (Crossover, Curve, baseline_curve, baselin
                               crossovers, groups, is_failed_check, ranking, run_world_size, select, variant_label)
 from commbench.errors import UsageError
 from commbench.files import output_folder
-from commbench.results import CRASHED, HANG, OK, WRONG, Measurement, Run, RunDir, describe_setting, write_whole
+from commbench.ops import ALLREDUCE
+from commbench.results import CRASHED, HANG, OK, WRONG, Measurement, Run, RunDir, RunInfo, describe_setting, write_whole
 from commbench.results.validate import file_stem
-from commbench.runs import load_run
+from commbench.fleet.inputs import is_whole_fleet, load_one
 from commbench.analysis.render import fmt_num, fmt_us
 from commbench.units import format_bytes
 
@@ -137,7 +138,7 @@ def _variant_cell(row: Measurement) -> str:
     """Backend name, with its process-level settings and a fused op under it in small print: one
     narrow column instead of three, so the reasons fit on a page."""
     under = [" ".join(f"{k}={v}" for k, v in sorted(row.env_setting.items()))] if row.env_setting else []
-    under += [row.op] if row.op != "allreduce" else []
+    under += [row.op] if row.op != ALLREDUCE else []
     return _esc(row.backend) + "".join(f'<br><span class="sub">{_esc(text)}</span>' for text in under)
 
 
@@ -203,7 +204,7 @@ def nccl_version_table(entries: dict[str, dict[str, list[str]]]) -> str:
 
 
 def verdict_table(run: Run, statuses: dict[str, set[str]]) -> str:
-    verdicts: dict[str, Any] = run.info.get("verdicts") or {}
+    verdicts: dict[str, Any] = run.info.verdicts or {}
     names = sorted(set(verdicts) | set(statuses))
     if not names:
         return '<p class="note">run.json holds no probe verdicts and the run has no rows.</p>'
@@ -241,41 +242,40 @@ def command_text(command: Any) -> str | None:
     return shlex.join(words)
 
 
-def run_state(info: dict[str, Any]) -> str | None:
+def run_state(info: RunInfo) -> str | None:
     """None for a finished run; otherwise how it ended, for every place that shows the run."""
-    if info.get("finished"):
+    if info.finished:
         return None
-    if info.get("interrupted"):
-        return f"interrupted at {_when(info['interrupted'])} (partial run; --resume continues it)"
+    if info.interrupted:
+        return f"interrupted at {_when(info.interrupted)} (partial run; --resume continues it)"
     return "unfinished: it hung, was killed or is still running (partial run; --resume continues it)"
 
 
 def run_summary(run: Run) -> str:
     info = run.info
     gpu_names: dict[str, int] = {}
-    for gpu in info.get("gpus") or []:
+    for gpu in info.gpus or []:
         name = (gpu.get("name") or gpu.get("device") or "?") if isinstance(gpu, dict) else str(gpu)
         gpu_names[str(name)] = gpu_names.get(str(name), 0) + 1
     items = [
-        ("run id", info.get("run_id", run.path.name)), ("host", info.get("host")),
+        ("run id", run.run_id), ("host", info.host),
         ("devices", ", ".join(f"{n}x {name}" for name, n in gpu_names.items()) or "none recorded"),
-        ("world size", run_world_size(run)), ("nodes", info.get("nodes")),
-        ("started", _when(info.get("started"))),
-        ("finished", run_state(info) or _when(info["finished"])),
-        ("command", command_text(info.get("command"))),
+        ("world size", run_world_size(run)), ("nodes", info.nodes),
+        ("started", _when(info.started)),
+        ("finished", run_state(info) or _when(info.finished)),
+        ("command", command_text(info.command)),
     ]
-    items += [("note", note) for note in ([info["note"]] if info.get("note") else []) + list(info.get("notes") or [])]
+    items += [("note", note) for note in ([info.note] if info.note else []) + list(info.notes or [])]
     rows = [[_esc(k), _esc(v)] for k, v in items if v is not None]
-    for section in ("versions", "env"):
-        values = info.get(section) or {}
-        if isinstance(values, dict) and values:
+    for section, values in (("versions", info.versions), ("env", info.env)):
+        if values:
             rows.append([_esc(section), _esc(", ".join(f"{k}={v}" for k, v in sorted(values.items())))])
     out = _table(None, rows)
-    for section, title in (("args", "sweep arguments"), ("plan", "sweep plan"), ("snapshot", "probe snapshot")):
-        if info.get(section):
-            text = json.dumps(info[section], indent=2, sort_keys=True, default=str)
+    for title, value in (("sweep arguments", info.args), ("sweep plan", info.plan), ("probe snapshot", info.snapshot)):
+        if value:
+            text = json.dumps(value, indent=2, sort_keys=True, default=str)
             out += f"<details><summary>{title} (JSON)</summary><pre>{_esc(text)}</pre></details>"
-    if not info.get("snapshot"):
+    if not info.snapshot:
         out += '<p class="note">No probe snapshot in run.json (run <code>commbench probe</code> on the machine).</p>'
     return out
 
@@ -336,10 +336,10 @@ def write_html(run: Run, facts: RowFacts, sections: list[Section], fused: list[l
                trace: tuple[str, list[tuple[Path, str]]] = ("", [])) -> None:
     failed = facts.failed
     parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>commbench report: "
-             f"{_esc(run.info.get('run_id', run.path.name))}</title><style>{_CSS}</style></head><body>",
+             f"{_esc(run.run_id)}</title><style>{_CSS}</style></head><body>",
              f"<p class='provenance'><b>{_esc(provenance.describe(run))}</b></p>",
-             f"<h1>commbench report: {_esc(run.info.get('run_id', run.path.name))}</h1>",
-             f"<p class='meta'>{_esc(run.info.get('host', ''))} &middot; world size {_esc(run_world_size(run))} "
+             f"<h1>commbench report: {_esc(run.run_id)}</h1>",
+             f"<p class='meta'>{_esc(run.info.host or '')} &middot; world size {_esc(run_world_size(run))} "
              f"&middot; rows: {_esc(facts.status_text)}</p>"]
     if run_state(run.info):
         parts.append(f"<p><b>Run {_esc(run_state(run.info))}.</b></p>")
@@ -383,7 +383,8 @@ def write_html(run: Run, facts: RowFacts, sections: list[Section], fused: list[l
 # ---------------------------------------------------------------- command
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run_dir", help="results dir written by commbench sweep")
+    parser.add_argument("run_dir", help="results dir written by commbench sweep; a fleet: its fleet.html page "
+                        "(FLEET#NODE: that run's report)")
     parser.add_argument("--out", type=Path, help="where to write report.html and plots/ (default: a new folder "
                                                  "RUN-report in the current directory; never the run dir)")
     parser.add_argument("--baseline", help="backend speedups are measured against (default: nccl, else gloo)")
@@ -392,7 +393,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
-    run = load_run(args.run_dir)
+    if is_whole_fleet(args.run_dir):
+        from commbench.fleet import page
+
+        return page.main(args)
+    run = load_one(args.run_dir)
     if not run.rows:
         raise UsageError(f"{run.path}: no measurements yet (measurements.jsonl is empty or missing)")
     out = output_folder(args.out, f"{run.path.resolve().name}-report", [run.path])
@@ -409,7 +414,7 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     for dtype in sorted({c.key.dtype for c in curves} | {r.dtype for r in facts.failed}):
         typed = select(curves, dtype=dtype)
         failed = [r for r in facts.failed if r.dtype == dtype]
-        where = f"{dtype}, {world} ranks, {provenance.of(run).kind}, {run.info.get('host', run.path.name)}"
+        where = f"{dtype}, {world} ranks, {provenance.of(run).kind}, {run.info.host or run.path.name}"
         figs = [("latency", plots.latency_figure(typed, failed, f"allreduce latency vs size ({where})"))]
         if any(p.busbw_gbps for c in typed for p in c.points):
             figs.append(("busbw", plots.busbw_figure(typed, f"allreduce bus bandwidth ({where})")))
@@ -426,7 +431,7 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     write_html(run, facts, sections, fused, images, baseline, html_path, trace)
 
     print(render.prose(provenance.describe(run), args.wide))   # says "emulated: ..." for ranks that shared GPUs
-    print(f"run {run.info.get('run_id', run.path.name)}: {facts.status_text}"
+    print(f"run {run.run_id}: {facts.status_text}"
           + (f"; {run_state(run.info)}" if run_state(run.info) else ""))
     for section in sections:
         print(f"\n{section.title}: winner per size range (trusted rows only; margins are latency ratios)")

@@ -22,8 +22,10 @@ from commbench.analysis.curves import CurveKey, distinguish, emulation_text, key
 from commbench.analysis.render import fmt_us
 from commbench.errors import UsageError
 from commbench.files import STDOUT, check_file_target
+from commbench.ops import ALLREDUCE
 from commbench.results import OK, Measurement, Run
-from commbench.runs import load_run
+from commbench.results.text import clean_text
+from commbench.fleet.inputs import load_runs
 from commbench.units import format_bytes
 
 
@@ -38,8 +40,9 @@ class Table:
 
 
 def md_escape(text: str) -> str:
-    """Text from a run file as literal markdown: no cell break, no HTML."""
-    return text.replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
+    """Text from a run file as literal markdown: one line, no cell break, no HTML."""
+    return " ".join(clean_text(text, one_line=False).split("\n")).replace("|", "\\|").replace(
+        "<", "&lt;").replace(">", "&gt;")
 
 
 def markdown(table: Table) -> str:
@@ -89,7 +92,7 @@ def allreduce_tables(runs: list[Run]) -> list[Table]:
     columns_seen: dict[Column, Column] = {}   # one copy of each column key, not one per row
     for index, run in enumerate(runs):
         for row in run.rows:
-            if row.op != "allreduce":
+            if row.op != ALLREDUCE:
                 continue
             group = groups.setdefault((row.dtype, row.mode, row.world_size, emulation_text(row.emulation) or ""),
                                       _Group())
@@ -174,7 +177,7 @@ def render_runs(runs: list[Run], width: int | None = None) -> str:
     for run in runs:
         origin = provenance.of(run)
         kinds.setdefault(origin.what(), []).append(origin.run_id)
-    parts = [para(f"{what}; run{'s' if len(ids) > 1 else ''} {', '.join(ids)}", "> ", "  ")
+    parts = [para(f"{md_escape(what)}; run{'s' if len(ids) > 1 else ''} {md_escape(', '.join(ids))}", "> ", "  ")
              for what, ids in kinds.items()]
     parts += ["", "# commbench side by side", "", para("Runs: " + ", ".join(f"`{run.path}`" for run in runs) + "."), ""]
     parts += [para("Cells: headline `latency_us` (one timer around the timed pass, slowest rank) / the jitter pass's "
@@ -204,7 +207,8 @@ class _Rows:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run_dirs", nargs="+", metavar="RUN", help="results dirs written by commbench sweep")
+    parser.add_argument("run_dirs", nargs="+", metavar="RUN",
+                        help="results dirs written by commbench sweep, or a fleet (all its runs; FLEET#NODE: one)")
     parser.add_argument("--out", help="markdown file to write (default: stdout)")
 
 
@@ -212,7 +216,7 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     check_file_target(args.out, "--out")
     if len(set(args.run_dirs)) != len(args.run_dirs):
         raise UsageError("a run dir is listed twice")
-    runs = [load_run(path) for path in args.run_dirs]
+    runs = [run for path in args.run_dirs for run in load_runs(path)]
     empty = [str(run.path) for run in runs if not run.rows]
     if empty:
         raise UsageError(f"{empty[0]}: no measurements yet (measurements.jsonl is empty or missing)")

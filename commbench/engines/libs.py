@@ -13,6 +13,5 @@ NCCL_SYMMETRIC_SOURCE = "NCCL 2.29.2, commit ebd1e929 (src/sym_kernels.cc)"
 # FlashInfer 0.7.4 flashinfer/comm: the trtllm allreduce kernels are built for SM 9.x/10.x/12.x, its
 # workspace takes 2, 4, 8 or 16 ranks of one node; the PCIe IPC allreduce (PcieIpcAllReduceWorkspace,
 # since 0.7.2) takes 2, 4 or 8 ranks.
-FLASHINFER_VERSION = "0.7.4"
 FLASHINFER_WORLD_SIZES = (2, 4, 8, 16)
 FLASHINFER_ARCHS = "FlashInfer's trtllm kernels are built for SM 9.x/10.x/12.x only (not RTX 4090 / L40)"

@@ -17,13 +17,13 @@ from commbench.engines import libs, settings, source
 from commbench.engines.facts import FactSet
 from commbench.engines.settings import (CUSTOM_AR, FLASHINFER_AR, FLASHINFER_FUSED, FLASHINFER_PCIE_IPC, MSCCLPP,
                                         NCCL_PATH, NCCL_SYMM, SGLANG, TORCH_SYMM_MEM, VLLM, Settings)
+from commbench.ops import ALLREDUCE, FUSED_OP
 from commbench.policy import multicast_policy_reason
 from commbench.topology.needs import p2p_reason, vmm_reason
 from commbench.topology.selection import gpu_pairs, p2p_entry, used_gpus, used_hosts
 from commbench.units import DTYPE_BYTES
 
 MiB = 1 << 20
-ALLREDUCE, FUSED_OP = "allreduce", "allreduce_residual_rmsnorm"
 GRAPH, EAGER = "graph", "eager"
 
 
@@ -194,8 +194,7 @@ def box(snapshot: dict[str, Any] | None, world_size: int, multicast_blocked: str
 
 
 SHARED = "ranks share one GPU in this run (an emulation): the engine's gate on the fabric cannot be read"
-FROM_IMPORT = ("cannot tell from an import: an nccl-tests log names the GPUs and nodes, not NVLink between pairs, "
-               "P2P, multicast or compute capability")
+FROM_IMPORT = "cannot tell from an import (an nccl-tests log has no NVLink, P2P, multicast or compute capability)"
 P2P_TRUST_WARNING = ("WARNING: vLLM trusts cudaDeviceCanAccessPeer by default (VLLM_SKIP_P2P_CHECK=1) but the "
                      "write-and-verify check failed here — expect a hang or wrong output; use "
                      "--disable-custom-all-reduce or VLLM_SKIP_P2P_CHECK=0")
@@ -467,9 +466,10 @@ def _sglang_nccl_symm(b: Box) -> Gate:
 
 def _gate(rule: PathRule, b: Box, f: FactSet, dtype: str, w: Workload) -> Gate:
     if rule.path == NCCL_PATH:
-        return Gate(True, "always available")
+        return Gate(True, "always available: the fallback for every message no path above takes")
     if b.imported:
-        return Gate(None, FROM_IMPORT)
+        listed = rule.engine == SGLANG and rule.path in (FLASHINFER_AR, FLASHINFER_FUSED)
+        return Gate(None, FROM_IMPORT, default=(w.arch in f.value("flashinfer_archs")) if listed else None)
     if rule.engine == VLLM:
         return {CUSTOM_AR: lambda: _vllm_custom_ar(b, f),
                 TORCH_SYMM_MEM: lambda: _symm_mem(b, f.value("symm_mem_max_bytes"),
@@ -622,6 +622,6 @@ def explain(snapshot: dict[str, Any], world_size: int) -> list[str]:
     for engine in settings.ENGINES:
         facts = source.active(engine)
         lines.append(f"{source.provenance_line(facts)}:")
-        lines += [f"{facts.name} {facts.version} {p.rule.title}: {status(p)}: {p.why} — {p.rule.turn_on}."
-                  for p in states(engine, snapshot, world_size, "bf16", blocked)]
+        lines += [f"{facts.name} {facts.version} {p.rule.title}: {status(p)}: {p.why} — {p.rule.turn_on} "
+                  f"[{p.source}]." for p in states(engine, snapshot, world_size, "bf16", blocked)]
     return lines

@@ -222,6 +222,7 @@ def declared_paths(s: Settings) -> dict[str, dict[str, Any]]:
               else MSCCLPP if SGLANG_MSCCLPP in sg else TORCH_SYMM_MEM if SGLANG_TORCH_SYMM_MEM in sg
               else NCCL_SYMM if "--enable-symm-mem" in sg
               else FLASHINFER_FUSED if SGLANG_FLASHINFER_TRTLLM[0] in sg and FLASHINFER_FUSED == vllm
+              else FLASHINFER_AR if SGLANG_FLASHINFER_TRTLLM[0] in sg and FLASHINFER_AR == vllm
               else NCCL_PATH if DISABLE_CUSTOM_ALLREDUCE in sg
               else CUSTOM_AR if sglang_own or vllm == CUSTOM_AR else None)
     if s.sglang_supported and sglang:
@@ -241,14 +242,18 @@ OLD_PCIE_IPC_NOTE = "SGLang integrates FlashInfer PCIe IPC in sglang #34528"
 
 def upgraded(s: Settings) -> Settings:
     """Settings a run recorded under older engine facts, as today's facts have them: vLLM's forced
-    custom-allreduce stage is a setting (VLLM_CUSTOM_ALLREDUCE_ALGO), and SGLang 0.5.23 selects
-    FlashInfer's PCIe IPC allreduce (SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1)."""
+    custom-allreduce stage is a setting (VLLM_CUSTOM_ALLREDUCE_ALGO), SGLang 0.5.23 selects
+    FlashInfer's PCIe IPC allreduce (SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1) and runs FlashInfer's trtllm
+    allreduce for plain allreduces where its fusion is on."""
     stage = STAGE_VARIANT.match(s.variant)
     if stage and any(FORCED_BY_SIZE_MARKS[1] in n for n in s.notes):
         rest = [n for n in s.notes if FORCED_BY_SIZE_MARKS[1] not in n]
         return vllm_forced_stage(s.variant, f"{'1' if stage.group(1) == 'one' else '2'}stage", rest)
     if s.vllm_env == FLASHINFER_PCIE_IPC_ENV and not s.sglang_supported and not s.preload:
         return pcie_ipc(s.variant, [n for n in s.notes if not n.startswith(OLD_PCIE_IPC_NOTE)])
+    if s.sglang_flags == SGLANG_FLASHINFER_TRTLLM and s.engine_paths == claim(FLASHINFER_AR, VLLM):
+        # SGLang sends plain allreduces to the same trtllm kernel where its fusion is on (sglang.py)
+        return Settings(**{**asdict(s), "engine_paths": claim(FLASHINFER_AR, VLLM, SGLANG)})
     return s
 
 
@@ -309,9 +314,9 @@ def without_offs(s: Settings, engine: str, off_here: set[str]) -> Settings:
 def env_refusal(env: dict[str, Any]) -> str | None:
     for name, value in env.items():
         # The refusal never repeats the text it refuses: run.json is untrusted.
-        if not isinstance(name, str) or not ENV_NAME.match(name) or not name.startswith(ENV_PREFIXES):
+        if not isinstance(name, str) or not ENV_NAME.fullmatch(name) or not name.startswith(ENV_PREFIXES):
             return "a variable that is not an NCCL, vLLM, SGLang, MSCCL++ or torch variable"
-        if not isinstance(value, str) or not ENV_VALUE.match(value):
+        if not isinstance(value, str) or not ENV_VALUE.fullmatch(value):
             return f"the value of {name} is not a plain word"
     return None
 
@@ -334,7 +339,7 @@ def _unquoted(token: str) -> str:
 
 def preload_shown(path: Any) -> str | None:
     """The preloaded library's path where it is a plain absolute path (run.json is untrusted)."""
-    return path if isinstance(path, str) and LIBRARY_PATH.match(path) and "/../" not in path else None
+    return path if isinstance(path, str) and LIBRARY_PATH.fullmatch(path) and "/../" not in path else None
 
 
 def preload_deployment(s: Settings, engine: str) -> str:
@@ -462,7 +467,7 @@ def inert_settings(snapshot: dict[str, Any], world_size: int) -> list[InertSetti
             + _nccl_symmetric_rule(nccl_version(snapshot), world_size, nvlink))
 
 
-# --- NVLink as the engines' gates read it (commbench.engine_paths applies them) ---------------
+# --- NVLink as the engines' gates read it (commbench.engines.paths applies them) ---------------
 
 def _nvml_nvlink_all(snapshot: dict[str, Any], gpu_ids: list[int]) -> bool:
     """vLLM's is_fully_connected: NVML P2P status for the NVLINK index is OK on every pair."""

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from commbench.errors import UsageError
+from commbench.results.info import RunInfo
 
 IDENTITY_KEYS = ("schema", "host", "world_size", "nodes", "device_type", "gpus", "emulation", "plan")
 MEASURED_PLAN_KEYS = ("message_bytes", "shapes", "dtypes", "modes", "warmup", "iterations", "graph_ops",
@@ -15,16 +16,16 @@ MEASURED_PLAN_KEYS = ("message_bytes", "shapes", "dtypes", "modes", "warmup", "i
 _GPU_KEYS = ("host", "device", "name", "uuid", "pci_bus_id")
 
 
-def resume_differences(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:
+def resume_differences(recorded: RunInfo, current: dict[str, Any]) -> list[str]:
     """What makes `current` (keys of IDENTITY_KEYS) another run than the one run.json records;
     empty when they agree or no sweep has written the dir yet (a new dir, the driver's stub)."""
-    if not swept(recorded):
+    if not recorded.swept:
         return []
     out = []
     for key in IDENTITY_KEYS:
         if key not in current:
             continue
-        here, there = current[key], recorded.get(key)
+        here, there = current[key], getattr(recorded, key)
         if key == "plan":
             out += [f"plan {name} {here.get(name)} here, {(there or {}).get(name)} in the run"
                     for name in MEASURED_PLAN_KEYS if here.get(name) != (there or {}).get(name)]
@@ -35,16 +36,10 @@ def resume_differences(recorded: dict[str, Any], current: dict[str, Any]) -> lis
     return out
 
 
-def swept(recorded: dict[str, Any]) -> bool:
-    """Has a sweep written this run.json? The driver's stub (run_id, started, driver) and a new
-    dir have no plan yet; anything else without a world size is no run a resume can check."""
-    return "world_size" in recorded or "plan" in recorded
-
-
-def refuse_other_run(run_dir: Path, recorded: dict[str, Any], current: dict[str, Any]) -> None:
+def refuse_other_run(run_dir: Path, recorded: RunInfo, current: dict[str, Any]) -> None:
     """Bad input when `--resume run_dir` would continue another run than `current` (the
     differences named); nothing when it is the same run."""
-    if swept(recorded) and "world_size" not in recorded:
+    if recorded.swept and recorded.world_size is None:
         raise UsageError(f"--resume {run_dir}: its run.json records a plan but no world_size, so nothing says "
                          "which run this is; leave out --resume to start a new one")
     differences = resume_differences(recorded, current)

@@ -8,6 +8,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
+from commbench.results.info import RunInfo
 from commbench.results.schema import OK, Measurement, describe_emulation
 
 
@@ -16,8 +17,13 @@ class Run:
     """A results directory loaded for analysis."""
 
     path: Path
-    info: dict[str, Any]
+    info: RunInfo
     rows: Sequence[Measurement]   # CompactRows when loaded: each row made as it is iterated
+
+    @property
+    def run_id(self) -> str:
+        """The run's id as recorded, else its folder's name."""
+        return self.info.run_id or self.path.name
 
     def ok_rows(self) -> Iterator[Measurement]:
         return (r for r in self.rows if r.status == OK)
@@ -25,10 +31,7 @@ class Run:
     @property
     def emulation(self) -> dict[str, Any] | None:
         """How the ranks shared GPUs, when they did (run.json, else any row that says so)."""
-        recorded = self.info.get("emulation")
-        if isinstance(recorded, dict):
-            return recorded
-        return self._rows_emulation
+        return self.info.emulation if self.info.emulation is not None else self._rows_emulation
 
     @cached_property
     def _rows_emulation(self) -> dict[str, Any] | None:

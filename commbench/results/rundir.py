@@ -4,7 +4,7 @@ measurements.csv, its subfolders, and the lock a sweep holds on it.
     run = RunDir.create(root)            # results/<YYYYmmdd-HHMMSS-host>[-N]/
     run = RunDir(path)                   # an existing one
     run.lock() ... run.release()         # a sweep or resume: one at a time, the holder named
-    run.info() / run.write_info(d) / run.update_info(**fields)
+    run.info() / run.write_info(info) / run.update_info(**fields)   # run.json as a RunInfo
     run.append(row)                      # durable before it returns (RowsWriter for many)
     run.read_rows()                      # streamed, each line checked at the boundary (validate.py)
     run.write_csv() / run.subdir("crash-logs")
@@ -15,6 +15,7 @@ replaced, not written through.
 
 from __future__ import annotations
 
+import atexit
 import csv
 import fcntl
 import io
@@ -24,13 +25,14 @@ import socket
 import time
 from array import array
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence, TextIO
 
 from commbench.errors import ResultsUnwritable, UsageError
 from commbench.files import read_text
 from commbench.results.compact import CompactRows
+from commbench.results.info import RunInfo
 from commbench.results.schema import CSV_COLUMNS, READABLE_SCHEMAS, SCHEMA_VERSION, Measurement
 from commbench.results.validate import MAX_RUN_INFO_BYTES, info_problem, loads_json, parse_row
 
@@ -64,7 +66,7 @@ def _head(path: Path) -> str:
 
 def _is_sweep(run_dir: Path) -> bool:
     try:
-        return RunDir(run_dir).info().get("source") is None
+        return RunDir(run_dir).info().source is None
     except (UsageError, OSError):
         return False
 
@@ -309,7 +311,7 @@ class RunDir:
     def has_info(self) -> bool:
         return (self.path / RUN_FILE).exists()
 
-    def info(self) -> dict[str, Any]:
+    def info(self) -> RunInfo:
         """run.json, checked: bad input (exit 2) when it is missing, no JSON object, of a schema
         this commbench does not read, or has a field of the wrong type."""
         path = self.path / RUN_FILE
@@ -326,21 +328,20 @@ class RunDir:
         problem = info_problem(info)
         if problem:
             raise UsageError(f"{path}: {problem}")
-        return info
+        return RunInfo.from_dict(info)
 
-    def write_info(self, info: dict[str, Any]) -> None:
-        write_whole(self.path / RUN_FILE,
-                    json.dumps({**info, "schema": SCHEMA_VERSION}, indent=2, sort_keys=True, default=str))
+    def info_or_new(self) -> RunInfo:
+        """run.json, or an empty RunInfo where none was written yet."""
+        return self.info() if self.has_info() else RunInfo()
+
+    def write_info(self, info: RunInfo) -> None:
+        written = replace(info, schema=SCHEMA_VERSION)
+        write_whole(self.path / RUN_FILE, json.dumps(written.to_dict(), indent=2, sort_keys=True, default=str))
 
     def update_info(self, **fields: Any) -> None:
-        """Set fields of run.json (a value None removes the field)."""
-        info = self.info()
-        for name, value in fields.items():
-            if value is None:
-                info.pop(name, None)
-            else:
-                info[name] = value
-        self.write_info(info)
+        """Set fields of run.json (a value None removes the field; a name RunInfo has no field
+        for is a TypeError)."""
+        self.write_info(replace(self.info(), **fields))
 
     # ---------------------------------------------------------------- rows
 
@@ -475,6 +476,9 @@ class RunDir:
             raise UsageError(f"{self.path}: another commbench sweep is running in it ({who}); wait for it to end, "
                              "or stop it") from None
         self._lock = fd
+        if not _HELD:
+            atexit.register(release_all)   # an error that ends the process: the file goes too
+        _HELD.append(self)
         try:
             write_whole(self.path / LOCK_FILE, f"{os.getpid()} {socket.gethostname()}\n")
         except ResultsUnwritable as exc:
@@ -487,10 +491,23 @@ class RunDir:
             (self.path / LOCK_FILE).unlink(missing_ok=True)   # before the lock goes: a holder's file is its own
             os.close(self._lock)   # closing the descriptor drops the flock
             self._lock = None
+            if self in _HELD:
+                _HELD.remove(self)
 
     def holder_env(self) -> dict[str, str]:
         """What the driver hands its children: it holds this dir's lock for them."""
         return {LOCK_HOLDER_VAR: f"{self.path.resolve()}\n{os.getpid()}"}
+
+
+# The run dirs this process holds: their lock files go with it however it ends (atexit for an
+# error, release_all before a watchdog's os._exit); only SIGKILL leaves one, which the next
+# lock overwrites (the flock, not the file, is the lock).
+_HELD: list[RunDir] = []
+
+
+def release_all() -> None:
+    for run in list(_HELD):
+        run.release()
 
 
 def _driver_holds(path: Path) -> bool:

@@ -13,6 +13,8 @@ import operator
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from commbench.ops import ALLREDUCE
+
 
 SCHEMA_VERSION = 3
 READABLE_SCHEMAS = (1, 2, 3)   # older rows are migrated on read (migrate_row)
@@ -87,7 +89,7 @@ class Measurement:
     status: str
     count: int = 0                  # elements per rank
     nodes: int = 1
-    op: str = "allreduce"           # or e.g. "allreduce_residual_rmsnorm"
+    op: str = ALLREDUCE            # or e.g. FUSED_OP (commbench.ops)
     tokens: int | None = None       # model-shape sweeps: tokens x hidden
     hidden: int | None = None
     iterations: int = 0             # timed calls (eager) or timed replays (graph) per pass

@@ -20,6 +20,8 @@ import sys
 from typing import Any, Callable
 
 from commbench.errors import UsageError
+from commbench.results.shapes import BACKEND_FACTS, problem, snapshot_problem
+from commbench.results.text import clean, clean_text, needs_cleaning
 from commbench.results.schema import READABLE_SCHEMAS, STATUSES, Measurement, migrate_row
 from commbench.units import MAX_MESSAGE_BYTES
 
@@ -30,11 +32,8 @@ MAX_LINE_BYTES = 1 << 20         # one row of measurements.jsonl
 MAX_WORLD_SIZE = 1 << 20
 MAX_COUNT = 1 << 62              # calls, elements, samples
 
-# C0 and C1 controls (ESC, BEL, ...), DEL, and the bidi overrides that reorder a line as shown.
-_CONTROL_RE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
-_LINE_CONTROL_RE = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 # dtype, mode and op name files and groups: plain tokens ("bf16", "graph", "uint8").
-_TOKEN_RE = re.compile(r"^[A-Za-z0-9_.+-]{1,64}$")
+_TOKEN_RE = re.compile(r"[A-Za-z0-9_.+-]{1,64}")
 _TOKEN_FIELDS = ("dtype", "mode", "op")
 _LATENCY_FIELDS = ("latency_us", "latency_rank_mean_us", "jitter_p10_us", "jitter_p50_us", "jitter_p90_us",
                    "jitter_p99_us", "jitter_min_us", "jitter_max_us")
@@ -43,20 +42,9 @@ _NON_NEGATIVE_FIELDS = ("algbw_gbps", "busbw_gbps", "count", "iterations", "ops_
 _POSITIVE_INT_FIELDS = ("nodes", "tokens", "hidden")
 
 
-def clean_text(text: str, one_line: bool = True) -> str:
-    """`text` without control/escape characters (tabs and, unless one_line, newlines stay)."""
-    return (_LINE_CONTROL_RE if one_line else _CONTROL_RE).sub("", text)
-
-
-def clean(value: Any) -> Any:
-    """A parsed JSON value with every string (keys too) cleaned; reasons keep their newlines."""
-    if isinstance(value, str):
-        return clean_text(value, one_line=False)
-    if isinstance(value, dict):
-        return {clean_text(str(k)): clean(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [clean(v) for v in value]
-    return value
+def is_plain_name(text: str) -> bool:
+    """A dtype, mode or op as rows hold them: letters, digits and _.+- only, 1 to 64 of them."""
+    return _TOKEN_RE.fullmatch(text) is not None
 
 
 def file_stem(text: str) -> str:
@@ -161,7 +149,7 @@ def _range_problem(data: dict[str, Any]) -> str | None:
     if not (isinstance(world, int) and 1 <= world <= MAX_WORLD_SIZE):
         return f"world_size is {world!r}, not a whole number of ranks >= 1"
     for name in _TOKEN_FIELDS:
-        if name in data and not _TOKEN_RE.match(data[name]):
+        if name in data and not is_plain_name(data[name]):
             return f"{name} is {data[name]!r}, not a plain name"
     for name in ("env_setting", "requested"):
         if not all(isinstance(v, str) for v in (data.get(name) or {}).values()):
@@ -218,8 +206,8 @@ def parse_row(line: bytes) -> tuple[Measurement | None, str | None]:
     if problem:
         return None, clean_text(problem)
     # A control character in a string is either raw (C1, bidi) or a \u escape in the line.
-    needs_cleaning = b"\\u" in line or _CONTROL_RE.search(line.decode("utf-8", errors="replace"))
-    row = Measurement.from_dict(clean(data) if needs_cleaning else data)
+    dirty = b"\\u" in line or needs_cleaning(line.decode("utf-8", errors="replace"))
+    row = Measurement.from_dict(clean(data) if dirty else data)
     for name in _SHARED_TEXT:   # a few names repeat on every row: one copy each, not one a row
         value = getattr(row, name)
         if value.__class__ is str and len(value) <= 64:
@@ -241,20 +229,35 @@ _INFO_CHECKS: dict[str, tuple[type | tuple[type, ...], str]] = {
     "resumed": (list, "a list"), "backend_facts": (dict, "a table"), "verdicts": (dict, "a table"),
     "emulation": (dict, "a table"), "versions": (dict, "a table"), "snapshot": (dict, "a table"),
     "host": (str, "text"), "run_id": (str, "text"), "source": (str, "text"),
+    # The rest of RunInfo's fields (info.py): a reader uses each as its type says.
+    "device_type": (str, "text"), "shares_gpus": (bool, "true or false"), "command": (list, "a list"),
+    "args": ((dict, list), "a table or a list"), "notes": (list, "a list"), "note": (str, "text"),
+    "driver": (dict, "a table"), "provenance": (str, "text"),
+    # seconds since 1970, or a date as text (an import records nccl-tests' own start_time)
+    "started": ((int, float, str), "a time"), "finished": ((int, float, str), "a time"),
+    "interrupted": ((int, float, str), "a time"),
 }
+# A time in run.json in seconds: since 1970, up to the year 2242 (a date renderer's range).
+MAX_EPOCH_S = float(1 << 33)
 
 
 def info_problem(info: dict[str, Any]) -> str | None:
-    """The first field of run.json of the wrong type or range; None when all are right."""
+    """The first field of run.json of the wrong type or range; None when all are right. The
+    probe snapshot and the backends' recorded engine settings are checked to their leaves
+    (commbench.results.shapes): a malformed one makes the run.json bad input, as any field."""
     for name, (kind, what) in _INFO_CHECKS.items():
         value = info.get(name)
         if value is None:
             continue
-        if isinstance(value, bool) or not isinstance(value, kind):
+        if isinstance(value, bool) != (kind is bool) or not isinstance(value, kind):
             return f"{name} is {_short(value)}, not {what}"
         if kind is int and not 1 <= value <= MAX_WORLD_SIZE:
             return f"{name} is {value}, not {what}"
-    return None
+        if what == "a time" and not isinstance(value, str) and not 0 <= value <= MAX_EPOCH_S:   # NaN fails too
+            return f"{name} is {_short(value)}, not a time in seconds since 1970"
+    if info.get("snapshot") is not None and (wrong := snapshot_problem(info["snapshot"])):
+        return f"snapshot: {wrong}"
+    return problem(info.get("backend_facts"), BACKEND_FACTS, "backend_facts") if info.get("backend_facts") else None
 
 
 def _short(value: Any) -> str:

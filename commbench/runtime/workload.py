@@ -5,6 +5,10 @@ and its inputs hold the exact pattern of epoch ``base + i % 3``, so every two ad
 expect different answers. Outputs start poisoned (NaN) and are kept until the pass ends, so the
 timed calls themselves are checked afterwards, on the device, as one count per call.
 
+A backend may return a tensor of its own instead of writing the pair's output (an engine's
+kernel that allocates its result): that tensor is kept as the call's output, checked the same
+and poisoned with the pair's output before each pass, so that memory it reuses holds no answer.
+
 Inputs are small integers that depend on rank, position and the epoch, so every sum is exact
 in every dtype (bf16 holds integers up to 256 exactly). That makes these failures countable and
 nameable: wrong values, an output never written, a silent no-op (the output is the local input)
@@ -153,7 +157,23 @@ class Reducer(Protocol):
 
     in_place: bool
 
-    def allreduce(self, x: torch.Tensor, out: torch.Tensor) -> None: ...
+    def allreduce(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor | None: ...
+
+
+class ReturnedOutputError(ValueError):
+    """A backend returned a tensor that cannot be its call's output."""
+
+
+def returned_reason(result: torch.Tensor, x: torch.Tensor) -> str | None:
+    """Why a tensor a backend returned cannot hold the sum of x; None when it can."""
+    if not isinstance(result, torch.Tensor):
+        return f"returned {type(result).__name__}, not a tensor or None"
+    if result.numel() != x.numel() or result.dtype != x.dtype or result.device != x.device:
+        return (f"returned a tensor of {result.numel()} {str(result.dtype).replace('torch.', '')} on {result.device} "
+                f"for an input of {x.numel()} {str(x.dtype).replace('torch.', '')} on {x.device}")
+    if not result.is_contiguous():
+        return "returned a tensor that is not contiguous"
+    return None
 
 
 class AllreduceWorkload(Workload):
@@ -172,6 +192,9 @@ class AllreduceWorkload(Workload):
         # timed loop would count as the backend's.
         self._pairs = [(self.inputs[i if self.in_place else i % EPOCHS_PER_PASS, :count], self.outputs[i, :count])
                        for i in range(pairs)]
+        # Per pair: the tensor the backend returned at its latest call (None: it wrote the pair's
+        # output). In a CUDA graph, the one captured, which every replay rewrites.
+        self.returned: list[torch.Tensor | None] = [None] * pairs
         self.local: torch.Tensor | None = None       # [3, count]: this rank's input per epoch
         self.expected: torch.Tensor | None = None    # [3, count]: the sum per epoch
 
@@ -179,7 +202,9 @@ class AllreduceWorkload(Workload):
         return self._pairs[i][0]
 
     def output(self, i: int) -> torch.Tensor:
-        return self._pairs[i][1]
+        """The tensor that holds call i's sum: the backend's own when it returned one."""
+        returned = self.returned[i]
+        return self._pairs[i][1] if returned is None else returned
 
     def prepare(self, base_epoch: int) -> None:
         ws, dev = self.ctx.world_size, self.ctx.device
@@ -187,13 +212,23 @@ class AllreduceWorkload(Workload):
                                   for e in range(EPOCHS_PER_PASS)])
         self.expected = torch.stack([expected_sum(base_epoch + e, self.count, ws, dev, self.dtype)
                                      for e in range(EPOCHS_PER_PASS)])
+        for returned in self.returned:   # before the inputs: a returned tensor may be the input itself
+            if returned is not None:
+                returned.fill_(float("nan"))
         for e in range(min(EPOCHS_PER_PASS, self.inputs.shape[0])):
             self.inputs[e::EPOCHS_PER_PASS, : self.count] = self.local[e]
         if not self.in_place:
             self.outputs.fill_(float("nan"))
 
     def call(self, i: int) -> None:
-        self.backend.allreduce(*self._pairs[i])
+        x, out = self._pairs[i]
+        result = self.backend.allreduce(x, out)
+        if result is not None:
+            reason = returned_reason(result, x)
+            if reason:
+                raise ReturnedOutputError(reason)
+            result = result.view(-1)
+        self.returned[i] = result
 
     @property
     def destroys_inputs(self) -> bool:
@@ -209,7 +244,9 @@ class AllreduceWorkload(Workload):
         checksum = torch.zeros((), dtype=torch.int64, device=self.ctx.device)
         row_bytes = self.count * self.outputs.element_size()
         for part in chunks(first, calls, row_bytes):
-            outputs = self.outputs[part.start:part.stop, : self.count]
+            outputs = (self.outputs[part.start:part.stop, : self.count]
+                       if all(self.returned[i] is None for i in part)
+                       else torch.stack([self.output(i) for i in part]))
             index = torch.tensor([i % EPOCHS_PER_PASS for i in part], device=self.ctx.device)
             wrong = (outputs != self.expected[index]).sum(dim=1).tolist()
             checksum += bit_checksum(outputs)

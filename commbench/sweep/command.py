@@ -12,6 +12,7 @@ import os
 import shlex
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -23,12 +24,13 @@ from commbench.errors import FAILED_EXIT, STOP_EXIT, TERMINATED_EXIT, ResultsUnw
 from commbench.inflight import ENDED, LEFT, PeerWatch, Recorder, recover
 from commbench.sweep import launcher, nccl_flags
 from commbench.launch_env import torchrun_env, under_torchrun
+from commbench.ops import ALLREDUCE
 from commbench.runtime.context import ControlGroupLost, RunContext, init_context, shutdown
 from commbench.sweep.engine import Engine, stopped_reason
 from commbench.files import check_dir_target, check_file_target
 from commbench.sweep.plan import SweepPlan, build_plan
-from commbench.results import (ERROR, ROWS_FILE, SCHEMA_VERSION, Measurement, RunDir, refuse_other_run, repair_torn_tail,
-                               stops_backend, write_whole)
+from commbench.results import (ERROR, ROWS_FILE, SCHEMA_VERSION, Measurement, RunDir, RunInfo, refuse_other_run,
+                               repair_torn_tail, stops_backend, write_whole)
 from commbench.sweep.live import LiveTable, header_lines
 from commbench.sweep.options import SweepOptions
 from commbench.units import positive_finite
@@ -245,7 +247,7 @@ def _run(opts: SweepOptions, plan: SweepPlan, specs: list[str] | None, on_gpu: b
         # Backends that read earlier rows (Backend.reads_rows) after all the others; plain
         # allreduce before fused ops; optional native code (MSCCL++, FlashInfer, plug-ins) last
         # within each, where a crash costs least.
-        variants.sort(key=lambda b: (b.reads_rows, b.op != "allreduce", backends.runs_native_code(b.family)))
+        variants.sort(key=lambda b: (b.reads_rows, b.op != ALLREDUCE, backends.runs_native_code(b.family)))
         return _sweep(ctx, opts, plan, variants, run_dir, note), run_dir
     finally:
         shutdown()
@@ -358,8 +360,7 @@ def _open_run_dir(ctx: RunContext, plan: SweepPlan, gpus: list, run: RunDir
     the lines that say what was done; the rows)."""
     try:
         run.lock()
-        info = run.info() if run.has_info() else {}
-        refuse_other_run(run.path, info, run_identity(ctx, plan, gpus))
+        refuse_other_run(run.path, run.info_or_new(), run_identity(ctx, plan, gpus))
         lines = [line for line in [repair_torn_tail(run.path / ROWS_FILE)] if line] + recover(run.path)
         read = run.read_rows()
     except (UsageError, ResultsUnwritable) as exc:
@@ -422,7 +423,7 @@ def _oversubscribed(ctx: RunContext) -> list[str]:
 
 
 def _fusion_summary(ctx: RunContext, rows: list[Measurement], run_dir: Path, table: LiveTable) -> None:
-    fused = [r for r in rows if r.op != "allreduce"]
+    fused = [r for r in rows if r.op != ALLREDUCE]
     if not fused:
         return
     from commbench.analysis.fusion import summarize
@@ -438,26 +439,23 @@ def _write_run_json(ctx: RunContext, opts: SweepOptions, plan: SweepPlan, varian
                     gpus: list, notes: list[str], env_setting: dict[str, str]) -> None:
     """A new run's metadata; on a resume (the same run, checked before), the original stays and
     the resume adds an entry to `resumed` and the facts of backends new to the run."""
-    info = run.info() if run.has_info() else {"run_id": run.path.name, "started": time.time()}
+    info = run.info() if run.has_info() else RunInfo(run_id=run.path.name, started=time.time())
     command = {"command": launch_command(), "args": dict(opts.recorded),
                "versions": software_versions(), "env": relevant_env(), "notes": notes}
     # What each variant declares, for the offline analysis (it never imports a backend).
     facts = {b.name: backend_facts(b, ctx.world_size) for b in variants}
-    if "world_size" in info:
-        info.setdefault("resumed", []).append({"at": time.time(), **command, "backends": [b.name for b in variants]})
-        info["backend_facts"] = {**facts, **(info.get("backend_facts") or {})}
-        info["verdicts"] = {**ctx.verdicts, **(info.get("verdicts") or {})}
+    names = [b.name for b in variants]
+    if info.world_size is not None:
+        info.resumed = [*(info.resumed or []), {"at": time.time(), **command, "backends": names}]
+        info.backend_facts = {**facts, **(info.backend_facts or {})}
+        info.verdicts = {**ctx.verdicts, **(info.verdicts or {})}
     else:
-        info.update({**command, **run_identity(ctx, plan, gpus), "resumed": [],
-                     "local_world_size": ctx.local_world_size, "shares_gpus": ctx.shares_gpus,
-                     "snapshot": ctx.snapshot, "verdicts": ctx.verdicts, "backends": [b.name for b in variants],
-                     "backend_facts": facts})
-    if env_setting:
-        settings = info.setdefault("env_settings", [])
-        if env_setting not in settings:
-            settings.append(env_setting)
-    info.pop("finished", None)
-    info.pop("interrupted", None)
+        info = replace(info, **command, **run_identity(ctx, plan, gpus), resumed=[],
+                       local_world_size=ctx.local_world_size, shares_gpus=ctx.shares_gpus, snapshot=ctx.snapshot,
+                       verdicts=ctx.verdicts, backends=names, backend_facts=facts)
+    if env_setting and env_setting not in (info.env_settings or []):
+        info.env_settings = [*(info.env_settings or []), env_setting]
+    info.finished = info.interrupted = None
     run.write_info(info)
 
 

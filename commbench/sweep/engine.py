@@ -28,13 +28,14 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from commbench.backends import is_builtin
 from commbench.backends.base import Backend, BackendTimeout, BackendUnavailable, describe
 from commbench.errors import Terminated
 from commbench.inflight import ENDED, RAISED, PeerWatch, Recorder, Stop, stop_line
 from commbench.runtime.context import ControlGroupLost, RunContext
 from commbench.sweep.plan import SweepPlan
 from commbench.results import (CHECK_OFF, CRASHED, ERROR, HANG, NO_WORK, OK, SKIPPED, WRONG, Cell, Measurement,
-                               ResultsWriter, stops_backend)
+                               RowsWriter, stops_backend)
 from commbench.sweep.live import LiveTable
 from commbench.runtime.timing import (capture_graph, count_work_nodes, headline_us, jitter_stats, loop_total_us,
                               per_step_us, synchronize)
@@ -50,6 +51,10 @@ OBSERVE_EPOCH, WARMUP_EPOCH, TIMED_EPOCH, JITTER_EPOCH = 10, 20, 30, 40
 MEASUREMENT_FIELDS = {f.name for f in fields(Measurement)}
 
 
+class UnknownRowField(TypeError):
+    """A built-in backend named a row field that does not exist: a bug in commbench, not data."""
+
+
 def stopped_reason(row: Measurement) -> str:
     """Why the rest of a backend is skipped after a row that ended it (see stops_backend)."""
     verb = {HANG: "hung", CRASHED: "crashed"}.get(row.status, "failed on one rank")
@@ -57,7 +62,7 @@ def stopped_reason(row: Measurement) -> str:
 
 
 class Engine:
-    def __init__(self, ctx: RunContext, plan: SweepPlan, writer: ResultsWriter | None, table: LiveTable,
+    def __init__(self, ctx: RunContext, plan: SweepPlan, writer: RowsWriter | None, table: LiveTable,
                  done_cells: set[Cell], stopped_backends: dict[str, str], env_setting: dict[str, str],
                  on_stop_flush: Callable[[], None], recorder: Recorder, resume_hint: str | None,
                  rows: list[Measurement]):
@@ -88,17 +93,22 @@ class Engine:
                              nodes=self.ctx.nodes,
                              emulation=self.ctx.emulation.to_dict() if self.ctx.emulation else None,
                              timestamp=time.time())
-        self._apply_fields(row, backend.row_fields())
+        self._apply_fields(row, backend.row_fields(), strict=backend.name if is_builtin(backend.family) else None)
         self._apply_fields(row, extra_fields)
         return row
 
     @staticmethod
-    def _apply_fields(row: Measurement, values: dict[str, Any]) -> None:
+    def _apply_fields(row: Measurement, values: dict[str, Any], strict: str | None = None) -> None:
+        """Set row fields by name; 'extra' and, from a plug-in, any name a row has no field for
+        go into extra. strict (a built-in backend's name): such a name is a typo, raised."""
         for name, value in values.items():
             if name == "extra":
                 row.extra.update(value)
             elif name in MEASUREMENT_FIELDS:
                 setattr(row, name, value)
+            elif strict:
+                raise UnknownRowField(f"{strict}: row_fields() sets {name!r}, which no row has; "
+                                      "a built-in backend puts its own fields under 'extra'")
             else:
                 row.extra[name] = value
 

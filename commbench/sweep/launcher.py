@@ -34,13 +34,14 @@ from commbench import inflight
 from commbench.sweep import mps
 from commbench.backends.base import Backend
 from commbench.policy import MULTICAST_POLICY_VARS, multicast_forbidden_by
-from commbench.errors import FAILED_EXIT, STOP_EXIT, ResultsUnwritable, UsageError
-from commbench.results import HANG, SCHEMA_VERSION, Measurement, RunDir, refuse_other_run, stops_backend
+from commbench.errors import FAILED_EXIT, STOP_EXIT, USAGE_LINE_FILE_VAR, ResultsUnwritable, Terminated, UsageError
+from commbench.results import HANG, SCHEMA_VERSION, Measurement, RunDir, RunInfo, refuse_other_run, stops_backend
 from commbench.sweep.options import SweepOptions
 from commbench.sweep.plan import SweepPlan
 from commbench.waits import waits
 
 ENV_SETTING_VAR = "COMMBENCH_ENV_SETTING"   # a child's --env setting, as JSON: its rows carry it
+REFUSAL_FILE = ".commbench.refused"   # a child's bad-input line, for the driver (USAGE_LINE_FILE_VAR)
 _NAME_RE = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 # Flags the driver consumes; everything else is passed to each child unchanged (--qualify too:
 # the spec's sizes and backends are part of the plan; only the driver runs the qualify).
@@ -55,7 +56,7 @@ def parse_env_settings(specs: list[str], allow_multicast: bool) -> list[dict[str
         name, sep, values_text = spec.partition("=")
         name = name.strip()
         values = [v.strip() for v in values_text.split(",") if v.strip()]
-        if not sep or not _NAME_RE.match(name) or not values:
+        if not sep or not _NAME_RE.fullmatch(name) or not values:
             raise UsageError(f"malformed --env {spec!r}: use NAME=VALUE1,VALUE2")
         if name in MULTICAST_POLICY_VARS and any(v != MULTICAST_POLICY_VARS[name] for v in values):
             if not allow_multicast or multicast_forbidden_by():
@@ -93,8 +94,8 @@ def _open_run_dir(opts: SweepOptions) -> RunDir:
     if opts.resume:
         return RunDir(Path(opts.resume).resolve()).lock()
     run = RunDir.create(Path(opts.out)).lock()
-    run.write_info({"run_id": run.path.name, "started": time.time(), "driver": {
-        "nproc": opts.nproc, "env": list(opts.env), "child_timeout_s": opts.child_timeout}})
+    run.write_info(RunInfo(run_id=run.path.name, started=time.time(), driver={
+        "nproc": opts.nproc, "env": list(opts.env), "child_timeout_s": opts.child_timeout}))
     return run
 
 
@@ -146,18 +147,27 @@ def drive(opts: SweepOptions, env_settings: list[dict[str, str]], variants: list
     if opts.resume:
         _check_resume(Path(opts.resume), opts.nproc, plan)
     run = _open_run_dir(opts)
+    # SIGTERM (kill, a batch system's stop) unwinds the driver as Ctrl-C does: its children are
+    # stopped, run.json says interrupted, the lock and its file go; its default action would
+    # end the driver alone and leave torchrun and the ranks measuring.
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         return _drive(opts, env_settings, variants, run), run.path
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, Terminated):
         _end_interrupted(run)
         raise
     finally:
+        signal.signal(signal.SIGTERM, previous)
         run.release()
 
 
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise Terminated()
+
+
 def _end_interrupted(run: RunDir) -> None:
-    """Ctrl-C of the driver: run.json says the run was interrupted (a child may have written
-    neither, or `finished` for its own part)."""
+    """Ctrl-C or SIGTERM of the driver: run.json says the run was interrupted (a child may have
+    written neither, or `finished` for its own part)."""
     try:
         run.update_info(interrupted=time.time(), finished=None)
     except (UsageError, ResultsUnwritable):   # the rows are on disk; the Ctrl-C line says the rest
@@ -218,14 +228,17 @@ def _run_setting(opts: SweepOptions, run: RunDir, setting: dict[str, str], sweep
                   "the ended child's kernel)", flush=True)
             daemon.restart()
         client = daemon.client_env() if daemon is not None else {}
+        refusal = run.path / REFUSAL_FILE
+        refusal.unlink(missing_ok=True)
         env = {**os.environ, **client, **setting, **run.holder_env(),
-               ENV_SETTING_VAR: json.dumps(setting, sort_keys=True)}
+               ENV_SETTING_VAR: json.dumps(setting, sort_keys=True), USAGE_LINE_FILE_VAR: str(refusal)}
         print(f"# driver: torchrun x{opts.nproc} with {label}" + (f" (resume {attempt})" if attempt else ""),
               flush=True)
         proc = subprocess.Popen(command, env=env, start_new_session=True)
         try:
             rc, killed = _wait(proc, run_dir, opts.child_timeout)
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, Terminated):   # the ranks record where they were and end
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)   # once: the kill must not be cut short
             _kill(proc, run_dir)
             run.write_csv()
             raise
@@ -233,6 +246,7 @@ def _run_setting(opts: SweepOptions, run: RunDir, setting: dict[str, str], sweep
             print(f"# driver: {line}", flush=True)
         if rc == 0:
             return False
+        _refused(refusal)
         if _stop_count(run_dir) > stops_before and attempt < max_resumes:
             print("# driver: resuming without that backend", flush=True)
             continue
@@ -241,6 +255,18 @@ def _run_setting(opts: SweepOptions, run: RunDir, setting: dict[str, str], sweep
         print(f"# driver: child with {label} exited with status {rc}", flush=True)
         return True
     return True
+
+
+def _refused(refusal: Path) -> None:
+    """A child that refused its input (a --resume whose GPUs differ, say) left its one line in
+    `refusal`: it is the driver's bad input too (exit 2, said once), not a failed child."""
+    try:
+        line = refusal.read_text(encoding="utf-8", errors="replace").strip()
+        refusal.unlink()
+    except OSError:
+        return
+    if line:
+        raise UsageError(line)
 
 
 def _wait(proc: subprocess.Popen, run_dir: Path, child_timeout_s: float) -> tuple[int, str | None]:

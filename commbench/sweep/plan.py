@@ -18,8 +18,7 @@ from commbench.analysis.models import DEFAULT_CONCURRENCIES, Model, lookup
 from commbench.errors import UsageError
 from commbench.results.schema import Cell, Shape
 from commbench.runtime.dtypes import dtype_name, parse_dtypes
-from commbench.units import (MAX_MESSAGE_BYTES, format_bytes, parse_bytes, parse_int_list, parse_list,
-                             positive_finite)
+from commbench.units import format_bytes, parse_bytes, parse_int_list, parse_list, positive_finite, shape_bytes
 
 MODES = ("eager", "graph")
 
@@ -221,12 +220,7 @@ def _shapes(args: argparse.Namespace, on_gpu: bool, dtypes: list[torch.dtype], m
         hidden = parse_int_list(str(args.hidden), "--hidden")
         if len(hidden) != 1:
             raise UsageError("--hidden takes one value")
-        shapes = [Shape(t * hidden[0] * item, t, hidden[0]) for t in parse_int_list(args.tokens, "--tokens")]
-        largest = max(shapes, key=lambda s: s.message_bytes)
-        if largest.message_bytes > MAX_MESSAGE_BYTES:
-            raise UsageError(f"--tokens {largest.tokens} x --hidden {largest.hidden} is {largest.message_bytes} bytes "
-                             f"per rank, more than {format_bytes(MAX_MESSAGE_BYTES)}")
-        return shapes
+        return [Shape(shape_bytes(t, hidden[0], item), t, hidden[0]) for t in parse_int_list(args.tokens, "--tokens")]
     if args.sizes is not None:
         return [Shape(s) for s in sorted(parse_list(args.sizes, "--sizes", parse_bytes))]
     min_bytes = parse_bytes(args.min_bytes) if args.min_bytes else (GPU_MIN_BYTES if on_gpu else CPU_MIN_BYTES)

@@ -26,6 +26,7 @@ from typing import Callable
 
 from commbench.errors import STOP_EXIT
 from commbench.inflight import HANG, Stop
+from commbench.results.rundir import release_all
 from commbench.waits import waits
 
 WHERE_FRAMES = 3
@@ -90,6 +91,7 @@ class Watchdog:
             finally:
                 sys.stdout.flush()
                 sys.stderr.flush()
+                release_all()   # os._exit runs no atexit: the run dir's lock file goes here
                 os._exit(STOP_EXIT)
 
     def __enter__(self) -> "Watchdog":

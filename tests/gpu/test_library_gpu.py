@@ -11,24 +11,16 @@ from __future__ import annotations
 import functools
 import json
 import os
-import socket
-import traceback
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from commbench.backends.base import Backend, SweepFacts
+from helpers import spawn_ranks
 
 GRAPH_CALLS = 3
 PLAIN_BYTES = (8 << 10, 96 << 10, 1 << 20)        # 4K..512K bf16 elements
 SHAPES = ((1, 7168), (16, 7168), (64, 6144))       # (tokens, hidden): DeepSeek-V3's and GLM-5's hidden
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _variants() -> list[Backend]:
@@ -125,33 +117,28 @@ def _run_variant(ctx, backend: Backend, dtype: torch.dtype) -> dict:
     return {"status": "ran", "rows": rows}
 
 
-def _worker(rank: int, world: int, port: int, results) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
-                      LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+def _worker(rank: int, world: int) -> dict:
     if os.environ.get("CUDA_MPS_PIPE_DIRECTORY"):   # tests/gpu/run.sh's daemon: an equal SM share
         from commbench.sweep.mps import client_env
 
         os.environ.update(client_env(world, gpus=1))
     from commbench.runtime.context import init_context, shutdown
 
-    try:
-        ctx, _ = init_context(share_gpus=True, timeout_s=240)
-        out = {}
-        for backend in _variants():
-            out[backend.name] = _run_variant(ctx, backend, torch.bfloat16)
-            if rank == 0:
-                print(f"[{world} ranks] {backend.name}: {json.dumps(out[backend.name], default=str)[:400]}",
-                      flush=True)
-            ctx.barrier()
-        # fp16 shows whether this torch's symm_mem kernels take it (their dispatch says bf16/fp32).
-        from commbench.backends.symm_mem import SymmMemAllreduce
-
-        out["symm_mem:one_shot(fp16 op)"] = _fp16_probe(ctx, SymmMemAllreduce("one_shot"))
-        results.put((rank, out))
+    ctx, _ = init_context(share_gpus=True, timeout_s=240)
+    out = {}
+    for backend in _variants():
+        out[backend.name] = _run_variant(ctx, backend, torch.bfloat16)
+        if rank == 0:
+            print(f"[{world} ranks] {backend.name}: {json.dumps(out[backend.name], default=str)[:400]}",
+                  flush=True)
         ctx.barrier()
-        shutdown()
-    except Exception:
-        results.put((rank, {"crash": traceback.format_exc()}))
+    # fp16 shows whether this torch's symm_mem kernels take it (their dispatch says bf16/fp32).
+    from commbench.backends.symm_mem import SymmMemAllreduce
+
+    out["symm_mem:one_shot(fp16 op)"] = _fp16_probe(ctx, SymmMemAllreduce("one_shot"))
+    ctx.barrier()
+    shutdown()
+    return out
 
 
 def _fp16_probe(ctx, backend) -> dict:
@@ -170,15 +157,7 @@ def _fp16_probe(ctx, backend) -> dict:
 
 @functools.lru_cache(maxsize=None)
 def _run_world(world: int) -> dict:
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_worker, args=(r, world, port, results)) for r in range(world)]
-    for p in procs:
-        p.start()
-    gathered = dict(results.get(timeout=600) for _ in procs)
-    for p in procs:
-        p.join(timeout=60)
+    gathered = spawn_ranks(_worker, world, timeout_s=600)
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], f"library_gpu_{world}.json"), "w") as f:
             json.dump(gathered, f, indent=1, default=str)

@@ -11,7 +11,11 @@ rank 1 dying of SIGSEGV (a real invalid read, as a native library would) in setu
 allreduce (rank 0 too: the rank that writes the rows), rank 0 hanging while it holds the GIL
 (its watchdog thread cannot run). ``@N`` is the fault's number: bytes from which hang_rank1,
 raise_rank1, segv_rank0/1 and hang_gil_rank0 fail, seconds slow_setup sleeps, the period of
-wrong_every.
+wrong_every. The ``returns*`` variants hand back a tensor of their own, as an engine's kernel
+does: exact (a fresh tensor per call), one buffer reused by every call, and a tensor one element
+short. `slow` sleeps the
+microseconds after @ before every call's correct allreduce (a node of a fleet made slower by a
+known amount; slow@0 is exact).
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from commbench.errors import UsageError
 
 VARIANTS = ("exact", "noop", "one_wrong", "stale", "back_to_back", "wrong_every", "hang_rank1", "setup_fails_rank1",
             "slow_setup", "nodelocal", "solo", "raise_rank1", "raise_setup_rank1", "segv_rank0", "segv_rank1",
-            "segv_setup_rank1", "hang_gil_rank0")
+            "segv_setup_rank1", "hang_gil_rank0", "returns", "returns_reused", "returns_short", "slow")
 
 
 def segfault() -> None:
@@ -78,8 +82,10 @@ class FaultyBackend(Backend):
         if self.fault == "slow_setup":
             time.sleep(self.number)
 
-    def allreduce(self, x: torch.Tensor, out: torch.Tensor) -> None:
+    def allreduce(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor | None:
         self.calls += 1
+        if self.fault.startswith("returns"):
+            return self._returned(x)
         if self.fault == "noop":
             out.copy_(x)
             return
@@ -93,6 +99,8 @@ class FaultyBackend(Backend):
             segfault()
         if self.fault == "hang_gil_rank0" and self.rank == 0 and faulty:
             hang_holding_the_gil()
+        if self.fault == "slow" and self.number:
+            time.sleep(self.number / 1e6)
         if self.fault == "back_to_back" and self._previous is not None:
             # The next call reuses what the last one handed back before anyone read it.
             self._previous.zero_()
@@ -106,6 +114,18 @@ class FaultyBackend(Backend):
         if self.fault == "wrong_every" and self.calls % (self.number or 64) == 0:
             out[0] += 1
         self._previous = out
+        return None
+
+    def _returned(self, x: torch.Tensor) -> torch.Tensor:
+        total = x.clone()
+        dist.all_reduce(total, group=self.group)
+        if self.fault == "returns_short":
+            return total[1:]
+        if self.fault == "returns_reused":
+            if self._previous is None or self._previous.numel() != total.numel():
+                self._previous = torch.empty_like(total)
+            return self._previous.copy_(total)
+        return total
 
     def row_fields(self) -> dict[str, Any]:
         # Shows that a driver's --env setting reached this child process.

@@ -1,0 +1,91 @@
+"""The fastest kernel measured at a size, whoever's it is: what headroom is measured against.
+
+recommend's and floor's headroom and attribute's floor name it beside their own comparisons, so
+that "a kernel like this would save X" never points at a slower kernel than one the same run
+measured: ours (p2p), the engines' own kernels and their forced algorithms, the libraries. Whose
+it is comes from what the run recorded: the implementation its rows name (the engines' kernels
+record theirs), else its backend family, and which engine path, if any, runs it.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from dataclasses import dataclass
+
+from commbench import engines
+from commbench.analysis.curves import Curve, ranking
+from commbench.analysis.decide import EngineDecision, recorded_settings
+from commbench.analysis.models import Model
+from commbench.analysis.render import fmt_us
+from commbench.ops import ALLREDUCE
+from commbench.results import OK, Run
+from commbench.results.validate import clean_text
+from commbench.units import format_bytes
+
+IMPLEMENTATION_CHARS = 80
+WIDTH = 110
+
+
+@dataclass(frozen=True)
+class Fastest:
+    message_bytes: int
+    curve: str              # the curve's label
+    latency_us: float
+    interpolated: bool
+    whose: str
+
+
+def _printable(text: object) -> str:
+    """Text from the run's files on one line, bounded (cut at a word, marked)."""
+    line = clean_text(str(text))
+    return line if len(line) <= IMPLEMENTATION_CHARS else line[:IMPLEMENTATION_CHARS].rsplit(" ", 1)[0] + " ..."
+
+
+def whose(run: Run, curve: Curve) -> str:
+    """Whose kernel `curve` measured and which engine path runs it, from the run's own records."""
+    implementation = next((r.extra.get("implementation") for r in run.rows
+                           if r.backend == curve.backend and r.status == OK
+                           and isinstance(r.extra.get("implementation"), str) and r.extra.get("implementation")), None)
+    entry = (run.info.backend_facts or {}).get(curve.backend)
+    family = entry.get("family") if isinstance(entry, dict) and isinstance(entry.get("family"), str) else None
+    owner = _printable(implementation) if implementation else f"the {_printable(family or curve.backend.split(':')[0])} backend"
+    settings = recorded_settings(run, curve)
+    claims = engines.declared_paths(settings) if settings is not None else {}
+    paths = [f"{'stands in for' if claim.get('stand_in') else 'runs as'} {engines.ENGINE_NAMES[engine]}'s "
+             f"{_printable(claim['path'])} path" for engine, claim in sorted(claims.items())]
+    return f"{owner}; " + (", ".join(paths) if paths else "no engine setting selects it")
+
+
+def fastest_at(run: Run, curves: list[Curve], message_bytes: int) -> tuple[Fastest, Curve] | None:
+    """The fastest plain allreduce of `curves` at this size (measured, or interpolated between
+    measured sizes), and its curve; None when no curve covers the size."""
+    ranked = ranking([c for c in curves if c.key.op == ALLREDUCE], message_bytes)
+    if not ranked:
+        return None
+    top = ranked[0]
+    return Fastest(message_bytes, top.curve.label, top.point.latency_us, top.interpolated,
+                   whose(run, top.curve)), top.curve
+
+
+def fastest_lines(run: Run, curves: list[Curve], model: Model, concurrencies: list[int],
+                  decisions: list[EngineDecision], tag: str) -> list[str]:
+    """Per concurrency: the fastest kernel measured at its decode size and whose it is, with each
+    requested engine's best path there (its own kernel, never a stand-in) as a multiple of it."""
+    lines = []
+    for i, concurrency in enumerate(concurrencies):
+        message_bytes = model.message_bytes(concurrency)
+        found = fastest_at(run, curves, message_bytes)
+        if found is None:
+            continue
+        top = found[0]
+        prices = [d.sizes[i].best_price for d in decisions]
+        against = "; ".join(f"{p.curve} {fmt_us(p.latency_us)} = {p.latency_us / top.latency_us:.2f}x"
+                            for p in prices if p is not None and not p.stand_in)
+        lines.append(textwrap.fill(
+            f"at concurrency {concurrency} ({format_bytes(message_bytes)}): {top.curve} {fmt_us(top.latency_us)} us"
+            f"{' (interpolated)' if top.interpolated else ''}: {top.whose}"
+            + (f"; best engine path {against}" if against else ""), WIDTH, initial_indent="  ", subsequent_indent="   "))   # 4 spaces start paste lines
+    if not lines:
+        return []
+    return [f"\nfastest kernel measured at each size, any backend ({tag}): what headroom is measured against",
+            *lines]

@@ -1,0 +1,8 @@
+"""The ops a row can measure, named once: the sweep's backends, the rows they write, the engines'
+paths and the analysis all use these names (a row's `op` is one of them, or an imported
+nccl-tests reduction such as "allreduce_max")."""
+
+from __future__ import annotations
+
+ALLREDUCE = "allreduce"                            # out = the sum over ranks of x
+FUSED_OP = "allreduce_residual_rmsnorm"            # allreduce, + residual, RMSNorm (one fused kernel)
