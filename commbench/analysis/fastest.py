@@ -16,6 +16,7 @@ from commbench import engines
 from commbench.analysis.curves import Curve, ranking
 from commbench.analysis.decide import EngineDecision, recorded_settings
 from commbench.analysis.models import Model
+from commbench.analysis import render
 from commbench.analysis.render import fmt_us
 from commbench.ops import ALLREDUCE
 from commbench.results import OK, Run
@@ -23,7 +24,6 @@ from commbench.results.validate import clean_text
 from commbench.units import format_bytes
 
 IMPLEMENTATION_CHARS = 80
-WIDTH = 110
 
 
 @dataclass(frozen=True)
@@ -84,8 +84,9 @@ def fastest_lines(run: Run, curves: list[Curve], model: Model, concurrencies: li
         lines.append(textwrap.fill(
             f"at concurrency {concurrency} ({format_bytes(message_bytes)}): {top.curve} {fmt_us(top.latency_us)} us"
             f"{' (interpolated)' if top.interpolated else ''}: {top.whose}"
-            + (f"; best engine path {against}" if against else ""), WIDTH, initial_indent="  ", subsequent_indent="   "))   # 4 spaces start paste lines
+            + (f"; best engine path {against}" if against else ""), render.terminal_width(), initial_indent="  ",
+            subsequent_indent="   ", break_long_words=False, break_on_hyphens=False))   # 4 spaces start paste lines
     if not lines:
         return []
-    return [f"\nfastest kernel measured at each size, any backend ({tag}): what headroom is measured against",
-            *lines]
+    return ["\n" + render.prose(f"fastest kernel measured at each size, any backend ({tag}): what headroom is "
+                                "measured against"), *lines]
