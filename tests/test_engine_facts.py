@@ -342,10 +342,16 @@ def test_a_missing_engine_site_is_one_line_and_exit_2(capsys):
 
 def test_sglang_pcie_ipc_is_priced_by_flashinfer_rows_where_measured(capsys):
     """The 8-rank emulated PCIe run measured flashinfer:pcie_ipc (recorded before SGLang's path was
-    known: its settings are upgraded); for GLM-5 the line also turns SGLang's FlashInfer routing off."""
+    known: its settings are upgraded); for GLM-5 turning it on also turns SGLang's FlashInfer routing
+    off (`engines` says so; recommend pastes no line here: this run cannot price SGLang's default)."""
     run = ROOT / "results/reference/h200-mps-emulated/world8/pcie/20261202-005850-vm"
     assert cli(["recommend", str(run), "--model", "glm-5", "--engine", "sglang", "--concurrency", "1", "--wide"]) == 0
     out = capsys.readouterr().out
     assert "= FlashInfer PCIe IPC allreduce: priced by flashinfer:pcie_ipc (graph)" in out
-    (line,) = [x.strip() for x in out.splitlines() if x.strip().startswith("SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1 ")]
-    assert line.endswith("--enforce-disable-flashinfer-allreduce-fusion")
+    assert cli(["engines", str(run), "--model", "glm-5", "--engine", "sglang"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert ("turn on: SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1; with it: --enforce-disable-flashinfer-allreduce-fusion;"
+            in out)
+    assert cli(["engines", str(run), "--model", "llama-3.1-70b", "--engine", "sglang"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "turn on: SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1; turn off" in out   # no routing to turn off

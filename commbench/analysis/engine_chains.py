@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from pathlib import Path
 from typing import Any, Sequence
@@ -104,7 +105,15 @@ def workload_model(args: argparse.Namespace) -> models.Model | None:
     return models.with_arch(model, args.arch, args.dtype)
 
 
-def _chain_lines(states: list[paths.PathState]) -> list[str]:
+def _also_needs(engine: str, state: paths.PathState, states: list[paths.PathState]) -> str:
+    """What a launch must add for this path to take the decode allreduces (launch_settings): a
+    default-on path ahead of it that would intercept them turned off."""
+    needed = paths.launch_settings(engines.Settings(state.path), engine, state.path, states)
+    flags = needed.vllm_flags if engine == engines.VLLM else needed.sglang_flags
+    return f"; with it: {' '.join(shlex.quote(f) for f in flags)}" if flags and state.available is not False else ""
+
+
+def _chain_lines(engine: str, states: list[paths.PathState]) -> list[str]:
     lines = []
     for i, s in enumerate(states, 1):
         limit = ""
@@ -112,7 +121,7 @@ def _chain_lines(states: list[paths.PathState]) -> list[str]:
             limit = f"; takes up to {format_bytes(s.max_bytes)}" + (" inclusive" if s.inclusive else " (exclusive)")
         lines.append(f"  {i}. {s.rule.title} [{'on by default' if s.default_on else 'opt-in'}]: "
                      f"{paths.status(s)}: {s.why}{limit}")
-        lines.append(f"     turn on: {s.rule.turn_on}; turn off: {s.rule.turn_off}")
+        lines.append(f"     turn on: {s.rule.turn_on}{_also_needs(engine, s, states)}; turn off: {s.rule.turn_off}")
         lines.append(f"     source: {s.source}")
     return lines
 
@@ -154,7 +163,7 @@ def engine_section(engine: str, facts: FactSet, box: Box, tp: int | None, model:
                           logged=logged)
     lines.append(f"dispatch chain at TP {tp}, in the order the engine tries each call "
                  f"({'CUDA graphs' if modes[0] == paths.GRAPH else '--enforce-eager'}):")
-    lines += _chain_lines(states)
+    lines += _chain_lines(engine, states)
     if model is not None:
         lines.append(f"default path per decode size ({model.describe()}):")
         lines.append(_default_table(engine, box, tp, model, modes, logged))

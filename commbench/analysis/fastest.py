@@ -9,7 +9,6 @@ record theirs), else its backend family, and which engine path, if any, runs it.
 
 from __future__ import annotations
 
-import textwrap
 from dataclasses import dataclass
 
 from commbench import engines
@@ -68,7 +67,7 @@ def fastest_at(run: Run, curves: list[Curve], message_bytes: int) -> tuple[Faste
 
 
 def fastest_lines(run: Run, curves: list[Curve], model: Model, concurrencies: list[int],
-                  decisions: list[EngineDecision], tag: str) -> list[str]:
+                  decisions: list[EngineDecision], tag: str, wide: bool = False) -> list[str]:
     """Per concurrency: the fastest kernel measured at its decode size and whose it is, with each
     requested engine's best path there (its own kernel, never a stand-in) as a multiple of it."""
     lines = []
@@ -81,12 +80,11 @@ def fastest_lines(run: Run, curves: list[Curve], model: Model, concurrencies: li
         prices = [d.sizes[i].best_price for d in decisions]
         against = "; ".join(f"{p.curve} {fmt_us(p.latency_us)} = {p.latency_us / top.latency_us:.2f}x"
                             for p in prices if p is not None and not p.stand_in)
-        lines.append(textwrap.fill(
+        lines.append(render.prose(
             f"at concurrency {concurrency} ({format_bytes(message_bytes)}): {top.curve} {fmt_us(top.latency_us)} us"
             f"{' (interpolated)' if top.interpolated else ''}: {top.whose}"
-            + (f"; best engine path {against}" if against else ""), render.terminal_width(), initial_indent="  ",
-            subsequent_indent="   ", break_long_words=False, break_on_hyphens=False))   # 4 spaces start paste lines
+            + (f"; best engine path {against}" if against else ""), wide, indent="  "))
     if not lines:
         return []
     return ["\n" + render.prose(f"fastest kernel measured at each size, any backend ({tag}): what headroom is "
-                                "measured against"), *lines]
+                                "measured against", wide), *lines]

@@ -281,7 +281,7 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
         print(_table(room_rows, f"headroom ({tag}): the fastest kernel measured here that no requested engine takes "
                                 "here, per size; for comparison only", args.wide))
         shown += [r.curve for r in best_rooms]
-    print("\n".join(fastest.fastest_lines(run, curves, model, concurrencies, found.decisions, tag)))
+    print("\n".join(fastest.fastest_lines(run, curves, model, concurrencies, found.decisions, tag, args.wide)))
     if named:
         print()
         print(_table(rows_for(model, named, concurrencies), f"as measured: {', '.join(args.backend)} ({tag})",

@@ -220,7 +220,8 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     for line in _brief_headroom(rooms, tag, args.wide) if args.brief else _headroom_lines(rooms, model, tag, args):
         print(line)
     if not args.brief:
-        print("\n".join(fastest.fastest_lines(found.run, found.curves, model, asked.concurrencies, found.decisions, tag)))
+        print("\n".join(fastest.fastest_lines(found.run, found.curves, model, asked.concurrencies, found.decisions,
+                                             tag, args.wide)))
 
     shown = [c for d in found.decisions for o in d.options if o.state.available is not False
              for c in o.own + o.stand_ins]
