@@ -120,8 +120,8 @@ def test_no_what_if_against_a_default_that_was_not_measured(capsys):
     assert cli(["floor", str(run), "--model", "glm-5", "--concurrency", "1", "--step-ms", "17.28"]) == 0
     out = capsys.readouterr().out
     flat = " ".join(out.split())
-    assert ("vLLM 0.34.0: no what-if: the engine's default at any size of the mix cannot be priced: its default "
-            "(FlashInfer allreduce+RMSNorm fusion) was not measured") in flat
+    assert ("vLLM 0.34.0: no what-if: the engine's default at any size of the mix cannot be priced: by default the "
+            "engine runs FlashInfer allreduce+RMSNorm fusion at this size, whose time includes the norm") in flat
     # GLM-5 (GlmMoeDsaForCausalLM): SGLang sends decode allreduces to FlashInfer by default
     assert ("SGLang 0.5.23: no what-if: the engine's default at any size of the mix cannot be priced: its default "
             "(FlashInfer allreduce (fusion workspace)) was not measured") in flat

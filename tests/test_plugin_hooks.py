@@ -47,7 +47,7 @@ def test_needs_software_settings_and_observations_reach_rows_run_json_and_recomm
     assert facts["engine_settings"]["engine_paths"] == {"vllm": {"path": "nccl", "stand_in": True}}
     assert "pytest" in info["versions"]["packages"]          # the family's own package, recorded
     recommended = run_cli(["recommend", str(run_dir), "--model", "llama-3.1-70b", "--concurrency", "1",
-                           "--engine", "vllm"])
+                           "--engine", "vllm", "--wide"])
     assert recommended.returncode == 0, recommended.stderr
     # Its claim reaches recommend: on a CPU run no engine path runs, so it is headroom, never a setting
     # (and HOOKDEMO_LEVEL is no variable vLLM reads: it would be refused in a paste-ready line).

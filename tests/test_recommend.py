@@ -131,7 +131,8 @@ def test_on_the_emulated_run_nothing_is_faster_than_a_default_that_was_not_measu
     assert "of allreduce saved" not in engine_part and "paste-ready" not in engine_part
     # GLM-5 at TP8 on an H200: vLLM fuses allreduce+RMSNorm with FlashInfer by default, SGLang sends
     # every decode allreduce to FlashInfer (GlmMoeDsaForCausalLM); neither was measured in this run
-    assert "its default (FlashInfer allreduce+RMSNorm fusion) was not measured by the engine's own kernel" in text
+    assert ("by default the engine runs FlashInfer allreduce+RMSNorm fusion at this size, whose time includes the "
+            "norm: never priced against a bare allreduce") in text
     assert "its default (FlashInfer allreduce (fusion workspace)) was not measured by the engine's own kernel" in text
     data = json.loads(out_json.read_text())
     assert all(s["saving"] is None for e in data["engines"] for s in e["sizes"])

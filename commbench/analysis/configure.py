@@ -173,9 +173,13 @@ class _Engine:
         self.d = d
 
     def default(self, message_bytes: int) -> tuple[Option | None, Price | None]:
+        """The engine's default option at this size and its price; unpriced where the default is a
+        fused path (its time includes the norm: never set against a bare allreduce)."""
         path = engine_paths.default_path(self.d.states, message_bytes).path
         option = next((o for o in self.d.options if path is not None and o.state is path and o.plain), None)
-        return option, _own_price(option, message_bytes) if option else None
+        if option is None or option.state.rule.op != ALLREDUCE:
+            return option, None
+        return option, _own_price(option, message_bytes)
 
     def under(self, option: Option | None, message_bytes: int) -> Price | None:
         """The cost per call with `option` set: its path where the engine routes this size there
@@ -228,41 +232,56 @@ def configure(d: EngineDecision, model: Model, loads: tuple[Load, ...], prefill_
         defaults = {engine_default_why(d, s) for l, s in zip(loads, sizes) if l.concurrency in missing}
         at = "at any size of the mix" if len(missing) == len(loads) else f"at concurrency {', '.join(map(str, missing))}"
         why = f"the engine's default {at} cannot be priced: " + "; ".join(sorted(defaults))
-        return Configuration(d.engine, d.name, loads, prefill_tokens, prefill_source, None, None, False, (), None,
-                             False, (), (), None, tuple(c for _, c in candidates), why, next_command(model, tp))
+        measured = [(o, c) for o, c in candidates if o is not None and c.weighted_step_ms is not None]
+        if not measured:
+            return Configuration(d.engine, d.name, loads, prefill_tokens, prefill_source, None, None, False, (), None,
+                                 False, (), (), None, tuple(c for _, c in candidates), why, next_command(model, tp))
+        # The fastest configuration the engine can take, measured at every size: shown with its
+        # settings, no saving claimed against a default this run cannot price.
+        option, _ = min(measured, key=lambda oc: (round(oc[1].weighted_step_ms, 9), oc[1].label))  # type: ignore[arg-type]
+        cells = _cells(engine, option, loads, sizes, prefill_tokens, prefill_bytes)
+        return Configuration(d.engine, d.name, loads, prefill_tokens, prefill_source, option.label, option.state.path,
+                             False, *_settings(d, option, tp), cells, None, tuple(c for _, c in candidates), why,
+                             next_command(model, tp))
     priced = [(o, c) for o, c in candidates if c.weighted_step_ms is not None]
     option, best = min(priced, key=lambda oc: (round(oc[1].weighted_step_ms, 9), not oc[1].is_default))  # type: ignore[arg-type]
-    cells = tuple(_cell(engine, option, DECODE, l.concurrency, l.weight, s) for l, s in zip(loads, sizes)) + \
-        (_cell(engine, option, PREFILL, prefill_tokens, 0.0, prefill_bytes),)
+    cells = _cells(engine, option, loads, sizes, prefill_tokens, prefill_bytes)
     decode_cells = [c for c in cells if c.phase == DECODE]
     if option is not None and not any(c.saving_us and c.saving_us > 0 and c.beyond_spread is not False
                                       for c in decode_cells):
         option, best = None, base    # inside the spread everywhere: no measurable difference, keep the default
-        cells = tuple(_cell(engine, None, c.phase, c.tokens, c.weight, c.message_bytes) for c in cells)
+        cells = _cells(engine, None, loads, sizes, prefill_tokens, prefill_bytes)
         why = "no other configuration is faster beyond the p10-p90 spread: no measurable difference"
     else:
         why = "" if option is not None else "the engine's default is the cheapest configuration measured here"
     saving = base.weighted_step_ms - best.weighted_step_ms  # type: ignore[operator]
-    paste: list[str] = []
-    refused = None
-    notes: tuple[str, ...] = ()
-    library = False
-    if option is not None:
-        off_here = {st.path for st in d.states if st.available is False}
-        settings = engine_paths.launch_settings(engines.without_offs(option.settings, d.engine, off_here), d.engine,
-                                                option.state.path, d.states)
-        paste, refused = engines.paste_lines(settings, d.engine, tp)
-        library = bool(refused and option.settings.preload)
-        if library:   # the library is loaded by the deployment; the engine's own settings still paste
-            under, under_refused = engines.paste_lines(replace(settings, preload=""), d.engine, tp)
-            paste = [] if under_refused else under
-        notes = tuple(one_line(n) for n in settings.notes if str(n) != engines.NCCL_ENV_IS_PROCESS_WIDE)
-        if option.settings.nccl_env:
-            notes = (NCCL_ENV_SCOPE, *notes)
+    pasted = _settings(d, option, tp) if option is not None else ((), None, False, ())
     return Configuration(d.engine, d.name, loads, prefill_tokens, prefill_source,
                          option.label if option else "the engine's default", option.state.path if option else None,
-                         option is None, tuple(paste), refused, library, notes, cells, saving,
-                         tuple(c for _, c in candidates), why, None)
+                         option is None, *pasted, cells, saving, tuple(c for _, c in candidates), why, None)
+
+
+def _settings(d: EngineDecision, option: Option, tp: int | None
+              ) -> tuple[tuple[str, ...], str | None, bool, tuple[str, ...]]:
+    """The option's paste lines, why they are refused, whether it loads another libnccl, its notes."""
+    off_here = {st.path for st in d.states if st.available is False}
+    settings = engine_paths.launch_settings(engines.without_offs(option.settings, d.engine, off_here), d.engine,
+                                            option.state.path, d.states)
+    paste, refused = engines.paste_lines(settings, d.engine, tp)
+    library = bool(refused and option.settings.preload)
+    if library:   # the library is loaded by the deployment; the engine's own settings still paste
+        under, under_refused = engines.paste_lines(replace(settings, preload=""), d.engine, tp)
+        paste = [] if under_refused else under
+    notes = tuple(one_line(n) for n in settings.notes if str(n) != engines.NCCL_ENV_IS_PROCESS_WIDE)
+    if option.settings.nccl_env:
+        notes = (NCCL_ENV_SCOPE, *notes)
+    return tuple(paste), refused, library, notes
+
+
+def _cells(engine: _Engine, option: Option | None, loads: tuple[Load, ...], sizes: list[int], prefill_tokens: int,
+           prefill_bytes: int) -> tuple[Cell, ...]:
+    return tuple(_cell(engine, option, DECODE, l.concurrency, l.weight, s) for l, s in zip(loads, sizes)) + \
+        (_cell(engine, option, PREFILL, prefill_tokens, 0.0, prefill_bytes),)
 
 
 def one_line(text: object) -> str:
@@ -274,6 +293,9 @@ def engine_default_why(d: EngineDecision, message_bytes: int) -> str:
     default = engine_paths.default_path(d.states, message_bytes)
     if default.path is None:
         return default.why
+    if default.path.rule.op != ALLREDUCE:
+        return (f"by default the engine runs {default.path.rule.title} at this size, whose time includes the norm: "
+                "never priced against a bare allreduce")
     return f"its default ({default.path.rule.title}) was not measured by the engine's own kernel in this run"
 
 

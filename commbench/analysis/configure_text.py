@@ -24,12 +24,13 @@ def _said(cell: Cell) -> str:
 def block(c: Configuration, tag: str, wide: bool = False, brief: bool = False) -> list[str]:
     """What to run: the configuration, its weighted saving, the paste block, its losses; where
     nothing can be priced, why and the command that would price it."""
+    sweep = (["the sweep that would price it, on the serving box with one GPU per rank:", f"    {c.next_command}"]
+             if c.next_command else [])
     if c.chosen is None:
-        lines = [render.prose(f"no configuration can be priced from this run ({tag}): {c.why}", wide)]
-        if c.next_command:
-            lines += ["the sweep that would price it, on the serving box with one GPU per rank:",
-                      f"    {c.next_command}"]
-        return lines
+        return [render.prose(f"no configuration can be priced from this run ({tag}): {c.why}", wide), *sweep]
+    if c.weighted_saving_ms is None:   # the default is not priced here: the fastest measured, no saving claimed
+        return [render.prose(f"no saving can be priced from this run ({tag}): {c.why}. The fastest configuration "
+                             f"measured here: {c.chosen}", wide), *_paste(c, wide), *sweep]
     source = "" if brief else f" ({c.prefill_source})"
     lines = [render.prose(f"one configuration for {loads_text(c.loads)}, prefill chunk {c.prefill_tokens} "
                           f"tokens{source}:", wide)]
@@ -39,22 +40,29 @@ def block(c: Configuration, tag: str, wide: bool = False, brief: bool = False) -
     else:
         lines.append(render.prose(f"{c.chosen}: {c.weighted_saving_ms:.2f} ms/step of allreduce saved over the mix "
                                   f"({tag})", wide))
-        if c.library:
-            lines.append(render.prose(f"not paste-ready: {c.refused}", wide, indent="  "))
-            if c.paste:
-                lines.append("  the engine settings to run with it:")
-                lines.extend(f"    {line}" for line in c.paste)
-        elif c.refused:
-            lines.append(render.prose(f"warning: settings from this run refused, not printed: {c.refused}", wide,
-                                      indent="  "))
-        else:
-            lines.append("  paste-ready:")
-            lines.extend(f"    {line}" for line in c.paste)
-        lines.extend(render.prose(f"note: {n}", wide, indent="  ") for n in c.notes)
+        lines += _paste(c, wide)
     losses = [_said(cell) for cell in c.cells if cell.loses or cell.saving_us is None]
     if not c.is_default:
         lines.append(render.prose("where it loses: " + ("; ".join(losses) if losses else "nowhere"),
                                   wide, indent="  "))
+    return lines
+
+
+def _paste(c: Configuration, wide: bool) -> list[str]:
+    """The paste block, or why there is none, and the notes."""
+    lines: list[str] = []
+    if c.library:
+        lines.append(render.prose(f"not paste-ready: {c.refused}", wide, indent="  "))
+        if c.paste:
+            lines.append("  the engine settings to run with it:")
+            lines.extend(f"    {line}" for line in c.paste)
+    elif c.refused:
+        lines.append(render.prose(f"warning: settings from this run refused, not printed: {c.refused}", wide,
+                                  indent="  "))
+    else:
+        lines.append("  paste-ready:")
+        lines.extend(f"    {line}" for line in c.paste)
+    lines.extend(render.prose(f"note: {n}", wide, indent="  ") for n in c.notes)
     return lines
 
 
@@ -65,7 +73,7 @@ def _column(kind: str, tokens: int, message_bytes: int) -> str:
 def tradeoffs(c: Configuration, wide: bool = False) -> str | None:
     """Every configuration the engine can take: us per call at each size of the mix and the
     prefill chunk, and the allreduce ms per step weighted over the mix (chosen marked '>')."""
-    if c.chosen is None or len(c.candidates) < 2:
+    if c.weighted_saving_ms is None or len(c.candidates) < 2:
         return None
     headers = ["configuration", *(_column(cell.phase, cell.tokens, cell.message_bytes) for cell in c.cells),
                "ms/step"]

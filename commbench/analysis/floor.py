@@ -244,7 +244,7 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
         note = decide.version_note(d)
         if note:
             print(render.prose(f"caution: {note}", args.wide))
-        pairs = engine_rows(model, c) if c.chosen is not None else []
+        pairs = engine_rows(model, c) if c.weighted_saving_ms is not None else []
         if not pairs:   # nothing to tabulate: why, and the command that would price it
             print(f"== {d.name} ==")
             print("\n".join(configure_text.block(c, tag, args.wide, brief=True)))

@@ -475,12 +475,13 @@ def _hung_text(rows: list[Measurement]) -> str:
     return ", ".join(sorted({f"{r.backend} {format_bytes(r.message_bytes)} {r.status}" for r in rows})[:6])
 
 
-def no_data(name: str, scope: set[str], required: bool) -> Result:
+def no_data(name: str, scope: set[str], required: bool, outside: str = "") -> Result:
     """A check that found no rows to read checked nothing: never a PASS. FAIL where the spec asks
-    for the check by name ([checks] KEY = true), WARN where it runs by default."""
+    for the check by name ([checks] KEY = true), WARN where it runs by default; what it saw
+    outside the spec's backends is said too."""
     return Result("correctness", name, FAIL if required else WARN,
                   f"no data: the run has no rows of {', '.join(sorted(scope))} to check"
-                  + ("; the spec requires this check" if required else ""))
+                  + ("; the spec requires this check" if required else "") + outside)
 
 
 def check_wrong(run: Run, scope: set[str], required: bool = False) -> Result:
@@ -496,7 +497,8 @@ def check_wrong(run: Run, scope: set[str], required: bool = False) -> Result:
         return Result("correctness", "zero #wrong", FAIL,
                       f"{len(mine)} row(s) with wrong results: {_wrong_text(mine)}")
     if not checked:
-        return no_data("zero #wrong", scope, required)
+        return no_data("zero #wrong", scope, required, f"; outside the spec's backends, {len(bad)} row(s) with wrong "
+                       f"results: {_wrong_text(bad)}" if bad else "")
     if bad:
         return Result("correctness", "zero #wrong", WARN,
                       f"{checked} checked rows of {', '.join(sorted(scope))}, none wrong; outside the spec's backends, "
@@ -521,10 +523,10 @@ def check_hangs(run: Run, scope: set[str], required: bool = False) -> Result:
         crashes = sum(r.status == CRASHED for r in mine)
         counted = ", ".join(f"{n} {what}" for n, what in ((len(mine) - crashes, "hang(s)"), (crashes, "crash(es)")) if n)
         return Result("correctness", "no hangs", FAIL, f"{counted}: {_hung_text(mine)}")
-    if not rows:
-        return no_data("no hangs", scope, required)
     outside = (f"; outside the spec's backends, {len(hung)} hang(s) or crash(es): {_hung_text(hung)}"
                if hung else "")
+    if not rows:
+        return no_data("no hangs", scope, required, outside)
     if errors:
         return Result("correctness", "no hangs", WARN, f"no hangs, but {len(errors)} row(s) raised errors: "
                       + ", ".join(sorted({f'{r.backend}: {r.reason}' for r in errors})[:3]) + outside)
