@@ -124,7 +124,7 @@ SNAPSHOT: dict[str, Any] = {
     "hosts": Table({"hostname": "text", "cpu": "text", "cpu_count": "int", "kernel": "text", "cmdline": "text",
                     "aspm_policy": "text", "uvm_disable_hmm": "text", "numa_nodes": Table("text"),
                     "numa_sockets": Table("int"), "iommu": {"mode": "text", "source": "text"},
-                    "nvidia_module": Table("text")}),
+                    "nvidia_module": Table(Null("text"))}),
     "ipc": _EXPORTS, "vmm": _EXPORTS,
     "multicast": {"attribute": Table("int"), "functional": _STATUS},
     "bandwidth": Null({"method": "text", "pairs": [{**_PAIR, "+bandwidth_gbps": "number",
