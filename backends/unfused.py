@@ -132,4 +132,5 @@ FACTORY = BackendFactory(
     on_gpu_by_default=True,
     summary="unfused baseline of allreduce + residual add + RMSNorm (best measured allreduce, then torch)",
     variants_help=["unfused:best   fastest plain allreduce measured in this run + torch add + rms_norm"],
+    trace_kernels_of="",
 )

@@ -302,3 +302,46 @@ def test_results_md_lists_every_status() -> None:
     text = (REPO / "docs" / "results.md").read_text(encoding="utf-8")
     (line,) = [line for line in text.splitlines() if line.startswith("| `status` |")]
     assert re.findall(r"`(\w+)`", line.split("|")[2]) == list(STATUSES)
+
+
+def families_without_trace_kernels(graph: dict[str, set[str]], modules: dict[str, Path],
+                                   families: dict[str, tuple[str, str | None]]) -> list[str]:
+    """Built-in families ({family: (factory module, trace_kernels_of)}) whose kernels no
+    TRACE_KERNELS names: a family declares them in its own module (or a module of the package it
+    imports), or says whose kernels it runs (trace_kernels_of), or "" for none of its own."""
+    from commbench.analysis.trace_kernels import literal_patterns
+
+    def declares(module: str) -> bool:
+        own = {module} | {m for m in graph.get(module, set())
+                          if m.startswith("commbench.backends.") and m != "commbench.backends.base"}
+        return any(m in modules and literal_patterns(modules[m].read_text(encoding="utf-8"), m) for m in own)
+
+    missing = []
+    for family, (module, kernels_of) in families.items():
+        if kernels_of == "":
+            continue
+        owner = module if kernels_of is None else families.get(kernels_of, ("", None))[0]
+        if not declares(owner):
+            missing.append(family)
+    return missing
+
+
+def test_every_family_launching_its_own_kernels_declares_their_trace_names() -> None:
+    from commbench.backends import BUILTIN, factory
+
+    families = {family: (module, factory(family).trace_kernels_of) for family, module in BUILTIN.items()}
+    assert families_without_trace_kernels(import_graph(), installed_modules(), families) == []
+    assert {f for f, (_, of) in families.items() if of is None} >= {"nccl", "p2p", "vllm", "sglang", "flashinfer"}
+
+
+def test_the_trace_kernels_check_finds_a_family_that_names_none(tmp_path: Path) -> None:
+    (tmp_path / "mine.py").write_text("TRACE_KERNELS = ((r'my_kernel', 'mine', '', ''),)\n")
+    (tmp_path / "helper.py").write_text("KERNEL = 'x'\n")
+    modules = {"commbench.backends.mine": tmp_path / "mine.py", "commbench.backends.quiet": tmp_path / "helper.py",
+               "commbench.backends.viamine": tmp_path / "helper.py"}
+    graph = {"commbench.backends.viamine": {"commbench.backends.mine"}}
+    families = {"mine": ("commbench.backends.mine", None), "quiet": ("commbench.backends.quiet", None),
+                "viamine": ("commbench.backends.viamine", None), "borrows": ("commbench.backends.quiet", "mine"),
+                "cpu": ("commbench.backends.quiet", ""), "wrong": ("commbench.backends.quiet", "quiet"),
+                "unknown": ("commbench.backends.mine", "nosuch")}
+    assert families_without_trace_kernels(graph, modules, families) == ["quiet", "wrong", "unknown"]
