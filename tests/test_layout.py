@@ -40,14 +40,16 @@ INSTALLED = {"commbench": "commbench", "backends": "commbench.backends", "topolo
 # layers below it, never one above; the longest matching pattern places a module, and every
 # module must be placed. "facts" is what the probe, the backends and the analysis all read:
 # torch-free machine checks and readings (topology) and how each engine picks a path (engines).
+# The analysis sits above the backends, which never import it (it reads their rows and their
+# TRACE_KERNELS source, never their modules).
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("commbench", "commbench.errors", "commbench.units", "commbench.files", "commbench.json_stream", "commbench.policy",
               "commbench.launch_env", "commbench.waits", "commbench.ops")),
     ("results", ("commbench.results", "commbench.results.*", "commbench.inflight", "commbench.runs")),
     ("facts", ("commbench.engines", "commbench.engines.*", "commbench.topology", "commbench.topology.*")),
-    ("analysis", ("commbench.analysis", "commbench.analysis.*", "commbench.fleet", "commbench.fleet.*")),
     ("runtime", ("commbench.runtime", "commbench.runtime.*")),
     ("backends", ("commbench.backends", "commbench.backends.*")),
+    ("analysis", ("commbench.analysis", "commbench.analysis.*", "commbench.fleet", "commbench.fleet.*")),
     ("probe", ("commbench.topology.snapshot", "commbench.topology.verdicts", "commbench.topology.software",
                "commbench.topology.render", "commbench.topology.command")),
     ("sweep", ("commbench.sweep", "commbench.sweep.*")),
@@ -168,6 +170,13 @@ def test_imports_make_no_circle() -> None:
 
 def test_no_import_runs_back_up_a_layer() -> None:
     assert upward_imports(import_graph()) == []
+
+
+def test_the_backends_never_import_the_analysis() -> None:
+    graph = import_graph()
+    assert [f"{a} -> {b}" for a, targets in graph.items() if a.startswith("commbench.backends")
+            for b in targets if b.startswith(("commbench.analysis", "commbench.fleet"))] == []
+    assert layer_of("commbench.analysis.fusion") > layer_of("commbench.backends.unfused")
 
 
 def test_the_graph_sees_lazy_relative_and_package_imports(tmp_path: Path) -> None:
