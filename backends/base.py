@@ -10,7 +10,14 @@ and entry-point plug-ins alike:
   and the sweep's checks both come from these;
 - its command-line options (``BackendFactory.add_arguments`` / ``read_options``);
 - the serving-engine settings that select it (``engine_settings``, recorded in run.json);
-- what it observes about each row (``observe``: e.g. what NCCL chose) and records on it.
+- what it observes about each row (``observe``: e.g. what NCCL chose) and records on it;
+- the rules it declares rather than writes (``min_world_size``, ``max_world_size``,
+  ``world_sizes``, ``dtypes``, ``message_multiple_bytes``, ``graph_capturable``), applied by
+  ``check()`` and ``supports()`` in one wording;
+- the names of the kernels it launches, for ``commbench attribute``: a module-level literal
+  ``TRACE_KERNELS = ((kernel_regex, library, backend_name_regex, note), ...)``, read from the
+  source with ast (commbench.analysis.trace_kernels), or on the factory ``trace_kernels_of``:
+  the family whose literal names them, "" for none of its own (tests/test_layout.py checks).
 
 The harness owns timing, checking, voting and watchdogs; a backend sets itself up, says when
 it cannot run and why, and reduces.
@@ -77,6 +84,8 @@ class Backend(ABC):
     dtypes: tuple[torch.dtype, ...] = ALL_DTYPES
     min_world_size: int = 1
     max_world_size: int | None = None
+    world_sizes: tuple[int, ...] | None = None   # the only sizes it runs at (a kernel built per size), if so
+    message_multiple_bytes: int = 1               # message sizes it takes: a multiple of this (16-byte vectors)
     # Builds on rows measured earlier in this run (unfused:best picks the fastest allreduce): the
     # sweep runs it after every backend that does not, and hands it those rows (take_rows).
     reads_rows: bool = False
@@ -91,6 +100,8 @@ class Backend(ABC):
             return f"needs at least {self.min_world_size} ranks, this run has {world_size}"
         if self.max_world_size is not None and world_size > self.max_world_size:
             return f"supports at most {self.max_world_size} ranks, this run has {world_size}"
+        if self.world_sizes is not None and world_size not in self.world_sizes:
+            return f"supports {', '.join(map(str, self.world_sizes))} ranks, this run has {world_size}"
         return None
 
     def take_rows(self, rows: Sequence[Measurement]) -> None:
@@ -124,6 +135,8 @@ class Backend(ABC):
         """Per-shape rule. None = this size and dtype can run, else the reason."""
         if dtype not in self.dtypes:
             return f"dtype {str(dtype).replace('torch.', '')} not supported"
+        if message_bytes % self.message_multiple_bytes:
+            return f"takes byte sizes that are a multiple of {self.message_multiple_bytes}"
         return None
 
     @abstractmethod
@@ -311,6 +324,11 @@ class BackendFactory:
     # Optional native code that may crash the process (MSCCL++, FlashInfer's JIT kernels): runs
     # after the built-in families. None: no for built-ins, yes for plug-ins.
     native: bool | None = None
+    # Whose TRACE_KERNELS name the kernels it launches, for `commbench attribute`: None, its own
+    # module (or a module it imports from this package) declares them; else the family that does
+    # ("nccl": nccl4py runs libnccl's kernels), or "" when it launches no communication kernel
+    # of its own (gloo runs on the CPU; unfused calls other families).
+    trace_kernels_of: str | None = None
 
     def default_options(self) -> Any:
         """What read_options returns for this family's flags left at their defaults (None without

@@ -166,17 +166,11 @@ class _FlashInferBase(Backend):
     family = "flashinfer"
     needs: tuple[str, ...] = ("cuda", "node", "p2p", "ipc", "vmm")   # cuMemCreate workspaces
     min_world_size = 2
-    world_sizes: tuple[int, ...] = TRTLLM_WORLD_SIZES
+    world_sizes = TRTLLM_WORLD_SIZES
     sm_majors: tuple[int, ...] = TRTLLM_SM_MAJORS
 
     def __init__(self) -> None:
         self._world_size = 0
-
-    def world_size_reason(self, world_size: int) -> str | None:
-        reason = super().world_size_reason(world_size)
-        if reason is None and world_size not in self.world_sizes:
-            return f"world size {world_size} not supported (needs one of {', '.join(map(str, self.world_sizes))})"
-        return reason
 
     def software_reason(self) -> str | None:
         return import_reason()

@@ -33,4 +33,4 @@ def make(variant: str | None, options: MakeOptions[None]) -> list[Backend]:
 
 FACTORY = BackendFactory(family="gloo", make=make, on_gpu_by_default=False, on_cpu_by_default=True,
                          summary="gloo via torch ProcessGroupGloo (CPU path; CUDA tensors are staged on the host)",
-                         variants_help=["gloo"])
+                         variants_help=["gloo"], trace_kernels_of="")

@@ -162,4 +162,5 @@ FACTORY = BackendFactory(
     variants_help=["nccl4py             Communicator.init over the control group, allreduce in place on torch's stream"],
     packages=("nccl4py",),
     read_options=read_options,
+    trace_kernels_of="nccl",
 )

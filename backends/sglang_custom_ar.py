@@ -221,6 +221,7 @@ class SglangCustomAllreduce(Backend):
     family = "sglang"
     needs = ("cuda", "node", "p2p", "ipc", "vmm")   # torch symmetric memory (cuMemCreate) + IPC graph inputs
     min_world_size = 2
+    message_multiple_bytes = MESSAGE_ALIGN
     max_world_size = 8                              # the SM90 table's world sizes (2..8)
     in_place = True                                 # graph-mode 2shot_pull reduces in its input
     dtypes = (torch.bfloat16, torch.float16, torch.float32)
@@ -258,8 +259,6 @@ class SglangCustomAllreduce(Backend):
         reason = super().supports(message_bytes, dtype)
         if reason:
             return reason
-        if message_bytes % MESSAGE_ALIGN:
-            return "SGLang's custom allreduce takes byte sizes that are a multiple of 16"
         if self.algo == AUTO and self._table:
             choice = sglang_choice(self._table, self._world_size, message_bytes)
             if not any(choice.values()):

@@ -16,14 +16,33 @@ import torch
 
 from commbench.backends.base import Backend, BackendFactory, BackendUnavailable, MakeOptions, reduce_into
 from commbench import engines
-from commbench.analysis.fusion import best_allreduce_rows
 from commbench.backends.fused import RMS_EPS, FusedBackend, residual_rmsnorm
-from commbench.results import Measurement
+from commbench.ops import ALLREDUCE
+from commbench.results import OK, Measurement
 from commbench.runtime.dtypes import dtype_name
 
 if TYPE_CHECKING:
     from commbench.runtime.context import RunContext
     from commbench.runtime.workload import Workload
+
+
+def best_allreduce_rows(rows: list[Measurement], dtype: str, world_size: int) -> dict[int, Measurement]:
+    """message_bytes -> the fastest correct plain allreduce row measured in this process.
+
+    Graph-mode rows when there are any (decode runs in graphs), else eager rows. Rows measured
+    under another process-level env (a driver run) cannot be rebuilt here and are left out.
+    """
+    candidates = [r for r in rows if r.op == ALLREDUCE and r.status == OK and r.dtype == dtype
+                  and r.world_size == world_size and not r.env_setting and r.latency_us is not None
+                  and r.backend.partition(":")[0] != UnfusedBest.family]
+    graph = [r for r in candidates if r.mode == "graph"]
+    chosen = graph or candidates
+    best: dict[int, Measurement] = {}
+    for row in chosen:
+        current = best.get(row.message_bytes)
+        if current is None or row.latency_us < current.latency_us:  # type: ignore[operator]
+            best[row.message_bytes] = row
+    return best
 
 
 class UnfusedBest(FusedBackend):
@@ -132,4 +151,5 @@ FACTORY = BackendFactory(
     on_gpu_by_default=True,
     summary="unfused baseline of allreduce + residual add + RMSNorm (best measured allreduce, then torch)",
     variants_help=["unfused:best   fastest plain allreduce measured in this run + torch add + rms_norm"],
+    trace_kernels_of="",
 )

@@ -150,6 +150,8 @@ class VllmCustomAllreduce(Backend):
     needs = ("cuda", "node", "p2p", "ipc")          # cudaMalloc + cudaIpcGetMemHandle buffers
     min_world_size = 2
     max_world_size = 8
+    world_sizes = WORLD_SIZES
+    message_multiple_bytes = MESSAGE_ALIGN
 
     def __init__(self, variant: str, impl: str | None) -> None:
         self.variant = variant
@@ -167,12 +169,6 @@ class VllmCustomAllreduce(Backend):
 
     def _impl(self) -> str:
         return self.impl or default_impl()
-
-    def world_size_reason(self, world_size: int) -> str | None:
-        reason = super().world_size_reason(world_size)
-        if reason is None and world_size not in WORLD_SIZES:
-            return f"vLLM's custom allreduce supports {', '.join(map(str, WORLD_SIZES))} ranks, this run has {world_size}"
-        return reason
 
     def software_reason(self) -> str | None:
         return import_reason(self._impl())
@@ -196,8 +192,6 @@ class VllmCustomAllreduce(Backend):
         reason = super().supports(message_bytes, dtype)
         if reason:
             return reason
-        if message_bytes % MESSAGE_ALIGN:
-            return "vLLM's custom allreduce takes byte sizes that are a multiple of 16"
         ws = self._world_size or 2
         if self.variant == AUTO:
             if not vllm_takes(message_bytes):

@@ -14,9 +14,10 @@ import torch
 import torch.distributed as dist
 
 from commbench.backends.base import Backend, BackendFactory, BackendUnavailable
-from commbench.analysis.fusion import FUSED_OP, best_allreduce_rows, summarize
+from commbench.analysis.fusion import FUSED_OP, summarize
 from commbench.backends.fused import (RMS_EPS, TOLERANCE, check_fused, reference_residual_rmsnorm, residual_rmsnorm,
                                       rms_gamma)
+from commbench.backends.unfused import best_allreduce_rows
 from commbench.results import Measurement
 import factories
 from helpers import spawn_ranks

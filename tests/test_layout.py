@@ -40,14 +40,16 @@ INSTALLED = {"commbench": "commbench", "backends": "commbench.backends", "topolo
 # layers below it, never one above; the longest matching pattern places a module, and every
 # module must be placed. "facts" is what the probe, the backends and the analysis all read:
 # torch-free machine checks and readings (topology) and how each engine picks a path (engines).
+# The analysis sits above the backends, which never import it (it reads their rows and their
+# TRACE_KERNELS source, never their modules).
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("commbench", "commbench.errors", "commbench.units", "commbench.files", "commbench.json_stream", "commbench.policy",
               "commbench.launch_env", "commbench.waits", "commbench.ops")),
     ("results", ("commbench.results", "commbench.results.*", "commbench.inflight", "commbench.runs")),
     ("facts", ("commbench.engines", "commbench.engines.*", "commbench.topology", "commbench.topology.*")),
-    ("analysis", ("commbench.analysis", "commbench.analysis.*", "commbench.fleet", "commbench.fleet.*")),
     ("runtime", ("commbench.runtime", "commbench.runtime.*")),
     ("backends", ("commbench.backends", "commbench.backends.*")),
+    ("analysis", ("commbench.analysis", "commbench.analysis.*", "commbench.fleet", "commbench.fleet.*")),
     ("probe", ("commbench.topology.snapshot", "commbench.topology.verdicts", "commbench.topology.software",
                "commbench.topology.render", "commbench.topology.command")),
     ("sweep", ("commbench.sweep", "commbench.sweep.*")),
@@ -168,6 +170,13 @@ def test_imports_make_no_circle() -> None:
 
 def test_no_import_runs_back_up_a_layer() -> None:
     assert upward_imports(import_graph()) == []
+
+
+def test_the_backends_never_import_the_analysis() -> None:
+    graph = import_graph()
+    assert [f"{a} -> {b}" for a, targets in graph.items() if a.startswith("commbench.backends")
+            for b in targets if b.startswith(("commbench.analysis", "commbench.fleet"))] == []
+    assert layer_of("commbench.analysis.fusion") > layer_of("commbench.backends.unfused")
 
 
 def test_the_graph_sees_lazy_relative_and_package_imports(tmp_path: Path) -> None:
@@ -302,3 +311,46 @@ def test_results_md_lists_every_status() -> None:
     text = (REPO / "docs" / "results.md").read_text(encoding="utf-8")
     (line,) = [line for line in text.splitlines() if line.startswith("| `status` |")]
     assert re.findall(r"`(\w+)`", line.split("|")[2]) == list(STATUSES)
+
+
+def families_without_trace_kernels(graph: dict[str, set[str]], modules: dict[str, Path],
+                                   families: dict[str, tuple[str, str | None]]) -> list[str]:
+    """Built-in families ({family: (factory module, trace_kernels_of)}) whose kernels no
+    TRACE_KERNELS names: a family declares them in its own module (or a module of the package it
+    imports), or says whose kernels it runs (trace_kernels_of), or "" for none of its own."""
+    from commbench.analysis.trace_kernels import literal_patterns
+
+    def declares(module: str) -> bool:
+        own = {module} | {m for m in graph.get(module, set())
+                          if m.startswith("commbench.backends.") and m != "commbench.backends.base"}
+        return any(m in modules and literal_patterns(modules[m].read_text(encoding="utf-8"), m) for m in own)
+
+    missing = []
+    for family, (module, kernels_of) in families.items():
+        if kernels_of == "":
+            continue
+        owner = module if kernels_of is None else families.get(kernels_of, ("", None))[0]
+        if not declares(owner):
+            missing.append(family)
+    return missing
+
+
+def test_every_family_launching_its_own_kernels_declares_their_trace_names() -> None:
+    from commbench.backends import BUILTIN, factory
+
+    families = {family: (module, factory(family).trace_kernels_of) for family, module in BUILTIN.items()}
+    assert families_without_trace_kernels(import_graph(), installed_modules(), families) == []
+    assert {f for f, (_, of) in families.items() if of is None} >= {"nccl", "p2p", "vllm", "sglang", "flashinfer"}
+
+
+def test_the_trace_kernels_check_finds_a_family_that_names_none(tmp_path: Path) -> None:
+    (tmp_path / "mine.py").write_text("TRACE_KERNELS = ((r'my_kernel', 'mine', '', ''),)\n")
+    (tmp_path / "helper.py").write_text("KERNEL = 'x'\n")
+    modules = {"commbench.backends.mine": tmp_path / "mine.py", "commbench.backends.quiet": tmp_path / "helper.py",
+               "commbench.backends.viamine": tmp_path / "helper.py"}
+    graph = {"commbench.backends.viamine": {"commbench.backends.mine"}}
+    families = {"mine": ("commbench.backends.mine", None), "quiet": ("commbench.backends.quiet", None),
+                "viamine": ("commbench.backends.viamine", None), "borrows": ("commbench.backends.quiet", "mine"),
+                "cpu": ("commbench.backends.quiet", ""), "wrong": ("commbench.backends.quiet", "quiet"),
+                "unknown": ("commbench.backends.mine", "nosuch")}
+    assert families_without_trace_kernels(graph, modules, families) == ["quiet", "wrong", "unknown"]

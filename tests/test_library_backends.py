@@ -272,16 +272,25 @@ def test_p2p_symm_mem_variants_need_no_multicast(no_policy):
 
 @pytest.mark.parametrize("world,reason", [
     (1, "needs at least 2 ranks, this run has 1"),
-    (3, "world size 3 not supported (needs one of 2, 4, 8, 16)"),
-    (32, "world size 32 not supported (needs one of 2, 4, 8, 16)"),
+    (3, "supports 2, 4, 8, 16 ranks, this run has 3"),
+    (32, "supports 2, 4, 8, 16 ranks, this run has 32"),
 ])
 def test_flashinfer_world_sizes(world, reason):
     assert factory("flashinfer").variants("trtllm_twoshot")[0].check(cpu_ctx(world)) == reason
 
 
+def test_declared_world_sizes_and_size_multiples_are_one_rule_for_every_family():
+    vllm, sglang = factory("vllm").variants("auto")[0], factory("sglang").variants("auto")[0]
+    assert vllm.check(cpu_ctx(3)) == "supports 2, 4, 6, 8 ranks, this run has 3"
+    assert vllm.world_size_reason(6) is None
+    for backend in (vllm, sglang):
+        assert backend.supports(4096 + 8, torch.bfloat16) == "takes byte sizes that are a multiple of 16"
+        assert backend.supports(4096, torch.float32) is None
+
+
 def test_pcie_ipc_world_sizes_dtypes_and_packs():
     backend = factory("flashinfer").variants("pcie_ipc")[0]
-    assert backend.check(cpu_ctx(16)) == "world size 16 not supported (needs one of 2, 4, 8)"
+    assert backend.check(cpu_ctx(16)) == "supports 2, 4, 8 ranks, this run has 16"
     assert backend.supports(4096, torch.float32) == "PCIe IPC allreduce takes bf16 and fp16 only"
     assert backend.supports(4096, torch.bfloat16) is None
     # 8 ranks need one 16-byte pack each: 64 elements of bf16 is the least

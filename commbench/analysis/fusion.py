@@ -1,13 +1,13 @@
 """Fused vs unfused allreduce + residual + RMSNorm, from rows: pair every fused row with the
-unfused baseline of the same work, and pick that baseline's allreduce from measured rows.
-The backends themselves are commbench.backends.fused and commbench.backends.unfused."""
+unfused baseline of the same work. The backends themselves are commbench.backends.fused and
+commbench.backends.unfused (which picks the baseline's allreduce from measured rows)."""
 
 from __future__ import annotations
 
 from typing import Any, Iterable
 
 from commbench.analysis.render import fmt_pct, fmt_us
-from commbench.ops import ALLREDUCE, FUSED_OP
+from commbench.ops import FUSED_OP
 from commbench.results import OK, Measurement
 
 
@@ -53,26 +53,6 @@ def summarize(rows: Iterable[Measurement]) -> list[dict[str, Any]]:
         })
     out.sort(key=lambda d: (d["mode"], d["dtype"], d["tokens"] or 0, d["hidden"] or 0, d["fused_backend"]))
     return out
-
-
-def best_allreduce_rows(rows: list[Measurement], dtype: str, world_size: int) -> dict[int, Measurement]:
-    """message_bytes -> the fastest correct plain allreduce row measured in this process.
-
-    Graph-mode rows when there are any (decode runs in graphs), else eager rows. Rows measured
-    under another process-level env (a driver run) cannot be rebuilt here and are left out.
-    """
-    candidates = [r for r in rows if r.op == ALLREDUCE and r.status == OK and r.dtype == dtype
-                  and r.world_size == world_size and not r.env_setting and r.latency_us is not None
-                  and _family(r.backend) != "unfused"]
-    graph = [r for r in candidates if r.mode == "graph"]
-    chosen = graph or candidates
-    best: dict[int, Measurement] = {}
-    for row in chosen:
-        current = best.get(row.message_bytes)
-        if current is None or row.latency_us < current.latency_us:  # type: ignore[operator]
-            best[row.message_bytes] = row
-    return best
-
 
 
 COMPARISON_TITLE = "allreduce + residual + RMSNorm: fused vs unfused"

@@ -26,11 +26,12 @@ from commbench.sweep import launcher, nccl_flags
 from commbench.launch_env import torchrun_env, under_torchrun
 from commbench.ops import ALLREDUCE
 from commbench.runtime.context import ControlGroupLost, RunContext, init_context, shutdown
-from commbench.sweep.engine import Engine, stopped_reason
+from commbench.sweep.engine import Engine
 from commbench.files import check_dir_target, check_file_target
 from commbench.sweep.plan import SweepPlan, build_plan
+from commbench.sweep.state import RowSink, RunState
 from commbench.results import (ERROR, ROWS_FILE, SCHEMA_VERSION, Measurement, RunDir, RunInfo, refuse_other_run,
-                               repair_torn_tail, stops_backend, write_whole)
+                               repair_torn_tail, write_whole)
 from commbench.sweep.live import LiveTable, header_lines
 from commbench.sweep.options import SweepOptions
 from commbench.units import positive_finite
@@ -294,9 +295,7 @@ def _sweep(ctx: RunContext, opts: SweepOptions, plan: SweepPlan, variants: list,
     if failure is not None:
         run.release()
         raise failure
-    done_cells = {row.cell for row in previous}
-    stopped = {row.backend: stopped_reason(row) for row in previous
-               if stops_backend(row) and row.env_setting == env_setting}
+    state = RunState.resumed(previous, env_setting)
     ctx, probe_notes = _probe(ctx, opts, variants)
     notes = ([note] if note else []) + plan.notes + opened + _oversubscribed(ctx) + probe_notes
     # After rank 0 has read a dead run's records: this rank's own start afresh. Ranks on nodes
@@ -319,13 +318,12 @@ def _sweep(ctx: RunContext, opts: SweepOptions, plan: SweepPlan, variants: list,
                        f"{'CUDA' if ctx.is_cuda else 'CPU/gloo'}; results in {run_dir}")
             for line in header_lines(plan.check):
                 table.line(line)
-            engine = Engine(ctx, plan, writer, table, done_cells, stopped, env_setting,
-                            on_stop_flush=run.write_csv, recorder=recorder,
-                            resume_hint=None if opts.run_dir else resume_command(opts.argv, ctx, run_dir),
-                            rows=list(previous))
+            sink = RowSink(writer, table, flush=run.write_csv,
+                           resume_hint=None if opts.run_dir else resume_command(opts.argv, ctx, run_dir))
+            engine = Engine(ctx, plan, state, sink, recorder)
             for backend in variants:
                 engine.run_backend(backend)
-            _fusion_summary(ctx, engine.rows, run_dir, table)
+            _fusion_summary(ctx, state.rows, run_dir, table)
         # Leave together: a rank that tears its gloo pairs down while a peer still uses them
         # makes that peer abort (seen on CPU with two torchrun agents).
         ctx.barrier()

@@ -33,10 +33,11 @@ from commbench.backends.base import Backend, BackendTimeout, BackendUnavailable,
 from commbench.errors import Terminated
 from commbench.inflight import ENDED, RAISED, PeerWatch, Recorder, Stop, stop_line
 from commbench.runtime.context import ControlGroupLost, RunContext
+from commbench.sweep.outcome import Failed, Measured, Outcome, Skipped
 from commbench.sweep.plan import SweepPlan
+from commbench.sweep.state import RowSink, RunState, stopped_reason
 from commbench.results import (CHECK_OFF, CRASHED, ERROR, HANG, NO_WORK, OK, SKIPPED, WRONG, Cell, Measurement,
-                               RowsWriter, stops_backend)
-from commbench.sweep.live import LiveTable
+                               stops_backend)
 from commbench.runtime.timing import (capture_graph, count_work_nodes, headline_us, jitter_stats, loop_total_us,
                               per_step_us, synchronize)
 from commbench.runtime.dtypes import TORCH_DTYPES, dtype_name
@@ -55,37 +56,26 @@ class UnknownRowField(TypeError):
     """A built-in backend named a row field that does not exist: a bug in commbench, not data."""
 
 
-def stopped_reason(row: Measurement) -> str:
-    """Why the rest of a backend is skipped after a row that ended it (see stops_backend)."""
-    verb = {HANG: "hung", CRASHED: "crashed"}.get(row.status, "failed on one rank")
-    return f"{verb} earlier in this run ({format_bytes(row.message_bytes)} {row.mode}): {row.reason}"
-
-
 class Engine:
-    def __init__(self, ctx: RunContext, plan: SweepPlan, writer: RowsWriter | None, table: LiveTable,
-                 done_cells: set[Cell], stopped_backends: dict[str, str], env_setting: dict[str, str],
-                 on_stop_flush: Callable[[], None], recorder: Recorder, resume_hint: str | None,
-                 rows: list[Measurement]):
+    """One process's sweep: what the run holds so far (state), where rows go (sink), and what
+    each rank is about to run (recorder)."""
+
+    def __init__(self, ctx: RunContext, plan: SweepPlan, state: RunState, sink: RowSink, recorder: Recorder):
         self.ctx = ctx
         self.plan = plan
-        self.writer = writer
-        self.table = table
-        self.done_cells = done_cells   # the cells that have a row in this run
-        self.stopped_backends = stopped_backends   # backend -> why it does not run again
-        self.env_setting = env_setting
-        self.on_stop_flush = on_stop_flush
+        self.state = state
+        self.sink = sink
         self.recorder = recorder
-        self.resume_hint = resume_hint   # the command that continues (None under the driver)
         self.step = 0                    # steps so far: the same count on every rank
         self.stops = 0                   # rows that ended a backend, recorded by this process
         self._stop_lock = threading.Lock()
-        self.rows = rows                 # every row of this run so far, the same on every rank
 
     # ---- bookkeeping -------------------------------------------------------------------
 
     def _open_cells(self, backend: Backend) -> list[Cell]:
         """The plan's cells of `backend` that have no row yet, in the order they are measured."""
-        return [c for c in self.plan.cells(backend.name, backend.op, self.env_setting) if c not in self.done_cells]
+        return [c for c in self.plan.cells(backend.name, backend.op, self.state.env_setting)
+                if c not in self.state.done_cells]
 
     def _base_row(self, backend: Backend, cell: Cell, status: str, **extra_fields: Any) -> Measurement:
         item = TORCH_DTYPES[cell.dtype].itemsize
@@ -113,22 +103,18 @@ class Engine:
                 row.extra[name] = value
 
     def emit(self, row: Measurement) -> None:
-        self.rows.append(row)
-        self.done_cells.add(row.cell)
-        if self.writer is not None:
-            self.writer.append(row)
-        self.table.row(row)
+        self.state.add(row)
+        self.sink.write(row)
+        self.sink.table.row(row)
 
     def _skip_all(self, backend: Backend, cells: list[Cell], reason: str, failed_rank: int | None = None) -> None:
         """One row per planned cell, so every cell of the plan has an answer; one line printed."""
-        self.table.line(f"# {backend.name}: skipped: {reason}")
+        self.sink.table.line(f"# {backend.name}: skipped: {reason}")
         for cell in cells:
             row = self._base_row(backend, cell, SKIPPED, reason=reason, failed_rank=failed_rank)
-            self.rows.append(row)
-            self.done_cells.add(row.cell)
-            if self.writer is not None:
-                self.writer.append(row)
-        self.table.advance(len(cells))
+            self.state.add(row)
+            self.sink.write(row)
+        self.sink.table.advance(len(cells))
 
     def _vote(self, local_reason: str | None) -> tuple[int | None, str | None]:
         """All ranks learn the first failing rank and its reason, prefixed with the rank when
@@ -171,17 +157,17 @@ class Engine:
             return
         with self._stop_lock:
             row = stop.row(template)
-            if row.cell in self.done_cells:
+            if row.cell in self.state.done_cells:
                 return
-            self.done_cells.add(row.cell)
+            self.state.done_cells.add(row.cell)
             self.stops += 1
-            if self.writer is not None:
-                self.writer.append(row)
-                self.table.row(row)
-                self.on_stop_flush()
+            if self.sink.writer is not None:
+                self.sink.write(row)
+                self.sink.table.row(row)
+                self.sink.flush()
             # One rank speaks: rank 0, or rank 1 when rank 0 is the one that failed.
             if self.ctx.rank == (1 if stop.failed_rank == 0 and self.ctx.world_size > 1 else 0):
-                hint = f"; continue without it: {self.resume_hint}" if self.resume_hint else ""
+                hint = f"; continue without it: {self.sink.resume_hint}" if self.sink.resume_hint else ""
                 print(f"commbench sweep: {stop_line(stop, row.backend)}{hint}", file=sys.stderr, flush=True)
 
     # ---- the sweep -----------------------------------------------------------------------
@@ -190,11 +176,11 @@ class Engine:
         cells = self._open_cells(backend)
         if not cells:
             return
-        if backend.name in self.stopped_backends:
-            self._skip_all(backend, cells, self.stopped_backends[backend.name])
+        if backend.name in self.state.stopped_backends:
+            self._skip_all(backend, cells, self.state.stopped_backends[backend.name])
             return
         if backend.reads_rows:
-            backend.take_rows(tuple(self.rows))
+            backend.take_rows(tuple(self.state.rows))
         with self._step(backend, "check", f"check of {backend.name}", cells[0], None):
             try:
                 local = backend.check(self.ctx)
@@ -223,7 +209,7 @@ class Engine:
                 row = self._run_cell(backend, cell)
                 if stops_backend(row):
                     # A backend whose bounded wait gave up is not trusted for the rest.
-                    self._skip_all(backend, [c for c in cells if c not in self.done_cells], stopped_reason(row))
+                    self._skip_all(backend, [c for c in cells if c not in self.state.done_cells], stopped_reason(row))
                     return
 
     def _close(self, backend: Backend, cell: Cell) -> None:
@@ -231,7 +217,7 @@ class Engine:
             try:
                 backend.close()
             except Exception as exc:  # a failing close must not lose the rows already written
-                self.table.line(f"# {backend.name}: close failed: {exc}")
+                self.sink.table.line(f"# {backend.name}: close failed: {exc}")
 
     def _setup(self, backend: Backend, dtype: torch.dtype, cells: list[Cell]) -> bool:
         max_bytes = max(cell.shape.message_bytes for cell in cells)
@@ -259,17 +245,16 @@ class Engine:
             what = f"{backend.name} {format_bytes(cell.shape.message_bytes)} {cell.dtype} {cell.mode}"
             with self._step(backend, "row", what, cell, self.plan.timeout_s):
                 local = self._measure_local(backend, cell)
-                if "skip" in local or "error" in local:   # before the gather: peers may never come to it
-                    self.recorder.mark(RAISED, local.get("skip") or local.get("error"))
+                if not isinstance(local, Measured):   # before the gather: peers may never come to it
+                    self.recorder.mark(RAISED, local.reason)
                 gathered = self.ctx.all_gather_objects(local)
             row = self._build_row(backend, cell, gathered)
         self.emit(row)
         return row
 
-    def _measure_local(self, backend: Backend, cell: Cell) -> dict[str, Any]:
+    def _measure_local(self, backend: Backend, cell: Cell) -> Outcome:
         """This rank's loop totals, jitter samples and checks; errors are caught so every rank
         reaches the gather."""
-        out: dict[str, Any] = {}
         try:
             dtype, shape = TORCH_DTYPES[cell.dtype], cell.shape
             item = dtype.itemsize
@@ -279,24 +264,26 @@ class Engine:
             calls = self.plan.iterations_for(size) if eager else self.plan.graph_ops_for(size)
             # Eager: one pair per call of a pass, the aligning call included.
             workload = backend.make_workload(self.ctx, size // item, dtype, two_d, calls + 1 if eager else calls)
-            out["bus_factor"] = workload.bus_factor(self.ctx.world_size)
+            bus_factor = workload.bus_factor(self.ctx.world_size)
             workload.prepare(OBSERVE_EPOCH)
-            out["observed"] = backend.observe(lambda: workload.call(0), size)
-            out.update(self._eager(workload, calls) if eager else self._graph(backend, workload, calls, size))
+            observed = backend.observe(lambda: workload.call(0), size) or {}
+            if eager:
+                return self._eager(workload, calls, bus_factor, observed)
+            return self._graph(backend, workload, calls, size, bus_factor, observed)
         except BackendUnavailable as exc:  # this shape cannot run (e.g. tokens <= world size)
-            out = {"skip": str(exc)}
+            return Skipped(str(exc))
         except BackendTimeout as exc:
-            out = {"error": describe(exc), "timeout": True}
+            return Failed(describe(exc), timed_out=True)
         except Exception as exc:
-            out = {"error": describe(exc)}
-        return out
+            return Failed(describe(exc))
 
     def _warm_up(self, workload: Workload, pairs: int) -> None:
         workload.prepare(WARMUP_EPOCH)
         for i in range(max(1, self.plan.warmup)):
             workload.call(i % pairs)
 
-    def _eager(self, workload: Workload, calls: int) -> dict[str, Any]:
+    def _eager(self, workload: Workload, calls: int, bus_factor: float | None, observed: dict[str, Any]
+               ) -> Measured:
         """Timed pass (one timer around the loop) then jitter pass (a timer per call); both
         over calls + 1 pairs, whose outputs are all checked."""
         self._warm_up(workload, calls + 1)
@@ -306,10 +293,11 @@ class Engine:
         (total_us, timed_check), (samples, jitter_check) = self._passes(
             workload, align=lambda: workload.call(0), step=lambda i: workload.call(i + 1), steps=calls,
             checked=calls + 1)
-        return {"total_us": total_us, "timed_calls": calls, "samples": samples, "calls_per_sample": 1,
-                "checks": [timed_check, jitter_check], "check_scope": "timed calls"}
+        return Measured(bus_factor, observed, total_us, timed_calls=calls, samples=samples, calls_per_sample=1,
+                        checks=[timed_check, jitter_check], check_scope="timed calls")
 
-    def _graph(self, backend: Backend, workload: Workload, ops: int, size: int) -> dict[str, Any]:
+    def _graph(self, backend: Backend, workload: Workload, ops: int, size: int, bus_factor: float | None,
+               observed: dict[str, Any]) -> Measured:
         """K calls over K pairs captured once; timed replays (one timer), then jitter replays
         (a timer per replay). The outputs left by the last replay of each pass are checked."""
         # Eager calls first: communicators, JIT kernels and IPC buffers exist before capture.
@@ -332,9 +320,9 @@ class Engine:
         scope = ("an untimed replay of the timed graph with fresh inputs (the backend reduces in place, "
                  "so timed replays re-reduce their own output)" if workload.destroys_inputs
                  else "timed calls (the last replay of each pass)")
-        return {"total_us": total_us, "timed_calls": replays * ops, "samples": samples, "calls_per_sample": ops,
-                "checks": [timed_check, jitter_check], "check_scope": scope, "work_nodes": count_work_nodes(graph),
-                "replays": replays, "ops": ops}
+        return Measured(bus_factor, observed, total_us, timed_calls=replays * ops, samples=samples,
+                        calls_per_sample=ops, checks=[timed_check, jitter_check], check_scope=scope,
+                        work_nodes=count_work_nodes(graph), replays=replays, ops=ops)
 
     def _passes(self, workload: Workload, align: Callable[[], None], step: Callable[[int], None], steps: int,
                 checked: int, before_check: Callable[[int], None] | None = None) -> list[tuple[Any, PassCheck | None]]:
@@ -358,37 +346,39 @@ class Engine:
             out.append((timed, workload.verify(0, checked)))
         return out
 
-    def _build_row(self, backend: Backend, cell: Cell, gathered: list[dict[str, Any]]) -> Measurement:
+    def _build_row(self, backend: Backend, cell: Cell, gathered: list[Outcome]) -> Measurement:
         mode = cell.mode
         row = self._base_row(backend, cell, OK)
-        self._apply_fields(row, gathered[0].get("observed") or {})
-        skips = [(rank, g["skip"]) for rank, g in enumerate(gathered) if g.get("skip")]
-        if skips:
+        if isinstance(gathered[0], Measured):
+            self._apply_fields(row, gathered[0].observed)
+        skip = next((g for g in gathered if isinstance(g, Skipped)), None)
+        if skip is not None:
             row.status = SKIPPED
-            row.reason = skips[0][1]
+            row.reason = skip.reason
             return row
-        failures = [(rank, g) for rank, g in enumerate(gathered) if g.get("error")]
+        failures = [(rank, g) for rank, g in enumerate(gathered) if isinstance(g, Failed)]
         if failures:
             # A rank that raised is the cause; peers whose bounded wait then gave up are not.
-            rank, failure = next(((r, g) for r, g in failures if not g.get("timeout")), failures[0])
-            row.status = HANG if failure.get("timeout") else ERROR
+            rank, failure = next(((r, g) for r, g in failures if not g.timed_out), failures[0])
+            row.status = HANG if failure.timed_out else ERROR
             row.failed_rank = rank
-            row.reason = self._from_rank(rank, failure["error"])
+            row.reason = self._from_rank(rank, failure.reason)
             return row
-        first = gathered[0]
-        row.iterations = first["replays"] if mode == "graph" else first["timed_calls"]
-        row.ops_per_graph = first.get("ops", 1)
+        measured = [g for g in gathered if isinstance(g, Measured)]
+        first = measured[0]
+        row.iterations = first.replays if mode == "graph" else first.timed_calls
+        row.ops_per_graph = first.ops
         if self.plan.check:
-            row.extra["check"] = first["check_scope"]
-            self._apply_checks(row, [g["checks"] for g in gathered])
+            row.extra["check"] = first.check_scope
+            self._apply_checks(row, [g.checks for g in measured])
         else:   # wrong_elements stays None, so analysis trusts the row no more than #wrong N/A
             row.extra["check"] = CHECK_OFF
-        empty_graph = mode == "graph" and any(g.get("work_nodes") == 0 for g in gathered)
+        empty_graph = mode == "graph" and any(g.work_nodes == 0 for g in measured)
         if not empty_graph:
-            self._apply_fields(row, headline_us([g["total_us"] for g in gathered], first["timed_calls"]))
-            self._apply_fields(row, jitter_stats([g["samples"] for g in gathered], first["calls_per_sample"]))
+            self._apply_fields(row, headline_us([g.total_us for g in measured], first.timed_calls))
+            self._apply_fields(row, jitter_stats([g.samples for g in measured], first.calls_per_sample))
             row.algbw_gbps, row.busbw_gbps = bandwidths_gbps(cell.shape.message_bytes, row.latency_us,
-                                                             first["bus_factor"])
+                                                             first.bus_factor)
         if row.wrong_elements:
             row.status = WRONG
         elif empty_graph:
