@@ -61,7 +61,8 @@ Design (the ideas of vLLM's and TRT-LLM's custom allreduce, our own code):
   kernel wins each size (a kernel with fewer round trips keeps ties), and every rank applies
   the same rule to the same gathered numbers. With the graph kernel among them, it has two
   rules: one for calls captured in a graph and one without the graph kernel for eager calls
-  (rows say ``p2p_auto_eager_rule`` where they differ). ``p2p_auto_rule`` in the options skips
+  (rows say ``p2p_auto_eager_rule`` where they differ); where the buffers cannot be registered
+  it measures without the graph kernel (``p2p_auto_graph_reason``). ``p2p_auto_rule`` in the options skips
   the measurement (a graph kernel it names runs its eager fallback outside graphs).
 * Programmatic dependent launch (PDL, ``p2p_pdl``, on by default): the kernels are launched
   through cuLaunchKernelEx (cuda-python) with programmatic stream serialization, so a call's
@@ -168,6 +169,7 @@ class P2PAllreduce(Backend):
         self._pdl: PdlLauncher | None = None
         self._pdl_reason: str | None = None
         self._graph: GraphTable | None = None   # the graph kernels' pointer table, made at setup
+        self._graph_reason: str | None = None   # why p2p:auto's calibration left the graph kernel out
 
     # -- eligibility --------------------------------------------------------------------
 
@@ -377,8 +379,16 @@ class P2PAllreduce(Backend):
             out = torch.empty_like(x)
             for size in sizes:
                 count = size // dtype.itemsize
-                for algorithm in times:
-                    times[algorithm].append(self._kernel_us(algorithm, x[:count], out[:count]))
+                for algorithm in list(times):
+                    try:
+                        times[algorithm].append(self._kernel_us(algorithm, x[:count], out[:count]))
+                    except BackendUnavailable as exc:
+                        if algorithm not in GRAPH_FALLBACK:
+                            raise
+                        # Every rank refuses alike (GraphTable.register gathers the refusals):
+                        # the rule is chosen without the graph kernel.
+                        self._graph_reason = str(exc)
+                        del times[algorithm]
             self.raise_if_failed()
             return times
 
@@ -423,6 +433,8 @@ class P2PAllreduce(Backend):
             extra["p2p_grid_cap_blocks"], extra["p2p_grid_sms"] = self._grids[self._dtype]
         if self._pull_reason is not None:     # only p2p:auto decides one
             extra["p2p_auto_pull_reason"] = self._pull_reason
+        if self._graph_reason is not None:
+            extra["p2p_auto_graph_reason"] = self._graph_reason
         if len(self.algorithms) > 1 and self._dtype is not None:
             extra["p2p_auto_rule"] = format_auto_rule(self._rule(self._dtype))
             if self._rule(self._dtype, in_graph=False) != self._rule(self._dtype):

@@ -857,3 +857,23 @@ def test_a_full_graph_table_refuses_the_capture(monkeypatch):
     table.row_address(0x1000, 0x2000)
     with pytest.raises(BackendUnavailable, match="graph table is full"):
         table.row_address(0x1000, 0x2000)
+
+
+def test_auto_measures_without_the_graph_kernel_where_its_buffers_cannot_be_registered(monkeypatch):
+    b = backend("auto")
+    b.algorithms = p2p_rules.auto_kernels(p2p_rules.AUTO_READ_KERNELS)
+    b._ctx = SimpleNamespace(all_gather_objects=lambda obj: [obj, obj], device=torch.device("cpu"), world_size=2)
+    b._area = p2p_kernels.SharedArea(b._ctx, p2p_layout.plan_areas(b.algorithms, 2, 8192), b.options.timeout_ms)
+    refusal = "p2p cannot register the captured buffers with its peers (rank 1: RuntimeError: no IPC handle)"
+
+    def kernel_us(algorithm: str, x: torch.Tensor, out: torch.Tensor) -> float:
+        if algorithm == p2p_layout.TWOSHOT_GRAPH:
+            raise BackendUnavailable(refusal)
+        return {p2p_layout.ONESHOT_LL: 1.0}.get(algorithm, 2.0) * x.numel()
+
+    monkeypatch.setattr(b, "_kernel_us", kernel_us)
+    calibration = b._calibrate(torch.float32)
+    assert p2p_layout.TWOSHOT_GRAPH not in calibration.times_us and calibration.sizes == [4096, 8192]
+    assert calibration.rule == calibration.eager_rule == ((None, p2p_layout.ONESHOT_LL),)
+    b._calibrations[torch.float32], b._dtype = calibration, torch.float32
+    assert b.row_fields()["extra"]["p2p_auto_graph_reason"] == refusal
