@@ -1,5 +1,5 @@
 """p2p: commbench's own CUDA-IPC allreduce (Lamport one-shot and two-shot, flag one-shot push and
-pull, flag two-shot, auto).
+pull, flag two-shot, the zero-copy graph two-shot, auto).
 
 The kernels (p2p_allreduce.cu beside this file) are compiled at run time by NVRTC through
 CuPy, once per process, device, dtype and world size, and launched on torch's current
@@ -25,18 +25,26 @@ Design (the ideas of vLLM's and TRT-LLM's custom allreduce, our own code):
   the one of the previous call while it waits. No fence and no flag round trip per call.
 * Flag kernels (``p2p:oneshot``, ``p2p:oneshot_pull``, ``p2p:twoshot``): data, then a system
   fence and a flag per peer, then a wait for every peer's flag; data areas alternate by parity.
-* Staging happens inside the kernel, in eager and graph mode alike: the first step of every
-  call copies the caller's input into the IPC buffers (push variants write it straight into
-  the peers' receive areas, so there the copy is the transfer itself). We do not register
-  captured input addresses: that needs IPC handles for blocks of torch's caching allocator
-  or graph pool (wrong or impossible for expandable segments and cuMem pools) and a
-  collective after every capture, which the sweep's capture does not make. The fused copy
-  costs no extra launch or graph node, and one local read and write of the message.
+* Staging happens inside the kernel: the first step of every call copies the caller's input
+  into the IPC buffers (push variants write it straight into the peers' receive areas, so
+  there the copy is the transfer itself). The fused copy costs no extra launch or graph node,
+  and one local read and write of the message.
+* The one exception, ``p2p:twoshot_graph`` (the idea of the engines' graph-buffer registration
+  and of SGLang's two-shot pull, our own code): inside a CUDA graph it stages nothing. Each
+  captured call reads a row of a device table (GraphTable) that is filled when the capture
+  ends (``graph_capture``, a collective on every rank): every rank's input and output of that
+  call, opened over CUDA IPC. Rank r reads slice r of every input, reduces it and writes it into
+  slice r of every output, between two flag barriers: about 2 bytes of memory traffic per message
+  byte per rank, where the staged two-shot moves about 5.5 at 8 ranks. Eager calls, whose
+  buffers are never registered, run the staged two-shot. Registering needs an IPC handle for
+  the allocation that holds each buffer; where there is none (expandable segments, cuMem
+  pools) every rank refuses the graph with the reason. It reads peer memory, so it is
+  never a default variant and ``p2p:auto`` takes it only where reads are safe (below).
 * Push is the default: every byte crosses the fabric as a posted write. Reads of peer
   memory are the pattern that never completes on some PCIe systems, and such a read cannot
-  be bounded by a timeout, so the pull variant (``p2p:oneshot_pull``) runs only when asked
-  for, two-shot never reads peer memory, and ``p2p:auto`` adds the pull kernel to its
-  candidates only where a peer's memory is known to answer reads: every rank on one GPU, or
+  be bounded by a timeout, so the pull variants (``p2p:oneshot_pull``, ``p2p:twoshot_graph``)
+  run only when asked for, the other two-shots never read peer memory, and ``p2p:auto`` adds
+  the pull kernels to its candidates only where a peer's memory is known to answer reads: every rank on one GPU, or
   every pair of GPUs joined by NVLink in the probe's snapshot (``peer_reads_reason``; rows
   say why not in ``p2p_auto_pull_reason``), or when a forced rule names it.
 * Waits are bounded: a peer missing for ``p2p_timeout_ms`` makes the kernel give up, record
@@ -51,8 +59,11 @@ Design (the ideas of vLLM's and TRT-LLM's custom allreduce, our own code):
   every kernel is graph-replayed at sizes from 4 KiB up by factors of 2 on every rank (the
   median of several replays of up to 100 calls), the slowest rank's time counts, the fastest
   kernel wins each size (a kernel with fewer round trips keeps ties), and every rank applies
-  the same rule to the same gathered numbers. ``p2p_auto_rule`` in the options skips the
-  measurement.
+  the same rule to the same gathered numbers. With the graph kernel among them, it has two
+  rules: one for calls captured in a graph and one without the graph kernel for eager calls
+  (rows say ``p2p_auto_eager_rule`` where they differ); where the buffers cannot be registered
+  it measures without the graph kernel (``p2p_auto_graph_reason``). ``p2p_auto_rule`` in the options skips
+  the measurement (a graph kernel it names runs its eager fallback outside graphs).
 * Programmatic dependent launch (PDL, ``p2p_pdl``, on by default): the kernels are launched
   through cuLaunchKernelEx (cuda-python) with programmatic stream serialization, so a call's
   blocks may start while the previous kernel in the stream finishes; every kernel waits
@@ -75,6 +86,8 @@ from __future__ import annotations
 
 import argparse
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -84,13 +97,13 @@ import torch
 from commbench import engines
 from commbench.backends.base import (ALL_DTYPES, Backend, BackendFactory, BackendTimeout, BackendUnavailable,
                                      MakeOptions, voted, voted_gather)
-from commbench.backends.p2p_kernels import (PdlLauncher, SharedArea, cuda_driver, cupy_module, kernel_blocks_per_sm,
-                                            kernel_functions)
-from commbench.backends.p2p_layout import (MAX_BLOCKS, MAX_RANKS, THREADS_PER_BLOCK, VECTOR_BYTES, grid_capacity,
-                                           kernel_params, launch_dims, plan_areas)
+from commbench.backends.p2p_kernels import (GraphTable, PdlLauncher, SharedArea, cuda_driver, cupy_module,
+                                            kernel_blocks_per_sm, kernel_functions)
+from commbench.backends.p2p_layout import (GRAPH_FALLBACK, MAX_BLOCKS, MAX_RANKS, THREADS_PER_BLOCK, VECTOR_BYTES,
+                                           grid_capacity, kernel_params, launch_dims, launched_kernels, plan_areas)
 from commbench.backends.p2p_rules import (AUTO_READ_KERNELS, CALIBRATION_REPLAYS, CALIBRATION_SIZES, DEFAULT_VARIANTS,
                                           FLOOR_VARIANTS, KERNEL_VARIANT, VARIANTS, AutoRule, P2POptions,
-                                          agreed_pdl_reason, auto_kernels, calibration_calls, choose_rule,
+                                          agreed_pdl_reason, auto_kernels, calibration_calls, choose_rules,
                                           format_auto_rule, pdl_reason, peer_reads_reason, per_call_median_us,
                                           quick_p2p_reason, rule_kernel, size_reason, slowest_rank_times,
                                           tensor_reason)
@@ -111,6 +124,7 @@ TRACE_KERNELS = (
     (r"\bp2p_oneshot_push\b", "commbench p2p", r"^p2p:oneshot$", ""),
     (r"\bp2p_oneshot_pull\b", "commbench p2p", r"^p2p:oneshot_pull$", ""),
     (r"\bp2p_twoshot_push\b", "commbench p2p", r"^p2p:twoshot$", ""),
+    (r"\bp2p_twoshot_graph\b", "commbench p2p", r"^p2p:twoshot_graph$", ""),
 )
 
 
@@ -119,7 +133,8 @@ class _Calibration:
     sizes: list[int]
     calls_per_graph: list[int]
     times_us: dict[str, list[float]]    # kernel -> slowest rank's per-call time at each size
-    rule: AutoRule
+    rule: AutoRule                      # in CUDA graphs
+    eager_rule: AutoRule                # outside them: the same without the graph kernels
 
 
 class P2PAllreduce(Backend):
@@ -153,6 +168,8 @@ class P2PAllreduce(Backend):
         self._pdl_decided = False
         self._pdl: PdlLauncher | None = None
         self._pdl_reason: str | None = None
+        self._graph: GraphTable | None = None   # the graph kernels' pointer table, made at setup
+        self._graph_reason: str | None = None   # why p2p:auto's calibration left the graph kernel out
 
     # -- eligibility --------------------------------------------------------------------
 
@@ -200,6 +217,8 @@ class P2PAllreduce(Backend):
             self._grids[dtype] = self._agree_grid(ctx, dtype)
         if not self._pdl_decided:
             self._decide_pdl(ctx)
+        if self._graph is None and any(a in GRAPH_FALLBACK for a in self.algorithms):
+            self._graph = GraphTable(ctx)
         if len(self.algorithms) > 1 and self.options.auto_rule is None and dtype not in self._calibrations:
             self._calibrations[dtype] = self._calibrate(dtype)
 
@@ -228,7 +247,8 @@ class P2PAllreduce(Backend):
         over. Every rank launches the same grid (block b meets block b), so the smallest rank's
         capacity counts."""
         def capacity() -> tuple[int, int]:
-            cap = grid_capacity(kernel_blocks_per_sm(ctx.device.index, self._functions[dtype], self.algorithms),
+            cap = grid_capacity(kernel_blocks_per_sm(ctx.device.index, self._functions[dtype],
+                                                     launched_kernels(self.algorithms)),
                                 torch.cuda.get_device_properties(ctx.device).multi_processor_count, ctx.emulation)
             refusal = cap.refusal()
             if refusal:
@@ -258,6 +278,9 @@ class P2PAllreduce(Backend):
 
     def close(self) -> None:
         self._release()
+        if self._graph is not None:     # after the release's barrier: no peer kernel runs any more
+            self._graph.release()
+            self._graph = None
 
     # -- calls --------------------------------------------------------------------------
 
@@ -268,15 +291,18 @@ class P2PAllreduce(Backend):
         if error is not None:
             raise error
 
-    def algorithm_for(self, message_bytes: int, dtype: torch.dtype) -> str:
+    def algorithm_for(self, message_bytes: int, dtype: torch.dtype, in_graph: bool = True) -> str:
+        """The kernel a call of this size runs, in a CUDA graph or not (a graph kernel named
+        here runs its eager fallback outside graphs: _launch)."""
         if len(self.algorithms) == 1:
             return self.algorithms[0]
-        return rule_kernel(self._rule(dtype), message_bytes)
+        return rule_kernel(self._rule(dtype, in_graph), message_bytes)
 
-    def _rule(self, dtype: torch.dtype) -> AutoRule:
+    def _rule(self, dtype: torch.dtype, in_graph: bool = True) -> AutoRule:
         if self.options.auto_rule is not None:
             return self.options.auto_rule
-        return self._calibrations[dtype].rule
+        calibration = self._calibrations[dtype]
+        return calibration.rule if in_graph else calibration.eager_rule
 
     def allreduce(self, x: torch.Tensor, out: torch.Tensor) -> None:
         if self._area is None:
@@ -290,19 +316,42 @@ class P2PAllreduce(Backend):
             raise ValueError(f"{self.name}: {reason}")
         if x.dtype not in self._grids:
             raise RuntimeError(f"{self.name}: not set up for {x.dtype}")
-        self._launch(self.algorithm_for(message_bytes, x.dtype), x, out)
+        # Only a variant with graph kernels has a rule of its own for graphs.
+        in_graph = self._graph is not None and torch.cuda.is_current_stream_capturing()
+        self._launch(self.algorithm_for(message_bytes, x.dtype, in_graph), x, out)
 
     def _launch(self, algorithm: str, x: torch.Tensor, out: torch.Tensor) -> None:
         units = x.numel() * x.element_size() // VECTOR_BYTES
+        in_ptr, out_ptr = x.data_ptr(), out.data_ptr()
+        if algorithm in GRAPH_FALLBACK:
+            if torch.cuda.is_current_stream_capturing():
+                # The kernel reads every rank's buffers of this call from its table row.
+                in_ptr, out_ptr = self._graph.row_address(in_ptr, out_ptr), 0
+            else:
+                algorithm = GRAPH_FALLBACK[algorithm]
         blocks, threads = launch_dims(algorithm, units, self._ctx.world_size, *self._grids[x.dtype], self.options.shape)
         function = self._functions[x.dtype][algorithm]
         if self._pdl is not None:
             self._pdl.launch(function.ptr, blocks, threads, torch.cuda.current_stream(self._ctx.device).cuda_stream,
-                             kernel_params(self._area.layout, x.data_ptr(), out.data_ptr(), units))
+                             kernel_params(self._area.layout, in_ptr, out_ptr, units))
             return
         function((blocks,), (threads,),
-                 (self._area.layout, numpy.uint64(x.data_ptr()), numpy.uint64(out.data_ptr()), numpy.uint32(units)),
+                 (self._area.layout, numpy.uint64(in_ptr), numpy.uint64(out_ptr), numpy.uint32(units)),
                  stream=self._stream())
+
+    @contextmanager
+    def graph_capture(self) -> Iterator[None]:
+        """With graph kernels: register the captured calls' buffers with the peers once the
+        capture ends (collective, on every rank), before the first replay."""
+        if self._graph is None:
+            yield
+            return
+        try:
+            yield
+        except BaseException:
+            self._graph.drop_pending()
+            raise
+        self._graph.register()
 
     def _stream(self) -> Any:
         """torch's current stream as a CuPy stream, so launches are ordered with (and captured
@@ -320,7 +369,7 @@ class P2PAllreduce(Backend):
 
     def _calibrate(self, dtype: torch.dtype) -> _Calibration:
         """Collective: graph-replay every kernel at a few sizes on every rank; every rank then
-        applies choose_rule() to the same gathered numbers, so all pick the same."""
+        applies choose_rules() to the same gathered numbers, so all pick the same."""
         ctx, area = self._ctx, self._area
         sizes = [s for s in CALIBRATION_SIZES if s <= area.plan.slot_bytes]
         calls = [calibration_calls(s) for s in sizes]
@@ -330,13 +379,21 @@ class P2PAllreduce(Backend):
             out = torch.empty_like(x)
             for size in sizes:
                 count = size // dtype.itemsize
-                for algorithm in times:
-                    times[algorithm].append(self._kernel_us(algorithm, x[:count], out[:count]))
+                for algorithm in list(times):
+                    try:
+                        times[algorithm].append(self._kernel_us(algorithm, x[:count], out[:count]))
+                    except BackendUnavailable as exc:
+                        if algorithm not in GRAPH_FALLBACK:
+                            raise
+                        # Every rank refuses alike (GraphTable.register gathers the refusals):
+                        # the rule is chosen without the graph kernel.
+                        self._graph_reason = str(exc)
+                        del times[algorithm]
             self.raise_if_failed()
             return times
 
         slowest = slowest_rank_times(voted_gather(ctx, "p2p auto calibration", measure))
-        return _Calibration(sizes, calls, slowest, choose_rule(sizes, slowest))
+        return _Calibration(sizes, calls, slowest, *choose_rules(sizes, slowest))
 
     def _kernel_us(self, algorithm: str, x: torch.Tensor, out: torch.Tensor) -> float:
         """This rank's per-call time of one kernel: timed replays of a graph of back-to-back calls."""
@@ -344,7 +401,8 @@ class P2PAllreduce(Backend):
         # One eager call first: CuPy sets up its per-thread context state on a first launch,
         # which must not happen inside a capture.
         self._launch(algorithm, x, out)
-        graph = capture_graph(lambda _: self._launch(algorithm, x, out), calls)
+        with self.graph_capture():
+            graph = capture_graph(lambda _: self._launch(algorithm, x, out), calls)
         self._ctx.barrier()
         # The first replay absorbs the ranks' start skew and is dropped.
         replay_us = per_step_us(self._ctx, lambda _: graph.replay(), CALIBRATION_REPLAYS + 1)[1:]
@@ -361,7 +419,7 @@ class P2PAllreduce(Backend):
             "p2p_kernels": list(self.algorithms),
             "p2p_max_bytes": self.options.max_bytes,
             "p2p_timeout_ms": self.options.timeout_ms,
-            "p2p_staging": "in-kernel",
+            "p2p_staging": "in-kernel" if self._graph is None else "in-kernel; none in graphs (registered buffers)",
             "p2p_threads": self.options.shape.threads or "by size",
             "p2p_vectors_per_thread": self.options.shape.vectors_per_thread,
         }
@@ -375,8 +433,12 @@ class P2PAllreduce(Backend):
             extra["p2p_grid_cap_blocks"], extra["p2p_grid_sms"] = self._grids[self._dtype]
         if self._pull_reason is not None:     # only p2p:auto decides one
             extra["p2p_auto_pull_reason"] = self._pull_reason
+        if self._graph_reason is not None:
+            extra["p2p_auto_graph_reason"] = self._graph_reason
         if len(self.algorithms) > 1 and self._dtype is not None:
             extra["p2p_auto_rule"] = format_auto_rule(self._rule(self._dtype))
+            if self._rule(self._dtype, in_graph=False) != self._rule(self._dtype):
+                extra["p2p_auto_eager_rule"] = format_auto_rule(self._rule(self._dtype, in_graph=False))
             calibration = self._calibrations.get(self._dtype)
             if self.options.auto_rule is not None or calibration is None:
                 extra["p2p_auto_rule_source"] = "option"
@@ -449,6 +511,9 @@ FACTORY = BackendFactory(
         "p2p:oneshot_pull     one-shot, pull: every rank reads every peer's staged input (never by default)",
         "p2p:twoshot_lamport  two-shot, Lamport: reduce-scatter then all-gather, writes only, no flags",
         "p2p:twoshot          two-shot, push, a fence and a flag per peer after each half",
+        "p2p:twoshot_graph    two-shot in CUDA graphs with no staging: reads every peer's captured input, writes "
+        "the reduced slice into every rank's output (buffers registered after capture; reads peer memory, never by "
+        "default); eager calls run p2p:twoshot",
         "p2p:auto             the fastest of the four push kernels per size, measured at setup, and of the pull "
         "one-shot where peer reads are safe (one GPU, or NVLink between every pair) "
         "(--p2p-auto-rule, --p2p-max-bytes, --p2p-timeout-ms)",

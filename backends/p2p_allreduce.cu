@@ -587,3 +587,35 @@ __global__ void __launch_bounds__(512) p2p_twoshot_push(const __grid_constant__ 
     }
   }
 }
+
+// ---- the graph kernel: zero-copy two-shot over the peers' registered buffers ----
+
+// Captured in a CUDA graph only: `row` is this call's row of the backend's graph table, filled
+// after capture with every rank's input (row[s]) and output (row[P2P_MAX_RANKS + s]) as opened
+// in this process over CUDA IPC. (1) A barrier: every rank's kernel has started, so its input
+// is written and no earlier call still writes its output. (2) Rank r reduces slice r straight
+// from the N inputs and writes the result into slice r of every rank's output. (3) A second
+// barrier: every peer's slice has landed in this rank's output, and no peer reads this rank's
+// input any more, before the kernel ends. About 2 bytes of memory traffic per message byte per
+// rank, against about 5.5 for the staged two-shot at 8 ranks; nothing is staged or emptied.
+template <int DT, int N>
+__global__ void __launch_bounds__(512) p2p_twoshot_graph(const __grid_constant__ Layout L,
+                                                         const u64* __restrict__ row,
+                                                         uint4* __restrict__ unused, u32 units) {
+  P2P_BEGIN
+  Ctrl* c = (Ctrl*)L.ctrl;
+  const Call call = begin_call(L, c->calls);   // the flag kernels' count: their flags and phases
+  const u32 rank = (u32)L.rank;
+  if (!call.failed && barrier<N>(L, call.count, PHASE_FIRST_BARRIER)) {
+    const u32 lo = slice_start<N>(units, rank), len = slice_start<N>(units, rank + 1) - lo;
+    for (u32 j = first; j < len; j += stride) {
+      uint4 v[N];
+#pragma unroll
+      for (int s = 0; s < N; ++s) v[s] = load_cg((const uint4*)row[s] + lo + j);
+      const uint4 r = reduce_in_rank_order<DT, N>(v);
+#pragma unroll
+      for (int k = 0; k < N; ++k) ((uint4*)row[P2P_MAX_RANKS + (rank + k) % N])[lo + j] = r;
+    }
+    barrier<N>(L, call.count, PHASE_SECOND_BARRIER);
+  }
+}

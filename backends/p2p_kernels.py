@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING, Any
 import numpy
 import torch
 
-from commbench.backends.base import BackendTimeout
-from commbench.backends.p2p_layout import (CTRL_WORDS, DTYPE_CODES, KERNEL_NAMES, LL_EMPTY, THREADS_PER_BLOCK,
+from commbench.backends.base import BackendTimeout, BackendUnavailable, describe
+from commbench.backends.p2p_layout import (CTRL_WORDS, DTYPE_CODES, GRAPH_ROW_WORDS, GRAPH_ROWS, KERNEL_NAMES,
+                                           LL_EMPTY, MAX_RANKS, THREADS_PER_BLOCK,
                                            AreaPlan, KernelParams, layout_parameter)
 
 if TYPE_CHECKING:
@@ -201,3 +202,88 @@ class SharedArea:
             runtime.freeHost(self.report)
             self.report = 0
         self.layout = self.ctrl = None
+
+
+class GraphTable:
+    """The graph kernels' pointer table: one row per captured call, filled after capture with
+    every rank's input and output of that call, opened in this process over CUDA IPC (as the
+    engines register their graph inputs). Rows are never reused: a captured graph may be replayed
+    for as long as the backend lives. Buffers from torch's caching allocator share their
+    segment's IPC handle; a process may open a handle only once, so every table shares the
+    openings (_OPENED)."""
+
+    def __init__(self, ctx: "RunContext"):
+        self.ctx = ctx
+        self.rows = torch.zeros((GRAPH_ROWS, GRAPH_ROW_WORDS), dtype=torch.int64, device=ctx.device)  # raw 64-bit addresses
+        self.used = 0
+        self.pending: list[tuple[int, int]] = []    # (input, output) of calls captured, not yet registered
+        self._held: set[bytes] = set()               # the peer segments this table opened
+
+    def row_address(self, in_ptr: int, out_ptr: int) -> int:
+        """The row a call being captured reads; registered when the capture ends (register)."""
+        index = self.used + len(self.pending)
+        if index >= GRAPH_ROWS:
+            raise BackendUnavailable(f"p2p's graph table is full ({GRAPH_ROWS} captured calls)")
+        self.pending.append((in_ptr, out_ptr))
+        return self.rows.data_ptr() + index * GRAPH_ROW_WORDS * self.rows.element_size()
+
+    def drop_pending(self) -> None:
+        """A capture that failed: its rows are never replayed."""
+        self.pending = []
+
+    def register(self) -> None:
+        """Collective (every rank, after every capture): swap the IPC handles of the captured
+        buffers, open the peers' and write the rows before the first replay."""
+        pending, self.pending = self.pending, []
+        try:   # every rank reaches the exchange, so that none waits in it for a rank that failed
+            local, error = [tuple(_segment_handle(ptr) for ptr in call) for call in pending], None
+        except Exception as exc:
+            local, error = [], describe(exc)
+        answers = self.ctx.all_gather_objects((error, local))
+        errors = [f"rank {rank}: {e}" for rank, (e, _) in enumerate(answers) if e]
+        if errors:
+            raise BackendUnavailable(f"p2p cannot register the captured buffers with its peers ({errors[0]})")
+        if not pending:
+            return
+        gathered = [calls for _, calls in answers]
+        rows = numpy.zeros((len(pending), GRAPH_ROW_WORDS), dtype=numpy.uint64)
+        for rank, calls in enumerate(gathered):
+            for i, call in enumerate(calls):
+                ptrs = pending[i] if rank == self.ctx.rank else [self._open(*h) for h in call]
+                rows[i, rank], rows[i, MAX_RANKS + rank] = ptrs
+        self.rows[self.used: self.used + len(pending)].copy_(torch.from_numpy(rows.view(numpy.int64)))
+        torch.cuda.synchronize(self.ctx.device)     # the rows must be there before the first replay
+        self.used += len(pending)
+
+    def _open(self, handle: bytes, offset: int) -> int:
+        if handle not in self._held:
+            if handle not in _OPENED:
+                _OPENED[handle] = [cupy_module().cuda.runtime.ipcOpenMemHandle(handle), 0]
+            _OPENED[handle][1] += 1
+            self._held.add(handle)
+        return _OPENED[handle][0] + offset
+
+    def release(self) -> None:
+        """After the collective barrier of SharedArea.release: no peer kernel reads these any more."""
+        runtime = cupy_module().cuda.runtime
+        for handle in self._held:
+            _OPENED[handle][1] -= 1
+            if not _OPENED[handle][1]:
+                runtime.ipcCloseMemHandle(_OPENED.pop(handle)[0])
+        self._held = set()
+
+
+# A peer segment's IPC handle -> [its base in this process, the tables that hold it].
+_OPENED: dict[bytes, list[int]] = {}
+
+
+def _segment_handle(ptr: int) -> tuple[bytes, int]:
+    """The IPC handle of the allocation holding ptr and ptr's offset in it."""
+    driver, import_error = cuda_driver()
+    if driver is None:
+        raise RuntimeError(f"cuda-python is needed to find a buffer's allocation ({import_error})")
+    result, base, _ = driver.cuMemGetAddressRange(ptr)
+    if result != driver.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"p2p: cuMemGetAddressRange failed for {ptr:#x}: {result}")
+    base = int(base)
+    return cupy_module().cuda.runtime.ipcGetMemHandle(base), ptr - base

@@ -77,11 +77,27 @@ ONESHOT_LL, TWOSHOT_LL = "oneshot_lamport", "twoshot_lamport"
 ONESHOT_PUSH, ONESHOT_PULL, TWOSHOT = "oneshot_push", "oneshot_pull", "twoshot_push"
 
 
+# Runs only inside a CUDA graph, over the peers' captured buffers registered after capture;
+# an eager call runs its fallback kernel instead (GRAPH_FALLBACK).
+TWOSHOT_GRAPH = "twoshot_graph"
+
+
+GRAPH_FALLBACK = {TWOSHOT_GRAPH: TWOSHOT}
+
+
+# The graph table: one row per captured call of a graph kernel, every rank's input then every
+# rank's output (MAX_RANKS words each), as opened in this process.
+GRAPH_ROW_WORDS = 2 * MAX_RANKS
+
+
+GRAPH_ROWS = 16384        # 2 MiB: p2p:auto's calibration captures about 900 calls per dtype
+
+
 KERNEL_NAMES = {ONESHOT_LL: "p2p_ll_oneshot", TWOSHOT_LL: "p2p_ll_twoshot", ONESHOT_PUSH: "p2p_oneshot_push",
-                ONESHOT_PULL: "p2p_oneshot_pull", TWOSHOT: "p2p_twoshot_push"}
+                ONESHOT_PULL: "p2p_oneshot_pull", TWOSHOT: "p2p_twoshot_push", TWOSHOT_GRAPH: "p2p_twoshot_graph"}
 
 
-TWO_SHOT_KERNELS = (TWOSHOT_LL, TWOSHOT)     # each rank reduces one slice
+TWO_SHOT_KERNELS = (TWOSHOT_LL, TWOSHOT, TWOSHOT_GRAPH)     # each rank reduces one slice
 
 
 @dataclass(frozen=True)
@@ -174,8 +190,14 @@ class AreaPlan:
                 "ll": self.ll, "ll_rs": self.ll_rs, "ll_ag": self.ll_ag}
 
 
+def launched_kernels(algorithms: tuple[str, ...]) -> tuple[str, ...]:
+    """The kernels a variant may launch: its own and the eager fallbacks of its graph kernels."""
+    return (*algorithms, *(GRAPH_FALLBACK[a] for a in algorithms if a in GRAPH_FALLBACK))
+
+
 def plan_areas(algorithms: tuple[str, ...], nranks: int, slot_bytes: int) -> AreaPlan:
     """Flags first, then only the data areas the variant's kernels use."""
+    algorithms = launched_kernels(algorithms)
     offset = FLAG_AREA_BYTES
 
     def take(nbytes: int) -> int:

@@ -10,9 +10,9 @@ from typing import Any
 
 import torch
 
-from commbench.backends.p2p_layout import (MAX_VECTORS_PER_THREAD, ONESHOT_LL, ONESHOT_PULL,
-                                           ONESHOT_PUSH, THREADS_PER_BLOCK, TWOSHOT, TWOSHOT_LL, VECTOR_BYTES,
-                                           WARP_THREADS, LaunchShape)
+from commbench.backends.p2p_layout import (GRAPH_FALLBACK, MAX_VECTORS_PER_THREAD, ONESHOT_LL, ONESHOT_PULL,
+                                           ONESHOT_PUSH, THREADS_PER_BLOCK, TWOSHOT, TWOSHOT_GRAPH, TWOSHOT_LL,
+                                           VECTOR_BYTES, WARP_THREADS, LaunchShape)
 from commbench.errors import UsageError
 from commbench.runtime.context import Emulation, competes_for_sms
 from commbench.topology.selection import non_nvlink_pairs
@@ -34,13 +34,14 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     "oneshot_pull": (ONESHOT_PULL,),
     "twoshot_lamport": (TWOSHOT_LL,),
     "twoshot": (TWOSHOT,),
+    "twoshot_graph": (TWOSHOT_GRAPH,),
     # In order of preference on a tie: fewer round trips first.
     "auto": (ONESHOT_LL, ONESHOT_PUSH, TWOSHOT_LL, TWOSHOT),
 }
 
 
 # What p2p:auto adds, last (it must win by the margin), where reads of peer memory complete.
-AUTO_READ_KERNELS = (ONESHOT_PULL,)
+AUTO_READ_KERNELS = (ONESHOT_PULL, TWOSHOT_GRAPH)
 
 
 DEFAULT_VARIANTS = ("oneshot_lamport", "oneshot", "twoshot_lamport", "twoshot", "auto")
@@ -254,6 +255,13 @@ def choose_rule(sizes: list[int], times_us: dict[str, list[float]], margin: floa
             rule.append((size, kernel))
     rule[-1] = (None, rule[-1][1])
     return tuple(rule)
+
+
+def choose_rules(sizes: list[int], times_us: dict[str, list[float]]) -> tuple[AutoRule, AutoRule]:
+    """p2p:auto's rule in CUDA graphs and its rule outside them, where the graph kernels cannot
+    run (their buffers are registered only after a capture): the same choice without them."""
+    eager = {kernel: times for kernel, times in times_us.items() if kernel not in GRAPH_FALLBACK}
+    return choose_rule(sizes, times_us), choose_rule(sizes, eager)
 
 
 def calibration_calls(message_bytes: int) -> int:

@@ -58,7 +58,7 @@ def test_registry_exposes_the_family_and_its_default_variants():
 
 
 def test_unknown_variant_is_a_usage_error_naming_the_choices():
-    with pytest.raises(UsageError, match="oneshot_lamport, oneshot, oneshot_pull, twoshot_lamport, twoshot, auto"):
+    with pytest.raises(UsageError, match="oneshot_lamport, oneshot, oneshot_pull, twoshot_lamport, twoshot, twoshot_graph, auto"):
         factory("p2p").variants("threeshot")
 
 
@@ -512,7 +512,7 @@ def test_auto_adds_the_pull_kernel_last_and_rows_say_why_not(snapshot, emulation
     ctx = replace(ctx_for(4), snapshot=snapshot, emulation=emulation)
     b._choose_auto_kernels(ctx)
     auto = p2p_rules.VARIANTS["auto"]
-    assert b.algorithms == ((*auto, p2p_layout.ONESHOT_PULL) if pull else auto)
+    assert b.algorithms == ((*auto, p2p_layout.ONESHOT_PULL, p2p_layout.TWOSHOT_GRAPH) if pull else auto)
     extra = b.row_fields()["extra"]
     assert extra["p2p_kernels"] == list(b.algorithms)
     assert ("p2p_auto_pull_reason" in extra) is not pull
@@ -759,3 +759,121 @@ def test_without_pdl_the_kernel_launches_through_cupy(monkeypatch):
     b._launch(p2p_layout.ONESHOT_PUSH, x, out)
     [(grid, block, args)] = calls
     assert args[0] is b._area.layout and [int(a) for a in args[1:]] == [x.data_ptr(), out.data_ptr(), 256]
+
+
+# -- the graph kernel (p2p:twoshot_graph) --------------------------------------------------
+
+def test_the_graph_kernel_plans_its_eager_fallbacks_areas_and_is_a_rule_name():
+    plan = p2p_layout.plan_areas(p2p_rules.VARIANTS["twoshot_graph"], 4, 1 << 20)
+    assert plan.recv is not None and plan.gather is not None       # eager calls run the staged two-shot
+    assert p2p_layout.launched_kernels((p2p_layout.TWOSHOT_GRAPH,)) == (p2p_layout.TWOSHOT_GRAPH, p2p_layout.TWOSHOT)
+    text = "oneshot_lamport<=64K,twoshot_graph"
+    assert p2p_rules.format_auto_rule(p2p_rules.parse_auto_rule(text)) == text
+    assert p2p_layout.TWOSHOT_GRAPH in backend("auto", p2p_auto_rule=text).algorithms
+    assert "twoshot_graph" not in p2p_rules.DEFAULT_VARIANTS          # it reads peer memory: asked for only
+
+
+def test_auto_has_a_graph_rule_and_an_eager_rule_without_the_graph_kernel():
+    LL1, PUSH2, GRAPH2 = p2p_layout.ONESHOT_LL, p2p_layout.TWOSHOT, p2p_layout.TWOSHOT_GRAPH
+    times = {LL1: [2.0, 9.0, 30.0], PUSH2: [5.0, 8.0, 20.0], GRAPH2: [6.0, 4.0, 10.0]}
+    graph, eager = p2p_rules.choose_rules([4096, 65536, 1 << 20], times)
+    assert graph == ((4096, LL1), (None, GRAPH2))
+    assert eager == ((4096, LL1), (None, PUSH2))
+    b = backend("auto")
+    b._calibrations[torch.bfloat16] = p2p._Calibration([4096, 65536, 1 << 20], [100, 100, 64], times, graph, eager)
+    assert b.algorithm_for(1 << 20, torch.bfloat16) == GRAPH2
+    assert b.algorithm_for(1 << 20, torch.bfloat16, in_graph=False) == PUSH2
+    b._dtype = torch.bfloat16
+    extra = b.row_fields()["extra"]
+    assert (extra["p2p_auto_rule"], extra["p2p_auto_eager_rule"]) == ("oneshot_lamport<=4K,twoshot_graph",
+                                                                      "oneshot_lamport<=4K,twoshot")
+
+
+class _FakeIpc:
+    """cupy.cuda.runtime's IPC calls: a handle opens at 0x100000 times its first byte."""
+
+    def __init__(self):
+        self.opened: list[bytes] = []
+        self.closed: list[int] = []
+        self.cuda = SimpleNamespace(runtime=self)
+
+    def ipcOpenMemHandle(self, handle: bytes) -> int:
+        self.opened.append(handle)
+        return 0x100000 * handle[0]
+
+    def ipcCloseMemHandle(self, base: int) -> None:
+        self.closed.append(base)
+
+
+def graph_table(monkeypatch, rank: int, peer_answers: list[Any]) -> p2p_kernels.GraphTable:
+    """A GraphTable on the CPU whose exchange hands back peer_answers (this rank's own answer
+    is put in its place); a buffer's allocation is its address rounded down to 0x1000."""
+    monkeypatch.setattr(p2p_kernels, "_segment_handle", lambda ptr: (bytes([ptr >> 12, rank]), ptr & 0xfff))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+
+    def gather(answer: Any) -> list[Any]:
+        return [answer if r == rank else a for r, a in enumerate(peer_answers)]
+
+    ctx = SimpleNamespace(rank=rank, world_size=len(peer_answers), device=torch.device("cpu"),
+                          all_gather_objects=gather)
+    return p2p_kernels.GraphTable(ctx)
+
+
+def test_graph_rows_hold_own_buffers_and_peers_opened_ones_each_handle_opened_once(monkeypatch):
+    ipc = _FakeIpc()
+    monkeypatch.setattr(p2p_kernels, "cupy_module", lambda: ipc)
+    peer = [((bytes([5, 1]), 0x10), (bytes([6, 1]), 0x20)), ((bytes([5, 1]), 0x30), (bytes([6, 1]), 0x40))]
+    table = graph_table(monkeypatch, 0, [None, (None, peer)])
+    first = table.row_address(0x1000, 0x2000)
+    assert table.row_address(0x1010, 0x2010) == first + p2p_layout.GRAPH_ROW_WORDS * 8
+    table.register()
+    rows = table.rows[:2].numpy().view("uint64").tolist()
+    M = p2p_layout.MAX_RANKS
+    assert (rows[0][0], rows[0][1], rows[0][M], rows[0][M + 1]) == (0x1000, 0x500010, 0x2000, 0x600020)
+    assert (rows[1][0], rows[1][1], rows[1][M], rows[1][M + 1]) == (0x1010, 0x500030, 0x2010, 0x600040)
+    assert ipc.opened == [bytes([5, 1]), bytes([6, 1])] and table.used == 2 and table.pending == []
+    other = graph_table(monkeypatch, 0, [None, (None, peer[:1])])   # a second table: shares the openings
+    other.row_address(0x1000, 0x2000)
+    other.register()
+    assert len(ipc.opened) == 2
+    table.release()
+    assert ipc.closed == []                     # still held by the other table
+    other.release()
+    assert sorted(ipc.closed) == [0x500000, 0x600000] and p2p_kernels._OPENED == {}
+
+
+def test_a_rank_that_cannot_register_makes_every_rank_refuse_the_graph(monkeypatch):
+    monkeypatch.setattr(p2p_kernels, "cupy_module", _FakeIpc)
+    table = graph_table(monkeypatch, 0, [None, ("RuntimeError: expandable segment", [])])
+    table.row_address(0x1000, 0x2000)
+    with pytest.raises(BackendUnavailable, match="rank 1: RuntimeError: expandable segment"):
+        table.register()
+    assert table.used == 0 and table.pending == []
+
+
+def test_a_full_graph_table_refuses_the_capture(monkeypatch):
+    table = graph_table(monkeypatch, 0, [None, (None, [])])
+    table.used = p2p_layout.GRAPH_ROWS - 1
+    table.row_address(0x1000, 0x2000)
+    with pytest.raises(BackendUnavailable, match="graph table is full"):
+        table.row_address(0x1000, 0x2000)
+
+
+def test_auto_measures_without_the_graph_kernel_where_its_buffers_cannot_be_registered(monkeypatch):
+    b = backend("auto")
+    b.algorithms = p2p_rules.auto_kernels(p2p_rules.AUTO_READ_KERNELS)
+    b._ctx = SimpleNamespace(all_gather_objects=lambda obj: [obj, obj], device=torch.device("cpu"), world_size=2)
+    b._area = p2p_kernels.SharedArea(b._ctx, p2p_layout.plan_areas(b.algorithms, 2, 8192), b.options.timeout_ms)
+    refusal = "p2p cannot register the captured buffers with its peers (rank 1: RuntimeError: no IPC handle)"
+
+    def kernel_us(algorithm: str, x: torch.Tensor, out: torch.Tensor) -> float:
+        if algorithm == p2p_layout.TWOSHOT_GRAPH:
+            raise BackendUnavailable(refusal)
+        return {p2p_layout.ONESHOT_LL: 1.0}.get(algorithm, 2.0) * x.numel()
+
+    monkeypatch.setattr(b, "_kernel_us", kernel_us)
+    calibration = b._calibrate(torch.float32)
+    assert p2p_layout.TWOSHOT_GRAPH not in calibration.times_us and calibration.sizes == [4096, 8192]
+    assert calibration.rule == calibration.eager_rule == ((None, p2p_layout.ONESHOT_LL),)
+    b._calibrations[torch.float32], b._dtype = calibration, torch.float32
+    assert b.row_fields()["extra"]["p2p_auto_graph_reason"] == refusal

@@ -56,7 +56,7 @@ MAX_BYTES = 8 << 20
 # blocks, two-shot slices of unequal length, the largest buffer.
 EXACT_SIZES = (16, 48, 1040, 4096, 65536 + 16, 262144, 1 << 20, (3 << 20) + 48, MAX_BYTES)
 RANDOM_SIZES = (1040, 65536 + 16)
-VARIANTS = ("oneshot_lamport", "oneshot", "oneshot_pull", "twoshot_lamport", "twoshot", "auto")
+VARIANTS = ("oneshot_lamport", "oneshot", "oneshot_pull", "twoshot_lamport", "twoshot", "twoshot_graph", "auto")
 # In exact/long runs auto follows this rule, so all four of its kernels run inside one variant,
 # back to back (LONG_SIZES: 16 B Lamport one-shot, 4 KiB flag one-shot, 64 KiB + 16 Lamport
 # two-shot, 256 KiB flag two-shot).
@@ -172,8 +172,9 @@ def exact_worker(ctx: RunContext, args: argparse.Namespace) -> dict[str, Any]:
                     static = torch.empty(count, dtype=dtype, device=dev)
                     graph_out = torch.empty_like(static)
                     graph = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(graph):
-                        backend.allreduce(static, graph_out)
+                    with backend.graph_capture():    # registers graph kernels' buffers when capture ends
+                        with torch.cuda.graph(graph):
+                            backend.allreduce(static, graph_out)
                     for epoch in (3, 4):       # new inputs in the static buffer, poisoned output
                         static.copy_(exact_pattern(ctx.rank, epoch, count, world, dev, dtype))
                         graph_out.fill_(float("nan"))

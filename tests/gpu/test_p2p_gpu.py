@@ -37,7 +37,7 @@ def _run(args: list[str], timeout_s: float) -> dict[str, Any]:
 
 
 def _assert_exact(summary: dict[str, Any]) -> None:
-    assert summary["checked_cases"] == 6 * 3 * 9 * 4
+    assert summary["checked_cases"] == 7 * 3 * 9 * 4
     assert len(summary["pdl"]) == 1, summary["pdl"]          # every variant and dtype launched alike
     assert summary["wrong"] == 0, summary["failed"]
     assert summary["random_mismatch"] == []
