@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Sequence
 
-from commbench.analysis import configure, configure_text, decide, fastest, models, provenance, question, render
+from commbench.analysis import configure_text, decide, fastest, models, provenance, question, render
 from commbench.analysis.configure import DECODE, Configuration
 from commbench.analysis.curves import Curve, CurveKey, Point, cautions, price, ranking
 from commbench.analysis.decide import Price
@@ -211,18 +211,14 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
         raise UsageError("give a results dir or --latency-table FILE (one of them)")
     if args.step_ms is not None:
         positive_finite(args.step_ms, "--step-ms", "milliseconds")
-    loads = configure.parse_loads(args.concurrency, [1] if args.step_ms is not None else models.DEFAULT_CONCURRENCIES)
-    concurrencies = [load.concurrency for load in loads]
+    asked = question.from_args(args, model, [1] if args.step_ms is not None else models.DEFAULT_CONCURRENCIES)
+    concurrencies = asked.concurrencies
     if args.step_ms is not None and len(concurrencies) != 1:
         raise UsageError("--step-ms is one measured step: give the one concurrency it ran at (--concurrency N)")
-    if args.prefill_tokens is not None and args.prefill_tokens <= 0:
-        raise UsageError(f"--prefill-tokens must be a positive number of tokens (got {args.prefill_tokens})")
-    asked = decide.requested_engines(args)
     if args.latency_table is not None:
         return _table_main(args, model, concurrencies)
 
-    found = question.answer(question.Question(args.run_dir, model, args.tp, args.mode, loads, tuple(asked),
-                                              args.prefill_tokens, tuple(decide.engine_chains(args).items())))
+    found = question.answer(asked)
     run, curves, tp, tag = found.run, found.curves, found.tp, found.tag
     named = match_curves(curves, args.backend) if args.backend else []
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
+from typing import Sequence
 
 from commbench.analysis import configure, decide, models
 from commbench.analysis.configure import Configuration, Load
@@ -46,10 +47,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "chunked_prefill_size)")
 
 
-def from_args(args: argparse.Namespace, model: Model) -> Question:
+def from_args(args: argparse.Namespace, model: Model,
+              default_concurrencies: Sequence[int] = models.DEFAULT_CONCURRENCIES) -> Question:
+    """The question the flags ask (floor's --step-ms defaults to concurrency 1)."""
     if args.prefill_tokens is not None and args.prefill_tokens <= 0:
         raise UsageError(f"--prefill-tokens must be a positive number of tokens (got {args.prefill_tokens})")
-    loads = configure.parse_loads(args.concurrency, models.DEFAULT_CONCURRENCIES)
+    loads = configure.parse_loads(args.concurrency, list(default_concurrencies))
     engines = tuple(decide.requested_engines(args))
     return Question(args.run_dir, model, args.tp, args.mode, loads, engines, args.prefill_tokens,
                     tuple(decide.engine_chains(args).items()))
