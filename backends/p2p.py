@@ -173,6 +173,7 @@ class P2PAllreduce(Backend):
         self._pdl: PdlLauncher | None = None
         self._pdl_reason: str | None = None
         self._graph: GraphTable | None = None   # the graph kernels' pointer table, made at setup
+        self._in_graph_capture = False          # inside graph_capture(): captured rows get registered
         self._graph_reason: str | None = None   # why p2p:auto's calibration left the graph kernel out
 
     # -- eligibility --------------------------------------------------------------------
@@ -329,6 +330,11 @@ class P2PAllreduce(Backend):
         in_ptr, out_ptr = x.data_ptr(), out.data_ptr()
         if algorithm in GRAPH_FALLBACK:
             if torch.cuda.is_current_stream_capturing():
+                if not self._in_graph_capture:
+                    # Its table row would never be filled: the replay would read null pointers
+                    # (an illegal address that poisons the CUDA context), so refuse the capture.
+                    raise RuntimeError(f"{self.name}: a CUDA-graph capture of {KERNEL_VARIANT[algorithm]} must be "
+                                       "inside backend.graph_capture(), which registers its buffers with the peers")
                 # The kernel reads every rank's buffers of this call from its table row.
                 in_ptr, out_ptr = self._graph.row_address(in_ptr, out_ptr), 0
             else:
@@ -350,11 +356,14 @@ class P2PAllreduce(Backend):
         if self._graph is None:
             yield
             return
+        self._in_graph_capture = True
         try:
             yield
         except BaseException:
             self._graph.drop_pending()
             raise
+        finally:
+            self._in_graph_capture = False
         self._graph.register()
 
     def _stream(self) -> Any:

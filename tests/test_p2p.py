@@ -782,6 +782,28 @@ def test_the_graph_kernels_plan_their_eager_fallbacks_areas_and_are_rule_names()
         assert backend(name).min_world_size == 2
 
 
+def test_a_graph_kernel_captured_outside_graph_capture_is_refused_not_launched(monkeypatch):
+    """Its table row would never be filled and the replay would read null pointers: once, a test
+    harness that captured without graph_capture() got an illegal address instead of an error."""
+    b = backend("oneshot_graph")
+    launched = []
+    x, out = launch_ready(b, monkeypatch, lambda grid, block, args, stream: launched.append(int(args[1])))
+    b._functions[torch.float32][p2p_layout.ONESHOT_GRAPH] = b._functions[torch.float32][p2p_layout.ONESHOT_PUSH]
+    monkeypatch.setattr(b, "_stream", lambda: "cupy stream")
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    b._graph = SimpleNamespace(row_address=lambda i, o: 0xAB00, drop_pending=lambda: None,
+                               register=lambda: launched.append("registered"))
+    with pytest.raises(RuntimeError, match=r"^p2p:oneshot_graph: a CUDA-graph capture of oneshot_graph must be "
+                                           r"inside backend.graph_capture\(\)"):
+        b._launch(p2p_layout.ONESHOT_GRAPH, x, out)
+    assert launched == []
+    with b.graph_capture():
+        b._launch(p2p_layout.ONESHOT_GRAPH, x, out)
+    assert launched == [0xAB00, "registered"]       # the row's address, registered when the capture ends
+    with pytest.raises(RuntimeError, match="graph_capture"):         # and only inside it
+        b._launch(p2p_layout.ONESHOT_GRAPH, x, out)
+
+
 def test_auto_leaves_both_graph_kernels_out_of_its_eager_rule():
     LL1, GRAPH1, GRAPH2 = p2p_layout.ONESHOT_LL, p2p_layout.ONESHOT_GRAPH, p2p_layout.TWOSHOT_GRAPH
     sizes = [4096, 262144, 1 << 20, 8 << 20]
