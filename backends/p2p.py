@@ -1,5 +1,5 @@
 """p2p: commbench's own CUDA-IPC allreduce (Lamport one-shot and two-shot, flag one-shot push and
-pull, flag two-shot, the zero-copy graph two-shot, auto).
+pull, flag two-shot, the zero-copy graph one-shot and two-shot, auto).
 
 The kernels (p2p_allreduce.cu beside this file) are compiled at run time by NVRTC through
 CuPy, once per process, device, dtype and world size, and launched on torch's current
@@ -21,28 +21,31 @@ Design (the ideas of vLLM's and TRT-LLM's custom allreduce, our own code):
   FlashInfer's Lamport one-shot and of MSCCL++'s LL packets, our own code): the data is its own
   arrival flag. Buffers start filled with a 32-bit word no input can hold (the bits of fp32
   -0.0, mapped to +0.0 on the way in, which changes no value); writers push 16-byte vectors,
-  readers poll their own memory until no word is empty. Three buffers rotate; each call empties
-  the one of the previous call while it waits. No fence and no flag round trip per call.
+  readers poll their own memory until no word is empty. Three buffers rotate; the one-shot
+  empties each vector right after reading it, the two-shot empties the previous call's buffer
+  while it waits. No fence and no flag round trip per call.
 * Flag kernels (``p2p:oneshot``, ``p2p:oneshot_pull``, ``p2p:twoshot``): data, then a system
   fence and a flag per peer, then a wait for every peer's flag; data areas alternate by parity.
 * Staging happens inside the kernel: the first step of every call copies the caller's input
   into the IPC buffers (push variants write it straight into the peers' receive areas, so
   there the copy is the transfer itself). The fused copy costs no extra launch or graph node,
   and one local read and write of the message.
-* The one exception, ``p2p:twoshot_graph`` (the idea of the engines' graph-buffer registration
-  and of SGLang's two-shot pull, our own code): inside a CUDA graph it stages nothing. Each
-  captured call reads a row of a device table (GraphTable) that is filled when the capture
-  ends (``graph_capture``, a collective on every rank): every rank's input and output of that
-  call, opened over CUDA IPC. Rank r reads slice r of every input, reduces it and writes it into
-  slice r of every output, between two flag barriers: about 2 bytes of memory traffic per message
-  byte per rank, where the staged two-shot moves about 5.5 at 8 ranks. Eager calls, whose
-  buffers are never registered, run the staged two-shot. Registering needs an IPC handle for
+* The exceptions, ``p2p:oneshot_graph`` and ``p2p:twoshot_graph`` (the idea of the engines'
+  graph-buffer registration and of SGLang's one-shot and two-shot pull, our own code): inside a
+  CUDA graph they stage nothing. Each captured call reads a row of a device table (GraphTable)
+  that is filled when the capture ends (``graph_capture``, a collective on every rank): every rank's input and output of that
+  call, opened over CUDA IPC. In the two-shot rank r reads slice r of every input, reduces it
+  and writes it into slice r of every output, between two flag barriers: about 2 bytes of memory
+  traffic per message byte per rank, where the staged two-shot moves about 5.5 at 8 ranks. In
+  the one-shot every rank reads all of every input and writes only its own output, between two
+  barriers that carry no data (no fence). Eager calls, whose buffers are never registered, run
+  the fallback: the staged two-shot, or the Lamport one-shot. Registering needs an IPC handle for
   the allocation that holds each buffer; where there is none (expandable segments, cuMem
-  pools) every rank refuses the graph with the reason. It reads peer memory, so it is
-  never a default variant and ``p2p:auto`` takes it only where reads are safe (below).
+  pools) every rank refuses the graph with the reason. They read peer memory, so they are
+  never default variants and ``p2p:auto`` takes them only where reads are safe (below).
 * Push is the default: every byte crosses the fabric as a posted write. Reads of peer
   memory are the pattern that never completes on some PCIe systems, and such a read cannot
-  be bounded by a timeout, so the pull variants (``p2p:oneshot_pull``, ``p2p:twoshot_graph``)
+  be bounded by a timeout, so the pull variants (``p2p:oneshot_pull`` and the graph kernels)
   run only when asked for, the other two-shots never read peer memory, and ``p2p:auto`` adds
   the pull kernels to its candidates only where a peer's memory is known to answer reads: every rank on one GPU, or
   every pair of GPUs joined by NVLink in the probe's snapshot (``peer_reads_reason``; rows
@@ -55,14 +58,14 @@ Design (the ideas of vLLM's and TRT-LLM's custom allreduce, our own code):
   occupancy (blocks per SM) times the SMs a rank may count on (grid_capacity), the smallest
   rank's answer, so that every rank launches the same grid.
 * ``p2p:auto`` picks among the Lamport and flag kernels by size (the four push kernels, and
-  the pull one-shot where reads are safe, above). The rule is measured at setup:
+  the pull one-shot and the graph kernels where reads are safe, above). The rule is measured at setup:
   every kernel is graph-replayed at sizes from 4 KiB up by factors of 2 on every rank (the
   median of several replays of up to 100 calls), the slowest rank's time counts, the fastest
   kernel wins each size (a kernel with fewer round trips keeps ties), and every rank applies
   the same rule to the same gathered numbers. With the graph kernel among them, it has two
-  rules: one for calls captured in a graph and one without the graph kernel for eager calls
+  rules: one for calls captured in a graph and one without the graph kernels for eager calls
   (rows say ``p2p_auto_eager_rule`` where they differ); where the buffers cannot be registered
-  it measures without the graph kernel (``p2p_auto_graph_reason``). ``p2p_auto_rule`` in the options skips
+  it measures without the graph kernels (``p2p_auto_graph_reason``). ``p2p_auto_rule`` in the options skips
   the measurement (a graph kernel it names runs its eager fallback outside graphs).
 * Programmatic dependent launch (PDL, ``p2p_pdl``, on by default): the kernels are launched
   through cuLaunchKernelEx (cuda-python) with programmatic stream serialization, so a call's
@@ -124,6 +127,7 @@ TRACE_KERNELS = (
     (r"\bp2p_oneshot_push\b", "commbench p2p", r"^p2p:oneshot$", ""),
     (r"\bp2p_oneshot_pull\b", "commbench p2p", r"^p2p:oneshot_pull$", ""),
     (r"\bp2p_twoshot_push\b", "commbench p2p", r"^p2p:twoshot$", ""),
+    (r"\bp2p_oneshot_graph\b", "commbench p2p", r"^p2p:oneshot_graph$", ""),
     (r"\bp2p_twoshot_graph\b", "commbench p2p", r"^p2p:twoshot_graph$", ""),
 )
 
@@ -169,6 +173,7 @@ class P2PAllreduce(Backend):
         self._pdl: PdlLauncher | None = None
         self._pdl_reason: str | None = None
         self._graph: GraphTable | None = None   # the graph kernels' pointer table, made at setup
+        self._in_graph_capture = False          # inside graph_capture(): captured rows get registered
         self._graph_reason: str | None = None   # why p2p:auto's calibration left the graph kernel out
 
     # -- eligibility --------------------------------------------------------------------
@@ -325,6 +330,11 @@ class P2PAllreduce(Backend):
         in_ptr, out_ptr = x.data_ptr(), out.data_ptr()
         if algorithm in GRAPH_FALLBACK:
             if torch.cuda.is_current_stream_capturing():
+                if not self._in_graph_capture:
+                    # Its table row would never be filled: the replay would read null pointers
+                    # (an illegal address that poisons the CUDA context), so refuse the capture.
+                    raise RuntimeError(f"{self.name}: a CUDA-graph capture of {KERNEL_VARIANT[algorithm]} must be "
+                                       "inside backend.graph_capture(), which registers its buffers with the peers")
                 # The kernel reads every rank's buffers of this call from its table row.
                 in_ptr, out_ptr = self._graph.row_address(in_ptr, out_ptr), 0
             else:
@@ -346,11 +356,14 @@ class P2PAllreduce(Backend):
         if self._graph is None:
             yield
             return
+        self._in_graph_capture = True
         try:
             yield
         except BaseException:
             self._graph.drop_pending()
             raise
+        finally:
+            self._in_graph_capture = False
         self._graph.register()
 
     def _stream(self) -> Any:
@@ -511,11 +524,14 @@ FACTORY = BackendFactory(
         "p2p:oneshot_pull     one-shot, pull: every rank reads every peer's staged input (never by default)",
         "p2p:twoshot_lamport  two-shot, Lamport: reduce-scatter then all-gather, writes only, no flags",
         "p2p:twoshot          two-shot, push, a fence and a flag per peer after each half",
+        "p2p:oneshot_graph    one-shot in CUDA graphs with no staging: reads every rank's captured input, writes "
+        "its own output, between two flag barriers (buffers registered after capture; reads peer memory, never by "
+        "default); eager calls run p2p:oneshot_lamport",
         "p2p:twoshot_graph    two-shot in CUDA graphs with no staging: reads every peer's captured input, writes "
         "the reduced slice into every rank's output (buffers registered after capture; reads peer memory, never by "
         "default); eager calls run p2p:twoshot",
         "p2p:auto             the fastest of the four push kernels per size, measured at setup, and of the pull "
-        "one-shot where peer reads are safe (one GPU, or NVLink between every pair) "
+        "one-shot and the graph kernels where peer reads are safe (one GPU, or NVLink between every pair) "
         "(--p2p-auto-rule, --p2p-max-bytes, --p2p-timeout-ms)",
     ],
     probe_specs=(None, "oneshot_pull"),

@@ -1,5 +1,6 @@
-// commbench p2p allreduce kernels over CUDA-IPC buffers: Lamport one-shot and two-shot, and the
-// flag-based one-shot (push and pull) and two-shot.
+// commbench p2p allreduce kernels over CUDA-IPC buffers: Lamport one-shot and two-shot, the
+// flag-based one-shot (push and pull) and two-shot, and the graph one-shot and two-shot over the
+// ranks' registered buffers.
 //
 // Compiled at run time by NVRTC (through CuPy) once per process, dtype and world size. The
 // file includes no headers, so it builds wherever NVRTC runs.
@@ -26,9 +27,10 @@
 // -0.0 and low half +0.0); every word equal to it is mapped to +0.0 on the way in, which changes
 // no value. Writers push 16-byte vectors into the peers' buffers; readers poll their own buffer
 // until no word is empty. Three buffers rotate by call count: while this rank reads buffer c % 3,
-// peers may already write c + 1's, and this rank empties c - 1's, read in its previous call and
-// next written in call c + 2, which no peer can reach before this rank's call c + 1. No fence and
-// no flag round trip on the critical path.
+// peers may already write c + 1's. The two-shot empties c - 1's, read in its previous call and
+// next written in call c + 2, which no peer can reach before this rank's call c + 1; the
+// one-shot empties each vector of c's as soon as it has read it. No fence and no flag round trip
+// on the critical path.
 //
 // Flag kernels: block b of one rank synchronises only with block b of the other ranks: it writes
 // the call count into flags[phase][b][my rank] of every peer and waits until its own
@@ -54,9 +56,8 @@ typedef unsigned long long u64;
 // This rank's private state (never touched by peers).
 struct Ctrl {
   u32 abort;                          // a wait timed out: this rank no longer matches its peers
-  u32 ll_units[LL_BUFFERS];           // Lamport one-shot: 16-byte units last written per buffer
   u32 ll2_units[LL_BUFFERS];          // Lamport two-shot: the message's units per buffer
-  u32 unused;
+  u32 unused[4];
   u32 calls[P2P_MAX_BLOCKS];          // flag kernels
   u32 ll_calls[P2P_MAX_BLOCKS];       // Lamport one-shot
   u32 ll2_calls[P2P_MAX_BLOCKS];      // Lamport two-shot
@@ -270,14 +271,17 @@ __device__ __forceinline__ bool aborted(const Layout& L) {
 
 // Threads 0..N-1 each signal one peer and wait for that peer. Returns false when the wait
 // gave up; the caller then skips the rest of the call. World size 1 has no one to wait for.
-template <int N> __device__ bool barrier(const Layout& L, u32 count, int phase) {
+// kPublish: the block wrote data peers read after the barrier, so a system fence comes first.
+// Without it (the graph kernels' barriers that only say "started" or "done reading") the
+// signal leaves at once.
+template <int N, bool kPublish = true> __device__ bool barrier(const Layout& L, u32 count, int phase) {
   if (N == 1) return true;
-  __syncthreads();  // this block's writes for the phase are issued
+  __syncthreads();  // this block's writes (or reads) for the phase are issued
   bool failed = false;
   if (threadIdx.x < N) {
     const u32 peer = threadIdx.x, rank = (u32)L.rank;
     // The fence publishes the whole block's writes (ordered before it by __syncthreads).
-    __threadfence_system();
+    if (kPublish) __threadfence_system();
     store_relaxed_sys((u32*)L.flags[peer] + flag_index(phase, blockIdx.x, rank), count);
     const u32* mine = (const u32*)L.flags[rank] + flag_index(phase, blockIdx.x, peer);
     const u64 start = globaltimer_ns();
@@ -377,8 +381,11 @@ __device__ __forceinline__ void pdl_wait_then_release_dependents() {
 
 // ---- Lamport kernels ----
 
-// One-shot: push my (mapped) input into my part of every peer's current buffer, empty my
-// previous buffer while peers' data arrives, then reduce as each source's vector lands.
+// One-shot: push my (mapped) input into my part of every peer's current buffer, then reduce as
+// each source's vector lands, and empty each vector of my buffer right after reading it (as
+// SGLang's push one-shot does; measured 5-15% faster under MPS than a separate pass over the
+// previous buffer before the wait, results/reference/h200-mps-p2p-tune/). Peers next write
+// this buffer in call c + 3, which no peer reaches before this rank's call c + 2.
 template <int DT, int N>
 __global__ void __launch_bounds__(512) p2p_ll_oneshot(const __grid_constant__ Layout L,
                                                       const uint4* __restrict__ in,
@@ -388,7 +395,7 @@ __global__ void __launch_bounds__(512) p2p_ll_oneshot(const __grid_constant__ La
   Ctrl* c = (Ctrl*)L.ctrl;
   const Call call = begin_call(L, c->ll_calls);
   if (!call.failed) {
-    const u32 rank = (u32)L.rank, cur = call.count % LL_BUFFERS, prev = (call.count + 2) % LL_BUFFERS;
+    const u32 rank = (u32)L.rank, cur = call.count % LL_BUFFERS;
     const u64 slot = L.slot_bytes, buffer = (u64)N * slot;
 #pragma unroll
     for (int k = 1; k < N; ++k) {  // start at the next rank so ranks spread over peers
@@ -396,16 +403,17 @@ __global__ void __launch_bounds__(512) p2p_ll_oneshot(const __grid_constant__ La
       uint4* dst = (uint4*)(L.ll[p] + cur * buffer + rank * slot);
       for (u32 i = first; i < units; i += stride) store_volatile4(dst + i, ll_map(i == first ? in_first : in[i]));
     }
-    if (N > 1) ll_clear<N>((char*)L.ll[rank] + prev * buffer, slot, load_volatile(&c->ll_units[prev]), rank, first,
-                           stride);
-    const char* mine = (const char*)L.ll[rank] + cur * buffer;
+    char* mine = (char*)L.ll[rank] + cur * buffer;
+    const uint4 empty = ll_empty4();
     for (u32 i = first; i < units; i += stride) {
       uint4 v[N];
       if (!ll_wait<N>(v, ll_map(i == first ? in_first : in[i]), mine, slot, i, rank, L, call.count, PHASE_LL_ONESHOT))
         break;
       out[i] = reduce_in_rank_order<DT, N>(v);
+#pragma unroll
+      for (int s = 0; s < N; ++s)
+        if (s != (int)rank) ((uint4*)(mine + s * slot))[i] = empty;
     }
-    if (blockIdx.x == 0 && threadIdx.x == 0) c->ll_units[cur] = units;
   }
 }
 
@@ -588,34 +596,79 @@ __global__ void __launch_bounds__(512) p2p_twoshot_push(const __grid_constant__ 
   }
 }
 
-// ---- the graph kernel: zero-copy two-shot over the peers' registered buffers ----
+// ---- the graph kernels: no staging, over the peers' registered buffers ----
 
 // Captured in a CUDA graph only: `row` is this call's row of the backend's graph table, filled
 // after capture with every rank's input (row[s]) and output (row[P2P_MAX_RANKS + s]) as opened
-// in this process over CUDA IPC. (1) A barrier: every rank's kernel has started, so its input
-// is written and no earlier call still writes its output. (2) Rank r reduces slice r straight
-// from the N inputs and writes the result into slice r of every rank's output. (3) A second
-// barrier: every peer's slice has landed in this rank's output, and no peer reads this rank's
-// input any more, before the kernel ends. About 2 bytes of memory traffic per message byte per
-// rank, against about 5.5 for the staged two-shot at 8 ranks; nothing is staged or emptied.
+// in this process over CUDA IPC. The row is read before the first barrier, so its load overlaps
+// the flag round trip. Every rank's input was written by kernels that completed before that
+// rank's kernel started (P2P_BEGIN), so the first barrier needs no fence: its flag only says
+// "started".
+template <int N> __device__ __forceinline__ void load_row(const u64* row, u64 (&ptrs)[N], u32 base) {
+#pragma unroll
+  for (int s = 0; s < N; ++s) ptrs[s] = row[base + s];
+}
+
+// Two-shot: (1) a barrier: every rank's kernel has started, so its input is written and no
+// earlier call still writes its output. (2) Rank r reduces slice r straight from the N inputs
+// and writes the result into slice r of every rank's output. (3) A second barrier, fenced:
+// every peer's slice has landed in this rank's output, and no peer reads this rank's input any
+// more, before the kernel ends. About 2 bytes of memory traffic per message byte per rank,
+// against about 5.5 for the staged two-shot at 8 ranks; nothing is staged or emptied.
 template <int DT, int N>
 __global__ void __launch_bounds__(512) p2p_twoshot_graph(const __grid_constant__ Layout L,
                                                          const u64* __restrict__ row,
                                                          uint4* __restrict__ unused, u32 units) {
   P2P_BEGIN
+  u64 ins[N], outs[N];
+  load_row<N>(row, ins, 0);
+  load_row<N>(row, outs, P2P_MAX_RANKS);
   Ctrl* c = (Ctrl*)L.ctrl;
   const Call call = begin_call(L, c->calls);   // the flag kernels' count: their flags and phases
   const u32 rank = (u32)L.rank;
-  if (!call.failed && barrier<N>(L, call.count, PHASE_FIRST_BARRIER)) {
+  if (!call.failed && barrier<N, false>(L, call.count, PHASE_FIRST_BARRIER)) {
     const u32 lo = slice_start<N>(units, rank), len = slice_start<N>(units, rank + 1) - lo;
     for (u32 j = first; j < len; j += stride) {
       uint4 v[N];
 #pragma unroll
-      for (int s = 0; s < N; ++s) v[s] = load_cg((const uint4*)row[s] + lo + j);
+      for (int s = 0; s < N; ++s) v[s] = load_cg((const uint4*)ins[s] + lo + j);
       const uint4 r = reduce_in_rank_order<DT, N>(v);
 #pragma unroll
-      for (int k = 0; k < N; ++k) ((uint4*)row[P2P_MAX_RANKS + (rank + k) % N])[lo + j] = r;
+      for (int k = 0; k < N; ++k) {   // from this rank on, so ranks spread over peers
+        const u32 p = (rank + k) % N;
+        u64 dst = 0;
+#pragma unroll
+        for (int s = 0; s < N; ++s) dst = s == (int)p ? outs[s] : dst;   // compile-time indices: registers
+        ((uint4*)dst)[lo + j] = r;
+      }
     }
     barrier<N>(L, call.count, PHASE_SECOND_BARRIER);
+  }
+}
+
+// One-shot pull (the idea of SGLang's graph one-shot pull, our own code): after the same
+// unfenced first barrier, every rank reads the whole message from every rank's input and
+// writes only its own output; then a second barrier, unfenced too (this rank wrote nothing a
+// peer reads): no peer reads this rank's input any more before the kernel ends and the
+// caller may overwrite it. N bytes read and 1 written per message byte per rank, one pass,
+// no data crosses between the barriers but reads.
+template <int DT, int N>
+__global__ void __launch_bounds__(512) p2p_oneshot_graph(const __grid_constant__ Layout L,
+                                                         const u64* __restrict__ row,
+                                                         uint4* __restrict__ unused, u32 units) {
+  P2P_BEGIN
+  u64 ins[N];
+  load_row<N>(row, ins, 0);
+  uint4* out = (uint4*)row[P2P_MAX_RANKS + L.rank];
+  Ctrl* c = (Ctrl*)L.ctrl;
+  const Call call = begin_call(L, c->calls);
+  if (!call.failed && barrier<N, false>(L, call.count, PHASE_FIRST_BARRIER)) {
+    for (u32 i = first; i < units; i += stride) {
+      uint4 v[N];
+#pragma unroll
+      for (int s = 0; s < N; ++s) v[s] = load_cg((const uint4*)ins[s] + i);
+      out[i] = reduce_in_rank_order<DT, N>(v);
+    }
+    barrier<N, false>(L, call.count, PHASE_SECOND_BARRIER);
   }
 }

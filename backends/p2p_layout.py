@@ -44,7 +44,7 @@ LL_BUFFERS = 3
 LL_EMPTY = 0x80000000
 
 
-CTRL_WORDS = 8 + 3 * MAX_BLOCKS        # abort, units per Lamport buffer, three counters per block
+CTRL_WORDS = 8 + 3 * MAX_BLOCKS        # abort, units per Lamport two-shot buffer, spare, three counters per block
 
 
 THREADS_PER_BLOCK = 512
@@ -77,12 +77,13 @@ ONESHOT_LL, TWOSHOT_LL = "oneshot_lamport", "twoshot_lamport"
 ONESHOT_PUSH, ONESHOT_PULL, TWOSHOT = "oneshot_push", "oneshot_pull", "twoshot_push"
 
 
-# Runs only inside a CUDA graph, over the peers' captured buffers registered after capture;
-# an eager call runs its fallback kernel instead (GRAPH_FALLBACK).
-TWOSHOT_GRAPH = "twoshot_graph"
+# Run only inside a CUDA graph, over the peers' captured buffers registered after capture;
+# an eager call runs its fallback kernel instead (GRAPH_FALLBACK): the fastest kernel of the
+# same shape that stages its input.
+ONESHOT_GRAPH, TWOSHOT_GRAPH = "oneshot_graph", "twoshot_graph"
 
 
-GRAPH_FALLBACK = {TWOSHOT_GRAPH: TWOSHOT}
+GRAPH_FALLBACK = {ONESHOT_GRAPH: ONESHOT_LL, TWOSHOT_GRAPH: TWOSHOT}
 
 
 # The graph table: one row per captured call of a graph kernel, every rank's input then every
@@ -94,7 +95,8 @@ GRAPH_ROWS = 16384        # 2 MiB: p2p:auto's calibration captures about 900 cal
 
 
 KERNEL_NAMES = {ONESHOT_LL: "p2p_ll_oneshot", TWOSHOT_LL: "p2p_ll_twoshot", ONESHOT_PUSH: "p2p_oneshot_push",
-                ONESHOT_PULL: "p2p_oneshot_pull", TWOSHOT: "p2p_twoshot_push", TWOSHOT_GRAPH: "p2p_twoshot_graph"}
+                ONESHOT_PULL: "p2p_oneshot_pull", TWOSHOT: "p2p_twoshot_push", ONESHOT_GRAPH: "p2p_oneshot_graph",
+                TWOSHOT_GRAPH: "p2p_twoshot_graph"}
 
 
 TWO_SHOT_KERNELS = (TWOSHOT_LL, TWOSHOT, TWOSHOT_GRAPH)     # each rank reduces one slice

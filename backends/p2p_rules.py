@@ -10,9 +10,9 @@ from typing import Any
 
 import torch
 
-from commbench.backends.p2p_layout import (GRAPH_FALLBACK, MAX_VECTORS_PER_THREAD, ONESHOT_LL, ONESHOT_PULL,
-                                           ONESHOT_PUSH, THREADS_PER_BLOCK, TWOSHOT, TWOSHOT_GRAPH, TWOSHOT_LL,
-                                           VECTOR_BYTES, WARP_THREADS, LaunchShape)
+from commbench.backends.p2p_layout import (GRAPH_FALLBACK, MAX_VECTORS_PER_THREAD, ONESHOT_GRAPH, ONESHOT_LL,
+                                           ONESHOT_PULL, ONESHOT_PUSH, THREADS_PER_BLOCK, TWOSHOT, TWOSHOT_GRAPH,
+                                           TWOSHOT_LL, VECTOR_BYTES, WARP_THREADS, LaunchShape)
 from commbench.errors import UsageError
 from commbench.runtime.context import Emulation, competes_for_sms
 from commbench.topology.selection import non_nvlink_pairs
@@ -34,6 +34,7 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     "oneshot_pull": (ONESHOT_PULL,),
     "twoshot_lamport": (TWOSHOT_LL,),
     "twoshot": (TWOSHOT,),
+    "oneshot_graph": (ONESHOT_GRAPH,),
     "twoshot_graph": (TWOSHOT_GRAPH,),
     # In order of preference on a tie: fewer round trips first.
     "auto": (ONESHOT_LL, ONESHOT_PUSH, TWOSHOT_LL, TWOSHOT),
@@ -41,7 +42,7 @@ VARIANTS: dict[str, tuple[str, ...]] = {
 
 
 # What p2p:auto adds, last (it must win by the margin), where reads of peer memory complete.
-AUTO_READ_KERNELS = (ONESHOT_PULL, TWOSHOT_GRAPH)
+AUTO_READ_KERNELS = (ONESHOT_PULL, ONESHOT_GRAPH, TWOSHOT_GRAPH)
 
 
 DEFAULT_VARIANTS = ("oneshot_lamport", "oneshot", "twoshot_lamport", "twoshot", "auto")

@@ -58,7 +58,7 @@ def test_registry_exposes_the_family_and_its_default_variants():
 
 
 def test_unknown_variant_is_a_usage_error_naming_the_choices():
-    with pytest.raises(UsageError, match="oneshot_lamport, oneshot, oneshot_pull, twoshot_lamport, twoshot, twoshot_graph, auto"):
+    with pytest.raises(UsageError, match="oneshot_lamport, oneshot, oneshot_pull, twoshot_lamport, twoshot, oneshot_graph, twoshot_graph, auto"):
         factory("p2p").variants("threeshot")
 
 
@@ -512,7 +512,8 @@ def test_auto_adds_the_pull_kernel_last_and_rows_say_why_not(snapshot, emulation
     ctx = replace(ctx_for(4), snapshot=snapshot, emulation=emulation)
     b._choose_auto_kernels(ctx)
     auto = p2p_rules.VARIANTS["auto"]
-    assert b.algorithms == ((*auto, p2p_layout.ONESHOT_PULL, p2p_layout.TWOSHOT_GRAPH) if pull else auto)
+    assert b.algorithms == ((*auto, p2p_layout.ONESHOT_PULL, p2p_layout.ONESHOT_GRAPH, p2p_layout.TWOSHOT_GRAPH) if pull
+                            else auto)
     extra = b.row_fields()["extra"]
     assert extra["p2p_kernels"] == list(b.algorithms)
     assert ("p2p_auto_pull_reason" in extra) is not pull
@@ -761,16 +762,58 @@ def test_without_pdl_the_kernel_launches_through_cupy(monkeypatch):
     assert args[0] is b._area.layout and [int(a) for a in args[1:]] == [x.data_ptr(), out.data_ptr(), 256]
 
 
-# -- the graph kernel (p2p:twoshot_graph) --------------------------------------------------
+# -- the graph kernels (p2p:oneshot_graph, p2p:twoshot_graph) -------------------------------
 
-def test_the_graph_kernel_plans_its_eager_fallbacks_areas_and_is_a_rule_name():
+def test_the_graph_kernels_plan_their_eager_fallbacks_areas_and_are_rule_names():
     plan = p2p_layout.plan_areas(p2p_rules.VARIANTS["twoshot_graph"], 4, 1 << 20)
     assert plan.recv is not None and plan.gather is not None       # eager calls run the staged two-shot
+    assert plan.ll is None
     assert p2p_layout.launched_kernels((p2p_layout.TWOSHOT_GRAPH,)) == (p2p_layout.TWOSHOT_GRAPH, p2p_layout.TWOSHOT)
-    text = "oneshot_lamport<=64K,twoshot_graph"
+    plan = p2p_layout.plan_areas(p2p_rules.VARIANTS["oneshot_graph"], 4, 1 << 20)
+    assert plan.ll is not None and plan.lamport_spans              # eager calls run the Lamport one-shot
+    assert plan.recv is None and plan.gather is None and plan.stage is None
+    assert p2p_layout.launched_kernels((p2p_layout.ONESHOT_GRAPH,)) == (p2p_layout.ONESHOT_GRAPH, p2p_layout.ONESHOT_LL)
+    text = "oneshot_lamport<=16K,oneshot_graph<=1M,twoshot_graph"
     assert p2p_rules.format_auto_rule(p2p_rules.parse_auto_rule(text)) == text
-    assert p2p_layout.TWOSHOT_GRAPH in backend("auto", p2p_auto_rule=text).algorithms
-    assert "twoshot_graph" not in p2p_rules.DEFAULT_VARIANTS          # it reads peer memory: asked for only
+    algorithms = backend("auto", p2p_auto_rule=text).algorithms
+    assert algorithms[-2:] == (p2p_layout.ONESHOT_GRAPH, p2p_layout.TWOSHOT_GRAPH)   # the read kernels, last
+    for name in ("oneshot_graph", "twoshot_graph"):
+        assert name not in p2p_rules.DEFAULT_VARIANTS     # they read peer memory: asked for only
+        assert backend(name).min_world_size == 2
+
+
+def test_a_graph_kernel_captured_outside_graph_capture_is_refused_not_launched(monkeypatch):
+    """Its table row would never be filled and the replay would read null pointers: once, a test
+    harness that captured without graph_capture() got an illegal address instead of an error."""
+    b = backend("oneshot_graph")
+    launched = []
+    x, out = launch_ready(b, monkeypatch, lambda grid, block, args, stream: launched.append(int(args[1])))
+    b._functions[torch.float32][p2p_layout.ONESHOT_GRAPH] = b._functions[torch.float32][p2p_layout.ONESHOT_PUSH]
+    monkeypatch.setattr(b, "_stream", lambda: "cupy stream")
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    b._graph = SimpleNamespace(row_address=lambda i, o: 0xAB00, drop_pending=lambda: None,
+                               register=lambda: launched.append("registered"))
+    with pytest.raises(RuntimeError, match=r"^p2p:oneshot_graph: a CUDA-graph capture of oneshot_graph must be "
+                                           r"inside backend.graph_capture\(\)"):
+        b._launch(p2p_layout.ONESHOT_GRAPH, x, out)
+    assert launched == []
+    with b.graph_capture():
+        b._launch(p2p_layout.ONESHOT_GRAPH, x, out)
+    assert launched == [0xAB00, "registered"]       # the row's address, registered when the capture ends
+    with pytest.raises(RuntimeError, match="graph_capture"):         # and only inside it
+        b._launch(p2p_layout.ONESHOT_GRAPH, x, out)
+
+
+def test_auto_leaves_both_graph_kernels_out_of_its_eager_rule():
+    LL1, GRAPH1, GRAPH2 = p2p_layout.ONESHOT_LL, p2p_layout.ONESHOT_GRAPH, p2p_layout.TWOSHOT_GRAPH
+    sizes = [4096, 262144, 1 << 20, 8 << 20]
+    times = {LL1: [2.0, 5.0, 15.0, 500.0], GRAPH1: [4.0, 4.0, 7.0, 130.0], GRAPH2: [5.0, 6.0, 9.5, 45.0]}
+    graph, eager = p2p_rules.choose_rules(sizes, times)
+    assert graph == ((4096, LL1), (1 << 20, GRAPH1), (None, GRAPH2))
+    assert eager == ((None, LL1),)
+    # A later kernel must win by the margin: 3% faster is not enough to take a size.
+    close = {LL1: [2.0], GRAPH1: [2.0 / 1.02]}
+    assert p2p_rules.choose_rule([4096], close) == ((None, LL1),)
 
 
 def test_auto_has_a_graph_rule_and_an_eager_rule_without_the_graph_kernel():

@@ -3,7 +3,7 @@ works between processes on one device).
 
   python3 tests/gpu/p2p_check.py exact --world 4     exact sums: every variant, dtype and size, eager and graph,
                                                       plus bit-identical fp32-accumulated sums of random data
-  python3 tests/gpu/p2p_check.py long --world 2 --calls 10000 --replays 1000 [--budget-s 60]
+  python3 tests/gpu/p2p_check.py long --world 2 --calls 10000 --replays 1000 [--budget-s 60] [--graph-kernels]
                                                       back-to-back eager calls and graph replays, every result checked
   python3 tests/gpu/p2p_check.py timeout              rank 1 never arrives: rank 0 must get P2PTimeoutError
                                                       (flag one-shot, Lamport one-shot and two-shot)
@@ -11,7 +11,8 @@ works between processes on one device).
   python3 tests/gpu/p2p_check.py floor                world size 1: graph-replayed one-shot kernels, 1 KiB - 1 MiB,
                                                       each with PDL on and off
   python3 tests/gpu/p2p_check.py tune --world 8       per kernel and size, the graph-replayed time of each launch
-                                                      shape (threads per block x vectors per thread), slowest rank
+    [--kernels oneshot_lamport,oneshot_graph]         shape (threads per block x vectors per thread), slowest rank
+    [--shapes rule,32x1,64x1]
 
 Every call writes its sum into an output tensor the caller owns. Under an MPS daemon
 (CUDA_MPS_PIPE_DIRECTORY set, as tests/gpu/run.sh does) each spawned rank runs with
@@ -45,9 +46,10 @@ from commbench.backends.base import MakeOptions
 from commbench.backends.p2p import P2PAllreduce, make
 from commbench.backends.p2p_kernels import P2PTimeoutError
 from commbench.backends.p2p_layout import LaunchShape
-from commbench.backends.p2p_rules import FLOOR_VARIANTS, P2POptions
+from commbench.backends.p2p_rules import FLOOR_VARIANTS, KERNEL_VARIANT, P2POptions
 from commbench.runtime.context import MPS_PERCENT_VAR, RunContext, init_context, shutdown
 from commbench.sweep.mps import client_env
+from commbench.units import parse_bytes
 from commbench.runtime.workload import exact_pattern, expected_sum
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -56,12 +58,16 @@ MAX_BYTES = 8 << 20
 # blocks, two-shot slices of unequal length, the largest buffer.
 EXACT_SIZES = (16, 48, 1040, 4096, 65536 + 16, 262144, 1 << 20, (3 << 20) + 48, MAX_BYTES)
 RANDOM_SIZES = (1040, 65536 + 16)
-VARIANTS = ("oneshot_lamport", "oneshot", "oneshot_pull", "twoshot_lamport", "twoshot", "twoshot_graph", "auto")
+VARIANTS = ("oneshot_lamport", "oneshot", "oneshot_pull", "twoshot_lamport", "twoshot", "oneshot_graph",
+            "twoshot_graph", "auto")
 # In exact/long runs auto follows this rule, so all four of its kernels run inside one variant,
 # back to back (LONG_SIZES: 16 B Lamport one-shot, 4 KiB flag one-shot, 64 KiB + 16 Lamport
 # two-shot, 256 KiB flag two-shot).
 TEST_AUTO_RULE = "oneshot_lamport<=1K,oneshot<=4K,twoshot_lamport<=128K,twoshot"
 LONG_SIZES = (16, 4096, 65536 + 16, 262144)    # consecutive calls change grid and kernel
+# The long run with the graph kernels: in the replays 16 B and 4 KiB graph one-shot, 64 KiB + 16
+# Lamport two-shot, 256 KiB graph two-shot; the eager calls run their fallbacks.
+GRAPH_AUTO_RULE = "oneshot_graph<=4K,twoshot_lamport<=128K,twoshot_graph"
 LONG_EPOCHS = 3                                 # coprime with len(LONG_SIZES): every pair occurs
 LONG_CHUNK = 500
 TIMEOUT_MS = 300.0
@@ -224,7 +230,8 @@ def _chunks(ctx: RunContext, total: int, deadline: float) -> Any:
 
 def long_worker(ctx: RunContext, args: argparse.Namespace) -> dict[str, Any]:
     world, dev, dtype = ctx.world_size, ctx.device, torch.bfloat16
-    backend = _backend(args.variant, {"p2p_auto_rule": TEST_AUTO_RULE}, ctx, args.p2p_pdl)
+    rule = GRAPH_AUTO_RULE if args.graph_kernels else TEST_AUTO_RULE
+    backend = _backend(args.variant, {"p2p_auto_rule": rule}, ctx, args.p2p_pdl)
     counts = [size // dtype.itemsize for size in LONG_SIZES]
     inputs = [[exact_pattern(ctx.rank, e, n, world, dev, dtype) for n in counts] for e in range(LONG_EPOCHS)]
     expected = [[expected_sum(e, n, world, dev, dtype) for n in counts] for e in range(LONG_EPOCHS)]
@@ -244,9 +251,10 @@ def long_worker(ctx: RunContext, args: argparse.Namespace) -> dict[str, Any]:
             calls += step
         static = [torch.empty(n, dtype=dtype, device=dev) for n in counts]
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for s, o in zip(static, outs):
-                backend.allreduce(s, o)
+        with backend.graph_capture():    # registers the graph kernels' buffers when the capture ends
+            with torch.cuda.graph(graph):
+                for s, o in zip(static, outs):
+                    backend.allreduce(s, o)
         for o in outs:      # an eager call's answer must not pass for the first replay's
             o.fill_(float("nan"))
         deadline = time.monotonic() + args.budget_s
@@ -337,38 +345,55 @@ def calibrate_worker(ctx: RunContext, args: argparse.Namespace) -> dict[str, Any
 # ---------------------------------------------------------------------------------------
 # tune: launch shapes per kernel and size (under MPS: the protocol's cost, no fabric's)
 
-TUNE_SIZES = (4096, 16384, 65536, 262144, 1 << 20, 4 << 20, 8 << 20)
-TUNE_SHAPES = ((512, 1), (256, 1), (128, 1), (512, 2), (256, 2), (512, 4))
+TUNE_SIZES = "4K,16K,64K,256K,1M,4M,8M"
+TUNE_SHAPES = "512x1,256x1,128x1,512x2,256x2,512x4"
+# Every kernel tune may measure: auto's push kernels (TEST_AUTO_RULE) and the peer-read kernels.
+TUNE_RULE = "oneshot_lamport<=1K,oneshot<=2K,twoshot_lamport<=4K,twoshot<=8K,oneshot_pull<=16K,oneshot_graph<=32K," \
+            "twoshot_graph"
+
+
+def _tune_shapes(text: str) -> list[tuple[int | None, int]]:
+    """'rule,512x1,32x1': (threads per block, vectors per thread) pairs; 'rule' is the default shape
+    (threads by size: p2p_layout.spread_threads, one vector per thread)."""
+    shapes: list[tuple[int | None, int]] = []
+    for shape in text.split(","):
+        threads, _, vectors = shape.partition("x")
+        shapes.append((None, 1) if shape == "rule" else (int(threads), int(vectors)))
+    return shapes
 
 
 def tune_worker(ctx: RunContext, args: argparse.Namespace) -> dict[str, Any]:
     dtype = torch.bfloat16
-    backend = _backend("auto", {"p2p_auto_rule": TEST_AUTO_RULE}, ctx, args.p2p_pdl)
+    backend = _backend("auto", {"p2p_auto_rule": TUNE_RULE}, ctx, args.p2p_pdl)
     times: dict[str, dict[str, list[float]]] = {}
+    shapes = _tune_shapes(args.shapes)
+    sizes = [parse_bytes(size) for size in args.sizes.split(",")]
+    kernels = [k for k in backend.algorithms if KERNEL_VARIANT[k] in args.kernels.split(",")]
     try:
-        backend.setup(ctx, max(TUNE_SIZES), dtype)
-        x = torch.ones(max(TUNE_SIZES) // dtype.itemsize, dtype=dtype, device=ctx.device)
+        backend.setup(ctx, max(sizes), dtype)
+        x = torch.ones(max(sizes) // dtype.itemsize, dtype=dtype, device=ctx.device)
         out = torch.empty_like(x)
-        for kernel in backend.algorithms:
+        for kernel in kernels:
             times[kernel] = {}
-            for threads, vectors in TUNE_SHAPES:
+            for threads, vectors in shapes:
                 backend.options = replace(backend.options, shape=LaunchShape(threads, vectors))
-                mine = [backend._kernel_us(kernel, x[:n // dtype.itemsize], out[:n // dtype.itemsize]) for n in TUNE_SIZES]
+                mine = [backend._kernel_us(kernel, x[:n // dtype.itemsize], out[:n // dtype.itemsize]) for n in sizes]
                 slowest = [max(t) for t in zip(*ctx.all_gather_objects(mine))]
-                times[kernel][f"{threads}x{vectors}"] = [round(t, 3) for t in slowest]
+                times[kernel]["rule" if threads is None else f"{threads}x{vectors}"] = [round(t, 3) for t in slowest]
         backend.raise_if_failed()
     finally:
         backend.close()
     if ctx.rank == 0:
-        print(f"world {ctx.world_size}: best shape (threads x vectors per thread) and us per call, slowest rank")
-        print(f"{'kernel':>16} " + " ".join(f"{n:>16}" for n in TUNE_SIZES))
+        print(f"world {ctx.world_size}: best shape (threads x vectors per thread) and us per call / us per call "
+              f"with the first shape, slowest rank")
+        print(f"{'kernel':>16} " + " ".join(f"{n:>16}" for n in sizes))
         for kernel, by_shape in times.items():
             cells = []
-            for i in range(len(TUNE_SIZES)):
+            for i in range(len(sizes)):
                 best = min(by_shape, key=lambda shape: by_shape[shape][i])
-                cells.append(f"{best} {by_shape[best][i]:.2f}/{by_shape['512x1'][i]:.2f}")
+                cells.append(f"{best} {by_shape[best][i]:.2f}/{by_shape[args.shapes.split(',')[0]][i]:.2f}")
             print(f"{kernel:>16} " + " ".join(f"{c:>16}" for c in cells))
-    return {"world": ctx.world_size, "sizes": list(TUNE_SIZES), "us_per_call": times}
+    return {"world": ctx.world_size, "sizes": sizes, "us_per_call": times}
 
 
 # ---------------------------------------------------------------------------------------
@@ -450,6 +475,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("mode", choices=[*WORKERS, "floor"])
     parser.add_argument("--world", type=int, default=2)
     parser.add_argument("--variant", default="auto")
+    parser.add_argument("--graph-kernels", action="store_true",
+                        help=f"long mode: p2p:auto's rule {GRAPH_AUTO_RULE} (the graph kernels in the replays, their "
+                             f"fallbacks in the eager calls) instead of {TEST_AUTO_RULE}")
     parser.add_argument("--calls", type=int, default=10_000)
     parser.add_argument("--replays", type=int, default=1_000)
     parser.add_argument("--budget-s", type=float, default=60.0,
@@ -457,6 +485,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--p2p-pdl", choices=("on", "off"), default="on",
                         help="launch with programmatic dependent launch where it can work (every mode but floor, "
                              "which measures both)")
+    parser.add_argument("--kernels", default="oneshot_lamport,oneshot,twoshot_lamport,twoshot",
+                        help="tune mode: the kernels to measure, by variant name (default: p2p:auto's push kernels)")
+    parser.add_argument("--shapes", default=TUNE_SHAPES,
+                        help="tune mode: launch shapes, threads per block x vectors per thread ('rule': the default by "
+                             "size), the first the baseline")
+    parser.add_argument("--sizes", default=TUNE_SIZES, help=f"tune mode: message sizes (default {TUNE_SIZES})")
     parser.add_argument("--no-sm-limit", action="store_true",
                         help=f"under an MPS daemon, run the ranks without {MPS_PERCENT_VAR}")
     args = parser.parse_args(argv)

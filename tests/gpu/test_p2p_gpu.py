@@ -37,7 +37,7 @@ def _run(args: list[str], timeout_s: float) -> dict[str, Any]:
 
 
 def _assert_exact(summary: dict[str, Any]) -> None:
-    assert summary["checked_cases"] == 7 * 3 * 9 * 4
+    assert summary["checked_cases"] == 8 * 3 * 9 * 4     # variants x dtypes x sizes x (2 eager + 2 graph)
     assert len(summary["pdl"]) == 1, summary["pdl"]          # every variant and dtype launched alike
     assert summary["wrong"] == 0, summary["failed"]
     assert summary["random_mismatch"] == []
@@ -65,10 +65,13 @@ def test_world_8_under_mps_with_no_sm_limit_does_not_deadlock() -> None:
 LONG_BUDGET_S = {2: 60, 4: 150, 8: 360}
 
 
-@pytest.mark.parametrize("world", [2, 4, 8])
-def test_back_to_back_calls_and_graph_replays_stay_exact(world: int) -> None:
+# With graph_kernels the replays run the graph kernels (one-shot and two-shot) back to back and
+# the eager calls their fallbacks (p2p_check.GRAPH_AUTO_RULE).
+@pytest.mark.parametrize("world, graph_kernels", [(2, False), (4, False), (8, False), (2, True), (8, True)])
+def test_back_to_back_calls_and_graph_replays_stay_exact(world: int, graph_kernels: bool) -> None:
     budget_s = LONG_BUDGET_S[world]
-    summary = _run(["long", "--world", str(world), "--budget-s", str(budget_s)], timeout_s=3 * budget_s + 60)
+    summary = _run(["long", "--world", str(world), "--budget-s", str(budget_s), *(["--graph-kernels"] * graph_kernels)],
+                   timeout_s=3 * budget_s + 60)
     assert summary["eager_wrong"] == 0 and summary["graph_wrong"] == 0, summary
     assert (summary["eager_calls"], summary["graph_replays"]) == (LONG_TARGET_CALLS, LONG_TARGET_REPLAYS), summary
 
@@ -100,7 +103,9 @@ def test_auto_measures_one_rule_for_all_ranks() -> None:
     assert ("oneshot_pull" in calibration["per_call_us"]) is (summary["pull_reason"] is None), summary
     emulation = summary["emulation"]
     if emulation and emulation["gpus"] == 1:        # every rank on one GPU: a peer's memory is local
-        assert summary["pull_reason"] is None and "oneshot_pull" in summary["kernels"], summary
+        assert summary["pull_reason"] is None, summary
+        assert {"oneshot_pull", "oneshot_graph", "twoshot_graph"} <= set(summary["kernels"]), summary
+        assert {"oneshot_graph", "twoshot_graph"} <= set(calibration["per_call_us"]), calibration
 
 
 def test_world_size_one_kernel_floor_runs_and_is_exact_with_pdl_on_and_off() -> None:
