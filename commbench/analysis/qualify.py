@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from commbench.analysis import provenance, render
-from commbench.analysis.curves import Curve, build_curves, exceeds_spread, is_failed_check, pick_mode, run_world_size, select
+from commbench.analysis.curves import (INTERPOLATED, Curve, build_curves, exceeds_spread, is_failed_check, pick_mode,
+                                      price, run_world_size, select)
 from commbench.errors import UsageError
 from commbench.files import check_file_target, read_text
 from commbench.ops import ALLREDUCE
@@ -546,14 +547,14 @@ def check_limit(curves: list[Curve], limit: Limit, kind: str, where: str) -> Res
     if curve is None:
         have = ", ".join(sorted({c.key.variant for c in curves})) or "none"
         return Result(kind, name, FAIL, f"no trusted {where} rows of {limit.backend} (have: {have})", limit.source)
-    point = curve.at(limit.message_bytes)
-    if point is None:
-        return Result(kind, name, FAIL, f"size not measured: {curve.label} covers {curve.range_text()} "
+    priced = price(curve, limit.message_bytes)
+    if priced.point is None:
+        return Result(kind, name, FAIL, f"size not measured: {curve.label} covers {priced.range_text} "
                       f"(commbench sweep --qualify SPEC measures every size a spec checks)", limit.source)
-    value = point.latency_us if upper else point.busbw_gbps
+    value = priced.point.latency_us if upper else priced.point.busbw_gbps
     if value is None:
         return Result(kind, name, FAIL, "no bus bandwidth recorded at this size", limit.source)
-    how = "interpolated " if curve.point(limit.message_bytes) is None else ""
+    how = "interpolated " if priced.how == INTERPOLATED else ""
     unit = "us" if upper else "GB/s"
     shown = f"{how}{'latency' if upper else 'busbw'} {value:.3g} {unit} ({curve.label})"
     failed = value > limit.fail_at if upper else value < limit.fail_at

@@ -261,10 +261,7 @@ def _once(tables: list[str | None], i: int, decisions: list[EngineDecision], tit
 
 
 def _price_record(p: Price | None) -> dict[str, Any] | None:
-    if p is None:
-        return None
-    return {"latency_us": p.latency_us, "curve": p.curve, "stand_in": p.stand_in, "interpolated": p.interpolated,
-            "mode": p.mode, "p10_us": p.point.p10_us, "p90_us": p.point.p90_us}
+    return None if p is None else asdict(p)
 
 
 def _engine_record(d: EngineDecision, c: configure.Configuration, implementations: dict[str, str]

@@ -17,7 +17,8 @@ from commbench.analysis import attribute_plots, plots, provenance, render
 from commbench.analysis.fusion import COMPARISON_HEADERS, COMPARISON_NUMERIC, COMPARISON_TITLE, comparison_cells
 from commbench.analysis.nccl_loaded import add_nccl, nccl_lines
 from commbench.analysis.curves import (Crossover, Curve, baseline_curve, baseline_name, build_curves, cautions,
-                              crossovers, groups, is_failed_check, ranking, run_world_size, select, variant_label)
+                              crossovers, groups, is_failed_check, price, ranking, run_world_size, select,
+                              variant_label)
 from commbench.errors import UsageError
 from commbench.files import output_folder
 from commbench.ops import ALLREDUCE
@@ -60,7 +61,7 @@ def range_rows(curves: list[Curve], baseline: str | None) -> list[RangeRow]:
                 runner = runner or ranked[1].curve.label
                 margins.append(ranked[1].point.latency_us / win.point.latency_us)
             base = baseline_curve(curves, baseline, win.curve)
-            base_point = base.at(size) if base is not None else None
+            base_point = price(base, size).point if base is not None else None
             if base_point is not None:
                 versus.append(base_point.latency_us / win.point.latency_us)
         out.append(RangeRow(cross, (min(firsts), max(firsts)), runner, _span(margins), _span(versus)))
