@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from commbench import engines
-from commbench.analysis import decide, provenance, render
+from commbench.analysis import decide, provenance, render, results_out
 from commbench.analysis.attribute_nccl import HOW_TO_LOG, LogLine, has_nccl, log_lines, log_text, read_nccl_logs
 from commbench.analysis.attribute_floor import WIDTH, FloorLine, floor_lines, floor_text
 from commbench.analysis.attribution import RULES, RankResult, Step
@@ -29,7 +29,6 @@ from commbench.analysis.skew_text import skew_json, skew_text, spread_text, spre
 from commbench.analysis.render import fmt_us
 from commbench.analysis.traces import analyse_traces, cross_rank, first_apart_text, size_hint, trace_provenance
 from commbench.errors import UsageError
-from commbench.files import check_file_target, write_json
 from commbench.results import Run, percentile
 from commbench.runs import load_run
 from commbench.units import format_bytes, positive_finite
@@ -64,6 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plot", type=Path, metavar="PNG",
                         help="several ranks: a plot per rank of wait and transfer over the calls of the median step")
     parser.add_argument("--json", metavar="FILE", help="also write the result as JSON ('-' for stdout: JSON alone)")
+    results_out.add_arguments(parser)
     render.add_arguments(parser)
 
 
@@ -154,10 +154,10 @@ def kernel_rows(results: list[RankResult]) -> list[KernelRow]:
 
 
 def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
-    check_file_target(args.json, "--json")
+    results_out.check_targets(args)
     if args.plot is not None and args.plot.suffix != ".png":
         raise UsageError(f"--plot {args.plot}: give a .png file name")
-    write_json(args.json, _attribute(args))   # with --json -, the text goes to stderr (cli.py)
+    results_out.write(args, _attribute(args), "attribute")   # with --json -, the text goes to stderr (cli.py)
     return 0
 
 

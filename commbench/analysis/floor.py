@@ -18,15 +18,15 @@ from __future__ import annotations
 import argparse
 import csv
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
-from commbench.analysis import configure_text, decide, fastest, models, provenance, question, render
+from commbench.analysis import configure_text, decide, fastest, models, provenance, question, render, results_out
 from commbench.analysis.configure import DECODE, Configuration
 from commbench.analysis.curves import Curve, CurveKey, Point, cautions, price, ranking
 from commbench.analysis.decide import Price
-from commbench.files import check_file_target, read_text, write_json
+from commbench.files import read_text
 from commbench.errors import UsageError
 from commbench.analysis.models import Model
 from commbench.ops import ALLREDUCE
@@ -151,6 +151,43 @@ def match_curves(curves: list[Curve], names: list[str]) -> list[Curve]:
     return out
 
 
+@dataclass(frozen=True)
+class RowPair:
+    default: FloorRow
+    configured: FloorRow
+
+
+@dataclass(frozen=True)
+class EngineFloor:
+    """One engine: its configuration, the floor of its default and of that configuration per
+    load, and (with --step-ms) the what-if or why there is none."""
+
+    engine: str
+    version: str
+    version_note: str | None
+    configuration: Configuration
+    rows: tuple[RowPair, ...]
+    what_if: WhatIf | None
+    why_no_what_if: str | None
+
+
+@dataclass(frozen=True)
+class FloorResult:
+    """What `floor` answers; its JSON is dataclasses.asdict of this (docs/results.md). From a run:
+    provenance, engines, headroom; from --latency-table: curve (and what_if with --step-ms)."""
+
+    provenance: dict[str, Any] | None
+    curve: str | None
+    model: Model
+    allreduces_per_token: int
+    tp: int | None
+    engines: tuple[EngineFloor, ...]
+    headroom: tuple[FloorRow, ...]
+    rows: tuple[FloorRow, ...]           # --backend (a run) or the table's curve
+    what_if: WhatIf | None               # --latency-table with --step-ms
+    cautions: tuple[str, ...]
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dir", nargs="?", help="results dir of a sweep (or use --latency-table)")
     parser.add_argument("--latency-table", type=Path, help="CSV with columns bytes,latency_us instead of a run")
@@ -165,6 +202,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--step-ms", type=float, help="a measured decode step (ms): split it and show the what-if")
     parser.add_argument("--current", help="backend the measured step used (default: the engine's default path)")
     parser.add_argument("--json", metavar="FILE", help="also write the rows as JSON ('-' for stdout)")
+    results_out.add_arguments(parser)
     render.add_arguments(parser)
 
 
@@ -203,7 +241,7 @@ def _engine_what_if(model: Model, c: Configuration, curves: list[Curve], args: a
 
 
 def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
-    check_file_target(args.json, "--json")
+    results_out.check_targets(args)
     model = models.requested(args)
     if model is None:
         return 0
@@ -233,7 +271,7 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
                        f"output token if compute were free ({tag}). Per engine, its default and the one "
                        "configuration recommend picks for this mix of concurrencies.", args.wide))
     shown: list[str] = []
-    engines_json = []
+    results: list[EngineFloor] = []
     tables: list[str | None] = []
     for d, c in zip(found.decisions, found.configurations):
         print()
@@ -259,17 +297,14 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
                 print(table)
             tables.append(table)
             shown += [r.backend for r in rows if r.latency_us is not None]
-        engine_json: dict = {"engine": d.engine, "version": d.version, "version_note": note,
-                             "configuration": asdict(c),
-                             "rows": [{"default": asdict(a), "configured": asdict(b)} for a, b in pairs]}
+        report, why = None, ""
         if args.step_ms is not None:
             report, why = _engine_what_if(model, c, curves, args)
             print(what_if_text(report, f"{d.name} ({tag})") if report else render.prose(why, args.wide))
             if report:
                 shown += [report.best.backend]
-            engine_json["what_if"] = asdict(report) if report else None
-            engine_json["why_no_what_if"] = why or None
-        engines_json.append(engine_json)
+        results.append(EngineFloor(d.engine, d.version, note, c, tuple(RowPair(a, b) for a, b in pairs), report,
+                                   why or None))
     best_rooms = decide.fastest_headroom(found.headroom)
     room_rows = [priced_row(model, r.concurrency, r.price) for r in best_rooms]
     if room_rows:
@@ -288,11 +323,10 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     warned = cautions(run.rows, [by_label[label] for label in dict.fromkeys(shown) if label in by_label])
     for line in warned:
         print("\n" + render.prose(f"caution: {line}", args.wide))
-    write_json(args.json, {"provenance": provenance.of(run).to_dict(), "model": asdict(model),
-                           "allreduces_per_token": model.allreduces_per_token, "tp": tp,
-                           "engines": engines_json, "headroom": [asdict(r) for r in room_rows],
-                           "rows": [asdict(r) for r in rows_for(model, named, concurrencies)],
-                           "cautions": warned})
+    results_out.write(args, FloorResult(provenance.of(run).to_dict(), None, model, model.allreduces_per_token, tp,
+                                        tuple(results), tuple(room_rows),
+                                        tuple(rows_for(model, named, concurrencies)), None, tuple(warned)),
+                      f"floor {args.run_dir}")
     return 0
 
 
@@ -313,9 +347,8 @@ def _table_main(args: argparse.Namespace, model: Model, concurrencies: list[int]
         report = what_if(model, [curve], curve, concurrencies[0], args.step_ms)
         print()
         print(what_if_text(report, "this curve"))
-    write_json(args.json, {"model": asdict(model), "allreduces_per_token": model.allreduces_per_token, "tp": args.tp,
-                           "curve": origin, "rows": [asdict(r) for r in rows],
-                           "what_if": asdict(report) if report else None, "cautions": []})
+    results_out.write(args, FloorResult(None, origin, model, model.allreduces_per_token, args.tp, (), (), tuple(rows),
+                                        report, ()), f"floor {origin}")
     return 0
 
 
