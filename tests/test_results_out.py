@@ -14,7 +14,9 @@ import pytest
 
 from commbench.analysis import results_out
 from commbench.analysis.floor import EngineFloor, FloorResult
+from commbench.analysis.qualify import QualifyResult
 from commbench.analysis.recommend import EngineResult, RecommendResult
+from commbench.analysis.table import TableResult
 from commbench.cli import main as cli
 from factories import row, write_run
 
@@ -31,7 +33,10 @@ COMMANDS = {
     "recommend": ["recommend", str(SYNTHETIC), "--model", "llama-3.1-70b"],
     "compare": ["compare", str(CPU_A), str(CPU_B)],
     "attribute": ["attribute", *map(str, VLLM_TRACES), "--steps", "annotation"],
+    "qualify": ["qualify", str(SYNTHETIC), "--spec", str(ROOT / "commbench" / "specs" / "pcie-8x.toml")],
+    "table": ["table", str(CPU_A), str(CPU_B)],
 }
+EXIT = {"qualify": 1}   # the fixture is no measurement: qualify FAILs it
 
 
 def documented_keys() -> dict[str, set[str]]:
@@ -51,13 +56,13 @@ def test_json_dash_round_trips_to_the_documented_shape(command: str, tmp_path: P
                                                        capsys: pytest.CaptureFixture[str],
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)   # compare writes its plot under the current directory
-    assert cli([*COMMANDS[command], "--json", "-"]) == 0
+    assert cli([*COMMANDS[command], "--json", "-"]) == EXIT.get(command, 0)
     data = json.loads(capsys.readouterr().out)
     assert json.loads(json.dumps(data)) == data
     assert set(data) == documented_keys()[command]
 
 
-def test_recommend_and_floor_json_are_their_results_asdict(tmp_path: Path, capsys: pytest.CaptureFixture[str]
+def test_the_result_objects_json_is_their_asdict(tmp_path: Path, capsys: pytest.CaptureFixture[str]
                                                            ) -> None:
     """No hand-built record beside the dataclasses: each level's keys are the result's fields."""
     def names(cls: type) -> set[str]:
@@ -67,6 +72,9 @@ def test_recommend_and_floor_json_are_their_results_asdict(tmp_path: Path, capsy
         assert cli([*COMMANDS[command], "--json", "-"]) == 0
         data = json.loads(capsys.readouterr().out)
         assert set(data) == names(result) and data["engines"] and set(data["engines"][0]) == names(engine)
+    for command, result in (("qualify", QualifyResult), ("table", TableResult)):
+        assert cli([*COMMANDS[command], "--json", "-"]) == EXIT.get(command, 0)
+        assert set(json.loads(capsys.readouterr().out)) == names(result)
     cost = json.loads(_run_json(["recommend", str(SYNTHETIC), "--model", "glm-5"], capsys))
     priced = next(s["default_cost"] for s in cost["engines"][0]["sizes"] if s["default_cost"])
     assert set(priced) == {"price", "stand_in", "mode"}     # curves.price(): the point used and how
