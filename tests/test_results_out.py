@@ -16,6 +16,7 @@ from commbench.analysis import results_out
 from commbench.analysis.floor import EngineFloor, FloorResult
 from commbench.analysis.qualify import QualifyResult
 from commbench.analysis.recommend import EngineResult, RecommendResult
+from commbench.analysis.report import ReportResult
 from commbench.analysis.table import TableResult
 from commbench.cli import main as cli
 from factories import row, write_run
@@ -35,6 +36,7 @@ COMMANDS = {
     "attribute": ["attribute", *map(str, VLLM_TRACES), "--steps", "annotation"],
     "qualify": ["qualify", str(SYNTHETIC), "--spec", str(ROOT / "commbench" / "specs" / "pcie-8x.toml")],
     "table": ["table", str(CPU_A), str(CPU_B)],
+    "report": ["report", str(SYNTHETIC), "--out", "report-out"],
 }
 EXIT = {"qualify": 1}   # the fixture is no measurement: qualify FAILs it
 
@@ -62,9 +64,11 @@ def test_json_dash_round_trips_to_the_documented_shape(command: str, tmp_path: P
     assert set(data) == documented_keys()[command]
 
 
-def test_the_result_objects_json_is_their_asdict(tmp_path: Path, capsys: pytest.CaptureFixture[str]
-                                                           ) -> None:
+def test_the_result_objects_json_is_their_asdict(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """No hand-built record beside the dataclasses: each level's keys are the result's fields."""
+    monkeypatch.chdir(tmp_path)   # report writes its page under --out, here
+
     def names(cls: type) -> set[str]:
         return {f.name for f in dataclasses.fields(cls)}
 
@@ -72,7 +76,7 @@ def test_the_result_objects_json_is_their_asdict(tmp_path: Path, capsys: pytest.
         assert cli([*COMMANDS[command], "--json", "-"]) == 0
         data = json.loads(capsys.readouterr().out)
         assert set(data) == names(result) and data["engines"] and set(data["engines"][0]) == names(engine)
-    for command, result in (("qualify", QualifyResult), ("table", TableResult)):
+    for command, result in (("qualify", QualifyResult), ("table", TableResult), ("report", ReportResult)):
         assert cli([*COMMANDS[command], "--json", "-"]) == EXIT.get(command, 0)
         assert set(json.loads(capsys.readouterr().out)) == names(result)
     cost = json.loads(_run_json(["recommend", str(SYNTHETIC), "--model", "glm-5"], capsys))

@@ -30,9 +30,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def check_targets(args: argparse.Namespace) -> None:
     """Fail before any work when --json or --html cannot be written."""
+    html_target = getattr(args, "html", None)    # report writes its own page: no --html
     check_file_target(args.json, "--json")
-    check_file_target(args.html, "--html")
-    if args.html == "-":
+    check_file_target(html_target, "--html")
+    if html_target == "-":
         raise UsageError("--html -: give a file name (standard output carries the text, or the JSON with --json -)")
 
 
@@ -45,7 +46,7 @@ def write(args: argparse.Namespace, result: Any, title: str) -> None:
     """The result to --json and --html, where given (checked before with check_targets)."""
     shape = data(result)
     write_json(args.json, shape)
-    if args.html is not None:
+    if getattr(args, "html", None) is not None:
         try:
             Path(args.html).write_text(page(shape, title), encoding="utf-8")
         except OSError as exc:
