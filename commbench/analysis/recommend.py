@@ -183,71 +183,82 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
         return 0
     asked = question.from_args(args, model)
     found = question.answer(asked)
-    run, tp, tag = found.run, found.tp, found.tag
-    args.tp_shown = tp or "?"
+    result = compute(found, model)
+    print(text(result, found, asked, args))
+    sys.stdout.flush()
+    results_out.write(args, result, f"recommend {args.run_dir}")
+    return 0
+
+
+def compute(found: question.Answer, model: Model) -> RecommendResult:
+    """The decision as data: per engine its paths, prices and configuration; headroom; the
+    cautions of every curve the text shows; the settings the box's probe says do nothing."""
+    run = found.run
     implementations = measured_implementations(run.rows)
-
-    print(render.prose(provenance.describe(run), args.wide))
-    print(render.prose(f"{model.describe()}; TP {args.tp_shown}", args.wide))
-    if not args.brief or found.chains:
-        print("\n".join(render.prose(line, args.wide) for line in
-                        decide.source_lines(list(found.engines), found.chains, args.engine_log)))
-    if args.brief:
-        print(render.prose(f"us per allreduce call, ms per step of {model.allreduces_per_token} calls; one "
-                           "configuration per server, against the engine's default in this run", args.wide))
-    else:
-        print(render.prose(f"costs are us per allreduce call from this run ({tag}); per step = "
-                           f"{model.allreduces_per_token} calls (each sequence's time per output token). A server "
-                           "runs one configuration: it is priced against the engine's default measured in this run "
-                           "at every size of the mix and the prefill chunk; a margin inside both sides' p10-p90 "
-                           "spread is 'no measurable difference'", args.wide))
-    costs = [_costs_table(d, tag, args, implementations) if d.options and not args.brief else None
-             for d in found.decisions]
-    trades = [configure_text.tradeoffs(c, args.wide) for c in found.configurations]
-    records = []
-    for i, (d, c) in enumerate(zip(found.decisions, found.configurations)):
-        print(f"\n== {d.name}, TP {args.tp_shown} ==")
-        note = decide.version_note(d)
-        if note:
-            print(render.prose(f"caution: {note}", args.wide))
-        if not args.brief:
-            print(_paths_table(d, args))
-            if costs[i]:
-                print(_once(costs, i, found.decisions, lambda names: f"{names}: us per allreduce call ({tag})", args.wide))
-        print("\n".join(configure_text.block(c, tag, args.wide, args.brief)))
-        if trades[i]:
-            print(_once(trades, i, found.decisions, lambda names: configure_text.tradeoff_title(names, tag), args.wide))
-        records.append(engine_result(d, c, implementations))
+    records = tuple(engine_result(d, c, implementations) for d, c in zip(found.decisions, found.configurations))
     rooms = found.headroom
-    for line in _brief_headroom(rooms, tag, args.wide) if args.brief else _headroom_lines(rooms, model, tag, args):
-        print(line)
-    if not args.brief:
-        print("\n".join(fastest.fastest_lines(found.run, found.curves, model, asked.concurrencies, found.decisions,
-                                             tag, args.wide)))
-
     shown = [c for d in found.decisions for o in d.options if o.state.available is not False
              for c in o.own + o.stand_ins]
     warned = cautions(run.rows, shown + [c for c in found.curves if c.label in {r.curve for r in rooms}])
-    for line in warned:
-        print("\n" + render.prose(f"caution: {line}", args.wide))
-    inert = inert_here(run, tp)
-    if inert and not args.brief:
-        print("\n" + render.prose("settings that do nothing on this box (from its probe snapshot; never printed "
-                                  "above as a setting):", args.wide))
-        for rule in inert:
-            print(render.prose(f"- {rule.setting}: {rule.why} ({rule.source})", args.wide, indent="  "))
-    print("\n" + render.prose(
+    inert = inert_here(run, found.tp)
+    return RecommendResult(provenance.of(run).to_dict(), model, found.tp, records,
+                           tuple(headroom_record(r) for r in rooms), tuple(warned),
+                           tuple(r._asdict() for r in inert), engines.versions())
+
+
+def text(result: RecommendResult, found: question.Answer, asked: question.Question, args: argparse.Namespace) -> str:
+    """The human answer: the result, with the tables drawn from the decisions it was computed from."""
+    model, tag = result.model, found.tag
+    args.tp_shown = result.tp or "?"
+    implementations = measured_implementations(found.run.rows)
+    out = [render.prose(provenance.describe(found.run), args.wide),
+           render.prose(f"{model.describe()}; TP {args.tp_shown}", args.wide)]
+    if not args.brief or found.chains:
+        out.append("\n".join(render.prose(line, args.wide) for line in
+                             decide.source_lines(list(found.engines), found.chains, args.engine_log)))
+    if args.brief:
+        out.append(render.prose(f"us per allreduce call, ms per step of {model.allreduces_per_token} calls; one "
+                                "configuration per server, against the engine's default in this run", args.wide))
+    else:
+        out.append(render.prose(f"costs are us per allreduce call from this run ({tag}); per step = "
+                                f"{model.allreduces_per_token} calls (each sequence's time per output token). A "
+                                "server runs one configuration: it is priced against the engine's default measured "
+                                "in this run at every size of the mix and the prefill chunk; a margin inside both "
+                                "sides' p10-p90 spread is 'no measurable difference'", args.wide))
+    costs = [_costs_table(d, tag, args, implementations) if d.options and not args.brief else None
+             for d in found.decisions]
+    trades = [configure_text.tradeoffs(c, args.wide) for c in found.configurations]
+    for i, (d, c) in enumerate(zip(found.decisions, found.configurations)):
+        out.append(f"\n== {d.name}, TP {args.tp_shown} ==")
+        note = result.engines[i].version_note
+        if note:
+            out.append(render.prose(f"caution: {note}", args.wide))
+        if not args.brief:
+            out.append(_paths_table(d, args))
+            if costs[i]:
+                out.append(_once(costs, i, found.decisions, lambda names: f"{names}: us per allreduce call ({tag})",
+                                 args.wide))
+        out.append("\n".join(configure_text.block(c, tag, args.wide, args.brief)))
+        if trades[i]:
+            out.append(_once(trades, i, found.decisions, lambda names: configure_text.tradeoff_title(names, tag),
+                             args.wide))
+    rooms = found.headroom
+    out += _brief_headroom(rooms, tag, args.wide) if args.brief else _headroom_lines(rooms, model, tag, args)
+    if not args.brief:
+        out.append("\n".join(fastest.fastest_lines(found.run, found.curves, model, asked.concurrencies,
+                                                   found.decisions, tag, args.wide)))
+    out += ["\n" + render.prose(f"caution: {line}", args.wide) for line in result.cautions]
+    if result.inert_settings and not args.brief:
+        out.append("\n" + render.prose("settings that do nothing on this box (from its probe snapshot; never "
+                                         "printed above as a setting):", args.wide))
+        out += [render.prose(f"- {rule['setting']}: {rule['why']} ({rule['source']})", args.wide, indent="  ")
+                for rule in result.inert_settings]
+    out.append("\n" + render.prose(
         "A microbenchmark win is a hypothesis: confirm it with an end-to-end decode run at your concurrency"
         + ("." if args.brief else " (on a 16-GPU PCIe-switch server, Kimi K2.6 at TP8 decoded faster with the "
            "custom allreduce off at short context: 157 vs 139 tok/s at concurrency 1; voipmonitor/rtx6kpro "
            "benchmarks, 2026-04-25)."), args.wide))
-    sys.stdout.flush()
-
-    result = RecommendResult(provenance.of(run).to_dict(), model, tp, tuple(records),
-                             tuple(headroom_record(r) for r in rooms), tuple(warned),
-                             tuple(r._asdict() for r in inert), engines.versions())
-    results_out.write(args, result, f"recommend {args.run_dir}")
-    return 0
+    return "\n".join(out)
 
 
 def _once(tables: list[str | None], i: int, decisions: list[EngineDecision], title: Any, wide: bool) -> str:
