@@ -9,10 +9,12 @@ import json
 import re
 from html.parser import HTMLParser
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from commbench.analysis import results_out
+from commbench.analysis.attribute import AttributeResult
 from commbench.analysis.floor import EngineFloor, FloorResult
 from commbench.analysis.qualify import QualifyResult
 from commbench.analysis.recommend import EngineResult, RecommendResult
@@ -76,7 +78,8 @@ def test_the_result_objects_json_is_their_asdict(tmp_path: Path, capsys: pytest.
         assert cli([*COMMANDS[command], "--json", "-"]) == 0
         data = json.loads(capsys.readouterr().out)
         assert set(data) == names(result) and data["engines"] and set(data["engines"][0]) == names(engine)
-    for command, result in (("qualify", QualifyResult), ("table", TableResult), ("report", ReportResult)):
+    for command, result in (("qualify", QualifyResult), ("table", TableResult), ("report", ReportResult),
+                            ("attribute", AttributeResult)):
         assert cli([*COMMANDS[command], "--json", "-"]) == EXIT.get(command, 0)
         assert set(json.loads(capsys.readouterr().out)) == names(result)
     cost = json.loads(_run_json(["recommend", str(SYNTHETIC), "--model", "glm-5"], capsys))
@@ -143,3 +146,23 @@ def test_a_bad_html_target_is_one_line_before_any_work(flag: str, message: str, 
     assert cli([*COMMANDS["floor"], "--html", flag.format(tmp=tmp_path)]) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_json_written_is_asdict_without_its_copy(capsys: pytest.CaptureFixture[str]) -> None:
+    """write() encodes dataclasses one level at a time (no deep copy of a large result): the same
+    JSON as dataclasses.asdict."""
+    @dataclasses.dataclass(frozen=True)
+    class Inner:
+        name: str
+        sizes: tuple[int, ...]
+
+    @dataclasses.dataclass(frozen=True)
+    class Outer:
+        inner: Inner
+        rows: tuple[Inner, ...]
+        by_name: dict[str, Inner | None]
+        raw: dict[str, list[dict[str, int]]]
+
+    result = Outer(Inner("a", (1, 2)), (Inner("b", ()),), {"c": Inner("c", (3,)), "d": None}, {"e": [{"f": 4}]})
+    results_out.write(SimpleNamespace(json="-", html=None), result, "t")
+    assert json.loads(capsys.readouterr().out) == json.loads(json.dumps(dataclasses.asdict(result)))

@@ -15,7 +15,7 @@ import re
 import statistics
 import textwrap
 from collections import Counter, defaultdict
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -25,7 +25,7 @@ from commbench.analysis.attribute_nccl import HOW_TO_LOG, LogLine, has_nccl, log
 from commbench.analysis.attribute_floor import WIDTH, FloorLine, floor_lines, floor_text
 from commbench.analysis.attribution import RULES, RankResult, Step
 from commbench.analysis.skew import CLOCK_MODES
-from commbench.analysis.skew_text import skew_json, skew_text, spread_text, spreads
+from commbench.analysis.skew_text import Spread, skew_json, skew_text, spread_text, spreads
 from commbench.analysis.render import fmt_us
 from commbench.analysis.traces import analyse_traces, cross_rank, first_apart_text, size_hint, trace_provenance
 from commbench.errors import UsageError
@@ -201,8 +201,8 @@ def print_details(results: list[RankResult], summaries: list[StepSummary], kerne
                             f"{short_name(name)} x{n}", WIDTH, subsequent_indent="  "))
 
 
-def _attribute(args: argparse.Namespace) -> dict[str, Any]:
-    """Prints the text and returns the JSON payload."""
+def _attribute(args: argparse.Namespace) -> AttributeResult:
+    """Prints the text and returns the result."""
     hint = size_hint(args.model, args.hidden, args.batch, args.dtype)
     if args.gap_us is not None:
         positive_finite(args.gap_us, "--gap-us", "us")
@@ -265,18 +265,40 @@ def _attribute(args: argparse.Namespace) -> dict[str, Any]:
                                 "on this box was measured in the run at these sizes (its own kernels or a library "
                                 "it runs; a stand-in is no price; `commbench recommend` says why per path)",
                                 WIDTH, subsequent_indent="  "))
-    return {
-        "trace": trace_provenance(ranks), "run": run_provenance(run) if run else None,
-        "ranks": [{"rank": r.rank, "source": r.source, "rule": r.rule, "rule_detail": r.rule_detail,
-                   "outside_kernels": r.outside_kernels, "outside_allreduce": len(r.outside_allreduce),
-                   "first_apart": step_json(r.first_apart) if r.first_apart else None,
-                   "unclassified": r.unclassified,
-                   "steps": [step_json(s) for s in r.steps]} for r in results],
-        "summary": [asdict(s) for s in summaries], "kernels": [asdict(k) for k in kernels],
-        "floor": [asdict(f) for f in floor],
-        "nccl_log": None if nccl_log is None else {"files": nccl_log.files, "lines": [asdict(x) for x in logged]},
-        "first_apart": apart, "skew": skew_json(skew, results) if skew else None,
-        "likely_waiting": [asdict(x) for x in spread] if spread is not None else None}
+    return AttributeResult(
+        trace_provenance(ranks), run_provenance(run) if run else None,
+        tuple({"rank": r.rank, "source": r.source, "rule": r.rule, "rule_detail": r.rule_detail,
+               "outside_kernels": r.outside_kernels, "outside_allreduce": len(r.outside_allreduce),
+               "first_apart": step_json(r.first_apart) if r.first_apart else None,
+               "unclassified": r.unclassified,
+               "steps": [step_json(s) for s in r.steps]} for r in results),
+        tuple(summaries), tuple(kernels), tuple(floor),
+        None if nccl_log is None else NcclLogResult(tuple(nccl_log.files), tuple(logged)),
+        apart, skew_json(skew, results) if skew else None, tuple(spread) if spread is not None else None)
+
+
+@dataclass(frozen=True)
+class NcclLogResult:
+    files: tuple[str, ...]
+    lines: tuple[LogLine, ...]       # per (library, size) of the trace: what the log shows NCCL chose
+
+
+@dataclass(frozen=True)
+class AttributeResult:
+    """What `attribute` answers; its --json is dataclasses.asdict of this (docs/results.md). A
+    rank's steps (every call of every step) and the skew are kept as the records they are
+    written as: their objects hold the trace's kernels, far more than the answer."""
+
+    trace: str
+    run: str | None
+    ranks: tuple[dict[str, Any], ...]
+    summary: tuple[StepSummary, ...]
+    kernels: tuple[KernelRow, ...]
+    floor: tuple[FloorLine, ...]
+    nccl_log: NcclLogResult | None
+    first_apart: str | None
+    skew: dict[str, Any] | None
+    likely_waiting: tuple[Spread, ...] | None
 
 
 def step_json(s: Step) -> dict[str, Any]:

@@ -332,9 +332,9 @@ class Engine:
 
         # One replay aligns the ranks, as the first eager call does.
         check_fresh = fresh_replay if workload.destroys_inputs else None
-        (total_us, timed_check), (samples, jitter_check) = (
+        (total_us, timed_check), (samples, jitter_check) = [
             self._pass(workload, epoch, timer, graph.replay, lambda i: graph.replay(), replays, ops, check_fresh)
-            for epoch, timer in ((TIMED_EPOCH, loop_total_us), (JITTER_EPOCH, per_step_us)))
+            for epoch, timer in ((TIMED_EPOCH, loop_total_us), (JITTER_EPOCH, per_step_us))]
         scope = ("an untimed replay of the timed graph with fresh inputs (the backend reduces in place, "
                  "so timed replays re-reduce their own output)" if workload.destroys_inputs
                  else "timed calls (the last replay of each pass)")
