@@ -15,7 +15,7 @@ import sys
 import tempfile
 from contextlib import contextmanager, redirect_stdout
 from pathlib import Path
-from typing import Any, BinaryIO, Iterator, TextIO
+from typing import Any, BinaryIO, Callable, Iterator, TextIO
 
 from commbench.errors import UsageError
 
@@ -222,11 +222,12 @@ def json_alone_on_stdout(target: str | None) -> Iterator[None]:
         _json_stream = None
 
 
-def write_json(target: str | None, payload: Any) -> None:
-    """Write payload to the --json target (checked before with check_file_target)."""
+def write_json(target: str | None, payload: Any, default: Callable[[Any], Any] = str) -> None:
+    """Write payload to the --json target (checked before with check_file_target); `default`
+    encodes what json cannot (json.dumps' own hook)."""
     if target is None:
         return
-    text = json.dumps(payload, indent=2, default=str) + "\n"
+    text = json.dumps(payload, indent=2, default=default) + "\n"
     if target == STDOUT:
         (_json_stream or sys.stdout).write(text)
         return

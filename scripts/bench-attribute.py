@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from commbench.analysis import attribute
+from commbench.analysis import traces
 from commbench.analysis.attribution import SizeHint
 
 LAYERS = 60
@@ -184,7 +184,7 @@ def main() -> int:
         size = path.stat().st_size
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         started = time.perf_counter()
-        _, results = attribute.analyse_traces([path], SizeHint(None, "unknown"))
+        _, results = traces.analyse_traces([path], SizeHint(None, "unknown"))
         seconds = time.perf_counter() - started
         peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         found = sum(len(s.calls) for r in results for s in r.steps)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from commbench.analysis import attribute, trace_read
+from commbench.analysis import attribute, attribute_floor, trace_read, traces
 from commbench.analysis.attribution import SizeHint
 from commbench.analysis.trace_kernels import _pattern, all_patterns, classify, literal_patterns
 from commbench.cli import main as cli_main
@@ -107,7 +107,7 @@ def test_attribute_runs_with_torch_unimportable() -> None:
 
 
 def _ranks(paths: list[Path], hint: SizeHint = NO_HINT, **kw: object) -> list:
-    return attribute.analyse_traces(paths, hint, **kw)[1]  # type: ignore[arg-type]
+    return traces.analyse_traces(paths, hint, **kw)[1]  # type: ignore[arg-type]
 
 
 def test_constructed_vllm_graph_rule_counts_and_share() -> None:
@@ -231,13 +231,13 @@ def test_an_engine_aware_choice_plugs_in_as_one_function(tmp_path: Path) -> None
 
     trace = tmp_path / "t.json"
     _graph_trace(trace, "void c10d::symmetric_memory::one_shot_all_reduce_kernel<c10::BFloat16, 16, 2>(x)")
-    ranks, results = attribute.analyse_traces([trace], SizeHint(8 * 4096 * 2, "8 x 4096 x bf16"))
-    lines = attribute.floor_lines(load_run(RUN), ranks, results, None, 8,
+    ranks, results = traces.analyse_traces([trace], SizeHint(8 * 4096 * 2, "8 x 4096 x bf16"))
+    lines = attribute_floor.floor_lines(load_run(RUN), ranks, results, None, 8,
                                   alternative=lambda curves, size: ranking(curves, size)[0].curve)
     [line] = lines
     assert line.alternative is not None and line.alternative.latency_us <= line.floor.latency_us  # type: ignore[union-attr]
     assert line.alternative.saving_per_step_us == pytest.approx(4 * (30.0 - line.alternative.latency_us))
-    text = attribute.floor_text(lines)
+    text = attribute_floor.floor_text(lines)
     assert "what the engine could take instead" in text and f"instead: {line.alternative.variant}" in text
 
 
@@ -252,7 +252,7 @@ def test_size_hint_from_the_model_or_hidden_and_batch(argv: list[str], expected:
     parser = argparse.ArgumentParser()
     attribute.add_arguments(parser)
     args = parser.parse_args(["t.json", *argv])
-    assert attribute.size_hint(args.model, args.hidden, args.batch, args.dtype) == expected
+    assert traces.size_hint(args.model, args.hidden, args.batch, args.dtype) == expected
 
 
 @pytest.mark.parametrize("argv, expected", [
@@ -421,7 +421,7 @@ def test_the_engine_alternative_is_recommends_fastest_path_and_never_a_stand_in(
 
     run = load_run(Path(__file__).parent / "data" / "runs" / "synthetic-pcie-8gpu")
     curves = decode_curves(run, 8, "bf16", "auto")
-    choose = attribute.engine_alternative("sglang", run, 8, "bf16")
+    choose = attribute_floor.engine_alternative("sglang", run, 8, "bf16")
     chosen = choose(curves, 12 * 1024)
     assert chosen is not None and chosen.label == "nccl:proto=LL,algo=Ring (graph)"
     assert min(curves, key=lambda c: c.at(12 * 1024).latency_us if c.at(12 * 1024) else 1e9).backend == "p2p:oneshot"
@@ -508,13 +508,13 @@ def test_the_floor_names_the_fastest_kernel_of_the_run_and_whose_it_is(tmp_path:
 
     trace = tmp_path / "t.json"
     _graph_trace(trace, "void c10d::symmetric_memory::one_shot_all_reduce_kernel<c10::BFloat16, 16, 2>(x)")
-    ranks, results = attribute.analyse_traces([trace], SizeHint(8 * 4096 * 2, "8 x 4096 x bf16"))
+    ranks, results = traces.analyse_traces([trace], SizeHint(8 * 4096 * 2, "8 x 4096 x bf16"))
     run = load_run(RUN)
-    [line] = attribute.floor_lines(run, ranks, results, None, 8)
+    [line] = attribute_floor.floor_lines(run, ranks, results, None, 8)
     top = ranking([c for c in decode_curves(run, 2, "bf16", "auto") if c.key.op == "allreduce"], 8 * 4096 * 2)[0]
     assert line.fastest is not None and line.fastest.variant == top.curve.label != line.floor.variant  # type: ignore[union-attr]
     assert line.fastest.latency_us < line.floor.latency_us  # type: ignore[union-attr]
     assert line.fastest_whose.startswith("the p2p backend; stands in for SGLang's custom_ar path")
-    text = " ".join(attribute.floor_text([line]).split())
+    text = " ".join(attribute_floor.floor_text([line]).split())
     assert "the fastest kernel measured in the same run at that size, any backend" in text
     assert f"{top.curve.label}: the p2p backend; stands in for" in text

@@ -66,7 +66,7 @@ def test_the_cli_prints_one_paste_block_per_engine_with_its_trade_offs(capsys: p
     assert "concurrency 64 (768K): 97.9 us/call slower than the default" in text
     assert text.count("trade-offs (fixture, not a measurement)") == 2
     data = json.loads(out_json.read_text())
-    (loss,) = [c for c in data["engines"][0]["configuration"]["losses"] if c["phase"] == "decode"]
+    (loss,) = [c for c in data["engines"][0]["losses"] if c["phase"] == "decode"]
     assert loss["tokens"] == 64
 
 

@@ -97,3 +97,66 @@ def test_a_resumed_run_keeps_a_backend_stopped_only_under_the_same_setting() -> 
     assert state.stopped_backends["p2p:auto"] == "hung earlier in this run (4K graph): no answer"
     assert state.done_cells == {hung.cell, row().cell}
     assert RunState.resumed([hung], {}).stopped_backends == {}
+
+
+class _LocalSum:
+    """A world of one on the CPU, in this process: the sum is the input (a stale answer from
+    call `stale_at` of the jitter pass on, to show every round is checked)."""
+
+    in_place = False
+
+    def __init__(self, stale_at: int | None = None):
+        self.calls = 0
+        self.stale_at = stale_at
+
+    def make_workload(self, ctx, count, dtype, shape, pairs):  # noqa: ANN001, ANN201
+        from commbench.runtime.workload import AllreduceWorkload
+        return AllreduceWorkload(self, ctx, count, dtype, pairs)
+
+    def observe(self, call, message_bytes):  # noqa: ANN001, ANN201
+        return {}
+
+    def allreduce(self, x, out):  # noqa: ANN001, ANN201
+        self.calls += 1
+        if self.stale_at is None or self.calls < self.stale_at:
+            out.copy_(x)
+
+
+def _eager_row(backend: _LocalSum, *flags: str) -> tuple[Measured, object]:
+    import torch
+
+    from commbench.sweep.plan import build_plan
+    from helpers import sweep_args
+
+    plan = build_plan(sweep_args("--sizes", "4K", *flags), on_gpu=False)
+    ctx = SimpleNamespace(world_size=1, rank=0, nodes=1, emulation=None, device=torch.device("cpu"), is_cuda=False,
+                          barrier=lambda: None)
+    engine = Engine(ctx, plan, RunState.resumed([], {}), sink=None, recorder=None)
+    cell = Cell("mine", ALLREDUCE, "fp32", Shape(4096), "eager")
+    local = engine._measure_local(backend, cell)
+    assert isinstance(local, Measured), local
+    return local, engine._build_row(PLUGIN, cell, [local])
+
+
+def test_a_default_eager_row_times_at_least_100_calls_one_by_one_and_checks_each() -> None:
+    """p99 is a per-call tail: the jitter pass times >= 100 calls (in rounds over the row's 21
+    pairs on the CPU), the row's percentiles are those samples', and every call is checked."""
+    from commbench.results import percentile
+
+    local, built = _eager_row(_LocalSum())
+    assert local.timed_calls == 20 and len(local.samples) == 100 and local.calls_per_sample == 1
+    assert built.jitter_samples == 100 and built.iterations == 20
+    ordered = sorted(local.samples)
+    assert built.jitter_p99_us == percentile(ordered, 99) and built.jitter_max_us == ordered[-1]
+    # the timed pass's 20 calls and the aligning one, then 5 rounds of 20 with theirs
+    assert built.checked_calls == 21 + 5 * 21 and built.wrong_elements == 0 and built.status == NO_WORK
+    fewer, row = _eager_row(_LocalSum(), "--jitter-calls", "7")   # CPU tests may ask for fewer
+    assert len(fewer.samples) == 7 and row.checked_calls == 21 + 8
+
+
+def test_a_wrong_answer_in_a_later_jitter_round_is_caught() -> None:
+    warm = 2           # warm-up calls (CPU default; this backend observes nothing)
+    stale_from = warm + 21 + 3 * 21 + 5   # the 5th call of the jitter pass's 4th round
+    _, built = _eager_row(_LocalSum(stale_at=stale_from))
+    assert built.status == WRONG and built.wrong_kind == "unwritten"
+    assert built.first_wrong_call == 21 + 3 * 21 + 4

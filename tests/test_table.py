@@ -122,7 +122,7 @@ def test_fused_saving_and_refusals(tmp_path):
         _row("mscclpp:auto", None, 4, op="allreduce", status="skipped",
              reason="MSCCL++'s TCP bootstrap died with SIGSEGV"),
     ])
-    text = table.render_runs([load_run(run)])
+    text = table.render_markdown(table.table_result([load_run(run)]))
     assert "| 2 | graph | bf16 | 7168 | 4 | flashinfer:fused_oneshot | 9.00 | p2p:oneshot | 12.5 | 3.50 | +28.0% |" in text
     assert "- `flashinfer:fused_twoshot` at 2 ranks: skipped: two-shot splits tokens" in text
     assert "- `mscclpp:auto` at 2 ranks: skipped: MSCCL++'s TCP bootstrap died with SIGSEGV" in text

@@ -15,30 +15,25 @@ import re
 import statistics
 import textwrap
 from collections import Counter, defaultdict
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
 from commbench import engines
-from commbench.engines import log as engine_log
-from commbench.analysis import decide, fastest, models, provenance, render
+from commbench.analysis import decide, provenance, render, results_out
 from commbench.analysis.attribute_nccl import HOW_TO_LOG, LogLine, has_nccl, log_lines, log_text, read_nccl_logs
-from commbench.analysis.attribute_floor import Alternative, FloorLine, Priced, against_floor
-from commbench.analysis.attribution import RULES, RankResult, SizeHint, Step, analyse_rank, set_first_apart
-from commbench.analysis.skew import CLOCK_MODES, Skew, split
-from commbench.analysis.skew_text import skew_json, skew_text, spread_text, spreads
-from commbench.analysis.curves import Curve, decode_curves
+from commbench.analysis.attribute_floor import WIDTH, FloorLine, floor_lines, floor_text
+from commbench.analysis.attribution import RULES, RankResult, Step
+from commbench.analysis.skew import CLOCK_MODES
+from commbench.analysis.skew_text import Spread, skew_json, skew_text, spread_text, spreads
 from commbench.analysis.render import fmt_us
-from commbench.analysis.trace_read import RankTrace, read_trace
+from commbench.analysis.traces import analyse_traces, cross_rank, first_apart_text, size_hint, trace_provenance
 from commbench.errors import UsageError
-from commbench.files import check_file_target, write_json
 from commbench.results import Run, percentile
 from commbench.runs import load_run
-from commbench.units import DTYPE_BYTES, dtype_name, format_bytes, positive_finite, shape_bytes
+from commbench.units import format_bytes, positive_finite
 
-SGLANG_RANK = re.compile(r"-TP-(\d+)")
 KERNEL_NAME_CHARS = 30
-WIDTH = 100
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -68,116 +63,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plot", type=Path, metavar="PNG",
                         help="several ranks: a plot per rank of wait and transfer over the calls of the median step")
     parser.add_argument("--json", metavar="FILE", help="also write the result as JSON ('-' for stdout: JSON alone)")
+    results_out.add_arguments(parser)
     render.add_arguments(parser)
-
-
-def size_hint(model_name: str | None, hidden: int | None, batch: int | None, dtype: str | None) -> SizeHint:
-    """The allreduce size a trace's steps send, from --model or --hidden with --batch (typed: report
-    calls it with its --trace-hidden / --trace-batch)."""
-    if model_name and hidden:
-        raise UsageError("give --model or --hidden, not both")
-    act = dtype_name(dtype) if dtype else "bf16"
-    if model_name:
-        model = models.lookup(model_name)
-        hidden, act = model.hidden, dtype_name(dtype) if dtype else model.dtype
-    # the sweep's shape bounds, each flag alone too
-    message_bytes = shape_bytes(1 if batch is None else batch, 1 if hidden is None else hidden,
-                                DTYPE_BYTES[act], "--batch", "--hidden")
-    if hidden and batch:
-        return SizeHint(message_bytes, f"{batch} x {hidden} x {act}")
-    return SizeHint(None, "unknown")
-
-
-def load_ranks(paths: list[Path]) -> list[tuple[int, RankTrace]]:
-    """Every rank of every file, numbered; bad or mismatched input raises UsageError."""
-    traces: list[RankTrace] = []
-    for path in paths:
-        for trace in read_trace(path):
-            if not any(k.is_kernel for k in trace.kernels):
-                raise UsageError(f"{path}: no GPU kernels in this trace (a CPU-only profile? record with "
-                                 "ProfilerActivity.CUDA)")
-            if trace.rank is None and (m := SGLANG_RANK.search(path.name)):
-                trace.rank = int(m.group(1))
-            traces.append(trace)
-    worlds = {t.world_size for t in traces if t.world_size is not None}
-    if len(worlds) > 1:
-        raise UsageError(f"mismatched ranks: the traces come from world sizes {sorted(worlds)}")
-    if all(t.rank is None for t in traces):
-        return list(enumerate(traces))
-    seen: dict[int, str] = {}
-    for t in traces:
-        if t.rank is None:
-            raise UsageError(f"mismatched ranks: {t.source} names no rank, the other traces do")
-        if t.rank in seen:
-            raise UsageError(f"mismatched ranks: rank {t.rank} in both {seen[t.rank]} and {t.source}")
-        if worlds and not 0 <= t.rank < next(iter(worlds)):
-            raise UsageError(f"mismatched ranks: {t.source} is rank {t.rank} of world size {next(iter(worlds))}")
-        seen[t.rank] = t.source
-    return sorted(((t.rank, t) for t in traces), key=lambda x: x[0])  # type: ignore[misc]
-
-
-def analyse_traces(paths: list[Path], hint: SizeHint, rule: str = "auto", annotation: re.Pattern[str] | None = None,
-                   gap_us: float | None = None) -> tuple[list[tuple[int, RankTrace]], list[RankResult]]:
-    ranks = load_ranks(paths)
-    results = [analyse_rank(t, rank, hint, rule, annotation, gap_us) for rank, t in ranks]
-    set_first_apart(results)
-    return ranks, results
-
-
-def first_apart_text(results: list[RankResult]) -> str | None:
-    apart = [r for r in results if r.first_apart is not None]
-    if not apart:
-        return None
-    walls = "; ".join(f"rank {r.rank} {r.first_apart.wall_us:,.0f} us against a median of "  # type: ignore[union-attr]
-                      f"{statistics.median(s.wall_us for s in r.steps):,.0f} us" for r in apart if r.steps)
-    return f"the first step is set apart (the profiler's start: over 3x the median step), not in the figures: {walls}"
-
-
-def cross_rank(paths: list[Path], ranks: list[tuple[int, RankTrace]], results: list[RankResult],
-               clock: str = "auto") -> Skew | None:
-    """Wait and transfer per call where several ranks of one group are given; None for one rank."""
-    if len(results) < 2:
-        return None
-    return split(results, [t.kernels for _, t in ranks], clock, one_file=len(set(paths)) == 1,
-                 world_size=ranks[0][1].world_size)
-
-
-def floor_lines(run: Run, ranks: list[tuple[int, RankTrace]], results: list[RankResult], dtype: str | None,
-                batch: int | None, alternative: Alternative | None = None,
-                engine: str | None = None, chain: engine_log.Chain | None = None) -> list[FloorLine]:
-    """The decode steps' calls (all steps where none is told to be decode) against the run;
-    `alternative` (attribute_floor.Alternative), or `engine`'s fastest path on the run's box
-    (engine_alternative), adds what the engine could take instead."""
-    world = ranks[0][1].world_size or len(ranks)
-    dtype_text = dtype_name(dtype) if dtype else "bf16"
-    curves = decode_curves(run, world, dtype_text, "auto")
-    if alternative is None and engine is not None:
-        alternative = engine_alternative(engine, run, world, dtype_text, chain)
-    steps = [s for r in results for s in r.steps]
-    decode = [s for s in steps if s.phase == "decode"] or steps
-    return against_floor(decode, curves, batch, alternative, lambda curve: fastest.whose(run, curve))
-
-
-def engine_alternative(engine: str, run: Run, world_size: int, dtype: str,
-                       chain: engine_log.Chain | None = None) -> Alternative:
-    """recommend's choice at one size: the fastest path `engine` can take on the run's box, priced
-    by the engine's own kernel or a library it runs (a stand-in for a kernel is no price)."""
-    def choose(curves: list[Curve], message_bytes: int) -> Curve | None:
-        _, price = decide.best_path_at(engine, run, curves, world_size, dtype, message_bytes, chain)
-        if price is None or price.stand_in:
-            return None
-        return next((c for c in curves if c.label == price.curve), None)
-    return choose
-
-
-def trace_provenance(ranks: list[tuple[int, RankTrace]]) -> str:
-    first = ranks[0][1]
-    what = first.provenance or "a profiler trace as given"
-    world = first.world_size
-    device = f", {first.device_name}" if first.device_name else ""
-    numbers = ", ".join(str(r) for r, _ in ranks)
-    of_world = f" of world size {world}" if world else ""
-    return f"trace: {what}; rank(s) {numbers}{of_world}; {first.trace_format} format{device}"
 
 
 def run_provenance(run: Run) -> str:
@@ -267,10 +154,10 @@ def kernel_rows(results: list[RankResult]) -> list[KernelRow]:
 
 
 def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
-    check_file_target(args.json, "--json")
+    results_out.check_targets(args)
     if args.plot is not None and args.plot.suffix != ".png":
         raise UsageError(f"--plot {args.plot}: give a .png file name")
-    write_json(args.json, _attribute(args))   # with --json -, the text goes to stderr (cli.py)
+    results_out.write(args, _attribute(args), "attribute")   # with --json -, the text goes to stderr (cli.py)
     return 0
 
 
@@ -314,8 +201,8 @@ def print_details(results: list[RankResult], summaries: list[StepSummary], kerne
                             f"{short_name(name)} x{n}", WIDTH, subsequent_indent="  "))
 
 
-def _attribute(args: argparse.Namespace) -> dict[str, Any]:
-    """Prints the text and returns the JSON payload."""
+def _attribute(args: argparse.Namespace) -> AttributeResult:
+    """Prints the text and returns the result."""
     hint = size_hint(args.model, args.hidden, args.batch, args.dtype)
     if args.gap_us is not None:
         positive_finite(args.gap_us, "--gap-us", "us")
@@ -378,18 +265,40 @@ def _attribute(args: argparse.Namespace) -> dict[str, Any]:
                                 "on this box was measured in the run at these sizes (its own kernels or a library "
                                 "it runs; a stand-in is no price; `commbench recommend` says why per path)",
                                 WIDTH, subsequent_indent="  "))
-    return {
-        "trace": trace_provenance(ranks), "run": run_provenance(run) if run else None,
-        "ranks": [{"rank": r.rank, "source": r.source, "rule": r.rule, "rule_detail": r.rule_detail,
-                   "outside_kernels": r.outside_kernels, "outside_allreduce": len(r.outside_allreduce),
-                   "first_apart": step_json(r.first_apart) if r.first_apart else None,
-                   "unclassified": r.unclassified,
-                   "steps": [step_json(s) for s in r.steps]} for r in results],
-        "summary": [asdict(s) for s in summaries], "kernels": [asdict(k) for k in kernels],
-        "floor": [asdict(f) for f in floor],
-        "nccl_log": None if nccl_log is None else {"files": nccl_log.files, "lines": [asdict(x) for x in logged]},
-        "first_apart": apart, "skew": skew_json(skew, results) if skew else None,
-        "likely_waiting": [asdict(x) for x in spread] if spread is not None else None}
+    return AttributeResult(
+        trace_provenance(ranks), run_provenance(run) if run else None,
+        tuple({"rank": r.rank, "source": r.source, "rule": r.rule, "rule_detail": r.rule_detail,
+               "outside_kernels": r.outside_kernels, "outside_allreduce": len(r.outside_allreduce),
+               "first_apart": step_json(r.first_apart) if r.first_apart else None,
+               "unclassified": r.unclassified,
+               "steps": [step_json(s) for s in r.steps]} for r in results),
+        tuple(summaries), tuple(kernels), tuple(floor),
+        None if nccl_log is None else NcclLogResult(tuple(nccl_log.files), tuple(logged)),
+        apart, skew_json(skew, results) if skew else None, tuple(spread) if spread is not None else None)
+
+
+@dataclass(frozen=True)
+class NcclLogResult:
+    files: tuple[str, ...]
+    lines: tuple[LogLine, ...]       # per (library, size) of the trace: what the log shows NCCL chose
+
+
+@dataclass(frozen=True)
+class AttributeResult:
+    """What `attribute` answers; its --json is dataclasses.asdict of this (docs/results.md). A
+    rank's steps (every call of every step) and the skew are kept as the records they are
+    written as: their objects hold the trace's kernels, far more than the answer."""
+
+    trace: str
+    run: str | None
+    ranks: tuple[dict[str, Any], ...]
+    summary: tuple[StepSummary, ...]
+    kernels: tuple[KernelRow, ...]
+    floor: tuple[FloorLine, ...]
+    nccl_log: NcclLogResult | None
+    first_apart: str | None
+    skew: dict[str, Any] | None
+    likely_waiting: tuple[Spread, ...] | None
 
 
 def step_json(s: Step) -> dict[str, Any]:
@@ -401,63 +310,3 @@ def step_json(s: Step) -> dict[str, Any]:
                        "message_bytes": c.message_bytes, "size_from": c.size_from, "overlap_us": c.overlap_us,
                        "wait_us": c.wait_us}
                       for c in s.calls]}
-
-
-def _priced_cells(f: FloorLine, p: Priced, size: str) -> list[str]:
-    engine_us = f.engine_p50_us if f.transfer_p50_us is None else f.transfer_p50_us
-    return [f.library, size, f"{f.calls_per_step:g}", fmt_us(engine_us), fmt_us(p.latency_us),
-            f"{p.saving_per_call_us:+.1f}", f"{p.saving_per_step_us:+.0f}",
-            "-" if p.saving_per_token_us is None else f"{p.saving_per_token_us:+.1f}", f"{100 * p.share_of_step:+.1f}%"]
-
-
-def _priced_table(lines: list[FloorLine], which: str, head: str, word: str, wide: bool) -> list[str]:
-    rows = [_priced_cells(f, getattr(f, which), format_bytes(f.message_bytes or 0))
-            for f in lines if getattr(f, which) is not None]
-    if not rows:
-        return []
-    out = [render.table(["library", "size", "/step", "engine_us", head, "d/call", "d/step_us", "d/token_us",
-                         "of step"], rows, right=range(1, 9), wide=wide, width=WIDTH)]
-    for f in lines:
-        p = getattr(f, which)
-        if p is not None:
-            out.append(textwrap.fill(f"{f.library} at {format_bytes(f.message_bytes or 0)}: {word} {p.variant} "
-                                     f"({p.source}); size from {f.size_from}", WIDTH,
-                                     initial_indent="  ", subsequent_indent="    "))
-    return out
-
-
-def floor_text(lines: list[FloorLine], wide: bool = False, brief: bool = False) -> str:
-    if not lines:
-        return "against the floor: no allreduce calls in the steps"
-    out = ["against the floor: the same library's fastest trusted rows in the run at that size"]
-    if not brief:
-        out[0] += "\n(d = engine minus floor: + = the engine pays more; of step = d/step over the median step wall)"
-    if not brief and any(f.transfer_p50_us is not None for f in lines):
-        out[0] += ("\n(engine_us = the calls' median transfer: with every rank's trace the wait for the last "
-                   "rank is\n taken out)")
-    out += _priced_table(lines, "floor", "floor_us", "floor row", wide)
-    for f in lines:
-        if f.floor is None:
-            size = format_bytes(f.message_bytes) if f.message_bytes is not None else "unknown"
-            out.append(textwrap.fill(f"no floor: {f.library} at {size}: {f.why_no_floor}", WIDTH,
-                                     subsequent_indent="  "))
-    for f in lines:
-        if f.transfer_p50_us is not None and f.wait_per_step_us is not None:
-            size = format_bytes(f.message_bytes) if f.message_bytes is not None else "unknown"
-            within = (f"within {f.floor.saving_per_call_us:+.1f} us of the floor" if f.floor is not None
-                      else f"{fmt_us(f.transfer_p50_us)} us (no floor: {f.why_no_floor})")
-            out.append(textwrap.fill(f"{f.library} at {size}: the kernel itself is {within}; {f.wait_per_step_us:.1f} "
-                                     f"us per step is skew (the wait for the last rank; calls last "
-                                     f"{fmt_us(f.engine_p50_us)} us at the median)", WIDTH, subsequent_indent="  "))
-    alternatives = _priced_table(lines, "alternative", "instead_us", "instead:", wide)
-    if alternatives:
-        out += ["", "what the engine could take instead, measured in the same run (d = engine minus that path)",
-                *alternatives]
-    fastest_rows = _priced_table(lines, "fastest", "fastest_us", "fastest:", wide)
-    if fastest_rows:
-        out += ["", "the fastest kernel measured in the same run at that size, any backend (d = engine minus it)",
-                *fastest_rows]
-        whose = {f.fastest.variant: f.fastest_whose for f in lines if f.fastest is not None and f.fastest_whose}
-        out += [textwrap.fill(f"{variant}: {who}", WIDTH, initial_indent="  ", subsequent_indent="    ")
-                for variant, who in whose.items()]
-    return "\n".join(out)

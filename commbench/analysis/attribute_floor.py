@@ -21,27 +21,46 @@ from __future__ import annotations
 
 import re
 import statistics
+import textwrap
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Callable
 
-from commbench.analysis.attribution import Call, Step
-from commbench.analysis.curves import Curve, ranking
+from commbench.analysis import decide, fastest, render
+from commbench.analysis.attribution import Call, RankResult, Step
+from commbench.analysis.curves import Curve, CurvePrice, decode_curves, price, ranking
+from commbench.analysis.render import fmt_us
+from commbench.analysis.trace_read import RankTrace
+from commbench.engines import log as engine_log
 from commbench.ops import ALLREDUCE
+from commbench.results import Run
+from commbench.units import dtype_name, format_bytes
+
+WIDTH = 100
 
 # (the run's trusted curves for this world size and dtype, message bytes) -> the engine's best path
 Alternative = Callable[[list[Curve], int], "Curve | None"]
 
 
-@dataclass
+@dataclass(frozen=True)
 class Priced:
-    variant: str
-    latency_us: float
-    source: str                      # measured | interpolated
+    price: CurvePrice                # curves.price() at the calls' size: measured or interpolated
     saving_per_call_us: float
     saving_per_step_us: float
     saving_per_token_us: float | None
     share_of_step: float             # saving per step / median step wall
+
+    @property
+    def variant(self) -> str:
+        return self.price.curve
+
+    @property
+    def latency_us(self) -> float:
+        return self.price.point.latency_us  # type: ignore[union-attr]   # _priced keeps covered sizes only
+
+    @property
+    def source(self) -> str:
+        return self.price.how
 
 
 @dataclass
@@ -60,14 +79,14 @@ class FloorLine:
     fastest_whose: str = ""
 
 
-def _price(curve: Curve, size: int, engine_us: float, per_step: float, batch: int | None,
-           step_us: float) -> Priced | None:
-    point = curve.at(size)
-    if point is None:
+def _priced(curve: Curve, size: int, engine_us: float, per_step: float, batch: int | None,
+            step_us: float) -> Priced | None:
+    """The saving per call, step and token, were the calls at `curve`'s price; None out of its range."""
+    p = price(curve, size)
+    if p.latency_us is None:
         return None
-    per_call = engine_us - point.latency_us
-    return Priced(curve.label, point.latency_us, "measured" if curve.point(size) else "interpolated",
-                  per_call, per_call * per_step, per_call * per_step / batch if batch else None,
+    per_call = engine_us - p.latency_us
+    return Priced(p, per_call, per_call * per_step, per_call * per_step / batch if batch else None,
                   per_call * per_step / step_us if step_us > 0 else 0.0)
 
 
@@ -101,17 +120,105 @@ def against_floor(steps: list[Step], curves: list[Curve], batch: int | None,
         else:
             ranked = ranking(own, size)
             if ranked:
-                line.floor = _price(ranked[0].curve, size, engine_us, per_step, batch, step_us)
+                line.floor = _priced(ranked[0].curve, size, engine_us, per_step, batch, step_us)
             else:
                 line.why_no_floor = f"size outside the run's measured range ({own[0].range_text()})"
         if alternative is not None and size is not None:
             curve = alternative(curves, size)
             if curve is not None:
-                line.alternative = _price(curve, size, engine_us, per_step, batch, step_us)
+                line.alternative = _priced(curve, size, engine_us, per_step, batch, step_us)
         if size is not None:
             ranked = ranking([c for c in curves if c.key.op == ALLREDUCE], size)
             if ranked and (line.floor is None or ranked[0].curve.label != line.floor.variant):
-                line.fastest = _price(ranked[0].curve, size, engine_us, per_step, batch, step_us)
+                line.fastest = _priced(ranked[0].curve, size, engine_us, per_step, batch, step_us)
                 line.fastest_whose = whose(ranked[0].curve) if whose is not None else ""
         out.append(line)
     return out
+
+
+def floor_lines(run: Run, ranks: list[tuple[int, RankTrace]], results: list[RankResult], dtype: str | None,
+                batch: int | None, alternative: Alternative | None = None,
+                engine: str | None = None, chain: engine_log.Chain | None = None) -> list[FloorLine]:
+    """The decode steps' calls (all steps where none is told to be decode) against the run;
+    `alternative` (attribute_floor.Alternative), or `engine`'s fastest path on the run's box
+    (engine_alternative), adds what the engine could take instead."""
+    world = ranks[0][1].world_size or len(ranks)
+    dtype_text = dtype_name(dtype) if dtype else "bf16"
+    curves = decode_curves(run, world, dtype_text, "auto")
+    if alternative is None and engine is not None:
+        alternative = engine_alternative(engine, run, world, dtype_text, chain)
+    steps = [s for r in results for s in r.steps]
+    decode = [s for s in steps if s.phase == "decode"] or steps
+    return against_floor(decode, curves, batch, alternative, lambda curve: fastest.whose(run, curve))
+
+
+def engine_alternative(engine: str, run: Run, world_size: int, dtype: str,
+                       chain: engine_log.Chain | None = None) -> Alternative:
+    """recommend's choice at one size: the fastest path `engine` can take on the run's box, priced
+    by the engine's own kernel or a library it runs (a stand-in for a kernel is no price)."""
+    def choose(curves: list[Curve], message_bytes: int) -> Curve | None:
+        _, price = decide.best_path_at(engine, run, curves, world_size, dtype, message_bytes, chain)
+        if price is None or price.stand_in:
+            return None
+        return next((c for c in curves if c.label == price.curve), None)
+    return choose
+
+
+def _priced_cells(f: FloorLine, p: Priced, size: str) -> list[str]:
+    engine_us = f.engine_p50_us if f.transfer_p50_us is None else f.transfer_p50_us
+    return [f.library, size, f"{f.calls_per_step:g}", fmt_us(engine_us), fmt_us(p.latency_us),
+            f"{p.saving_per_call_us:+.1f}", f"{p.saving_per_step_us:+.0f}",
+            "-" if p.saving_per_token_us is None else f"{p.saving_per_token_us:+.1f}", f"{100 * p.share_of_step:+.1f}%"]
+
+
+def _priced_table(lines: list[FloorLine], which: str, head: str, word: str, wide: bool) -> list[str]:
+    rows = [_priced_cells(f, getattr(f, which), format_bytes(f.message_bytes or 0))
+            for f in lines if getattr(f, which) is not None]
+    if not rows:
+        return []
+    out = [render.table(["library", "size", "/step", "engine_us", head, "d/call", "d/step_us", "d/token_us",
+                         "of step"], rows, right=range(1, 9), wide=wide, width=WIDTH)]
+    for f in lines:
+        p = getattr(f, which)
+        if p is not None:
+            out.append(textwrap.fill(f"{f.library} at {format_bytes(f.message_bytes or 0)}: {word} {p.variant} "
+                                     f"({p.source}); size from {f.size_from}", WIDTH,
+                                     initial_indent="  ", subsequent_indent="    "))
+    return out
+
+
+def floor_text(lines: list[FloorLine], wide: bool = False, brief: bool = False) -> str:
+    if not lines:
+        return "against the floor: no allreduce calls in the steps"
+    out = ["against the floor: the same library's fastest trusted rows in the run at that size"]
+    if not brief:
+        out[0] += "\n(d = engine minus floor: + = the engine pays more; of step = d/step over the median step wall)"
+    if not brief and any(f.transfer_p50_us is not None for f in lines):
+        out[0] += ("\n(engine_us = the calls' median transfer: with every rank's trace the wait for the last "
+                   "rank is\n taken out)")
+    out += _priced_table(lines, "floor", "floor_us", "floor row", wide)
+    for f in lines:
+        if f.floor is None:
+            size = format_bytes(f.message_bytes) if f.message_bytes is not None else "unknown"
+            out.append(textwrap.fill(f"no floor: {f.library} at {size}: {f.why_no_floor}", WIDTH,
+                                     subsequent_indent="  "))
+    for f in lines:
+        if f.transfer_p50_us is not None and f.wait_per_step_us is not None:
+            size = format_bytes(f.message_bytes) if f.message_bytes is not None else "unknown"
+            within = (f"within {f.floor.saving_per_call_us:+.1f} us of the floor" if f.floor is not None
+                      else f"{fmt_us(f.transfer_p50_us)} us (no floor: {f.why_no_floor})")
+            out.append(textwrap.fill(f"{f.library} at {size}: the kernel itself is {within}; {f.wait_per_step_us:.1f} "
+                                     f"us per step is skew (the wait for the last rank; calls last "
+                                     f"{fmt_us(f.engine_p50_us)} us at the median)", WIDTH, subsequent_indent="  "))
+    alternatives = _priced_table(lines, "alternative", "instead_us", "instead:", wide)
+    if alternatives:
+        out += ["", "what the engine could take instead, measured in the same run (d = engine minus that path)",
+                *alternatives]
+    fastest_rows = _priced_table(lines, "fastest", "fastest_us", "fastest:", wide)
+    if fastest_rows:
+        out += ["", "the fastest kernel measured in the same run at that size, any backend (d = engine minus it)",
+                *fastest_rows]
+        whose = {f.fastest.variant: f.fastest_whose for f in lines if f.fastest is not None and f.fastest_whose}
+        out += [textwrap.fill(f"{variant}: {who}", WIDTH, initial_indent="  ", subsequent_indent="    ")
+                for variant, who in whose.items()]
+    return "\n".join(out)

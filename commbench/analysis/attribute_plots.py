@@ -16,8 +16,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from commbench.analysis import attribute  # noqa: E402
-from commbench.analysis.attribute_floor import FloorLine  # noqa: E402
+from commbench.analysis import traces  # noqa: E402
+from commbench.analysis.attribute_floor import FloorLine, floor_lines, floor_text  # noqa: E402
 from commbench.analysis.attribution import Step  # noqa: E402
 from commbench.analysis.plots import FAILED_COLOR, save  # noqa: E402
 from commbench.analysis.skew_plots import median_step, skew_figure  # noqa: E402
@@ -90,17 +90,17 @@ def report_section(args: argparse.Namespace, run: Run, plot_dir: Path) -> tuple[
     """HTML for the section and its plots (png, alt text); empty when no --trace was given."""
     if not args.trace:
         return "", []
-    hint = attribute.size_hint(None, args.trace_hidden, args.trace_batch, None)
-    ranks, results = attribute.analyse_traces(args.trace, hint)
-    skew = attribute.cross_rank(args.trace, ranks, results)
+    hint = traces.size_hint(None, args.trace_hidden, args.trace_batch, None)
+    ranks, results = traces.analyse_traces(args.trace, hint)
+    skew = traces.cross_rank(args.trace, ranks, results)
     steps = [s for r in results for s in r.steps]
-    lines = attribute.floor_lines(run, ranks, results, None, args.trace_batch)
+    lines = floor_lines(run, ranks, results, None, args.trace_batch)
     images: list[tuple[Path, str]] = []
     parts = ["<h2>Serving trace: what the engine pays for allreduce</h2>",
-             f"<p><b>{html.escape(attribute.trace_provenance(ranks))}</b></p>",
+             f"<p><b>{html.escape(traces.trace_provenance(ranks))}</b></p>",
              "<p class='note'>" + html.escape("; ".join(f"rank {r.rank}: {r.rule} rule ({r.rule_detail}), "
                                                      f"{len(r.steps)} steps" for r in results)) + "</p>",
-             f"<pre>{html.escape(attribute.floor_text(lines))}</pre>"]
+             f"<pre>{html.escape(floor_text(lines))}</pre>"]
     if skew is not None:
         parts.append(f"<pre>{html.escape(chr(10).join(skew_text(skew, results)))}</pre>")
     step = representative(steps)

@@ -23,9 +23,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from commbench.analysis import plots, provenance, render
+from commbench.analysis import plots, provenance, render, results_out
 from commbench.analysis.curves import Curve, CurveKey, build_curves, counterpart, exceeds_spread, variant_label
-from commbench.files import check_file_target, output_folder, write_json
+from commbench.files import output_folder
 from commbench.errors import UsageError
 from commbench.results import Measurement, Run
 from commbench.fleet.inputs import load_one
@@ -129,11 +129,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--different-machines", action="store_true",
                         help="compare runs that are not one machine's (other data kind, host, GPUs, fabric or "
                              "world size): without it such a comparison is refused")
+    results_out.add_arguments(parser)
     render.add_arguments(parser)
 
 
 def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
-    check_file_target(args.json, "--json")
+    results_out.check_targets(args)
     run_a, run_b = load_one(args.run_a), load_one(args.run_b)
     origin_a, origin_b = provenance.of(run_a), provenance.of(run_b)
     differ = provenance.differences(origin_a, origin_b)
@@ -203,8 +204,9 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     fig = plots.compare_figure(curves_a, curves_b, name_a, name_b, f"allreduce latency: A = {name_a} vs B = {name_b}")
     for path in plots.save(fig, stem):
         print(f"wrote {path}")
-    write_json(args.json, {"provenance_a": origin_a.to_dict(), "provenance_b": origin_b.to_dict(),
+    results_out.write(args, {"provenance_a": origin_a.to_dict(), "provenance_b": origin_b.to_dict(),
                            "different_machines": differ, "a": name_a, "b": name_b,
                            "nccl_a": nccl_ran["a"], "nccl_b": nccl_ran["b"],
-                           "changes": [{**asdict(c), "verdict": c.verdict} for c in rows]})
+                           "changes": [{**asdict(c), "verdict": c.verdict} for c in rows]},
+                      f"compare {name_a} vs {name_b}")
     return 0

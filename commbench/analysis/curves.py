@@ -384,9 +384,18 @@ def price(curve: Curve, message_bytes: int) -> CurvePrice:
 
 @dataclass(frozen=True)
 class Candidate:
+    """A curve that covers a size, with its price there (never out of range)."""
+
     curve: Curve
-    point: Point
-    interpolated: bool
+    price: CurvePrice
+
+    @property
+    def point(self) -> Point:
+        return self.price.point  # type: ignore[return-value]   # ranking keeps covered curves only
+
+    @property
+    def interpolated(self) -> bool:
+        return self.price.how == INTERPOLATED
 
 
 def ranking(curves: Iterable[Curve], message_bytes: int) -> list[Candidate]:
@@ -395,7 +404,7 @@ def ranking(curves: Iterable[Curve], message_bytes: int) -> list[Candidate]:
     for curve in curves:
         p = price(curve, message_bytes)
         if p.point is not None:
-            out.append(Candidate(curve, p.point, p.how == INTERPOLATED))
+            out.append(Candidate(curve, p))
     out.sort(key=lambda c: (c.point.latency_us, c.curve.label))
     return out
 

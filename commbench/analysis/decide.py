@@ -18,7 +18,7 @@ from commbench import engines
 from commbench.engines import log as engine_log
 from commbench.engines import paths as engine_paths
 from commbench.engines import source
-from commbench.analysis.curves import Curve, Point, exceeds_spread, ranking
+from commbench.analysis.curves import INTERPOLATED, Candidate, Curve, CurvePrice, Point, exceeds_spread, ranking
 from commbench.analysis.models import Model
 from commbench.engines.paths import ALLREDUCE, PathState
 from commbench.errors import UsageError
@@ -44,12 +44,33 @@ def recorded_settings(run: Run, curve: Curve) -> engines.Settings | None:
 
 @dataclass(frozen=True)
 class Price:
-    latency_us: float
-    point: Point
-    curve: str          # the curve label that priced it
+    """A path's price at one size: curves.price() of the curve that priced it (measured or
+    interpolated, never out of range), whether that curve is a declared stand-in, its mode."""
+
+    price: CurvePrice
     stand_in: bool
-    interpolated: bool
     mode: str
+
+    @classmethod
+    def of(cls, candidate: Candidate, stand_in: bool = False) -> Price:
+        return cls(candidate.price, stand_in, candidate.curve.key.mode)
+
+    @property
+    def point(self) -> Point:
+        return self.price.point  # type: ignore[return-value]   # built from a ranking: always covered
+
+    @property
+    def latency_us(self) -> float:
+        return self.point.latency_us
+
+    @property
+    def curve(self) -> str:
+        """The curve label that priced it."""
+        return self.price.curve
+
+    @property
+    def interpolated(self) -> bool:
+        return self.price.how == INTERPOLATED
 
 
 @dataclass
@@ -89,9 +110,7 @@ class Option:
         for curves, stand_in in ((self.own, False), (self.stand_ins, True)):
             ranked = ranking(curves, message_bytes)
             if ranked:
-                best = ranked[0]
-                return Price(best.point.latency_us, best.point, best.curve.label, stand_in, best.interpolated,
-                             best.curve.key.mode)
+                return Price.of(ranked[0], stand_in)
         return None
 
 
@@ -320,8 +339,7 @@ def headroom(model: Model, run: Run, curves: list[Curve], decisions: list[Engine
             ranked = ranking([curve], size)
             if not ranked:
                 continue
-            price = Price(ranked[0].point.latency_us, ranked[0].point, curve.label, False, ranked[0].interpolated,
-                          curve.key.mode)
+            price = Price.of(ranked[0])
             rivals = [d.sizes[i].best_price for d in decisions]
             measured = [p for p in rivals if p is not None and not p.stand_in]
             versus = min(measured, key=lambda p: p.latency_us) if measured else None

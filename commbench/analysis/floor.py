@@ -18,15 +18,15 @@ from __future__ import annotations
 import argparse
 import csv
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
-from commbench.analysis import configure_text, decide, fastest, models, provenance, question, render
+from commbench.analysis import configure_text, decide, fastest, models, provenance, question, render, results_out
 from commbench.analysis.configure import DECODE, Configuration
 from commbench.analysis.curves import Curve, CurveKey, Point, cautions, price, ranking
 from commbench.analysis.decide import Price
-from commbench.files import check_file_target, read_text, write_json
+from commbench.files import read_text
 from commbench.errors import UsageError
 from commbench.analysis.models import Model
 from commbench.ops import ALLREDUCE
@@ -151,6 +151,43 @@ def match_curves(curves: list[Curve], names: list[str]) -> list[Curve]:
     return out
 
 
+@dataclass(frozen=True)
+class RowPair:
+    default: FloorRow
+    configured: FloorRow
+
+
+@dataclass(frozen=True)
+class EngineFloor:
+    """One engine: its configuration, the floor of its default and of that configuration per
+    load, and (with --step-ms) the what-if or why there is none."""
+
+    engine: str
+    version: str
+    version_note: str | None
+    configuration: Configuration
+    rows: tuple[RowPair, ...]
+    what_if: WhatIf | None
+    why_no_what_if: str | None
+
+
+@dataclass(frozen=True)
+class FloorResult:
+    """What `floor` answers; its JSON is dataclasses.asdict of this (docs/results.md). From a run:
+    provenance, engines, headroom; from --latency-table: curve (and what_if with --step-ms)."""
+
+    provenance: dict[str, Any] | None
+    curve: str | None
+    model: Model
+    allreduces_per_token: int
+    tp: int | None
+    engines: tuple[EngineFloor, ...]
+    headroom: tuple[FloorRow, ...]
+    rows: tuple[FloorRow, ...]           # --backend (a run) or the table's curve
+    what_if: WhatIf | None               # --latency-table with --step-ms
+    cautions: tuple[str, ...]
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dir", nargs="?", help="results dir of a sweep (or use --latency-table)")
     parser.add_argument("--latency-table", type=Path, help="CSV with columns bytes,latency_us instead of a run")
@@ -165,6 +202,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--step-ms", type=float, help="a measured decode step (ms): split it and show the what-if")
     parser.add_argument("--current", help="backend the measured step used (default: the engine's default path)")
     parser.add_argument("--json", metavar="FILE", help="also write the rows as JSON ('-' for stdout)")
+    results_out.add_arguments(parser)
     render.add_arguments(parser)
 
 
@@ -203,7 +241,7 @@ def _engine_what_if(model: Model, c: Configuration, curves: list[Curve], args: a
 
 
 def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
-    check_file_target(args.json, "--json")
+    results_out.check_targets(args)
     model = models.requested(args)
     if model is None:
         return 0
@@ -219,81 +257,86 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
         return _table_main(args, model, concurrencies)
 
     found = question.answer(asked)
-    run, curves, tp, tag = found.run, found.curves, found.tp, found.tag
-    named = match_curves(curves, args.backend) if args.backend else []
+    result = compute(found, model, concurrencies, args)
+    print(text(result, found, concurrencies, args))
+    results_out.write(args, result, f"floor {args.run_dir}")
+    return 0
 
-    print(render.prose(provenance.describe(run), args.wide))
-    print(render.prose(f"{model.describe()}; TP {tp or '?'}", args.wide))
-    print(render.prose(f"source: {model.source}", args.wide))
-    print("\n".join(render.prose(line, args.wide) for line in
-                    decide.source_lines(list(found.engines), found.chains, args.engine_log)))
-    if model.note:
-        print(render.prose(f"note: {model.note}", args.wide))
-    print(render.prose(f"floor_ms/step = {model.allreduces_per_token} allreduces x latency: each sequence's time per "
-                       f"output token if compute were free ({tag}). Per engine, its default and the one "
-                       "configuration recommend picks for this mix of concurrencies.", args.wide))
-    shown: list[str] = []
-    engines_json = []
-    tables: list[str | None] = []
+
+def compute(found: question.Answer, model: Model, concurrencies: list[int], args: argparse.Namespace) -> FloorResult:
+    """Per engine the floor of its default and of its configuration (and the what-if with
+    --step-ms), the headroom, the --backend rows and the cautions of every curve they show."""
+    curves = found.curves
+    named = match_curves(curves, args.backend) if args.backend else []
+    per_engine = []
     for d, c in zip(found.decisions, found.configurations):
-        print()
-        note = decide.version_note(d)
-        if note:
-            print(render.prose(f"caution: {note}", args.wide))
         pairs = engine_rows(model, c) if c.weighted_saving_ms is not None else []
-        if not pairs:   # nothing to tabulate: why, and the command that would price it
-            print(f"== {d.name} ==")
-            print("\n".join(configure_text.block(c, tag, args.wide, brief=True)))
+        report, why = _engine_what_if(model, c, curves, args) if args.step_ms is not None else (None, "")
+        per_engine.append(EngineFloor(d.engine, d.version, decide.version_note(d), c,
+                                      tuple(RowPair(a, b) for a, b in pairs), report, why or None))
+    room_rows = [priced_row(model, r.concurrency, r.price) for r in decide.fastest_headroom(found.headroom)]
+    named_rows = rows_for(model, named, concurrencies)
+    shown: list[str] = []   # in the order the text shows them
+    for e in per_engine:
+        shown += [r.backend for pair in e.rows for r in (pair.default,) + (() if e.configuration.is_default
+                                                                           else (pair.configured,))
+                  if r.latency_us is not None]
+        shown += [e.what_if.best.backend] if e.what_if is not None else []
+    shown += [r.backend for r in room_rows] + [c.label for c in named]
+    by_label = {c.label: c for c in curves}
+    warned = cautions(found.run.rows, [by_label[label] for label in dict.fromkeys(shown) if label in by_label])
+    return FloorResult(provenance.of(found.run).to_dict(), None, model, model.allreduces_per_token, found.tp,
+                       tuple(per_engine), tuple(room_rows), tuple(named_rows), None, tuple(warned))
+
+
+def text(result: FloorResult, found: question.Answer, concurrencies: list[int], args: argparse.Namespace) -> str:
+    model, tag = result.model, found.tag
+    out = [render.prose(provenance.describe(found.run), args.wide),
+           render.prose(f"{model.describe()}; TP {result.tp or '?'}", args.wide),
+           render.prose(f"source: {model.source}", args.wide),
+           "\n".join(render.prose(line, args.wide) for line in
+                     decide.source_lines(list(found.engines), found.chains, args.engine_log))]
+    if model.note:
+        out.append(render.prose(f"note: {model.note}", args.wide))
+    out.append(render.prose(f"floor_ms/step = {model.allreduces_per_token} allreduces x latency: each sequence's time "
+                            f"per output token if compute were free ({tag}). Per engine, its default and the one "
+                            "configuration recommend picks for this mix of concurrencies.", args.wide))
+    tables: list[str | None] = []
+    for d, e in zip(found.decisions, result.engines):
+        c = e.configuration
+        out.append("")
+        if e.version_note:
+            out.append(render.prose(f"caution: {e.version_note}", args.wide))
+        if not e.rows:   # nothing to tabulate: why, and the command that would price it
+            out.append(f"== {d.name} ==")
+            out.append("\n".join(configure_text.block(c, tag, args.wide, brief=True)))
             tables.append(None)
         else:
-            rows = [r for pair in pairs for r in (pair[:1] if c.is_default else pair)]
-            roles = ["default"] * len(pairs) if c.is_default else ["default", "configured"] * len(pairs)
+            rows = [r for pair in e.rows for r in (pair.default,) + (() if c.is_default else (pair.configured,))]
+            roles = ["default"] * len(e.rows) if c.is_default else ["default", "configured"] * len(e.rows)
             table = _table(rows, "", args.wide, roles).split("\n", 1)[1]
             said = ("its default: nothing to set" if c.is_default
                     else f"its default, then the configuration {c.chosen}")
             if table in tables:
-                print(render.prose(f"{d.name}: {said}: the same as "
-                                   f"{found.decisions[tables.index(table)].name}'s, above", args.wide))
+                out.append(render.prose(f"{d.name}: {said}: the same as "
+                                        f"{found.decisions[tables.index(table)].name}'s, above", args.wide))
             else:
-                print(render.prose(f"{d.name}: per concurrency {said} ({tag})", args.wide))
-                print(table)
+                out.append(render.prose(f"{d.name}: per concurrency {said} ({tag})", args.wide))
+                out.append(table)
             tables.append(table)
-            shown += [r.backend for r in rows if r.latency_us is not None]
-        engine_json: dict = {"engine": d.engine, "version": d.version, "version_note": note,
-                             "configuration": asdict(c),
-                             "rows": [{"default": asdict(a), "configured": asdict(b)} for a, b in pairs]}
         if args.step_ms is not None:
-            report, why = _engine_what_if(model, c, curves, args)
-            print(what_if_text(report, f"{d.name} ({tag})") if report else render.prose(why, args.wide))
-            if report:
-                shown += [report.best.backend]
-            engine_json["what_if"] = asdict(report) if report else None
-            engine_json["why_no_what_if"] = why or None
-        engines_json.append(engine_json)
-    best_rooms = decide.fastest_headroom(found.headroom)
-    room_rows = [priced_row(model, r.concurrency, r.price) for r in best_rooms]
-    if room_rows:
-        print()
-        print(_table(room_rows, f"headroom ({tag}): the fastest kernel measured here that no requested engine takes "
-                                "here, per size; for comparison only", args.wide))
-        shown += [r.curve for r in best_rooms]
-    print("\n".join(fastest.fastest_lines(run, curves, model, concurrencies, found.decisions, tag, args.wide)))
-    if named:
-        print()
-        print(_table(rows_for(model, named, concurrencies), f"as measured: {', '.join(args.backend)} ({tag})",
-                     args.wide))
-        shown += [c.label for c in named]
-
-    by_label = {c.label: c for c in curves}
-    warned = cautions(run.rows, [by_label[label] for label in dict.fromkeys(shown) if label in by_label])
-    for line in warned:
-        print("\n" + render.prose(f"caution: {line}", args.wide))
-    write_json(args.json, {"provenance": provenance.of(run).to_dict(), "model": asdict(model),
-                           "allreduces_per_token": model.allreduces_per_token, "tp": tp,
-                           "engines": engines_json, "headroom": [asdict(r) for r in room_rows],
-                           "rows": [asdict(r) for r in rows_for(model, named, concurrencies)],
-                           "cautions": warned})
-    return 0
+            out.append(what_if_text(e.what_if, f"{d.name} ({tag})") if e.what_if
+                       else render.prose(e.why_no_what_if or "", args.wide))
+    if result.headroom:
+        out += ["", _table(list(result.headroom), f"headroom ({tag}): the fastest kernel measured here that no "
+                                                  "requested engine takes here, per size; for comparison only",
+                           args.wide)]
+    out.append("\n".join(fastest.fastest_lines(found.run, found.curves, model, concurrencies, found.decisions, tag,
+                                               args.wide)))
+    if result.rows:
+        out += ["", _table(list(result.rows), f"as measured: {', '.join(args.backend)} ({tag})", args.wide)]
+    out += ["\n" + render.prose(f"caution: {line}", args.wide) for line in result.cautions]
+    return "\n".join(out)
 
 
 def _table_main(args: argparse.Namespace, model: Model, concurrencies: list[int]) -> int:
@@ -313,9 +356,8 @@ def _table_main(args: argparse.Namespace, model: Model, concurrencies: list[int]
         report = what_if(model, [curve], curve, concurrencies[0], args.step_ms)
         print()
         print(what_if_text(report, "this curve"))
-    write_json(args.json, {"model": asdict(model), "allreduces_per_token": model.allreduces_per_token, "tp": args.tp,
-                           "curve": origin, "rows": [asdict(r) for r in rows],
-                           "what_if": asdict(report) if report else None, "cautions": []})
+    results_out.write(args, FloorResult(None, origin, model, model.allreduces_per_token, args.tp, (), (), tuple(rows),
+                                        report, ()), f"floor {origin}")
     return 0
 
 

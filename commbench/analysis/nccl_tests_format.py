@@ -40,6 +40,7 @@ from commbench.results.validate import MAX_COUNT, is_plain_name
 from commbench.units import MAX_MESSAGE_BYTES
 
 PROGRAM = "all_reduce_perf"
+SOURCE = "nccl-tests"   # run.json source of an imported run (provenance tells imports apart by it)
 PLACEMENTS = ("out_of_place", "in_place")
 
 # nccl-tests' getopt string and long options (src/common.cu main): every option takes a value but -h.

@@ -28,9 +28,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from commbench.analysis.nccl_tests_format import (JSON_RELEASES, PLACEMENTS, NcclTestsOutput, PerIteration, Placement,
-                                         RankLine, ResultRow, nccl_version_text, printed_tolerance, read_output,
-                                         strtol)
+from commbench.analysis.nccl_tests_format import (JSON_RELEASES, PLACEMENTS, SOURCE, NcclTestsOutput, PerIteration,
+                                                  Placement, RankLine, ResultRow, nccl_version_text, printed_tolerance,
+                                                  read_output, strtol)
 from commbench.errors import UsageError
 from commbench.ops import ALLREDUCE
 from commbench.results import (ENV_PREFIXES, NO_WORK, OK, ROWS_FILE, RUN_FILE, WRONG, Lines, Measurement, RunDir,
@@ -39,7 +39,6 @@ from commbench.results.templates import Templates
 from commbench.units import format_bytes
 
 
-SOURCE = "nccl-tests"
 BACKENDS = {"out_of_place": "nccl-tests:out-of-place", "in_place": "nccl-tests:in-place"}
 AVERAGE_MODES = {0: "rank 0's time", 1: "the mean over ranks", 2: "the minimum over ranks",
                  3: "the maximum over ranks"}

@@ -18,7 +18,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from commbench.analysis.nccl_tests_import import SOURCE as IMPORT_SOURCE
+from commbench.analysis.nccl_tests_format import SOURCE as IMPORT_SOURCE
 from commbench.results import Run
 
 FIXTURE = "fixture"

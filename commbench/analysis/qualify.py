@@ -24,8 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from commbench.analysis import provenance, render
-from commbench.analysis.curves import Curve, build_curves, exceeds_spread, is_failed_check, pick_mode, run_world_size, select
+from commbench.analysis import provenance, render, results_out
+from commbench.analysis.curves import (INTERPOLATED, Curve, build_curves, exceeds_spread, is_failed_check, pick_mode,
+                                      price, run_world_size, select)
 from commbench.errors import UsageError
 from commbench.files import check_file_target, read_text
 from commbench.ops import ALLREDUCE
@@ -546,14 +547,14 @@ def check_limit(curves: list[Curve], limit: Limit, kind: str, where: str) -> Res
     if curve is None:
         have = ", ".join(sorted({c.key.variant for c in curves})) or "none"
         return Result(kind, name, FAIL, f"no trusted {where} rows of {limit.backend} (have: {have})", limit.source)
-    point = curve.at(limit.message_bytes)
-    if point is None:
-        return Result(kind, name, FAIL, f"size not measured: {curve.label} covers {curve.range_text()} "
+    priced = price(curve, limit.message_bytes)
+    if priced.point is None:
+        return Result(kind, name, FAIL, f"size not measured: {curve.label} covers {priced.range_text} "
                       f"(commbench sweep --qualify SPEC measures every size a spec checks)", limit.source)
-    value = point.latency_us if upper else point.busbw_gbps
+    value = priced.point.latency_us if upper else priced.point.busbw_gbps
     if value is None:
         return Result(kind, name, FAIL, "no bus bandwidth recorded at this size", limit.source)
-    how = "interpolated " if curve.point(limit.message_bytes) is None else ""
+    how = "interpolated " if priced.how == INTERPOLATED else ""
     unit = "us" if upper else "GB/s"
     shown = f"{how}{'latency' if upper else 'busbw'} {value:.3g} {unit} ({curve.label})"
     failed = value > limit.fail_at if upper else value < limit.fail_at
@@ -696,14 +697,56 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(overrides [reference] run in the spec)")
     parser.add_argument("--max-slowdown-pct", type=float, help="with --reference: FAIL above this latency slowdown (default 10)")
     parser.add_argument("--junit", type=Path, metavar="FILE", help="also write JUnit XML for CI")
+    parser.add_argument("--json", metavar="FILE", help="also write the checks as JSON ('-' for stdout: JSON alone)")
+    results_out.add_arguments(parser)
     parser.add_argument("--snapshot", metavar="SNAPSHOT.json",
                         help="probe snapshot for the fabric checks instead of the one in run.json (take it with "
                              "commbench probe --bandwidth --nccl --json FILE)")
     render.add_arguments(parser)
 
 
+@dataclass(frozen=True)
+class QualifyResult:
+    """What `qualify` answers; its --json is dataclasses.asdict of this (docs/results.md)."""
+
+    provenance: dict[str, Any]
+    described: str                 # the provenance line the text leads with
+    run_id: str
+    spec: str
+    spec_path: str
+    snapshot: str | None           # --snapshot: the fabric checks read it, not run.json's
+    data: str                      # what data every check read (the provenance kind), on every line
+    checks: tuple[Result, ...]
+    passed: int
+    warned: int
+    failed: int
+    verdict: str
+
+
+def result_of(spec: Spec, run: Run, checks: list[Result], snapshot: str | None) -> QualifyResult:
+    counts = {s: sum(r.status == s for r in checks) for s in (PASS, WARN, FAIL)}
+    return QualifyResult(provenance.of(run).to_dict(), provenance.describe(run), run.run_id, spec.name,
+                         str(spec.path), snapshot, provenance.of(run).kind, tuple(checks), counts[PASS],
+                         counts[WARN], counts[FAIL], FAIL if counts[FAIL] else PASS)
+
+
+def text(result: QualifyResult, wide: bool) -> str:
+    lines = [result.described,
+             f"qualify {result.run_id} against {result.spec} ({result.spec_path})"
+             + (f"; fabric checks read {result.snapshot}" if result.snapshot else "") + "\n",
+             render.table(["status", "group", "check", "detail", "data"],
+                          [[r.status, r.group, r.name, r.detail, result.data] for r in result.checks], wide=wide)]
+    sources = [(r.name, r.source) for r in result.checks if r.source]
+    if sources:
+        lines.append("\nwhere the thresholds come from:")
+        lines += [f"  {name}: {source}" for name, source in sources]
+    lines.append(f"\n{result.passed} PASS, {result.warned} WARN, {result.failed} FAIL -> {result.verdict}")
+    return "\n".join(lines)
+
+
 def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     check_file_target(args.junit, "--junit")   # before the verdict is printed, not after
+    results_out.check_targets(args)
     spec = load_spec(args.spec)
     run = load_run(args.run_dir)
     if args.max_slowdown_pct is not None and not 0 <= args.max_slowdown_pct < math.inf:
@@ -718,26 +761,14 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
         from commbench.topology.snapshot_file import load_snapshot
 
         probe = load_snapshot(args.snapshot)
-    results = qualify(spec, run, reference, probe)
-
-    print(provenance.describe(run))
-    print(f"qualify {run.run_id} against {spec.name} ({spec.path})"
-          + (f"; fabric checks read {args.snapshot}" if args.snapshot else "") + "\n")
-    kind = provenance.of(run).kind   # every line says what data it read, the same way
-    print(render.table(["status", "group", "check", "detail", "data"],
-                       [[r.status, r.group, r.name, r.detail, kind] for r in results], wide=args.wide))
-    sources = [(r.name, r.source) for r in results if r.source]
-    if sources:
-        print("\nwhere the thresholds come from:")
-        for name, source in sources:
-            print(f"  {name}: {source}")
-    counts = {s: sum(r.status == s for r in results) for s in (PASS, WARN, FAIL)}
-    verdict = FAIL if counts[FAIL] else PASS
-    print(f"\n{counts[PASS]} PASS, {counts[WARN]} WARN, {counts[FAIL]} FAIL -> {verdict}")
+    checks = qualify(spec, run, reference, probe)
+    result = result_of(spec, run, checks, args.snapshot)
+    print(text(result, args.wide))
     if args.junit:
         try:
-            args.junit.write_text(junit_xml(spec, run, results), encoding="utf-8")
+            args.junit.write_text(junit_xml(spec, run, checks), encoding="utf-8")
         except OSError as exc:
             raise UsageError(f"{args.junit}: cannot write ({exc.strerror})") from None
         print(f"wrote {args.junit}")
-    return 1 if counts[FAIL] else 0
+    results_out.write(args, result, f"qualify {result.run_id} against {result.spec}")
+    return 1 if result.failed else 0

@@ -13,16 +13,17 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import asdict
+from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
 from commbench import engines
-from commbench.analysis import configure, configure_text, decide, fastest, models, provenance, question, render
+from commbench.analysis import (configure, configure_text, decide, fastest, models, provenance, question, render,
+                                results_out)
 from commbench.analysis.configure import one_line
 from commbench.analysis.curves import Curve, cautions, run_world_size
-from commbench.analysis.decide import EngineDecision, Headroom, Option, Price
+from commbench.analysis.decide import EngineDecision, Headroom, Option, Price, Saving
+from commbench.analysis.models import Model
 from commbench.analysis.render import fmt_us
-from commbench.files import check_file_target, write_json
 from commbench.results import OK, Measurement, Run
 from commbench.units import format_bytes
 
@@ -39,6 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the decision alone: per engine its default path and cost per size, the fastest "
                              "path with its settings and saving, the headroom (no path, cost or inert table)")
     parser.add_argument("--json", metavar="FILE", help="also write the decision as JSON ('-' for stdout)")
+    results_out.add_arguments(parser)
     render.add_arguments(parser)
 
 
@@ -175,77 +177,88 @@ def _headroom_lines(rooms: list[Headroom], model: models.Model, tag: str, args: 
 
 
 def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
-    check_file_target(args.json, "--json")
+    results_out.check_targets(args)
     model = models.requested(args)
     if model is None:
         return 0
     asked = question.from_args(args, model)
     found = question.answer(asked)
-    run, tp, tag = found.run, found.tp, found.tag
-    args.tp_shown = tp or "?"
+    result = compute(found, model)
+    print(text(result, found, asked, args))
+    sys.stdout.flush()
+    results_out.write(args, result, f"recommend {args.run_dir}")
+    return 0
+
+
+def compute(found: question.Answer, model: Model) -> RecommendResult:
+    """The decision as data: per engine its paths, prices and configuration; headroom; the
+    cautions of every curve the text shows; the settings the box's probe says do nothing."""
+    run = found.run
     implementations = measured_implementations(run.rows)
-
-    print(render.prose(provenance.describe(run), args.wide))
-    print(render.prose(f"{model.describe()}; TP {args.tp_shown}", args.wide))
-    if not args.brief or found.chains:
-        print("\n".join(render.prose(line, args.wide) for line in
-                        decide.source_lines(list(found.engines), found.chains, args.engine_log)))
-    if args.brief:
-        print(render.prose(f"us per allreduce call, ms per step of {model.allreduces_per_token} calls; one "
-                           "configuration per server, against the engine's default in this run", args.wide))
-    else:
-        print(render.prose(f"costs are us per allreduce call from this run ({tag}); per step = "
-                           f"{model.allreduces_per_token} calls (each sequence's time per output token). A server "
-                           "runs one configuration: it is priced against the engine's default measured in this run "
-                           "at every size of the mix and the prefill chunk; a margin inside both sides' p10-p90 "
-                           "spread is 'no measurable difference'", args.wide))
-    costs = [_costs_table(d, tag, args, implementations) if d.options and not args.brief else None
-             for d in found.decisions]
-    trades = [configure_text.tradeoffs(c, args.wide) for c in found.configurations]
-    records = []
-    for i, (d, c) in enumerate(zip(found.decisions, found.configurations)):
-        print(f"\n== {d.name}, TP {args.tp_shown} ==")
-        note = decide.version_note(d)
-        if note:
-            print(render.prose(f"caution: {note}", args.wide))
-        if not args.brief:
-            print(_paths_table(d, args))
-            if costs[i]:
-                print(_once(costs, i, found.decisions, lambda names: f"{names}: us per allreduce call ({tag})", args.wide))
-        print("\n".join(configure_text.block(c, tag, args.wide, args.brief)))
-        if trades[i]:
-            print(_once(trades, i, found.decisions, lambda names: configure_text.tradeoff_title(names, tag), args.wide))
-        records.append(_engine_record(d, c, implementations))
+    records = tuple(engine_result(d, c, implementations) for d, c in zip(found.decisions, found.configurations))
     rooms = found.headroom
-    for line in _brief_headroom(rooms, tag, args.wide) if args.brief else _headroom_lines(rooms, model, tag, args):
-        print(line)
-    if not args.brief:
-        print("\n".join(fastest.fastest_lines(found.run, found.curves, model, asked.concurrencies, found.decisions,
-                                             tag, args.wide)))
-
     shown = [c for d in found.decisions for o in d.options if o.state.available is not False
              for c in o.own + o.stand_ins]
     warned = cautions(run.rows, shown + [c for c in found.curves if c.label in {r.curve for r in rooms}])
-    for line in warned:
-        print("\n" + render.prose(f"caution: {line}", args.wide))
-    inert = inert_here(run, tp)
-    if inert and not args.brief:
-        print("\n" + render.prose("settings that do nothing on this box (from its probe snapshot; never printed "
-                                  "above as a setting):", args.wide))
-        for rule in inert:
-            print(render.prose(f"- {rule.setting}: {rule.why} ({rule.source})", args.wide, indent="  "))
-    print("\n" + render.prose(
+    inert = inert_here(run, found.tp)
+    return RecommendResult(provenance.of(run).to_dict(), model, found.tp, records,
+                           tuple(headroom_record(r) for r in rooms), tuple(warned),
+                           tuple(r._asdict() for r in inert), engines.versions())
+
+
+def text(result: RecommendResult, found: question.Answer, asked: question.Question, args: argparse.Namespace) -> str:
+    """The human answer: the result, with the tables drawn from the decisions it was computed from."""
+    model, tag = result.model, found.tag
+    args.tp_shown = result.tp or "?"
+    implementations = measured_implementations(found.run.rows)
+    out = [render.prose(provenance.describe(found.run), args.wide),
+           render.prose(f"{model.describe()}; TP {args.tp_shown}", args.wide)]
+    if not args.brief or found.chains:
+        out.append("\n".join(render.prose(line, args.wide) for line in
+                             decide.source_lines(list(found.engines), found.chains, args.engine_log)))
+    if args.brief:
+        out.append(render.prose(f"us per allreduce call, ms per step of {model.allreduces_per_token} calls; one "
+                                "configuration per server, against the engine's default in this run", args.wide))
+    else:
+        out.append(render.prose(f"costs are us per allreduce call from this run ({tag}); per step = "
+                                f"{model.allreduces_per_token} calls (each sequence's time per output token). A "
+                                "server runs one configuration: it is priced against the engine's default measured "
+                                "in this run at every size of the mix and the prefill chunk; a margin inside both "
+                                "sides' p10-p90 spread is 'no measurable difference'", args.wide))
+    costs = [_costs_table(d, tag, args, implementations) if d.options and not args.brief else None
+             for d in found.decisions]
+    trades = [configure_text.tradeoffs(c, args.wide) for c in found.configurations]
+    for i, (d, c) in enumerate(zip(found.decisions, found.configurations)):
+        out.append(f"\n== {d.name}, TP {args.tp_shown} ==")
+        note = result.engines[i].version_note
+        if note:
+            out.append(render.prose(f"caution: {note}", args.wide))
+        if not args.brief:
+            out.append(_paths_table(d, args))
+            if costs[i]:
+                out.append(_once(costs, i, found.decisions, lambda names: f"{names}: us per allreduce call ({tag})",
+                                 args.wide))
+        out.append("\n".join(configure_text.block(c, tag, args.wide, args.brief)))
+        if trades[i]:
+            out.append(_once(trades, i, found.decisions, lambda names: configure_text.tradeoff_title(names, tag),
+                             args.wide))
+    rooms = found.headroom
+    out += _brief_headroom(rooms, tag, args.wide) if args.brief else _headroom_lines(rooms, model, tag, args)
+    if not args.brief:
+        out.append("\n".join(fastest.fastest_lines(found.run, found.curves, model, asked.concurrencies,
+                                                   found.decisions, tag, args.wide)))
+    out += ["\n" + render.prose(f"caution: {line}", args.wide) for line in result.cautions]
+    if result.inert_settings and not args.brief:
+        out.append("\n" + render.prose("settings that do nothing on this box (from its probe snapshot; never "
+                                         "printed above as a setting):", args.wide))
+        out += [render.prose(f"- {rule['setting']}: {rule['why']} ({rule['source']})", args.wide, indent="  ")
+                for rule in result.inert_settings]
+    out.append("\n" + render.prose(
         "A microbenchmark win is a hypothesis: confirm it with an end-to-end decode run at your concurrency"
         + ("." if args.brief else " (on a 16-GPU PCIe-switch server, Kimi K2.6 at TP8 decoded faster with the "
            "custom allreduce off at short context: 157 vs 139 tok/s at concurrency 1; voipmonitor/rtx6kpro "
            "benchmarks, 2026-04-25)."), args.wide))
-    sys.stdout.flush()
-
-    write_json(args.json, {"provenance": provenance.of(run).to_dict(), "model": asdict(model), "tp": tp,
-                           "engines": records, "headroom": [_headroom_record(r) for r in rooms],
-                           "cautions": warned, "inert_settings": [r._asdict() for r in inert],
-                           "engine_versions": engines.versions()})
-    return 0
+    return "\n".join(out)
 
 
 def _once(tables: list[str | None], i: int, decisions: list[EngineDecision], title: Any, wide: bool) -> str:
@@ -260,37 +273,98 @@ def _once(tables: list[str | None], i: int, decisions: list[EngineDecision], tit
     return "\n" + render.prose(title(names), wide) + "\n" + table
 
 
-def _price_record(p: Price | None) -> dict[str, Any] | None:
-    if p is None:
-        return None
-    return {"latency_us": p.latency_us, "curve": p.curve, "stand_in": p.stand_in, "interpolated": p.interpolated,
-            "mode": p.mode, "p10_us": p.point.p10_us, "p90_us": p.point.p90_us}
+@dataclass(frozen=True)
+class PathRecord:
+    """One engine path on the run's box (decide's PathState, as the JSON gives it)."""
+
+    path: str
+    title: str
+    default_on: bool
+    available: bool | None
+    why: str
+    turn_on: str
+    source: str
+    max_bytes: int | None
 
 
-def _engine_record(d: EngineDecision, c: configure.Configuration, implementations: dict[str, str]
-                   ) -> dict[str, Any]:
-    return {
-        "engine": d.engine, "version": d.version, "version_note": decide.version_note(d),
-        "paths": [{"path": s.path, "title": s.rule.title, "default_on": s.rule.default_on, "available": s.available,
-                   "why": s.why, "turn_on": s.rule.turn_on, "source": s.source, "max_bytes": s.max_bytes}
-                  for s in d.states],
-        "options": [{"label": o.label, "path": o.state.path, "available": o.state.available,
-                     "own": [c.label for c in o.own], "stand_ins": [c.label for c in o.stand_ins],
-                     "measured_implementations": {c.label: implementations[c.backend]
-                                                  for c in o.own + o.stand_ins if c.backend in implementations}}
-                    for o in d.options],
-        "sizes": [{"concurrency": s.concurrency, "message_bytes": s.message_bytes,
-                   "default_path": s.default.path.path if s.default.path else None, "default_why": s.default.why,
-                   "default_cost": _price_record(s.default_price),
-                   "costs": {o.label: _price_record(p) for o, p in zip(d.options, s.prices)},
-                   "choice": s.best.label if s.best else None, "choice_cost": _price_record(s.best_price),
-                   "saving": asdict(s.saving) if s.saving else None, "why_no_saving": s.why_no_saving or None}
-                  for s in d.sizes],
-        "configuration": {**asdict(c), "losses": [asdict(cell) for cell in c.losses]},
-    }
+@dataclass(frozen=True)
+class OptionRecord:
+    label: str
+    path: str
+    available: bool | None
+    own: tuple[str, ...]
+    stand_ins: tuple[str, ...]
+    measured_implementations: dict[str, str]
 
 
-def _headroom_record(r: Headroom) -> dict[str, Any]:
-    return {"kernel": r.curve, "why": r.why, "concurrency": r.concurrency, "message_bytes": r.message_bytes,
-            "cost": _price_record(r.price), "versus": _price_record(r.versus),
-            "saving": asdict(r.saving) if r.saving else None}
+@dataclass(frozen=True)
+class SizeRecord:
+    """One decode size: the default's price and every option's, the choice and its saving."""
+
+    concurrency: int
+    message_bytes: int
+    default_path: str | None
+    default_why: str
+    default_cost: Price | None
+    costs: dict[str, Price | None]
+    choice: str | None
+    choice_cost: Price | None
+    saving: Saving | None
+    why_no_saving: str | None
+
+
+@dataclass(frozen=True)
+class EngineResult:
+    engine: str
+    version: str
+    version_note: str | None
+    paths: tuple[PathRecord, ...]
+    options: tuple[OptionRecord, ...]
+    sizes: tuple[SizeRecord, ...]
+    configuration: configure.Configuration
+    losses: tuple[configure.Cell, ...]    # the configuration's cells where it is slower than the default
+
+
+@dataclass(frozen=True)
+class HeadroomRecord:
+    kernel: str
+    why: str
+    concurrency: int
+    message_bytes: int
+    cost: Price
+    versus: Price | None
+    saving: Saving | None
+
+
+@dataclass(frozen=True)
+class RecommendResult:
+    """What `recommend` answers; its JSON is dataclasses.asdict of this (docs/results.md)."""
+
+    provenance: dict[str, Any]
+    model: Model
+    tp: int | None
+    engines: tuple[EngineResult, ...]
+    headroom: tuple[HeadroomRecord, ...]
+    cautions: tuple[str, ...]
+    inert_settings: tuple[dict[str, Any], ...]    # engines.InertSetting's fields
+    engine_versions: dict[str, str]
+
+
+def engine_result(d: EngineDecision, c: configure.Configuration, implementations: dict[str, str]) -> EngineResult:
+    return EngineResult(
+        d.engine, d.version, decide.version_note(d),
+        tuple(PathRecord(s.path, s.rule.title, s.rule.default_on, s.available, s.why, s.rule.turn_on, s.source,
+                         s.max_bytes) for s in d.states),
+        tuple(OptionRecord(o.label, o.state.path, o.state.available, tuple(c.label for c in o.own),
+                           tuple(c.label for c in o.stand_ins),
+                           {c.label: implementations[c.backend] for c in o.own + o.stand_ins
+                            if c.backend in implementations}) for o in d.options),
+        tuple(SizeRecord(s.concurrency, s.message_bytes, s.default.path.path if s.default.path else None,
+                         s.default.why, s.default_price, {o.label: p for o, p in zip(d.options, s.prices)},
+                         s.best.label if s.best else None, s.best_price, s.saving, s.why_no_saving or None)
+              for s in d.sizes),
+        c, c.losses)
+
+
+def headroom_record(r: Headroom) -> HeadroomRecord:
+    return HeadroomRecord(r.curve, r.why, r.concurrency, r.message_bytes, r.price, r.versus, r.saving)

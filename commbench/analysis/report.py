@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
-from commbench.analysis import attribute_plots, plots, provenance, render
+from commbench.analysis import attribute_plots, plots, provenance, render, results_out
 from commbench.analysis.fusion import COMPARISON_HEADERS, COMPARISON_NUMERIC, COMPARISON_TITLE, comparison_cells
 from commbench.analysis.nccl_loaded import add_nccl, nccl_lines
 from commbench.analysis.curves import (Crossover, Curve, baseline_curve, baseline_name, build_curves, cautions,
-                              crossovers, groups, is_failed_check, ranking, run_world_size, select, variant_label)
+                              crossovers, groups, is_failed_check, price, ranking, run_world_size, select)
 from commbench.errors import UsageError
 from commbench.files import output_folder
 from commbench.ops import ALLREDUCE
@@ -60,7 +60,7 @@ def range_rows(curves: list[Curve], baseline: str | None) -> list[RangeRow]:
                 runner = runner or ranked[1].curve.label
                 margins.append(ranked[1].point.latency_us / win.point.latency_us)
             base = baseline_curve(curves, baseline, win.curve)
-            base_point = base.at(size) if base is not None else None
+            base_point = price(base, size).point if base is not None else None
             if base_point is not None:
                 versus.append(base_point.latency_us / win.point.latency_us)
         out.append(RangeRow(cross, (min(firsts), max(firsts)), runner, _span(margins), _span(versus)))
@@ -313,7 +313,7 @@ def _latency(r: RangeRow) -> str:
     return fmt_us(lo) if fmt_us(lo) == fmt_us(hi) else f"{fmt_us(lo)}-{fmt_us(hi)}"
 
 
-def crossover_cells(section: Section, baseline: str | None) -> tuple[list[str], list[list[str]]]:
+def crossover_cells(section: Section | SectionResult, baseline: str | None) -> tuple[list[str], list[list[str]]]:
     """The crossover table's headers and rows; the baseline column only where it says something."""
     headers = ["sizes", "winner", "measured sizes", "fastest latency us", "runner-up (first size)",
                "margin over runner-up"]
@@ -380,6 +380,54 @@ def write_html(run: Run, facts: RowFacts, sections: list[Section], fused: list[l
                                       ("\n".join(ending),)))
 
 
+@dataclass(frozen=True)
+class SectionResult:
+    title: str
+    ranges: tuple[RangeRow, ...]
+    cautions: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ReportResult:
+    """What `report` says of a run (its text; --json is dataclasses.asdict of this). The page and
+    plots it writes to --out are drawn from the same sections."""
+
+    provenance: dict[str, Any]
+    described: str
+    run_id: str
+    statuses: str                       # rows per status
+    state: str | None                   # a run that did not finish: how far it got
+    baseline: str | None
+    sections: tuple[SectionResult, ...]
+    fused: tuple[tuple[str, ...], ...]  # the fused vs unfused table's rows, as printed
+    nccl: tuple[str, ...]               # the NCCL each variant ran
+    failed_rows: int
+    failed: tuple[str, ...]             # 'backend size status' of the rows that failed their check
+
+
+def text(result: ReportResult, wide: bool) -> str:
+    lines = [render.prose(result.described, wide),   # says "emulated: ..." for ranks that shared GPUs
+             f"run {result.run_id}: {result.statuses}" + (f"; {result.state}" if result.state else "")]
+    for section in result.sections:
+        lines.append(f"\n{section.title}: winner per size range (trusted rows only; margins are latency ratios)")
+        headers, rows = crossover_cells(section, result.baseline)
+        lines.append(render.table(headers, rows, right=tuple(i for i in (2, 3, 5, 6) if i < len(headers)),
+                                  wide=wide))
+        lines += [render.prose(f"caution: {line}", wide) for line in section.cautions]
+    if result.fused:
+        lines.append(f"\n{COMPARISON_TITLE} ({FUSION_NOTE})")
+        lines.append(render.table(COMPARISON_HEADERS, [list(r) for r in result.fused], right=COMPARISON_NUMERIC,
+                                  wide=wide))
+    if result.nccl:
+        lines.append("\nNCCL each variant ran (ncclGetVersion of the library in its process):")
+        lines += [f"  {line}" for line in result.nccl]
+    if result.failed_rows:
+        lines.append("\n" + render.prose(
+            f"{result.failed_rows} row(s) failed their check (wrong data, hang or crash), excluded from winners: "
+            + ", ".join(result.failed), wide))
+    return "\n".join(lines)
+
+
 # ---------------------------------------------------------------- command
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -388,15 +436,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, help="where to write report.html and plots/ (default: a new folder "
                                                  "RUN-report in the current directory; never the run dir)")
     parser.add_argument("--baseline", help="backend speedups are measured against (default: nccl, else gloo)")
+    parser.add_argument("--json", metavar="FILE", help="also write what the text says as JSON ('-' for stdout: "
+                                                       "JSON alone)")
     render.add_arguments(parser)
     attribute_plots.add_arguments(parser)
 
 
 def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     if is_whole_fleet(args.run_dir):
+        if args.json is not None:
+            raise UsageError("--json: a fleet's report is its page (commbench fleet qualify FLEET --json F has "
+                             "every node's checks)")
         from commbench.fleet import page
 
         return page.main(args)
+    results_out.check_targets(args)
     run = load_one(args.run_dir)
     if not run.rows:
         raise UsageError(f"{run.path}: no measurements yet (measurements.jsonl is empty or missing)")
@@ -430,29 +484,14 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     written.extend(path for png, _ in trace[1] for path in (png, png.with_suffix(".svg")))
     write_html(run, facts, sections, fused, images, baseline, html_path, trace)
 
-    print(render.prose(provenance.describe(run), args.wide))   # says "emulated: ..." for ranks that shared GPUs
-    print(f"run {run.run_id}: {facts.status_text}"
-          + (f"; {run_state(run.info)}" if run_state(run.info) else ""))
-    for section in sections:
-        print(f"\n{section.title}: winner per size range (trusted rows only; margins are latency ratios)")
-        headers, rows = crossover_cells(section, baseline)
-        print(render.table(headers, rows, right=tuple(i for i in (2, 3, 5, 6) if i < len(headers)), wide=args.wide))
-        for line in section.cautions:
-            print(render.prose(f"caution: {line}", args.wide))
-    if fused:
-        print(f"\n{COMPARISON_TITLE} ({FUSION_NOTE})")
-        print(render.table(COMPARISON_HEADERS, fused, right=COMPARISON_NUMERIC, wide=args.wide))
-    versions = nccl_lines(facts.nccl)
-    if versions:
-        print("\nNCCL each variant ran (ncclGetVersion of the library in its process):")
-        for line in versions:
-            print(f"  {line}")
-    failed_rows = facts.failed
-    if failed_rows:
-        print("\n" + render.prose(
-            f"{len(failed_rows)} row(s) failed their check (wrong data, hang or crash), excluded from winners: "
-            + ", ".join(sorted({f'{r.backend} {format_bytes(r.message_bytes)} {r.status}' for r in failed_rows})),
-            args.wide))
+    result = ReportResult(provenance.of(run).to_dict(), provenance.describe(run), run.run_id, facts.status_text,
+                          run_state(run.info), baseline,
+                          tuple(SectionResult(s.title, tuple(s.ranges), tuple(s.cautions)) for s in sections),
+                          tuple(tuple(cells) for cells in fused), tuple(nccl_lines(facts.nccl)), len(facts.failed),
+                          tuple(sorted({f'{r.backend} {format_bytes(r.message_bytes)} {r.status}'
+                                        for r in facts.failed})))
+    print(text(result, args.wide))
+    results_out.write(args, result, f"report {run.run_id}")
     print(f"\nwrote {html_path}")
     for path in written:
         print(f"wrote {path}")

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
 from commbench.analysis.fusion import COMPARISON_HEADERS, COMPARISON_TITLE, comparison_cells
-from commbench.analysis import provenance, render
+from commbench.analysis import provenance, render, results_out
 from commbench.analysis.curves import CurveKey, distinguish, emulation_text, key_of
 from commbench.analysis.render import fmt_us
 from commbench.errors import UsageError
@@ -32,7 +32,7 @@ from commbench.units import format_bytes
 GroupKey = tuple[str, str, int, str]      # dtype, mode, world size, emulation_text or ""
 
 
-@dataclass
+@dataclass(frozen=True)
 class Table:
     title: str
     headers: list[str]
@@ -162,36 +162,50 @@ def refusals(rows: Iterable[Measurement]) -> list[str]:
             for (backend, world), (measured, first) in seen.items() if not measured]
 
 
-def render_runs(runs: list[Run], width: int | None = None) -> str:
+@dataclass(frozen=True)
+class TableResult:
+    """What `table` answers; its --json is dataclasses.asdict of this (docs/results.md)."""
+
+    machines: dict[str, tuple[str, ...]]    # what each machine and kind is -> its runs' ids
+    runs: tuple[str, ...]                   # the run dirs, in the order given
+    allreduce: tuple[Table, ...]
+    fused: Table | None
+    refused: tuple[str, ...]                # 'backend at N ranks: status: reason', measured nothing
+
+
+def table_result(runs: list[Run]) -> TableResult:
+    rows = _Rows(runs)
+    kinds: dict[str, list[str]] = {}
+    for run in runs:
+        origin = provenance.of(run)
+        kinds.setdefault(origin.what(), []).append(origin.run_id)
+    return TableResult({what: tuple(ids) for what, ids in kinds.items()}, tuple(str(run.path) for run in runs),
+                       tuple(allreduce_tables(runs)), fusion_table(rows), tuple(refusals(rows)))
+
+
+def render_markdown(result: TableResult, width: int | None = None) -> str:
     """The markdown; with `width` (a terminal), its paragraphs wrapped to it between words
     (markdown joins the lines again; a table row stays one line, as markdown needs)."""
-    rows = _Rows(runs)
-
     def para(text: str, prefix: str = "", end: str = "") -> str:
         if width is None:
             return prefix + text + end
         return render.prose(text, width=width, indent=prefix) + end
 
     # First, what the runs are: one line per machine and kind, naming its runs.
-    kinds: dict[str, list[str]] = {}
-    for run in runs:
-        origin = provenance.of(run)
-        kinds.setdefault(origin.what(), []).append(origin.run_id)
     parts = [para(f"{md_escape(what)}; run{'s' if len(ids) > 1 else ''} {md_escape(', '.join(ids))}", "> ", "  ")
-             for what, ids in kinds.items()]
-    parts += ["", "# commbench side by side", "", para("Runs: " + ", ".join(f"`{run.path}`" for run in runs) + "."), ""]
+             for what, ids in result.machines.items()]
+    parts += ["", "# commbench side by side", "", para("Runs: " + ", ".join(f"`{path}`" for path in result.runs) + "."),
+              ""]
     parts += [para("Cells: headline `latency_us` (one timer around the timed pass, slowest rank) / the jitter pass's "
                    "p50; the fastest correct backend per size in bold; a status (skipped, hang, crashed, wrong, ...) "
                    "where the row did not measure."), ""]
-    parts += [markdown(t) for t in allreduce_tables(runs)]
-    fused = fusion_table(rows)
-    if fused is not None:
+    parts += [markdown(t) for t in result.allreduce]
+    if result.fused is not None:
         parts += [para("saving = unfused - fused per call (positive: fusion is faster); unfused = the run's fastest "
                        "correct plain allreduce at that size, then torch's add and RMSNorm in the same graph."), "",
-                  markdown(fused)]
-    refused = refusals(rows)
-    if refused:
-        parts += ["### Measured nothing, and why", ""] + [f"- {md_escape(line)}" for line in refused] + [""]
+                  markdown(result.fused)]
+    if result.refused:
+        parts += ["### Measured nothing, and why", ""] + [f"- {md_escape(line)}" for line in result.refused] + [""]
     return "\n".join(parts)
 
 
@@ -210,21 +224,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dirs", nargs="+", metavar="RUN",
                         help="results dirs written by commbench sweep, or a fleet (all its runs; FLEET#NODE: one)")
     parser.add_argument("--out", help="markdown file to write (default: stdout)")
+    parser.add_argument("--json", metavar="FILE", help="also write the tables as JSON ('-' for stdout: JSON alone)")
+    results_out.add_arguments(parser)
 
 
 def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     check_file_target(args.out, "--out")
+    results_out.check_targets(args)
     if len(set(args.run_dirs)) != len(args.run_dirs):
         raise UsageError("a run dir is listed twice")
     runs = [run for path in args.run_dirs for run in load_runs(path)]
     empty = [str(run.path) for run in runs if not run.rows]
     if empty:
         raise UsageError(f"{empty[0]}: no measurements yet (measurements.jsonl is empty or missing)")
+    result = table_result(runs)
     to_terminal = args.out is None or args.out == STDOUT
-    text = render_runs(runs, render.terminal_width() if to_terminal else None)
+    text = render_markdown(result, render.terminal_width() if to_terminal else None)
     if to_terminal:
         print(text, end="")
     else:
         Path(args.out).write_text(text, encoding="utf-8")
         print(f"wrote {args.out}")
+    results_out.write(args, result, "table " + " ".join(args.run_dirs))
     return 0

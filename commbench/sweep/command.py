@@ -66,6 +66,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     timing.add_argument("-n", "--iters", type=int,
                         help="timed calls per pass in eager mode, timed graph replays in graph mode "
                              "(default: scales down with size); with -G: calls captured per graph, as in nccl-tests")
+    timing.add_argument("--jitter-calls", type=int, metavar="N",
+                        help="eager mode: calls timed one by one for p10..p99, in rounds over the row's buffers, each "
+                             "call checked (default: -n's count where given, else 100 or the timed calls if more)")
     timing.add_argument("-w", "--warmup", type=int, help="warm-up calls per row (default 5 on GPU, 2 on CPU)")
     timing.add_argument("--graph-ops", type=int,
                         help="calls captured per CUDA graph (default: 128, fewer for messages above 2 MiB)")

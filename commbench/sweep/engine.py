@@ -4,7 +4,9 @@ timed pass, jitter pass, check.
 Every rank runs the same plan in the same order. A row has two passes over the same calls:
 the timed pass puts one timer around the loop (the headline: total / calls, max over ranks,
 as nccl-tests does) and the jitter pass a timer per call or replay (p10..p99, kept apart so the
-per-call timer's cost never inflates the headline). Every output of both passes is checked.
+per-call timer's cost never inflates the headline). In eager mode the jitter pass times at least
+100 calls (plan.JITTER_CALLS), in rounds over the row's pairs where they are fewer, so its p99
+is a per-call tail. Every output of every pass is checked.
 Each row is measured inside a watchdog, the results of all ranks are gathered over the gloo
 control group, and every rank builds the same row (so later decisions, like the unfused
 baseline's choice of backend, agree everywhere). Rank 0 appends the row to measurements.jsonl
@@ -38,16 +40,17 @@ from commbench.sweep.plan import SweepPlan
 from commbench.sweep.state import RowSink, RunState, stopped_reason
 from commbench.results import (CHECK_OFF, CRASHED, ERROR, HANG, NO_WORK, OK, SKIPPED, WRONG, Cell, Measurement,
                                stops_backend)
-from commbench.runtime.timing import (capture_graph, count_work_nodes, headline_us, jitter_stats, loop_total_us,
-                              per_step_us, synchronize)
+from commbench.runtime.timing import (Step, capture_graph, count_work_nodes, headline_us, jitter_stats,
+                                      loop_total_us, per_step_us, synchronize)
 from commbench.runtime.dtypes import TORCH_DTYPES, dtype_name
 from commbench.units import format_bytes
 from commbench.sweep.watchdog import Watchdog
 from commbench.waits import waits
-from commbench.runtime.workload import PassCheck, Workload, bandwidths_gbps
+from commbench.runtime.workload import EPOCHS_PER_PASS, PassCheck, Workload, bandwidths_gbps
 
 # First epochs of the exact input pattern per pass (each pass uses three, see workload.py), so
-# an answer left from another pass is wrong too, never right by chance.
+# an answer left from another pass is wrong too, never right by chance. The eager jitter pass's
+# rounds take three each from JITTER_EPOCH on.
 OBSERVE_EPOCH, WARMUP_EPOCH, TIMED_EPOCH, JITTER_EPOCH = 10, 20, 30, 40
 MEASUREMENT_FIELDS = {f.name for f in fields(Measurement)}
 
@@ -268,7 +271,7 @@ class Engine:
             workload.prepare(OBSERVE_EPOCH)
             observed = backend.observe(lambda: workload.call(0), size) or {}
             if eager:
-                return self._eager(workload, calls, bus_factor, observed)
+                return self._eager(workload, calls, bus_factor, observed, self.plan.jitter_calls_for(size))
             return self._graph(backend, workload, calls, size, bus_factor, observed)
         except BackendUnavailable as exc:  # this shape cannot run (e.g. tokens <= world size)
             return Skipped(str(exc))
@@ -282,19 +285,33 @@ class Engine:
         for i in range(max(1, self.plan.warmup)):
             workload.call(i % pairs)
 
-    def _eager(self, workload: Workload, calls: int, bus_factor: float | None, observed: dict[str, Any]
-               ) -> Measured:
-        """Timed pass (one timer around the loop) then jitter pass (a timer per call); both
-        over calls + 1 pairs, whose outputs are all checked."""
+    def _eager(self, workload: Workload, calls: int, bus_factor: float | None, observed: dict[str, Any],
+               jitter_calls: int) -> Measured:
+        """Timed pass (one timer around the loop) over calls + 1 pairs, then the jitter pass (a
+        timer per call) of `jitter_calls` calls in rounds of up to `calls` over the same pairs;
+        every output of every round is checked before the next round reuses its pair."""
         self._warm_up(workload, calls + 1)
 
         # The first call after a host barrier carries the ranks' exit skew: it aligns them on the
-        # device and stays out of the timer (call 0 of the pass).
-        (total_us, timed_check), (samples, jitter_check) = self._passes(
-            workload, align=lambda: workload.call(0), step=lambda i: workload.call(i + 1), steps=calls,
-            checked=calls + 1)
+        # device and stays out of the timer (call 0 of the pass, and of each jitter round).
+        def align() -> None:
+            workload.call(0)
+
+        def step(i: int) -> None:
+            workload.call(i + 1)
+
+        total_us, timed_check = self._pass(workload, TIMED_EPOCH, loop_total_us, align, step, calls, calls + 1)
+        samples: list[float] = []
+        checks = [timed_check]
+        for first in range(0, jitter_calls, calls):
+            # A round's epochs follow the last round's, so an answer left from it is wrong here.
+            steps = min(calls, jitter_calls - first)
+            round_samples, check = self._pass(workload, JITTER_EPOCH + first // calls * EPOCHS_PER_PASS, per_step_us,
+                                              align, step, steps, steps + 1)
+            samples += round_samples
+            checks.append(check)
         return Measured(bus_factor, observed, total_us, timed_calls=calls, samples=samples, calls_per_sample=1,
-                        checks=[timed_check, jitter_check], check_scope="timed calls")
+                        checks=checks, check_scope="timed calls")
 
     def _graph(self, backend: Backend, workload: Workload, ops: int, size: int, bus_factor: float | None,
                observed: dict[str, Any]) -> Measured:
@@ -314,9 +331,10 @@ class Engine:
             graph.replay()
 
         # One replay aligns the ranks, as the first eager call does.
-        (total_us, timed_check), (samples, jitter_check) = self._passes(
-            workload, align=graph.replay, step=lambda i: graph.replay(), steps=replays, checked=ops,
-            before_check=fresh_replay if workload.destroys_inputs else None)
+        check_fresh = fresh_replay if workload.destroys_inputs else None
+        (total_us, timed_check), (samples, jitter_check) = [
+            self._pass(workload, epoch, timer, graph.replay, lambda i: graph.replay(), replays, ops, check_fresh)
+            for epoch, timer in ((TIMED_EPOCH, loop_total_us), (JITTER_EPOCH, per_step_us))]
         scope = ("an untimed replay of the timed graph with fresh inputs (the backend reduces in place, "
                  "so timed replays re-reduce their own output)" if workload.destroys_inputs
                  else "timed calls (the last replay of each pass)")
@@ -324,27 +342,24 @@ class Engine:
                         calls_per_sample=ops, checks=[timed_check, jitter_check], check_scope=scope,
                         work_nodes=count_work_nodes(graph), replays=replays, ops=ops)
 
-    def _passes(self, workload: Workload, align: Callable[[], None], step: Callable[[int], None], steps: int,
-                checked: int, before_check: Callable[[int], None] | None = None) -> list[tuple[Any, PassCheck | None]]:
-        """The timed pass (one timer around `steps` steps) then the jitter pass (a timer per
-        step), each started by a barrier and one untimed aligning step; after each, the outputs
-        of the first `checked` calls are checked (unless the plan checks nothing: -c 0)."""
-        out = []
-        for base_epoch, timer in ((TIMED_EPOCH, loop_total_us), (JITTER_EPOCH, per_step_us)):
-            workload.prepare(base_epoch)
+    def _pass(self, workload: Workload, base_epoch: int, timer: Callable[[RunContext, Step, int], Any],
+              align: Callable[[], None], step: Step, steps: int, checked: int,
+              before_check: Callable[[int], None] | None = None) -> tuple[Any, PassCheck | None]:
+        """One pass: a barrier, one untimed aligning step, `timer` over `steps` steps (one timer
+        around them: loop_total_us; one per step: per_step_us), then the outputs of the first
+        `checked` calls checked (unless the plan checks nothing: -c 0)."""
+        workload.prepare(base_epoch)
+        synchronize(self.ctx)
+        self.ctx.barrier()
+        align()
+        timed = timer(self.ctx, step, steps)
+        if not self.plan.check:     # -c 0: no output is read back
             synchronize(self.ctx)
-            self.ctx.barrier()
-            align()
-            timed = timer(self.ctx, step, steps)
-            if not self.plan.check:     # -c 0: no output is read back
-                synchronize(self.ctx)
-                out.append((timed, None))
-                continue
-            if before_check is not None:
-                before_check(base_epoch)
-            synchronize(self.ctx)
-            out.append((timed, workload.verify(0, checked)))
-        return out
+            return timed, None
+        if before_check is not None:
+            before_check(base_epoch)
+        synchronize(self.ctx)
+        return timed, workload.verify(0, checked)
 
     def _build_row(self, backend: Backend, cell: Cell, gathered: list[Outcome]) -> Measurement:
         mode = cell.mode

@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from commbench.results import OK, Measurement, describe_setting, is_checked
+from commbench.sweep.plan import JITTER_CALLS
 
 # Rows fit a 120-column terminal: a status that does not fit goes on to indented lines.
 WIDTH = 120
@@ -18,16 +19,18 @@ HEADER = (f"{'size(B)':>10} {'count':>10} {'type':>4} {'mode':>5}  {'backend':<2
 # time and p99 come from two passes over the same calls (sweep/engine.py), so p99 may be below it.
 PASSES_NOTE = ("time: one timer around the timed pass, slowest rank; p99: a timer per call in a separate "
                "jitter pass")
+EAGER_TAIL_NOTE = (f"p99 of an eager row: a per-call tail of at least {JITTER_CALLS} calls (--jitter-calls); "
+                   "fewer: the row says so")
 TAIL_NOTE = ("p99 of a graph row: a timer per replay, so the p99 of per-replay means, not a per-call tail; "
              "the row says so")
-TAIL_SAMPLES = 100   # fewer samples than this: the row says what its p99 is
+TAIL_SAMPLES = JITTER_CALLS   # fewer samples than this (--jitter-calls): the row says what its p99 is
 NAME_WIDTH = 26      # a longer backend name is cut there with '~' and given whole in the status
 CHECK_OFF_NOTE = "-c 0: no output is checked (#wrong -, status \"ok, unchecked\"); analysis trusts none of these rows"
 
 
 def header_lines(check: bool) -> list[str]:
     """The comment lines above the rows."""
-    notes = [PASSES_NOTE, TAIL_NOTE] + ([] if check else [CHECK_OFF_NOTE])
+    notes = [PASSES_NOTE, EAGER_TAIL_NOTE, TAIL_NOTE] + ([] if check else [CHECK_OFF_NOTE])
     return ["#" + HEADER[1:]] + [f"# {note}" for note in notes]
 
 

@@ -37,6 +37,9 @@ MIN_CHECKED_CALLS = 3
 MAX_GRAPH_OPS = 128
 GRAPH_BYTES_BUDGET = 256 << 20
 GRAPH_REPLAYS = (20, 50)             # replays per pass: a quarter of the eager calls, in this range
+# Eager jitter pass: per-call timers on at least this many calls, so p99 is a per-call tail (with
+# fewer, it is the max of a few); run in rounds over the row's pairs when they are fewer.
+JITTER_CALLS = 100
 
 
 @dataclass
@@ -53,6 +56,7 @@ class SweepPlan:
     timeout_s: float              # watchdog per row
     setup_timeout_s: float        # watchdog per backend setup: first-use kernel builds take minutes
     check: bool = True            # -c 0: no output is checked (every row says so)
+    jitter_calls: int | None = None   # eager jitter pass: calls timed one by one; None: jitter_calls_for
     notes: list[str] = field(default_factory=list)
 
     def sizes_for(self, dtype: torch.dtype) -> list[Shape]:
@@ -73,6 +77,15 @@ class SweepPlan:
         scaled = ITERATION_BYTES_BUDGET // max(1, message_bytes)
         calls = min(self.max_iterations, max(self.min_iterations, scaled))
         return int(max(MIN_CHECKED_CALLS, min(calls, CHECK_BYTES_BUDGET // max(1, message_bytes))))
+
+    def jitter_calls_for(self, message_bytes: int) -> int:
+        """Eager calls timed one by one in the jitter pass: --jitter-calls; else -n's count where
+        given (both passes time what it asks, as nccl-tests' -n); else at least JITTER_CALLS."""
+        if self.jitter_calls is not None:
+            return self.jitter_calls
+        if self.iterations is not None:
+            return self.iterations
+        return max(JITTER_CALLS, self.iterations_for(message_bytes))
 
     def graph_ops_for(self, message_bytes: int) -> int:
         """Calls captured per CUDA graph."""
@@ -99,7 +112,8 @@ class SweepPlan:
                 "shapes": [[s.tokens, s.hidden] for s in self.shapes if s.tokens],
                 "dtypes": [dtype_name(d) for d in self.dtypes], "modes": self.modes,
                 "warmup": self.warmup, "iterations": self.iterations, "graph_ops": self.graph_ops,
-                "graph_replays": self.graph_replays, "check": self.check, "timeout_s": self.timeout_s, "setup_timeout_s": self.setup_timeout_s}
+                "graph_replays": self.graph_replays, "check": self.check, "jitter_calls": self.jitter_calls,
+                "timeout_s": self.timeout_s, "setup_timeout_s": self.setup_timeout_s}
 
 
 def geometric_sizes(min_bytes: int, max_bytes: int, factor: int) -> list[int]:
@@ -172,7 +186,8 @@ def build_plan(args: argparse.Namespace, on_gpu: bool, checked_bytes: list[int] 
         shapes += [Shape(b) for b in added]
         notes.append(f"--qualify: added {', '.join(format_bytes(b) for b in added)}, the size(s) its spec checks")
     low, high = GPU_ITERATIONS if on_gpu else CPU_ITERATIONS
-    for name, value in (("iters", args.iters), ("warmup", args.warmup), ("graph-ops", args.graph_ops)):
+    for name, value in (("iters", args.iters), ("warmup", args.warmup), ("graph-ops", args.graph_ops),
+                        ("jitter-calls", args.jitter_calls)):
         if value is not None and value < (0 if name == "warmup" else 1):
             raise UsageError(f"--{name} must be positive (got {value})")
     if args.check < 0:
@@ -183,7 +198,7 @@ def build_plan(args: argparse.Namespace, on_gpu: bool, checked_bytes: list[int] 
                      graph_ops=graph_ops, graph_replays=graph_replays,
                      timeout_s=timeout_s(args.timeout, "--timeout"),
                      setup_timeout_s=timeout_s(args.setup_timeout, "--setup-timeout"), check=bool(args.check),
-                     notes=notes)
+                     jitter_calls=args.jitter_calls, notes=notes)
     for dtype in dtypes:
         if not plan.sizes_for(dtype):   # the sweep would run nothing for it and say nothing
             raise UsageError(f"no message size ({', '.join(format_bytes(s.message_bytes) for s in shapes)}) is a "
