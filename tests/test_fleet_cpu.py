@@ -71,6 +71,7 @@ def fleet_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.procs
+@pytest.mark.slow
 def test_the_slurm_script_writes_one_run_per_node_named_by_node_and_job(fleet_root: Path) -> None:
     for node in NODES:
         runs = list((fleet_root / node / JOB).iterdir())
@@ -82,6 +83,7 @@ def test_the_slurm_script_writes_one_run_per_node_named_by_node_and_job(fleet_ro
 
 
 @pytest.mark.procs
+@pytest.mark.slow
 def test_fleet_build_and_qualify_name_the_slow_node_only(fleet_root: Path, tmp_path: Path) -> None:
     fleet = tmp_path / "fleet"
     built = run_cli(["fleet", "build", str(fleet_root), "--out", str(fleet)])

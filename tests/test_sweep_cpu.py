@@ -202,6 +202,7 @@ def child_exited(driver: subprocess.Popen) -> bool:
     return Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
 
 
+@pytest.mark.slow
 def test_driver_kills_a_child_past_its_limit(tmp_path: Path) -> None:
     """The driver is held stopped (SIGSTOP) from each child's start until what the test needs has
     happened: the ranks are inside the hung row (the first child), the child has exited (the
@@ -242,6 +243,7 @@ def test_driver_kills_a_child_past_its_limit(tmp_path: Path) -> None:
                              f"{hung}")
 
 
+@pytest.mark.slow
 def test_two_torchrun_agents_as_two_nodes(tmp_path: Path) -> None:
     port = str(free_port())
     # c10d rendezvous, as users start agents on several hosts; the store lives on one agent.
