@@ -196,9 +196,13 @@ def test_driver_resumes_after_a_hang(tmp_path: Path) -> None:
     assert resumed.stdout.count("# results:") == 1, resumed.stdout    # the driver's, not each child's
 
 
+def children(driver: subprocess.Popen) -> list[str]:
+    return Path(f"/proc/{driver.pid}/task/{driver.pid}/children").read_text().split()
+
+
 def child_exited(driver: subprocess.Popen) -> bool:
     """The stopped driver's child torchrun has ended: a zombie, left for the driver to reap."""
-    (child,) = Path(f"/proc/{driver.pid}/task/{driver.pid}/children").read_text().split()
+    (child,) = children(driver)
     return Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
 
 
@@ -209,7 +213,7 @@ def test_driver_kills_a_child_past_its_limit(tmp_path: Path) -> None:
     resumed one, which has nothing left to run). Its --child-timeout then runs out while the hang
     is in place, and never during the resumed child's start, however slowly ranks start on a
     loaded machine: the test waits for states, not a race. The one race left is the test's own
-    look at the driver's log within CHILD_TIMEOUT_S of its line."""
+    look at the driver within CHILD_TIMEOUT_S of its child's start."""
     out, log = tmp_path / "out", tmp_path / "driver.log"
     hung = "testfaults:hang_rank1 4K fp32 eager"
 
@@ -226,7 +230,9 @@ def test_driver_kills_a_child_past_its_limit(tmp_path: Path) -> None:
         for started, done in (("# driver: torchrun x2 with default environment\n", ranks_hung),
                               ("# driver: torchrun x2 with default environment (resume 1)\n",
                                lambda: child_exited(driver))):
-            assert poll(lambda: started in log.read_text(), 120), log.read_text()
+            # Stopped once the child exists (it was reaped before the next one): a driver stopped
+            # between its line and its fork would never start the child.
+            assert poll(lambda: started in log.read_text() and children(driver), 120), log.read_text()
             driver.send_signal(signal.SIGSTOP)
             assert poll(done, 120), log.read_text()
             driver.send_signal(signal.SIGCONT)
