@@ -32,3 +32,21 @@ def only_procs_tests_launch_processes(request: pytest.FixtureRequest, monkeypatc
             raise AssertionError("this test launches a process: mark it @pytest.mark.procs")
         monkeypatch.setattr(subprocess.Popen, "__init__", refuse)
     yield
+
+
+SLOW_S = 10.0   # docs/testing.md: a scenario over this on CI's two cores carries @pytest.mark.slow
+_unmarked_s: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if "slow" not in report.keywords:
+        _unmarked_s[report.nodeid] = _unmarked_s.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """Names the tests that took over SLOW_S without the slow mark, so the quick loop stays
+    quick: a line to read, not a failure (a loaded machine makes any test slower)."""
+    over = sorted((s, nodeid) for nodeid, s in _unmarked_s.items() if s > SLOW_S)
+    if over:
+        terminalreporter.write_line(f"over {SLOW_S:g} s without @pytest.mark.slow (at this machine's load now): "
+                                    + ", ".join(f"{nodeid} {s:.1f} s" for s, nodeid in reversed(over)))

@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import Any, Callable
@@ -74,6 +75,17 @@ def sweep_args(*argv: str) -> "argparse.Namespace":
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     return parser.parse_args(list(argv))
+
+
+def poll(condition: Callable[[], bool], timeout_s: float, every_s: float = 0.05) -> bool:
+    """True as soon as condition() is, False once timeout_s has passed: a test waits for a
+    state, never for a guessed number of seconds."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(every_s)
+    return True
 
 
 def free_port() -> int:

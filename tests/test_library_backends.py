@@ -486,6 +486,7 @@ def _vote_worker(rank: int, world: int, failing_rank: int) -> str | None:
 
 
 @pytest.mark.procs
+@pytest.mark.slow
 def test_one_failing_rank_fails_every_rank_with_its_reason():
     got = spawn_ranks(_vote_worker, 3, 2)
     expected = "workspace probe failed on rank 2: cuMemCreate of 2097152 bytes failed: CUDA_ERROR_OUT_OF_MEMORY"

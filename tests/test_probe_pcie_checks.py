@@ -17,17 +17,40 @@ from commbench.topology.peer_kernels import chain
 
 FAKES = Path(__file__).parent / "fakes"
 FAULT_CHILD = "nccl_fault_child"
-LIMIT_S = 25.0   # each rank imports torch (~4 s here) before gloo meets; a hang costs the whole limit
+LIMIT_S = 25.0   # for runs that finish: each rank imports torch (~4 s here) before gloo meets (a hang: hang_report)
 
 
-@pytest.fixture
-def fakes_on_path(monkeypatch):
+def without_faults(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     """Children find the fault module; no fault unless a test sets one."""
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(FAKES), os.environ.get("PYTHONPATH")])))
     monkeypatch.delenv("COMMBENCH_TEST_FAULT", raising=False)
     monkeypatch.delenv("COMMBENCH_TEST_FAULT_BYTES", raising=False)
     monkeypatch.delenv("COMMBENCH_TEST_NCCL_DUMPS", raising=False)
     return monkeypatch
+
+
+@pytest.fixture
+def fakes_on_path(monkeypatch):
+    return without_faults(monkeypatch)
+
+
+@pytest.fixture(scope="module")
+def hang_report(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, float]:
+    """One probe NCCL report over two gloo ranks that hang at the 4 B allreduce where P2P is on
+    (LL-sized), rank 0 playing NCCL's part of the topology run: the A/B and the topology tests
+    read it, 5 runs of a rank pair, one of them waited out. A hang costs the whole limit, so the
+    limit is not LIMIT_S but four times what a healthy pair takes here and now (start, meet, one
+    allreduce), at least 6 s: it follows the machine's load instead of racing it."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        without_faults(monkeypatch)
+        healthy = nccl_checks.run_ranks([None, None], [4], {}, LIMIT_S, tmp_path_factory.mktemp("healthy"),
+                                        FAULT_CHILD, "gloo")
+        assert all(r.failure() is None for r in healthy), [r.stderr_tail for r in healthy]
+        limit_s = round(max(6.0, 4 * max(r.elapsed_s for r in healthy)), 1)
+        monkeypatch.setenv("COMMBENCH_TEST_FAULT", "hang")
+        monkeypatch.setenv("COMMBENCH_TEST_FAULT_BYTES", "4")
+        monkeypatch.setenv("COMMBENCH_TEST_NCCL_DUMPS", str(Path(__file__).parent / "fixtures" / "nccl"))
+        return nccl_checks.nccl_report([None, None], limit_s, False, module=FAULT_CHILD, backend="gloo"), limit_s
 
 
 # ---------------------------------------------------------------------------------------------
@@ -72,14 +95,13 @@ def test_one_gpu_gets_a_note_and_still_dumps_the_topology(fakes_on_path):
 
 @pytest.mark.procs
 @pytest.mark.slow
-def test_topology_run_keeps_what_nccl_wrote(fakes_on_path):
-    fakes_on_path.setenv("COMMBENCH_TEST_NCCL_DUMPS", str(Path(__file__).parent / "fixtures" / "nccl"))
-    report = nccl_checks.nccl_report([None, None], LIMIT_S, False, module=FAULT_CHILD, backend="gloo")
+def test_topology_run_keeps_what_nccl_wrote(hang_report):
+    report, _ = hang_report
     topology = report["topology"]
     assert topology["ranks"] == 2 and topology["verdict"] == HEALTHY
     assert topology["small_message"] == {"bytes": 32768, "algo": "Ring", "proto": "Simple"}
     assert topology["graph_xml"] == (Path(__file__).parent / "fixtures" / "nccl" / "turin-8x-graph.xml").read_text()
-    assert [r["verdict"] for r in report["ab"]] == [HEALTHY] * 4 and report["ab_note"] is None
+    assert len(report["ab"]) == 4 and report["ab_note"] is None
     from commbench.topology.pcie_findings import nccl_patterns
 
     assert [f["code"] for f in nccl_patterns(topology)] == ["nccl_all_sys", "nccl_two_channels", "nccl_simple_small"]
@@ -87,17 +109,16 @@ def test_topology_run_keeps_what_nccl_wrote(fakes_on_path):
 
 @pytest.mark.procs
 @pytest.mark.slow
-def test_ab_with_a_hang_only_over_p2p_at_the_ll_size(fakes_on_path, tmp_path):
-    fakes_on_path.setenv("COMMBENCH_TEST_FAULT", "hang")
-    fakes_on_path.setenv("COMMBENCH_TEST_FAULT_BYTES", "4")
-    runs = nccl_checks.collective_ab([None, None], LIMIT_S, False, tmp_path, module=FAULT_CHILD, backend="gloo")
+def test_ab_with_a_hang_only_over_p2p_at_the_ll_size(hang_report):
+    report, limit_s = hang_report
+    runs = report["ab"]
     verdicts = {(r["size_bytes"], r["arm"]): r["verdict"] for r in runs}
     assert verdicts == {(4, "p2p"): HANGS, (4, "p2p_disabled"): HEALTHY,
                         (16 << 20, "p2p"): HEALTHY, (16 << 20, "p2p_disabled"): HEALTHY}
     hung = runs[0]
     assert hung["env"] == {} and runs[1]["env"] == {"NCCL_P2P_DISABLE": "1"}
     assert all(r["timed_out"] and r["last_step"] == "allreduce 4 B" for r in hung["ranks"])
-    assert LIMIT_S <= hung["elapsed_s"] < LIMIT_S + 10
+    assert limit_s <= hung["elapsed_s"] < limit_s + 10
 
 
 @pytest.mark.parametrize("fault, verdict, detail", [

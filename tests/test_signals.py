@@ -77,6 +77,7 @@ def test_a_childs_refusal_is_the_drivers_bad_input(tmp_path: Path, monkeypatch: 
 
 
 @pytest.mark.procs
+@pytest.mark.slow
 def test_sigterm_to_the_driver_stops_torchrun_and_every_rank_and_a_resume_completes(tmp_path: Path) -> None:
     """SIGTERM to `sweep --nproc 1` while its rank's setup sleeps: every process of the run ends,
     run.json says interrupted, the lock and its file go, exit 143; --resume then finishes the

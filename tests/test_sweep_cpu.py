@@ -13,9 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from helpers import child_env, free_port, only_run_dir, rows, run_cli, run_torchrun
+from commbench import inflight
+from helpers import child_env, free_port, only_run_dir, poll, rows, run_cli, run_torchrun
 
 pytestmark = pytest.mark.procs   # every test here launches processes
+
+CHILD_TIMEOUT_S = 5
 
 
 def by_backend(all_rows: list[dict]) -> dict[str, list[dict]]:
@@ -187,21 +190,68 @@ def test_setup_has_its_own_watchdog_limit(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_driver_resumes_after_a_hang_and_kills_a_child_past_its_limit(tmp_path: Path) -> None:
+def test_driver_resumes_after_a_hang(tmp_path: Path) -> None:
     resumed = run_cli(["sweep", "--nproc", "2", "--backends", "testfaults:hang_rank1@16384", "--sizes",
-                       "4K,16K,64K", "--iters", "2", "--timeout", "3", "--out", str(tmp_path / "a")], timeout=240)
+                       "4K,16K,64K", "--iters", "2", "--timeout", "3", "--out", str(tmp_path)], timeout=240)
     assert resumed.returncode == 3, resumed.stdout + resumed.stderr   # finished, and something hung
-    assert [r["status"] for r in rows(only_run_dir(tmp_path / "a"))] == ["ok", "hang", "skipped"]
+    assert [r["status"] for r in rows(only_run_dir(tmp_path))] == ["ok", "hang", "skipped"]
     assert resumed.stdout.count("# results:") == 1, resumed.stdout    # the driver's, not each child's
-    killed = run_cli(["sweep", "--nproc", "2", "--backends", "testfaults:hang_rank1@4096", "--sizes", "4K",
-                      "--timeout", "600", "--child-timeout", "12", "--out", str(tmp_path / "b")], timeout=300)
-    assert killed.returncode == 3, killed.stdout + killed.stderr
-    (row,) = rows(only_run_dir(tmp_path / "b"))   # named from the ranks' in-flight records
+
+
+def children(driver: subprocess.Popen) -> list[str]:
+    return Path(f"/proc/{driver.pid}/task/{driver.pid}/children").read_text().split()
+
+
+def child_exited(driver: subprocess.Popen) -> bool:
+    """The stopped driver's child torchrun has ended: a zombie, left for the driver to reap."""
+    (child,) = children(driver)
+    return Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+
+
+@pytest.mark.slow
+def test_driver_kills_a_child_past_its_limit(tmp_path: Path) -> None:
+    """The driver is held stopped (SIGSTOP) from each child's start until what the test needs has
+    happened: the ranks are inside the hung row (the first child), the child has exited (the
+    resumed one, which has nothing left to run). Its --child-timeout then runs out while the hang
+    is in place, and never during the resumed child's start, however slowly ranks start on a
+    loaded machine: the test waits for states, not a race. The one race left is the test's own
+    look at the driver within CHILD_TIMEOUT_S of its child's start."""
+    out, log = tmp_path / "out", tmp_path / "driver.log"
+    hung = "testfaults:hang_rank1 4K fp32 eager"
+
+    def ranks_hung() -> bool:
+        return out.exists() and any(out.iterdir()) and [
+            (r.rank, r.what) for r in inflight.read_records(only_run_dir(out))] == [(0, hung), (1, hung)]
+
+    with log.open("w") as sink:
+        driver = subprocess.Popen([sys.executable, "-m", "commbench", "sweep", "--nproc", "2", "--backends",
+                                   "testfaults:hang_rank1@4096", "--sizes", "4K", "--timeout", "600",
+                                   "--child-timeout", str(CHILD_TIMEOUT_S), "--out", str(out)],
+                                  stdout=sink, stderr=subprocess.STDOUT, text=True, env=child_env())
+    try:
+        for started, done in (("# driver: torchrun x2 with default environment\n", ranks_hung),
+                              ("# driver: torchrun x2 with default environment (resume 1)\n",
+                               lambda: child_exited(driver))):
+            # Stopped once the child exists (it was reaped before the next one): a driver stopped
+            # between its line and its fork would never start the child.
+            assert poll(lambda: started in log.read_text() and children(driver), 120), log.read_text()
+            driver.send_signal(signal.SIGSTOP)
+            assert poll(done, 120), log.read_text()
+            driver.send_signal(signal.SIGCONT)
+        driver.wait(timeout=120)
+    finally:
+        if driver.poll() is None:   # a failed look: the driver ends its child (own session) on SIGTERM
+            driver.send_signal(signal.SIGCONT)
+            driver.terminate()
+            driver.wait(timeout=60)
+    assert driver.returncode == 3, log.read_text()
+    (row,) = rows(only_run_dir(out))   # named from the ranks' in-flight records
     assert row["backend"] == "testfaults:hang_rank1" and row["status"] == "hang"
-    assert row["reason"] == ("child torchrun exceeded --child-timeout 12 s and was killed, during "
-                             "testfaults:hang_rank1 4K fp32 eager")
+    assert row["reason"] == (f"child torchrun exceeded --child-timeout {CHILD_TIMEOUT_S} s and was killed, during "
+                             f"{hung}")
 
 
+@pytest.mark.slow
 def test_two_torchrun_agents_as_two_nodes(tmp_path: Path) -> None:
     port = str(free_port())
     # c10d rendezvous, as users start agents on several hosts; the store lives on one agent.
