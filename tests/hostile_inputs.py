@@ -17,6 +17,9 @@ from hostile import (NCCL_LOG, SPEC, TESTS, Case, Result, analysis, copy_run, no
 TRACE = TESTS / "data" / "traces" / "constructed" / "vllm-rank0.trace.json"
 BIG = "1e999"              # json reads it as infinity; int() of it overflowed
 ESCAPE = "\x1b]0;pwned\x07\x1b[2J\u202e"
+# Shown as nothing, or reorder or split a line: bidi isolate and override, zero-width space and
+# joiner, BOM, tag characters (hidden ASCII), line and paragraph separators.
+HIDDEN = "\u2066\u202e\u200b\u200d\ufeff\U000e0072\U000e006d\u2028\u2029"
 
 
 # ---------------------------------------------------------------- building blocks
@@ -342,6 +345,23 @@ def _import_cases() -> list[Case]:
         no_traceback(result)
         assert not any(line.lstrip().startswith("rm -rf") for line in result.out.splitlines()), result.out[-1500:]
     out.append(Case("security", "recommend: a newline in a row's env setting", env_newline, no_shell_line))
+
+    def hidden_in_notes(root: Path) -> list[str]:
+        run = copy_run(root)
+        info = json.loads((run / "run.json").read_text())
+        for entry in info["backend_facts"].values():
+            if isinstance(entry.get("engine_settings"), dict):
+                entry["engine_settings"].setdefault("notes", []).append("marked" + HIDDEN + "note")
+        (run / "run.json").write_text(json.dumps(info))
+        return ["recommend", str(run), "--model", "glm-5"]
+
+    def notes_shown_clean(result: Result, root: Path) -> None:
+        no_traceback(result)
+        assert result.code == 0, result.err[-1000:]
+        notes = [line for line in result.out.splitlines() if "marked" in line]
+        assert notes and all("markednote" in line for line in notes), [ascii(n) for n in notes]
+    out.append(Case("security", "recommend: bidi, zero-width, tag and line-separator characters in a backend's "
+                                "engine notes (its paste block's notes)", hidden_in_notes, notes_shown_clean))
     return out
 
 
