@@ -54,12 +54,13 @@ def needs_cleaning(text: str) -> bool:
     return _CONTROL_RE.search(text) is not None
 
 
-def clean(value: Any) -> Any:
-    """A parsed JSON value with every string (keys too) cleaned; text values keep their newlines."""
+def clean(value: Any, one_line: bool = False) -> Any:
+    """A parsed JSON value with every string (keys too: one line) cleaned; text values keep
+    their newlines unless one_line."""
     if isinstance(value, str):
-        return clean_text(value, one_line=False)
+        return clean_text(value, one_line)
     if isinstance(value, dict):
-        return {clean_text(str(k)): clean(v) for k, v in value.items()}
+        return {clean_text(str(k)): clean(v, one_line) for k, v in value.items()}
     if isinstance(value, list):
-        return [clean(v) for v in value]
+        return [clean(v, one_line) for v in value]
     return value
