@@ -31,7 +31,7 @@ from typing import Iterable, Sequence
 
 from commbench.analysis import plots, provenance, render
 from commbench.analysis.curves import Curve, CurveKey, build_curves, counterpart, exceeds_spread, variant_label
-from commbench.files import check_file_target, output_folder, write_json
+from commbench.files import check_file_target, output_folder, write_json_list
 from commbench.errors import UsageError
 from commbench.results import Measurement, Run
 from commbench.fleet.inputs import load_one
@@ -229,17 +229,17 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
           f"{len(rows) - len(slower) - len(faster)} within spread or unknown, of {len(rows)} points")
     document = {"provenance_a": origin_a.to_dict(), "provenance_b": origin_b.to_dict(),
                 "different_machines": differ, "a": name_a, "b": name_b,
-                "nccl_a": nccl_ran["a"], "nccl_b": nccl_ran["b"], "changes": [c.to_dict() for c in rows]}
+                "nccl_a": nccl_ran["a"], "nccl_b": nccl_ran["b"], "changes": []}
     kept = sum(len(t) for t in tables)
     if kept < len(rows):
         every = args.json if args.json not in (None, "-") else str(stem.with_name(stem.name + "_changes.json"))
         if every != args.json:
-            write_json(every, document)
+            write_json_list(every, document, "changes", (c.to_dict() for c in rows))
         print(render.prose(f"shown: the {kept} changes that matter most (beyond spread first, then the largest); "
                            f"{len(rows) - kept} more, all {len(rows)} in {every}", args.wide))
 
     fig = plots.compare_figure(curves_a, curves_b, name_a, name_b, f"allreduce latency: A = {name_a} vs B = {name_b}")
     for path in plots.save(fig, stem):
         print(f"wrote {path}")
-    write_json(args.json, document)
+    write_json_list(args.json, document, "changes", (c.to_dict() for c in rows))   # a change at a time
     return 0
