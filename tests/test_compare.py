@@ -158,10 +158,12 @@ def test_a_long_comparison_shows_the_changes_that_matter_and_keeps_every_one(tmp
     assert cli(["compare", str(SYNTHETIC), str(slowed), "--out", str(tmp_path / "cmp2"), "--json",
                 str(tmp_path / "all.json")]) == 0
     assert f"all 63 in {tmp_path / 'all.json'}" in capsys.readouterr().out.replace("\n", " ")
-    assert not list((tmp_path / "cmp2").glob("*.json")) and len(json.loads((tmp_path / "all.json").read_text())["changes"]) == 63
+    assert not list((tmp_path / "cmp2").glob("*.json"))
+    assert len(json.loads((tmp_path / "all.json").read_text())["changes"]) == 63
 
 
-@pytest.mark.parametrize("items", [[], [{"curve": "a\n\"b", "p99": None}], [{"x": 1.5, "l": [1, {"k": "v"}]}, {"y": 2}]])
+@pytest.mark.parametrize("items", [[], [{"curve": "a\n\"b", "p99": None}],
+                                   [{"x": 1.5, "l": [1, {"k": "v"}]}, {"y": 2}]])
 def test_json_written_a_change_at_a_time_is_the_text_of_the_whole(tmp_path, items):
     from commbench.files import write_json, write_json_list
 

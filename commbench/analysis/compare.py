@@ -92,8 +92,9 @@ def shown(rows: list[Change], cap: int) -> list[list[Change]]:
     runs' order; else the `cap` that matter most (beyond the spread first, then the largest
     latency change to 0.1%, then the runs' order), the table of the largest change first, each
     table in size order."""
-    picked = rows if len(rows) <= cap else [rows[i] for i in sorted(heapq.nlargest(
-        cap, range(len(rows)), key=lambda i: (rows[i].beyond_spread is True, round(abs(rows[i].latency_change_pct), 1))))]
+    def weight(i: int) -> tuple[bool, float]:
+        return rows[i].beyond_spread is True, round(abs(rows[i].latency_change_pct), 1)
+    picked = rows if len(rows) <= cap else [rows[i] for i in sorted(heapq.nlargest(cap, range(len(rows)), key=weight))]
     groups: dict[tuple[str, str], list[Change]] = {}
     for c in picked:
         groups.setdefault((c.curve, c.dtype), []).append(c)
