@@ -8,6 +8,7 @@ is bad input: one line naming the file, never a traceback, and nothing written.
 from __future__ import annotations
 
 import codecs
+import itertools
 import json
 import os
 import stat
@@ -15,7 +16,7 @@ import sys
 import tempfile
 from contextlib import contextmanager, redirect_stdout
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Iterator, TextIO
+from typing import Any, BinaryIO, Callable, Iterable, Iterator, TextIO
 
 from commbench.errors import UsageError
 
@@ -225,13 +226,41 @@ def json_alone_on_stdout(target: str | None) -> Iterator[None]:
 def write_json(target: str | None, payload: Any, default: Callable[[Any], Any] = str) -> None:
     """Write payload to the --json target (checked before with check_file_target); `default`
     encodes what json cannot (json.dumps' own hook)."""
+    _write_pieces(target, [json.dumps(payload, indent=2, default=default) + "\n"])
+
+
+def write_json_list(target: str | None, payload: dict[str, Any], key: str, items: Iterator[Any]) -> None:
+    """write_json of payload with payload[key] = the items, the same text, written an item at a
+    time: a list of 10^5 dicts and its text are never held (payload[key] itself is ignored)."""
+    first = next(items, _NOTHING)
+    if first is _NOTHING:
+        return write_json(target, {**payload, key: []})
+    head, _, tail = json.dumps({**payload, key: [_NOTHING]}, indent=2, default=str).partition('"' + _NOTHING + '"')
+
+    def pieces() -> Iterator[str]:
+        yield head   # ends where the first item starts, at its list's indent
+        for i, item in enumerate(itertools.chain([first], items)):
+            text = json.dumps(item, indent=2, default=str).replace("\n", "\n" + _ITEM_INDENT)
+            yield text if i == 0 else ",\n" + _ITEM_INDENT + text
+        yield tail + "\n"
+    _write_pieces(target, pieces())
+
+
+_NOTHING = "@commbench:no-item@"   # a sentinel: JSON writes it as it is, and no payload holds it
+_ITEM_INDENT = " " * 4                     # a top-level key's list items: two levels of indent=2
+
+
+def _write_pieces(target: str | None, pieces: Iterable[str]) -> None:
     if target is None:
         return
-    text = json.dumps(payload, indent=2, default=default) + "\n"
     if target == STDOUT:
-        (_json_stream or sys.stdout).write(text)
+        stream = _json_stream or sys.stdout
+        for piece in pieces:
+            stream.write(piece)
         return
     try:
-        Path(target).write_text(text, encoding="utf-8")
+        with open(target, "w", encoding="utf-8") as handle:
+            for piece in pieces:
+                handle.write(piece)
     except OSError as exc:
         raise UsageError(f"--json {target}: cannot write ({exc.strerror})") from None

@@ -14,7 +14,7 @@ Generates, in a scratch dir:
 
 Each command runs as its own process; its wall time and peak RSS (ru_maxrss of the child) are
 printed as a markdown table. Usage: python scripts/bench-large-inputs.py [--log-mb 100] [--json-mb 20]
-[--rows-mb 200] [--trace-mb 300] [--devices 6000] [--blank-gb 2] [--only traces]
+[--rows-mb 200] [--trace-mb 300] [--devices 6000] [--blank-gb 2] [--only traces|compare]
 """
 
 from __future__ import annotations
@@ -66,8 +66,10 @@ def big_json(target: Path, megabytes: int) -> int:
     return repeats * len(data["results"])
 
 
-def big_rows(run: Path, megabytes: int) -> int:
-    """The synthetic run with rows for many backends and sizes (distinct keys) up to `megabytes`."""
+def big_rows(run: Path, megabytes: int, slower_every: int = 0) -> int:
+    """The synthetic run with rows for many backends and sizes (distinct keys) up to `megabytes`;
+    `slower_every` N: every Nth backend 30% slower (the B side of a compare), so that some changes
+    are beyond the rows' spread and most are not."""
     shutil.copytree(RUN, run)
     template = [json.loads(line) for line in (RUN / "measurements.jsonl").read_text().splitlines()
                 if '"status": "ok"' in line][0]
@@ -75,8 +77,8 @@ def big_rows(run: Path, megabytes: int) -> int:
     with open(run / "measurements.jsonl", "w") as handle:
         while written < megabytes * 1_000_000:
             backend, size = count // 2000, 4096 + 1024 * (count % 2000)
-            row = dict(template, backend=f"nccl:variant{backend}", message_bytes=size,
-                       latency_p50_us=20.0 + size / 1e5 + backend)
+            latency_us = (20.0 + size / 1e5 + backend) * (1.3 if slower_every and backend % slower_every == 0 else 1.0)
+            row = dict(template, backend=f"nccl:variant{backend}", message_bytes=size, latency_p50_us=latency_us)
             line = json.dumps(row) + "\n"
             handle.write(line)
             written += len(line)
@@ -146,14 +148,17 @@ def main() -> int:
     parser.add_argument("--trace-mb", type=int, default=300)
     parser.add_argument("--devices", type=int, default=6000)
     parser.add_argument("--blank-gb", type=int, default=2)
-    parser.add_argument("--only", choices=("traces",), help="only the trace inputs")
+    parser.add_argument("--only", choices=("traces", "compare"),
+                        help="only the trace inputs, or only `table` and `compare` on a pair of --rows-mb runs")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         scratch = Path(tmp)
         print("| command | wall s | peak RSS MiB | exit |")
         print("| --- | ---: | ---: | ---: |")
-        commands = [] if args.only else _run_inputs(scratch, args)
-        commands += _trace_inputs(scratch, args)
+        if args.only == "compare":
+            commands = _compare_inputs(scratch, args)
+        else:
+            commands = ([] if args.only else _run_inputs(scratch, args)) + _trace_inputs(scratch, args)
         for argv in [["--help"], *commands]:
             wall, peak, code = measure(argv, scratch)
             label = " ".join(a if not a.startswith(str(scratch)) else Path(a).name for a in argv[:2])
@@ -179,6 +184,17 @@ def _run_inputs(scratch: Path, args: argparse.Namespace) -> list[list[str]]:
             ["recommend", run, "--model", "glm-5"],
             ["report", run, "--out", str(scratch / "report")],
             ["compare", run, run, "--out", str(scratch / "compare")]]
+
+
+def _compare_inputs(scratch: Path, args: argparse.Namespace) -> list[list[str]]:
+    rows = big_rows(scratch / "run", args.rows_mb)
+    big_rows(scratch / "run-b", args.rows_mb, slower_every=5)
+    print(f"# inputs: two measurements.jsonl of {(scratch / 'run' / 'measurements.jsonl').stat().st_size / 1e6:.0f} "
+          f"MB ({rows} rows each; B: every 5th backend 30% slower)")
+    run, run_b = str(scratch / "run"), str(scratch / "run-b")
+    return [["table", run, "--out", str(scratch / "t.md")],
+            ["compare", run, run_b, "--out", str(scratch / "compare")],
+            ["compare", run, run_b, "--out", str(scratch / "compare-json"), "--json", str(scratch / "c.json")]]
 
 
 def _trace_inputs(scratch: Path, args: argparse.Namespace) -> list[list[str]]:

@@ -17,6 +17,9 @@ from hostile import (NCCL_LOG, SPEC, TESTS, Case, Result, analysis, copy_run, no
 TRACE = TESTS / "data" / "traces" / "constructed" / "vllm-rank0.trace.json"
 BIG = "1e999"              # json reads it as infinity; int() of it overflowed
 ESCAPE = "\x1b]0;pwned\x07\x1b[2J\u202e"
+# Shown as nothing, or reorder or split a line: bidi isolate and override, zero-width space and
+# joiner, BOM, tag characters (hidden ASCII), line and paragraph separators.
+HIDDEN = "\u2066\u202e\u200b\u200d\ufeff\U000e0072\U000e006d\u2028\u2029"
 
 
 # ---------------------------------------------------------------- building blocks
@@ -342,6 +345,62 @@ def _import_cases() -> list[Case]:
         no_traceback(result)
         assert not any(line.lstrip().startswith("rm -rf") for line in result.out.splitlines()), result.out[-1500:]
     out.append(Case("security", "recommend: a newline in a row's env setting", env_newline, no_shell_line))
+
+    def hidden_in_notes(root: Path) -> list[str]:
+        run = copy_run(root)
+        info = json.loads((run / "run.json").read_text())
+        for entry in info["backend_facts"].values():
+            if isinstance(entry.get("engine_settings"), dict):
+                entry["engine_settings"].setdefault("notes", []).append("marked" + HIDDEN + "note")
+        (run / "run.json").write_text(json.dumps(info))
+        return ["recommend", str(run), "--model", "glm-5"]
+
+    def notes_shown_clean(result: Result, root: Path) -> None:
+        no_traceback(result)
+        assert result.code == 0, result.err[-1000:]
+        notes = [line for line in result.out.splitlines() if "marked" in line]
+        assert notes and all("markednote" in line for line in notes), [ascii(n) for n in notes]
+    def version_newline(command: str) -> Callable[[Path], list[str]]:
+        def build(root: Path) -> list[str]:
+            run = copy_run(root)
+            rows = rows_of(run)
+            for row in rows:
+                row["extra"] = {"nccl_version_loaded": "2.29.7\nPASS: forged", "nccl_lib_loaded": "/lib\r\nok"}
+            write_rows(run, rows)
+            return analysis(command, run, root)
+        return build
+
+    def no_forged_line(result: Result, root: Path) -> None:
+        no_traceback(result)
+        assert result.code == 0, result.err[-1000:]
+        assert "NCCL 2.29.7 PASS: forged" in result.out, result.out[-1500:]       # said, on its own line
+        assert not any(line.startswith(("PASS", "ok")) for line in result.out.splitlines()), result.out[-1500:]
+    for command in ("compare", "report"):
+        out.append(Case("security", f"{command}: a newline in a row's recorded NCCL version", version_newline(command),
+                        no_forged_line))
+
+    markup = "[docs](javascript:alert(1)) ![x](http://evil/t.png) `code`\n# Heading"
+
+    def markdown_markup(root: Path) -> list[str]:
+        run = with_info(root, host="h " + markup)
+        rows = rows_of(run)
+        for row in rows:
+            if row["status"] != "ok":
+                row["reason"] = "why " + markup
+        write_rows(run, rows)
+        return ["table", str(run)]
+
+    def literal_markdown(result: Result, root: Path) -> None:
+        no_traceback(result)
+        assert result.code == 0, result.err[-1000:]
+        assert "](" not in result.out.replace("\\](", ""), result.out[-1500:]   # no link or image
+        assert "\\`code\\`" in result.out and "`code`" not in result.out.replace("\\`", "")
+        assert not any(line.lstrip("> -").startswith("# Heading") for line in result.out.splitlines())
+    out.append(Case("security", "table: a markdown link, image, code span and heading in the run's host and a "
+                                "row's reason", markdown_markup, literal_markdown))
+
+    out.append(Case("security", "recommend: bidi, zero-width, tag and line-separator characters in a backend's "
+                                "engine notes (its paste block's notes)", hidden_in_notes, notes_shown_clean))
     return out
 
 

@@ -518,3 +518,17 @@ def test_the_floor_names_the_fastest_kernel_of_the_run_and_whose_it_is(tmp_path:
     text = " ".join(attribute_floor.floor_text([line]).split())
     assert "the fastest kernel measured in the same run at that size, any backend" in text
     assert f"{top.curve.label}: the p2p backend; stands in for" in text
+
+
+def test_launches_are_found_by_correlation_in_any_order_and_the_later_of_two_is_kept() -> None:
+    from commbench.analysis.trace_read import HostSpan, Launches
+
+    launches = Launches()
+    for corr, ts in ((5, 50.0), (9, 90.0), (2, 20.0), (9, 91.5)):    # out of order, 9 given twice
+        launches.add("cudaLaunchKernel", ts, 3.0, 7, corr)
+    assert len(launches) == 4
+    assert launches.get(2) == HostSpan("cudaLaunchKernel", 20.0, 3.0, 7, 2)
+    assert launches.get(9) == HostSpan("cudaLaunchKernel", 91.5, 3.0, 7, 9)
+    assert launches.get(3) is None and launches.get(1) is None and launches.get(10) is None
+    launches.add("cudaGraphLaunch", 1.0, 2.0, 8, 1)                  # added after a lookup sorted them
+    assert launches.get(1) == HostSpan("cudaGraphLaunch", 1.0, 2.0, 8, 1) and launches.get(5).ts_us == 50.0

@@ -137,3 +137,37 @@ def test_curves_pair_across_runs_by_the_whole_key_and_name_what_sets_them_apart(
     assert sorted(round(c.latency_change_pct) for c in paired) == [10, 10]
     mixed = build_curves([row(latency_us=40.0, **{**old, "world_size": 4}), row(latency_us=50.0, **old)])
     assert sorted(c.label for c in mixed) == ["nccl {4 ranks} (graph)", "nccl {8 ranks} (graph)"]
+
+
+def test_a_long_comparison_shows_the_changes_that_matter_and_keeps_every_one(tmp_path, capsys, monkeypatch):
+    """More changes than the terminal's cap: the slowed backend's changes (beyond spread) are the
+    ones shown, the line after says how many more and where all of them are."""
+    from commbench.analysis import compare
+
+    monkeypatch.setattr(compare, "CHANGES_SHOWN", 5)
+    slowed = _slowed(tmp_path, "p2p:oneshot", 1.5)
+    assert cli(["compare", str(SYNTHETIC), str(slowed), "--out", str(tmp_path / "cmp")]) == 0
+    out = capsys.readouterr().out
+    sizes = [line.split()[0] for line in out.splitlines() if line.endswith("B slower")]
+    assert sizes == ["4K", "8K", "16K", "32K", "64K"]                 # the first five of its 8, in size order
+    assert "same (within spread)" not in out
+    every = tmp_path / "cmp" / "compare_synthetic-pcie-8gpu_vs_slowed_changes.json"
+    assert "shown: the 5 changes that matter most" in out and "58 more, all 63 in" in out.replace("\n", " ")
+    assert len(json.loads(every.read_text())["changes"]) == 63
+
+    assert cli(["compare", str(SYNTHETIC), str(slowed), "--out", str(tmp_path / "cmp2"), "--json",
+                str(tmp_path / "all.json")]) == 0
+    assert f"all 63 in {tmp_path / 'all.json'}" in capsys.readouterr().out.replace("\n", " ")
+    assert not list((tmp_path / "cmp2").glob("*.json"))
+    assert len(json.loads((tmp_path / "all.json").read_text())["changes"]) == 63
+
+
+@pytest.mark.parametrize("items", [[], [{"curve": "a\n\"b", "p99": None}],
+                                   [{"x": 1.5, "l": [1, {"k": "v"}]}, {"y": 2}]])
+def test_json_written_a_change_at_a_time_is_the_text_of_the_whole(tmp_path, items):
+    from commbench.files import write_json, write_json_list
+
+    payload = {"a": 1, "nested": {"b": [1, 2]}, "changes": [], "last": "z"}
+    write_json(str(tmp_path / "whole.json"), {**payload, "changes": items})
+    write_json_list(str(tmp_path / "streamed.json"), payload, "changes", iter(items))
+    assert (tmp_path / "streamed.json").read_text() == (tmp_path / "whole.json").read_text()

@@ -9,6 +9,11 @@ the change in the headline latency and in the jitter pass's p99, and whether the
 is larger than the p10-p90 spread of both runs (smaller changes are noise the runs themselves
 show). Plus a plot of both curves and their ratio.
 
+The terminal shows at most CHANGES_SHOWN changes: all of them when they fit, else those that
+matter most (beyond the spread first, then the largest latency change), and says how many more
+there are and which file holds every one (--json, or a JSON file in the --out folder). A run of
+10^5 sizes is compared in the time it takes to read it, not to draw 10^5 table rows.
+
 ``--backend-a X --backend-b Y`` compares backend X of RUN_A with backend Y of RUN_B instead,
 mode by mode; RUN_B may be RUN_A. That puts two NCCL versions of one run side by side
 (``compare RUN RUN --backend-a nccl --backend-b nccl:lib=cu13-2.29.7``), and the NCCL each side's
@@ -18,14 +23,15 @@ processes ran is printed from the rows (extra.nccl_version_loaded).
 from __future__ import annotations
 
 import argparse
+import heapq
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Iterable, Sequence
 
 from commbench.analysis import plots, provenance, render, results_out
 from commbench.analysis.curves import Curve, CurveKey, build_curves, counterpart, exceeds_spread, variant_label
-from commbench.files import output_folder
+from commbench.files import output_folder, write_json_list
 from commbench.errors import UsageError
 from commbench.results import Measurement, Run
 from commbench.fleet.inputs import load_one
@@ -33,8 +39,10 @@ from commbench.analysis.nccl_loaded import nccl_version_lines
 from commbench.analysis.render import fmt_pct, fmt_us
 from commbench.units import format_bytes
 
+CHANGES_SHOWN = 100   # table rows on the terminal; every change is in the JSON
 
-@dataclass
+
+@dataclass(slots=True)    # one per size both runs measured: 10^5 and more on a long sweep
 class Change:
     curve: str
     dtype: str                     # bf16 and fp32 curves of one backend share its label
@@ -55,6 +63,9 @@ class Change:
             return "same (within spread)"
         return "B slower" if self.latency_b_us > self.latency_a_us else "B faster"
 
+    def to_dict(self) -> dict[str, object]:
+        return {**{f.name: getattr(self, f.name) for f in fields(self)}, "verdict": self.verdict}
+
 
 def changes(a: list[Curve], b: list[Curve]) -> list[Change]:
     out = []
@@ -62,15 +73,35 @@ def changes(a: list[Curve], b: list[Curve]) -> list[Change]:
         after = counterpart(before, b, a)
         if after is None:
             continue
-        for size in before.sizes():
-            pa, pb = before.point(size), after.point(size)
-            if pa is None or pb is None:
+        index_b = {size: i for i, size in enumerate(after.sizes())}   # a curve holds one point per size
+        for pa in before.points:
+            index = index_b.get(pa.message_bytes)
+            if index is None:
                 continue
+            pb = after.points[index]
             p99 = (100.0 * (pb.p99_us - pa.p99_us) / pa.p99_us
                    if pa.p99_us is not None and pb.p99_us is not None and pa.p99_us > 0 else None)
-            out.append(Change(before.label, before.key.dtype, size, pa.latency_us, pb.latency_us, 100.0 * (pb.latency_us - pa.latency_us) / pa.latency_us,
-                              pa.p99_us, pb.p99_us, p99, exceeds_spread(pb.latency_us - pa.latency_us, pa, pb)))
+            out.append(Change(before.label, before.key.dtype, pa.message_bytes, pa.latency_us, pb.latency_us,
+                              100.0 * (pb.latency_us - pa.latency_us) / pa.latency_us, pa.p99_us, pb.p99_us, p99,
+                              exceeds_spread(pb.latency_us - pa.latency_us, pa, pb)))
     return out
+
+
+def shown(rows: list[Change], cap: int) -> list[list[Change]]:
+    """The terminal's tables, one per curve and dtype: every change when they fit `cap`, in the
+    runs' order; else the `cap` that matter most (beyond the spread first, then the largest
+    latency change to 0.1%, then the runs' order), the table of the largest change first, each
+    table in size order."""
+    def weight(i: int) -> tuple[bool, float]:
+        return rows[i].beyond_spread is True, round(abs(rows[i].latency_change_pct), 1)
+    picked = rows if len(rows) <= cap else [rows[i] for i in sorted(heapq.nlargest(cap, range(len(rows)), key=weight))]
+    groups: dict[tuple[str, str], list[Change]] = {}
+    for c in picked:
+        groups.setdefault((c.curve, c.dtype), []).append(c)
+    tables = list(groups.values())
+    if len(picked) < len(rows):
+        tables.sort(key=lambda g: max(abs(c.latency_change_pct) for c in g), reverse=True)
+    return tables
 
 
 def _one_backend(curves: list[Curve], backend: str, run: Run) -> list[Curve]:
@@ -178,12 +209,15 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
         print(f"only in B: {', '.join(only_b)}")
     print(render.prose("'beyond spread' = the latency change is larger than the jitter p10-p90 spread of both runs",
                        args.wide) + "\n")
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / f"compare_{run_a.path.resolve().name}_vs_{run_b.path.resolve().name}"
+    if backend_a is not None:
+        # no dots: the plot's suffix is added to the stem (2.29.7 would lose its ".7")
+        stem = stem.with_name(stem.name + "_" + re.sub(r"[^\w=-]+", "_", f"{backend_a}_vs_{backend_b}"))
+    tables = shown(rows, CHANGES_SHOWN)
     # One table per backend and dtype under its name: the backend spec is never folded in a column.
-    groups: dict[tuple[str, str], list[Change]] = {}
-    for c in rows:
-        groups.setdefault((c.curve, c.dtype), []).append(c)
-    for (curve, dtype), changed in groups.items():
-        print(f"{curve}, {dtype}")
+    for changed in tables:
+        print(f"{changed[0].curve}, {changed[0].dtype}")
         print(render.table(["size", "latency A us", "latency B us", "change", "p99 A us", "p99 B us", "p99 change",
                             "verdict"],
                            [[format_bytes(c.message_bytes), fmt_us(c.latency_a_us), fmt_us(c.latency_b_us),
@@ -195,18 +229,22 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     faster = [c for c in rows if c.verdict == "B faster"]
     print(f"\n{len(slower)} slower and {len(faster)} faster beyond spread, "
           f"{len(rows) - len(slower) - len(faster)} within spread or unknown, of {len(rows)} points")
+    document = {"provenance_a": origin_a.to_dict(), "provenance_b": origin_b.to_dict(),
+                "different_machines": differ, "a": name_a, "b": name_b,
+                "nccl_a": nccl_ran["a"], "nccl_b": nccl_ran["b"], "changes": []}
+    kept = sum(len(t) for t in tables)
+    if kept < len(rows):
+        every = args.json if args.json not in (None, "-") else str(stem.with_name(stem.name + "_changes.json"))
+        if every != args.json:
+            write_json_list(every, document, "changes", (c.to_dict() for c in rows))
+        print(render.prose(f"shown: the {kept} changes that matter most (beyond spread first, then the largest); "
+                           f"{len(rows) - kept} more, all {len(rows)} in {every}", args.wide))
 
-    out.mkdir(parents=True, exist_ok=True)
-    stem = out / f"compare_{run_a.path.resolve().name}_vs_{run_b.path.resolve().name}"
-    if backend_a is not None:
-        # no dots: the plot's suffix is added to the stem (2.29.7 would lose its ".7")
-        stem = stem.with_name(stem.name + "_" + re.sub(r"[^\w=-]+", "_", f"{backend_a}_vs_{backend_b}"))
     fig = plots.compare_figure(curves_a, curves_b, name_a, name_b, f"allreduce latency: A = {name_a} vs B = {name_b}")
     for path in plots.save(fig, stem):
         print(f"wrote {path}")
-    results_out.write(args, {"provenance_a": origin_a.to_dict(), "provenance_b": origin_b.to_dict(),
-                           "different_machines": differ, "a": name_a, "b": name_b,
-                           "nccl_a": nccl_ran["a"], "nccl_b": nccl_ran["b"],
-                           "changes": [{**asdict(c), "verdict": c.verdict} for c in rows]},
-                      f"compare {name_a} vs {name_b}")
+    write_json_list(args.json, document, "changes", (c.to_dict() for c in rows))   # a change at a time
+    if getattr(args, "html", None) is not None:   # a page holds every change, so only when asked
+        results_out.write_html(args, {**document, "changes": [c.to_dict() for c in rows]},
+                               f"compare {name_a} vs {name_b}")
     return 0

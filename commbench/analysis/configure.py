@@ -19,6 +19,7 @@ from commbench.analysis.models import Model
 from commbench.engines import paths as engine_paths
 from commbench.engines.paths import ALLREDUCE
 from commbench.errors import UsageError
+from commbench.results.text import clean_text
 from commbench.units import format_bytes
 
 NCCL_ENV_SCOPE = "an NCCL_* variable applies to every message size of every NCCL communicator of the process"
@@ -272,7 +273,7 @@ def _settings(d: EngineDecision, option: Option, tp: int | None
     if library:   # the library is loaded by the deployment; the engine's own settings still paste
         under, under_refused = engines.paste_lines(replace(settings, preload=""), d.engine, tp)
         paste = [] if under_refused else under
-    notes = tuple(one_line(n) for n in settings.notes if str(n) != engines.NCCL_ENV_IS_PROCESS_WIDE)
+    notes = tuple(clean_text(str(n)) for n in settings.notes if str(n) != engines.NCCL_ENV_IS_PROCESS_WIDE)
     if option.settings.nccl_env:
         notes = (NCCL_ENV_SCOPE, *notes)
     return tuple(paste), refused, library, notes
@@ -282,11 +283,6 @@ def _cells(engine: _Engine, option: Option | None, loads: tuple[Load, ...], size
            prefill_bytes: int) -> tuple[Cell, ...]:
     return tuple(_cell(engine, option, DECODE, l.concurrency, l.weight, s) for l, s in zip(loads, sizes)) + \
         (_cell(engine, option, PREFILL, prefill_tokens, 0.0, prefill_bytes),)
-
-
-def one_line(text: object) -> str:
-    """Text from run.json on one line, control characters blanked (never part of a paste-ready line)."""
-    return "".join(" " if ord(c) < 32 or 0x7F <= ord(c) <= 0x9F else c for c in str(text))
 
 
 def engine_default_why(d: EngineDecision, message_bytes: int) -> str:

@@ -19,7 +19,7 @@ from commbench.analysis import render
 from commbench.analysis.render import fmt_us
 from commbench.ops import ALLREDUCE
 from commbench.results import OK, Run
-from commbench.results.validate import clean_text
+from commbench.results.text import capped
 from commbench.units import format_bytes
 
 IMPLEMENTATION_CHARS = 80
@@ -36,8 +36,7 @@ class Fastest:
 
 def _printable(text: object) -> str:
     """Text from the run's files on one line, bounded (cut at a word, marked)."""
-    line = clean_text(str(text))
-    return line if len(line) <= IMPLEMENTATION_CHARS else line[:IMPLEMENTATION_CHARS].rsplit(" ", 1)[0] + " ..."
+    return capped(text, IMPLEMENTATION_CHARS)
 
 
 def whose(run: Run, curve: Curve) -> str:

@@ -19,12 +19,12 @@ from typing import Any, Iterable, Sequence
 from commbench import engines
 from commbench.analysis import (configure, configure_text, decide, fastest, models, provenance, question, render,
                                 results_out)
-from commbench.analysis.configure import one_line
 from commbench.analysis.curves import Curve, cautions, run_world_size
 from commbench.analysis.decide import EngineDecision, Headroom, Option, Price, Saving
 from commbench.analysis.models import Model
 from commbench.analysis.render import fmt_us
 from commbench.results import OK, Measurement, Run
+from commbench.results.text import capped
 from commbench.units import format_bytes
 
 
@@ -90,7 +90,7 @@ def measured_implementations(rows: Iterable[Measurement]) -> dict[str, str]:
     for row in rows:
         text = row.extra.get("implementation") if row.status == OK else None
         if isinstance(text, str) and text and row.backend not in found:
-            found[row.backend] = one_line(text)[:IMPLEMENTATION_CHARS]
+            found[row.backend] = capped(text, IMPLEMENTATION_CHARS)
     return found
 
 

@@ -53,6 +53,11 @@ def _fields(value: Any) -> Any:
 def write(args: argparse.Namespace, result: Any, title: str) -> None:
     """The result to --json and --html, where given (checked before with check_targets)."""
     write_json(args.json, result, default=_fields)
+    write_html(args, result, title)
+
+
+def write_html(args: argparse.Namespace, result: Any, title: str) -> None:
+    """The result to --html, where given (compare streams its --json itself)."""
     if getattr(args, "html", None) is not None:
         try:
             Path(args.html).write_text(page(data(result), title), encoding="utf-8")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
@@ -39,10 +40,13 @@ class Table:
     rows: list[list[str]]
 
 
+_MARKUP_RE = re.compile(r"[\\`#|]|\](?=\()")   # code spans, headings, cell breaks, the "](" of a link or image
+
+
 def md_escape(text: str) -> str:
-    """Text from a run file as literal markdown: one line, no cell break, no HTML."""
-    return " ".join(clean_text(text, one_line=False).split("\n")).replace("|", "\\|").replace(
-        "<", "&lt;").replace(">", "&gt;")
+    """Text from a run file as literal markdown: one line, no cell break, no HTML, no link,
+    image, code span or heading of its own (emphasis marks are left: they hide and link nothing)."""
+    return _MARKUP_RE.sub(lambda m: "\\" + m.group(0), clean_text(text)).replace("<", "&lt;").replace(">", "&gt;")
 
 
 def markdown(table: Table) -> str:
@@ -158,7 +162,8 @@ def refusals(rows: Iterable[Measurement]) -> list[str]:
         if first is None or (r.reason and not first.reason):
             first = r
         seen[slot] = (measured or r.status == OK, first)
-    return [f"`{backend}` at {world} ranks: {first.status}: {first.reason or 'no reason recorded'}"
+    return [f"`{md_escape(backend)}` at {world} ranks: {md_escape(first.status)}: "
+            f"{md_escape(first.reason or 'no reason recorded')}"
             for (backend, world), (measured, first) in seen.items() if not measured]
 
 
@@ -205,7 +210,7 @@ def render_markdown(result: TableResult, width: int | None = None) -> str:
                        "correct plain allreduce at that size, then torch's add and RMSNorm in the same graph."), "",
                   markdown(result.fused)]
     if result.refused:
-        parts += ["### Measured nothing, and why", ""] + [f"- {md_escape(line)}" for line in result.refused] + [""]
+        parts += ["### Measured nothing, and why", ""] + [f"- {line}" for line in result.refused] + [""]
     return "\n".join(parts)
 
 

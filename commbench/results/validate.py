@@ -208,11 +208,8 @@ def parse_row(line: bytes) -> tuple[Measurement | None, str | None]:
     # A control character in a string is either raw (C1, bidi) or an escape in the line: \u001b,
     # or one of JSON's short ones (\n, \r, \b, \f, \t).
     dirty = b"\\" in line or needs_cleaning(line.decode("utf-8", errors="replace"))
-    if dirty:
-        data = clean(data)
-        for name in _ONE_LINE_TABLES:   # names and values of variables: one line each, never a newline
-            if isinstance(data.get(name), dict):
-                data[name] = {clean_text(k): clean_text(v) for k, v in data[name].items()}
+    if dirty:   # a row's text is names, settings and versions, one line each: only its reason may hold lines
+        data = {clean_text(str(k)): clean(v, one_line=k not in _MULTI_LINE_FIELDS) for k, v in data.items()}
     row = Measurement.from_dict(data)
     for name in _SHARED_TEXT:   # a few names repeat on every row: one copy each, not one a row
         value = getattr(row, name)
@@ -221,7 +218,7 @@ def parse_row(line: bytes) -> tuple[Measurement | None, str | None]:
     return row, None
 
 
-_ONE_LINE_TABLES = ("env_setting", "requested")
+_MULTI_LINE_FIELDS = ("reason",)
 _SHARED_TEXT = ("backend", "mode", "dtype", "status", "op", "setting_applied", "wrong_kind")
 
 
