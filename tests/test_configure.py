@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from commbench.analysis import configure, decide, models
+from commbench import models
+from commbench.analysis import configure, decide
 from commbench.analysis.curves import decode_curves
 from commbench.cli import main as cli
 from commbench.errors import UsageError

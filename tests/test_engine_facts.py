@@ -316,7 +316,7 @@ def test_recommend_on_an_imported_8x_h200_log_prices_nccl(tmp_path, capsys):
 # --- the model's architecture ----------------------------------------------------------------
 
 def test_presets_carry_their_architecture_and_arch_names_your_own(capsys):
-    from commbench.analysis import models
+    from commbench import models
     assert models.lookup("glm-5").arch == "GlmMoeDsaForCausalLM"
     assert models.lookup("llama-3.1-70b").arch == "LlamaForCausalLM"
     assert all(m.arch for m in models.presets().values())

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from commbench.analysis import models
+from commbench import models
 from commbench.cli import main as cli
 from commbench.analysis.curves import decode_curves
 from commbench.analysis import decide

@@ -22,7 +22,7 @@ ANALYSIS = ["commbench.analysis." + p.stem for p in (REPO / "commbench" / "analy
 
 @pytest.mark.procs
 def test_the_analysis_half_imports_no_torch() -> None:
-    modules = ANALYSIS + ["commbench.results", "commbench.runs", "commbench.inflight", "commbench.engines",
+    modules = ANALYSIS + ["commbench.results", "commbench.runs", "commbench.inflight", "commbench.engines", "commbench.models",
                           "commbench.units", "commbench.policy", "commbench.files"]
     code = ("import sys\n" + "".join(f"import {m}\n" for m in modules) +
             "bad = sorted(m for m in sys.modules if m == 'torch' or m.startswith(('torch.', 'commbench.sweep')))\n"
@@ -39,22 +39,32 @@ INSTALLED = {"commbench": "commbench", "backends": "commbench.backends", "topolo
 # Layers, lowest first (docs/design.md draws them). A module may import its own layer and the
 # layers below it, never one above; the longest matching pattern places a module, and every
 # module must be placed. "facts" is what the probe, the backends and the analysis all read:
-# torch-free machine checks and readings (topology) and how each engine picks a path (engines).
-# The analysis sits above the backends, which never import it (it reads their rows and their
-# TRACE_KERNELS source, never their modules).
+# torch-free machine checks and readings (topology), how each engine picks a path (engines) and
+# model shapes (models); the op names sit lower still, in base, since the row schema names its op.
+# The probe and the analysis stand side by side on one floor above the backends, and neither
+# imports the other: the probe asks the backends for verdicts, the analysis reads their rows and
+# their TRACE_KERNELS source, never their modules.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("commbench", "commbench.errors", "commbench.units", "commbench.files", "commbench.json_stream", "commbench.policy",
               "commbench.launch_env", "commbench.waits", "commbench.ops")),
     ("results", ("commbench.results", "commbench.results.*", "commbench.inflight", "commbench.runs")),
-    ("facts", ("commbench.engines", "commbench.engines.*", "commbench.topology", "commbench.topology.*")),
+    ("facts", ("commbench.engines", "commbench.engines.*", "commbench.topology", "commbench.topology.*",
+               "commbench.models")),
     ("runtime", ("commbench.runtime", "commbench.runtime.*")),
     ("backends", ("commbench.backends", "commbench.backends.*")),
+    ("probe", ("commbench.probe", "commbench.probe.*")),
     ("analysis", ("commbench.analysis", "commbench.analysis.*", "commbench.fleet", "commbench.fleet.*")),
-    ("probe", ("commbench.topology.snapshot", "commbench.topology.verdicts", "commbench.topology.software",
-               "commbench.topology.render", "commbench.topology.command")),
     ("sweep", ("commbench.sweep", "commbench.sweep.*")),
     ("cli", ("commbench.cli", "commbench.__main__")),
 ]
+# Layers that share a floor: an import between them runs sideways, and is as wrong as one back up.
+SIDE_BY_SIDE = {"probe": "analysis", "analysis": "probe"}
+
+
+def floor_of(layer: int) -> int:
+    """A layer's floor: its place in LAYERS, less the side-by-side layers below it."""
+    names = [name for name, _ in LAYERS[: layer + 1]]
+    return layer - sum(1 for i, name in enumerate(names[:-1]) if SIDE_BY_SIDE.get(name) == names[i + 1])
 
 
 def installed_modules(repo: Path = REPO) -> dict[str, Path]:
@@ -155,9 +165,13 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Imports back up a floor, or sideways between two layers of one floor."""
+    def wrong_way(a: int, b: int) -> bool:
+        return floor_of(b) > floor_of(a) or (floor_of(b) == floor_of(a) and a != b)
+
     return sorted(f"{a} ({LAYERS[layer_of(a)][0]}) -> {b} ({LAYERS[layer_of(b)][0]})"
                   for a, targets in graph.items() for b in targets
-                  if layer_of(a) is not None and layer_of(b) is not None and layer_of(b) > layer_of(a))
+                  if layer_of(a) is not None and layer_of(b) is not None and wrong_way(layer_of(a), layer_of(b)))
 
 
 def test_every_module_has_a_layer() -> None:
@@ -194,6 +208,18 @@ def test_the_graph_sees_lazy_relative_and_package_imports(tmp_path: Path) -> Non
     assert graph["commbench.topology.needs"] == {"commbench.backends", "commbench.backends.base"}
     assert cycles(graph) == [["commbench.backends.base", "commbench.results"]]
     assert "commbench.topology.needs (facts) -> commbench.backends.base (backends)" in upward_imports(graph)
+
+
+def test_the_probe_and_the_analysis_import_neither_way_and_topology_holds_facts_only() -> None:
+    graph = {"commbench.probe.render": {"commbench.analysis.curves", "commbench.backends"},
+             "commbench.analysis.curves": {"commbench.probe.verdicts", "commbench.models"},
+             "commbench.topology.needs": {"commbench.backends.base"}}
+    assert upward_imports(graph) == [
+        "commbench.analysis.curves (analysis) -> commbench.probe.verdicts (probe)",
+        "commbench.probe.render (probe) -> commbench.analysis.curves (analysis)",
+        "commbench.topology.needs (facts) -> commbench.backends.base (backends)"]
+    assert floor_of(layer_of("commbench.probe.command")) == floor_of(layer_of("commbench.analysis.report"))
+    assert layer_of("commbench.topology.snapshot_file") < layer_of("commbench.runtime.context")
 
 
 def test_every_need_a_backend_declares_is_in_the_one_table() -> None:

@@ -212,7 +212,7 @@ def test_a_bad_symm_variant_is_one_line_and_exit_2(tmp_path: Path) -> None:
 
 def test_the_probe_judges_the_new_variants_by_their_recorded_software() -> None:
     from commbench.backends import probe_variants
-    from commbench.topology.verdicts import backend_verdicts, software_record
+    from commbench.probe.verdicts import backend_verdicts, software_record
 
     variants = [b for b in probe_variants() if b.name in ("nccl:symm", "nccl4py")]
     assert sorted(b.name for b in variants) == ["nccl4py", "nccl:symm"]

@@ -11,7 +11,7 @@ import pytest
 from commbench.topology import pcie
 from commbench.topology.childproc import Child, module_argv, run_child
 from commbench.topology.host import iommu_mode
-from commbench.topology.snapshot import merge
+from commbench.probe.snapshot import merge
 
 
 def config_space(acs_control: int | None, size: int = 4096) -> bytes:

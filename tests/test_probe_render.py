@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from commbench.topology.render import render
+from commbench.probe.render import render
 
 SNAPSHOTS = Path(__file__).parent / "fixtures" / "snapshots"
 

@@ -11,9 +11,9 @@ from commbench import backends
 from commbench.backends.mscclpp import MscclppOptions
 from commbench.engines.paths import explain
 from commbench.policy import MULTICAST_POLICY_VARS
-from commbench.topology import verdicts
+from commbench.probe import verdicts
 from commbench.topology.needs import NO_GPU, SHARED_GPU
-from commbench.topology.verdicts import backend_verdicts
+from commbench.probe.verdicts import backend_verdicts
 
 SNAPSHOTS = Path(__file__).parent / "fixtures" / "snapshots"
 

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from commbench import backends, engines
-from commbench.analysis import decide, models
+from commbench import models
+from commbench.analysis import decide
 from commbench.analysis.curves import cautions, decode_curves
 from commbench.cli import main as cli
 from commbench.runs import load_run

@@ -10,7 +10,7 @@ import pytest
 
 from helpers import only_run_dir, rows, run_torchrun
 
-from commbench.analysis.models import DEFAULT_CONCURRENCIES, lookup
+from commbench.models import DEFAULT_CONCURRENCIES, lookup
 from commbench.analysis.qualify import load_spec
 from commbench.cli import main as cli
 from commbench.sweep.command import add_arguments

@@ -106,8 +106,8 @@ def test_the_wheel_ships_every_file_the_package_reads(installed) -> None:
 
 
 def test_the_installed_package_is_the_wheel_and_finds_its_data(installed) -> None:
-    code = ("import json, commbench, commbench.backends.p2p_kernels as p2p, commbench.topology.snapshot\n"
-            "from commbench.analysis import models\n"
+    code = ("import json, commbench, commbench.backends.p2p_kernels as p2p, commbench.probe.snapshot\n"
+            "from commbench import models\n"
             "from commbench.analysis.qualify import load_spec\n"
             "from importlib import resources\n"
             "specs = sorted(p.name for p in resources.files('commbench').joinpath('specs').iterdir())\n"

@@ -21,7 +21,8 @@ from typing import Any, Sequence
 
 from commbench import engines
 from commbench.engines import log as engine_log
-from commbench.analysis import decide, fastest, models, provenance, render
+from commbench import models
+from commbench.analysis import decide, fastest, provenance, render
 from commbench.analysis.attribute_nccl import HOW_TO_LOG, LogLine, has_nccl, log_lines, log_text, read_nccl_logs
 from commbench.analysis.attribute_floor import Alternative, FloorLine, Priced, against_floor
 from commbench.analysis.attribution import RULES, RankResult, SizeHint, Step, analyse_rank, set_first_apart

@@ -17,7 +17,8 @@ from dataclasses import asdict
 from typing import Any, Iterable, Sequence
 
 from commbench import engines
-from commbench.analysis import configure, configure_text, decide, fastest, models, provenance, question, render
+from commbench import models
+from commbench.analysis import configure, configure_text, decide, fastest, provenance, question, render
 from commbench.analysis.configure import one_line
 from commbench.analysis.curves import Curve, cautions, run_world_size
 from commbench.analysis.decide import EngineDecision, Headroom, Option, Price

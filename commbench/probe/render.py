@@ -1,6 +1,6 @@
 """Print a snapshot as rich tables: devices, links, P2P rows, IPC/VMM/multicast, host facts,
 bandwidth, findings, verdicts and the explain section. Reads the dict only; every string from
-it prints literally (topology.tables)."""
+it prints literally (probe.tables)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from rich.text import Text
 
 from commbench.topology.findings import findings
 from commbench.engines.paths import explain
-from commbench.topology.render_pcie import pcie_tables
-from commbench.topology.tables import literal_console, new_table, styled
-from commbench.topology.verdicts import reason_for
+from commbench.probe.render_pcie import pcie_tables
+from commbench.probe.tables import literal_console, new_table, styled
+from commbench.probe.verdicts import reason_for
 
 STATUS_STYLE = {"ok": "green", "fail": "red", "wrong": "bold red", "hangs": "bold red", "not_run": "yellow"}
 # What a missing version means, where the snapshot stores None for "this machine has none".

@@ -26,7 +26,7 @@ from commbench.topology import link_health, nvml_facts, pcie
 from commbench.topology.childproc import Child, module_argv, run_child
 from commbench.topology.pcie_snapshot import merge_pcie_checks, run_pcie_steps
 from commbench.topology.snapshot_file import SCHEMA_VERSION, SNAPSHOT_KIND
-from commbench.topology.software import installed_versions
+from commbench.probe.software import installed_versions
 
 if TYPE_CHECKING:
     from commbench.runtime.context import RunContext
@@ -47,7 +47,7 @@ def software_versions(driver_version: str | None, nvml: dict[str, Any]) -> dict[
 def backend_software() -> dict[str, str | None]:
     """Each registered variant's software verdict on this machine (None: it is there)."""
     from commbench.backends import probe_variants
-    from commbench.topology.verdicts import software_record
+    from commbench.probe.verdicts import software_record
 
     return software_record(probe_variants())
 

@@ -15,7 +15,7 @@ from commbench.engines import inert_settings
 from commbench.topology.nccl_xml import NcclXmlError, parse_graphs, parse_topology
 from commbench.topology.pcie_findings import (SM_READ_LATENCY_MAX_US, SM_READ_LATENCY_SOURCE, SM_TO_COPY_MIN_RATIO,
                                               SM_TO_COPY_SOURCE, ab_pairs, aer_rows, below_max, sm_path_rows)
-from commbench.topology.tables import new_table, styled
+from commbench.probe.tables import new_table, styled
 
 VERDICT_STYLE = {nccl_checks.HEALTHY: "green", nccl_checks.HANGS: "bold red", nccl_checks.WRONG: "bold red",
                  nccl_checks.INCONCLUSIVE: "yellow", nccl_checks.P2P_FAULT: "bold red"}

@@ -63,7 +63,7 @@ def _check_args(args: argparse.Namespace) -> None:
 
 def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     _check_args(args)
-    from commbench.topology.snapshot import DEFAULT_TIMEOUT_S, take_snapshot
+    from commbench.probe.snapshot import DEFAULT_TIMEOUT_S, take_snapshot
     from commbench.topology.snapshot_file import load_snapshot
 
     ctx = None
@@ -83,14 +83,14 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
                 shutdown()
         if ctx is not None and ctx.rank != 0:
             return 0
-    from commbench.topology.render import render
+    from commbench.probe.render import render
 
     render(snapshot, _world_size(args, snapshot), args.allow_multicast)
     if args.json:
         write_json(args.json, snapshot)
         print(f"snapshot {'copied' if args.from_file else 'written'} to {args.json}")
     if args.plot:
-        from commbench.topology.plot import plot_snapshot
+        from commbench.probe.plot import plot_snapshot
 
         plot_snapshot(snapshot, args.plot)
         print(f"plot written to {args.plot}")
