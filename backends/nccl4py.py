@@ -26,7 +26,7 @@ import torch
 
 from commbench import engines
 from commbench.backends.base import Backend, BackendFactory, BackendUnavailable, MakeOptions, voted
-from commbench.backends.nccl import logged_calls, nccl_log_dir, unlogged_reason
+from commbench.backends.nccl.backend import logged_calls, nccl_log_dir, unlogged_reason
 from commbench.topology.nccl_log import logged_choice, process_nccl, process_switch, read_lines
 from commbench.errors import UsageError
 

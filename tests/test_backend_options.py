@@ -7,7 +7,7 @@ import pytest
 
 from commbench import backends
 from commbench.backends.base import BackendUnavailable, SweepFacts
-from commbench.backends.nccl_variants import NcclOptions
+from commbench.backends.nccl.variants import NcclOptions
 from commbench.errors import UsageError
 from commbench.sweep.command import backend_options
 from commbench.sweep.options import SweepOptions
@@ -44,8 +44,8 @@ def test_backend_specs_keep_their_options_together() -> None:
 
 
 def test_each_family_is_handed_its_own_options_and_the_sweeps_facts() -> None:
-    from commbench.backends.flashinfer import FlashinferOptions
-    from commbench.backends.p2p_rules import P2POptions
+    from commbench.backends.flashinfer.common import FlashinferOptions
+    from commbench.backends.p2p.rules import P2POptions
 
     flags = SweepOptions.from_args(sweep_args("--p2p-max-bytes", "4M", "--nccl-proto", "ll"), [])
     assert flags.families["p2p"] == P2POptions(max_bytes=4 << 20)

@@ -222,6 +222,17 @@ def test_the_probe_and_the_analysis_import_neither_way_and_topology_holds_facts_
     assert layer_of("commbench.topology.snapshot_file") < layer_of("commbench.runtime.context")
 
 
+def test_every_package_folder_is_in_pyprojects_packages() -> None:
+    """A new folder (a family's, the probe's) installs only when pyproject lists it."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - exercised on 3.10 only
+        import tomli as tomllib
+
+    listed = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]["packages"]
+    assert sorted(m for m, path in installed_modules().items() if path.name == "__init__.py") == sorted(listed)
+
+
 def test_every_need_a_backend_declares_is_in_the_one_table() -> None:
     variants = probe_variants()
     assert len(variants) > 10

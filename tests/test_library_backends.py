@@ -13,7 +13,8 @@ import torch
 
 from commbench import engines
 from commbench.backends import factory
-from commbench.backends import flashinfer as fi
+from commbench.backends.flashinfer import autotune_log, pcie, trtllm, variants
+from commbench.backends.flashinfer import common as fi
 from commbench.backends import mscclpp as mp_backend
 from commbench.backends import symm_mem
 from commbench.backends.base import BackendUnavailable, SweepFacts, raise_unless_all_ranks_ok
@@ -294,19 +295,19 @@ def test_pcie_ipc_world_sizes_dtypes_and_packs():
     assert backend.supports(4096, torch.float32) == "PCIe IPC allreduce takes bf16 and fp16 only"
     assert backend.supports(4096, torch.bfloat16) is None
     # 8 ranks need one 16-byte pack each: 64 elements of bf16 is the least
-    assert fi.pcie_admits(8, 64, 2) and not fi.pcie_admits(8, 56, 2) and not fi.pcie_admits(8, 68, 2)
-    assert not fi.pcie_admits(16, 4096, 2)
+    assert pcie.pcie_admits(8, 64, 2) and not pcie.pcie_admits(8, 56, 2) and not pcie.pcie_admits(8, 68, 2)
+    assert not pcie.pcie_admits(16, 4096, 2)
     # prepared shapes capture no collective (pcie_ipc_ar: capture is exempt from the stream check)
     assert backend.graph_capturable is True
 
 
 def test_pcie_ipc_tunes_one_bucket_per_planned_token_count():
-    plain = fi.pcie_shapes([4 << 10, 8 << 10, 64 << 10, 8 << 20], 2, None)
+    plain = pcie.pcie_shapes([4 << 10, 8 << 10, 64 << 10, 8 << 20], 2, None)
     assert plain == [(1, 2048), (1, 4096), (8, 4096), (1024, 4096)]
-    assert fi.pcie_tune_plan(plain) == ((2048, 4096), (1, 8, 1024))
-    model = fi.pcie_shapes([t * 7168 * 2 for t in (1, 2, 4, 256)], 2, 7168)
+    assert pcie.pcie_tune_plan(plain) == ((2048, 4096), (1, 8, 1024))
+    model = pcie.pcie_shapes([t * 7168 * 2 for t in (1, 2, 4, 256)], 2, 7168)
     assert model == [(1, 7168), (2, 7168), (4, 7168), (256, 7168)]
-    assert fi.pcie_tune_plan(model) == ((7168,), (1, 2, 4, 256))
+    assert pcie.pcie_tune_plan(model) == ((7168,), (1, 2, 4, 256))
 
 
 def test_pcie_ipc_records_the_launch_configuration_it_ran():
@@ -316,12 +317,12 @@ def test_pcie_ipc_records_the_launch_configuration_it_ran():
     class Config:
         blocks, threads, variant = 4, 512, Variant()
 
-    assert fi.describe_config(Config()) == "STAGED_RING blocks=4 threads=512"
-    assert fi.describe_config(None) is None
-    assert fi.launch_choice(Config(), Config()) == {"pcie_ipc_config": "STAGED_RING blocks=4 threads=512",
+    assert autotune_log.describe_config(Config()) == "STAGED_RING blocks=4 threads=512"
+    assert autotune_log.describe_config(None) is None
+    assert autotune_log.launch_choice(Config(), Config()) == {"pcie_ipc_config": "STAGED_RING blocks=4 threads=512",
                                                     "pcie_ipc_seed": "STAGED_RING blocks=4 threads=512",
                                                     "pcie_ipc_runs_seed": True}
-    assert fi.launch_choice(Config(), None)["pcie_ipc_runs_seed"] is False
+    assert autotune_log.launch_choice(Config(), None)["pcie_ipc_runs_seed"] is False
     backend = factory("flashinfer").variants("pcie_ipc", sweep=SweepFacts(hidden=7168))[0]
     backend._choices = {(2, 7168): {"pcie_ipc_config": "STAGED_RING blocks=4 threads=512",
                                     "pcie_ipc_seed": "UNSTAGED blocks=16 threads=128"}}
@@ -333,25 +334,25 @@ def test_pcie_ipc_records_the_launch_configuration_it_ran():
 
 def test_pcie_ipc_caps_its_grid_where_ranks_share_a_gpu():
     # A GPU of one's own keeps FlashInfer's default, whatever its SM count.
-    assert fi.pcie_max_blocks(128, [132, 132], shares_gpu=False) == (128, None)
-    assert fi.pcie_max_blocks(128, [46, 46], shares_gpu=False) == (128, None)
+    assert pcie.pcie_max_blocks(128, [132, 132], shares_gpu=False) == (128, None)
+    assert pcie.pcie_max_blocks(128, [46, 46], shares_gpu=False) == (128, None)
     # Ranks sharing a GPU: one block per SM of the smallest rank's part, for every rank alike.
-    blocks, reason = fi.pcie_max_blocks(128, [33, 32, 33, 33], shares_gpu=True)
+    blocks, reason = pcie.pcie_max_blocks(128, [33, 32, 33, 33], shares_gpu=True)
     assert blocks == 32
     assert reason == ("ranks share a GPU: one block per SM a rank may count on (32; FlashInfer's default is 128), "
                       "so that every block of every rank is resident at once")
-    assert fi.pcie_max_blocks(128, [66, 66], shares_gpu=True)[0] == 66
-    assert fi.pcie_max_blocks(128, [14] * 8, shares_gpu=True)[0] == 14
-    assert fi.pcie_max_blocks(128, [132], shares_gpu=True) == (128, None)   # a share as large as the default
+    assert pcie.pcie_max_blocks(128, [66, 66], shares_gpu=True)[0] == 66
+    assert pcie.pcie_max_blocks(128, [14] * 8, shares_gpu=True)[0] == 14
+    assert pcie.pcie_max_blocks(128, [132], shares_gpu=True) == (128, None)   # a share as large as the default
 
 
 def test_pcie_ipc_tune_option_and_cache_path(tmp_path):
     import argparse
 
     parser = argparse.ArgumentParser()
-    fi.add_arguments(parser.add_argument_group("flashinfer"))
-    assert fi.read_options(parser.parse_args([])) == fi.FlashinferOptions(pcie_tune=True, pdl=True)
-    options = fi.read_options(parser.parse_args(["--flashinfer-pcie-tune", "seed"]))
+    variants.add_arguments(parser.add_argument_group("flashinfer"))
+    assert variants.read_options(parser.parse_args([])) == fi.FlashinferOptions(pcie_tune=True, pdl=True)
+    options = variants.read_options(parser.parse_args(["--flashinfer-pcie-tune", "seed"]))
     backend = factory("flashinfer").variants("pcie_ipc", options, SweepFacts(run_dir=tmp_path))[0]
     assert backend.tune is False
     assert backend._cache_path(4, torch.bfloat16) == str(tmp_path / "flashinfer-pcie-ipc" / "w4-bfloat16.json")
@@ -364,8 +365,8 @@ def test_trtllm_variants_launch_with_pdl_unless_asked_not_to(monkeypatch, argv, 
     import types
 
     parser = argparse.ArgumentParser()
-    fi.add_arguments(parser.add_argument_group("flashinfer"))
-    options = fi.read_options(parser.parse_args(argv))
+    variants.add_arguments(parser.add_argument_group("flashinfer"))
+    options = variants.read_options(parser.parse_args(argv))
     calls = []
     fake = types.ModuleType("flashinfer.comm")
     fake.allreduce_fusion = lambda **kwargs: calls.append(kwargs)
@@ -380,14 +381,14 @@ def test_trtllm_variants_launch_with_pdl_unless_asked_not_to(monkeypatch, argv, 
 
 def test_pcie_ipc_counts_the_configurations_its_tuning_saved(tmp_path):
     cache = tmp_path / "w2-bfloat16.json"
-    assert fi.saved_configs(str(cache)) == 0
-    assert fi.saved_configs(None) is None       # FlashInfer's default file: not this run's alone
+    assert autotune_log.saved_configs(str(cache)) == 0
+    assert autotune_log.saved_configs(None) is None       # FlashInfer's default file: not this run's alone
     cache.write_text('{"_metadata": {"flashinfer_version": "0.7.4"}, "_generation": "7ec5"}')
-    assert fi.saved_configs(str(cache)) == 0       # what 0.7.4 wrote under MPS: nothing tuned
+    assert autotune_log.saved_configs(str(cache)) == 0       # what 0.7.4 wrote under MPS: nothing tuned
     cache.write_text('{"_metadata": {}, "(1, 4096)": [0, 1], "(4, 4096)": [0, 2]}')
-    assert fi.saved_configs(str(cache)) == 2
+    assert autotune_log.saved_configs(str(cache)) == 2
     cache.write_text("not json")
-    assert fi.saved_configs(str(cache)) == 0
+    assert autotune_log.saved_configs(str(cache)) == 0
 
 
 def test_pcie_ipc_tuning_collects_why_candidates_failed_without_printing_debug_lines():
@@ -398,7 +399,7 @@ def test_pcie_ipc_tuning_collects_why_candidates_failed_without_printing_debug_l
     logger = logging.Logger("flashinfer.jit", logging.INFO)   # as FlashInfer builds its own
     logger.addHandler(logging.StreamHandler(printed))
     logger.debug("before the block")        # a cached "DEBUG is off" must not hide the lines below
-    with fi.profiling_failures(logger) as errors:
+    with autotune_log.profiling_failures(logger) as errors:
         logger.debug("[Autotuner]: Skipping tactic runner 5, due to failure while profiling: workspace is bound")
         logger.debug("[Autotuner]: Failed when profiling runner 5, shapes=[]. Error occurred: workspace is bound")
         logger.debug("[Autotuner]: Skipping tactic runner 6, due to failure while profiling: workspace is bound")
@@ -407,7 +408,7 @@ def test_pcie_ipc_tuning_collects_why_candidates_failed_without_printing_debug_l
     assert errors == ["workspace is bound", "workspace is bound"]
     assert printed.getvalue() == "[Autotuner]: Skipped 2 unsupported tactic(s)\n"   # no debug line printed
     assert logger.level == logging.INFO and len(logger.handlers) == 1 and logger.handlers[0].level == logging.NOTSET
-    assert fi.failure_summary(errors) == {"profile_failures": 2, "profile_errors": ["workspace is bound"]}
+    assert autotune_log.failure_summary(errors) == {"profile_failures": 2, "profile_errors": ["workspace is bound"]}
     logger.debug("after the block")
     assert "after the block" not in printed.getvalue()
 
@@ -417,10 +418,10 @@ def test_pcie_ipc_keeps_the_start_and_end_of_a_long_profiling_error():
     ninja = ("Ninja build failed. Ninja output:\nninja: Entering directory `/x/cached_ops/trtllm_utils'\n"
              + "[1/5] nvcc -c envUtils.cpp\n" * 200
              + "ninja: error: '/x/csrc/nv_internal/tensorrt_llm/kernels/delayStream.cu', missing and no known rule")
-    (kept,) = fi.failure_summary([ninja, ninja])["profile_errors"]
-    assert len(kept) <= fi.PROFILE_ERROR_CHARS
+    (kept,) = autotune_log.failure_summary([ninja, ninja])["profile_errors"]
+    assert len(kept) <= autotune_log.PROFILE_ERROR_CHARS
     assert kept.startswith("Ninja build failed.") and kept.endswith("missing and no known rule") and " ... " in kept
-    assert fi.clip("short") == "short"
+    assert autotune_log.clip("short") == "short"
 
 
 def test_node_local_backends_refuse_several_nodes():
@@ -451,7 +452,7 @@ def test_symm_mem_dtype_and_alignment():
      "this shape needs 4294967296 B"),
 ])
 def test_trtllm_shape_rules(world, tokens, hidden, dtype, oneshot, reason):
-    assert fi.trtllm_shape_reason(world, tokens, hidden, dtype, oneshot) == reason
+    assert trtllm.trtllm_shape_reason(world, tokens, hidden, dtype, oneshot) == reason
 
 
 def test_plain_sizes_reshape_into_tokens():

@@ -10,7 +10,7 @@ import torch
 
 from commbench import backends
 from commbench.backends.base import SweepFacts
-from commbench.backends.nccl_variants import NcclOptions
+from commbench.backends.nccl.variants import NcclOptions
 from commbench.topology.nccl_log import (COINCIDED, HONOURED, IGNORED, LOG_VARIABLES, InitEvidence, NcclLogSwitch,
                                 canonical_algo, canonical_proto, enabled_for_allreduce, env_settings,
                                 LoggedAllreduce, LoggedCall, loaded_libnccl, logged_allreduces,
@@ -218,7 +218,7 @@ def test_variants_log_into_the_run_dir_unless_told_not_to(tmp_path: Path) -> Non
 
 def test_the_backend_logs_only_around_init_and_observe_and_reads_its_verdict(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    import commbench.backends.nccl as nccl_backend
+    import commbench.backends.nccl.backend as nccl_backend
 
     for name in LOG_VARIABLES:
         monkeypatch.delenv(name, raising=False)

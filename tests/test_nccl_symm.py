@@ -14,12 +14,12 @@ import torch
 
 from commbench import backends
 from commbench.backends.base import SweepFacts
-from commbench.backends.nccl_variants import NcclOptions
-from commbench.backends import nccl as nccl_backend
-from commbench.backends import nccl_symm
+from commbench.backends.nccl.variants import NcclOptions
+from commbench.backends.nccl import backend as nccl_backend
+from commbench.backends.nccl import symm as nccl_symm
 from commbench.topology.nccl_log import (LOG_VARIABLES, NcclLogSwitch, symmetric_kernel, symmetric_unsupported,
                                          used_algo_proto)
-from commbench.backends.nccl_symm import expected_reason, registration_reason
+from commbench.backends.nccl.symm import expected_reason, registration_reason
 from commbench.errors import UsageError
 from helpers import run_cli
 

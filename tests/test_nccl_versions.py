@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from commbench import backends
-from commbench.backends import nccl as nccl_backend
-from commbench.backends.nccl_variants import NcclOptions
-from commbench.backends.nccl_libs import NcclLibrary, default_label, parse_nccl_libs, preloaded_here
+from commbench.backends.nccl import backend as nccl_backend
+from commbench.backends.nccl.variants import NcclOptions
+from commbench.backends.nccl.libs import NcclLibrary, default_label, parse_nccl_libs, preloaded_here
 from commbench.topology.nccl_log import LoadedNccl, loaded_nccl, mapped_libnccls, version_text
 from commbench.errors import UsageError
 from helpers import only_run_dir, rows, run_cli

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from commbench.backends import factory
-from commbench.backends import p2p, p2p_kernels, p2p_layout, p2p_rules
+from commbench.backends.p2p import backend as p2p, kernels as p2p_kernels, layout as p2p_layout, rules as p2p_rules
 from commbench.backends.base import BackendTimeout, BackendUnavailable
 from commbench.runtime.context import Emulation, RunContext
 from commbench.errors import UsageError

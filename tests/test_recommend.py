@@ -367,8 +367,8 @@ def _run_with_another_nccl(tmp_path: Path, declared_preload: bool, rows_say_so: 
     preloaded in a child torchrun. declared_preload: the backend declared it (today's runs); else
     only the rows' env_setting says so (runs recorded before the field). rows_say_so: the rows carry
     the child's LD_PRELOAD (a driver run does); else only the declared settings tell the two apart."""
-    from commbench.backends.nccl import NcclBackend
-    from commbench.backends.nccl_libs import NcclLibrary
+    from commbench.backends.nccl.backend import NcclBackend
+    from commbench.backends.nccl.libs import NcclLibrary
     settings = (NcclBackend(library=NcclLibrary("fast", FAST_LIB)) if declared_preload else NcclBackend()).engine_settings(8)
     settings.variant = "nccl:lib=fast"
 

@@ -100,13 +100,13 @@ def test_the_wheel_ships_every_file_the_package_reads(installed) -> None:
     names = set(zipfile.ZipFile(installed["wheel"]).namelist())
     wanted = runtime_files()
     # What the code reads at run time today; a new one must be package data too.
-    assert {"commbench/data/models.toml", "commbench/backends/p2p_allreduce.cu",
+    assert {"commbench/data/models.toml", "commbench/backends/p2p/allreduce.cu",
             "commbench/specs/nvswitch-8x-h100-h200.toml", "commbench/specs/pcie-8x.toml"} <= wanted
     assert sorted(wanted - names) == []
 
 
 def test_the_installed_package_is_the_wheel_and_finds_its_data(installed) -> None:
-    code = ("import json, commbench, commbench.backends.p2p_kernels as p2p, commbench.probe.snapshot\n"
+    code = ("import json, commbench, commbench.backends.p2p.kernels as p2p, commbench.probe.snapshot\n"
             "from commbench import models\n"
             "from commbench.analysis.qualify import load_spec\n"
             "from importlib import resources\n"

@@ -38,7 +38,7 @@ def _sweep(out: Path, *args: str, driver: bool = False, timeout_s: float = 900) 
 
 
 def _flashinfer() -> None:
-    from commbench.backends.flashinfer import import_reason
+    from commbench.backends.flashinfer.common import import_reason
 
     reason = import_reason()
     if reason:

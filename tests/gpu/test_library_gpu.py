@@ -209,7 +209,7 @@ def _library_report(reason: str | None) -> dict:
 
 
 def test_flashinfer_trtllm_and_fused_run_exact_when_installed() -> None:
-    from commbench.backends.flashinfer import import_reason
+    from commbench.backends.flashinfer.common import import_reason
 
     report = _library_report(import_reason())
     for name in ("flashinfer:trtllm_oneshot", "flashinfer:trtllm_twoshot", "flashinfer:fused_oneshot",

@@ -10,7 +10,7 @@ import torch
 
 from commbench.backends.nccl4py import import_reason
 from commbench.topology.nccl_log import loaded_nccl
-from commbench.backends.nccl_symm import ROUTE
+from commbench.backends.nccl.symm import ROUTE
 from test_sweep_gpu import _sweep
 
 CHEAP = ("--sizes", "8K", "--iters", "5", "--no-probe")

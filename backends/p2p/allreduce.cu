@@ -4,7 +4,7 @@
 // Compiled at run time by NVRTC (through CuPy) once per process, dtype and world size. The
 // file includes no headers, so it builds wherever NVRTC runs.
 //
-// Shared by every kernel (backends/p2p.py documents the design):
+// Shared by every kernel (backends/p2p/backend.py documents the design):
 // * The Layout table (every rank's buffers, this rank's Ctrl, the timeout report) is a kernel
 //   parameter passed by value (__grid_constant__): no dependent load before the first useful
 //   one. Peer loops are unrolled over the world size N, a template parameter.
@@ -44,7 +44,7 @@ typedef unsigned long long u64;
 #define LL_BUFFERS 3
 #define LL_EMPTY 0x80000000u
 
-// Timeout report phases (mirrored by PHASE_NAMES in p2p.py).
+// Timeout report phases (mirrored by PHASE_NAMES in kernels.py).
 #define PHASE_FIRST_BARRIER 0
 #define PHASE_SECOND_BARRIER 1
 #define PHASE_LL_ONESHOT 2

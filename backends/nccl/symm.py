@@ -34,8 +34,8 @@ import torch
 
 from commbench import engines
 from commbench.backends.base import voted
-from commbench.backends.nccl import NcclBackend, logged_calls
-from commbench.backends.nccl_libs import NcclLibrary
+from commbench.backends.nccl.backend import NcclBackend, logged_calls
+from commbench.backends.nccl.libs import NcclLibrary
 from commbench.topology.nccl_log import (ALGO_VAR, PROTO_VAR, process_nccl, read_lines, symmetric_kernel,
                                          symmetric_unsupported, used_algo_proto, version_text)
 from commbench.topology.selection import non_nvlink_pairs

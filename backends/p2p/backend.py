@@ -1,7 +1,7 @@
 """p2p: commbench's own CUDA-IPC allreduce (Lamport one-shot and two-shot, flag one-shot push and
 pull, flag two-shot, the zero-copy graph two-shot, auto).
 
-The kernels (p2p_allreduce.cu beside this file) are compiled at run time by NVRTC through
+The kernels (allreduce.cu beside this file) are compiled at run time by NVRTC through
 CuPy, once per process, device, dtype and world size, and launched on torch's current
 stream, so they are captured by CUDA graphs like any torch kernel.
 
@@ -72,9 +72,9 @@ Design (the ideas of vLLM's and TRT-LLM's custom allreduce, our own code):
   of their own (a next call's waiting blocks could hold the SMs a peer's blocks need). Otherwise
   CuPy launches plainly; rows record ``p2p_pdl`` and, when off, ``p2p_pdl_reason``.
 
-The family is four modules, each with one job: p2p_layout (the kernels' contract: constants,
-launch shapes, the buffer plan, the Layout), p2p_rules (variants, options, eligibility, p2p:auto's
-choice), p2p_kernels (compiling, launching, the shared IPC area) and this one (the backend, its
+The family is a folder of four modules, each with one job: layout (the kernels' contract: constants,
+launch shapes, the buffer plan, the Layout), rules (variants, options, eligibility, p2p:auto's
+choice), kernels (compiling, launching, the shared IPC area) and this one (the backend, its
 flags and its factory).
 
 World size 1 runs only the one-shot kernels (``p2p:oneshot_lamport``, ``p2p:oneshot``): the
@@ -97,11 +97,11 @@ import torch
 from commbench import engines
 from commbench.backends.base import (ALL_DTYPES, Backend, BackendFactory, BackendTimeout, BackendUnavailable,
                                      MakeOptions, voted, voted_gather)
-from commbench.backends.p2p_kernels import (GraphTable, PdlLauncher, SharedArea, cuda_driver, cupy_module,
+from commbench.backends.p2p.kernels import (GraphTable, PdlLauncher, SharedArea, cuda_driver, cupy_module,
                                             kernel_blocks_per_sm, kernel_functions)
-from commbench.backends.p2p_layout import (GRAPH_FALLBACK, MAX_BLOCKS, MAX_RANKS, THREADS_PER_BLOCK, VECTOR_BYTES,
+from commbench.backends.p2p.layout import (GRAPH_FALLBACK, MAX_BLOCKS, MAX_RANKS, THREADS_PER_BLOCK, VECTOR_BYTES,
                                            grid_capacity, kernel_params, launch_dims, launched_kernels, plan_areas)
-from commbench.backends.p2p_rules import (AUTO_READ_KERNELS, CALIBRATION_REPLAYS, CALIBRATION_SIZES, DEFAULT_VARIANTS,
+from commbench.backends.p2p.rules import (AUTO_READ_KERNELS, CALIBRATION_REPLAYS, CALIBRATION_SIZES, DEFAULT_VARIANTS,
                                           FLOOR_VARIANTS, KERNEL_VARIANT, VARIANTS, AutoRule, P2POptions,
                                           agreed_pdl_reason, auto_kernels, calibration_calls, choose_rules,
                                           format_auto_rule, pdl_reason, peer_reads_reason, per_call_median_us,
@@ -117,7 +117,7 @@ if TYPE_CHECKING:
 # Kernel names this family's allreduce leaves in a profiler trace, read by `commbench attribute`
 # with ast, without importing this module (docs/attribute.md): (regex searched in the demangled
 # name, library, regex over this family's run variants that are its floor, note).
-# The kernels of p2p_allreduce.cu beside this file (p2p_layout.KERNEL_NAMES): no serving engine runs them.
+# The kernels of allreduce.cu beside this file (layout.KERNEL_NAMES): no serving engine runs them.
 TRACE_KERNELS = (
     (r"\bp2p_ll_oneshot\b", "commbench p2p", r"^p2p:oneshot_lamport$", ""),
     (r"\bp2p_ll_twoshot\b", "commbench p2p", r"^p2p:twoshot_lamport$", ""),

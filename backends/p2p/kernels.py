@@ -13,7 +13,7 @@ import numpy
 import torch
 
 from commbench.backends.base import BackendTimeout, BackendUnavailable, describe
-from commbench.backends.p2p_layout import (CTRL_WORDS, DTYPE_CODES, GRAPH_ROW_WORDS, GRAPH_ROWS, KERNEL_NAMES,
+from commbench.backends.p2p.layout import (CTRL_WORDS, DTYPE_CODES, GRAPH_ROW_WORDS, GRAPH_ROWS, KERNEL_NAMES,
                                            LL_EMPTY, MAX_RANKS, THREADS_PER_BLOCK,
                                            AreaPlan, KernelParams, layout_parameter)
 
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from commbench.runtime.context import RunContext
 
 
-KERNEL_SOURCE = Path(__file__).with_name("p2p_allreduce.cu")
+KERNEL_SOURCE = Path(__file__).with_name("allreduce.cu")
 
 
 HOST_ALLOC_PORTABLE_MAPPED = 0x01 | 0x02   # cudaHostAllocPortable | cudaHostAllocMapped

@@ -1,4 +1,4 @@
-"""p2p's side of its kernels' contract: the constants and structs p2p_allreduce.cu is built
+"""p2p's side of its kernels' contract: the constants and structs allreduce.cu is built
 with, the kernels by name, how a launch covers a message (launch shapes, the grid cap), where each
 area lives in the shared allocation (the buffer plan) and the Layout parameter every kernel takes.
 Pure: no GPU, no CuPy."""
@@ -16,7 +16,7 @@ from commbench.runtime.context import MPS_PERCENT_VAR, Emulation, competes_for_s
 
 
 # These mirror P2P_MAX_RANKS / P2P_MAX_BLOCKS / LL_BUFFERS / LL_EMPTY and the Layout and Ctrl
-# structs in p2p_allreduce.cu.
+# structs in allreduce.cu.
 MAX_RANKS = 8
 
 

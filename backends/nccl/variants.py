@@ -1,6 +1,6 @@
 """The nccl family: its flags, its variants (nccl:proto=P,algo=A, nccl:symm, lib=LABEL) and its
-factory. The backends themselves are NcclBackend (commbench.backends.nccl) and NcclSymmBackend
-(commbench.backends.nccl_symm); this module sits above both, so neither imports the other back.
+factory. The backends themselves are NcclBackend (commbench.backends.nccl.backend) and NcclSymmBackend
+(commbench.backends.nccl.symm); this module sits above both, so neither imports the other back.
 """
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from commbench.backends.base import Backend, BackendFactory, MakeOptions, parse_variant_options
-from commbench.backends.nccl import NcclBackend, nccl_log_dir
-from commbench.backends.nccl_libs import NcclLibrary, by_label, parse_nccl_libs
+from commbench.backends.nccl.backend import NcclBackend, nccl_log_dir
+from commbench.backends.nccl.libs import NcclLibrary, by_label, parse_nccl_libs
 from commbench.topology.nccl_log import ALGORITHMS, PROTOCOLS
-from commbench.backends.nccl_symm import NcclSymmBackend
+from commbench.backends.nccl.symm import NcclSymmBackend
 from commbench.errors import UsageError
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from commbench.backends.p2p_layout import (GRAPH_FALLBACK, MAX_VECTORS_PER_THREAD, ONESHOT_LL, ONESHOT_PULL,
+from commbench.backends.p2p.layout import (GRAPH_FALLBACK, MAX_VECTORS_PER_THREAD, ONESHOT_LL, ONESHOT_PULL,
                                            ONESHOT_PUSH, THREADS_PER_BLOCK, TWOSHOT, TWOSHOT_GRAPH, TWOSHOT_LL,
                                            VECTOR_BYTES, WARP_THREADS, LaunchShape)
 from commbench.errors import UsageError

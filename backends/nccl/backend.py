@@ -8,10 +8,10 @@ What NCCL chose is read from its log, which rank 0 switches on only around that 
 around observe()'s untimed calls (commbench.topology.nccl_log).
 
 Every variant also runs, as ``...,lib=LABEL``, with each library given by ``--nccl-lib``: in a
-child torchrun of its own with that libnccl preloaded (commbench.backends.nccl_libs). Every
+child torchrun of its own with that libnccl preloaded (commbench.backends.nccl.libs). Every
 row records the NCCL its process actually ran, as that library reports itself
 (``extra.nccl_version_loaded``, ``extra.nccl_lib_loaded``). ``nccl:symm`` registers the row's
-buffers as symmetric windows (commbench.backends.nccl_symm).
+buffers as symmetric windows (commbench.backends.nccl.symm).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from commbench import engines
 from commbench.backends.base import BackendUnavailable, ProcessGroupBackend
-from commbench.backends.nccl_libs import NcclLibrary, preload_env, preloaded_here
+from commbench.backends.nccl.libs import NcclLibrary, preload_env, preloaded_here
 from commbench.topology.nccl_log import (ALGO_VAR, PROTO_VAR, InitEvidence, process_nccl, process_switch,
                                          logged_choice, read_lines, setting_applied, version_text)
 from commbench.runtime.context import RunContext
