@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
 import subprocess
 import sys
+from importlib import metadata
 from types import SimpleNamespace
 
 import pytest
@@ -17,7 +19,7 @@ from commbench.backends.flashinfer import autotune_log, pcie, trtllm, variants
 from commbench.backends.flashinfer import common as fi
 from commbench.backends import mscclpp as mp_backend
 from commbench.backends import symm_mem
-from commbench.backends.base import BackendUnavailable, SweepFacts, raise_unless_all_ranks_ok
+from commbench.backends.base import Backend, BackendUnavailable, Requires, SweepFacts, raise_unless_all_ranks_ok
 from commbench.policy import MULTICAST_POLICY_VARS
 from commbench.runtime.context import RunContext
 from commbench.errors import UsageError
@@ -65,24 +67,42 @@ def test_unknown_variant_is_a_usage_error(family, variant):
 # --- package missing / too old / broken -------------------------------------------------------
 
 def test_flashinfer_missing_says_how_to_install():
-    assert fi.import_reason() == "flashinfer-python not installed (pip install 'commbench[flashinfer]')"
+    assert fi.REQUIRES.reason() == "flashinfer-python not installed (pip install 'commbench[flashinfer]')"
     backend = factory("flashinfer").variants("fused_oneshot")[0]
-    assert backend.software_reason() == fi.import_reason()
+    assert backend.software_reason() == fi.REQUIRES.reason()
     assert backend.check(cpu_ctx()) == "needs CUDA GPUs; this run is on the CPU"
     assert factory("flashinfer").packages == ("flashinfer-python",)
 
 
+def test_a_declared_requirement_is_the_software_check_in_one_wording(monkeypatch, tmp_path):
+    class Needy(Backend):
+        name = family = "needy"
+        requires = Requires("needy-lib", "needy_lib_module", "pip install needy-lib")
+
+        def setup(self, ctx, max_bytes, dtype):
+            raise AssertionError("never set up")
+
+        def allreduce(self, x, out):
+            raise AssertionError("never run")
+
+    assert Needy().software_reason() == "needy-lib not installed (pip install needy-lib)"
+    (tmp_path / "needy_lib_module.py").write_text("raise ImportError('libneedy.so.1 not found')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert Needy().software_reason() == ("needy-lib is installed but does not import: "
+                                         "ImportError: libneedy.so.1 not found")
+
+
 def test_flashinfer_too_old_and_broken(monkeypatch):
-    monkeypatch.setattr(fi.metadata, "version", lambda dist: "0.5.3")
-    assert fi.import_reason() == ("flashinfer-python 0.5.3 is too old: needs >= 0.6 "
+    monkeypatch.setattr(metadata, "version", lambda dist: "0.5.3")
+    assert fi.REQUIRES.reason() == ("flashinfer-python 0.5.3 is too old: needs >= 0.6 "
                                   "(create_allreduce_fusion_workspace)")
-    monkeypatch.setattr(fi.metadata, "version", lambda dist: "0.7.2.post1")
+    monkeypatch.setattr(metadata, "version", lambda dist: "0.7.2.post1")
 
     def broken(name):
         raise ModuleNotFoundError("No module named 'tvm_ffi'", name="tvm_ffi")
 
-    monkeypatch.setattr(fi.importlib, "import_module", broken)
-    assert fi.import_reason() == ("flashinfer-python 0.7.2.post1 is installed but does not import: "
+    monkeypatch.setattr(importlib, "import_module", broken)
+    assert fi.REQUIRES.reason() == ("flashinfer-python 0.7.2.post1 is installed but does not import: "
                                   "ModuleNotFoundError: No module named 'tvm_ffi'")
 
 

@@ -26,8 +26,8 @@ def no_nccl_module(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_missing_nccl4py_is_a_readable_reason(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
                                              no_nccl_module: None) -> None:
     monkeypatch.setattr(sys, "path", [str(tmp_path)] + [p for p in sys.path if "site-packages" not in p])
-    assert nccl4py.import_reason() == "nccl4py not installed (pip install nccl4py)"
-    assert backends.expand(["nccl4py"], backends.Options(), True)[0].software_reason() == nccl4py.INSTALL_HINT
+    assert nccl4py.REQUIRES.reason() == "nccl4py not installed (pip install nccl4py)"
+    assert backends.expand(["nccl4py"], backends.Options(), True)[0].software_reason() == "nccl4py not installed (pip install nccl4py)"
 
 
 def test_a_broken_nccl4py_says_what_failed(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
@@ -37,7 +37,7 @@ def test_a_broken_nccl4py_says_what_failed(monkeypatch: pytest.MonkeyPatch, tmp_
     (tmp_path / "nccl" / "__init__.py").write_text("")
     (core / "__init__.py").write_text("raise ImportError('cuda.core is required')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    assert nccl4py.import_reason() == "nccl4py is installed but does not import: ImportError: cuda.core is required"
+    assert nccl4py.REQUIRES.reason() == "nccl4py is installed but does not import: ImportError: cuda.core is required"
 
 
 def test_rows_record_nccl4py_and_the_nccl_it_reports() -> None:

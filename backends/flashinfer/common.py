@@ -31,23 +31,20 @@ its two-shot splits tokens across ranks, and PCIe IPC's tune buckets are token c
 
 from __future__ import annotations
 
-import importlib
-import re
 from dataclasses import dataclass
-from importlib import metadata
 from typing import TYPE_CHECKING
 
 import torch
 
 from commbench import engines
-from commbench.backends.base import Backend, MakeOptions
+from commbench.backends.base import Backend, MakeOptions, Requires
 
 if TYPE_CHECKING:
     from commbench.runtime.context import RunContext
 
 DISTRIBUTION = "flashinfer-python"
-INSTALL_HINT = "pip install 'commbench[flashinfer]'"
-MIN_VERSION = (0, 6)            # create_allreduce_fusion_workspace / allreduce_fusion
+REQUIRES = Requires(DISTRIBUTION, "flashinfer.comm", "pip install 'commbench[flashinfer]'",
+                    min_version=(0, 6), min_version_for="create_allreduce_fusion_workspace")
 TRTLLM_WORLD_SIZES = (2, 4, 8, 16)
 TRTLLM_SM_MAJORS = (9, 10, 12)
 MNNVL_SM_MAJORS = (9, 10)
@@ -94,27 +91,6 @@ K_ALLREDUCE = 0                 # AllReduceFusionPattern.kAllReduce
 K_AR_RESIDUAL_RMSNORM = 1       # AllReduceFusionPattern.kARResidualRMSNorm
 
 
-def _version_tuple(text: str) -> tuple[int, int]:
-    match = re.match(r"(\d+)\.(\d+)", text)
-    return (int(match.group(1)), int(match.group(2))) if match else (0, 0)
-
-
-def import_reason() -> str | None:
-    """Why flashinfer.comm cannot be used here, or None."""
-    try:
-        version = metadata.version(DISTRIBUTION)
-    except metadata.PackageNotFoundError:
-        return f"flashinfer-python not installed ({INSTALL_HINT})"
-    if _version_tuple(version) < MIN_VERSION:
-        return (f"flashinfer-python {version} is too old: needs >= {'.'.join(map(str, MIN_VERSION))} "
-                f"(create_allreduce_fusion_workspace)")
-    try:
-        importlib.import_module("flashinfer.comm")
-    except Exception as exc:  # a missing dependency or a broken install: say which
-        return f"flashinfer-python {version} is installed but does not import: {type(exc).__name__}: {exc}"
-    return None
-
-
 def plain_shape(count: int) -> tuple[int, int]:
     """(tokens, hidden) for a plain message of count elements (see the module docstring)."""
     hidden = PLAIN_HIDDEN if count % PLAIN_HIDDEN == 0 else count
@@ -129,12 +105,10 @@ class FlashInferBase(Backend):
     min_world_size = 2
     world_sizes = TRTLLM_WORLD_SIZES
     sm_majors: tuple[int, ...] = TRTLLM_SM_MAJORS
+    requires = REQUIRES
 
     def __init__(self) -> None:
         self._world_size = 0
-
-    def software_reason(self) -> str | None:
-        return import_reason()
 
     def engine_settings(self, world_size: int | None) -> engines.Settings:
         return engines.Settings(self.name, vllm_env=dict(engines.VLLM_FLASHINFER_TRTLLM_ENV),
