@@ -20,7 +20,7 @@ and entry-point plug-ins alike:
 - the names of the kernels it launches, for ``commbench attribute``: a module-level literal
   ``TRACE_KERNELS = ((kernel_regex, library, backend_name_regex, note), ...)``, read from the
   source with ast (commbench.analysis.trace_kernels), or on the factory ``trace_kernels_of``:
-  the family whose literal names them, "" for none of its own (tests/test_layout.py checks).
+  the family whose literal names them, "" for none of its own (tests/system/test_layout.py checks).
 
 The harness owns timing, checking, voting and watchdogs; a backend sets itself up, says when
 it cannot run and why, and reduces.
