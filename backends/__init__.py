@@ -27,12 +27,12 @@ ENTRY_POINT_GROUP = "commbench.backends"
 
 # family -> module exposing FACTORY. Imported lazily: optional dependencies stay optional.
 BUILTIN: dict[str, str] = {
-    "nccl": "commbench.backends.nccl_variants",
+    "nccl": "commbench.backends.nccl.variants",
     "nccl4py": "commbench.backends.nccl4py",
     "gloo": "commbench.backends.gloo",
-    "p2p": "commbench.backends.p2p",
+    "p2p": "commbench.backends.p2p.backend",
     "symm_mem": "commbench.backends.symm_mem",
-    "flashinfer": "commbench.backends.flashinfer",
+    "flashinfer": "commbench.backends.flashinfer.variants",
     "mscclpp": "commbench.backends.mscclpp",
     "unfused": "commbench.backends.unfused",
     "sglang": "commbench.backends.sglang_custom_ar",

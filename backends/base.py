@@ -6,7 +6,10 @@ lives in its module and reaches the rest of commbench through this interface, fo
 and entry-point plug-ins alike:
 
 - what it needs from the machine (``needs``, names from commbench.topology.needs.NEEDS) and
-  from its software (``software_reason``, ``BackendFactory.packages``): the probe's verdicts
+  from its software: ``requires`` (a ``Requires``: the package that must be installed, new
+  enough and importable, checked by the base ``software_reason`` in one wording), or its own
+  ``software_reason`` where the check is more than an import (a torch feature, a bootstrap run
+  in a child, a version pinned exactly), and ``BackendFactory.packages``: the probe's verdicts
   and the sweep's checks both come from these;
 - its command-line options (``BackendFactory.add_arguments`` / ``read_options``);
 - the serving-engine settings that select it (``engine_settings``, recorded in run.json);
@@ -17,7 +20,7 @@ and entry-point plug-ins alike:
 - the names of the kernels it launches, for ``commbench attribute``: a module-level literal
   ``TRACE_KERNELS = ((kernel_regex, library, backend_name_regex, note), ...)``, read from the
   source with ast (commbench.analysis.trace_kernels), or on the factory ``trace_kernels_of``:
-  the family whose literal names them, "" for none of its own (tests/test_layout.py checks).
+  the family whose literal names them, "" for none of its own (tests/system/test_layout.py checks).
 
 The harness owns timing, checking, voting and watchdogs; a backend sets itself up, says when
 it cannot run and why, and reduces.
@@ -32,7 +35,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Generic, Mapping, Sequence, TypeVar
 
 import argparse
+import importlib
+import importlib.util
+import re
 import traceback
+from importlib import metadata
 
 import torch
 import torch.distributed as dist
@@ -48,6 +55,49 @@ if TYPE_CHECKING:
     from commbench.runtime.context import RunContext
 
 ALL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+@dataclass(frozen=True)
+class Requires:
+    """The Python package a backend needs, declared once on the class (``requires = Requires(...)``)
+    and checked by ``Backend.software_reason``: installed, new enough, importable. The check
+    imports ``module`` and nothing else, so the probe may ask it on any machine."""
+
+    name: str                                   # as a user knows it, and pip's name when versions count
+    module: str                                 # what must import ("flashinfer.comm")
+    install: str                                # how to install it ("pip install nccl4py")
+    min_version: tuple[int, int] | None = None  # checked against the installed distribution `name`
+    min_version_for: str = ""                   # what needs that version, said when it is older
+
+    def reason(self) -> str | None:
+        """Why the package cannot be used here, or None."""
+        version = ""
+        if self.min_version is not None:
+            try:
+                version = metadata.version(self.name)
+            except metadata.PackageNotFoundError:
+                return f"{self.name} not installed ({self.install})"
+            if _major_minor(version) < self.min_version:
+                return (f"{self.name} {version} is too old: needs >= {'.'.join(map(str, self.min_version))} "
+                        f"({self.min_version_for})")
+        else:
+            try:
+                found = importlib.util.find_spec(self.module) is not None
+            except (ImportError, ValueError):   # its parent package is missing
+                found = False
+            if not found:
+                return f"{self.name} not installed ({self.install})"
+        try:
+            importlib.import_module(self.module)
+        except Exception as exc:  # a missing dependency or a broken build: say which
+            installed = f"{self.name} {version}" if version else self.name
+            return f"{installed} is installed but does not import: {type(exc).__name__}: {exc}"
+        return None
+
+
+def _major_minor(text: str) -> tuple[int, int]:
+    match = re.match(r"(\d+)\.(\d+)", text)
+    return (int(match.group(1)), int(match.group(2))) if match else (0, 0)
+
 
 class BackendUnavailable(Exception):
     """Raised by setup() with a reason a user can act on ("flashinfer not installed", ...)."""
@@ -86,6 +136,7 @@ class Backend(ABC):
     max_world_size: int | None = None
     world_sizes: tuple[int, ...] | None = None   # the only sizes it runs at (a kernel built per size), if so
     message_multiple_bytes: int = 1               # message sizes it takes: a multiple of this (16-byte vectors)
+    requires: Requires | None = None              # the package it needs, checked by software_reason
     # Builds on rows measured earlier in this run (unfused:best picks the fastest allreduce): the
     # sweep runs it after every backend that does not, and hands it those rows (take_rows).
     reads_rows: bool = False
@@ -110,8 +161,9 @@ class Backend(ABC):
 
     def software_reason(self) -> str | None:
         """Why its software is missing, unusable or too old ("not installed: pip install ...");
-        None when it is there. No GPU work and no side effects: the probe asks it too."""
-        return None
+        None when it is there. No GPU work and no side effects: the probe asks it too. By
+        default the package ``requires`` names; a family whose check is more overrides this."""
+        return self.requires.reason() if self.requires is not None else None
 
     def check(self, ctx: "RunContext") -> str | None:
         """Can this rank run the backend at all? None = yes, else the reason (no side effects):

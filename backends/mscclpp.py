@@ -45,7 +45,7 @@ import torch.distributed as dist
 from commbench import engines
 from commbench.backends.base import (Backend, BackendFactory, MakeOptions, ProcessGroupBackend, parse_variant_options,
                                      raise_unless_all_ranks_ok)
-from commbench.backends.nccl_libs import PRELOAD_VAR
+from commbench.backends.nccl.libs import PRELOAD_VAR
 from commbench.policy import multicast_policy_reason
 
 if TYPE_CHECKING:

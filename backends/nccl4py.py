@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 
 from commbench import engines
-from commbench.backends.base import Backend, BackendFactory, BackendUnavailable, MakeOptions, voted
-from commbench.backends.nccl import logged_calls, nccl_log_dir, unlogged_reason
+from commbench.backends.base import Backend, BackendFactory, BackendUnavailable, MakeOptions, Requires, voted
+from commbench.backends.nccl.backend import logged_calls, nccl_log_dir, unlogged_reason
 from commbench.topology.nccl_log import logged_choice, process_nccl, process_switch, read_lines
 from commbench.errors import UsageError
 
@@ -35,25 +35,9 @@ if TYPE_CHECKING:
 
     from commbench.runtime.context import RunContext
 
-INSTALL_HINT = "nccl4py not installed (pip install nccl4py)"
-MODULE = "nccl.core"
+REQUIRES = Requires("nccl4py", "nccl.core", "pip install nccl4py")
 NO_ENGINE = ("no serving engine calls nccl4py; the nearest is vLLM's pynccl, its own ctypes wrapper of libnccl "
              "on torch's stream")
-
-
-def import_reason() -> str | None:
-    """Why nccl4py cannot be used here, or None."""
-    try:
-        found = importlib.util.find_spec(MODULE) is not None
-    except (ImportError, ValueError):   # no top-level 'nccl' package at all
-        found = False
-    if not found:
-        return INSTALL_HINT
-    try:
-        importlib.import_module(MODULE)
-    except Exception as exc:  # a missing dependency (cuda-core, cuda-bindings) or a broken build: say which
-        return f"nccl4py is installed but does not import: {type(exc).__name__}: {exc}"
-    return None
 
 
 def library_facts(nccl: Any) -> dict[str, Any]:
@@ -72,6 +56,7 @@ class Nccl4pyAllreduce(Backend):
     needs = ("cuda", "own_gpu")       # NCCL refuses two ranks on one GPU
     in_place = True                   # as torch's ProcessGroupNCCL: the gap to nccl is the wrapper
     graph_capturable = True
+    requires = REQUIRES
 
     def __init__(self, log_dir: "Path | None" = None):
         self.log_dir = log_dir
@@ -82,16 +67,13 @@ class Nccl4pyAllreduce(Backend):
         self._observed_by: str | None = "set up first"
         self._passes = 0
 
-    def software_reason(self) -> str | None:
-        return import_reason()
-
     def engine_settings(self, world_size: int | None) -> engines.Settings:
         return engines.none_selects(self.name, NO_ENGINE)
 
     def setup(self, ctx: "RunContext", max_bytes: int, dtype: torch.dtype) -> None:
         if self._comm is not None:
             return   # one communicator serves every dtype
-        nccl = voted(ctx, "importing nccl4py", lambda: importlib.import_module(MODULE))
+        nccl = voted(ctx, "importing nccl4py", lambda: importlib.import_module(REQUIRES.module))
         uid = voted(ctx, "nccl4py get_unique_id on rank 0",
                     lambda: bytes(nccl.get_unique_id()) if ctx.rank == 0 else None)
         uid = ctx.broadcast_object(uid)

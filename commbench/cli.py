@@ -21,7 +21,7 @@ from commbench.waits import waits
 # name -> (module, one-line help). The help lives here, not in the module, so that
 # `commbench --help` lists every subcommand without importing one.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "probe": ("commbench.topology.command",
+    "probe": ("commbench.probe.command",
               "probe the GPUs and the fabric between them: links, P2P, IPC, VMM, multicast, host facts, verdicts"),
     "sweep": ("commbench.sweep.command",
               "sweep allreduce sizes x dtypes x eager/graph over every backend that can run here"),

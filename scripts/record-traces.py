@@ -25,7 +25,7 @@ run gloo allreduces on the CPU with a host sleep instead (no GPU kernels: a dry 
 
 Every trace is written as <name>-rank<r>.trace.json.gz with a "commbench_provenance" key, and
 manifest.json says what each holds by construction: layers, allreduces per step, message
-size, steps, the kernel library expected (tests/test_attribute.py checks these).
+size, steps, the kernel library expected (tests/system/test_attribute.py checks these).
 """
 
 from __future__ import annotations

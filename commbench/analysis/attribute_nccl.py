@@ -21,7 +21,7 @@ from commbench.files import open_input
 from commbench.topology.nccl_log import NCCL_LINE_MARKS, LoggedAllreduce, logged_allreduces
 from commbench.units import format_bytes
 
-# The library the NCCL backend modules' TRACE_KERNELS name (backends/nccl.py, nccl_symm.py):
+# The library the NCCL backend modules' TRACE_KERNELS name (backends/nccl/backend.py, symm.py):
 # "NCCL", "NCCL <= 2.18", "NCCL (one rank)", "NCCL symmetric"; never "ambiguous: ...".
 LIBRARY_PREFIX = "NCCL"
 HOW_TO_LOG = "NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,TUNING,COLL"

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from commbench import engines
 from commbench.analysis.curves import exceeds_spread
 from commbench.analysis.decide import EngineDecision, Option, Price
-from commbench.analysis.models import Model
+from commbench.models import Model
 from commbench.engines import paths as engine_paths
 from commbench.engines.paths import ALLREDUCE
 from commbench.errors import UsageError

@@ -19,7 +19,7 @@ from commbench.engines import log as engine_log
 from commbench.engines import paths as engine_paths
 from commbench.engines import source
 from commbench.analysis.curves import INTERPOLATED, Candidate, Curve, CurvePrice, Point, exceeds_spread, ranking
-from commbench.analysis.models import Model
+from commbench.models import Model
 from commbench.engines.paths import ALLREDUCE, PathState
 from commbench.errors import UsageError
 from commbench.results import Run

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from commbench import engines
-from commbench.analysis import decide, models, render
+from commbench import models
+from commbench.analysis import decide, render
 from commbench.analysis.curves import run_world_size
 from commbench.engines import paths, source
 from commbench.engines.facts import FactSet

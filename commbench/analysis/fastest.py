@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from commbench import engines
 from commbench.analysis.curves import Curve, ranking
 from commbench.analysis.decide import EngineDecision, recorded_settings
-from commbench.analysis.models import Model
+from commbench.models import Model
 from commbench.analysis import render
 from commbench.analysis.render import fmt_us
 from commbench.ops import ALLREDUCE

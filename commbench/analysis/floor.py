@@ -22,13 +22,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from commbench.analysis import configure_text, decide, fastest, models, provenance, question, render, results_out
+from commbench import models
+from commbench.analysis import configure_text, decide, fastest, provenance, question, render, results_out
 from commbench.analysis.configure import DECODE, Configuration
 from commbench.analysis.curves import Curve, CurveKey, Point, cautions, price, ranking
 from commbench.analysis.decide import Price
 from commbench.files import read_text
 from commbench.errors import UsageError
-from commbench.analysis.models import Model
+from commbench.models import Model
 from commbench.ops import ALLREDUCE
 from commbench.analysis.render import fmt_num, fmt_us
 from commbench.units import format_bytes, parse_bytes, positive_finite

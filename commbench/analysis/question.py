@@ -8,11 +8,12 @@ import argparse
 from dataclasses import dataclass
 from typing import Sequence
 
-from commbench.analysis import configure, decide, models
+from commbench import models
+from commbench.analysis import configure, decide
 from commbench.analysis.configure import Configuration, Load
 from commbench.analysis.curves import Curve, decode_curves, run_world_size
 from commbench.analysis.decide import EngineDecision, Headroom
-from commbench.analysis.models import Model
+from commbench.models import Model
 from commbench.engines.log import Chain
 from commbench.errors import UsageError
 from commbench.results import Run

@@ -17,11 +17,11 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
 from commbench import engines
-from commbench.analysis import (configure, configure_text, decide, fastest, models, provenance, question, render,
-                                results_out)
+from commbench import models
+from commbench.analysis import configure, configure_text, decide, fastest, provenance, question, render, results_out
 from commbench.analysis.curves import Curve, cautions, run_world_size
 from commbench.analysis.decide import EngineDecision, Headroom, Option, Price, Saving
-from commbench.analysis.models import Model
+from commbench.models import Model
 from commbench.analysis.render import fmt_us
 from commbench.results import OK, Measurement, Run
 from commbench.results.text import capped

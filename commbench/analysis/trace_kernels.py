@@ -78,11 +78,13 @@ def _pattern(entry: object, origin: str) -> KernelPattern:
     return KernelPattern(re.compile(regex), library, floor, note, origin)
 
 
-def _module_files() -> list[Path]:
+def _module_files() -> dict[Path, str]:
+    """Each module file to read -> its name on a pattern: a built-in's path in the package (a
+    family may be a folder: p2p/backend.py), a plug-in's file name."""
     spec = importlib.util.find_spec(BACKENDS_PACKAGE)
-    files: list[Path] = []
+    files: dict[Path, str] = {}
     for folder in (spec.submodule_search_locations or []) if spec else []:
-        files.extend(sorted(Path(folder).glob("*.py")))
+        files.update((path, path.relative_to(folder).as_posix()) for path in sorted(Path(folder).rglob("*.py")))
     for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
         module_name = ep.value.partition(":")[0].strip()
         try:
@@ -90,7 +92,7 @@ def _module_files() -> list[Path]:
         except (ImportError, ValueError):   # a plug-in whose parent package is missing
             continue
         if origin is not None and origin.origin and origin.origin.endswith(".py"):
-            files.append(Path(origin.origin))
+            files.setdefault(Path(origin.origin), Path(origin.origin).name)
     return files
 
 
@@ -98,12 +100,12 @@ def _module_files() -> list[Path]:
 def all_patterns() -> tuple[KernelPattern, ...]:
     """Every module's patterns; the engines' own first."""
     out = [_pattern(entry, "commbench/engines/settings.py") for entry in engines.TRACE_KERNELS]
-    for path in dict.fromkeys(_module_files()):
+    for path, name in _module_files().items():
         try:
             text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError):
             continue
-        out.extend(literal_patterns(text, path.name))
+        out.extend(literal_patterns(text, name))
     return tuple(out)
 
 

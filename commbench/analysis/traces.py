@@ -7,7 +7,7 @@ import re
 import statistics
 from pathlib import Path
 
-from commbench.analysis import models
+from commbench import models
 from commbench.analysis.attribution import RankResult, SizeHint, analyse_rank, set_first_apart
 from commbench.analysis.skew import Skew, split
 from commbench.analysis.trace_read import RankTrace, read_trace

@@ -270,8 +270,8 @@ def _probe(ctx: RunContext, opts: SweepOptions, variants: list) -> tuple[RunCont
     if opts.no_probe:
         return ctx, ["probe skipped (--no-probe)"]
     try:
-        from commbench.topology.snapshot import take_snapshot
-        from commbench.topology.verdicts import run_verdicts
+        from commbench.probe.snapshot import take_snapshot
+        from commbench.probe.verdicts import run_verdicts
     except ImportError as exc:
         return ctx, [f"probe unavailable: {exc}"]
     notes: list[str] = []

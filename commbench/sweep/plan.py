@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 import torch
 
-from commbench.analysis.models import DEFAULT_CONCURRENCIES, Model, lookup
+from commbench.models import DEFAULT_CONCURRENCIES, Model, lookup
 from commbench.errors import UsageError
 from commbench.results.schema import Cell, Shape
 from commbench.runtime.dtypes import dtype_name, parse_dtypes

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from commbench.results import ENV_PREFIXES
-from commbench.topology.software import installed_versions
+from commbench.probe.software import installed_versions
 
 LAUNCH_COMMAND_VAR = "COMMBENCH_LAUNCH_COMMAND"   # the --nproc driver's command line, for its children
 

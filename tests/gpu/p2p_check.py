@@ -43,10 +43,10 @@ import torch
 import torch.multiprocessing as mp
 
 from commbench.backends.base import MakeOptions
-from commbench.backends.p2p import P2PAllreduce, make
-from commbench.backends.p2p_kernels import P2PTimeoutError
-from commbench.backends.p2p_layout import LaunchShape
-from commbench.backends.p2p_rules import FLOOR_VARIANTS, KERNEL_VARIANT, P2POptions
+from commbench.backends.p2p.backend import P2PAllreduce, make
+from commbench.backends.p2p.kernels import P2PTimeoutError
+from commbench.backends.p2p.layout import LaunchShape
+from commbench.backends.p2p.rules import FLOOR_VARIANTS, KERNEL_VARIANT, P2POptions
 from commbench.runtime.context import MPS_PERCENT_VAR, RunContext, init_context, shutdown
 from commbench.sweep.mps import client_env
 from commbench.units import parse_bytes

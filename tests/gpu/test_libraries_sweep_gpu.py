@@ -38,9 +38,9 @@ def _sweep(out: Path, *args: str, driver: bool = False, timeout_s: float = 900) 
 
 
 def _flashinfer() -> None:
-    from commbench.backends.flashinfer import import_reason
+    from commbench.backends.flashinfer.common import REQUIRES
 
-    reason = import_reason()
+    reason = REQUIRES.reason()
     if reason:
         pytest.skip(reason)
 

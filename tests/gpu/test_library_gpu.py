@@ -209,9 +209,9 @@ def _library_report(reason: str | None) -> dict:
 
 
 def test_flashinfer_trtllm_and_fused_run_exact_when_installed() -> None:
-    from commbench.backends.flashinfer import import_reason
+    from commbench.backends.flashinfer.common import REQUIRES
 
-    report = _library_report(import_reason())
+    report = _library_report(REQUIRES.reason())
     for name in ("flashinfer:trtllm_oneshot", "flashinfer:trtllm_twoshot", "flashinfer:fused_oneshot",
                  "flashinfer:fused_twoshot"):
         assert report[name]["status"] == "ran", (name, report[name])

@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from commbench.backends.nccl4py import import_reason
+from commbench.backends.nccl4py import REQUIRES
 from commbench.topology.nccl_log import loaded_nccl
-from commbench.backends.nccl_symm import ROUTE
+from commbench.backends.nccl.symm import ROUTE
 from test_sweep_gpu import _sweep
 
 CHEAP = ("--sizes", "8K", "--iters", "5", "--no-probe")
@@ -61,7 +61,7 @@ def test_nccl_symm_registers_its_pool_or_says_why_not(tmp_path) -> None:
 def test_nccl4py_runs_or_is_reported_unavailable(tmp_path) -> None:
     rows = _sweep(tmp_path, "--backends", "nccl4py", "--mode", "eager", *CHEAP)
     assert rows
-    reason = import_reason()      # "nccl4py not installed (pip install nccl4py)", or why it does not import
+    reason = REQUIRES.reason()    # "nccl4py not installed (pip install nccl4py)", or why it does not import
     if reason:
         print("nccl4py:", reason)
         assert all(r["status"] == "skipped" and r["reason"] == reason for r in rows), rows

@@ -7,9 +7,9 @@ import os
 
 import pytest
 
-from commbench.topology.snapshot import take_snapshot
+from commbench.probe.snapshot import take_snapshot
 from commbench.topology.needs import SHARED_GPU
-from commbench.topology.verdicts import backend_verdicts
+from commbench.probe.verdicts import backend_verdicts
 
 
 @pytest.fixture(scope="module")

@@ -19,8 +19,8 @@ import torch
 from commbench.topology import nccl_checks
 from commbench.topology.findings import findings
 from commbench.topology.nccl_xml import parse_graphs, parse_topology
-from commbench.topology.render import render
-from commbench.topology.snapshot import take_snapshot
+from commbench.probe.render import render
+from commbench.probe.snapshot import take_snapshot
 
 GPUS = torch.cuda.device_count()
 LIMIT_S = 180.0

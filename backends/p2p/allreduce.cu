@@ -1,0 +1,674 @@
+// commbench p2p allreduce kernels over CUDA-IPC buffers: Lamport one-shot and two-shot, the
+// flag-based one-shot (push and pull) and two-shot, and the graph one-shot and two-shot over the
+// ranks' registered buffers.
+//
+// Compiled at run time by NVRTC (through CuPy) once per process, dtype and world size. The
+// file includes no headers, so it builds wherever NVRTC runs.
+//
+// Shared by every kernel (backends/p2p/backend.py documents the design):
+// * The Layout table (every rank's buffers, this rank's Ctrl, the timeout report) is a kernel
+//   parameter passed by value (__grid_constant__): no dependent load before the first useful
+//   one. Peer loops are unrolled over the world size N, a template parameter.
+// * Each kernel kind counts its calls in Ctrl, one counter per block: block b reads its own
+//   counter and, once all its threads have, writes the new value into every counter it stands for
+//   (b, b + grid, ..., one per thread), so the counters stay equal whatever grid the next call
+//   has, without a grid-wide atomic or an end-of-kernel barrier.
+//   They live in device memory so that CUDA-graph replays, whose arguments are fixed, still get
+//   a fresh count per call. Every call is collective, so all ranks agree on it.
+// * A peer can run at most one call ahead: finishing a call needs this rank's data of that call.
+// * Waits are bounded by the globaltimer; on timeout the rank records the peer in a host-mapped
+//   report, sets Ctrl.abort, and every later launch returns at once.
+// * Sums run in fp32 in rank order 0..N-1 on every rank: bit-identical results.
+// * Every kernel first waits for the previous kernel in its stream (P2P_BEGIN): launched with
+//   programmatic dependent launch, it may start before that kernel ends.
+//
+// Lamport kernels: data carries its own arrival flag. Buffers start filled with a word the data
+// can never hold (LL_EMPTY, the bits of fp32 -0.0; in 16-bit dtypes a pair whose high half is
+// -0.0 and low half +0.0); every word equal to it is mapped to +0.0 on the way in, which changes
+// no value. Writers push 16-byte vectors into the peers' buffers; readers poll their own buffer
+// until no word is empty. Three buffers rotate by call count: while this rank reads buffer c % 3,
+// peers may already write c + 1's. The two-shot empties c - 1's, read in its previous call and
+// next written in call c + 2, which no peer can reach before this rank's call c + 1; the
+// one-shot empties each vector of c's as soon as it has read it. No fence and no flag round trip
+// on the critical path.
+//
+// Flag kernels: block b of one rank synchronises only with block b of the other ranks: it writes
+// the call count into flags[phase][b][my rank] of every peer and waits until its own
+// flags[phase][b][peer] reach it. Every element is handled by the same block index on every rank
+// and in every phase, so per-block flags order all data a block reads. Data areas alternate
+// between two parities by call count.
+
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+#define P2P_MAX_RANKS 8
+#define P2P_MAX_BLOCKS 64
+#define LL_BUFFERS 3
+#define LL_EMPTY 0x80000000u
+
+// Timeout report phases (mirrored by PHASE_NAMES in kernels.py).
+#define PHASE_FIRST_BARRIER 0
+#define PHASE_SECOND_BARRIER 1
+#define PHASE_LL_ONESHOT 2
+#define PHASE_LL_SCATTER 3
+#define PHASE_LL_GATHER 4
+
+// This rank's private state (never touched by peers).
+struct Ctrl {
+  u32 abort;                          // a wait timed out: this rank no longer matches its peers
+  u32 ll2_units[LL_BUFFERS];          // Lamport two-shot: the message's units per buffer
+  u32 unused[4];
+  u32 calls[P2P_MAX_BLOCKS];          // flag kernels
+  u32 ll_calls[P2P_MAX_BLOCKS];       // Lamport one-shot
+  u32 ll2_calls[P2P_MAX_BLOCKS];      // Lamport two-shot
+};
+
+// Every field is 64 bits so the host builds it as one uint64 array. Arrays are indexed by rank.
+struct Layout {
+  u64 flags[P2P_MAX_RANKS];   // u32 flags[2 phases][P2P_MAX_BLOCKS][P2P_MAX_RANKS]
+  u64 recv[P2P_MAX_RANKS];    // flag push area: [2 parities][nranks sources][slot_bytes]
+  u64 gather[P2P_MAX_RANKS];  // flag two-shot result area: [2 parities][slot_bytes]
+  u64 stage[P2P_MAX_RANKS];   // flag pull staging area: [2 parities][slot_bytes]
+  u64 ll[P2P_MAX_RANKS];      // Lamport one-shot: [3 buffers][nranks sources][slot_bytes]
+  u64 ll_rs[P2P_MAX_RANKS];   // Lamport two-shot scatter: [3 buffers][nranks sources][slice_bytes]
+  u64 ll_ag[P2P_MAX_RANKS];   // Lamport two-shot gather: [3 buffers][slot_bytes]
+  u64 slot_bytes;
+  u64 slice_bytes;            // the largest slice of a slot_bytes message, rounded to 16 bytes
+  u64 timeout_ns;
+  u64 ctrl;                   // Ctrl* in this rank's memory
+  u64 report;                 // u32[4] host-mapped: {1 = timeout, peer, call, phase}
+  u64 rank;
+  u64 nranks;
+};
+
+__device__ __forceinline__ u64 globaltimer_ns() {
+  u64 t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+__device__ __forceinline__ u32 load_acquire_sys(const u32* p) {
+  u32 v;
+  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ void store_relaxed_sys(u32* p, u32 v) {
+  asm volatile("st.relaxed.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+__device__ __forceinline__ u32 load_volatile(const u32* p) {
+  u32 v;
+  asm volatile("ld.volatile.global.u32 %0, [%1];" : "=r"(v) : "l"(p));
+  return v;
+}
+
+// Loads that bypass L1: peer data must come from its home memory, never a stale line.
+__device__ __forceinline__ uint4 load_cg(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+
+// Lamport polls: every load goes to memory, and every store leaves at once.
+__device__ __forceinline__ uint4 load_volatile4(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ void store_volatile4(uint4* p, const uint4& v) {
+  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};"
+               ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
+}
+
+__device__ __forceinline__ u32 flag_index(int phase, u32 block, u32 src) {
+  return (phase * P2P_MAX_BLOCKS + block) * P2P_MAX_RANKS + src;
+}
+
+// ---- dtype packing: 16-byte vectors <-> fp32 lanes. DT: 0 fp32, 1 fp16, 2 bf16 ----
+
+template <int DT> struct Lanes { static constexpr int n = 8; };
+template <> struct Lanes<0> { static constexpr int n = 4; };
+
+__device__ __forceinline__ float half_to_float(u32 h) {
+  float f;
+  unsigned short s = (unsigned short)h;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(s));
+  return f;
+}
+
+__device__ __forceinline__ u32 float_to_half(float f) {
+  unsigned short s;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(s) : "f"(f));
+  return s;
+}
+
+__device__ __forceinline__ float bf16_to_float(u32 b) { return __uint_as_float((b & 0xffffu) << 16); }
+
+// Round to nearest even, as torch does; NaN stays a quiet NaN.
+__device__ __forceinline__ u32 float_to_bf16(float f) {
+  u32 u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (u >> 16) | 0x40u;
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return u >> 16;
+}
+
+template <int DT> __device__ __forceinline__ float lane_to_float(u32 word, int half) {
+  u32 bits = half ? (word >> 16) : (word & 0xffffu);
+  return DT == 1 ? half_to_float(bits) : bf16_to_float(bits);
+}
+
+template <int DT> __device__ __forceinline__ void unpack(const uint4& v, float* f) {
+  const u32 w[4] = {v.x, v.y, v.z, v.w};
+  if (DT == 0) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) f[i] = __uint_as_float(w[i]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      f[2 * i] = lane_to_float<DT>(w[i], 0);
+      f[2 * i + 1] = lane_to_float<DT>(w[i], 1);
+    }
+  }
+}
+
+template <int DT> __device__ __forceinline__ uint4 pack(const float* f) {
+  u32 w[4];
+  if (DT == 0) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) w[i] = __float_as_uint(f[i]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const u32 lo = DT == 1 ? float_to_half(f[2 * i]) : float_to_bf16(f[2 * i]);
+      const u32 hi = DT == 1 ? float_to_half(f[2 * i + 1]) : float_to_bf16(f[2 * i + 1]);
+      w[i] = lo | (hi << 16);
+    }
+  }
+  uint4 v;
+  v.x = w[0];
+  v.y = w[1];
+  v.z = w[2];
+  v.w = w[3];
+  return v;
+}
+
+// Sum of N vectors in rank order, accumulated in fp32.
+template <int DT, int N> __device__ __forceinline__ uint4 reduce_in_rank_order(const uint4* v) {
+  constexpr int L = Lanes<DT>::n;
+  float acc[L], tmp[L];
+  unpack<DT>(v[0], acc);
+#pragma unroll
+  for (int s = 1; s < N; ++s) {
+    unpack<DT>(v[s], tmp);
+#pragma unroll
+    for (int i = 0; i < L; ++i) acc[i] += tmp[i];
+  }
+  return pack<DT>(acc);
+}
+
+// ---- Lamport words ----
+
+__device__ __forceinline__ u32 ll_word(u32 w) { return w == LL_EMPTY ? 0u : w; }
+
+__device__ __forceinline__ uint4 ll_map(uint4 v) {
+  v.x = ll_word(v.x);
+  v.y = ll_word(v.y);
+  v.z = ll_word(v.z);
+  v.w = ll_word(v.w);
+  return v;
+}
+
+__device__ __forceinline__ bool ll_ready(const uint4& v) {
+  return v.x != LL_EMPTY && v.y != LL_EMPTY && v.z != LL_EMPTY && v.w != LL_EMPTY;
+}
+
+__device__ __forceinline__ uint4 ll_empty4() {
+  uint4 v;
+  v.x = v.y = v.z = v.w = LL_EMPTY;
+  return v;
+}
+
+// ---- call counts, timeouts, the flag barrier ----
+
+// Every thread reads its block's count and the abort word (one line, one transaction per warp);
+// __syncthreads_or makes the whole block agree on the abort. Once all threads have read the
+// count, the next one is published: only the next launch (of any grid) reads it.
+struct Call {
+  u32 count;   // this call's number, 1-based
+  bool failed;
+};
+
+__device__ __forceinline__ Call begin_call(const Layout& L, u32* counters) {
+  const Ctrl* c = (const Ctrl*)L.ctrl;
+  Call call;
+  call.count = load_volatile(counters + blockIdx.x) + 1;
+  call.failed = __syncthreads_or(load_volatile(&c->abort) != 0u) != 0;
+  for (u32 b = blockIdx.x + threadIdx.x * gridDim.x; b < P2P_MAX_BLOCKS; b += blockDim.x * gridDim.x)
+    counters[b] = call.count;
+  return call;
+}
+
+__device__ void record_timeout(const Layout& L, u32 peer, u32 count, int phase) {
+  Ctrl* c = (Ctrl*)L.ctrl;
+  if (atomicCAS(&c->abort, 0u, 1u) == 0u) {  // the first timeout on this rank is the one reported
+    volatile u32* report = (volatile u32*)L.report;
+    report[1] = peer;
+    report[2] = count;
+    report[3] = (u32)phase;
+    __threadfence_system();
+    report[0] = 1u;
+    __threadfence_system();
+  }
+}
+
+__device__ __forceinline__ bool aborted(const Layout& L) {
+  return load_volatile(&((const Ctrl*)L.ctrl)->abort) != 0u;
+}
+
+// Threads 0..N-1 each signal one peer and wait for that peer. Returns false when the wait
+// gave up; the caller then skips the rest of the call. World size 1 has no one to wait for.
+// kPublish: the block wrote data peers read after the barrier, so a system fence comes first.
+// Without it (the graph kernels' barriers that only say "started" or "done reading") the
+// signal leaves at once.
+template <int N, bool kPublish = true> __device__ bool barrier(const Layout& L, u32 count, int phase) {
+  if (N == 1) return true;
+  __syncthreads();  // this block's writes (or reads) for the phase are issued
+  bool failed = false;
+  if (threadIdx.x < N) {
+    const u32 peer = threadIdx.x, rank = (u32)L.rank;
+    // The fence publishes the whole block's writes (ordered before it by __syncthreads).
+    if (kPublish) __threadfence_system();
+    store_relaxed_sys((u32*)L.flags[peer] + flag_index(phase, blockIdx.x, rank), count);
+    const u32* mine = (const u32*)L.flags[rank] + flag_index(phase, blockIdx.x, peer);
+    const u64 start = globaltimer_ns();
+    u32 polls = 0;
+    // Wrap-safe "flag >= count": a peer may already be one call ahead.
+    while ((int)(load_acquire_sys(mine) - count) < 0) {
+      if ((++polls & 255u) != 0u) continue;
+      if (aborted(L)) {
+        failed = true;
+        break;
+      }
+      if (globaltimer_ns() - start > L.timeout_ns) {
+        record_timeout(L, peer, count, phase);
+        failed = true;
+        break;
+      }
+    }
+  }
+  return __syncthreads_or(failed) == 0;
+}
+
+// Lamport wait: fills v[s] with source s's vector at `i` of `base` once no word of it is empty,
+// and v[self] with `own` (self >= N: every source is polled). Reloads only what is still empty.
+// False when the wait gave up (a timeout here or in another thread); a timeout names source s as
+// rank first_rank + s.
+template <int N>
+__device__ __forceinline__ bool ll_wait(uint4 (&v)[N], const uint4& own, const char* base, u64 source_stride,
+                                        u32 i, u32 self, const Layout& L, u32 count, int phase,
+                                        u32 first_rank = 0) {
+#pragma unroll
+  for (int s = 0; s < N; ++s)   // a compile-time index: v stays in registers
+    v[s] = s == (int)self ? own : load_volatile4((const uint4*)(base + s * source_stride) + i);
+  u64 start = 0;
+  for (u32 polls = 1;; ++polls) {
+    bool ready = true;
+#pragma unroll
+    for (int s = 0; s < N; ++s)
+      if (s != (int)self) ready = ready && ll_ready(v[s]);
+    if (ready) return true;
+    if ((polls & 63u) == 0u) {
+      if (aborted(L)) return false;
+      const u64 now = globaltimer_ns();
+      if (start == 0) {
+        start = now;
+      } else if (now - start > L.timeout_ns) {
+        u32 missing = self;
+#pragma unroll
+        for (int s = N - 1; s >= 0; --s)
+          if (s != (int)self && !ll_ready(v[s])) missing = s;
+        record_timeout(L, first_rank + missing, count, phase);
+        return false;
+      }
+    }
+#pragma unroll
+    for (int s = 0; s < N; ++s)
+      if (s != (int)self && !ll_ready(v[s])) v[s] = load_volatile4((const uint4*)(base + s * source_stride) + i);
+  }
+}
+
+// Refill with LL_EMPTY the first `units` vectors of every other source's part of one buffer.
+template <int N>
+__device__ __forceinline__ void ll_clear(char* buffer, u64 source_stride, u32 units, u32 self, u32 first,
+                                         u32 stride) {
+  const uint4 empty = ll_empty4();
+#pragma unroll
+  for (int s = 0; s < N; ++s) {
+    if (s == (int)self) continue;
+    uint4* part = (uint4*)(buffer + s * source_stride);
+    for (u32 i = first; i < units; i += stride) part[i] = empty;
+  }
+}
+
+// Rank s owns the units [slice_start(s), slice_start(s + 1)) of the message.
+template <int N> __device__ __forceinline__ u32 slice_start(u32 units, u32 s) {
+  return (u32)(((u64)units * s) / N);
+}
+
+// Programmatic dependent launch (PDL). A kernel launched with programmatic stream serialization
+// may start while the previous kernel in its stream still runs; griddepcontrol.wait holds it until
+// that kernel has completed and its memory is visible, so no kernel touches global memory before
+// it (the by-value Layout and the indices are all that may come first). launch_dependents then
+// lets the next PDL launch start its blocks at once: safe this early, because that kernel's own
+// wait still waits for this whole grid to complete and flush. Both are no-ops in a plain launch.
+// The instructions need sm_90; older GPUs build without them.
+__device__ __forceinline__ void pdl_wait_then_release_dependents() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Every kernel begins here: its thread range, then the PDL wait before any global memory access.
+#define P2P_BEGIN                                          \
+  const u32 first = blockIdx.x * blockDim.x + threadIdx.x; \
+  const u32 stride = gridDim.x * blockDim.x;               \
+  pdl_wait_then_release_dependents();
+
+// ---- Lamport kernels ----
+
+// One-shot: push my (mapped) input into my part of every peer's current buffer, then reduce as
+// each source's vector lands, and empty each vector of my buffer right after reading it (as
+// SGLang's push one-shot does; measured 5-15% faster under MPS than a separate pass over the
+// previous buffer before the wait, results/reference/h200-mps-p2p-tune/). Peers next write
+// this buffer in call c + 3, which no peer reaches before this rank's call c + 2.
+template <int DT, int N>
+__global__ void __launch_bounds__(512) p2p_ll_oneshot(const __grid_constant__ Layout L,
+                                                      const uint4* __restrict__ in,
+                                                      uint4* __restrict__ out, u32 units) {
+  P2P_BEGIN
+  const uint4 in_first = first < units ? in[first] : ll_empty4();   // in flight with the count
+  Ctrl* c = (Ctrl*)L.ctrl;
+  const Call call = begin_call(L, c->ll_calls);
+  if (!call.failed) {
+    const u32 rank = (u32)L.rank, cur = call.count % LL_BUFFERS;
+    const u64 slot = L.slot_bytes, buffer = (u64)N * slot;
+#pragma unroll
+    for (int k = 1; k < N; ++k) {  // start at the next rank so ranks spread over peers
+      const u32 p = (rank + k) % N;
+      uint4* dst = (uint4*)(L.ll[p] + cur * buffer + rank * slot);
+      for (u32 i = first; i < units; i += stride) store_volatile4(dst + i, ll_map(i == first ? in_first : in[i]));
+    }
+    char* mine = (char*)L.ll[rank] + cur * buffer;
+    const uint4 empty = ll_empty4();
+    for (u32 i = first; i < units; i += stride) {
+      uint4 v[N];
+      if (!ll_wait<N>(v, ll_map(i == first ? in_first : in[i]), mine, slot, i, rank, L, call.count, PHASE_LL_ONESHOT))
+        break;
+      out[i] = reduce_in_rank_order<DT, N>(v);
+#pragma unroll
+      for (int s = 0; s < N; ++s)
+        if (s != (int)rank) ((uint4*)(mine + s * slot))[i] = empty;
+    }
+  }
+}
+
+// Two-shot: (1) push each peer's slice of my input into its scatter buffer; (2) reduce my slice
+// as it lands, write it to my output and push it into every peer's gather buffer; (3) take the
+// other slices from my gather buffer as they land. Both buffers empty their previous call's part.
+template <int DT, int N>
+__global__ void __launch_bounds__(512) p2p_ll_twoshot(const __grid_constant__ Layout L,
+                                                      const uint4* __restrict__ in,
+                                                      uint4* __restrict__ out, u32 units) {
+  P2P_BEGIN
+  Ctrl* c = (Ctrl*)L.ctrl;
+  const Call call = begin_call(L, c->ll2_calls);
+  if (!call.failed) {
+    const u32 rank = (u32)L.rank, cur = call.count % LL_BUFFERS, prev = (call.count + 2) % LL_BUFFERS;
+    const u64 slice = L.slice_bytes, scatter = (u64)N * slice, slot = L.slot_bytes;
+#pragma unroll
+    for (int k = 1; k < N; ++k) {
+      const u32 p = (rank + k) % N;
+      const u32 lo = slice_start<N>(units, p), len = slice_start<N>(units, p + 1) - lo;
+      uint4* dst = (uint4*)(L.ll_rs[p] + cur * scatter + rank * slice);
+      for (u32 j = first; j < len; j += stride) store_volatile4(dst + j, ll_map(in[lo + j]));
+    }
+    // Empty the previous call's parts: no slice is longer than ceil(units / N).
+    const u32 prev_units = load_volatile(&c->ll2_units[prev]);
+    ll_clear<N>((char*)L.ll_rs[rank] + prev * scatter, slice, (prev_units + N - 1) / N, rank, first, stride);
+    {
+      // The gather buffer is one area indexed by unit: empty all of the previous message.
+      uint4* gathered = (uint4*)(L.ll_ag[rank] + prev * slot);
+      const uint4 empty = ll_empty4();
+      for (u32 i = first; i < prev_units; i += stride) gathered[i] = empty;
+    }
+    const u32 lo = slice_start<N>(units, rank), len = slice_start<N>(units, rank + 1) - lo;
+    const char* mine = (const char*)L.ll_rs[rank] + cur * scatter;
+    bool ok = true;
+    for (u32 j = first; j < len; j += stride) {
+      uint4 v[N];
+      if (!ll_wait<N>(v, ll_map(in[lo + j]), mine, slice, j, rank, L, call.count, PHASE_LL_SCATTER)) {
+        ok = false;
+        break;
+      }
+      // Mapped on every rank alike, so all ranks hold the same bits.
+      const uint4 r = ll_map(reduce_in_rank_order<DT, N>(v));
+      out[lo + j] = r;
+#pragma unroll
+      for (int k = 1; k < N; ++k) {
+        const u32 p = (rank + k) % N;
+        store_volatile4((uint4*)(L.ll_ag[p] + cur * slot) + lo + j, r);
+      }
+    }
+    if (ok) {
+      const uint4* gathered = (const uint4*)(L.ll_ag[rank] + cur * slot);
+#pragma unroll
+      for (int k = 1; k < N; ++k) {
+        const u32 s = (rank + k) % N;
+        const u32 slo = slice_start<N>(units, s), slen = slice_start<N>(units, s + 1) - slo;
+        for (u32 j = first; j < slen; j += stride) {
+          uint4 v[1];
+          // One source (slice owner s), nothing of this rank's own among it.
+          if (!ll_wait<1>(v, ll_empty4(), (const char*)(gathered + slo), 0, j, 1, L, call.count, PHASE_LL_GATHER,
+                          s)) {
+            ok = false;
+            break;
+          }
+          out[slo + j] = v[0];
+        }
+        if (!ok) break;
+      }
+    }
+    if (blockIdx.x == 0 && threadIdx.x == 0) c->ll2_units[cur] = units;
+  }
+}
+
+// ---- flag kernels ----
+
+// After P2P_BEGIN (which the push kernel needs first, for its early input load).
+#define P2P_FLAG_PROLOGUE                                      \
+  Ctrl* c = (Ctrl*)L.ctrl;                                     \
+  const Call call = begin_call(L, c->calls);                   \
+  const u32 rank = (u32)L.rank;                                \
+  const u32 par = call.count & 1u;                             \
+  const u64 slot = L.slot_bytes;
+
+// One-shot, push: write my input into my slot of every peer's receive area, then reduce
+// all slots locally. Every byte crosses the fabric as a write.
+template <int DT, int N>
+__global__ void __launch_bounds__(512) p2p_oneshot_push(const __grid_constant__ Layout L,
+                                                        const uint4* __restrict__ in,
+                                                        uint4* __restrict__ out, u32 units) {
+  P2P_BEGIN
+  const uint4 in_first = first < units ? in[first] : uint4();   // in flight with the count
+  P2P_FLAG_PROLOGUE
+  if (!call.failed) {
+#pragma unroll
+    for (int k = 1; k < N; ++k) {  // start at the next rank so ranks spread over peers
+      const u32 p = (rank + k) % N;
+      uint4* dst = (uint4*)(L.recv[p] + (par * N + rank) * slot);
+      for (u32 i = first; i < units; i += stride) dst[i] = i == first ? in_first : in[i];
+    }
+    if (barrier<N>(L, call.count, PHASE_FIRST_BARRIER)) {
+      const char* recv = (const char*)L.recv[rank] + par * N * slot;
+      for (u32 i = first; i < units; i += stride) {
+        uint4 v[N];
+#pragma unroll
+        for (int s = 0; s < N; ++s)
+          v[s] = s == (int)rank ? (i == first ? in_first : in[i]) : load_cg((const uint4*)(recv + s * slot) + i);
+        out[i] = reduce_in_rank_order<DT, N>(v);
+      }
+    }
+  }
+}
+
+// One-shot, pull: stage my input in my own area, then read every peer's staging area.
+template <int DT, int N>
+__global__ void __launch_bounds__(512) p2p_oneshot_pull(const __grid_constant__ Layout L,
+                                                        const uint4* __restrict__ in,
+                                                        uint4* __restrict__ out, u32 units) {
+  P2P_BEGIN
+  P2P_FLAG_PROLOGUE
+  if (!call.failed) {
+    if (N > 1) {
+      uint4* mine = (uint4*)(L.stage[rank] + par * slot);
+      for (u32 i = first; i < units; i += stride) mine[i] = in[i];
+    }
+    if (barrier<N>(L, call.count, PHASE_FIRST_BARRIER)) {
+      for (u32 i = first; i < units; i += stride) {
+        uint4 v[N];
+#pragma unroll
+        for (int s = 0; s < N; ++s)
+          v[s] = s == (int)rank ? in[i] : load_cg((const uint4*)(L.stage[s] + par * slot) + i);
+        out[i] = reduce_in_rank_order<DT, N>(v);
+      }
+    }
+  }
+}
+
+// Two-shot, push only: (1) push each peer's slice of my input into its receive area;
+// (2) reduce my slice and push the result into every peer's gather area; (3) copy the
+// other slices from my gather area. Every byte crosses the fabric as a write.
+template <int DT, int N>
+__global__ void __launch_bounds__(512) p2p_twoshot_push(const __grid_constant__ Layout L,
+                                                        const uint4* __restrict__ in,
+                                                        uint4* __restrict__ out, u32 units) {
+  P2P_BEGIN
+  P2P_FLAG_PROLOGUE
+  if (!call.failed) {
+#pragma unroll
+    for (int k = 1; k < N; ++k) {
+      const u32 p = (rank + k) % N;
+      const u32 lo = slice_start<N>(units, p), len = slice_start<N>(units, p + 1) - lo;
+      uint4* dst = (uint4*)(L.recv[p] + (par * N + rank) * slot) + lo;
+      for (u32 j = first; j < len; j += stride) dst[j] = in[lo + j];
+    }
+    if (barrier<N>(L, call.count, PHASE_FIRST_BARRIER)) {
+      const u32 lo = slice_start<N>(units, rank), len = slice_start<N>(units, rank + 1) - lo;
+      const char* recv = (const char*)L.recv[rank] + par * N * slot;
+      for (u32 j = first; j < len; j += stride) {
+        uint4 v[N];
+#pragma unroll
+        for (int s = 0; s < N; ++s)
+          v[s] = s == (int)rank ? in[lo + j] : load_cg((const uint4*)(recv + s * slot) + lo + j);
+        const uint4 r = reduce_in_rank_order<DT, N>(v);
+        out[lo + j] = r;
+#pragma unroll
+        for (int k = 1; k < N; ++k) {
+          const u32 p = (rank + k) % N;
+          ((uint4*)(L.gather[p] + par * slot))[lo + j] = r;
+        }
+      }
+      if (barrier<N>(L, call.count, PHASE_SECOND_BARRIER)) {
+        const uint4* gathered = (const uint4*)(L.gather[rank] + par * slot);
+#pragma unroll
+        for (int k = 1; k < N; ++k) {
+          const u32 s = (rank + k) % N;
+          const u32 slo = slice_start<N>(units, s), slen = slice_start<N>(units, s + 1) - slo;
+          for (u32 j = first; j < slen; j += stride) out[slo + j] = load_cg(gathered + slo + j);
+        }
+      }
+    }
+  }
+}
+
+// ---- the graph kernels: no staging, over the peers' registered buffers ----
+
+// Captured in a CUDA graph only: `row` is this call's row of the backend's graph table, filled
+// after capture with every rank's input (row[s]) and output (row[P2P_MAX_RANKS + s]) as opened
+// in this process over CUDA IPC. The row is read before the first barrier, so its load overlaps
+// the flag round trip. Every rank's input was written by kernels that completed before that
+// rank's kernel started (P2P_BEGIN), so the first barrier needs no fence: its flag only says
+// "started".
+template <int N> __device__ __forceinline__ void load_row(const u64* row, u64 (&ptrs)[N], u32 base) {
+#pragma unroll
+  for (int s = 0; s < N; ++s) ptrs[s] = row[base + s];
+}
+
+// Two-shot: (1) a barrier: every rank's kernel has started, so its input is written and no
+// earlier call still writes its output. (2) Rank r reduces slice r straight from the N inputs
+// and writes the result into slice r of every rank's output. (3) A second barrier, fenced:
+// every peer's slice has landed in this rank's output, and no peer reads this rank's input any
+// more, before the kernel ends. About 2 bytes of memory traffic per message byte per rank,
+// against about 5.5 for the staged two-shot at 8 ranks; nothing is staged or emptied.
+template <int DT, int N>
+__global__ void __launch_bounds__(512) p2p_twoshot_graph(const __grid_constant__ Layout L,
+                                                         const u64* __restrict__ row,
+                                                         uint4* __restrict__ unused, u32 units) {
+  P2P_BEGIN
+  u64 ins[N], outs[N];
+  load_row<N>(row, ins, 0);
+  load_row<N>(row, outs, P2P_MAX_RANKS);
+  Ctrl* c = (Ctrl*)L.ctrl;
+  const Call call = begin_call(L, c->calls);   // the flag kernels' count: their flags and phases
+  const u32 rank = (u32)L.rank;
+  if (!call.failed && barrier<N, false>(L, call.count, PHASE_FIRST_BARRIER)) {
+    const u32 lo = slice_start<N>(units, rank), len = slice_start<N>(units, rank + 1) - lo;
+    for (u32 j = first; j < len; j += stride) {
+      uint4 v[N];
+#pragma unroll
+      for (int s = 0; s < N; ++s) v[s] = load_cg((const uint4*)ins[s] + lo + j);
+      const uint4 r = reduce_in_rank_order<DT, N>(v);
+#pragma unroll
+      for (int k = 0; k < N; ++k) {   // from this rank on, so ranks spread over peers
+        const u32 p = (rank + k) % N;
+        u64 dst = 0;
+#pragma unroll
+        for (int s = 0; s < N; ++s) dst = s == (int)p ? outs[s] : dst;   // compile-time indices: registers
+        ((uint4*)dst)[lo + j] = r;
+      }
+    }
+    barrier<N>(L, call.count, PHASE_SECOND_BARRIER);
+  }
+}
+
+// One-shot pull (the idea of SGLang's graph one-shot pull, our own code): after the same
+// unfenced first barrier, every rank reads the whole message from every rank's input and
+// writes only its own output; then a second barrier, unfenced too (this rank wrote nothing a
+// peer reads): no peer reads this rank's input any more before the kernel ends and the
+// caller may overwrite it. N bytes read and 1 written per message byte per rank, one pass,
+// no data crosses between the barriers but reads.
+template <int DT, int N>
+__global__ void __launch_bounds__(512) p2p_oneshot_graph(const __grid_constant__ Layout L,
+                                                         const u64* __restrict__ row,
+                                                         uint4* __restrict__ unused, u32 units) {
+  P2P_BEGIN
+  u64 ins[N];
+  load_row<N>(row, ins, 0);
+  uint4* out = (uint4*)row[P2P_MAX_RANKS + L.rank];
+  Ctrl* c = (Ctrl*)L.ctrl;
+  const Call call = begin_call(L, c->calls);
+  if (!call.failed && barrier<N, false>(L, call.count, PHASE_FIRST_BARRIER)) {
+    for (u32 i = first; i < units; i += stride) {
+      uint4 v[N];
+#pragma unroll
+      for (int s = 0; s < N; ++s) v[s] = load_cg((const uint4*)ins[s] + i);
+      out[i] = reduce_in_rank_order<DT, N>(v);
+    }
+    barrier<N, false>(L, call.count, PHASE_SECOND_BARRIER);
+  }
+}

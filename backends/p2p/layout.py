@@ -1,0 +1,272 @@
+"""p2p's side of its kernels' contract: the constants and structs allreduce.cu is built
+with, the kernels by name, how a launch covers a message (launch shapes, the grid cap), where each
+area lives in the shared allocation (the buffer plan) and the Layout parameter every kernel takes.
+Pure: no GPU, no CuPy."""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from typing import Any
+
+import numpy
+import torch
+
+from commbench.runtime.context import MPS_PERCENT_VAR, Emulation, competes_for_sms, own_sms
+
+
+# These mirror P2P_MAX_RANKS / P2P_MAX_BLOCKS / LL_BUFFERS / LL_EMPTY and the Layout and Ctrl
+# structs in allreduce.cu.
+MAX_RANKS = 8
+
+
+MAX_BLOCKS = 64
+
+
+FLAG_PHASES = 2
+
+
+FLAG_AREA_BYTES = FLAG_PHASES * MAX_BLOCKS * MAX_RANKS * 4
+
+
+LAYOUT_AREAS = ("flags", "recv", "gather", "stage", "ll", "ll_rs", "ll_ag")   # one pointer per rank each
+
+
+LAYOUT_SCALARS = ("slot_bytes", "slice_bytes", "timeout_ns", "ctrl", "report", "rank", "nranks")
+
+
+LAYOUT_WORDS = len(LAYOUT_AREAS) * MAX_RANKS + len(LAYOUT_SCALARS)
+
+
+LL_BUFFERS = 3
+
+
+LL_EMPTY = 0x80000000
+
+
+CTRL_WORDS = 8 + 3 * MAX_BLOCKS        # abort, units per Lamport two-shot buffer, spare, three counters per block
+
+
+THREADS_PER_BLOCK = 512
+
+
+WARP_THREADS = 32                      # also more than MAX_RANKS: the flag barrier's threads 0..N-1
+
+
+MAX_VECTORS_PER_THREAD = 16
+
+
+SPREAD_THREADS = (128, 256, THREADS_PER_BLOCK)
+
+
+VECTOR_BYTES = 16                      # every thread moves 16-byte vectors
+
+
+AREA_ALIGN_BYTES = 4096
+
+
+PARITIES = 2
+
+
+DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+
+
+ONESHOT_LL, TWOSHOT_LL = "oneshot_lamport", "twoshot_lamport"
+
+
+ONESHOT_PUSH, ONESHOT_PULL, TWOSHOT = "oneshot_push", "oneshot_pull", "twoshot_push"
+
+
+# Run only inside a CUDA graph, over the peers' captured buffers registered after capture;
+# an eager call runs its fallback kernel instead (GRAPH_FALLBACK): the fastest kernel of the
+# same shape that stages its input.
+ONESHOT_GRAPH, TWOSHOT_GRAPH = "oneshot_graph", "twoshot_graph"
+
+
+GRAPH_FALLBACK = {ONESHOT_GRAPH: ONESHOT_LL, TWOSHOT_GRAPH: TWOSHOT}
+
+
+# The graph table: one row per captured call of a graph kernel, every rank's input then every
+# rank's output (MAX_RANKS words each), as opened in this process.
+GRAPH_ROW_WORDS = 2 * MAX_RANKS
+
+
+GRAPH_ROWS = 16384        # 2 MiB: p2p:auto's calibration captures about 900 calls per dtype
+
+
+KERNEL_NAMES = {ONESHOT_LL: "p2p_ll_oneshot", TWOSHOT_LL: "p2p_ll_twoshot", ONESHOT_PUSH: "p2p_oneshot_push",
+                ONESHOT_PULL: "p2p_oneshot_pull", TWOSHOT: "p2p_twoshot_push", ONESHOT_GRAPH: "p2p_oneshot_graph",
+                TWOSHOT_GRAPH: "p2p_twoshot_graph"}
+
+
+TWO_SHOT_KERNELS = (TWOSHOT_LL, TWOSHOT, TWOSHOT_GRAPH)     # each rank reduces one slice
+
+
+@dataclass(frozen=True)
+class LaunchShape:
+    """How a launch covers its vectors (options p2p_threads and p2p_vectors_per_thread):
+    `threads` per block (None: by size, see spread_threads), each thread taking
+    `vectors_per_thread` of them before another block is added."""
+
+    threads: int | None = None
+    vectors_per_thread: int = 1
+
+
+@dataclass(frozen=True)
+class GridCapacity:
+    """What bounds one rank's grid: block b spins until block b of every peer arrives, so every
+    block of every rank must be resident at the same time."""
+
+    blocks_per_sm: int     # occupancy of the most demanding launched kernel
+    sms: int               # SMs this rank's blocks may count on
+
+    @property
+    def blocks(self) -> int:
+        return self.blocks_per_sm * self.sms
+
+    def refusal(self) -> str | None:
+        """Why not even one block fits; None when it does."""
+        if self.blocks >= 1:
+            return None
+        return (f"p2p needs every block of every rank resident at once, but this rank may count on "
+                f"{self.sms} SMs ({self.blocks_per_sm} block(s) per SM): run fewer ranks per GPU or give "
+                f"each MPS client a larger SM share ({MPS_PERCENT_VAR})")
+
+
+def grid_capacity(blocks_per_sm: int, sm_count: int, emulation: Emulation | None) -> GridCapacity:
+    """The blocks one rank may launch so that every rank's blocks are resident at once: the
+    occupancy on the SMs the rank may count on (runtime.context.own_sms), or one block per SM where
+    ranks compete for SMs, because eight ranks under MPS with no share deadlocked with two blocks
+    per SM where the occupancy API allowed them (blocks of different clients did not fill an SM
+    together)."""
+    return GridCapacity(1 if competes_for_sms(emulation) else blocks_per_sm, own_sms(sm_count, emulation))
+
+
+def _work_units(algorithm: str, units: int, nranks: int) -> int:
+    """The vectors one rank's threads cover: two-shot kernels work on one slice at a time."""
+    return -(-units // nranks) if algorithm in TWO_SHOT_KERNELS else units
+
+
+def spread_threads(work_units: int, sms: int) -> int:
+    """Threads per block when no option says: the fewest of SPREAD_THREADS whose blocks fit one
+    per SM this rank may count on, else the most. Measured under MPS at 2, 4 and 8 ranks
+    (tests/gpu/p2p_check.py tune; results/reference/h200-mps-p2p-tune/): against 512 threads
+    everywhere this rule lost 1.1% on average to each size's best shape, 512 lost 3.9%."""
+    for threads in SPREAD_THREADS:
+        if -(-work_units // threads) <= sms:
+            return threads
+    return THREADS_PER_BLOCK
+
+
+def launch_dims(algorithm: str, units: int, nranks: int, cap_blocks: int, sms: int,
+                shape: LaunchShape = LaunchShape()) -> tuple[int, int]:
+    """(blocks, threads per block) of one launch; the same on every rank, since it depends only
+    on size, world, the options and the cap and SM count that all ranks agreed on at setup. A
+    launch of one block takes only the whole warps its work needs."""
+    thread_work = -(-_work_units(algorithm, units, nranks) // shape.vectors_per_thread)
+    threads = shape.threads or spread_threads(thread_work, sms)
+    blocks = max(1, min(cap_blocks, MAX_BLOCKS, -(-thread_work // threads)))
+    if blocks == 1:
+        threads = min(threads, max(WARP_THREADS, -(-thread_work // WARP_THREADS) * WARP_THREADS))
+    return blocks, threads
+
+
+@dataclass(frozen=True)
+class AreaPlan:
+    """Byte offsets of the areas in one rank's IPC allocation (None: not allocated)."""
+
+    slot_bytes: int
+    slice_bytes: int          # the largest two-shot slice of a slot_bytes message
+    recv: int | None
+    gather: int | None
+    stage: int | None
+    ll: int | None
+    ll_rs: int | None
+    ll_ag: int | None
+    total_bytes: int
+    lamport_spans: tuple[tuple[int, int], ...]   # (offset, bytes) of the areas that start LL_EMPTY
+
+    def offsets(self) -> dict[str, int | None]:
+        """Every data area's offset, by its Layout name (flags at 0)."""
+        return {"flags": 0, "recv": self.recv, "gather": self.gather, "stage": self.stage,
+                "ll": self.ll, "ll_rs": self.ll_rs, "ll_ag": self.ll_ag}
+
+
+def launched_kernels(algorithms: tuple[str, ...]) -> tuple[str, ...]:
+    """The kernels a variant may launch: its own and the eager fallbacks of its graph kernels."""
+    return (*algorithms, *(GRAPH_FALLBACK[a] for a in algorithms if a in GRAPH_FALLBACK))
+
+
+def plan_areas(algorithms: tuple[str, ...], nranks: int, slot_bytes: int) -> AreaPlan:
+    """Flags first, then only the data areas the variant's kernels use."""
+    algorithms = launched_kernels(algorithms)
+    offset = FLAG_AREA_BYTES
+
+    def take(nbytes: int) -> int:
+        nonlocal offset
+        start = -(-offset // AREA_ALIGN_BYTES) * AREA_ALIGN_BYTES
+        offset = start + nbytes
+        return start
+
+    slice_bytes = -(-slot_bytes // (nranks * VECTOR_BYTES)) * VECTOR_BYTES
+    push = any(a in (ONESHOT_PUSH, TWOSHOT) for a in algorithms)
+    recv = take(PARITIES * nranks * slot_bytes) if push else None
+    gather = take(PARITIES * slot_bytes) if TWOSHOT in algorithms else None
+    stage = take(PARITIES * slot_bytes) if ONESHOT_PULL in algorithms else None
+    lamport: list[tuple[int, int]] = []
+
+    def take_lamport(nbytes: int) -> int:
+        lamport.append((take(nbytes), nbytes))
+        return lamport[-1][0]
+
+    ll = take_lamport(LL_BUFFERS * nranks * slot_bytes) if ONESHOT_LL in algorithms else None
+    ll_rs = take_lamport(LL_BUFFERS * nranks * slice_bytes) if TWOSHOT_LL in algorithms else None
+    ll_ag = take_lamport(LL_BUFFERS * slot_bytes) if TWOSHOT_LL in algorithms else None
+    end = -(-offset // AREA_ALIGN_BYTES) * AREA_ALIGN_BYTES
+    return AreaPlan(slot_bytes, slice_bytes, recv, gather, stage, ll, ll_rs, ll_ag, end, tuple(lamport))
+
+
+@dataclass(frozen=True)
+class KernelParams:
+    """cuLaunchKernelEx's kernelParams for (Layout L, const uint4* in, uint4* out, u32 units): one
+    void* per argument, each pointing at that argument's bytes. It holds the values the pointers
+    point into, so they live as long as it does (the driver copies them at the launch)."""
+
+    layout: numpy.ndarray
+    pointers: Any          # ctypes c_uint64 * 2: in, out
+    units: ctypes.c_uint32
+    array: Any             # ctypes c_void_p * 4
+
+    @property
+    def address(self) -> int:
+        return ctypes.addressof(self.array)
+
+
+def kernel_params(layout: numpy.ndarray, in_ptr: int, out_ptr: int, units: int) -> KernelParams:
+    """The Layout's own bytes (the structured value, not a copy), the two u64 pointers, the u32 count."""
+    pointers = (ctypes.c_uint64 * 2)(in_ptr, out_ptr)
+    count = ctypes.c_uint32(units)
+    size = ctypes.sizeof(ctypes.c_uint64)
+    array = (ctypes.c_void_p * 4)(layout.ctypes.data, ctypes.addressof(pointers),
+                                  ctypes.addressof(pointers) + size, ctypes.addressof(count))
+    return KernelParams(layout, pointers, count, array)
+
+
+def layout_words(plan: AreaPlan, bases: list[int], timeout_ns: int, ctrl: int, report: int, rank: int) -> list[int]:
+    """The Layout struct's uint64 words: each area's address in every rank's allocation (0 where
+    not allocated), then the scalars, in the struct's order."""
+    words = [0] * LAYOUT_WORDS
+    for area, offset in enumerate(plan.offsets().values()):
+        for peer, base in enumerate(bases):
+            words[area * MAX_RANKS + peer] = base + offset if offset is not None else 0
+    words[len(LAYOUT_AREAS) * MAX_RANKS:] = [plan.slot_bytes, plan.slice_bytes, timeout_ns, ctrl, report, rank,
+                                             len(bases)]
+    return words
+
+
+def layout_parameter(plan: AreaPlan, bases: list[int], timeout_ns: int, ctrl: int, report: int,
+                     rank: int) -> numpy.ndarray:
+    """Layout as one structured value, which CuPy passes to the kernels by value."""
+    value = numpy.zeros(1, dtype=numpy.dtype([("words", numpy.uint64, (LAYOUT_WORDS,))]))
+    value["words"][0] = layout_words(plan, bases, timeout_ns, ctrl, report, rank)
+    return value

@@ -1,0 +1,80 @@
+"""deploy/: the Kubernetes manifests against the Kubernetes schemas (kubernetes-validate, offline)
+and the TrainJob against the committed schema written from Kubeflow Trainer's CRD; the Slurm
+script's refusals. The Slurm script's real run is tests/system/test_fleet_cpu.py's fixture."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+DEPLOY = Path(__file__).parents[2] / "deploy"
+MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+def load(name: str) -> dict[str, Any]:
+    return yaml.safe_load((DEPLOY / "k8s" / name).read_text())
+
+
+def env_of(entries: list[dict[str, Any]]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in entries}
+
+
+def test_the_indexed_job_validates_and_runs_one_pod_per_node_with_multicast_off() -> None:
+    job = load("commbench-node-job.yaml")
+    kubernetes_validate.validate(job, kubernetes_validate.latest_version(), strict=True)
+    spec = job["spec"]
+    assert spec["completionMode"] == "Indexed" and spec["completions"] == spec["parallelism"]
+    pod = spec["template"]["spec"]
+    anti = pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0]
+    assert anti["topologyKey"] == "kubernetes.io/hostname"
+    assert anti["labelSelector"]["matchLabels"] == spec["template"]["metadata"]["labels"]
+    container = pod["containers"][0]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == container["resources"]["requests"]["nvidia.com/gpu"]
+    env = env_of(container["env"])
+    assert MULTICAST_OFF.items() <= env.items()
+    assert env["COMMBENCH_NODE"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    assert '"$COMMBENCH_RESULTS/$COMMBENCH_NODE/$COMMBENCH_JOB"' in container["args"][0]
+
+
+def test_a_broken_job_fails_the_schema() -> None:
+    job = load("commbench-node-job.yaml")
+    broken = copy.deepcopy(job)
+    broken["spec"]["template"]["spec"]["containers"][0]["resource"] = {}   # a typo of resources
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, kubernetes_validate.latest_version(), strict=True)
+    broken = copy.deepcopy(job)
+    broken["spec"]["completions"] = "four"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, kubernetes_validate.latest_version(), strict=True)
+
+
+def test_the_trainjob_validates_against_the_trainer_schema() -> None:
+    schema = json.loads((DEPLOY / "k8s" / "schema" / "trainjob-v1alpha1.json").read_text())
+    job = load("commbench-trainjob.yaml")
+    jsonschema.validate(job, schema)
+    trainer = job["spec"]["trainer"]
+    assert MULTICAST_OFF.items() <= env_of(trainer["env"]).items()
+    assert trainer["resourcesPerNode"]["limits"]["nvidia.com/gpu"] == 8
+    assert "torchrun --standalone" in trainer["args"][0]
+    for path, value in ((("trainer", "numNode"), 4), (("runtimeRef", "name"), ""), (("trainer", "numNodes"), "4")):
+        broken = copy.deepcopy(job)
+        broken["spec"][path[0]][path[1]] = value
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(broken, schema)
+
+
+@pytest.mark.procs
+def test_the_slurm_script_refuses_without_a_results_root(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "COMMBENCH_RESULTS"}
+    done = subprocess.run(["bash", str(DEPLOY / "slurm" / "commbench-node.sbatch")], capture_output=True, text=True,
+                          env=env, timeout=30, cwd=tmp_path)
+    assert done.returncode != 0 and "set COMMBENCH_RESULTS" in done.stderr and list(tmp_path.iterdir()) == []

@@ -1,0 +1,136 @@
+"""One configuration per engine per server: where the fastest setting differs by concurrency, one
+configuration comes out for the whole mix, priced against the default at every size, with the
+sizes where it loses; never one paste block per concurrency."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from commbench import models
+from commbench.analysis import configure, decide
+from commbench.analysis.curves import decode_curves
+from commbench.cli import main as cli
+from commbench.errors import UsageError
+from commbench.runs import load_run
+
+SYNTHETIC = Path(__file__).parents[1] / "data" / "runs" / "synthetic-pcie-8gpu"
+GLM5 = models.lookup("glm-5")
+LL = "NCCL (PyNccl) [NCCL_ALGO=Ring NCCL_PROTO=LL]"
+CHANNELS = "NCCL (PyNccl) [NCCL_MIN_NCHANNELS=8]"
+
+
+def _configure(mix: str, engine: str = "sglang") -> configure.Configuration:
+    run = load_run(SYNTHETIC)
+    curves = decode_curves(run, tp=8, dtype="bf16", mode="auto")
+    loads = configure.parse_loads(mix, [])
+    d = decide.decide(engine, run, curves, GLM5, [l.concurrency for l in loads], 8)
+    return configure.configure(d, GLM5, loads, 16, "test", 8)
+
+
+def test_per_concurrency_winners_differ_and_one_configuration_comes_out() -> None:
+    # GLM-5 on the 8-GPU PCIe fixture: Ring/LL is fastest at concurrency 1 (12K), NCCL_MIN_NCHANNELS=8
+    # at 16 and 64; LL is 18% slower than the default at 64 (768K). Decided per concurrency, that was
+    # two paste blocks for one server.
+    run = load_run(SYNTHETIC)
+    curves = decode_curves(run, tp=8, dtype="bf16", mode="auto")
+    d = decide.decide("sglang", run, curves, GLM5, [1, 16, 64], 8)
+    assert {s.concurrency: s.best.label for s in d.sizes} == {1: LL, 16: CHANNELS, 64: CHANNELS}
+
+    even = _configure("1,16,64")
+    assert even.chosen == CHANNELS and even.paste[0] == "export NCCL_MIN_NCHANNELS=8"
+    assert not any(line.startswith("export NCCL_PROTO") for line in even.paste)
+    assert [c.label for c in even.candidates] == ["the engine's default", LL, CHANNELS]
+    steps = {c.label: c.weighted_step_ms for c in even.candidates}
+    assert steps[CHANNELS] < steps["the engine's default"] < steps[LL]
+    assert even.weighted_saving_ms == pytest.approx(steps["the engine's default"] - steps[CHANNELS])
+    assert configure.NCCL_ENV_SCOPE in even.notes
+
+    # Served almost only at concurrency 1, LL is the one configuration: its loss at 64 is shown, not hidden.
+    mostly_one = _configure("1:0.97,64:0.03")
+    assert mostly_one.chosen == LL
+    (loss,) = [c for c in mostly_one.losses if c.phase == configure.DECODE]
+    assert loss.tokens == 64 and loss.saving_us < 0 and loss.beyond_spread is True
+    assert loss.chosen_us / loss.default_us == pytest.approx(653 / 555, rel=0.01)
+
+
+def test_the_cli_prints_one_paste_block_per_engine_with_its_trade_offs(capsys: pytest.CaptureFixture[str],
+                                                                        tmp_path: Path) -> None:
+    out_json = tmp_path / "r.json"
+    assert cli(["recommend", str(SYNTHETIC), "--model", "glm-5", "--concurrency", "1:0.97,64:0.03", "--brief",
+                "--wide", "--json", str(out_json)]) == 0
+    text = capsys.readouterr().out
+    assert text.count("paste-ready:") == 2          # one per engine
+    assert text.count("export NCCL_PROTO=LL") == 2 and "NCCL_MIN_NCHANNELS=8\n" not in text.replace("> ", "")
+    assert "concurrency 64 (768K): 97.9 us/call slower than the default" in text
+    assert text.count("trade-offs (fixture, not a measurement)") == 2
+    data = json.loads(out_json.read_text())
+    (loss,) = [c for c in data["engines"][0]["losses"] if c["phase"] == "decode"]
+    assert loss["tokens"] == 64
+
+
+@pytest.mark.parametrize("text, message", [
+    ("1:0.5,16", "a weight to every concurrency or to none"),
+    ("1:-1", "positive"), ("0", "positive"), ("1,1", "1 is listed twice"), ("x", "expected N"),
+])
+def test_a_bad_mix_is_one_line(text: str, message: str) -> None:
+    with pytest.raises(UsageError, match=message):
+        configure.parse_loads(text, [])
+
+
+def test_weights_are_shares_and_the_prefill_chunk_is_the_engines_default_for_the_gpu() -> None:
+    assert [l.weight for l in configure.parse_loads("1:1,16:3", [])] == [0.25, 0.75]
+    assert [l.weight for l in configure.parse_loads(None, [1, 2])] == [0.5, 0.5]
+    h200 = {"gpus": [{"name": "NVIDIA H200", "memory_total_mib": 143771}]}
+    rtx = {"gpus": [{"name": "NVIDIA RTX PRO 6000", "memory_total_mib": 97887}]}
+    assert configure.default_prefill_tokens("vllm", h200)[0] == 8192
+    assert configure.default_prefill_tokens("sglang", h200)[0] == 8192
+    assert configure.default_prefill_tokens("vllm", None)[0] == 2048
+    assert configure.default_prefill_tokens("sglang", None)[0] == 4096
+    assert configure.default_prefill_tokens("sglang", {"gpus": [{"memory_total_mib": 180 * 1024}]})[0] == 16384
+    assert configure.default_prefill_tokens("vllm", rtx)[0] == 8192
+
+
+def _engine_sections(text: str) -> list[list[str]]:
+    """The lines of each '== engine ==' section, up to the next section or the headroom."""
+    sections: list[list[str]] = []
+    for line in text.splitlines():
+        if line.startswith("== "):
+            sections.append([])
+        elif line.startswith(("headroom (", "caution: ", "A microbenchmark win")):
+            sections.append(None)  # type: ignore[arg-type]
+        if sections and sections[-1] is not None:
+            sections[-1].append(line)
+    return [s for s in sections if s is not None]
+
+
+@pytest.mark.parametrize("kind", ["cpu", "emulated", "imported"])
+def test_a_run_that_cannot_price_the_default_says_why_and_names_the_sweep(
+        kind: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The dead ends of issue 38: a CPU run, ranks sharing a GPU without the engines' kernels, an
+    nccl-tests import. recommend --brief: a short block per engine with the next command; floor:
+    that block, never a table of 'not measured'."""
+    root = Path(__file__).resolve().parents[2]
+    if kind == "cpu":
+        run, extra = SYNTHETIC.parent / "cpu-gloo-4rank-a", ["--dtype", "fp32"]
+    elif kind == "emulated":
+        run, extra = root / "results/reference/h200-mps-emulated/world8/pcie/20261202-005850-vm", []
+    else:
+        run, extra = tmp_path / "imported", []
+        assert cli(["import-nccl-tests", str(root / "tests/data/nccl-tests/h200-8gpu-mpi-graph.json"),
+                    "--out", str(run)]) == 0
+        capsys.readouterr()
+    assert cli(["recommend", str(run), "--model", "glm-5", "--brief", *extra]) == 0
+    brief = capsys.readouterr().out
+    sections = _engine_sections(brief)
+    assert len(sections) == 2
+    for section in sections:
+        assert len([line for line in section if line.strip()]) <= 12, section
+        assert any(line.strip().startswith("torchrun --nproc-per-node") for line in section), section
+        assert any(line.startswith("no configuration can be priced from this run") for line in section)
+    assert cli(["floor", str(run), "--model", "glm-5", *extra]) == 0
+    floor = capsys.readouterr().out
+    assert "torchrun --nproc-per-node" in floor
+    assert not any(line.rstrip().endswith("not measured") for line in floor.splitlines())   # no such table
