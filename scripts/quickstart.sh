@@ -95,6 +95,9 @@ case "$what" in
         say "pytest $*"
         # Plain pytest, as CI runs it: `python -m pytest` would also put the checkout on
         # sys.path and hide an import that only works from there.
-        exec "$VENV/bin/pytest" "$@"
+        # Two workers, a test file each at a time (--dist loadfile keeps a file's shared launches in
+        # one worker): most scenarios wait on child processes, so two cores run two files at
+        # once. COMMBENCH_TEST_WORKERS=0 runs in one process; a later -n in the arguments wins.
+        exec "$VENV/bin/pytest" -n "${COMMBENCH_TEST_WORKERS:-2}" --dist loadfile "$@"
         ;;
 esac

@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
 import pytest
+
+from commbench.analysis.render import DEFAULT_WIDTH
 
 DATA = [Path(__file__).parent / "data", Path(__file__).parent / "fixtures"]
 
 
 def _listing() -> dict[str, float]:
     return {str(p): p.stat().st_mtime for root in DATA for p in root.rglob("*")}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Outputs fold at one width whatever runs the suite: pytest-xdist's workers set COLUMNS=80,
+    and a developer's terminal has its own. A test about widths sets COLUMNS itself."""
+    os.environ["COLUMNS"] = str(DEFAULT_WIDTH)
 
 
 @pytest.fixture(autouse=True, scope="session")
