@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 from pathlib import Path
 
@@ -21,6 +22,10 @@ def pytest_configure(config: pytest.Config) -> None:
     """Outputs fold at one width whatever runs the suite: pytest-xdist's workers set COLUMNS=80,
     and a developer's terminal has its own. A test about widths sets COLUMNS itself."""
     os.environ["COLUMNS"] = str(DEFAULT_WIDTH)
+    # A shell without job control starts a background job with Ctrl-C ignored, and its children
+    # inherit that: the tests that send SIGINT to a sweep need it delivered.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(autouse=True, scope="session")
