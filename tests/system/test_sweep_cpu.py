@@ -28,6 +28,7 @@ def by_backend(all_rows: list[dict]) -> dict[str, list[dict]]:
     return out
 
 
+@pytest.mark.slow
 def test_default_torchrun_sweep_writes_rows_table_csv_and_run_json(tmp_path: Path) -> None:
     result = run_torchrun(4, ["sweep", "--out", str(tmp_path)], env={"COMMBENCH_TEST_KNOB": "recorded"})
     assert result.returncode == 0, result.stderr
@@ -82,6 +83,7 @@ def faulty_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.Com
     return result, by_backend(rows(only_run_dir(out)))
 
 
+@pytest.mark.slow
 def test_faulty_backends_are_caught_not_averaged_away(faulty_run) -> None:
     result, got = faulty_run
     assert all(r["status"] == "ok" and r["wrong_elements"] == 0 for r in got["testfaults:exact"])
