@@ -131,8 +131,8 @@ TRACE_KERNELS = (
     (r"\bp2p_twoshot_graph\b", "commbench p2p", r"^p2p:twoshot_graph$", ""),
 )
 
-# CuPy compiles and launches every kernel. cuda-python is not required: PDL and the graph kernels'
-# registration use it where it imports and say why not on the rows where it does not.
+# CuPy compiles and launches every kernel. cuda-python is no requirement: PDL and the graph kernels'
+# buffer registration use it where it imports, and rows say why not where it does not.
 REQUIRES = Requires("cupy", "cupy", "pip install cupy-cuda12x or cupy-cuda13x")
 
 
