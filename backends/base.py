@@ -7,10 +7,11 @@ and entry-point plug-ins alike:
 
 - what it needs from the machine (``needs``, names from commbench.topology.needs.NEEDS) and
   from its software: ``requires`` (a ``Requires``: the package that must be installed, new
-  enough and importable, checked by the base ``software_reason`` in one wording), or its own
-  ``software_reason`` where the check is more than an import (a torch feature, a bootstrap run
-  in a child, a version pinned exactly), and ``BackendFactory.packages``: the probe's verdicts
-  and the sweep's checks both come from these;
+  enough and importable, checked by the base ``software_reason`` in one wording; flashinfer,
+  nccl4py and p2p declare one), or its own ``software_reason`` where the check is more than an
+  import (a torch feature, a bootstrap run in a child, a version pinned exactly: nccl, symm_mem,
+  mscclpp, sglang, vllm), and ``BackendFactory.packages``: the probe's verdicts and the sweep's
+  checks both come from these;
 - its command-line options (``BackendFactory.add_arguments`` / ``read_options``);
 - the serving-engine settings that select it (``engine_settings``, recorded in run.json);
 - what it observes about each row (``observe``: e.g. what NCCL chose) and records on it;

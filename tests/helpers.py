@@ -88,6 +88,17 @@ def poll(condition: Callable[[], bool], timeout_s: float, every_s: float = 0.05)
     return True
 
 
+def installed_module(monkeypatch: Any, name: str) -> None:
+    """For this test, `name` imports (an empty module) as if it were installed: a backend's
+    declared requirement (backends.base.Requires) on it then passes on a machine without it."""
+    from importlib.machinery import ModuleSpec
+    from types import ModuleType
+
+    module = ModuleType(name)
+    module.__spec__ = ModuleSpec(name, None)
+    monkeypatch.setitem(sys.modules, name, module)
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on now (for a rendezvous)."""
     with socket.socket() as sock:

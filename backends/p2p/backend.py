@@ -99,7 +99,7 @@ import torch
 
 from commbench import engines
 from commbench.backends.base import (ALL_DTYPES, Backend, BackendFactory, BackendTimeout, BackendUnavailable,
-                                     MakeOptions, voted, voted_gather)
+                                     MakeOptions, Requires, voted, voted_gather)
 from commbench.backends.p2p.kernels import (GraphTable, PdlLauncher, SharedArea, cuda_driver, cupy_module,
                                             kernel_blocks_per_sm, kernel_functions)
 from commbench.backends.p2p.layout import (GRAPH_FALLBACK, MAX_BLOCKS, MAX_RANKS, THREADS_PER_BLOCK, VECTOR_BYTES,
@@ -131,6 +131,10 @@ TRACE_KERNELS = (
     (r"\bp2p_twoshot_graph\b", "commbench p2p", r"^p2p:twoshot_graph$", ""),
 )
 
+# CuPy compiles and launches every kernel. cuda-python is no requirement: PDL and the graph kernels'
+# buffer registration use it where it imports, and rows say why not where it does not.
+REQUIRES = Requires("cupy", "cupy", "pip install cupy-cuda12x or cupy-cuda13x")
+
 
 @dataclass
 class _Calibration:
@@ -147,6 +151,7 @@ class P2PAllreduce(Backend):
     graph_capturable = True
     dtypes = ALL_DTYPES
     max_world_size = MAX_RANKS
+    requires = REQUIRES
 
     def __init__(self, variant: str, options: P2POptions):
         self.variant = variant
@@ -178,9 +183,6 @@ class P2PAllreduce(Backend):
 
     # -- eligibility --------------------------------------------------------------------
 
-    def software_reason(self) -> str | None:
-        return None if cupy_module() is not None else "cupy not installed (pip install cupy-cuda12x or cupy-cuda13x)"
-
     def check(self, ctx: "RunContext") -> str | None:
         # Without a probe snapshot (--no-probe) CUDA's own peer-access answer stands in for it.
         return super().check(ctx) or (None if ctx.verdicts else quick_p2p_reason(ctx.local_world_size))
@@ -200,8 +202,6 @@ class P2PAllreduce(Backend):
     # -- lifecycle ----------------------------------------------------------------------
 
     def setup(self, ctx: "RunContext", max_bytes: int, dtype: torch.dtype) -> None:
-        if cupy_module() is None:
-            raise BackendUnavailable("cupy not installed")
         self._ctx = ctx
         self._dtype = dtype
         if self._area is None:

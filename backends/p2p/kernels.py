@@ -39,11 +39,9 @@ class P2PTimeoutError(BackendTimeout):
 
 @lru_cache(maxsize=1)
 def cupy_module() -> Any:
-    """The cupy module, or None when it is not installed (imported only when needed)."""
-    try:
-        import cupy
-    except ImportError:
-        return None
+    """The cupy module, imported at first use: check() has refused p2p where it does not import
+    (backend.REQUIRES)."""
+    import cupy
     return cupy
 
 

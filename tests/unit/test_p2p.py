@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import json
 import re
 import statistics
 import struct
+import sys
 from dataclasses import replace
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -19,9 +22,11 @@ import torch
 
 from commbench.backends import factory
 from commbench.backends.p2p import backend as p2p, kernels as p2p_kernels, layout as p2p_layout, rules as p2p_rules
-from commbench.backends.base import BackendTimeout, BackendUnavailable
+from commbench.backends.base import Backend, BackendTimeout, BackendUnavailable
+from commbench.probe.verdicts import run_verdicts
 from commbench.runtime.context import Emulation, RunContext
 from commbench.errors import UsageError
+from helpers import installed_module
 
 
 def ctx_for(world_size: int = 2, device: str = "cuda", local_world_size: int | None = None,
@@ -40,7 +45,7 @@ def backend(variant: str = "oneshot", **options) -> p2p.P2PAllreduce:
 def fake_gpus(monkeypatch):
     """A node with `count` GPUs where `blocked` pairs have no peer access; cupy 'installed'."""
     def install(count: int = 8, blocked: frozenset[tuple[int, int]] = frozenset()) -> None:
-        monkeypatch.setattr(p2p, "cupy_module", lambda: object())
+        installed_module(monkeypatch, "cupy")
         monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
         monkeypatch.setattr(torch.cuda, "can_device_access_peer", lambda a, b: (a, b) not in blocked)
     return install
@@ -112,8 +117,41 @@ def test_world_size_rules():
 
 def test_needs_cuda_then_cupy(monkeypatch):
     assert "needs CUDA" in backend().check(ctx_for(device="cpu"))
-    monkeypatch.setattr(p2p, "cupy_module", lambda: None)
-    assert backend().check(ctx_for()).startswith("cupy not installed")
+    monkeypatch.setitem(sys.modules, "cupy", None)      # a machine without cupy: the import fails
+    assert backend().check(ctx_for()) == "cupy not installed (pip install cupy-cuda12x or cupy-cuda13x)"
+
+
+def test_the_cupy_check_is_the_declared_requirement(monkeypatch):
+    # The base software_reason answers for every variant, in the wording of every declared package.
+    assert p2p.P2PAllreduce.software_reason is Backend.software_reason
+    monkeypatch.setitem(sys.modules, "cupy", None)
+    for b in map(backend, p2p_rules.VARIANTS):
+        assert b.requires is p2p.REQUIRES
+        assert b.software_reason() == p2p.REQUIRES.reason() == "cupy not installed (pip install cupy-cuda12x or cupy-cuda13x)"
+    installed_module(monkeypatch, "cupy")
+    assert backend().software_reason() is None
+
+
+def test_without_cupy_the_sweep_skips_p2p_with_the_declared_reason(monkeypatch):
+    # The sweep's verdicts on a machine whose fabric p2p suits (8 H200 on NVLink): what check()
+    # votes on, so every row of every variant is skipped with the declared words.
+    snapshot = json.loads((Path(__file__).parents[1] / "fixtures/snapshots/h200-nvlink-8x.json").read_text())
+    variants = [backend(name) for name in p2p_rules.VARIANTS]
+    installed_module(monkeypatch, "cupy")
+    assert set(run_verdicts(variants, snapshot, 8, False).values()) == {None}
+    monkeypatch.setitem(sys.modules, "cupy", None)
+    verdicts = run_verdicts(variants, snapshot, 8, False)
+    assert {b.check(ctx_for(8, verdicts=verdicts)) for b in variants} == {p2p.REQUIRES.reason()}
+
+
+def test_a_cupy_that_does_not_import_says_why(monkeypatch, tmp_path):
+    # Installed but broken (no CUDA runtime for it): not "not installed", which would send the
+    # user to install what is there.
+    monkeypatch.delitem(sys.modules, "cupy", raising=False)
+    (tmp_path / "cupy.py").write_text("raise ImportError('libcudart.so.13: cannot open shared object file')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert backend().check(ctx_for()) == ("cupy is installed but does not import: "
+                                          "ImportError: libcudart.so.13: cannot open shared object file")
 
 
 def test_probe_verdicts_decide_when_present(fake_gpus):
