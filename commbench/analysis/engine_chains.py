@@ -255,7 +255,8 @@ def _path_lines(i: int, p: ChainPath) -> list[str]:
 
 
 def engine_lines(e: EngineChain, result: EnginesResult) -> list[str]:
-    lines = [f"== {e.name} {e.version}" + (f", TP {result.tp}" if result.tp else "") + f": {result.box} ==", f"facts: {e.facts}"]
+    tp = f", TP {result.tp}" if result.tp else ""
+    lines = [f"== {e.name} {e.version}{tp}: {result.box} ==", f"facts: {e.facts}"]
     lines += [f"warning: {w}" for w in e.warnings]
     if e.logged is not None:
         lines.append(e.logged)

@@ -311,8 +311,9 @@ def text(result: FloorResult, wide: bool = False) -> str:
     """The human answer, drawn from the result alone (its JSON holds the same)."""
     if result.curve is not None:
         return _table_text(result, wide)
-    model, tag = result.model, decide.kind_tag(result.provenance["kind"] if result.provenance else "")
-    out = [render.prose(result.provenance["line"] if result.provenance else "", wide),
+    origin = result.provenance or {}    # a run's result always has one
+    model, tag = result.model, decide.kind_tag(origin.get("kind", ""))
+    out = [render.prose(origin.get("line", ""), wide),
            render.prose(f"{model.describe()}; TP {result.tp or '?'}", wide),
            render.prose(f"source: {model.source}", wide),
            "\n".join(render.prose(line, wide) for line in result.facts)]
@@ -322,7 +323,7 @@ def text(result: FloorResult, wide: bool = False) -> str:
                             f"per output token if compute were free ({tag}). Per engine, its default and the one "
                             "configuration recommend picks for this mix of concurrencies.", wide))
     tables: list[str | None] = []
-    for i, e in enumerate(result.engines):
+    for e in result.engines:
         c = e.configuration
         out.append("")
         if e.version_note:
