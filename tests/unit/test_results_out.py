@@ -256,7 +256,6 @@ def test_the_text_is_drawn_from_the_result_alone(argv: list[str], capsys: pytest
     else:
         result = floor.compute(found, asked, args)
         drawn = floor.text(result, wide=False)
-    del found
     kinds = (Run, Curve, EngineDecision, Option, PathState)
     assert not [type(o).__name__ for o in _objects(result) if isinstance(o, kinds)]
     assert cli(argv) == 0
