@@ -229,18 +229,19 @@ def write_json(target: str | None, payload: Any, default: Callable[[Any], Any] =
     _write_pieces(target, [json.dumps(payload, indent=2, default=default) + "\n"])
 
 
-def write_json_list(target: str | None, payload: dict[str, Any], key: str, items: Iterator[Any]) -> None:
+def write_json_list(target: str | None, payload: dict[str, Any], key: str, items: Iterator[Any],
+                    default: Callable[[Any], Any] = str) -> None:
     """write_json of payload with payload[key] = the items, the same text, written an item at a
     time: a list of 10^5 dicts and its text are never held (payload[key] itself is ignored)."""
     first = next(items, _NOTHING)
     if first is _NOTHING:
-        return write_json(target, {**payload, key: []})
-    head, _, tail = json.dumps({**payload, key: [_NOTHING]}, indent=2, default=str).partition('"' + _NOTHING + '"')
+        return write_json(target, {**payload, key: []}, default)
+    head, _, tail = json.dumps({**payload, key: [_NOTHING]}, indent=2, default=default).partition('"' + _NOTHING + '"')
 
     def pieces() -> Iterator[str]:
         yield head   # ends where the first item starts, at its list's indent
         for i, item in enumerate(itertools.chain([first], items)):
-            text = json.dumps(item, indent=2, default=str).replace("\n", "\n" + _ITEM_INDENT)
+            text = json.dumps(item, indent=2, default=default).replace("\n", "\n" + _ITEM_INDENT)
             yield text if i == 0 else ",\n" + _ITEM_INDENT + text
         yield tail + "\n"
     _write_pieces(target, pieces())

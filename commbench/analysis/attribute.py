@@ -21,10 +21,11 @@ from typing import Any, Sequence
 
 from commbench import engines
 from commbench.analysis import decide, provenance, render, results_out
-from commbench.analysis.attribute_nccl import HOW_TO_LOG, LogLine, has_nccl, log_lines, log_text, read_nccl_logs
+from commbench.analysis.attribute_nccl import (HOW_TO_LOG, LogLine, NcclLog, has_nccl, log_lines, log_text,
+                                                 read_nccl_logs)
 from commbench.analysis.attribute_floor import WIDTH, FloorLine, floor_lines, floor_text
 from commbench.analysis.attribution import RULES, RankResult, Step
-from commbench.analysis.skew import CLOCK_MODES
+from commbench.analysis.skew import CLOCK_MODES, Skew
 from commbench.analysis.skew_text import Spread, skew_json, skew_text, spread_text, spreads
 from commbench.analysis.render import fmt_us
 from commbench.analysis.traces import analyse_traces, cross_rank, first_apart_text, size_hint, trace_provenance
@@ -157,52 +158,69 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     results_out.check_targets(args)
     if args.plot is not None and args.plot.suffix != ".png":
         raise UsageError(f"--plot {args.plot}: give a .png file name")
-    results_out.write(args, _attribute(args), "attribute")   # with --json -, the text goes to stderr (cli.py)
+    found = compute(args)
+    print("\n".join(text(found, args)))   # with --json -, to stderr (cli.py)
+    results_out.write(args, found.result, "attribute")
     return 0
 
 
-def print_details(results: list[RankResult], summaries: list[StepSummary], kernels: list[KernelRow],
-                  apart: str | None, wide: bool) -> None:
+def details(results: list[RankResult], summaries: list[StepSummary], kernels: list[KernelRow],
+            apart: str | None, wide: bool) -> list[str]:
     """The per-rank step rules, the step and kernel tables and their notes (left out by --brief)."""
+    out = []
     for r in results:
         phases = ", ".join(f"{n} {p if p != '-' else 'other'}" for p, n in
                            sorted(Counter(s.phase for s in r.steps).items()))
-        print(textwrap.fill(f"rank {r.rank}: {r.rule} rule ({r.rule_detail}): {phases or 'no steps'}; "
-                            f"{r.outside_kernels} kernels outside steps", WIDTH, subsequent_indent="  "))
+        out.append(textwrap.fill(f"rank {r.rank}: {r.rule} rule ({r.rule_detail}): {phases or 'no steps'}; "
+                                 f"{r.outside_kernels} kernels outside steps", WIDTH, subsequent_indent="  "))
     if apart:
-        print(textwrap.fill(apart, WIDTH, subsequent_indent="  "))
-    print()
-    print(render.table(["phase", "steps", "wall_us", "busy_us", "ARs", "AR_us", "p50/call", "p90/call", "share",
-                  "overlap_us"],
-                 [[s.phase, str(s.steps), fmt_us(s.wall_us), fmt_us(s.busy_us), f"{s.allreduce_calls:g}",
-                   fmt_us(s.allreduce_us), fmt_us(s.call_p50_us), fmt_us(s.call_p90_us), f"{100 * s.share:.1f}%",
-                   fmt_us(s.overlap_us)] for s in summaries], right=range(1, 10), wide=wide, width=WIDTH))
-    print("(medians over the steps of all ranks; share = allreduce time / step wall; overlap = allreduce\n"
-          " time beside compute on another stream; other = steps not told apart as decode or prefill)")
-    print()
+        out.append(textwrap.fill(apart, WIDTH, subsequent_indent="  "))
+    out.append("")
+    out.append(render.table(["phase", "steps", "wall_us", "busy_us", "ARs", "AR_us", "p50/call", "p90/call", "share",
+                             "overlap_us"],
+                            [[s.phase, str(s.steps), fmt_us(s.wall_us), fmt_us(s.busy_us), f"{s.allreduce_calls:g}",
+                              fmt_us(s.allreduce_us), fmt_us(s.call_p50_us), fmt_us(s.call_p90_us),
+                              f"{100 * s.share:.1f}%", fmt_us(s.overlap_us)] for s in summaries],
+                            right=range(1, 10), wide=wide, width=WIDTH))
+    out.append("(medians over the steps of all ranks; share = allreduce time / step wall; overlap = allreduce\n"
+               " time beside compute on another stream; other = steps not told apart as decode or prefill)")
+    out.append("")
     if kernels:
-        print(render.table(["library", "kernel", "calls", "/step", "size", "p50_us", "p90_us"],
-                     [[k.library, short_name(k.kernel), str(k.calls), f"{k.per_step:.1f}",
-                       "/".join(format_bytes(b) for b in k.sizes) or "unknown", fmt_us(k.p50_us), fmt_us(k.p90_us)]
-                      for k in kernels], right=(2, 3, 5, 6), wide=wide, width=WIDTH))
-        for note in dict.fromkeys(f"{k.library}: {k.note}" for k in kernels if k.note):
-            print(textwrap.fill(f"note: {note}", WIDTH, subsequent_indent="  "))
+        out.append(render.table(["library", "kernel", "calls", "/step", "size", "p50_us", "p90_us"],
+                                [[k.library, short_name(k.kernel), str(k.calls), f"{k.per_step:.1f}",
+                                  "/".join(format_bytes(b) for b in k.sizes) or "unknown", fmt_us(k.p50_us),
+                                  fmt_us(k.p90_us)] for k in kernels], right=(2, 3, 5, 6), wide=wide, width=WIDTH))
+        out += [textwrap.fill(f"note: {note}", WIDTH, subsequent_indent="  ")
+                for note in dict.fromkeys(f"{k.library}: {k.note}" for k in kernels if k.note)]
     else:
-        print("no allreduce kernel in any step")
+        out.append("no allreduce kernel in any step")
     outside = sum(len(r.outside_allreduce) for r in results)
     if outside:
-        print(f"{outside} allreduce kernels ran outside the steps (eager work or prefill between replays)")
+        out.append(f"{outside} allreduce kernels ran outside the steps (eager work or prefill between replays)")
     unclassified: Counter[str] = Counter()
     for r in results:
         for name, n in r.unclassified.items():
             unclassified[name] += n
-    for name, n in sorted(unclassified.items(), key=lambda kv: -kv[1]):
-        print(textwrap.fill(f"unclassified communication (counted neither as compute nor as allreduce): "
-                            f"{short_name(name)} x{n}", WIDTH, subsequent_indent="  "))
+    out += [textwrap.fill(f"unclassified communication (counted neither as compute nor as allreduce): "
+                          f"{short_name(name)} x{n}", WIDTH, subsequent_indent="  ")
+            for name, n in sorted(unclassified.items(), key=lambda kv: -kv[1])]
+    return out
 
 
-def _attribute(args: argparse.Namespace) -> AttributeResult:
-    """Prints the text and returns the result."""
+@dataclass(frozen=True)
+class Attributed:
+    """The result, and the objects its text and plot are drawn from (the traces' steps and calls,
+    the skew, NCCL's log: far more than the answer keeps)."""
+
+    result: AttributeResult
+    results: list[RankResult]
+    skew: Skew | None
+    nccl_log: NcclLog | None
+    world: int
+
+
+def compute(args: argparse.Namespace) -> Attributed:
+    """Everything the command answers, before a line is printed."""
     hint = size_hint(args.model, args.hidden, args.batch, args.dtype)
     if args.gap_us is not None:
         positive_finite(args.gap_us, "--gap-us", "us")
@@ -219,62 +237,62 @@ def _attribute(args: argparse.Namespace) -> AttributeResult:
     skew = cross_rank(args.traces, ranks, results, args.clock)
     steps = [s for r in results for s in r.steps]
     world = ranks[0][1].world_size or len(ranks)
-
-    print(textwrap.fill(trace_provenance(ranks), WIDTH, subsequent_indent="  "))
-    if run is not None:
-        print(textwrap.fill(run_provenance(run), WIDTH, subsequent_indent="  "))
-    apart = first_apart_text(results)
     summaries = [s for s in (summarise(steps, p) for p in ("decode", "prefill", "-")) if s]
-    kernels = kernel_rows(results)
-    if not args.brief:
-        print_details(results, summaries, kernels, apart, args.wide)
-
-    logged: list[LogLine] = []
-    if nccl_log is not None:
-        logged = log_lines(nccl_log, results, world)
-        print()
-        for line in log_text(nccl_log, logged):
-            print(textwrap.fill(line, WIDTH, subsequent_indent="    " if line.startswith("  ") else "  ",
-                                break_on_hyphens=False))
-    elif world > 1 and has_nccl(results):   # at world size 1 NCCL chooses no algorithm
-        print(textwrap.fill(f"note: NCCL's log tells the protocol: run the engine with {HOW_TO_LOG} and give its "
-                            "log as --nccl-log", WIDTH, subsequent_indent="  "))
-
-    floor: list[FloorLine] = []
-    if run is not None:
-        floor = floor_lines(run, ranks, results, args.dtype, args.batch, engine=args.engine,
-                            chain=chains.get(args.engine or ""))
-    print()
-    spread = None
-    if skew is not None:
-        print("\n".join(skew_text(skew, results, args.wide, args.brief)))
-    if (skew is None and world > 1) or (skew is not None and skew.clock.mode == "refused"):
-        spread = spreads(results, floor)
-        why = "one rank's trace" if skew is None else "the ranks' clocks could not be aligned"
-        print("\n".join(spread_text(spread, why, len(steps) // len(results), args.wide)))
-    if args.plot is not None and spread is None and skew is not None:
-        from commbench.analysis.skew_plots import save_skew_plot   # matplotlib only when asked
-        print(save_skew_plot(skew, results, args.plot))
-    elif args.plot is not None:
-        print(f"plot: none written to {args.plot}: wait and transfer need every rank's trace on one clock")
-    if run is not None:
-        print()
-        print(floor_text(floor, args.wide, args.brief))
-        if args.engine and floor and not any(f.alternative for f in floor):
-            print(textwrap.fill(f"what {engines.ENGINE_NAMES[args.engine]} could take instead: no path it can take "
-                                "on this box was measured in the run at these sizes (its own kernels or a library "
-                                "it runs; a stand-in is no price; `commbench recommend` says why per path)",
-                                WIDTH, subsequent_indent="  "))
-    return AttributeResult(
+    logged = log_lines(nccl_log, results, world) if nccl_log is not None else []
+    floor = (floor_lines(run, ranks, results, args.dtype, args.batch, engine=args.engine,
+                         chain=chains.get(args.engine or "")) if run is not None else [])
+    spread = (spreads(results, floor) if (skew is None and world > 1)
+              or (skew is not None and skew.clock.mode == "refused") else None)
+    result = AttributeResult(
         trace_provenance(ranks), run_provenance(run) if run else None,
         tuple({"rank": r.rank, "source": r.source, "rule": r.rule, "rule_detail": r.rule_detail,
                "outside_kernels": r.outside_kernels, "outside_allreduce": len(r.outside_allreduce),
                "first_apart": step_json(r.first_apart) if r.first_apart else None,
                "unclassified": r.unclassified,
                "steps": [step_json(s) for s in r.steps]} for r in results),
-        tuple(summaries), tuple(kernels), tuple(floor),
+        tuple(summaries), tuple(kernel_rows(results)), tuple(floor),
         None if nccl_log is None else NcclLogResult(tuple(nccl_log.files), tuple(logged)),
-        apart, skew_json(skew, results) if skew else None, tuple(spread) if spread is not None else None)
+        first_apart_text(results), skew_json(skew, results) if skew else None,
+        tuple(spread) if spread is not None else None)
+    return Attributed(result, results, skew, nccl_log, world)
+
+
+def text(found: Attributed, args: argparse.Namespace) -> list[str]:
+    """The answer's lines; --plot is drawn where its line goes."""
+    result, results, skew = found.result, found.results, found.skew
+    out = [textwrap.fill(result.trace, WIDTH, subsequent_indent="  ")]
+    if result.run is not None:
+        out.append(textwrap.fill(result.run, WIDTH, subsequent_indent="  "))
+    if not args.brief:
+        out += details(results, list(result.summary), list(result.kernels), result.first_apart, args.wide)
+    if found.nccl_log is not None and result.nccl_log is not None:
+        out.append("")
+        out += [textwrap.fill(line, WIDTH, subsequent_indent="    " if line.startswith("  ") else "  ",
+                              break_on_hyphens=False) for line in log_text(found.nccl_log, list(result.nccl_log.lines))]
+    elif found.world > 1 and has_nccl(results):   # at world size 1 NCCL chooses no algorithm
+        out.append(textwrap.fill(f"note: NCCL's log tells the protocol: run the engine with {HOW_TO_LOG} and give "
+                                 "its log as --nccl-log", WIDTH, subsequent_indent="  "))
+    out.append("")
+    if skew is not None:
+        out += skew_text(skew, results, args.wide, args.brief)
+    if result.likely_waiting is not None:
+        why = "one rank's trace" if skew is None else "the ranks' clocks could not be aligned"
+        steps = sum(len(r.steps) for r in results)
+        out += spread_text(list(result.likely_waiting), why, steps // len(results), args.wide)
+    if args.plot is not None and result.likely_waiting is None and skew is not None:
+        from commbench.analysis.skew_plots import save_skew_plot   # matplotlib only when asked
+        out.append(save_skew_plot(skew, results, args.plot))
+    elif args.plot is not None:
+        out.append(f"plot: none written to {args.plot}: wait and transfer need every rank's trace on one clock")
+    if result.run is not None:
+        out.append("")
+        out.append(floor_text(list(result.floor), args.wide, args.brief))
+        if args.engine and result.floor and not any(f.alternative for f in result.floor):
+            out.append(textwrap.fill(f"what {engines.ENGINE_NAMES[args.engine]} could take instead: no path it can "
+                                     "take on this box was measured in the run at these sizes (its own kernels or a "
+                                     "library it runs; a stand-in is no price; `commbench recommend` says why per "
+                                     "path)", WIDTH, subsequent_indent="  "))
+    return out
 
 
 @dataclass(frozen=True)

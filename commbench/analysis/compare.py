@@ -25,13 +25,13 @@ from __future__ import annotations
 import argparse
 import heapq
 import re
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 from commbench.analysis import plots, provenance, render, results_out
 from commbench.analysis.curves import Curve, CurveKey, build_curves, counterpart, exceeds_spread, variant_label
-from commbench.files import output_folder, write_json_list
+from commbench.files import output_folder
 from commbench.errors import UsageError
 from commbench.results import Measurement, Run
 from commbench.fleet.inputs import load_one
@@ -42,7 +42,7 @@ from commbench.units import format_bytes
 CHANGES_SHOWN = 100   # table rows on the terminal; every change is in the JSON
 
 
-@dataclass(slots=True)    # one per size both runs measured: 10^5 and more on a long sweep
+@dataclass(frozen=True, slots=True)    # one per size both runs measured: 10^5 and more on a long sweep
 class Change:
     curve: str
     dtype: str                     # bf16 and fp32 curves of one backend share its label
@@ -54,17 +54,19 @@ class Change:
     p99_b_us: float | None
     p99_change_pct: float | None
     beyond_spread: bool | None     # None: a run recorded no p10/p90
+    verdict: str                   # one of VERDICTS, from the two above: a field, so the JSON carries it
 
-    @property
-    def verdict(self) -> str:
-        if self.beyond_spread is None:
-            return "spread unknown"
-        if not self.beyond_spread:
-            return "same (within spread)"
-        return "B slower" if self.latency_b_us > self.latency_a_us else "B faster"
 
-    def to_dict(self) -> dict[str, object]:
-        return {**{f.name: getattr(self, f.name) for f in fields(self)}, "verdict": self.verdict}
+SLOWER, FASTER = "B slower", "B faster"
+VERDICTS = ("spread unknown", "same (within spread)", SLOWER, FASTER)
+
+
+def verdict(beyond_spread: bool | None, latency_a_us: float, latency_b_us: float) -> str:
+    if beyond_spread is None:
+        return VERDICTS[0]
+    if not beyond_spread:
+        return VERDICTS[1]
+    return SLOWER if latency_b_us > latency_a_us else FASTER
 
 
 def changes(a: list[Curve], b: list[Curve]) -> list[Change]:
@@ -81,9 +83,10 @@ def changes(a: list[Curve], b: list[Curve]) -> list[Change]:
             pb = after.points[index]
             p99 = (100.0 * (pb.p99_us - pa.p99_us) / pa.p99_us
                    if pa.p99_us is not None and pb.p99_us is not None and pa.p99_us > 0 else None)
+            beyond = exceeds_spread(pb.latency_us - pa.latency_us, pa, pb)
             out.append(Change(before.label, before.key.dtype, pa.message_bytes, pa.latency_us, pb.latency_us,
                               100.0 * (pb.latency_us - pa.latency_us) / pa.latency_us, pa.p99_us, pb.p99_us, p99,
-                              exceeds_spread(pb.latency_us - pa.latency_us, pa, pb)))
+                              beyond, verdict(beyond, pa.latency_us, pb.latency_us)))
     return out
 
 
@@ -164,8 +167,41 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     render.add_arguments(parser)
 
 
-def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
-    results_out.check_targets(args)
+@dataclass(frozen=True)
+class CompareResult:
+    """What `compare` answers; its JSON is dataclasses.asdict of this (docs/results.md), written a
+    change at a time (a 200 MB run pair has 10^5 changes)."""
+
+    provenance_a: dict[str, Any]
+    provenance_b: dict[str, Any]
+    different_machines: tuple[str, ...]    # what makes the runs not one machine's (with --different-machines)
+    a: str                                 # the run id, and the backend with --backend-a
+    b: str
+    path_a: str
+    path_b: str
+    nccl_a: tuple[str, ...]                # the NCCL each side's processes ran (nccl_loaded)
+    nccl_b: tuple[str, ...]
+    only_a: tuple[str, ...]                # curves one run measured and the other did not
+    only_b: tuple[str, ...]
+    slower: int                            # changes B slower beyond the spread
+    faster: int
+    within_or_unknown: int
+    all_changes_file: str | None           # where every change is when the terminal shows CHANGES_SHOWN
+    changes: tuple[Change, ...]
+
+
+@dataclass(frozen=True)
+class Compared:
+    """The result and what its plot draws: every point of both sides' curves."""
+
+    result: CompareResult
+    curves_a: list[Curve]
+    curves_b: list[Curve]
+    out: Path
+    stem: Path
+
+
+def compute(args: argparse.Namespace) -> Compared:
     run_a, run_b = load_one(args.run_a), load_one(args.run_b)
     origin_a, origin_b = provenance.of(run_a), provenance.of(run_b)
     differ = provenance.differences(origin_a, origin_b)
@@ -189,62 +225,68 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     name_a, name_b = _name(run_a), _name(run_b)
     if backend_a is not None:
         name_a, name_b = f"{name_a} {backend_a}", f"{name_b} {backend_b}"
-
-    print(render.prose(f"A: {origin_a.line()}", args.wide))
-    print(render.prose(f"B: {origin_b.line()}", args.wide))
-    if differ:
-        print(f"note: A and B are not one machine's runs ({'; '.join(differ)}): a change below is "
-              "partly the machines' difference, not a before/after of one setting")
-    print(render.prose(f"A = {name_a} ({run_a.path}), B = {name_b} ({run_b.path})", args.wide))
-    nccl_ran = {side: nccl_version_lines(_rows_of(run, backend))
-                for side, run, backend in (("a", run_a, backend_a), ("b", run_b, backend_b))}
-    for side, lines in nccl_ran.items():
-        for line in lines:
-            print(f"{side.upper()} ran {line}")
-    only_a = sorted({plots.curve_name(c) for c in curves_a} - {plots.curve_name(c) for c in curves_b})
-    only_b = sorted({plots.curve_name(c) for c in curves_b} - {plots.curve_name(c) for c in curves_a})
-    if only_a:
-        print(f"only in A: {', '.join(only_a)}")
-    if only_b:
-        print(f"only in B: {', '.join(only_b)}")
-    print(render.prose("'beyond spread' = the latency change is larger than the jitter p10-p90 spread of both runs",
-                       args.wide) + "\n")
-    out.mkdir(parents=True, exist_ok=True)
     stem = out / f"compare_{run_a.path.resolve().name}_vs_{run_b.path.resolve().name}"
     if backend_a is not None:
         # no dots: the plot's suffix is added to the stem (2.29.7 would lose its ".7")
         stem = stem.with_name(stem.name + "_" + re.sub(r"[^\w=-]+", "_", f"{backend_a}_vs_{backend_b}"))
-    tables = shown(rows, CHANGES_SHOWN)
+    every = None
+    if len(rows) > CHANGES_SHOWN:
+        every = args.json if args.json not in (None, "-") else str(stem.with_name(stem.name + "_changes.json"))
+    names_a, names_b = {plots.curve_name(c) for c in curves_a}, {plots.curve_name(c) for c in curves_b}
+    slower = sum(c.verdict == SLOWER for c in rows)
+    faster = sum(c.verdict == FASTER for c in rows)
+    result = CompareResult(
+        origin_a.to_dict(), origin_b.to_dict(), tuple(differ), name_a, name_b, str(run_a.path), str(run_b.path),
+        tuple(nccl_version_lines(_rows_of(run_a, backend_a))), tuple(nccl_version_lines(_rows_of(run_b, backend_b))),
+        tuple(sorted(names_a - names_b)), tuple(sorted(names_b - names_a)), slower, faster,
+        len(rows) - slower - faster, every, tuple(rows))
+    return Compared(result, curves_a, curves_b, out, stem)
+
+
+def text(result: CompareResult, wide: bool) -> str:
+    """The terminal's answer: both runs, the changes that fit CHANGES_SHOWN, the counts."""
+    out = [render.prose(f"A: {result.provenance_a['line']}", wide),
+           render.prose(f"B: {result.provenance_b['line']}", wide)]
+    if result.different_machines:
+        out.append(f"note: A and B are not one machine's runs ({'; '.join(result.different_machines)}): a change "
+                   "below is partly the machines' difference, not a before/after of one setting")
+    out.append(render.prose(f"A = {result.a} ({result.path_a}), B = {result.b} ({result.path_b})", wide))
+    out += [f"{side} ran {line}" for side, lines in (("A", result.nccl_a), ("B", result.nccl_b)) for line in lines]
+    out += [f"only in {side}: {', '.join(names)}" for side, names in (("A", result.only_a), ("B", result.only_b))
+            if names]
+    out.append(render.prose("'beyond spread' = the latency change is larger than the jitter p10-p90 spread of both "
+                            "runs", wide) + "\n")
+    tables = shown(list(result.changes), CHANGES_SHOWN)
     # One table per backend and dtype under its name: the backend spec is never folded in a column.
     for changed in tables:
-        print(f"{changed[0].curve}, {changed[0].dtype}")
-        print(render.table(["size", "latency A us", "latency B us", "change", "p99 A us", "p99 B us", "p99 change",
-                            "verdict"],
-                           [[format_bytes(c.message_bytes), fmt_us(c.latency_a_us), fmt_us(c.latency_b_us),
-                             fmt_pct(c.latency_change_pct), fmt_us(c.p99_a_us), fmt_us(c.p99_b_us),
-                             fmt_pct(c.p99_change_pct), c.verdict] for c in changed],
-                           right=(0, 1, 2, 3, 4, 5, 6), wide=args.wide))
-        print()
-    slower = [c for c in rows if c.verdict == "B slower"]
-    faster = [c for c in rows if c.verdict == "B faster"]
-    print(f"\n{len(slower)} slower and {len(faster)} faster beyond spread, "
-          f"{len(rows) - len(slower) - len(faster)} within spread or unknown, of {len(rows)} points")
-    document = {"provenance_a": origin_a.to_dict(), "provenance_b": origin_b.to_dict(),
-                "different_machines": differ, "a": name_a, "b": name_b,
-                "nccl_a": nccl_ran["a"], "nccl_b": nccl_ran["b"], "changes": []}
+        out.append(f"{changed[0].curve}, {changed[0].dtype}")
+        out.append(render.table(["size", "latency A us", "latency B us", "change", "p99 A us", "p99 B us",
+                                 "p99 change", "verdict"],
+                                [[format_bytes(c.message_bytes), fmt_us(c.latency_a_us), fmt_us(c.latency_b_us),
+                                  fmt_pct(c.latency_change_pct), fmt_us(c.p99_a_us), fmt_us(c.p99_b_us),
+                                  fmt_pct(c.p99_change_pct), c.verdict] for c in changed],
+                                right=(0, 1, 2, 3, 4, 5, 6), wide=wide) + "\n")
+    total = len(result.changes)
+    out.append(f"\n{result.slower} slower and {result.faster} faster beyond spread, {result.within_or_unknown} "
+               f"within spread or unknown, of {total} points")
     kept = sum(len(t) for t in tables)
-    if kept < len(rows):
-        every = args.json if args.json not in (None, "-") else str(stem.with_name(stem.name + "_changes.json"))
-        if every != args.json:
-            write_json_list(every, document, "changes", (c.to_dict() for c in rows))
-        print(render.prose(f"shown: the {kept} changes that matter most (beyond spread first, then the largest); "
-                           f"{len(rows) - kept} more, all {len(rows)} in {every}", args.wide))
+    if result.all_changes_file is not None:
+        out.append(render.prose(f"shown: the {kept} changes that matter most (beyond spread first, then the "
+                                f"largest); {total - kept} more, all {total} in {result.all_changes_file}", wide))
+    return "\n".join(out)
 
-    fig = plots.compare_figure(curves_a, curves_b, name_a, name_b, f"allreduce latency: A = {name_a} vs B = {name_b}")
-    for path in plots.save(fig, stem):
+
+def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
+    results_out.check_targets(args)
+    compared = compute(args)
+    result = compared.result
+    compared.out.mkdir(parents=True, exist_ok=True)
+    if result.all_changes_file is not None and result.all_changes_file != args.json:
+        results_out.write_json(result.all_changes_file, result, stream="changes")
+    print(text(result, args.wide))
+    fig = plots.compare_figure(compared.curves_a, compared.curves_b, result.a, result.b,
+                               f"allreduce latency: A = {result.a} vs B = {result.b}")
+    for path in plots.save(fig, compared.stem):
         print(f"wrote {path}")
-    write_json_list(args.json, document, "changes", (c.to_dict() for c in rows))   # a change at a time
-    if getattr(args, "html", None) is not None:   # a page holds every change, so only when asked
-        results_out.write_html(args, {**document, "changes": [c.to_dict() for c in rows]},
-                               f"compare {name_a} vs {name_b}")
+    results_out.write(args, result, f"compare {result.a} vs {result.b}", stream="changes")   # a change at a time
     return 0

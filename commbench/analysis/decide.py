@@ -288,11 +288,11 @@ def decide(engine: str, run: Run, curves: list[Curve], model: Model, concurrenci
 class Headroom:
     """A measured kernel no requested engine can run here, against the best path one can."""
 
-    curve: str
+    kernel: str                    # the curve's label
     why: str
     concurrency: int
     message_bytes: int
-    price: Price
+    cost: Price
     versus: Price | None
     saving: Saving | None
     engine_kernel: bool = False    # a requested engine's own kernel, forced where the engine would not take it
@@ -352,7 +352,7 @@ def fastest_headroom(rooms: list[Headroom]) -> list[Headroom]:
     """Per size, the fastest kernel no requested engine can run here."""
     fastest: dict[int, Headroom] = {}
     for r in rooms:
-        if r.concurrency not in fastest or r.price.latency_us < fastest[r.concurrency].price.latency_us:
+        if r.concurrency not in fastest or r.cost.latency_us < fastest[r.concurrency].cost.latency_us:
             fastest[r.concurrency] = r
     return sorted(fastest.values(), key=lambda r: r.concurrency)
 
@@ -366,7 +366,12 @@ DATA_WORDS = {"measured": "measured", "emulated": "MPS-emulated, no fabric", "im
 def data_tag(run: Run) -> str:
     """The few words every line about the run's numbers carries."""
     from commbench.analysis import provenance
-    return DATA_WORDS.get(provenance.of(run).kind, "unknown origin")
+    return kind_tag(provenance.of(run).kind)
+
+
+def kind_tag(kind: str) -> str:
+    """data_tag of a provenance kind (a result's `provenance["kind"]`)."""
+    return DATA_WORDS.get(kind, "unknown origin")
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:

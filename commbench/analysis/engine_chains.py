@@ -12,11 +12,12 @@ import json
 import shlex
 import sys
 from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 from commbench import engines
 from commbench import models
-from commbench.analysis import decide, render
+from commbench.analysis import decide, render, results_out
 from commbench.analysis.curves import run_world_size
 from commbench.engines import paths, source
 from commbench.engines.facts import FactSet
@@ -46,24 +47,56 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--check", metavar="PATH",
                         help="compare every built-in engine fact with the source under PATH (an unpacked wheel or "
                              "site-packages); exit 1 when any differ")
+    parser.add_argument("--json", metavar="FILE", help="also write the chains (or the --check) as JSON ('-' for "
+                                                       "stdout: JSON alone)")
+    results_out.add_arguments(parser)
 
 
-def check_main(site: str) -> int:
+@dataclass(frozen=True)
+class FactsChecked:
+    """One engine's facts found under --check's PATH against the built-in ones."""
+
+    engine: str
+    name: str
+    version: str
+    built_in: str                     # the built-in facts' engine and version
+    compared: int                     # facts read from the source
+    differences: tuple[str, ...]      # one line per fact that differs
+    same: tuple[str, ...]             # "key (file:line)" per fact that agrees
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """What `engines --check` answers; its JSON is dataclasses.asdict of this (docs/results.md)."""
+
+    site: str
+    engines: tuple[FactsChecked, ...]
+    differ: int
+
+
+def check(site: str) -> CheckResult:
     results, refusal = source.check(Path(site))
     if refusal:
         raise UsageError(f"--check: {refusal}")
-    differ = 0
+    checked = []
     for facts, differences in results:
         built_in = source.BUILT_IN[facts.engine]
-        print(f"{facts.name} {facts.version} at {site}: {len(facts.facts)} facts compared with the built-in "
-              f"{built_in.name} {built_in.version} facts; {len(differences)} differ")
-        for d in differences:
-            print(f"  {d.line()}")
-        for fact in facts.facts:
-            if not any(d.fact.key == fact.key for d in differences):
-                print(f"  same: {fact.key} ({fact.where()})")
-        differ += len(differences)
-    return DIFFERENT_EXIT if differ else 0
+        differ = {d.fact.key for d in differences}
+        checked.append(FactsChecked(facts.engine, facts.name, facts.version, f"{built_in.name} {built_in.version}",
+                                    len(facts.facts), tuple(d.line() for d in differences),
+                                    tuple(f"{fact.key} ({fact.where()})" for fact in facts.facts
+                                          if fact.key not in differ)))
+    return CheckResult(site, tuple(checked), sum(len(c.differences) for c in checked))
+
+
+def check_text(result: CheckResult) -> list[str]:
+    out = []
+    for c in result.engines:
+        out.append(f"{c.name} {c.version} at {result.site}: {c.compared} facts compared with "
+                   f"the built-in {c.built_in} facts; {len(c.differences)} differ")
+        out += [f"  {line}" for line in c.differences]
+        out += [f"  same: {line}" for line in c.same]
+    return out
 
 
 class Box:
@@ -106,74 +139,169 @@ def workload_model(args: argparse.Namespace) -> models.Model | None:
     return models.with_arch(model, args.arch, args.dtype)
 
 
-def _also_needs(engine: str, state: paths.PathState, states: list[paths.PathState]) -> str:
+def _also_needs(engine: str, state: paths.PathState, states: list[paths.PathState]) -> tuple[str, ...]:
     """What a launch must add for this path to take the decode allreduces (launch_settings): a
     default-on path ahead of it that would intercept them turned off."""
+    if state.available is False:
+        return ()
     needed = paths.launch_settings(engines.Settings(state.path), engine, state.path, states)
-    flags = needed.vllm_flags if engine == engines.VLLM else needed.sglang_flags
-    return f"; with it: {' '.join(shlex.quote(f) for f in flags)}" if flags and state.available is not False else ""
+    return tuple(needed.vllm_flags if engine == engines.VLLM else needed.sglang_flags)
 
 
-def _chain_lines(engine: str, states: list[paths.PathState]) -> list[str]:
-    lines = []
-    for i, s in enumerate(states, 1):
-        limit = ""
-        if s.max_bytes is not None and s.available is not False:
-            limit = f"; takes up to {format_bytes(s.max_bytes)}" + (" inclusive" if s.inclusive else " (exclusive)")
-        lines.append(f"  {i}. {s.rule.title} [{'on by default' if s.default_on else 'opt-in'}]: "
-                     f"{paths.status(s)}: {s.why}{limit}")
-        lines.append(f"     turn on: {s.rule.turn_on}{_also_needs(engine, s, states)}; turn off: {s.rule.turn_off}")
-        lines.append(f"     source: {s.source}")
-    return lines
+@dataclass(frozen=True)
+class ChainPath:
+    """One path of an engine's dispatch chain; with no box, the rule alone (status, why and the
+    size limit None)."""
+
+    title: str
+    default_on: bool
+    status: str | None               # on | opt-in | off | cannot tell here, on the box
+    why: str | None
+    max_bytes: int | None            # the largest message it takes here, where it runs
+    inclusive: bool
+    turn_on: str
+    also_needs: tuple[str, ...]      # the flags a launch adds for it to take the decode allreduces
+    turn_off: str
+    source: str
 
 
-def _default_table(engine: str, box: Box, tp: int, model: models.Model, modes: list[str],
-                   logged: list[str] | None) -> str:
-    per_mode = {m: paths.states(engine, box.snapshot, tp, model.dtype, workload=decide.workload(model, m),
-                                logged=logged) for m in modes}
+@dataclass(frozen=True)
+class DefaultAt:
+    concurrency: int
+    message_bytes: int
+    paths: tuple[str, ...]           # per mode of EngineChain.modes: the default path's title, or "cannot tell"
+
+
+@dataclass(frozen=True)
+class EngineChain:
+    """One engine: where its facts come from, its chain on the box (or its rules), the defaults."""
+
+    engine: str
+    name: str
+    version: str
+    facts: str                       # where the facts come from
+    warnings: tuple[str, ...]
+    logged: str | None               # what --engine-log says the engine set up
+    mode: str | None                 # the chain is the box's under this mode; None: the rules, no box's gates
+    chain: tuple[ChainPath, ...]
+    modes: tuple[str, ...]           # the modes of `defaults`
+    defaults: tuple[DefaultAt, ...]  # with a model: the default path per decode size
+    note: str | None
+
+
+@dataclass(frozen=True)
+class EnginesResult:
+    """What `engines` answers; its JSON is dataclasses.asdict of this (docs/results.md), and its
+    text is drawn from it alone."""
+
+    box: str
+    tp: int | None
+    model: models.Model | None
+    engines: tuple[EngineChain, ...]
+
+
+def _chain(engine: str, states: list[paths.PathState]) -> tuple[ChainPath, ...]:
+    return tuple(ChainPath(s.rule.title, s.default_on, paths.status(s), s.why,
+                           s.max_bytes if s.available is not False else None, s.inclusive, s.rule.turn_on,
+                           _also_needs(engine, s, states), s.rule.turn_off, s.source) for s in states)
+
+
+def _rules(engine: str, facts: FactSet) -> tuple[ChainPath, ...]:
+    return tuple(ChainPath(rule.title, rule.default_on, None, None, None, False, rule.turn_on, (), rule.turn_off,
+                           paths.rule_source(rule, facts)) for rule in paths.RULES if rule.engine == engine)
+
+
+def _defaults(engine: str, box: Box, tp: int, model: models.Model, modes: list[str],
+              logged: list[str] | None) -> tuple[DefaultAt, ...]:
+    per_mode = [paths.states(engine, box.snapshot, tp, model.dtype, workload=decide.workload(model, m),
+                             logged=logged) for m in modes]
     rows = []
     for concurrency in models.DEFAULT_CONCURRENCIES:
         size = model.message_bytes(concurrency)
-        cells = []
-        for m in modes:
-            chosen = paths.default_path(per_mode[m], size)
-            cells.append(chosen.path.rule.title if chosen.path else "cannot tell")
-        rows.append([str(concurrency), format_bytes(size), *cells])
-    headers = ["concurrency", "message", *(f"default ({'CUDA graphs' if m == paths.GRAPH else '--enforce-eager'})"
-                                           for m in modes)]
-    return render.table(headers, rows, right=(0, 1))
+        chosen = [paths.default_path(states, size) for states in per_mode]
+        rows.append(DefaultAt(concurrency, size, tuple(c.path.rule.title if c.path else "cannot tell"
+                                                       for c in chosen)))
+    return tuple(rows)
 
 
-def engine_section(engine: str, facts: FactSet, box: Box, tp: int | None, model: models.Model | None,
-                   modes: list[str], chain: Any) -> list[str]:
-    lines = [f"== {facts.name} {facts.version}" + (f", TP {tp}" if tp else "") + f": {box.said} ==",
-             f"facts: {source.provenance_line(facts)}"]
-    lines += [f"warning: {w}" for w in facts.warnings]
-    if chain is not None:
-        lines.append(chain.said(""))
+def engine_chain(engine: str, facts: FactSet, box: Box, tp: int | None, model: models.Model | None,
+                 modes: list[str], chain: Any, note: str | None) -> EngineChain:
+    said = chain.said("") if chain is not None else None
     if tp is None or box.snapshot is None:
-        lines.append("dispatch chain, in the order the engine tries each call:")
-        for i, rule in enumerate(r for r in paths.RULES if r.engine == engine):
-            lines.append(f"  {i + 1}. {rule.title} [{'on by default' if rule.default_on else 'opt-in'}]: "
-                         f"turn on: {rule.turn_on}; turn off: {rule.turn_off}")
-            lines.append(f"     source: {paths.rule_source(rule, facts)}")
-        return lines
+        return EngineChain(engine, facts.name, facts.version, source.provenance_line(facts), tuple(facts.warnings),
+                           said, None, _rules(engine, facts), (), (), note)
     workload = decide.workload(model, modes[0]) if model else paths.Workload(mode=modes[0])
     logged = list(chain.paths) if chain is not None else None
     states = paths.states(engine, box.snapshot, tp, model.dtype if model else "bf16", workload=workload,
                           logged=logged)
-    lines.append(f"dispatch chain at TP {tp}, in the order the engine tries each call "
-                 f"({'CUDA graphs' if modes[0] == paths.GRAPH else '--enforce-eager'}):")
-    lines += _chain_lines(engine, states)
-    if model is not None:
-        lines.append(f"default path per decode size ({model.describe()}):")
-        lines.append(_default_table(engine, box, tp, model, modes, logged))
+    defaults = _defaults(engine, box, tp, model, modes, logged) if model is not None else ()
+    return EngineChain(engine, facts.name, facts.version, source.provenance_line(facts), tuple(facts.warnings), said,
+                       modes[0], _chain(engine, states), tuple(modes) if model is not None else (), defaults, note)
+
+
+def _mode_text(mode: str) -> str:
+    return "CUDA graphs" if mode == paths.GRAPH else "--enforce-eager"
+
+
+def _path_lines(i: int, p: ChainPath) -> list[str]:
+    on = "on by default" if p.default_on else "opt-in"
+    if p.status is None:
+        return [f"  {i}. {p.title} [{on}]: turn on: {p.turn_on}; turn off: {p.turn_off}", f"     source: {p.source}"]
+    limit = ("" if p.max_bytes is None else
+             f"; takes up to {format_bytes(p.max_bytes)}" + (" inclusive" if p.inclusive else " (exclusive)"))
+    also = f"; with it: {' '.join(shlex.quote(f) for f in p.also_needs)}" if p.also_needs else ""
+    return [f"  {i}. {p.title} [{on}]: {p.status}: {p.why}{limit}",
+            f"     turn on: {p.turn_on}{also}; turn off: {p.turn_off}", f"     source: {p.source}"]
+
+
+def engine_lines(e: EngineChain, result: EnginesResult) -> list[str]:
+    tp = f", TP {result.tp}" if result.tp else ""
+    lines = [f"== {e.name} {e.version}{tp}: {result.box} ==", f"facts: {e.facts}"]
+    lines += [f"warning: {w}" for w in e.warnings]
+    if e.logged is not None:
+        lines.append(e.logged)
+    if e.mode is None:
+        lines.append("dispatch chain, in the order the engine tries each call:")
+    else:
+        lines.append(f"dispatch chain at TP {result.tp}, in the order the engine tries each call "
+                     f"({_mode_text(e.mode)}):")
+    for i, p in enumerate(e.chain, 1):
+        lines += _path_lines(i, p)
+    if e.defaults and result.model is not None:
+        lines.append(f"default path per decode size ({result.model.describe()}):")
+        lines.append(render.table(["concurrency", "message", *(f"default ({_mode_text(m)})" for m in e.modes)],
+                                  [[str(d.concurrency), format_bytes(d.message_bytes), *d.paths] for d in e.defaults],
+                                  right=(0, 1)))
+    if e.note:
+        lines.append(e.note)
     return lines
 
 
+def text(result: EnginesResult) -> str:
+    out: list[str] = []
+    for e in result.engines:
+        if out:
+            out.append("")
+        out += engine_lines(e, result)
+    return "\n".join(out)
+
+
 def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
+    results_out.check_targets(args)
     if args.check:
-        return check_main(args.check)
+        checked = check(args.check)
+        print("\n".join(check_text(checked)))
+        sys.stdout.flush()
+        results_out.write(args, checked, f"engines --check {args.check}")
+        return DIFFERENT_EXIT if checked.differ else 0
+    result = compute(args)
+    print(text(result))
+    sys.stdout.flush()
+    results_out.write(args, result, f"engines {result.box}")
+    return 0
+
+
+def compute(args: argparse.Namespace) -> EnginesResult:
     asked = decide.requested_engines(argparse.Namespace(engine=args.engine, engine_version=None))
     chains = decide.engine_chains(args)
     if args.tp is not None and args.tp <= 0:
@@ -182,14 +310,10 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     box = load_box(args.run)
     tp = args.tp or box.world_size
     modes = [args.mode] if args.mode else [paths.GRAPH, paths.EAGER]
-    out: list[str] = []
+    sections = []
     for engine, _ in asked:
-        if out:
-            out.append("")
-        out += engine_section(engine, source.active(engine), box, tp, model, modes, chains.get(engine))
-        if args.engine_log and engine == engines.SGLANG:
-            out.append(f"SGLang {source.active(engine).version} logs no dispatch chain on CUDA: this chain is the "
-                       "model's")
-    print("\n".join(out))
-    sys.stdout.flush()
-    return 0
+        facts = source.active(engine)
+        note = (f"SGLang {facts.version} logs no dispatch chain on CUDA: this chain is the model's"
+                if args.engine_log and engine == engines.SGLANG else None)
+        sections.append(engine_chain(engine, facts, box, tp, model, modes, chains.get(engine), note))
+    return EnginesResult(box.said, tp, model, tuple(sections))

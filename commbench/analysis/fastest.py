@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from commbench import engines
 from commbench.analysis.curves import Curve, ranking
-from commbench.analysis.decide import EngineDecision, recorded_settings
+from commbench.analysis.decide import EngineDecision, Price, recorded_settings
 from commbench.models import Model
 from commbench.analysis import render
 from commbench.analysis.render import fmt_us
@@ -54,34 +54,46 @@ def whose(run: Run, curve: Curve) -> str:
     return f"{owner}; " + (", ".join(paths) if paths else "no engine setting selects it")
 
 
-def fastest_at(run: Run, curves: list[Curve], message_bytes: int) -> tuple[Fastest, Curve] | None:
-    """The fastest plain allreduce of `curves` at this size (measured, or interpolated between
-    measured sizes), and its curve; None when no curve covers the size."""
-    ranked = ranking([c for c in curves if c.key.op == ALLREDUCE], message_bytes)
-    if not ranked:
-        return None
-    top = ranked[0]
-    return Fastest(message_bytes, top.curve.label, top.point.latency_us, top.interpolated,
-                   whose(run, top.curve)), top.curve
+@dataclass(frozen=True)
+class FastestAt:
+    """At one decode size: the fastest kernel measured, and each requested engine's best path
+    there that its own kernel priced (a stand-in is no comparison)."""
+
+    concurrency: int
+    fastest: Fastest
+    engine_paths: tuple[Price, ...]
 
 
-def fastest_lines(run: Run, curves: list[Curve], model: Model, concurrencies: list[int],
-                  decisions: list[EngineDecision], tag: str, wide: bool = False) -> list[str]:
-    """Per concurrency: the fastest kernel measured at its decode size and whose it is, with each
-    requested engine's best path there (its own kernel, never a stand-in) as a multiple of it."""
-    lines = []
+def fastest_by_size(run: Run, curves: list[Curve], model: Model, concurrencies: list[int],
+                    decisions: list[EngineDecision]) -> tuple[FastestAt, ...]:
+    """Per concurrency the decisions were made at, where any curve covers its size."""
+    out = []
+    owners: dict[str, str] = {}     # whose() reads every row: once per curve, not per size
     for i, concurrency in enumerate(concurrencies):
-        message_bytes = model.message_bytes(concurrency)
-        found = fastest_at(run, curves, message_bytes)
-        if found is None:
+        ranked = ranking([c for c in curves if c.key.op == ALLREDUCE], model.message_bytes(concurrency))
+        if not ranked:
             continue
-        top = found[0]
-        prices = [d.sizes[i].best_price for d in decisions]
+        top = ranked[0]
+        if top.curve.label not in owners:
+            owners[top.curve.label] = whose(run, top.curve)
+        prices = (d.sizes[i].best_price for d in decisions)
+        out.append(FastestAt(concurrency, Fastest(model.message_bytes(concurrency), top.curve.label,
+                                                  top.point.latency_us, top.interpolated, owners[top.curve.label]),
+                             tuple(p for p in prices if p is not None and not p.stand_in)))
+    return tuple(out)
+
+
+def fastest_lines(rows: tuple[FastestAt, ...], tag: str, wide: bool = False) -> list[str]:
+    """Per concurrency: the fastest kernel measured at its decode size and whose it is, with each
+    requested engine's best path there as a multiple of it."""
+    lines = []
+    for row in rows:
+        top = row.fastest
         against = "; ".join(f"{p.curve} {fmt_us(p.latency_us)} = {p.latency_us / top.latency_us:.2f}x"
-                            for p in prices if p is not None and not p.stand_in)
+                            for p in row.engine_paths)
         lines.append(render.prose(
-            f"at concurrency {concurrency} ({format_bytes(message_bytes)}): {top.curve} {fmt_us(top.latency_us)} us"
-            f"{' (interpolated)' if top.interpolated else ''}: {top.whose}"
+            f"at concurrency {row.concurrency} ({format_bytes(top.message_bytes)}): {top.curve} "
+            f"{fmt_us(top.latency_us)} us{' (interpolated)' if top.interpolated else ''}: {top.whose}"
             + (f"; best engine path {against}" if against else ""), wide, indent="  "))
     if not lines:
         return []

@@ -22,11 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from commbench import models
+from commbench import engines, models
 from commbench.analysis import configure_text, decide, fastest, provenance, question, render, results_out
 from commbench.analysis.configure import DECODE, Configuration
 from commbench.analysis.curves import Curve, CurveKey, Point, cautions, price, ranking
 from commbench.analysis.decide import Price
+from commbench.analysis.fastest import FastestAt
 from commbench.files import read_text
 from commbench.errors import UsageError
 from commbench.models import Model
@@ -171,19 +172,28 @@ class EngineFloor:
     what_if: WhatIf | None
     why_no_what_if: str | None
 
+    @property
+    def name(self) -> str:
+        return f"{engines.ENGINE_NAMES[self.engine]} {self.version}"
+
 
 @dataclass(frozen=True)
 class FloorResult:
-    """What `floor` answers; its JSON is dataclasses.asdict of this (docs/results.md). From a run:
-    provenance, engines, headroom; from --latency-table: curve (and what_if with --step-ms)."""
+    """What `floor` answers; its JSON is dataclasses.asdict of this (docs/results.md), and its text
+    is drawn from it alone. From a run: provenance, engines, headroom; from --latency-table:
+    curve (and what_if with --step-ms)."""
 
     provenance: dict[str, Any] | None
     curve: str | None
     model: Model
     allreduces_per_token: int
     tp: int | None
+    step_ms: float | None                # --step-ms: the measured step the what-ifs split
+    facts: tuple[str, ...]               # where each engine's facts (and chain) come from
     engines: tuple[EngineFloor, ...]
     headroom: tuple[FloorRow, ...]
+    fastest: tuple[FastestAt, ...]       # per size, the fastest kernel measured: what headroom is measured against
+    backends: tuple[str, ...]            # --backend: the variants asked for
     rows: tuple[FloorRow, ...]           # --backend (a run) or the table's curve
     what_if: WhatIf | None               # --latency-table with --step-ms
     cautions: tuple[str, ...]
@@ -254,20 +264,17 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     concurrencies = asked.concurrencies
     if args.step_ms is not None and len(concurrencies) != 1:
         raise UsageError("--step-ms is one measured step: give the one concurrency it ran at (--concurrency N)")
-    if args.latency_table is not None:
-        return _table_main(args, model, concurrencies)
-
-    found = question.answer(asked)
-    result = compute(found, model, concurrencies, args)
-    print(text(result, found, concurrencies, args))
-    results_out.write(args, result, f"floor {args.run_dir}")
+    result = (table_result(args, model, concurrencies) if args.latency_table is not None
+              else compute(question.answer(asked), asked, args))
+    print(text(result, args.wide))
+    results_out.write(args, result, f"floor {result.curve or args.run_dir}")
     return 0
 
 
-def compute(found: question.Answer, model: Model, concurrencies: list[int], args: argparse.Namespace) -> FloorResult:
+def compute(found: question.Answer, asked: question.Question, args: argparse.Namespace) -> FloorResult:
     """Per engine the floor of its default and of its configuration (and the what-if with
     --step-ms), the headroom, the --backend rows and the cautions of every curve they show."""
-    curves = found.curves
+    model, curves = asked.model, found.curves
     named = match_curves(curves, args.backend) if args.backend else []
     per_engine = []
     for d, c in zip(found.decisions, found.configurations):
@@ -275,8 +282,8 @@ def compute(found: question.Answer, model: Model, concurrencies: list[int], args
         report, why = _engine_what_if(model, c, curves, args) if args.step_ms is not None else (None, "")
         per_engine.append(EngineFloor(d.engine, d.version, decide.version_note(d), c,
                                       tuple(RowPair(a, b) for a, b in pairs), report, why or None))
-    room_rows = [priced_row(model, r.concurrency, r.price) for r in decide.fastest_headroom(found.headroom)]
-    named_rows = rows_for(model, named, concurrencies)
+    room_rows = [priced_row(model, r.concurrency, r.cost) for r in decide.fastest_headroom(found.headroom)]
+    named_rows = rows_for(model, named, asked.concurrencies)
     shown: list[str] = []   # in the order the text shows them
     for e in per_engine:
         shown += [r.backend for pair in e.rows for r in (pair.default,) + (() if e.configuration.is_default
@@ -287,79 +294,80 @@ def compute(found: question.Answer, model: Model, concurrencies: list[int], args
     by_label = {c.label: c for c in curves}
     warned = cautions(found.run.rows, [by_label[label] for label in dict.fromkeys(shown) if label in by_label])
     return FloorResult(provenance.of(found.run).to_dict(), None, model, model.allreduces_per_token, found.tp,
-                       tuple(per_engine), tuple(room_rows), tuple(named_rows), None, tuple(warned))
+                       args.step_ms, question.fact_sources(found, asked), tuple(per_engine), tuple(room_rows),
+                       fastest.fastest_by_size(found.run, curves, model, asked.concurrencies, found.decisions),
+                       tuple(args.backend or ()), tuple(named_rows), None, tuple(warned))
 
 
-def text(result: FloorResult, found: question.Answer, concurrencies: list[int], args: argparse.Namespace) -> str:
-    model, tag = result.model, found.tag
-    out = [render.prose(provenance.describe(found.run), args.wide),
-           render.prose(f"{model.describe()}; TP {result.tp or '?'}", args.wide),
-           render.prose(f"source: {model.source}", args.wide),
-           "\n".join(render.prose(line, args.wide) for line in
-                     decide.source_lines(list(found.engines), found.chains, args.engine_log))]
+def table_result(args: argparse.Namespace, model: Model, concurrencies: list[int]) -> FloorResult:
+    """A latency table: one curve, no engine to answer for."""
+    curve = table_curve(args.latency_table)
+    report = what_if(model, [curve], curve, concurrencies[0], args.step_ms) if args.step_ms is not None else None
+    return FloorResult(None, f"latency table {args.latency_table}", model, model.allreduces_per_token, args.tp,
+                       args.step_ms, (), (), (), (), (), tuple(rows_for(model, [curve], concurrencies)), report, ())
+
+
+def text(result: FloorResult, wide: bool = False) -> str:
+    """The human answer, drawn from the result alone (its JSON holds the same)."""
+    if result.curve is not None:
+        return _table_text(result, wide)
+    origin = result.provenance or {}    # a run's result always has one
+    model, tag = result.model, decide.kind_tag(origin.get("kind", ""))
+    out = [render.prose(origin.get("line", ""), wide),
+           render.prose(f"{model.describe()}; TP {result.tp or '?'}", wide),
+           render.prose(f"source: {model.source}", wide),
+           "\n".join(render.prose(line, wide) for line in result.facts)]
     if model.note:
-        out.append(render.prose(f"note: {model.note}", args.wide))
+        out.append(render.prose(f"note: {model.note}", wide))
     out.append(render.prose(f"floor_ms/step = {model.allreduces_per_token} allreduces x latency: each sequence's time "
                             f"per output token if compute were free ({tag}). Per engine, its default and the one "
-                            "configuration recommend picks for this mix of concurrencies.", args.wide))
+                            "configuration recommend picks for this mix of concurrencies.", wide))
     tables: list[str | None] = []
-    for d, e in zip(found.decisions, result.engines):
+    for e in result.engines:
         c = e.configuration
         out.append("")
         if e.version_note:
-            out.append(render.prose(f"caution: {e.version_note}", args.wide))
+            out.append(render.prose(f"caution: {e.version_note}", wide))
         if not e.rows:   # nothing to tabulate: why, and the command that would price it
-            out.append(f"== {d.name} ==")
-            out.append("\n".join(configure_text.block(c, tag, args.wide, brief=True)))
+            out.append(f"== {e.name} ==")
+            out.append("\n".join(configure_text.block(c, tag, wide, brief=True)))
             tables.append(None)
         else:
             rows = [r for pair in e.rows for r in (pair.default,) + (() if c.is_default else (pair.configured,))]
             roles = ["default"] * len(e.rows) if c.is_default else ["default", "configured"] * len(e.rows)
-            table = _table(rows, "", args.wide, roles).split("\n", 1)[1]
+            table = _table(rows, "", wide, roles).split("\n", 1)[1]
             said = ("its default: nothing to set" if c.is_default
                     else f"its default, then the configuration {c.chosen}")
             if table in tables:
-                out.append(render.prose(f"{d.name}: {said}: the same as "
-                                        f"{found.decisions[tables.index(table)].name}'s, above", args.wide))
+                out.append(render.prose(f"{e.name}: {said}: the same as "
+                                        f"{result.engines[tables.index(table)].name}'s, above", wide))
             else:
-                out.append(render.prose(f"{d.name}: per concurrency {said} ({tag})", args.wide))
+                out.append(render.prose(f"{e.name}: per concurrency {said} ({tag})", wide))
                 out.append(table)
             tables.append(table)
-        if args.step_ms is not None:
-            out.append(what_if_text(e.what_if, f"{d.name} ({tag})") if e.what_if
-                       else render.prose(e.why_no_what_if or "", args.wide))
+        if result.step_ms is not None:
+            out.append(what_if_text(e.what_if, f"{e.name} ({tag})") if e.what_if
+                       else render.prose(e.why_no_what_if or "", wide))
     if result.headroom:
         out += ["", _table(list(result.headroom), f"headroom ({tag}): the fastest kernel measured here that no "
-                                                  "requested engine takes here, per size; for comparison only",
-                           args.wide)]
-    out.append("\n".join(fastest.fastest_lines(found.run, found.curves, model, concurrencies, found.decisions, tag,
-                                               args.wide)))
+                                                  "requested engine takes here, per size; for comparison only", wide)]
+    out.append("\n".join(fastest.fastest_lines(result.fastest, tag, wide)))
     if result.rows:
-        out += ["", _table(list(result.rows), f"as measured: {', '.join(args.backend)} ({tag})", args.wide)]
-    out += ["\n" + render.prose(f"caution: {line}", args.wide) for line in result.cautions]
+        out += ["", _table(list(result.rows), f"as measured: {', '.join(result.backends)} ({tag})", wide)]
+    out += ["\n" + render.prose(f"caution: {line}", wide) for line in result.cautions]
     return "\n".join(out)
 
 
-def _table_main(args: argparse.Namespace, model: Model, concurrencies: list[int]) -> int:
-    """A latency table: one curve, no engine to answer for."""
-    curve = table_curve(args.latency_table)
-    rows = rows_for(model, [curve], concurrencies)
-    origin = f"latency table {args.latency_table}"
-    print(f"data: {origin}, not a commbench run: no engine path or provenance to check")
-    print(f"{model.describe()}; TP {args.tp or '?'}")
-    print(f"source: {model.source}")
-    print()
-    print(_table(rows, origin, args.wide))
-    if any(r.latency_us is None for r in rows):
-        print("\nout of range: the curve does not reach that size; sweep it (never extrapolated)")
-    report = None
-    if args.step_ms is not None:
-        report = what_if(model, [curve], curve, concurrencies[0], args.step_ms)
-        print()
-        print(what_if_text(report, "this curve"))
-    results_out.write(args, FloorResult(None, origin, model, model.allreduces_per_token, args.tp, (), (), tuple(rows),
-                                        report, ()), f"floor {origin}")
-    return 0
+def _table_text(result: FloorResult, wide: bool) -> str:
+    """A latency table's floor: its rows, and the what-if with --step-ms."""
+    out = [f"data: {result.curve}, not a commbench run: no engine path or provenance to check",
+           f"{result.model.describe()}; TP {result.tp or '?'}", f"source: {result.model.source}", "",
+           _table(list(result.rows), result.curve or "", wide)]
+    if any(r.latency_us is None for r in result.rows):
+        out.append("\nout of range: the curve does not reach that size; sweep it (never extrapolated)")
+    if result.what_if is not None:
+        out += ["", what_if_text(result.what_if, "this curve")]
+    return "\n".join(out)
 
 
 def what_if_text(w: WhatIf, who: str) -> str:
@@ -367,7 +375,7 @@ def what_if_text(w: WhatIf, who: str) -> str:
     lines = [f"{who} what-if: measured step {w.step_ms:.2f} ms at concurrency {w.concurrency} = "
              f"{now_ms:.2f} ms allreduce ({100 * w.comm_fraction:.0f}%, {w.current.backend}) "
              f"+ {w.rest_ms:.2f} ms everything else"]
-    if w.best is w.current:
+    if w.best == w.current:   # what_if() keeps the current row when nothing is faster
         lines.append("no faster path this engine can take covers this size: the step stays as measured")
     else:
         best_ms = w.best.floor_ms_per_token or 0.0

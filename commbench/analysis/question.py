@@ -30,6 +30,7 @@ class Question:
     engines: tuple[tuple[str, str], ...]   # (engine, version) in the order asked
     prefill_tokens: int | None         # None: each engine's default chunk on the run's GPUs
     chains: tuple[tuple[str, Chain], ...] = ()   # engine -> the all-reduce chain its start-up log set up
+    engine_log: str | None = None      # the start-up log the chains were read from
 
     @property
     def concurrencies(self) -> list[int]:
@@ -56,7 +57,7 @@ def from_args(args: argparse.Namespace, model: Model,
     loads = configure.parse_loads(args.concurrency, list(default_concurrencies))
     engines = tuple(decide.requested_engines(args))
     return Question(args.run_dir, model, args.tp, args.mode, loads, engines, args.prefill_tokens,
-                    tuple(decide.engine_chains(args).items()))
+                    tuple(decide.engine_chains(args).items()), args.engine_log)
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,11 @@ class Answer:
     decisions: list[EngineDecision]
     configurations: list[Configuration]  # one per engine, in decisions' order
     headroom: list[Headroom]
+
+
+def fact_sources(found: Answer, q: Question) -> tuple[str, ...]:
+    """Where each engine's facts and chain come from: the first lines of floor and recommend."""
+    return tuple(decide.source_lines(list(found.engines), found.chains, q.engine_log))
 
 
 def answer(q: Question) -> Answer:

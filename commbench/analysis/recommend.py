@@ -19,8 +19,9 @@ from typing import Any, Iterable, Sequence
 from commbench import engines
 from commbench import models
 from commbench.analysis import configure, configure_text, decide, fastest, provenance, question, render, results_out
-from commbench.analysis.curves import Curve, cautions, run_world_size
-from commbench.analysis.decide import EngineDecision, Headroom, Option, Price, Saving
+from commbench.analysis.curves import cautions, run_world_size
+from commbench.analysis.decide import EngineDecision, Headroom, Price, Saving
+from commbench.analysis.fastest import FastestAt
 from commbench.models import Model
 from commbench.analysis.render import fmt_us
 from commbench.results import OK, Measurement, Run
@@ -59,19 +60,19 @@ def _cost(price: Price | None) -> str:
     return f"{fmt_us(price.latency_us)}{marks}"
 
 
-def _availability(state: Any) -> str:
+def _availability(state: PathRecord) -> str:
     if state.available is None:
         return state.why if state.why.startswith("cannot tell") else f"cannot tell here: {state.why}"
     return ("available" if state.available else "off") + f": {state.why}"
 
 
-def _paths_table(d: EngineDecision, args: argparse.Namespace) -> str:
-    measured = {o.state.path for o in d.options}
-    rows = [[s.rule.title, "on" if s.default_on else f"opt-in ({s.rule.turn_on})", _availability(s),
-             "yes" if s.path in measured else "not measured"] for s in d.states]
-    sources = [render.prose(f"{s.rule.title}: {s.source}", args.wide, indent="  ") for s in d.states]
-    return (f"{d.name} paths at TP {args.tp_shown}, in dispatch order\n"
-            + render.table(["path", "by default", "on this box", "in this run"], rows, wide=args.wide)
+def _paths_table(e: EngineResult, tp_shown: str, wide: bool) -> str:
+    measured = {o.path for o in e.options}
+    rows = [[s.title, "on" if s.default_on else f"opt-in ({s.turn_on})", _availability(s),
+             "yes" if s.path in measured else "not measured"] for s in e.paths]
+    sources = [render.prose(f"{s.title}: {s.source}", wide, indent="  ") for s in e.paths]
+    return (f"{e.name} paths at TP {tp_shown}, in dispatch order\n"
+            + render.table(["path", "by default", "on this box", "in this run"], rows, wide=wide)
             + "\nwhere each rule comes from:\n" + "\n".join(sources))
 
 
@@ -94,42 +95,43 @@ def measured_implementations(rows: Iterable[Measurement]) -> dict[str, str]:
     return found
 
 
-def _priced_by(curve: Curve, implementations: dict[str, str]) -> str:
-    measured = implementations.get(curve.backend)
-    return f"{curve.label} [measured: {measured}]" if measured else curve.label
+def _legend(key: str, o: OptionRecord) -> str:
+    def priced_by(label: str) -> str:
+        measured = o.measured_implementations.get(label)
+        return f"{label} [measured: {measured}]" if measured else label
 
-
-def _legend(key: str, o: Option, implementations: dict[str, str]) -> str:
-    own = ", ".join(_priced_by(c, implementations) for c in o.own)
-    stand = ", ".join(_priced_by(c, implementations) for c in o.stand_ins)
+    own = ", ".join(map(priced_by, o.own))
+    stand = ", ".join(map(priced_by, o.stand_ins))
     parts = [f"priced by {own}" if own else "",
              (f"stand-in (not the engine's kernel): {stand}" + (", used only where no own kernel was measured"
                                                               if own else "")) if stand else ""]
     return f"{key} = {o.label}: " + "; ".join(p for p in parts if p)
 
 
-def _costs_table(d: EngineDecision, tag: str, args: argparse.Namespace, implementations: dict[str, str]) -> str:
+def _costs_table(e: EngineResult, wide: bool) -> str:
     """One column per option (a letter, explained under the table): cells fit any terminal."""
-    shown = [i for i, o in enumerate(d.options) if o.state.available is not False]
+    shown = [o for o in e.options if o.available is not False]
+    titles = {p.path: p.title for p in e.paths}
     headers = ["concurrency", "message", "default path", *(_letter(n) for n in range(len(shown)))]
     rows = []
-    for s in d.sizes:
-        default = s.default.path.rule.title if s.default.path else "cannot tell"
-        rows.append([str(s.concurrency), format_bytes(s.message_bytes), default, *(_cost(s.prices[i]) for i in shown)])
+    for s in e.sizes:
+        default = titles[s.default_path] if s.default_path else "cannot tell"
+        rows.append([str(s.concurrency), format_bytes(s.message_bytes), default,
+                     *(_cost(s.costs[o.label]) for o in shown)])
     # The title is a line of its own: a table's title folds to the table's width.
-    table = render.table(headers, rows, right=(0, 1, *range(3, 3 + len(shown))), wide=args.wide)
-    legend = [_legend(_letter(n), d.options[i], implementations) for n, i in enumerate(shown)]
+    table = render.table(headers, rows, right=(0, 1, *range(3, 3 + len(shown))), wide=wide)
+    legend = [_legend(_letter(n), o) for n, o in enumerate(shown)]
     return "\n".join([table, "  * a stand-in's cost, ~ interpolated between measured sizes",
-                      *(render.prose(line, args.wide, indent="  ") for line in legend)])
+                      *(render.prose(line, wide, indent="  ") for line in legend)])
 
 
-def _brief_headroom(rooms: list[Headroom], tag: str, wide: bool) -> list[str]:
+def _brief_headroom(rooms: tuple[Headroom, ...], tag: str, wide: bool) -> list[str]:
     """--brief: each kernel no engine can run here, with the most it would save at one size."""
     best: dict[str, Headroom] = {}
-    for r in decide.fastest_headroom(rooms):
+    for r in decide.fastest_headroom(list(rooms)):
         if r.saving is not None and r.saving.per_call_us > 0 and r.saving.beyond_spread is not False:
-            if r.curve not in best or r.saving.per_step_ms > best[r.curve].saving.per_step_ms:  # type: ignore[union-attr]
-                best[r.curve] = r
+            if r.kernel not in best or r.saving.per_step_ms > best[r.kernel].saving.per_step_ms:  # type: ignore[union-attr]
+                best[r.kernel] = r
     if not best:
         return []
     lines = ["\n" + render.prose(f"headroom ({tag}; no engine takes these here, for comparison only):", wide)]
@@ -143,22 +145,22 @@ def _brief_headroom(rooms: list[Headroom], tag: str, wide: bool) -> list[str]:
 
 def _kernel(r: Headroom) -> str:
     """An engine's own kernel measured forced where the engine would not take it is named so."""
-    return f"{r.curve} (the engine's kernel, forced)" if r.engine_kernel else r.curve
+    return f"{r.kernel} (the engine's kernel, forced)" if r.engine_kernel else r.kernel
 
 
-def _headroom_lines(rooms: list[Headroom], model: models.Model, tag: str, args: argparse.Namespace) -> list[str]:
+def _headroom_lines(rooms: tuple[Headroom, ...], tag: str, wide: bool) -> list[str]:
     if not rooms:
         return []
     lines = ["\n" + render.prose(f"headroom ({tag}): kernels measured here that no requested engine takes here, by "
-                                  "default or by a setting; for comparison only", args.wide)]
+                                  "default or by a setting; for comparison only", wide)]
     by_why: dict[str, list[str]] = {}
     for r in rooms:
         kernels = by_why.setdefault(r.why, [])
         if _kernel(r) not in kernels:
             kernels.append(_kernel(r))
-    lines.extend(render.prose(f"{', '.join(kernels)}: {why}", args.wide, indent="  ") for why, kernels in by_why.items())
+    lines.extend(render.prose(f"{', '.join(kernels)}: {why}", wide, indent="  ") for why, kernels in by_why.items())
     rows = []
-    for r in decide.fastest_headroom(rooms):
+    for r in decide.fastest_headroom(list(rooms)):
         if r.saving is not None and r.saving.beyond_spread is False:
             said = "no measurable difference from the best engine path (inside the p10-p90 spread)"
         elif r.saving is not None and r.saving.per_call_us > 0:
@@ -169,10 +171,10 @@ def _headroom_lines(rooms: list[Headroom], model: models.Model, tag: str, args: 
             said = "slower than the best engine path"
         else:
             said = "no engine path measured at this size to compare with"
-        rows.append([r.curve, str(r.concurrency), format_bytes(r.message_bytes), fmt_us(r.price.latency_us),
+        rows.append([r.kernel, str(r.concurrency), format_bytes(r.message_bytes), fmt_us(r.cost.latency_us),
                      f"{r.versus.curve} {fmt_us(r.versus.latency_us)}" if r.versus else "-", said])
     lines.append(render.table(["fastest of them", "concurrency", "message", "us/call", "best engine path", "headroom"],
-                              rows, right=(1, 2, 3), wide=args.wide))
+                              rows, right=(1, 2, 3), wide=wide))
     return lines
 
 
@@ -182,95 +184,89 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     if model is None:
         return 0
     asked = question.from_args(args, model)
-    found = question.answer(asked)
-    result = compute(found, model)
-    print(text(result, found, asked, args))
+    result = compute(question.answer(asked), asked)
+    print(text(result, args.wide, args.brief))
     sys.stdout.flush()
     results_out.write(args, result, f"recommend {args.run_dir}")
     return 0
 
 
-def compute(found: question.Answer, model: Model) -> RecommendResult:
+def compute(found: question.Answer, asked: question.Question) -> RecommendResult:
     """The decision as data: per engine its paths, prices and configuration; headroom; the
-    cautions of every curve the text shows; the settings the box's probe says do nothing."""
+    fastest kernel per size; the cautions of every curve the text shows; the settings the box's
+    probe says do nothing; where the engines' facts come from."""
     run = found.run
     implementations = measured_implementations(run.rows)
     records = tuple(engine_result(d, c, implementations) for d, c in zip(found.decisions, found.configurations))
     rooms = found.headroom
     shown = [c for d in found.decisions for o in d.options if o.state.available is not False
              for c in o.own + o.stand_ins]
-    warned = cautions(run.rows, shown + [c for c in found.curves if c.label in {r.curve for r in rooms}])
+    warned = cautions(run.rows, shown + [c for c in found.curves if c.label in {r.kernel for r in rooms}])
     inert = inert_here(run, found.tp)
-    return RecommendResult(provenance.of(run).to_dict(), model, found.tp, records,
-                           tuple(headroom_record(r) for r in rooms), tuple(warned),
-                           tuple(r._asdict() for r in inert), engines.versions())
+    return RecommendResult(provenance.of(run).to_dict(), asked.model, found.tp,
+                           question.fact_sources(found, asked), asked.engine_log, records, tuple(rooms),
+                           fastest.fastest_by_size(run, found.curves, asked.model, asked.concurrencies,
+                                                   found.decisions),
+                           tuple(warned), tuple(r._asdict() for r in inert), engines.versions())
 
 
-def text(result: RecommendResult, found: question.Answer, asked: question.Question, args: argparse.Namespace) -> str:
-    """The human answer: the result, with the tables drawn from the decisions it was computed from."""
-    model, tag = result.model, found.tag
-    args.tp_shown = result.tp or "?"
-    implementations = measured_implementations(found.run.rows)
-    out = [render.prose(provenance.describe(found.run), args.wide),
-           render.prose(f"{model.describe()}; TP {args.tp_shown}", args.wide)]
-    if not args.brief or found.chains:
-        out.append("\n".join(render.prose(line, args.wide) for line in
-                             decide.source_lines(list(found.engines), found.chains, args.engine_log)))
-    if args.brief:
+def text(result: RecommendResult, wide: bool = False, brief: bool = False) -> str:
+    """The human answer, drawn from the result alone (its JSON holds the same)."""
+    model, tag = result.model, decide.kind_tag(result.provenance["kind"])
+    tp_shown = str(result.tp or "?")
+    out = [render.prose(result.provenance["line"], wide), render.prose(f"{model.describe()}; TP {tp_shown}", wide)]
+    if not brief or result.engine_log:
+        out.append("\n".join(render.prose(line, wide) for line in result.facts))
+    if brief:
         out.append(render.prose(f"us per allreduce call, ms per step of {model.allreduces_per_token} calls; one "
-                                "configuration per server, against the engine's default in this run", args.wide))
+                                "configuration per server, against the engine's default in this run", wide))
     else:
         out.append(render.prose(f"costs are us per allreduce call from this run ({tag}); per step = "
                                 f"{model.allreduces_per_token} calls (each sequence's time per output token). A "
                                 "server runs one configuration: it is priced against the engine's default measured "
                                 "in this run at every size of the mix and the prefill chunk; a margin inside both "
-                                "sides' p10-p90 spread is 'no measurable difference'", args.wide))
-    costs = [_costs_table(d, tag, args, implementations) if d.options and not args.brief else None
-             for d in found.decisions]
-    trades = [configure_text.tradeoffs(c, args.wide) for c in found.configurations]
-    for i, (d, c) in enumerate(zip(found.decisions, found.configurations)):
-        out.append(f"\n== {d.name}, TP {args.tp_shown} ==")
-        note = result.engines[i].version_note
-        if note:
-            out.append(render.prose(f"caution: {note}", args.wide))
-        if not args.brief:
-            out.append(_paths_table(d, args))
+                                "sides' p10-p90 spread is 'no measurable difference'", wide))
+    names = [e.name for e in result.engines]
+    costs = [_costs_table(e, wide) if e.options and not brief else None for e in result.engines]
+    trades = [configure_text.tradeoffs(e.configuration, wide) for e in result.engines]
+    for i, e in enumerate(result.engines):
+        out.append(f"\n== {e.name}, TP {tp_shown} ==")
+        if e.version_note:
+            out.append(render.prose(f"caution: {e.version_note}", wide))
+        if not brief:
+            out.append(_paths_table(e, tp_shown, wide))
             if costs[i]:
-                out.append(_once(costs, i, found.decisions, lambda names: f"{names}: us per allreduce call ({tag})",
-                                 args.wide))
-        out.append("\n".join(configure_text.block(c, tag, args.wide, args.brief)))
+                out.append(_once(costs, i, names, lambda names: f"{names}: us per allreduce call ({tag})", wide))
+        out.append("\n".join(configure_text.block(e.configuration, tag, wide, brief)))
         if trades[i]:
-            out.append(_once(trades, i, found.decisions, lambda names: configure_text.tradeoff_title(names, tag),
-                             args.wide))
-    rooms = found.headroom
-    out += _brief_headroom(rooms, tag, args.wide) if args.brief else _headroom_lines(rooms, model, tag, args)
-    if not args.brief:
-        out.append("\n".join(fastest.fastest_lines(found.run, found.curves, model, asked.concurrencies,
-                                                   found.decisions, tag, args.wide)))
-    out += ["\n" + render.prose(f"caution: {line}", args.wide) for line in result.cautions]
-    if result.inert_settings and not args.brief:
+            out.append(_once(trades, i, names, lambda names: configure_text.tradeoff_title(names, tag), wide))
+    out += _brief_headroom(result.headroom, tag, wide) if brief else _headroom_lines(result.headroom, tag, wide)
+    if not brief:
+        out.append("\n".join(fastest.fastest_lines(result.fastest, tag, wide)))
+    out += ["\n" + render.prose(f"caution: {line}", wide) for line in result.cautions]
+    if result.inert_settings and not brief:
         out.append("\n" + render.prose("settings that do nothing on this box (from its probe snapshot; never "
-                                         "printed above as a setting):", args.wide))
-        out += [render.prose(f"- {rule['setting']}: {rule['why']} ({rule['source']})", args.wide, indent="  ")
+                                         "printed above as a setting):", wide))
+        out += [render.prose(f"- {rule['setting']}: {rule['why']} ({rule['source']})", wide, indent="  ")
                 for rule in result.inert_settings]
     out.append("\n" + render.prose(
         "A microbenchmark win is a hypothesis: confirm it with an end-to-end decode run at your concurrency"
-        + ("." if args.brief else " (on a 16-GPU PCIe-switch server, Kimi K2.6 at TP8 decoded faster with the "
+        + ("." if brief else " (on a 16-GPU PCIe-switch server, Kimi K2.6 at TP8 decoded faster with the "
            "custom allreduce off at short context: 157 vs 139 tok/s at concurrency 1; voipmonitor/rtx6kpro "
-           "benchmarks, 2026-04-25)."), args.wide))
+           "benchmarks, 2026-04-25)."), wide))
     return "\n".join(out)
 
 
-def _once(tables: list[str | None], i: int, decisions: list[EngineDecision], title: Any, wide: bool) -> str:
+def _once(tables: list[str | None], i: int, names: list[str], title: Any, wide: bool) -> str:
     """Engine i's table under a title naming every engine whose table is the same; '' where an
     earlier engine printed it already (vLLM and SGLang often take the same paths here)."""
     table = tables[i]
     if table is None:
         return ""
     if table in tables[:i]:
-        return f"({title(decisions[tables.index(table)].name).split(': ')[0]}: printed above)"
-    names = " and ".join(d.name for d, t in zip(decisions, tables) if t == table)
-    return "\n" + render.prose(title(names), wide) + "\n" + table
+        return f"({title(names[tables.index(table)]).split(': ')[0]}: printed above)"
+    same = " and ".join(name for name, t in zip(names, tables) if t == table)
+    return "\n" + render.prose(title(same), wide) + "\n" + table
 
 
 @dataclass(frozen=True)
@@ -279,7 +275,7 @@ class PathRecord:
 
     path: str
     title: str
-    default_on: bool
+    default_on: bool            # for this model on this box (the engine may turn an opt-in path on)
     available: bool | None
     why: str
     turn_on: str
@@ -324,27 +320,24 @@ class EngineResult:
     configuration: configure.Configuration
     losses: tuple[configure.Cell, ...]    # the configuration's cells where it is slower than the default
 
-
-@dataclass(frozen=True)
-class HeadroomRecord:
-    kernel: str
-    why: str
-    concurrency: int
-    message_bytes: int
-    cost: Price
-    versus: Price | None
-    saving: Saving | None
+    @property
+    def name(self) -> str:
+        return f"{engines.ENGINE_NAMES[self.engine]} {self.version}"
 
 
 @dataclass(frozen=True)
 class RecommendResult:
-    """What `recommend` answers; its JSON is dataclasses.asdict of this (docs/results.md)."""
+    """What `recommend` answers; its JSON is dataclasses.asdict of this (docs/results.md), and its
+    text is drawn from it alone."""
 
     provenance: dict[str, Any]
     model: Model
     tp: int | None
+    facts: tuple[str, ...]             # where each engine's facts (and chain) come from
+    engine_log: str | None             # --engine-log: the chain vLLM logged
     engines: tuple[EngineResult, ...]
-    headroom: tuple[HeadroomRecord, ...]
+    headroom: tuple[Headroom, ...]
+    fastest: tuple[FastestAt, ...]     # per size, the fastest kernel measured: what headroom is measured against
     cautions: tuple[str, ...]
     inert_settings: tuple[dict[str, Any], ...]    # engines.InertSetting's fields
     engine_versions: dict[str, str]
@@ -353,7 +346,7 @@ class RecommendResult:
 def engine_result(d: EngineDecision, c: configure.Configuration, implementations: dict[str, str]) -> EngineResult:
     return EngineResult(
         d.engine, d.version, decide.version_note(d),
-        tuple(PathRecord(s.path, s.rule.title, s.rule.default_on, s.available, s.why, s.rule.turn_on, s.source,
+        tuple(PathRecord(s.path, s.rule.title, s.default_on, s.available, s.why, s.rule.turn_on, s.source,
                          s.max_bytes) for s in d.states),
         tuple(OptionRecord(o.label, o.state.path, o.state.available, tuple(c.label for c in o.own),
                            tuple(c.label for c in o.stand_ins),
@@ -365,6 +358,3 @@ def engine_result(d: EngineDecision, c: configure.Configuration, implementations
               for s in d.sizes),
         c, c.losses)
 
-
-def headroom_record(r: Headroom) -> HeadroomRecord:
-    return HeadroomRecord(r.curve, r.why, r.concurrency, r.message_bytes, r.price, r.versus, r.saving)

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from commbench.errors import UsageError
-from commbench.files import check_file_target, write_json
+from commbench import files
+from commbench.files import check_file_target
 
 STYLE = ("body{font-family:sans-serif;margin:1.5em;max-width:110em}table{border-collapse:collapse;margin:.3em 0}"
          "th,td{border:1px solid #ccc;padding:.15em .5em;text-align:left;vertical-align:top}"
@@ -50,14 +51,24 @@ def _fields(value: Any) -> Any:
     return str(value)
 
 
-def write(args: argparse.Namespace, result: Any, title: str) -> None:
-    """The result to --json and --html, where given (checked before with check_targets)."""
-    write_json(args.json, result, default=_fields)
+def write(args: argparse.Namespace, result: Any, title: str, stream: str | None = None) -> None:
+    """The result to --json and --html, where given (checked before with check_targets);
+    `stream` names a field whose items are written one at a time (see write_json)."""
+    write_json(args.json, result, stream)
     write_html(args, result, title)
 
 
+def write_json(target: str | None, result: Any, stream: str | None = None) -> None:
+    """The result's JSON to `target`; with `stream`, that field's items are encoded and written one
+    at a time (the same text): compare's 10^5 changes are never held as dicts or as one string."""
+    if stream is None:
+        files.write_json(target, result, default=_fields)
+    else:
+        files.write_json_list(target, _fields(result), stream, iter(getattr(result, stream)), default=_fields)
+
+
 def write_html(args: argparse.Namespace, result: Any, title: str) -> None:
-    """The result to --html, where given (compare streams its --json itself)."""
+    """The result to --html, where given: a page holds every item, so only when asked."""
     if getattr(args, "html", None) is not None:
         try:
             Path(args.html).write_text(page(data(result), title), encoding="utf-8")

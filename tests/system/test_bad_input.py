@@ -239,6 +239,8 @@ BAD_INPUT = [
     (["engines", "--engine-log", "{in}/engine.log"], "no \"Using [...] all-reduce backends (in dispatch order)"),
     (["engines", "--engine-log", "{in}/no-such.log"], "--engine-log {in}/no-such.log: cannot be read"),
     (["engines", "{in}/not-utf8.json"], "not-utf8.json"),
+    (["engines", "--json", "{in}"], "--json {in}: is a directory"),
+    (["engines", "--check", "{in}", "--html", "-"], "--html -: give a file name"),
     (["engines", "{in}/run-list/run.json"], "not a probe snapshot"),
     (["engines", "--engine", "trtllm"], "--engine 'trtllm': choose from vllm, sglang"),
     (["engines", "--model", "glm-5", "--arch", "Glm;rm"], "--arch 'Glm;rm': expected a class name"),

@@ -63,7 +63,7 @@ def test_kernels_no_engine_can_run_here_are_headroom_never_a_choice(synthetic):
     ds = [_decide(synthetic, e, [1, 64]) for e in engines.ENGINES]
     assert all(not s.best.label.startswith("custom") for d in ds for s in d.sizes)
     rooms = decide.headroom(LLAMA, run, curves, ds, [1, 64])
-    first = {(r.curve, r.concurrency): r for r in rooms}
+    first = {(r.kernel, r.concurrency): r for r in rooms}
     oneshot = first[("p2p:oneshot (graph)", 1)]
     assert oneshot.saving.per_call_us == pytest.approx(54 - 13) and oneshot.versus.curve == "nccl:proto=LL,algo=Ring (graph)"
     assert "custom allreduce (CUDA IPC) path is off here" in oneshot.why
