@@ -609,6 +609,16 @@ template <int N> __device__ __forceinline__ void load_row(const u64* row, u64 (&
   for (int s = 0; s < N; ++s) ptrs[s] = row[base + s];
 }
 
+// Both graph kernels begin alike: every rank's input from the row, then the call count (the flag
+// kernels' count: their flags and phases) and the unfenced first barrier. False when the call
+// is skipped (an earlier timeout) or the barrier gave up.
+template <int N>
+__device__ __forceinline__ bool graph_call_begin(const Layout& L, const u64* row, u64 (&ins)[N], Call& call) {
+  load_row<N>(row, ins, 0);
+  call = begin_call(L, ((Ctrl*)L.ctrl)->calls);
+  return !call.failed && barrier<N, false>(L, call.count, PHASE_FIRST_BARRIER);
+}
+
 // Two-shot: (1) a barrier: every rank's kernel has started, so its input is written and no
 // earlier call still writes its output. (2) Rank r reduces slice r straight from the N inputs
 // and writes the result into slice r of every rank's output. (3) A second barrier, fenced:
@@ -621,12 +631,10 @@ __global__ void __launch_bounds__(512) p2p_twoshot_graph(const __grid_constant__
                                                          uint4* __restrict__ unused, u32 units) {
   P2P_BEGIN
   u64 ins[N], outs[N];
-  load_row<N>(row, ins, 0);
   load_row<N>(row, outs, P2P_MAX_RANKS);
-  Ctrl* c = (Ctrl*)L.ctrl;
-  const Call call = begin_call(L, c->calls);   // the flag kernels' count: their flags and phases
   const u32 rank = (u32)L.rank;
-  if (!call.failed && barrier<N, false>(L, call.count, PHASE_FIRST_BARRIER)) {
+  Call call;
+  if (graph_call_begin<N>(L, row, ins, call)) {
     const u32 lo = slice_start<N>(units, rank), len = slice_start<N>(units, rank + 1) - lo;
     for (u32 j = first; j < len; j += stride) {
       uint4 v[N];
@@ -658,11 +666,9 @@ __global__ void __launch_bounds__(512) p2p_oneshot_graph(const __grid_constant__
                                                          uint4* __restrict__ unused, u32 units) {
   P2P_BEGIN
   u64 ins[N];
-  load_row<N>(row, ins, 0);
   uint4* out = (uint4*)row[P2P_MAX_RANKS + L.rank];
-  Ctrl* c = (Ctrl*)L.ctrl;
-  const Call call = begin_call(L, c->calls);
-  if (!call.failed && barrier<N, false>(L, call.count, PHASE_FIRST_BARRIER)) {
+  Call call;
+  if (graph_call_begin<N>(L, row, ins, call)) {
     for (u32 i = first; i < units; i += stride) {
       uint4 v[N];
 #pragma unroll
