@@ -100,8 +100,8 @@ import torch
 from commbench import engines
 from commbench.backends.base import (ALL_DTYPES, Backend, BackendFactory, BackendTimeout, BackendUnavailable,
                                      MakeOptions, voted, voted_gather)
-from commbench.backends.p2p.kernels import (GraphTable, PdlLauncher, SharedArea, cuda_driver, cupy_module,
-                                            kernel_blocks_per_sm, kernel_functions)
+from commbench.backends.p2p.kernels import (KERNEL_SOURCE, GraphTable, PdlLauncher, SharedArea, cuda_driver,
+                                            cupy_module, kernel_blocks_per_sm, kernel_functions)
 from commbench.backends.p2p.layout import (GRAPH_FALLBACK, MAX_BLOCKS, MAX_RANKS, THREADS_PER_BLOCK, VECTOR_BYTES,
                                            grid_capacity, kernel_params, launch_dims, launched_kernels, plan_areas)
 from commbench.backends.p2p.rules import (AUTO_READ_KERNELS, CALIBRATION_REPLAYS, CALIBRATION_SIZES, DEFAULT_VARIANTS,
@@ -147,6 +147,7 @@ class P2PAllreduce(Backend):
     graph_capturable = True
     dtypes = ALL_DTYPES
     max_world_size = MAX_RANKS
+    kernel_source = KERNEL_SOURCE   # a study subclass builds variants of the kernels from a patched copy
 
     def __init__(self, variant: str, options: P2POptions):
         self.variant = variant
@@ -217,7 +218,8 @@ class P2PAllreduce(Backend):
             self._connect(ctx, slot_bytes, dtype)
         else:
             self._functions[dtype] = voted(ctx, "p2p kernel compilation",
-                                           lambda: kernel_functions(ctx.device.index, dtype, ctx.world_size))
+                                           lambda: kernel_functions(ctx.device.index, dtype, ctx.world_size,
+                                                                    self.kernel_source))
         if dtype not in self._grids:
             self._grids[dtype] = self._agree_grid(ctx, dtype)
         if not self._pdl_decided:
@@ -241,7 +243,7 @@ class P2PAllreduce(Backend):
         self._area = area
 
         def compile_and_allocate() -> bytes | None:
-            self._functions[dtype] = kernel_functions(ctx.device.index, dtype, ctx.world_size)
+            self._functions[dtype] = kernel_functions(ctx.device.index, dtype, ctx.world_size, self.kernel_source)
             return area.allocate()
 
         handles = voted_gather(ctx, "p2p buffer allocation", compile_and_allocate)

@@ -60,17 +60,20 @@ def cuda_driver() -> tuple[Any, str | None]:
     return driver, None
 
 
-_FUNCTIONS: dict[tuple[int, int, int], dict[str, Any]] = {}
+_FUNCTIONS: dict[tuple[int, int, int, Path], dict[str, Any]] = {}
 
 
-def kernel_functions(device_index: int, dtype: torch.dtype, nranks: int) -> dict[str, Any]:
-    """Compiled kernels for one device, dtype and world size; cached for the process."""
-    key = (device_index, DTYPE_CODES[dtype], nranks)
+def kernel_functions(device_index: int, dtype: torch.dtype, nranks: int,
+                     source: Path = KERNEL_SOURCE) -> dict[str, Any]:
+    """Compiled kernels for one device, dtype and world size (from `source`, a file with the same
+    kernels and contract: scripts/p2p-kernel-study.py builds its variants so); cached for the
+    process."""
+    key = (device_index, DTYPE_CODES[dtype], nranks, source)
     if key not in _FUNCTIONS:
         cupy = cupy_module()
         names = {algo: f"{name}<{key[1]}, {nranks}>" for algo, name in KERNEL_NAMES.items()}
         with cupy.cuda.Device(device_index):
-            module = cupy.RawModule(code=KERNEL_SOURCE.read_text(), options=("--std=c++17",),
+            module = cupy.RawModule(code=source.read_text(), options=("--std=c++17",),
                                     name_expressions=list(names.values()))
             _FUNCTIONS[key] = {algo: module.get_function(name).kernel for algo, name in names.items()}
     return _FUNCTIONS[key]

@@ -102,6 +102,8 @@ def _rank_main(rank: int, world: int, port: int, fn_name: str, args: argparse.Na
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
     _set_sm_share(world, args.no_sm_limit)
+    if args.kernel_source:      # a variant of the kernels (scripts/p2p_kernel_study.py prepare)
+        P2PAllreduce.kernel_source = Path(args.kernel_source).resolve()
     ctx, _ = init_context(share_gpus=True, timeout_s=120.0)
     try:
         result = WORKERS[fn_name](ctx, args)
@@ -491,6 +493,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="tune mode: launch shapes, threads per block x vectors per thread ('rule': the default by "
                              "size), the first the baseline")
     parser.add_argument("--sizes", default=TUNE_SIZES, help=f"tune mode: message sizes (default {TUNE_SIZES})")
+    parser.add_argument("--kernel-source", metavar="FILE.cu",
+                        help="build the kernels from this variant of backends/p2p/allreduce.cu (default: that file)")
     parser.add_argument("--no-sm-limit", action="store_true",
                         help=f"under an MPS daemon, run the ranks without {MPS_PERCENT_VAR}")
     args = parser.parse_args(argv)
