@@ -105,6 +105,12 @@ STUDIES: dict[str, tuple[tuple[str, str], ...]] = {
     "ll_relaxed": ((_LL_POLL, _LL_POLL.replace("ld.volatile.global", "ld.relaxed.sys.global")),
                    (_LL_STORE, _LL_STORE.replace("st.volatile.global", "st.relaxed.sys.global"))),
     "ll_acquire": ((_LL_POLL, _LL_POLL.replace("ld.volatile.global", "ld.acquire.sys.global")),),
+    # The Lamport one-shot's own loop: reload every source on each poll, as SGLang does, not only
+    # those still empty; two buffers by call parity (SGLang's epoch) instead of three by count % 3.
+    "ll_reload_all": (("      if (s != (int)self && !ll_ready(v[s])) v[s] = load_volatile4(",
+                       "      if (s != (int)self) v[s] = load_volatile4("),),
+    "ll_two_buffers": (("    const u32 rank = (u32)L.rank, cur = call.count % LL_BUFFERS;\n",
+                        "    const u32 rank = (u32)L.rank, cur = call.count & 1u;\n"),),
     # (c) the flag barrier's poll: relaxed or volatile instead of acquire.
     "flag_relaxed": (("__device__ __forceinline__ void store_relaxed_sys(", _RELAXED_LOAD),
                      (_FLAG_POLL, _FLAG_POLL.replace("load_acquire_sys", "load_relaxed_sys"))),
@@ -130,6 +136,7 @@ STUDIES: dict[str, tuple[tuple[str, str], ...]] = {
 LAMPORT, GRAPH = ("oneshot_lamport",), ("oneshot_graph", "twoshot_graph")
 STUDY_KERNELS: dict[str, tuple[str, ...]] = {
     "base": LAMPORT + GRAPH, "noabort": LAMPORT + GRAPH, "ll_relaxed": LAMPORT, "ll_acquire": LAMPORT,
+    "ll_reload_all": LAMPORT, "ll_two_buffers": LAMPORT,
     "flag_relaxed": GRAPH, "flag_volatile": GRAPH, "counter_barrier": GRAPH, "pdl_late": LAMPORT + GRAPH,
     "nopdl": LAMPORT + GRAPH}
 
