@@ -35,66 +35,10 @@ KERNEL_FILE = "allreduce.cu"
 _LL_POLL = 'asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"'
 _LL_STORE = 'asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};"'
 _FLAG_POLL = "while ((int)(load_acquire_sys(mine) - count) < 0) {"
-_RELAXED_LOAD = '''__device__ __forceinline__ u32 load_relaxed_sys(const u32* p) {
-  u32 v;
-  asm volatile("ld.relaxed.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
 
-__device__ __forceinline__ void store_relaxed_sys('''
-
-# SGLang's barrier (the idea of its Barrier<N>, our code): each of N threads adds 1 to block b's
-# semaphore at one peer (a peer atomic); one thread polls this rank's own semaphore until all N
-# arrived. The target comes from a local per-block window counter reserved once per call, so it
-# needs no call count. Semaphores sit past the two flag phases (FLAG_AREA_BYTES is raised below).
-_COUNTER_BARRIER = '''__device__ __forceinline__ u32* study_sem(u64 flags, u32 block, u32 word) {
-  return (u32*)flags + 2 * P2P_MAX_BLOCKS * P2P_MAX_RANKS + block * 32 + word;
-}
-
-template <int N, bool kPublish>
-__device__ bool study_counter_barrier(const Layout& L, u32 window, u32 count, int phase) {
-  if (N == 1) return true;
-  __syncthreads();
-  bool failed = false;
-  if (threadIdx.x < N) {
-    u32* sem = study_sem(L.flags[threadIdx.x], blockIdx.x, 0);
-    if (kPublish) asm volatile("red.release.sys.global.add.u32 [%0], 1;" ::"l"(sem) : "memory");
-    else asm volatile("red.relaxed.sys.global.add.u32 [%0], 1;" ::"l"(sem) : "memory");
-    if (threadIdx.x == 0) {
-      const u32* mine = study_sem(L.flags[L.rank], blockIdx.x, 0);
-      const u32 target = window + (u32)phase * N;
-      const u64 start = globaltimer_ns();
-      u32 polls = 0;
-      while ((kPublish ? load_acquire_sys(mine) : load_relaxed_sys(mine)) - target < (u32)N) {
-        if ((++polls & 255u) != 0u) continue;
-        if (aborted(L) || globaltimer_ns() - start > L.timeout_ns) {
-          record_timeout(L, P2P_MAX_RANKS, count, phase);
-          failed = true;
-          break;
-        }
-      }
-    }
-  }
-  return __syncthreads_or(failed) == 0;
-}
-
-// ---- the graph kernels: no staging'''
-
-_GRAPH_BEGIN = '''__device__ __forceinline__ bool graph_call_begin(const Layout& L, const u64* row, u64 (&ins)[N], Call& call) {
-  load_row<N>(row, ins, 0);
-  call = begin_call(L, ((Ctrl*)L.ctrl)->calls);
-  return !call.failed && barrier<N, false>(L, call.count, PHASE_FIRST_BARRIER);
-}'''
-
-# Thread 0 reserves the call's window (two arrivals of N) in a local per-block counter.
-_COUNTER_GRAPH_BEGIN = '''__device__ __forceinline__ bool graph_call_begin(const Layout& L, const u64* row, u64 (&ins)[N], Call& call,
-                                                 u32& window) {
-  load_row<N>(row, ins, 0);
-  call = begin_call(L, ((Ctrl*)L.ctrl)->calls);
-  if (threadIdx.x == 0) window = atomicAdd(study_sem(L.flags[L.rank], blockIdx.x, 16), 2u * N);
-  return !call.failed && study_counter_barrier<N, false>(L, window, call.count, PHASE_FIRST_BARRIER);
-}'''
-
+# Shipped after the study of 2026-12-03 (results/reference/h200-mps-p2p-tune/README.md), so no
+# longer studies here: the graph one-shot's counter barrier (SGLang's barrier) and the Lamport
+# one-shot's two buffers. flag_oneshot measures the first against the flags it replaced.
 STUDIES: dict[str, tuple[tuple[str, str], ...]] = {
     "base": (),
     # (a) the work before the first store: no abort word, no block-wide vote on it.
@@ -106,27 +50,18 @@ STUDIES: dict[str, tuple[tuple[str, str], ...]] = {
                    (_LL_STORE, _LL_STORE.replace("st.volatile.global", "st.relaxed.sys.global"))),
     "ll_acquire": ((_LL_POLL, _LL_POLL.replace("ld.volatile.global", "ld.acquire.sys.global")),),
     # The Lamport one-shot's own loop: reload every source on each poll, as SGLang does, not only
-    # those still empty; two buffers by call parity (SGLang's epoch) instead of three by count % 3.
+    # those still empty.
     "ll_reload_all": (("      if (s != (int)self && !ll_ready(v[s])) v[s] = load_volatile4(",
                        "      if (s != (int)self) v[s] = load_volatile4("),),
-    "ll_two_buffers": (("    const u32 rank = (u32)L.rank, cur = call.count % LL_BUFFERS;\n",
-                        "    const u32 rank = (u32)L.rank, cur = call.count & 1u;\n"),),
     # (c) the flag barrier's poll: relaxed or volatile instead of acquire.
-    "flag_relaxed": (("__device__ __forceinline__ void store_relaxed_sys(", _RELAXED_LOAD),
-                     (_FLAG_POLL, _FLAG_POLL.replace("load_acquire_sys", "load_relaxed_sys"))),
+    "flag_relaxed": ((_FLAG_POLL, _FLAG_POLL.replace("load_acquire_sys", "load_relaxed_sys")),),
     "flag_volatile": ((_FLAG_POLL, _FLAG_POLL.replace("load_acquire_sys(mine)", "load_volatile(mine)")),),
-    # (b) the graph kernels' barriers as one peer atomic per rank and one polling thread.
-    "counter_barrier": (
-        ("__device__ __forceinline__ void store_relaxed_sys(", _RELAXED_LOAD),
-        ("// ---- the graph kernels: no staging", _COUNTER_BARRIER),
-        (_GRAPH_BEGIN, _COUNTER_GRAPH_BEGIN),
-        ("  Call call;\n  if (graph_call_begin<N>(L, row, ins, call)) {",
-         "  Call call;\n  u32 window = 0;\n  if (graph_call_begin<N>(L, row, ins, call, window)) {"),
-        ("    barrier<N>(L, call.count, PHASE_SECOND_BARRIER);",
-         "    study_counter_barrier<N, true>(L, window, call.count, PHASE_SECOND_BARRIER);"),
-        ("    barrier<N, false>(L, call.count, PHASE_SECOND_BARRIER);",
-         "    study_counter_barrier<N, false>(L, window, call.count, PHASE_SECOND_BARRIER);"),
-    ),
+    # (b) the graph one-shot's barriers as flags (one per peer, N polling threads: the shipped
+    # graph two-shot's) instead of its counter (one peer atomic per rank, one polling thread).
+    "flag_oneshot": (("  if (graph_call_begin<N, true>(L, row, ins, call, window)) {",
+                      "  if (graph_call_begin<N, false>(L, row, ins, call, window)) {"),
+                     ("    counter_barrier<N>(L, window + N, call.count, PHASE_SECOND_BARRIER);",
+                      "    barrier<N, false>(L, call.count, PHASE_SECOND_BARRIER);")),
     # PDL: let the next launch start only when this grid ends (SGLang triggers at its end).
     "pdl_late": (('  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");\n', ""),),
     "nopdl": (),     # the shipped source, launched without PDL
@@ -136,12 +71,8 @@ STUDIES: dict[str, tuple[tuple[str, str], ...]] = {
 LAMPORT, GRAPH = ("oneshot_lamport",), ("oneshot_graph", "twoshot_graph")
 STUDY_KERNELS: dict[str, tuple[str, ...]] = {
     "base": LAMPORT + GRAPH, "noabort": LAMPORT + GRAPH, "ll_relaxed": LAMPORT, "ll_acquire": LAMPORT,
-    "ll_reload_all": LAMPORT, "ll_two_buffers": LAMPORT,
-    "flag_relaxed": GRAPH, "flag_volatile": GRAPH, "counter_barrier": GRAPH, "pdl_late": LAMPORT + GRAPH,
-    "nopdl": LAMPORT + GRAPH}
-
-# Words the counter barrier's semaphores need past the two flag phases: 64 blocks x 32 words.
-STUDY_FLAG_AREA_BYTES = 4 * 4096
+    "ll_reload_all": LAMPORT, "flag_relaxed": ("twoshot_graph",), "flag_volatile": ("twoshot_graph",),
+    "flag_oneshot": ("oneshot_graph",), "pdl_late": LAMPORT + GRAPH, "nopdl": LAMPORT + GRAPH}
 
 
 def patched(source: str, study: str) -> str:
@@ -178,12 +109,9 @@ def prepare(site: Path) -> None:
 
 def _factory() -> Any:
     from commbench.backends.base import BackendFactory
-    from commbench.backends.p2p import layout
     from commbench.backends.p2p.backend import P2PAllreduce
     from commbench.backends.p2p.rules import P2POptions
     from commbench.errors import UsageError
-
-    layout.FLAG_AREA_BYTES = max(layout.FLAG_AREA_BYTES, STUDY_FLAG_AREA_BYTES)
 
     class StudyP2P(P2PAllreduce):
         family = ENTRY_POINT

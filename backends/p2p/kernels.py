@@ -30,6 +30,9 @@ HOST_ALLOC_PORTABLE_MAPPED = 0x01 | 0x02   # cudaHostAllocPortable | cudaHostAll
 PHASE_NAMES = ("first barrier", "second barrier", "one-shot data", "reduce-scatter data", "all-gather data")
 
 
+PEER_UNKNOWN = 0xFFFFFFFF      # the counter barrier counts arrivals: it cannot say which peer is missing
+
+
 _REPORT = ctypes.c_uint32 * 4     # {1 = timeout, peer, epoch, phase}, read on every call
 
 
@@ -184,8 +187,9 @@ class SharedArea:
         code, peer, epoch, phase = _REPORT.from_address(self.report)
         if not code:
             return None
+        who = "a peer rank" if peer == PEER_UNKNOWN else f"peer rank {peer}"
         return P2PTimeoutError(
-            f"p2p: peer rank {peer} did not arrive within {self.timeout_ms:g} ms "
+            f"p2p: {who} did not arrive within {self.timeout_ms:g} ms "
             f"(rank {self.ctx.rank}, call {epoch}, {PHASE_NAMES[phase] if phase < len(PHASE_NAMES) else phase}); "
             "p2p is unusable until it is set up again")
 

@@ -37,33 +37,29 @@ def test_every_study_applies_to_the_shipped_kernels(name):
 
 
 def test_a_study_that_no_longer_matches_stops():
-    with pytest.raises(SystemExit, match="counter_barrier: the kernel file no longer holds"):
-        study.patched("// an unrelated kernel file\n", "counter_barrier")
+    with pytest.raises(SystemExit, match="flag_oneshot: the kernel file no longer holds"):
+        study.patched("// an unrelated kernel file\n", "flag_oneshot")
 
 
-def test_the_counter_barrier_replaces_both_graph_kernels_barriers():
-    changed = study.patched(p2p_kernels.KERNEL_SOURCE.read_text(), "counter_barrier")
-    assert changed.count("graph_call_begin<N>(L, row, ins, call, window)") == 2
-    assert "barrier<N, false>(L, call.count, PHASE_FIRST_BARRIER)" not in changed.split("graph_call_begin")[1]
-    assert changed.count("study_counter_barrier<N, ") == 3
+def test_flag_oneshot_gives_the_graph_one_shot_the_flag_barriers_back():
+    changed = study.patched(p2p_kernels.KERNEL_SOURCE.read_text(), "flag_oneshot")
+    one_shot = changed.split("p2p_oneshot_graph(")[1]
+    assert "graph_call_begin<N, false>" in one_shot and "counter_barrier" not in one_shot
 
 
 def test_prepare_writes_a_plug_in_the_registry_loads(tmp_path, monkeypatch):
     study.prepare(tmp_path)
     assert sorted(p.stem for p in (tmp_path / "p2p_kernel_study_sources").iterdir()) == sorted(study.STUDIES)
-    # Loading the plug-in raises the flag area for its semaphores: restored after the test.
-    monkeypatch.setattr(p2p_layout, "FLAG_AREA_BYTES", p2p_layout.FLAG_AREA_BYTES)
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "p2p_kernel_study", raising=False)
     backends.factory.cache_clear()
     try:
-        made = backends.expand(["p2pstudy:counter_barrier.twoshot_graph", "p2pstudy:nopdl.oneshot_lamport"],
+        made = backends.expand(["p2pstudy:flag_volatile.twoshot_graph", "p2pstudy:nopdl.oneshot_lamport"],
                                backends.Options(), on_gpu=True)
-        assert [b.name for b in made] == ["p2pstudy:counter_barrier.twoshot_graph", "p2pstudy:nopdl.oneshot_lamport"]
-        assert made[0].kernel_source == tmp_path / "p2p_kernel_study_sources" / "counter_barrier.cu"
+        assert [b.name for b in made] == ["p2pstudy:flag_volatile.twoshot_graph", "p2pstudy:nopdl.oneshot_lamport"]
+        assert made[0].kernel_source == tmp_path / "p2p_kernel_study_sources" / "flag_volatile.cu"
         assert made[0].algorithms == ("twoshot_graph",) and made[0].options.pdl
         assert not made[1].options.pdl
-        assert p2p_layout.FLAG_AREA_BYTES == study.STUDY_FLAG_AREA_BYTES
         with pytest.raises(Exception, match="unknown study backend 'p2pstudy:ll_relaxed.twoshot_graph'"):
             backends.expand(["p2pstudy:ll_relaxed.twoshot_graph"], backends.Options(), on_gpu=True)
     finally:
