@@ -69,7 +69,7 @@ _FUNCTIONS: dict[tuple[int, int, int, Path], dict[str, Any]] = {}
 def kernel_functions(device_index: int, dtype: torch.dtype, nranks: int,
                      source: Path = KERNEL_SOURCE) -> dict[str, Any]:
     """Compiled kernels for one device, dtype and world size (from `source`, a file with the same
-    kernels and contract: scripts/p2p-kernel-study.py builds its variants so); cached for the
+    kernels and contract: scripts/p2p_kernel_study.py builds its variants so); cached for the
     process."""
     key = (device_index, DTYPE_CODES[dtype], nranks, source)
     if key not in _FUNCTIONS:
