@@ -166,6 +166,7 @@ def table(run_dirs: list[Path]) -> list[str]:
         lines += [f"### {world} ranks (`{run_dir.name}`): us per call; study rows as a ratio to base", "",
                   "| backend | " + " | ".join(format_bytes(s) for s in sizes) + " |", "|---" * (len(sizes) + 1) + "|"]
         # Every study the run measured, in the order it ran (a study shipped since is still shown).
+        studied_or_base = set(r.backend for r in rows)
         studied = [b for b in dict.fromkeys(r.backend for r in rows)
                    if b.startswith(f"{ENTRY_POINT}:") and not b.startswith(f"{ENTRY_POINT}:base.")]
         for name in others + studied:
@@ -182,7 +183,7 @@ def table(run_dirs: list[Path]) -> list[str]:
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
         lines += [f"| {ENTRY_POINT}:base.{k} | " + " | ".join(
             f"{by[(f'{ENTRY_POINT}:base.{k}', s)]:.2f}" if (f"{ENTRY_POINT}:base.{k}", s) in by else "-"
-            for s in sizes) + " |" for k in STUDY_KERNELS["base"]]
+            for s in sizes) + " |" for k in STUDY_KERNELS["base"] if f"{ENTRY_POINT}:base.{k}" in studied_or_base]
         lines.append("")
     return lines
 
