@@ -26,24 +26,33 @@
 // can never hold (LL_EMPTY, the bits of fp32 -0.0; in 16-bit dtypes a pair whose high half is
 // -0.0 and low half +0.0); every word equal to it is mapped to +0.0 on the way in, which changes
 // no value. Writers push 16-byte vectors into the peers' buffers; readers poll their own buffer
-// until no word is empty. Three buffers rotate by call count: while this rank reads buffer c % 3,
-// peers may already write c + 1's. The two-shot empties c - 1's, read in its previous call and
-// next written in call c + 2, which no peer can reach before this rank's call c + 1; the
-// one-shot empties each vector of c's as soon as it has read it. No fence and no flag round trip
-// on the critical path.
+// until no word is empty. Buffers rotate by call count: while this rank reads buffer c's, peers
+// may already write c + 1's. The two-shot rotates three and empties c - 1's, read in its previous
+// call and next written in call c + 2, which no peer can reach before this rank's call c + 1; the
+// one-shot rotates two and empties each vector of c's as soon as it has read it. No fence and no
+// flag round trip on the critical path.
 //
 // Flag kernels: block b of one rank synchronises only with block b of the other ranks: it writes
 // the call count into flags[phase][b][my rank] of every peer and waits until its own
 // flags[phase][b][peer] reach it. Every element is handled by the same block index on every rank
 // and in every phase, so per-block flags order all data a block reads. Data areas alternate
 // between two parities by call count.
+//
+// The graph one-shot's barriers carry no count (the idea of SGLang's barrier, our own code): block
+// b adds 1 to its semaphore at every rank (a peer atomic) and one thread waits until its own has
+// N more arrivals than the call's window, reserved in a local counter. One polling thread per
+// block, not N: measured 11-23% faster for it under MPS at 8 ranks, no faster for the graph
+// two-shot, which keeps flags (results/reference/h200-mps-p2p-tune/). It runs only where a
+// peer's memory answers reads, and there peer atomics work too.
 
 typedef unsigned int u32;
 typedef unsigned long long u64;
 
 #define P2P_MAX_RANKS 8
 #define P2P_MAX_BLOCKS 64
-#define LL_BUFFERS 3
+#define LL_BUFFERS 3           // Lamport two-shot
+#define LL_ONESHOT_BUFFERS 2   // Lamport one-shot: it empties as it reads
+#define SEMAPHORE_WORDS 32     // one 128-byte line per block: the graph barriers' arrivals, then the window
 #define LL_EMPTY 0x80000000u
 
 // Timeout report phases (mirrored by PHASE_NAMES in kernels.py).
@@ -52,6 +61,8 @@ typedef unsigned long long u64;
 #define PHASE_LL_ONESHOT 2
 #define PHASE_LL_SCATTER 3
 #define PHASE_LL_GATHER 4
+
+#define PEER_UNKNOWN 0xffffffffu   // a timeout report's peer where the barrier cannot tell (kernels.py)
 
 // This rank's private state (never touched by peers).
 struct Ctrl {
@@ -65,11 +76,12 @@ struct Ctrl {
 
 // Every field is 64 bits so the host builds it as one uint64 array. Arrays are indexed by rank.
 struct Layout {
-  u64 flags[P2P_MAX_RANKS];   // u32 flags[2 phases][P2P_MAX_BLOCKS][P2P_MAX_RANKS]
+  u64 flags[P2P_MAX_RANKS];   // u32 flags[2 phases][P2P_MAX_BLOCKS][P2P_MAX_RANKS], then the graph barriers'
+                              // u32 semaphores[P2P_MAX_BLOCKS][SEMAPHORE_WORDS]
   u64 recv[P2P_MAX_RANKS];    // flag push area: [2 parities][nranks sources][slot_bytes]
   u64 gather[P2P_MAX_RANKS];  // flag two-shot result area: [2 parities][slot_bytes]
   u64 stage[P2P_MAX_RANKS];   // flag pull staging area: [2 parities][slot_bytes]
-  u64 ll[P2P_MAX_RANKS];      // Lamport one-shot: [3 buffers][nranks sources][slot_bytes]
+  u64 ll[P2P_MAX_RANKS];      // Lamport one-shot: [2 buffers][nranks sources][slot_bytes]
   u64 ll_rs[P2P_MAX_RANKS];   // Lamport two-shot scatter: [3 buffers][nranks sources][slice_bytes]
   u64 ll_ag[P2P_MAX_RANKS];   // Lamport two-shot gather: [3 buffers][slot_bytes]
   u64 slot_bytes;
@@ -90,6 +102,12 @@ __device__ __forceinline__ u64 globaltimer_ns() {
 __device__ __forceinline__ u32 load_acquire_sys(const u32* p) {
   u32 v;
   asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ u32 load_relaxed_sys(const u32* p) {
+  u32 v;
+  asm volatile("ld.relaxed.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
   return v;
 }
 
@@ -126,6 +144,13 @@ __device__ __forceinline__ void store_volatile4(uint4* p, const uint4& v) {
 
 __device__ __forceinline__ u32 flag_index(int phase, u32 block, u32 src) {
   return (phase * P2P_MAX_BLOCKS + block) * P2P_MAX_RANKS + src;
+}
+
+// Block b's line past the flags of one rank's flag area: arrivals in word 0, and in this rank's
+// own line the window counter (WINDOW_WORD), which no peer touches.
+#define WINDOW_WORD 16
+__device__ __forceinline__ u32* semaphore(u64 flags, u32 block, u32 word = 0) {
+  return (u32*)flags + 2 * P2P_MAX_BLOCKS * P2P_MAX_RANKS + block * SEMAPHORE_WORDS + word;
 }
 
 // ---- dtype packing: 16-byte vectors <-> fp32 lanes. DT: 0 fp32, 1 fp16, 2 bf16 ----
@@ -303,6 +328,36 @@ template <int N, bool kPublish = true> __device__ bool barrier(const Layout& L, 
   return __syncthreads_or(failed) == 0;
 }
 
+// The graph one-shot's barrier, for barriers that carry no data (no fence): block b's semaphore
+// at every rank gets 1 from each rank per barrier, and thread 0 waits until its own holds N
+// more than `target` (the call's window plus N per earlier barrier of the call). A semaphore
+// never lags its target: this rank's previous barrier already saw it reach the target. A
+// timeout cannot say which peer is missing (PEER_UNKNOWN).
+template <int N>
+__device__ bool counter_barrier(const Layout& L, u32 target, u32 count, int phase) {
+  if (N == 1) return true;
+  __syncthreads();  // this block's writes (or reads) for the phase are issued
+  bool failed = false;
+  if (threadIdx.x < N) {
+    u32* sem = semaphore(L.flags[threadIdx.x], blockIdx.x);
+    asm volatile("red.relaxed.sys.global.add.u32 [%0], 1;" ::"l"(sem) : "memory");
+    if (threadIdx.x == 0) {
+      const u32* mine = semaphore(L.flags[L.rank], blockIdx.x);
+      const u64 start = globaltimer_ns();
+      u32 polls = 0;
+      while (load_relaxed_sys(mine) - target < (u32)N) {
+        if ((++polls & 255u) != 0u) continue;
+        if (aborted(L) || globaltimer_ns() - start > L.timeout_ns) {
+          record_timeout(L, PEER_UNKNOWN, count, phase);
+          failed = true;
+          break;
+        }
+      }
+    }
+  }
+  return __syncthreads_or(failed) == 0;
+}
+
 // Lamport wait: fills v[s] with source s's vector at `i` of `base` once no word of it is empty,
 // and v[self] with `own` (self >= N: every source is polled). Reloads only what is still empty.
 // False when the wait gave up (a timeout here or in another thread); a timeout names source s as
@@ -385,7 +440,8 @@ __device__ __forceinline__ void pdl_wait_then_release_dependents() {
 // each source's vector lands, and empty each vector of my buffer right after reading it (as
 // SGLang's push one-shot does; measured 5-15% faster under MPS than a separate pass over the
 // previous buffer before the wait, results/reference/h200-mps-p2p-tune/). Peers next write
-// this buffer in call c + 3, which no peer reaches before this rank's call c + 2.
+// this buffer in call c + 2, which no peer reaches before this rank's call c + 1 has pushed its
+// data, after this call ended. Two buffers, not three: measured up to 18% faster from 256K.
 template <int DT, int N>
 __global__ void __launch_bounds__(512) p2p_ll_oneshot(const __grid_constant__ Layout L,
                                                       const uint4* __restrict__ in,
@@ -395,7 +451,7 @@ __global__ void __launch_bounds__(512) p2p_ll_oneshot(const __grid_constant__ La
   Ctrl* c = (Ctrl*)L.ctrl;
   const Call call = begin_call(L, c->ll_calls);
   if (!call.failed) {
-    const u32 rank = (u32)L.rank, cur = call.count % LL_BUFFERS;
+    const u32 rank = (u32)L.rank, cur = call.count % LL_ONESHOT_BUFFERS;
     const u64 slot = L.slot_bytes, buffer = (u64)N * slot;
 #pragma unroll
     for (int k = 1; k < N; ++k) {  // start at the next rank so ranks spread over peers
@@ -609,6 +665,21 @@ template <int N> __device__ __forceinline__ void load_row(const u64* row, u64 (&
   for (int s = 0; s < N; ++s) ptrs[s] = row[base + s];
 }
 
+// Both graph kernels begin alike: every rank's input from the row, the call count (the flag
+// kernels' count: their flags and phases, the abort check, a timeout's report), then the unfenced
+// first barrier. kCounter: the counter barrier, whose window for the call's two barriers thread
+// 0 (the only one that waits) reserves first; else the flag barrier. False when the call is
+// skipped (an earlier timeout) or the barrier gave up.
+template <int N, bool kCounter>
+__device__ __forceinline__ bool graph_call_begin(const Layout& L, const u64* row, u64 (&ins)[N], Call& call,
+                                                 u32& window) {
+  load_row<N>(row, ins, 0);
+  call = begin_call(L, ((Ctrl*)L.ctrl)->calls);
+  if (!kCounter) return !call.failed && barrier<N, false>(L, call.count, PHASE_FIRST_BARRIER);
+  if (threadIdx.x == 0) window = atomicAdd(semaphore(L.flags[L.rank], blockIdx.x, WINDOW_WORD), 2u * N);
+  return !call.failed && counter_barrier<N>(L, window, call.count, PHASE_FIRST_BARRIER);
+}
+
 // Two-shot: (1) a barrier: every rank's kernel has started, so its input is written and no
 // earlier call still writes its output. (2) Rank r reduces slice r straight from the N inputs
 // and writes the result into slice r of every rank's output. (3) A second barrier, fenced:
@@ -621,12 +692,11 @@ __global__ void __launch_bounds__(512) p2p_twoshot_graph(const __grid_constant__
                                                          uint4* __restrict__ unused, u32 units) {
   P2P_BEGIN
   u64 ins[N], outs[N];
-  load_row<N>(row, ins, 0);
   load_row<N>(row, outs, P2P_MAX_RANKS);
-  Ctrl* c = (Ctrl*)L.ctrl;
-  const Call call = begin_call(L, c->calls);   // the flag kernels' count: their flags and phases
   const u32 rank = (u32)L.rank;
-  if (!call.failed && barrier<N, false>(L, call.count, PHASE_FIRST_BARRIER)) {
+  Call call;
+  u32 window = 0;
+  if (graph_call_begin<N, false>(L, row, ins, call, window)) {
     const u32 lo = slice_start<N>(units, rank), len = slice_start<N>(units, rank + 1) - lo;
     for (u32 j = first; j < len; j += stride) {
       uint4 v[N];
@@ -658,17 +728,16 @@ __global__ void __launch_bounds__(512) p2p_oneshot_graph(const __grid_constant__
                                                          uint4* __restrict__ unused, u32 units) {
   P2P_BEGIN
   u64 ins[N];
-  load_row<N>(row, ins, 0);
   uint4* out = (uint4*)row[P2P_MAX_RANKS + L.rank];
-  Ctrl* c = (Ctrl*)L.ctrl;
-  const Call call = begin_call(L, c->calls);
-  if (!call.failed && barrier<N, false>(L, call.count, PHASE_FIRST_BARRIER)) {
+  Call call;
+  u32 window = 0;
+  if (graph_call_begin<N, true>(L, row, ins, call, window)) {
     for (u32 i = first; i < units; i += stride) {
       uint4 v[N];
 #pragma unroll
       for (int s = 0; s < N; ++s) v[s] = load_cg((const uint4*)ins[s] + i);
       out[i] = reduce_in_rank_order<DT, N>(v);
     }
-    barrier<N, false>(L, call.count, PHASE_SECOND_BARRIER);
+    counter_barrier<N>(L, window + N, call.count, PHASE_SECOND_BARRIER);
   }
 }

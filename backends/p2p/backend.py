@@ -21,9 +21,9 @@ Design (the ideas of vLLM's and TRT-LLM's custom allreduce, our own code):
   FlashInfer's Lamport one-shot and of MSCCL++'s LL packets, our own code): the data is its own
   arrival flag. Buffers start filled with a 32-bit word no input can hold (the bits of fp32
   -0.0, mapped to +0.0 on the way in, which changes no value); writers push 16-byte vectors,
-  readers poll their own memory until no word is empty. Three buffers rotate; the one-shot
-  empties each vector right after reading it, the two-shot empties the previous call's buffer
-  while it waits. No fence and no flag round trip per call.
+  readers poll their own memory until no word is empty. The one-shot rotates two buffers and
+  empties each vector right after reading it, the two-shot rotates three and empties the
+  previous call's buffer while it waits. No fence and no flag round trip per call.
 * Flag kernels (``p2p:oneshot``, ``p2p:oneshot_pull``, ``p2p:twoshot``): data, then a system
   fence and a flag per peer, then a wait for every peer's flag; data areas alternate by parity.
 * Staging happens inside the kernel: the first step of every call copies the caller's input
@@ -38,8 +38,9 @@ Design (the ideas of vLLM's and TRT-LLM's custom allreduce, our own code):
   and writes it into slice r of every output, between two flag barriers: about 2 bytes of memory
   traffic per message byte per rank, where the staged two-shot moves about 5.5 at 8 ranks. In
   the one-shot every rank reads all of every input and writes only its own output, between two
-  barriers that carry no data (no fence). Eager calls, whose buffers are never registered, run
-  the fallback: the staged two-shot, or the Lamport one-shot. Registering needs an IPC handle for
+  barriers that carry no data (no fence): a counter per block that every rank adds 1 to (a peer
+  atomic, as SGLang's barrier; the variant needs ``atomics``) and one thread polls. Eager calls,
+  whose buffers are never registered, run the fallback: the staged two-shot, or the Lamport one-shot. Registering needs an IPC handle for
   the allocation that holds each buffer; where there is none (expandable segments, cuMem
   pools) every rank refuses the graph with the reason. They read peer memory, so they are
   never default variants and ``p2p:auto`` takes them only where reads are safe (below).
@@ -100,10 +101,11 @@ import torch
 from commbench import engines
 from commbench.backends.base import (ALL_DTYPES, Backend, BackendFactory, BackendTimeout, BackendUnavailable,
                                      MakeOptions, Requires, voted, voted_gather)
-from commbench.backends.p2p.kernels import (GraphTable, PdlLauncher, SharedArea, cuda_driver, cupy_module,
-                                            kernel_blocks_per_sm, kernel_functions)
-from commbench.backends.p2p.layout import (GRAPH_FALLBACK, MAX_BLOCKS, MAX_RANKS, THREADS_PER_BLOCK, VECTOR_BYTES,
-                                           grid_capacity, kernel_params, launch_dims, launched_kernels, plan_areas)
+from commbench.backends.p2p.kernels import (KERNEL_SOURCE, GraphTable, PdlLauncher, SharedArea, cuda_driver,
+                                            cupy_module, kernel_blocks_per_sm, kernel_functions)
+from commbench.backends.p2p.layout import (GRAPH_FALLBACK, MAX_BLOCKS, MAX_RANKS, ONESHOT_GRAPH, THREADS_PER_BLOCK,
+                                           VECTOR_BYTES, grid_capacity, kernel_params, launch_dims, launched_kernels,
+                                           plan_areas)
 from commbench.backends.p2p.rules import (AUTO_READ_KERNELS, CALIBRATION_REPLAYS, CALIBRATION_SIZES, DEFAULT_VARIANTS,
                                           FLOOR_VARIANTS, KERNEL_VARIANT, VARIANTS, AutoRule, P2POptions,
                                           agreed_pdl_reason, auto_kernels, calibration_calls, choose_rules,
@@ -152,6 +154,7 @@ class P2PAllreduce(Backend):
     dtypes = ALL_DTYPES
     max_world_size = MAX_RANKS
     requires = REQUIRES
+    kernel_source = KERNEL_SOURCE   # a study subclass builds variants of the kernels from a patched copy
 
     def __init__(self, variant: str, options: P2POptions):
         self.variant = variant
@@ -163,6 +166,8 @@ class P2PAllreduce(Backend):
         self._pull_reason: str | None = None
         if variant == "auto" and options.auto_rule is not None:
             self.algorithms = auto_kernels({kernel for _, kernel in options.auto_rule})
+        if ONESHOT_GRAPH in self.algorithms:    # its barrier adds to a counter in peer memory
+            self.needs = (*P2PAllreduce.needs, "atomics")
         # World size 1 is the kernel-only floor, measured with the one-shot kernels.
         self.min_world_size = 1 if variant in FLOOR_VARIANTS else 2
         self._ctx: RunContext | None = None
@@ -217,7 +222,8 @@ class P2PAllreduce(Backend):
             self._connect(ctx, slot_bytes, dtype)
         else:
             self._functions[dtype] = voted(ctx, "p2p kernel compilation",
-                                           lambda: kernel_functions(ctx.device.index, dtype, ctx.world_size))
+                                           lambda: kernel_functions(ctx.device.index, dtype, ctx.world_size,
+                                                                    self.kernel_source))
         if dtype not in self._grids:
             self._grids[dtype] = self._agree_grid(ctx, dtype)
         if not self._pdl_decided:
@@ -241,7 +247,7 @@ class P2PAllreduce(Backend):
         self._area = area
 
         def compile_and_allocate() -> bytes | None:
-            self._functions[dtype] = kernel_functions(ctx.device.index, dtype, ctx.world_size)
+            self._functions[dtype] = kernel_functions(ctx.device.index, dtype, ctx.world_size, self.kernel_source)
             return area.allocate()
 
         handles = voted_gather(ctx, "p2p buffer allocation", compile_and_allocate)

@@ -30,6 +30,9 @@ HOST_ALLOC_PORTABLE_MAPPED = 0x01 | 0x02   # cudaHostAllocPortable | cudaHostAll
 PHASE_NAMES = ("first barrier", "second barrier", "one-shot data", "reduce-scatter data", "all-gather data")
 
 
+PEER_UNKNOWN = 0xFFFFFFFF      # the counter barrier counts arrivals: it cannot say which peer is missing
+
+
 _REPORT = ctypes.c_uint32 * 4     # {1 = timeout, peer, epoch, phase}, read on every call
 
 
@@ -58,17 +61,20 @@ def cuda_driver() -> tuple[Any, str | None]:
     return driver, None
 
 
-_FUNCTIONS: dict[tuple[int, int, int], dict[str, Any]] = {}
+_FUNCTIONS: dict[tuple[int, int, int, Path], dict[str, Any]] = {}
 
 
-def kernel_functions(device_index: int, dtype: torch.dtype, nranks: int) -> dict[str, Any]:
-    """Compiled kernels for one device, dtype and world size; cached for the process."""
-    key = (device_index, DTYPE_CODES[dtype], nranks)
+def kernel_functions(device_index: int, dtype: torch.dtype, nranks: int,
+                     source: Path = KERNEL_SOURCE) -> dict[str, Any]:
+    """Compiled kernels for one device, dtype and world size (from `source`, a file with the same
+    kernels and contract: scripts/p2p_kernel_study.py builds its variants so); cached for the
+    process."""
+    key = (device_index, DTYPE_CODES[dtype], nranks, source)
     if key not in _FUNCTIONS:
         cupy = cupy_module()
         names = {algo: f"{name}<{key[1]}, {nranks}>" for algo, name in KERNEL_NAMES.items()}
         with cupy.cuda.Device(device_index):
-            module = cupy.RawModule(code=KERNEL_SOURCE.read_text(), options=("--std=c++17",),
+            module = cupy.RawModule(code=source.read_text(), options=("--std=c++17",),
                                     name_expressions=list(names.values()))
             _FUNCTIONS[key] = {algo: module.get_function(name).kernel for algo, name in names.items()}
     return _FUNCTIONS[key]
@@ -179,8 +185,9 @@ class SharedArea:
         code, peer, epoch, phase = _REPORT.from_address(self.report)
         if not code:
             return None
+        who = "a peer rank" if peer == PEER_UNKNOWN else f"peer rank {peer}"
         return P2PTimeoutError(
-            f"p2p: peer rank {peer} did not arrive within {self.timeout_ms:g} ms "
+            f"p2p: {who} did not arrive within {self.timeout_ms:g} ms "
             f"(rank {self.ctx.rank}, call {epoch}, {PHASE_NAMES[phase] if phase < len(PHASE_NAMES) else phase}); "
             "p2p is unusable until it is set up again")
 

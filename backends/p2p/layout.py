@@ -15,8 +15,8 @@ import torch
 from commbench.runtime.context import MPS_PERCENT_VAR, Emulation, competes_for_sms, own_sms
 
 
-# These mirror P2P_MAX_RANKS / P2P_MAX_BLOCKS / LL_BUFFERS / LL_EMPTY and the Layout and Ctrl
-# structs in allreduce.cu.
+# These mirror P2P_MAX_RANKS / P2P_MAX_BLOCKS / LL_BUFFERS / LL_ONESHOT_BUFFERS / SEMAPHORE_WORDS /
+# LL_EMPTY / PEER_UNKNOWN and the Layout and Ctrl structs in allreduce.cu.
 MAX_RANKS = 8
 
 
@@ -26,7 +26,11 @@ MAX_BLOCKS = 64
 FLAG_PHASES = 2
 
 
-FLAG_AREA_BYTES = FLAG_PHASES * MAX_BLOCKS * MAX_RANKS * 4
+SEMAPHORE_WORDS = 32     # the graph one-shot's counter barrier: one 128-byte line per block
+
+
+# The flags, then the semaphores.
+FLAG_AREA_BYTES = FLAG_PHASES * MAX_BLOCKS * MAX_RANKS * 4 + MAX_BLOCKS * SEMAPHORE_WORDS * 4
 
 
 LAYOUT_AREAS = ("flags", "recv", "gather", "stage", "ll", "ll_rs", "ll_ag")   # one pointer per rank each
@@ -38,7 +42,10 @@ LAYOUT_SCALARS = ("slot_bytes", "slice_bytes", "timeout_ns", "ctrl", "report", "
 LAYOUT_WORDS = len(LAYOUT_AREAS) * MAX_RANKS + len(LAYOUT_SCALARS)
 
 
-LL_BUFFERS = 3
+LL_BUFFERS = 3           # the Lamport two-shot's
+
+
+LL_ONESHOT_BUFFERS = 2   # the Lamport one-shot's
 
 
 LL_EMPTY = 0x80000000
@@ -219,7 +226,7 @@ def plan_areas(algorithms: tuple[str, ...], nranks: int, slot_bytes: int) -> Are
         lamport.append((take(nbytes), nbytes))
         return lamport[-1][0]
 
-    ll = take_lamport(LL_BUFFERS * nranks * slot_bytes) if ONESHOT_LL in algorithms else None
+    ll = take_lamport(LL_ONESHOT_BUFFERS * nranks * slot_bytes) if ONESHOT_LL in algorithms else None
     ll_rs = take_lamport(LL_BUFFERS * nranks * slice_bytes) if TWOSHOT_LL in algorithms else None
     ll_ag = take_lamport(LL_BUFFERS * slot_bytes) if TWOSHOT_LL in algorithms else None
     end = -(-offset // AREA_ALIGN_BYTES) * AREA_ALIGN_BYTES

@@ -6,7 +6,8 @@ works between processes on one device).
   python3 tests/gpu/p2p_check.py long --world 2 --calls 10000 --replays 1000 [--budget-s 60] [--graph-kernels]
                                                       back-to-back eager calls and graph replays, every result checked
   python3 tests/gpu/p2p_check.py timeout              rank 1 never arrives: rank 0 must get P2PTimeoutError
-                                                      (flag one-shot, Lamport one-shot and two-shot)
+                                                      (flag one-shot, Lamport one-shot and two-shot in eager
+                                                      calls, the graph one-shot in a graph replay)
   python3 tests/gpu/p2p_check.py calibrate --world 2  p2p:auto measures its rule and all ranks agree
   python3 tests/gpu/p2p_check.py floor                world size 1: graph-replayed one-shot kernels, 1 KiB - 1 MiB,
                                                       each with PDL on and off
@@ -36,6 +37,7 @@ import sys
 import tempfile
 import time
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
@@ -45,7 +47,7 @@ import torch.multiprocessing as mp
 from commbench.backends.base import MakeOptions
 from commbench.backends.p2p.backend import P2PAllreduce, make
 from commbench.backends.p2p.kernels import P2PTimeoutError
-from commbench.backends.p2p.layout import LaunchShape
+from commbench.backends.p2p.layout import GRAPH_FALLBACK, LaunchShape
 from commbench.backends.p2p.rules import FLOOR_VARIANTS, KERNEL_VARIANT, P2POptions
 from commbench.runtime.context import MPS_PERCENT_VAR, RunContext, init_context, shutdown
 from commbench.sweep.mps import client_env
@@ -102,6 +104,8 @@ def _rank_main(rank: int, world: int, port: int, fn_name: str, args: argparse.Na
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
     _set_sm_share(world, args.no_sm_limit)
+    if args.kernel_source:      # a variant of the kernels (scripts/p2p_kernel_study.py prepare)
+        P2PAllreduce.kernel_source = Path(args.kernel_source).resolve()
     ctx, _ = init_context(share_gpus=True, timeout_s=120.0)
     try:
         result = WORKERS[fn_name](ctx, args)
@@ -284,12 +288,33 @@ def long_worker(ctx: RunContext, args: argparse.Namespace) -> dict[str, Any]:
 # timeout: a peer that never arrives
 
 
-TIMEOUT_VARIANTS = ("oneshot", "oneshot_lamport", "twoshot_lamport")
+# The flag, Lamport one-shot and two-shot kernels in eager calls; the graph one-shot (its counter
+# barrier) in replays of a captured call.
+TIMEOUT_VARIANTS = ("oneshot", "oneshot_lamport", "twoshot_lamport", "oneshot_graph")
 
 
 def timeout_worker(ctx: RunContext, args: argparse.Namespace) -> dict[str, Any]:
     """For each kernel kind: one healthy call, then rank 1 stays away from the second call."""
     return {"world": ctx.world_size, "variants": {v: _timeout_case(ctx, v, args.p2p_pdl) for v in TIMEOUT_VARIANTS}}
+
+
+def _replayed(backend: P2PAllreduce, count: int, dtype: torch.dtype, dev: torch.device) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Collective: one eager call (its fallback kernel), then one call captured in a graph; the
+    function returned replays it on a new input into a poisoned output."""
+    static = torch.zeros(count, dtype=dtype, device=dev)
+    out = torch.empty_like(static)
+    backend.allreduce(static, out)
+    graph = torch.cuda.CUDAGraph()
+    with backend.graph_capture():
+        with torch.cuda.graph(graph):
+            backend.allreduce(static, out)
+
+    def replay(x: torch.Tensor) -> torch.Tensor:
+        static.copy_(x)
+        out.fill_(float("nan"))
+        graph.replay()
+        return out
+    return replay
 
 
 def _timeout_case(ctx: RunContext, variant: str, pdl: str) -> dict[str, Any]:
@@ -298,20 +323,23 @@ def _timeout_case(ctx: RunContext, variant: str, pdl: str) -> dict[str, Any]:
     result: dict[str, Any] = {}
     try:
         backend.setup(ctx, 1 << 20, dtype)
-        out = _reduced(backend, exact_pattern(ctx.rank, 1, count, ctx.world_size, dev, dtype))
+        call = _replayed(backend, count, dtype, dev) if variant in GRAPH_FALLBACK else partial(_reduced, backend)
+        out = call(exact_pattern(ctx.rank, 1, count, ctx.world_size, dev, dtype))
         result["healthy_call_wrong"] = int((out != expected_sum(1, count, ctx.world_size, dev, dtype)).sum().item())
         ctx.barrier()
         if ctx.rank == 0:              # rank 1 stays in the barrier below: it never arrives
             start = time.perf_counter()
-            _reduced(backend, exact_pattern(0, 2, count, ctx.world_size, dev, dtype))
+            call(exact_pattern(0, 2, count, ctx.world_size, dev, dtype))
             torch.cuda.synchronize()
             result["kernel_returned_after_s"] = round(time.perf_counter() - start, 3)
             for attempt in ("raise_if_failed", "next_allreduce"):
                 try:
                     if attempt == "raise_if_failed":
                         backend.raise_if_failed()
-                    else:
-                        _reduced(backend, exact_pattern(0, 3, count, ctx.world_size, dev, dtype))
+                    else:       # a replay never passes through allreduce(): the report says it
+                        call(exact_pattern(0, 3, count, ctx.world_size, dev, dtype))
+                        torch.cuda.synchronize()
+                        backend.raise_if_failed()
                     result[attempt] = None
                 except P2PTimeoutError as exc:
                     result[attempt] = str(exc)
@@ -491,6 +519,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="tune mode: launch shapes, threads per block x vectors per thread ('rule': the default by "
                              "size), the first the baseline")
     parser.add_argument("--sizes", default=TUNE_SIZES, help=f"tune mode: message sizes (default {TUNE_SIZES})")
+    parser.add_argument("--kernel-source", metavar="FILE.cu",
+                        help="build the kernels from this variant of backends/p2p/allreduce.cu (default: that file)")
     parser.add_argument("--no-sm-limit", action="store_true",
                         help=f"under an MPS daemon, run the ranks without {MPS_PERCENT_VAR}")
     args = parser.parse_args(argv)

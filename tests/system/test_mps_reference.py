@@ -42,6 +42,12 @@ def run(args: list[str], env: dict[str, str] | None = None) -> subprocess.Comple
     (["{file}"], None, "exists and is not a directory"),
     pytest.param(["{out}", "--ranks", "8"], None, "needs a CUDA GPU (this run puts every rank on one GPU under MPS)",
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")),
+    # FlashInfer's TRT-LLM kernels are a valid engines list (engine-kernel-ratios.py's FlashInfer
+    # columns read them): the script goes on to its GPU check.
+    pytest.param(["{out}", "--parts", "engines"],
+                 {"ENGINE_KERNEL_BACKENDS": "p2p:auto,flashinfer:trtllm_oneshot,flashinfer:trtllm_twoshot"},
+                 "needs a CUDA GPU (this run puts every rank on one GPU under MPS)",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")),
 ])
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, args, env, expected):
     afile = tmp_path / "afile"

@@ -401,11 +401,11 @@ def test_area_plan_allocates_only_what_the_kernels_use_without_overlap():
     assert pull.recv is None and pull.gather is None
     lamport = p2p_layout.plan_areas(p2p_rules.VARIANTS["oneshot_lamport"], 4, slot)
     assert (lamport.recv, lamport.gather, lamport.ll_rs) == (None, None, None)
-    assert lamport.lamport_spans == ((lamport.ll, 3 * 4 * slot),)
+    assert lamport.lamport_spans == ((lamport.ll, 2 * 4 * slot),)     # the one-shot rotates two buffers
     auto = p2p_layout.plan_areas(p2p_rules.VARIANTS["auto"], 4, slot)
     assert auto.stage is None and auto.slice_bytes == slot // 4
     spans = sorted([(0, p2p_layout.FLAG_AREA_BYTES), (auto.recv, auto.recv + 2 * 4 * slot),
-                    (auto.gather, auto.gather + 2 * slot), (auto.ll, auto.ll + 3 * 4 * slot),
+                    (auto.gather, auto.gather + 2 * slot), (auto.ll, auto.ll + 2 * 4 * slot),
                     (auto.ll_rs, auto.ll_rs + 3 * 4 * auto.slice_bytes), (auto.ll_ag, auto.ll_ag + 3 * slot)])
     assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:]))
     assert spans[-1][1] == auto.total_bytes
@@ -413,7 +413,7 @@ def test_area_plan_allocates_only_what_the_kernels_use_without_overlap():
     # Only the Lamport areas start filled with LL_EMPTY, and all of each of them.
     filled = auto.lamport_spans
     assert [start for start, _ in filled] == [auto.ll, auto.ll_rs, auto.ll_ag]
-    assert all(nbytes >= need for (_, nbytes), need in zip(filled, (3 * 4 * slot, 3 * slot, 3 * slot)))
+    assert all(nbytes >= need for (_, nbytes), need in zip(filled, (2 * 4 * slot, 3 * slot, 3 * slot)))
 
 
 def test_two_shot_slices_round_up_to_whole_vectors():
@@ -571,6 +571,12 @@ def test_a_forced_auto_rule_that_names_the_pull_kernel_asks_for_it():
     assert backend("auto", p2p_auto_rule="oneshot_lamport<=64K,twoshot").algorithms == p2p_rules.VARIANTS["auto"]
 
 
+def test_the_graph_one_shot_needs_peer_atomics_for_its_counter_barrier():
+    assert "atomics" in backend("oneshot_graph").needs
+    assert "atomics" in backend("auto", p2p_auto_rule="oneshot_lamport<=64K,oneshot_graph").needs
+    assert all("atomics" not in backend(v).needs for v in ("twoshot_graph", "oneshot_lamport", "auto"))
+
+
 # -- the timeout report ------------------------------------------------------------------
 
 def test_a_recorded_timeout_becomes_a_clear_error_before_any_launch():
@@ -588,6 +594,9 @@ def test_a_recorded_timeout_becomes_a_clear_error_before_any_launch():
     workload = b.make_workload(ctx_for(4, device="cpu"), 8, torch.float32, None, 3)
     with pytest.raises(BackendTimeout, match=expected):
         workload.verify(0, 3)
+    report[1] = p2p_kernels.PEER_UNKNOWN          # the graph one-shot's counter barrier counts, names no one
+    with pytest.raises(p2p_kernels.P2PTimeoutError, match=r"^p2p: a peer rank did not arrive within 300 ms \(rank 0,"):
+        b.raise_if_failed()
     report[0] = 0
     b.raise_if_failed()           # nothing recorded: no error
     area.report = 0               # keep release() away from this fake report
@@ -607,6 +616,9 @@ def test_cuda_source_constants_match():
     assert [name for name, array in fields if array] == list(p2p_layout.LAYOUT_AREAS)
     assert [name for name, array in fields if not array] == list(p2p_layout.LAYOUT_SCALARS)
     assert int(re.search(r"#define LL_BUFFERS (\d+)", source).group(1)) == p2p_layout.LL_BUFFERS
+    assert int(re.search(r"#define LL_ONESHOT_BUFFERS (\d+)", source).group(1)) == p2p_layout.LL_ONESHOT_BUFFERS
+    assert int(re.search(r"#define SEMAPHORE_WORDS (\d+)", source).group(1)) == p2p_layout.SEMAPHORE_WORDS
+    assert int(re.search(r"#define PEER_UNKNOWN (0x[0-9a-f]+)u", source).group(1), 16) == p2p_kernels.PEER_UNKNOWN
     assert int(re.search(r"#define LL_EMPTY (0x[0-9a-f]+)u", source).group(1), 16) == p2p_layout.LL_EMPTY
     ctrl = re.search(r"struct Ctrl \{(.*?)\};", source, re.S).group(1)
     ctrl_words = sum(int({"LL_BUFFERS": p2p_layout.LL_BUFFERS, "P2P_MAX_BLOCKS": p2p_layout.MAX_BLOCKS}.get(n, n or 1))

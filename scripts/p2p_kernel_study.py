@@ -1,0 +1,234 @@
+#!/usr/bin/env python3
+"""What makes one p2p kernel faster than another: variants of backends/p2p/allreduce.cu, each one
+change, measured by the sweep in the same run as the shipped kernels and the engines' kernels.
+
+    python3 scripts/p2p_kernel_study.py prepare SITE_DIR
+    PYTHONPATH=SITE_DIR python3 -m commbench sweep --nproc 8 --share-gpus --mps --mode graph \\
+        --dtype bf16 --sizes 4K,8K --backends p2p:oneshot_lamport,$(python3 scripts/p2p_kernel_study.py specs) ...
+    python3 scripts/p2p_kernel_study.py table RUN_DIR [RUN_DIR ...]
+
+prepare writes into SITE_DIR one patched copy of allreduce.cu per study (each change is an exact
+text replacement: a kernel file that no longer holds the text fails here, never silently), this
+module, and a distribution's metadata that registers it as the backend plug-in family
+`p2pstudy` (the `commbench.backends` entry-point group). `p2pstudy:STUDY.KERNEL` is the p2p
+backend running the p2p variant KERNEL compiled from STUDY's copy: the sweep checks every timed
+call of it as of any backend (the exact sums), next to the shipped `p2p:KERNEL` (the same code
+as `p2pstudy:base.KERNEL`: their difference is the run's noise) and the engines' kernels.
+table prints, per run, each study row's time as a ratio to `p2pstudy:base` of the same kernel
+and size. Study code never ships: a change that wins is written into allreduce.cu itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+ENTRY_POINT = "p2pstudy"
+HERE = Path(__file__).resolve()
+KERNEL_FILE = "allreduce.cu"
+
+# ---- the changes, as (text in allreduce.cu, its replacement) ----
+
+_LL_POLL = 'asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"'
+_LL_STORE = 'asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};"'
+_FLAG_POLL = "while ((int)(load_acquire_sys(mine) - count) < 0) {"
+
+# Shipped after the study of 2026-12-03 (results/reference/h200-mps-p2p-tune/README.md), so no
+# longer studies here: the graph one-shot's counter barrier (SGLang's barrier) and the Lamport
+# one-shot's two buffers. flag_oneshot measures the first against the flags it replaced.
+STUDIES: dict[str, tuple[tuple[str, str], ...]] = {
+    "base": (),
+    # (a) the work before the first store: no abort word, no block-wide vote on it.
+    "noabort": (("  call.failed = __syncthreads_or(load_volatile(&c->abort) != 0u) != 0;",
+                 "  call.failed = false;\n  __syncthreads();"),),
+    # (c) the Lamport polls' and pushes' flavour: SGLang's relaxed system-scope loads and stores,
+    # or acquire loads.
+    "ll_relaxed": ((_LL_POLL, _LL_POLL.replace("ld.volatile.global", "ld.relaxed.sys.global")),
+                   (_LL_STORE, _LL_STORE.replace("st.volatile.global", "st.relaxed.sys.global"))),
+    "ll_acquire": ((_LL_POLL, _LL_POLL.replace("ld.volatile.global", "ld.acquire.sys.global")),),
+    # The Lamport one-shot's own loop: reload every source on each poll, as SGLang does, not only
+    # those still empty.
+    "ll_reload_all": (("      if (s != (int)self && !ll_ready(v[s])) v[s] = load_volatile4(",
+                       "      if (s != (int)self) v[s] = load_volatile4("),),
+    # (c) the flag barrier's poll: relaxed or volatile instead of acquire.
+    "flag_relaxed": ((_FLAG_POLL, _FLAG_POLL.replace("load_acquire_sys", "load_relaxed_sys")),),
+    "flag_volatile": ((_FLAG_POLL, _FLAG_POLL.replace("load_acquire_sys(mine)", "load_volatile(mine)")),),
+    # (b) the graph one-shot's barriers as flags (one per peer, N polling threads: the shipped
+    # graph two-shot's) instead of its counter (one peer atomic per rank, one polling thread).
+    "flag_oneshot": (("  if (graph_call_begin<N, true>(L, row, ins, call, window)) {",
+                      "  if (graph_call_begin<N, false>(L, row, ins, call, window)) {"),
+                     ("    counter_barrier<N>(L, window + N, call.count, PHASE_SECOND_BARRIER);",
+                      "    barrier<N, false>(L, call.count, PHASE_SECOND_BARRIER);")),
+    # The graph one-shot's reads of every rank's input as plain loads (SGLang's pull loads), not
+    # ld.global.cg (L2 only).
+    "graph_plain_loads": (("v[s] = load_cg((const uint4*)ins[s] + i);", "v[s] = ((const uint4*)ins[s])[i];"),),
+    # PDL: let the next launch start only when this grid ends (SGLang triggers at its end).
+    "pdl_late": (('  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");\n', ""),),
+    "nopdl": (),     # the shipped source, launched without PDL
+}
+
+# The p2p variants each study is measured with: the kernels its change touches.
+LAMPORT, GRAPH = ("oneshot_lamport",), ("oneshot_graph", "twoshot_graph")
+STUDY_KERNELS: dict[str, tuple[str, ...]] = {
+    "base": LAMPORT + GRAPH, "noabort": LAMPORT + GRAPH, "ll_relaxed": LAMPORT, "ll_acquire": LAMPORT,
+    "ll_reload_all": LAMPORT, "flag_relaxed": ("twoshot_graph",), "flag_volatile": ("twoshot_graph",),
+    "flag_oneshot": ("oneshot_graph",), "graph_plain_loads": ("oneshot_graph",), "pdl_late": LAMPORT + GRAPH, "nopdl": LAMPORT + GRAPH}
+
+
+def patched(source: str, study: str) -> str:
+    """allreduce.cu with one study's replacements, each made wherever its text occurs (both graph
+    kernels, say); text that occurs nowhere stops the study."""
+    for old, new in STUDIES[study]:
+        if old not in source:
+            raise SystemExit(f"p2p_kernel_study: {study}: the kernel file no longer holds "
+                             f"{old.splitlines()[0]!r} (the study does not match allreduce.cu)")
+        source = source.replace(old, new)
+    return source
+
+
+def specs() -> list[str]:
+    return [f"{ENTRY_POINT}:{study}.{kernel}" for study, kernels in STUDY_KERNELS.items() for kernel in kernels]
+
+
+def prepare(site: Path) -> None:
+    repo = HERE.parent.parent
+    source = (repo / "backends" / "p2p" / KERNEL_FILE).read_text()
+    sources = site / "p2p_kernel_study_sources"
+    sources.mkdir(parents=True, exist_ok=True)
+    for study in STUDIES:
+        (sources / f"{study}.cu").write_text(patched(source, study))
+    shutil.copy(HERE, site / "p2p_kernel_study.py")
+    dist = site / "p2p_kernel_study-0.dist-info"
+    dist.mkdir(exist_ok=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: p2p-kernel-study\nVersion: 0\n")
+    (dist / "entry_points.txt").write_text(f"[commbench.backends]\n{ENTRY_POINT} = p2p_kernel_study:FACTORY\n")
+    print(f"p2p_kernel_study: {len(STUDIES)} sources in {sources}; backends: {','.join(specs())}")
+
+
+# ---- the plug-in (imported by commbench in every rank, from SITE_DIR) ----
+
+def _factory() -> Any:
+    from commbench.backends.base import BackendFactory
+    from commbench.backends.p2p.backend import P2PAllreduce
+    from commbench.backends.p2p.rules import P2POptions
+    from commbench.errors import UsageError
+
+    class StudyP2P(P2PAllreduce):
+        family = ENTRY_POINT
+
+        def __init__(self, study: str, kernel: str):
+            super().__init__(kernel, P2POptions(pdl=study != "nopdl"))
+            self.name = f"{ENTRY_POINT}:{study}.{kernel}"
+            self.kernel_source = HERE.parent / "p2p_kernel_study_sources" / f"{study}.cu"
+
+        def row_fields(self) -> dict[str, Any]:
+            fields = super().row_fields()
+            fields["extra"]["p2p_study"] = self.name.partition(":")[2].partition(".")[0]
+            return fields
+
+    def make(variant: str | None, options: Any) -> list[Any]:
+        names = specs() if variant is None else [f"{ENTRY_POINT}:{variant.strip()}"]
+        made = []
+        for name in names:
+            study, _, kernel = name.partition(":")[2].partition(".")
+            if kernel not in STUDY_KERNELS.get(study, ()):
+                raise UsageError(f"unknown study backend {name!r}: choose from {', '.join(specs())}")
+            made.append(StudyP2P(study, kernel))
+        return made
+
+    return BackendFactory(family=ENTRY_POINT, make=make, on_gpu_by_default=False,
+                          summary="study variants of commbench's p2p kernels (scripts/p2p_kernel_study.py)",
+                          native=False, trace_kernels_of="p2p")
+
+
+def __getattr__(name: str) -> Any:     # FACTORY is built on first use: `prepare` needs no torch
+    if name == "FACTORY":
+        return _factory()
+    raise AttributeError(name)
+
+
+# ---- the table ----
+
+def table(run_dirs: list[Path]) -> list[str]:
+    from commbench.results import OK, RunDir
+    from commbench.units import format_bytes
+
+    lines: list[str] = []
+    for run_dir in run_dirs:
+        rows = [r for r in RunDir(run_dir).rows() if r.status == OK and r.mode == "graph" and r.latency_us]
+        by = {(r.backend, r.message_bytes): r.latency_us for r in rows}
+        sizes = sorted({r.message_bytes for r in rows})
+        world = rows[0].world_size if rows else "?"
+        others = sorted({r.backend for r in rows if not r.backend.startswith(f"{ENTRY_POINT}:")})
+        lines += [f"### {world} ranks (`{run_dir.name}`): us per call; study rows as a ratio to base", "",
+                  "| backend | " + " | ".join(format_bytes(s) for s in sizes) + " |", "|---" * (len(sizes) + 1) + "|"]
+        # Every study the run measured, in the order it ran (a study shipped since is still shown).
+        studied_or_base = set(r.backend for r in rows)
+        studied = [b for b in dict.fromkeys(r.backend for r in rows)
+                   if b.startswith(f"{ENTRY_POINT}:") and not b.startswith(f"{ENTRY_POINT}:base.")]
+        for name in others + studied:
+            cells = []
+            for size in sizes:
+                us = by.get((name, size))
+                base = by.get((f"{ENTRY_POINT}:base.{name.split('.', 1)[-1].split(':')[-1]}", size))
+                if us is None:
+                    cells.append("-")
+                elif name.startswith(f"{ENTRY_POINT}:") and base:
+                    cells.append(f"{us / base:.2f}x")
+                else:
+                    cells.append(f"{us:.2f}")
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        lines += [f"| {ENTRY_POINT}:base.{k} | " + " | ".join(
+            f"{by[(f'{ENTRY_POINT}:base.{k}', s)]:.2f}" if (f"{ENTRY_POINT}:base.{k}", s) in by else "-"
+            for s in sizes) + " |" for k in STUDY_KERNELS["base"] if f"{ENTRY_POINT}:base.{k}" in studied_or_base]
+        lines.append("")
+    return lines
+
+
+def winners(run_dirs: list[Path], margin: float = 0.03) -> list[str]:
+    """Studies faster than base by `margin` at some size of some run, in no row wrong or failed,
+    best first."""
+    from commbench.results import OK, RunDir
+
+    best: dict[str, float] = {}
+    failed: set[str] = set()
+    for run_dir in run_dirs:
+        rows = [r for r in RunDir(run_dir).rows() if r.backend.startswith(f"{ENTRY_POINT}:") and r.mode == "graph"]
+        base = {(r.backend.split(".", 1)[1], r.message_bytes): r.latency_us for r in rows
+                if r.backend.startswith(f"{ENTRY_POINT}:base.") and r.status == OK}
+        for r in rows:
+            study, kernel = r.backend.partition(":")[2].split(".", 1)
+            if r.status != OK:
+                failed.add(study)
+            elif (kernel, r.message_bytes) in base and r.latency_us:
+                ratio = r.latency_us / base[(kernel, r.message_bytes)]
+                best[study] = min(best.get(study, ratio), ratio)
+    return [s for s in sorted(best, key=best.get) if s != "base" and s not in failed and best[s] < 1 - margin]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("prepare").add_argument("site", type=Path)
+    sub.add_parser("specs")
+    sub.add_parser("table").add_argument("run_dirs", type=Path, nargs="+")
+    sub.add_parser("winners").add_argument("run_dirs", type=Path, nargs="+")
+    args = parser.parse_args(argv)
+    if args.command == "prepare":
+        prepare(args.site)
+    elif args.command == "specs":
+        print(",".join(specs()))
+    else:
+        for run_dir in args.run_dirs:
+            if not (run_dir / "measurements.jsonl").is_file():
+                print(f"p2p_kernel_study: {run_dir}: no measurements.jsonl", file=sys.stderr)
+                return 2
+        print("\n".join(table(args.run_dirs) if args.command == "table" else winners(args.run_dirs)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

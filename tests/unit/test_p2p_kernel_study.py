@@ -1,0 +1,101 @@
+"""scripts/p2p_kernel_study.py without a GPU: every study still applies to the shipped kernel file,
+prepare writes a plug-in the registry loads, and the table and the winners read the rows right."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from commbench import backends
+from commbench.backends.p2p import kernels as p2p_kernels
+from commbench.backends.p2p import layout as p2p_layout
+from commbench.results import WRONG
+from factories import row, write_run
+
+SCRIPT = Path(__file__).parents[2] / "scripts" / "p2p_kernel_study.py"
+
+
+def load_study():
+    spec = importlib.util.spec_from_file_location("p2p_kernel_study_under_test", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+study = load_study()
+
+
+@pytest.mark.parametrize("name", list(study.STUDIES))
+def test_every_study_applies_to_the_shipped_kernels(name):
+    source = p2p_kernels.KERNEL_SOURCE.read_text()
+    changed = study.patched(source, name)
+    assert (changed == source) == (not study.STUDIES[name])
+    assert set(study.STUDY_KERNELS[name]) <= set(p2p_layout.KERNEL_NAMES)
+
+
+def test_a_study_that_no_longer_matches_stops():
+    with pytest.raises(SystemExit, match="flag_oneshot: the kernel file no longer holds"):
+        study.patched("// an unrelated kernel file\n", "flag_oneshot")
+
+
+def test_flag_oneshot_gives_the_graph_one_shot_the_flag_barriers_back():
+    changed = study.patched(p2p_kernels.KERNEL_SOURCE.read_text(), "flag_oneshot")
+    one_shot = changed.split("p2p_oneshot_graph(")[1]
+    assert "graph_call_begin<N, false>" in one_shot and "counter_barrier" not in one_shot
+
+
+def test_prepare_writes_a_plug_in_the_registry_loads(tmp_path, monkeypatch):
+    study.prepare(tmp_path)
+    assert sorted(p.stem for p in (tmp_path / "p2p_kernel_study_sources").iterdir()) == sorted(study.STUDIES)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "p2p_kernel_study", raising=False)
+    backends.factory.cache_clear()
+    try:
+        made = backends.expand(["p2pstudy:flag_volatile.twoshot_graph", "p2pstudy:nopdl.oneshot_lamport"],
+                               backends.Options(), on_gpu=True)
+        assert [b.name for b in made] == ["p2pstudy:flag_volatile.twoshot_graph", "p2pstudy:nopdl.oneshot_lamport"]
+        assert made[0].kernel_source == tmp_path / "p2p_kernel_study_sources" / "flag_volatile.cu"
+        assert made[0].algorithms == ("twoshot_graph",) and made[0].options.pdl
+        assert not made[1].options.pdl
+        with pytest.raises(Exception, match="unknown study backend 'p2pstudy:ll_relaxed.twoshot_graph'"):
+            backends.expand(["p2pstudy:ll_relaxed.twoshot_graph"], backends.Options(), on_gpu=True)
+    finally:
+        sys.modules.pop("p2p_kernel_study", None)
+        backends.factory.cache_clear()
+
+
+def _run(tmp_path, name, world=8):
+    base = {4096: 3.0, 65536: 5.0}
+    rows = [row(backend="sglang:1shot_push", world_size=world, message_bytes=4096, latency_us=2.0)]
+    for size, us in base.items():
+        rows += [row(backend="p2pstudy:base.oneshot_lamport", world_size=world, message_bytes=size, latency_us=us),
+                 row(backend="p2pstudy:ll_relaxed.oneshot_lamport", world_size=world, message_bytes=size,
+                     latency_us=us * (0.9 if size == 4096 else 1.0)),
+                 row(backend="p2pstudy:noabort.oneshot_lamport", world_size=world, message_bytes=size,
+                     latency_us=us * 0.98),
+                 row(backend="p2pstudy:pdl_late.oneshot_lamport", world_size=world, message_bytes=size,
+                     latency_us=us * 0.5, status=WRONG if size == 65536 else "ok")]
+    return write_run(tmp_path / name, rows)
+
+
+def test_winners_beat_base_by_the_margin_and_were_never_wrong(tmp_path):
+    # pdl_late is fastest but was wrong once; noabort won only 2%.
+    assert study.winners([_run(tmp_path, "a")]) == ["ll_relaxed"]
+
+
+def test_the_table_gives_study_rows_as_ratios_to_base(tmp_path):
+    lines = study.table([_run(tmp_path, "a")])
+    assert lines[0].startswith("### 8 ranks")
+    sglang = next(line for line in lines if line.startswith("| sglang:1shot_push |"))
+    assert sglang == "| sglang:1shot_push | 2.00 | - |"
+    relaxed = next(line for line in lines if line.startswith("| p2pstudy:ll_relaxed.oneshot_lamport |"))
+    assert relaxed == "| p2pstudy:ll_relaxed.oneshot_lamport | 0.90x | 1.00x |"
+    assert "| p2pstudy:base.oneshot_lamport | 3.00 | 5.00 |" in lines
+
+
+def test_a_run_dir_without_rows_is_one_line_and_exit_2(tmp_path, capsys):
+    assert study.main(["table", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip() == f"p2p_kernel_study: {tmp_path}: no measurements.jsonl"
