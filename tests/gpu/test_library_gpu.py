@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import time
 
 import pytest
 import torch
@@ -72,6 +73,15 @@ def _check_calls(backend: Backend, workload, graph: bool, epoch: int) -> tuple[i
     return result.wrong_elements, ",".join(sorted(result.kinds)) or None
 
 
+def _progress(ctx, line: str) -> None:
+    """A line per step, flushed at once into $OUT: when a hang stops the test, this file names
+    the variant and size each rank was in (pytest's captured output dies with the kill)."""
+    folder = os.environ.get("OUT")
+    if folder:
+        with open(os.path.join(folder, f"library_progress_{ctx.world_size}.txt"), "a") as f:
+            f.write(f"{time.strftime('%H:%M:%S')} rank {ctx.rank} {line}\n")
+
+
 def _run_variant(ctx, backend: Backend, dtype: torch.dtype) -> dict:
     from commbench.analysis.fusion import FUSED_OP
 
@@ -83,6 +93,7 @@ def _run_variant(ctx, backend: Backend, dtype: torch.dtype) -> dict:
     else:
         cases = [(b // dtype.itemsize, None) for b in PLAIN_BYTES]
     max_bytes = max(count for count, _ in cases) * dtype.itemsize
+    _progress(ctx, f"{backend.name}: setup")
     try:
         backend.setup(ctx, max_bytes, dtype)
     except Exception as exc:
@@ -94,6 +105,7 @@ def _run_variant(ctx, backend: Backend, dtype: torch.dtype) -> dict:
             if size_reason:
                 rows.append({"count": count, "shape": shape, "status": "unsupported", "reason": size_reason})
                 continue
+            _progress(ctx, f"{backend.name}: {count * dtype.itemsize} bytes")
             try:
                 workload = backend.make_workload(ctx, count, dtype, shape, GRAPH_CALLS)
             except Exception as exc:
@@ -117,6 +129,7 @@ def _run_variant(ctx, backend: Backend, dtype: torch.dtype) -> dict:
                                  "reason": f"{type(exc).__name__}: {exc}"})
     finally:
         backend.close()
+    _progress(ctx, f"{backend.name}: done")
     return {"status": "ran", "rows": rows}
 
 
