@@ -106,12 +106,17 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def spawn_ranks(worker: Callable[..., Any], world: int, *args: Any, timeout_s: float = 120.0) -> dict[int, Any]:
+def spawn_ranks(worker: Callable[..., Any], world: int, *args: Any, timeout_s: float = 120.0,
+                dead_peer_grace_s: float = 10.0) -> dict[int, Any]:
     """worker(rank, world, *args) in `world` spawned processes, each with one rank's
     torch.distributed environment on this host (RANK, WORLD_SIZE, LOCAL_*, a free MASTER_PORT);
-    their return values by rank. A worker that raises returns {"crash": its traceback}, so a test
-    fails at once with it instead of waiting out timeout_s. `worker` and args must pickle: a
-    module-level function of a test module."""
+    their return values by rank. A worker that raises returns {"crash": its traceback}, and a rank
+    that dies without an answer (a signal, os._exit) {"crash": its exit code}, and the ranks still
+    without an answer dead_peer_grace_s later a crash naming it (they may wait for it in a
+    collective forever), so a test fails at once instead of waiting out timeout_s. `worker` and args must pickle: a module-level function
+    of a test module."""
+    import queue
+
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
@@ -120,11 +125,39 @@ def spawn_ranks(worker: Callable[..., Any], world: int, *args: Any, timeout_s: f
     procs = [ctx.Process(target=_rank_main, args=(worker, rank, world, port, args, results)) for rank in range(world)]
     for proc in procs:
         proc.start()
+    got: dict[int, Any] = {}
+    seen_dead: set[int] = set()
+    died: list[int] = []
+    answered: set[int] = set()
+    deadline = time.monotonic() + timeout_s
     try:
-        return dict(results.get(timeout=timeout_s) for _ in procs)
+        while len(got) < world:
+            try:
+                rank, value = results.get(timeout=min(1.0, max(0.0, deadline - time.monotonic())))
+                got[rank] = value
+                answered.add(rank)
+                continue
+            except queue.Empty:
+                pass
+            # A rank's answer is in the pipe before it exits; still, a rank counts as dead only when
+            # it was already gone at the previous look, a second of empty queue ago.
+            for rank, proc in enumerate(procs):
+                if rank in got or proc.exitcode is None:
+                    continue
+                if rank in seen_dead:
+                    got[rank] = {"crash": f"rank {rank} exited with code {proc.exitcode} and no answer"}
+                    died.append(rank)
+                    deadline = min(deadline, time.monotonic() + dead_peer_grace_s)
+                seen_dead.add(rank)
+            if time.monotonic() >= deadline:
+                missing = sorted(set(range(world)) - set(got))
+                if not died:
+                    raise TimeoutError(f"no answer from ranks {missing} in {timeout_s:g} s")
+                got.update({rank: {"crash": f"rank {rank}: no answer after rank {died[0]} died"} for rank in missing})
+        return got
     finally:
-        for proc in procs:
-            proc.join(timeout=30)
+        for rank, proc in enumerate(procs):
+            proc.join(timeout=30 if rank in answered else 0)   # one left without an answer may never exit
             if proc.is_alive():
                 proc.kill()
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import threading
 import time
 
 import pytest
@@ -20,6 +21,8 @@ from commbench.backends.base import Backend, SweepFacts
 from helpers import spawn_ranks
 
 GRAPH_CALLS = 3
+VARIANT_LIMIT_S = 300     # one variant's setup, sizes and checks; FlashInfer's JIT is built beforehand (docs/testing.md)
+STALL_EXIT = 86           # a rank's exit code when one variant outlived VARIANT_LIMIT_S
 PLAIN_BYTES = (8 << 10, 96 << 10, 1 << 20)        # 4K..512K bf16 elements
 SHAPES = ((1, 7168), (16, 7168), (64, 6144))       # (tokens, hidden): DeepSeek-V3's and GLM-5's hidden
 
@@ -80,6 +83,11 @@ def _progress(ctx, line: str) -> None:
     if folder:
         with open(os.path.join(folder, f"library_progress_{ctx.world_size}.txt"), "a") as f:
             f.write(f"{time.strftime('%H:%M:%S')} rank {ctx.rank} {line}\n")
+
+
+def _stalled(ctx, name: str) -> None:
+    _progress(ctx, f"{name}: no answer in {VARIANT_LIMIT_S} s, the rank exits (code {STALL_EXIT})")
+    os._exit(STALL_EXIT)
 
 
 def _run_variant(ctx, backend: Backend, dtype: torch.dtype) -> dict:
@@ -143,7 +151,13 @@ def _worker(rank: int, world: int) -> dict:
     ctx, _ = init_context(share_gpus=True, timeout_s=240)
     out = {}
     for backend in _variants():
+        # A hung kernel never returns: the rank leaves with the variant's name in its progress file,
+        # and spawn_ranks answers for it at once instead of after the test's whole timeout.
+        watchdog = threading.Timer(VARIANT_LIMIT_S, _stalled, (ctx, backend.name))
+        watchdog.daemon = True
+        watchdog.start()
         out[backend.name] = _run_variant(ctx, backend, torch.bfloat16)
+        watchdog.cancel()
         if rank == 0:
             print(f"[{world} ranks] {backend.name}: {json.dumps(out[backend.name], default=str)[:400]}",
                   flush=True)
