@@ -72,6 +72,13 @@ DEFAULT_ALGORITHMS = (
 # throws InvalidUsage at every call (0.9.0 allreduce_rsag_zero_copy.cu; seen at 2 ranks on the
 # H200, 2026-12-02). One node, so the ranks per node are the world size.
 RANKS_PER_NODE = {"default_allreduce_rsag_zero_copy": (4, 8)}
+# Algorithms whose kernel waits at a grid-wide barrier (mscclpp::DeviceSyncer, no timeout) for every
+# block of its launch: (from bytes, blocks of 1024 threads) as 0.9.0 launches them by default
+# (allreduce_rsag_zero_copy.cu:122-127, the barrier at :107). One block of 1024 threads per SM is
+# all a GPU is sure to keep resident (registers decide whether a second fits; Ada and Blackwell
+# workstation SMs hold 1,536 threads), so a launch with more blocks than the rank's SMs may wait
+# for blocks that never start.
+GRID_BARRIER_LAUNCH = {"default_allreduce_rsag_zero_copy": ((0, 64), (1 << 26, 128))}
 BOOTSTRAP_TIMEOUT_S = 120
 
 # Kernel names this family's allreduce leaves in a profiler trace, read by `commbench attribute`
@@ -105,6 +112,19 @@ def auto_algorithm(message_bytes: int) -> str:
         if message_bytes <= limit:
             return name
     return AUTO_LARGE
+
+
+def grid_barrier_reason(algorithm: str, message_bytes: int, sms: int) -> str | None:
+    """Why this algorithm must not run a message of this size on a rank that may count on `sms`
+    SMs (runtime.context.own_sms), or None."""
+    launch = GRID_BARRIER_LAUNCH.get(algorithm)
+    if not launch:
+        return None
+    blocks = max(count for start_bytes, count in launch if message_bytes >= start_bytes)
+    if blocks <= sms:
+        return None
+    return (f"{algorithm} waits at a grid-wide barrier for all {blocks} blocks of 1024 threads of its launch "
+            f"(MSCCL++ 0.9.0), and this rank may count on {sms} SMs: with fewer SMs than blocks it can hang")
 
 
 def import_mscclpp(allow_multicast: bool) -> Any:
@@ -220,6 +240,7 @@ class MscclppAllreduce(Backend):
         self._dtype: Any = None
         self._accum_dtype: Any = None
         self._last_algorithm: str | None = None
+        self._sms: int | None = None      # resident_sms, set at setup
 
     @property
     def needs(self) -> tuple[str, ...]:  # type: ignore[override]
@@ -237,12 +258,19 @@ class MscclppAllreduce(Backend):
     def software_reason(self) -> str | None:
         return import_reason()
 
+    def check(self, ctx: "RunContext") -> str | None:
+        reason = super().check(ctx)
+        if reason is None and self.algorithm in GRID_BARRIER_LAUNCH:
+            reason = grid_barrier_reason(self.algorithm, 0, ctx.resident_sms)   # its smallest launch
+        return reason
+
     def engine_settings(self, world_size: int | None) -> engines.Settings:
         return engine_settings(self.name, stand_in=self.algorithm is not None)
 
     def setup(self, ctx: "RunContext", max_bytes: int, dtype: torch.dtype) -> None:
         mscclpp = import_mscclpp(ctx.multicast_reason is None)
         self._mscclpp = mscclpp
+        self._sms = ctx.resident_sms
         self._dtype = getattr(mscclpp.DataType, MSCCLPP_DTYPES[dtype])
         # Algorithm.execute (0.9.0) hands int(accum_dtype) to C++, defaulting it to dtype; an enum
         # of a nanobind 2+ build refuses int() (TypeError), its value does not.
@@ -268,10 +296,11 @@ class MscclppAllreduce(Backend):
         reason = super().supports(message_bytes, dtype)
         if reason or not self._algorithms:
             return reason
-        low, high = self._algorithms[self._pick(message_bytes)].message_size_range
+        name = self._pick(message_bytes)
+        low, high = self._algorithms[name].message_size_range
         if not low <= message_bytes <= high:
-            return f"{self._pick(message_bytes)} handles {low}..{high} bytes"
-        return None
+            return f"{name} handles {low}..{high} bytes"
+        return grid_barrier_reason(name, message_bytes, self._sms) if self._sms is not None else None
 
     def allreduce(self, x: torch.Tensor, out: torch.Tensor) -> None:
         assert self._comm is not None, "setup() first"

@@ -18,7 +18,6 @@ from commbench.backends.flashinfer.autotune_log import describe_config, failure_
     profiling_failures, saved_configs
 from commbench.backends.flashinfer.common import (DISTRIBUTION, PCIE_DTYPES, PCIE_PACK_BYTES, PCIE_TUNE_DIR,
                                                   PCIE_WORLD_SIZES, FlashinferMake, FlashInferBase, plain_shape)
-from commbench.runtime.context import own_sms
 
 if TYPE_CHECKING:
     from commbench.runtime.context import RunContext
@@ -136,8 +135,7 @@ class PcieIpcAllreduce(FlashInferBase):
         # Sized to the largest shape: the epoch double buffer's halves sit world * max_numel
         # elements apart, and FlashInfer warns that an oversized workspace costs time.
         max_numel = max(t * h for t, h in shapes)
-        sms = voted_gather(ctx, "SM count", lambda: own_sms(
-            torch.cuda.get_device_properties(ctx.device).multi_processor_count, ctx.emulation))
+        sms = voted_gather(ctx, "SM count", lambda: ctx.resident_sms)
         default_blocks = inspect.signature(comm.PcieIpcAllReduceWorkspace).parameters["max_blocks"].default
         max_blocks, max_blocks_reason = pcie_max_blocks(default_blocks, sms, ctx.emulation is not None)
         # The constructor validates jointly on every rank and raises on all of them together.

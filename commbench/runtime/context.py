@@ -123,6 +123,11 @@ class RunContext:
     def multicast_reason(self) -> str | None:
         return multicast_policy_reason(self.allow_multicast)
 
+    @property
+    def resident_sms(self) -> int:
+        """The SMs this rank's blocks may count on while every rank's blocks are resident (own_sms)."""
+        return own_sms(torch.cuda.get_device_properties(self.device).multi_processor_count, self.emulation)
+
     def barrier(self) -> None:
         with _control_group():
             dist.barrier(group=self.control_group)

@@ -127,6 +127,30 @@ def test_mscclpp_rsag_zero_copy_is_skipped_where_its_kernel_has_no_instance():
     assert factory("mscclpp").variants("algo=default_allreduce_rsag")[0].world_size_reason(2) is None
 
 
+def test_mscclpp_grid_barrier_algorithm_needs_an_sm_per_block(monkeypatch):
+    """rsag_zero_copy's blocks wait for each other at a grid-wide barrier: 4 ranks sharing an H200
+    under MPS count on 33 SMs each, fewer than its 64 blocks, and would hang; one H200 per rank runs."""
+    name = "default_allreduce_rsag_zero_copy"
+    assert mp_backend.grid_barrier_reason(name, 8 << 10, 33) == (
+        f"{name} waits at a grid-wide barrier for all 64 blocks of 1024 threads of its launch (MSCCL++ 0.9.0), "
+        "and this rank may count on 33 SMs: with fewer SMs than blocks it can hang")
+    assert mp_backend.grid_barrier_reason(name, 8 << 20, 132) is None
+    assert "all 128 blocks" in mp_backend.grid_barrier_reason(name, 64 << 20, 100)   # from 64 MiB it launches 128
+    assert mp_backend.grid_barrier_reason("default_allreduce_rsag", 8 << 10, 1) is None
+
+    zero_copy = factory("mscclpp").variants(f"algo={name}")[0]
+    rsag = factory("mscclpp").variants("algo=default_allreduce_rsag")[0]
+    monkeypatch.setattr(Backend, "check", lambda self, ctx: None)    # world, verdicts, needs, software: fine
+    assert zero_copy.check(SimpleNamespace(resident_sms=33)).startswith(f"{name} waits")
+    assert zero_copy.check(SimpleNamespace(resident_sms=132)) is None
+    assert rsag.check(SimpleNamespace(resident_sms=1)) is None
+    # per size, once setup knows the SMs: 100 SMs hold 64 blocks, not 128
+    zero_copy._algorithms = {name: SimpleNamespace(message_size_range=(0, 1 << 40))}
+    zero_copy._sms = 100
+    assert zero_copy.supports(32 << 20, torch.bfloat16) is None
+    assert "all 128 blocks" in zero_copy.supports(64 << 20, torch.bfloat16)
+
+
 @pytest.mark.procs
 def test_mscclpp_shim_needs_a_library_path(tmp_path):
     assert factory("mscclpp").variants("shim")[0].software_reason() == \
