@@ -235,7 +235,13 @@ def test_library_backends_on_shared_gpu(world: int) -> None:
             assert row["observed"]["extra"]["pcie_ipc_config"], row
 
 
-def _library_report(reason: str | None) -> dict:
+def _skip_unless_wanted(family: str) -> None:
+    if not _wanted(family):
+        pytest.skip(f"COMMBENCH_GPU_TEST_FAMILIES leaves {family} out")
+
+
+def _library_report(family: str, reason: str | None) -> dict:
+    _skip_unless_wanted(family)
     if reason:
         pytest.skip(reason)
     return _run_world(2)[0]
@@ -244,7 +250,7 @@ def _library_report(reason: str | None) -> dict:
 def test_flashinfer_trtllm_and_fused_run_exact_when_installed() -> None:
     from commbench.backends.flashinfer.common import REQUIRES
 
-    report = _library_report(REQUIRES.reason())
+    report = _library_report("flashinfer", REQUIRES.reason())
     for name in ("flashinfer:trtllm_oneshot", "flashinfer:trtllm_twoshot", "flashinfer:fused_oneshot",
                  "flashinfer:fused_twoshot"):
         assert report[name]["status"] == "ran", (name, report[name])
@@ -257,7 +263,7 @@ def test_mscclpp_runs_or_says_why_when_installed() -> None:
 
     from commbench.backends.mscclpp import BUILD_HINT
 
-    report = _library_report(BUILD_HINT if importlib.util.find_spec("mscclpp") is None else None)
+    report = _library_report("mscclpp", BUILD_HINT if importlib.util.find_spec("mscclpp") is None else None)
     auto = report["mscclpp:auto"]
     assert auto["status"] == "ran" or "MSCCL++" in auto.get("reason", "") or "mscclpp" in auto.get("reason", ""), auto
 
@@ -269,8 +275,7 @@ ENGINE_FAMILIES = ("sglang", "vllm")
 def test_engine_kernel_exact_at_2_ranks(family: str) -> None:
     """The engines' own custom allreduce (sglang:*, vllm:*): exact on every rank, eager and in
     graphs, at 2 ranks sharing the GPU; skipped with its reason where the library is missing."""
-    if not _wanted(family):
-        pytest.skip(f"COMMBENCH_GPU_TEST_FAMILIES leaves {family} out")
+    _skip_unless_wanted(family)
     gathered = _run_world(2)
     crashes = {r: v["crash"] for r, v in gathered.items() if "crash" in v}
     assert not crashes, crashes

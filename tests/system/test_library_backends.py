@@ -127,6 +127,21 @@ def test_mscclpp_rsag_zero_copy_is_skipped_where_its_kernel_has_no_instance():
     assert factory("mscclpp").variants("algo=default_allreduce_rsag")[0].world_size_reason(2) is None
 
 
+def test_a_family_sweeps_at_a_world_size_one_of_its_variants_cannot_use():
+    """`--backends mscclpp` at 2 ranks: rsag_zero_copy (4 or 8 ranks) is a skipped row with its
+    reason, not a refused sweep; named alone it is bad input."""
+    from commbench.sweep.command import _check_world_size
+
+    family = factory("mscclpp").variants(None)
+    zero_copy = factory("mscclpp").variants("algo=default_allreduce_rsag_zero_copy")
+    _check_world_size({"mscclpp": family}, 2)
+    assert [b.world_size_reason(2) is None for b in family].count(False) == 1
+    with pytest.raises(UsageError, match="backend mscclpp:algo=default_allreduce_rsag_zero_copy cannot run with 2 rank"):
+        _check_world_size({"mscclpp": family, "mscclpp:algo=default_allreduce_rsag_zero_copy": zero_copy}, 2)
+    with pytest.raises(UsageError, match="backend mscclpp:auto cannot run with 1 rank"):
+        _check_world_size({"mscclpp": family}, 1)
+
+
 def test_mscclpp_grid_barrier_algorithm_needs_an_sm_per_block(monkeypatch):
     """rsag_zero_copy's blocks wait for each other at a grid-wide barrier: 4 ranks sharing an H200
     under MPS count on 33 SMs each, fewer than its 64 blocks, and would hang; one H200 per rank runs."""
