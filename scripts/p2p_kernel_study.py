@@ -38,6 +38,22 @@ KERNEL_FILE = "allreduce.cu"
 _LL_POLL = 'asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"'
 _LL_STORE = 'asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};"'
 _FLAG_POLL = "while ((int)(load_acquire_sys(mine) - count) < 0) {"
+_LL_PUSH = """#pragma unroll
+    for (int k = 1; k < N; ++k) {  // start at the next rank so ranks spread over peers
+      const u32 p = (rank + k) % N;
+      uint4* dst = (uint4*)(L.ll[p] + cur * buffer + rank * slot);
+      for (u32 i = first; i < units; i += stride) store_volatile4(dst + i, ll_map(i == first ? in_first : in[i]));
+    }
+"""
+_LL_PUSH_FUSED = """    for (u32 i = first; i < units; i += stride) {{
+      const uint4 v = ll_map(i == first ? in_first : in[i]);
+#pragma unroll
+      for ({loop}) {{
+        {peer}{guard}
+        store_volatile4((uint4*)(L.ll[p] + cur * buffer + rank * slot) + i, v);
+      }}
+    }}
+"""
 _LAYOUT_END = "  u64 rank;\n  u64 nranks;\n};\n"
 # small_params' struct: SMALL_LAYOUT_FIELDS in this order (the host builds it from the Layout's words).
 SMALL_LAYOUT_FIELDS = ("ll", "slot_bytes", "timeout_ns", "ctrl", "report", "rank")
@@ -100,6 +116,16 @@ STUDIES: dict[str, tuple[tuple[str, str], ...]] = {
                       "u32 i, u32 self, const LayoutT& L, u32 count, int phase,"),
                      ("p2p_ll_oneshot(const __grid_constant__ Layout L,",
                       "p2p_ll_oneshot(const __grid_constant__ SmallLayout L,")),
+    # The Lamport one-shot's push as SGLang orders it: per vector one load and one mapping, then
+    # the N-1 stores back to back, not one loop per peer each loading and mapping again (in
+    # program order 277 SASS instructions from the first push to the first poll at 8 ranks,
+    # SGLang's 33: the static comparison in results/reference/h200-mps-p2p-tune/README.md).
+    "push_fused": ((_LL_PUSH, _LL_PUSH_FUSED.format(peer="const u32 p = (rank + k) % N;", loop="int k = 1; k < N; ++k",
+                                                    guard="")),),
+    # push_fused with the peers in rank order, every rank alike: each peer's address a
+    # compile-time field of the parameter (no constant load indexed by the rank).
+    "push_fixed": ((_LL_PUSH, _LL_PUSH_FUSED.format(peer="", loop="int p = 0; p < N; ++p",
+                                                    guard="if (p == (int)rank) continue;")),),
     # The shipped source compiled by nvcc into a cubin on the machine (CuPy's NVRTC options), not
     # by NVRTC: the compiler is the only change.
     "nvcc": (),
@@ -111,7 +137,7 @@ STUDY_KERNELS: dict[str, tuple[str, ...]] = {
     "base": LAMPORT + GRAPH, "noabort": LAMPORT + GRAPH, "ll_relaxed": LAMPORT, "ll_acquire": LAMPORT,
     "ll_reload_all": LAMPORT, "flag_relaxed": ("twoshot_graph",), "flag_volatile": ("twoshot_graph",),
     "flag_oneshot": ("oneshot_graph",), "graph_plain_loads": ("oneshot_graph",), "pdl_late": LAMPORT + GRAPH, "nopdl": LAMPORT + GRAPH,
-    "small_params": LAMPORT, "nvcc": LAMPORT + GRAPH}
+    "small_params": LAMPORT, "push_fused": LAMPORT, "push_fixed": LAMPORT, "nvcc": LAMPORT + GRAPH}
 
 
 def patched(source: str, study: str) -> str:
@@ -147,22 +173,24 @@ def small_layout(layout: Any) -> Any:
     return value
 
 
-# What CuPy's RawModule gives NVRTC for kernels.py (besides the include paths this headerless
-# file never uses): --std=c++17 from kernels.py, -ftz=true from CuPy, -arch=sm_XY of the device.
-NVCC_OPTIONS = ("-std=c++17", "-ftz=true")
+def nvrtc_options(arch: str) -> tuple[str, ...]:
+    """What CuPy's RawModule gives NVRTC for kernels.py, as nvcc flags (besides the include paths
+    this headerless file never uses): --std=c++17 from kernels.py, -ftz=true from CuPy, the
+    device's own sm_XY."""
+    return (f"-arch={arch}", "-std=c++17", "-ftz=true")
 
 
-def nvcc_cubin(source: Path, kernels: list[str], dtype_code: int, nranks: int, arch: str,
+def nvcc_cubin(source: Path, kernels: list[str], dtype_code: int, nranks: int, flags: tuple[str, ...],
                workdir: Path, nvcc: str = "nvcc") -> tuple[Path, dict[str, str]]:
     """The kernels named (templates of allreduce.cu) for one dtype and world size, compiled by
-    nvcc into a cubin in workdir: the cubin and each kernel's mangled name, read from the PTX
-    that nvcc writes first (nvcc -cubin from that PTX is its own ptxas step)."""
+    nvcc with these flags into a cubin in workdir: the cubin and each kernel's mangled name, read
+    from the PTX that nvcc writes first (nvcc -cubin from that PTX is its own ptxas step)."""
     unit, ptx, cubin = workdir / "kernels.cu", workdir / "kernels.ptx", workdir / "kernels.cubin"
     refs = ", ".join(f"(void*)&{name}<{dtype_code}, {nranks}>" for name in kernels)
     # Taking a kernel template's address instantiates it; no signature needs spelling out.
     unit.write_text(f'#include "{source.resolve()}"\nvoid* p2p_study_kernels[] = {{{refs}}};\n')
-    for command in ([nvcc, "-ptx", f"-arch={arch}", *NVCC_OPTIONS, "-o", str(ptx), str(unit)],
-                    [nvcc, "-cubin", f"-arch={arch}", "-o", str(cubin), str(ptx)]):
+    for command in ([nvcc, "-ptx", *flags, "-o", str(ptx), str(unit)],
+                    [nvcc, "-cubin", *flags, "-o", str(cubin), str(ptx)]):
         done = subprocess.run(command, capture_output=True, text=True, check=False)
         if done.returncode:
             raise RuntimeError(f"{' '.join(command)} exited {done.returncode}: {done.stderr.strip()[-400:]}")
@@ -255,7 +283,7 @@ def _nvcc_functions(ctx: Any, dtype: Any, source: Path) -> dict[str, Any]:
     major, minor = torch.cuda.get_device_capability(ctx.device)
     with tempfile.TemporaryDirectory(prefix="p2pstudy-nvcc-") as workdir, cupy.cuda.Device(ctx.device.index):
         cubin, mangled = nvcc_cubin(source, list(KERNEL_NAMES.values()), DTYPE_CODES[dtype], ctx.world_size,
-                                    f"sm_{major}{minor}", Path(workdir))
+                                    nvrtc_options(f"sm_{major}{minor}"), Path(workdir))
         module = cupy.RawModule(path=str(cubin))
         return {algo: module.get_function(mangled[name]).kernel for algo, name in KERNEL_NAMES.items()}
 

@@ -1,6 +1,6 @@
 """scripts/p2p_kernel_study.py's compiled variants, built with nvcc where it is installed (no GPU):
-the nvcc study's cubin names every kernel, and small_params' Lamport one-shot takes a parameter of
-104 bytes where the shipped one takes 504."""
+every kernel of each Lamport one-shot study compiles and is named in the cubin, and small_params'
+Lamport one-shot takes a parameter of 104 bytes where the shipped one takes 504."""
 
 from __future__ import annotations
 
@@ -31,12 +31,14 @@ def _parameter_bytes(ptx: str, entry: str) -> list[int]:
             for width, n in re.findall(r"\.param \.(?:align \d+ \.b8|[bsu](\d+))\s+\w+(?:\[(\d+)\])?", params)]
 
 
-@pytest.mark.parametrize("name, layout_bytes", [("base", 8 * p2p_layout.LAYOUT_WORDS), ("small_params", 104)])
+@pytest.mark.parametrize("name, layout_bytes", [("base", 8 * p2p_layout.LAYOUT_WORDS), ("small_params", 104),
+                                                ("push_fused", 8 * p2p_layout.LAYOUT_WORDS),
+                                                ("push_fixed", 8 * p2p_layout.LAYOUT_WORDS)])
 def test_each_study_source_compiles_with_nvcc(tmp_path, name, layout_bytes):
     source = tmp_path / f"{name}.cu"
     source.write_text(study.patched(p2p_kernels.KERNEL_SOURCE.read_text(), name))
     kernels = list(p2p_layout.KERNEL_NAMES.values())
-    cubin, mangled = study.nvcc_cubin(source, kernels, BF16, RANKS, "sm_90a", tmp_path)
+    cubin, mangled = study.nvcc_cubin(source, kernels, BF16, RANKS, study.nvrtc_options("sm_90a"), tmp_path)
     assert cubin.stat().st_size > 0 and set(mangled) == set(kernels)
     assert mangled["p2p_ll_oneshot"] == "_Z14p2p_ll_oneshotILi2ELi8EEv6LayoutPK5uint4PS1_j".replace(
         "6Layout", "11SmallLayout" if name == "small_params" else "6Layout")
@@ -48,4 +50,4 @@ def test_an_nvcc_error_is_one_line_naming_the_command(tmp_path):
     source = tmp_path / "broken.cu"
     source.write_text("this is not CUDA\n")
     with pytest.raises(RuntimeError, match="nvcc -ptx .* exited"):
-        study.nvcc_cubin(source, ["p2p_ll_oneshot"], BF16, RANKS, "sm_90a", tmp_path)
+        study.nvcc_cubin(source, ["p2p_ll_oneshot"], BF16, RANKS, study.nvrtc_options("sm_90a"), tmp_path)
