@@ -172,7 +172,7 @@ def builds(args: argparse.Namespace, nranks: int, workdir: Path) -> list[tuple[s
     for build, name, flags in (("p2p nvcc", "base", study.nvrtc_options(ARCH)),
                                ("p2p nvcc+sglang flags", "base", SGLANG_FLAGS),
                                *((f"p2p {name}", name, study.nvrtc_options(ARCH)) for name in STUDIES)):
-        folder = workdir / f"{re.sub(r'[^a-z_]', '_', build)}_{nranks}"
+        folder = workdir / f"{re.sub(r'[^a-z0-9_]', '_', build)}_{nranks}"
         folder.mkdir()
         source = folder / f"{name}.cu"
         source.write_text(study.patched(shipped, name))
