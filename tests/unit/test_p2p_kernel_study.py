@@ -7,13 +7,16 @@ import importlib.util
 import re
 import shutil
 import sys
+import types
 from pathlib import Path
 
 import pytest
+import torch
 
 from commbench import backends
 from commbench.backends.p2p import kernels as p2p_kernels
 from commbench.backends.p2p import layout as p2p_layout
+from commbench.backends.p2p.backend import P2PAllreduce
 from commbench.results import WRONG
 from factories import row, write_run
 
@@ -66,6 +69,21 @@ def test_small_layout_carries_the_lamport_areas_and_the_scalars_the_kernel_reads
                                        + [plan.slot_bytes, 7_000_000, 0xC0, 0xE0, 2])
     assert small.itemsize == 8 * (p2p_layout.MAX_RANKS + 5)
     assert study.small_layout(small) is small      # a later setup that kept its area
+
+
+def test_small_params_hands_the_kernel_the_small_value_after_every_setup(monkeypatch):
+    plan = p2p_layout.plan_areas(("oneshot_lamport",), 2, 4096)
+    full = p2p_layout.layout_parameter(plan, [0x1000, 0x2000], timeout_ns=1, ctrl=2, report=3, rank=1)
+
+    def shipped_setup(self, ctx, max_bytes, dtype):    # the p2p backend's setup, as far as the layout goes
+        if getattr(self, "_area", None) is None:
+            self._area = types.SimpleNamespace(layout=full)
+
+    monkeypatch.setattr(P2PAllreduce, "setup", shipped_setup)
+    (backend,) = study._factory().make("small_params.oneshot_lamport", None)
+    for _ in range(2):
+        backend.setup(None, 4096, torch.bfloat16)
+        assert list(backend._area.layout["words"][0]) == list(study.small_layout(full)["words"][0])
 
 
 def test_prepare_writes_a_plug_in_the_registry_loads(tmp_path, monkeypatch):
