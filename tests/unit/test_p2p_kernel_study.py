@@ -75,13 +75,15 @@ def test_small_params_hands_the_kernel_the_small_value_after_every_setup(monkeyp
     plan = p2p_layout.plan_areas(("oneshot_lamport",), 2, 4096)
     full = p2p_layout.layout_parameter(plan, [0x1000, 0x2000], timeout_ns=1, ctrl=2, report=3, rank=1)
 
+    rebuilds = [True, False, True]    # a new area (the full Layout), the area kept, a new one again
+
     def shipped_setup(self, ctx, max_bytes, dtype):    # the p2p backend's setup, as far as the layout goes
-        if getattr(self, "_area", None) is None:
+        if rebuilds.pop(0):
             self._area = types.SimpleNamespace(layout=full)
 
     monkeypatch.setattr(P2PAllreduce, "setup", shipped_setup)
     (backend,) = study._factory().make("small_params.oneshot_lamport", None)
-    for _ in range(2):
+    while rebuilds:
         backend.setup(None, 4096, torch.bfloat16)
         assert list(backend._area.layout["words"][0]) == list(study.small_layout(full)["words"][0])
 
