@@ -21,8 +21,11 @@ and size. Study code never ships: a change that wins is written into allreduce.c
 from __future__ import annotations
 
 import argparse
+import re
 import shutil
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +38,35 @@ KERNEL_FILE = "allreduce.cu"
 _LL_POLL = 'asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"'
 _LL_STORE = 'asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};"'
 _FLAG_POLL = "while ((int)(load_acquire_sys(mine) - count) < 0) {"
+_LL_PUSH = """#pragma unroll
+    for (int k = 1; k < N; ++k) {  // start at the next rank so ranks spread over peers
+      const u32 p = (rank + k) % N;
+      uint4* dst = (uint4*)(L.ll[p] + cur * buffer + rank * slot);
+      for (u32 i = first; i < units; i += stride) store_volatile4(dst + i, ll_map(i == first ? in_first : in[i]));
+    }
+"""
+_LL_PUSH_FUSED = """    for (u32 i = first; i < units; i += stride) {{
+      const uint4 v = ll_map(i == first ? in_first : in[i]);
+#pragma unroll
+      for ({loop}) {{
+        {peer}{guard}
+        store_volatile4((uint4*)(L.ll[p] + cur * buffer + rank * slot) + i, v);
+      }}
+    }}
+"""
+_LAYOUT_END = "  u64 rank;\n  u64 nranks;\n};\n"
+# small_params' struct: SMALL_LAYOUT_FIELDS in this order (the host builds it from the Layout's words).
+SMALL_LAYOUT_FIELDS = ("ll", "slot_bytes", "timeout_ns", "ctrl", "report", "rank")
+_SMALL_LAYOUT = """
+struct SmallLayout {
+  u64 ll[P2P_MAX_RANKS];
+  u64 slot_bytes;
+  u64 timeout_ns;
+  u64 ctrl;
+  u64 report;
+  u64 rank;
+};
+"""
 
 # Shipped after the study of 2026-12-03 (results/reference/h200-mps-p2p-tune/README.md), so no
 # longer studies here: the graph one-shot's counter barrier (SGLang's barrier) and the Lamport
@@ -68,6 +100,35 @@ STUDIES: dict[str, tuple[tuple[str, str], ...]] = {
     # PDL: let the next launch start only when this grid ends (SGLang triggers at its end).
     "pdl_late": (('  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");\n', ""),),
     "nopdl": (),     # the shipped source, launched without PDL
+    # The Lamport one-shot given only the Layout fields it reads (104 bytes by value, not 504;
+    # SGLang's push parameter is 112): the helpers it calls take either struct; the host passes
+    # the smaller value (StudyP2P). Nothing else changes.
+    "small_params": ((_LAYOUT_END, _LAYOUT_END + _SMALL_LAYOUT),
+                     ("__device__ __forceinline__ Call begin_call(const Layout& L,",
+                      "template <class LayoutT> __device__ __forceinline__ Call begin_call(const LayoutT& L,"),
+                     ("__device__ void record_timeout(const Layout& L,",
+                      "template <class LayoutT> __device__ void record_timeout(const LayoutT& L,"),
+                     ("__device__ __forceinline__ bool aborted(const Layout& L) {",
+                      "template <class LayoutT> __device__ __forceinline__ bool aborted(const LayoutT& L) {"),
+                     ("template <int N>\n__device__ __forceinline__ bool ll_wait(",
+                      "template <int N, class LayoutT>\n__device__ __forceinline__ bool ll_wait("),
+                     ("u32 i, u32 self, const Layout& L, u32 count, int phase,",
+                      "u32 i, u32 self, const LayoutT& L, u32 count, int phase,"),
+                     ("p2p_ll_oneshot(const __grid_constant__ Layout L,",
+                      "p2p_ll_oneshot(const __grid_constant__ SmallLayout L,")),
+    # The Lamport one-shot's push as SGLang orders it: per vector one load and one mapping, then
+    # the N-1 stores back to back, not one loop per peer each loading and mapping again (in
+    # program order 277 SASS instructions from the first push to the first poll at 8 ranks,
+    # SGLang's 33: the static comparison in results/reference/h200-mps-p2p-tune/README.md).
+    "push_fused": ((_LL_PUSH, _LL_PUSH_FUSED.format(peer="const u32 p = (rank + k) % N;", loop="int k = 1; k < N; ++k",
+                                                    guard="")),),
+    # push_fused with the peers in rank order, every rank alike: each peer's address a
+    # compile-time field of the parameter (no constant load indexed by the rank).
+    "push_fixed": ((_LL_PUSH, _LL_PUSH_FUSED.format(peer="", loop="int p = 0; p < N; ++p",
+                                                    guard="if (p == (int)rank) continue;")),),
+    # The shipped source compiled by nvcc into a cubin on the machine (CuPy's NVRTC options), not
+    # by NVRTC: the compiler is the only change.
+    "nvcc": (),
 }
 
 # The p2p variants each study is measured with: the kernels its change touches.
@@ -75,7 +136,8 @@ LAMPORT, GRAPH = ("oneshot_lamport",), ("oneshot_graph", "twoshot_graph")
 STUDY_KERNELS: dict[str, tuple[str, ...]] = {
     "base": LAMPORT + GRAPH, "noabort": LAMPORT + GRAPH, "ll_relaxed": LAMPORT, "ll_acquire": LAMPORT,
     "ll_reload_all": LAMPORT, "flag_relaxed": ("twoshot_graph",), "flag_volatile": ("twoshot_graph",),
-    "flag_oneshot": ("oneshot_graph",), "graph_plain_loads": ("oneshot_graph",), "pdl_late": LAMPORT + GRAPH, "nopdl": LAMPORT + GRAPH}
+    "flag_oneshot": ("oneshot_graph",), "graph_plain_loads": ("oneshot_graph",), "pdl_late": LAMPORT + GRAPH, "nopdl": LAMPORT + GRAPH,
+    "small_params": LAMPORT, "push_fused": LAMPORT, "push_fixed": LAMPORT, "nvcc": LAMPORT + GRAPH}
 
 
 def patched(source: str, study: str) -> str:
@@ -91,6 +153,52 @@ def patched(source: str, study: str) -> str:
 
 def specs() -> list[str]:
     return [f"{ENTRY_POINT}:{study}.{kernel}" for study, kernels in STUDY_KERNELS.items() for kernel in kernels]
+
+
+def small_layout(layout: Any) -> Any:
+    """small_params' parameter: the SmallLayout words picked from the Layout value the p2p backend
+    built (layout.layout_parameter), or the value itself when it is small already."""
+    import numpy
+    from commbench.backends.p2p.layout import LAYOUT_AREAS, LAYOUT_SCALARS, LAYOUT_WORDS, MAX_RANKS
+
+    words = layout["words"][0]
+    if len(words) != LAYOUT_WORDS:
+        return layout
+    areas = words[:len(LAYOUT_AREAS) * MAX_RANKS].reshape(len(LAYOUT_AREAS), MAX_RANKS)
+    scalars = words[len(LAYOUT_AREAS) * MAX_RANKS:]
+    picked = [*areas[LAYOUT_AREAS.index(SMALL_LAYOUT_FIELDS[0])],
+              *(scalars[LAYOUT_SCALARS.index(field)] for field in SMALL_LAYOUT_FIELDS[1:])]
+    value = numpy.zeros(1, dtype=numpy.dtype([("words", numpy.uint64, (len(picked),))]))
+    value["words"][0] = picked
+    return value
+
+
+def nvrtc_options(arch: str) -> tuple[str, ...]:
+    """What CuPy's RawModule gives NVRTC for kernels.py, as nvcc flags (besides the include paths
+    this headerless file never uses): --std=c++17 from kernels.py, -ftz=true from CuPy, the
+    device's own sm_XY."""
+    return (f"-arch={arch}", "-std=c++17", "-ftz=true")
+
+
+def nvcc_cubin(source: Path, kernels: list[str], dtype_code: int, nranks: int, flags: tuple[str, ...],
+               workdir: Path, nvcc: str = "nvcc") -> tuple[Path, dict[str, str]]:
+    """The kernels named (templates of allreduce.cu) for one dtype and world size, compiled by
+    nvcc with these flags into a cubin in workdir: the cubin and each kernel's mangled name, read
+    from the PTX that nvcc writes first (nvcc -cubin from that PTX is its own ptxas step)."""
+    unit, ptx, cubin = workdir / "kernels.cu", workdir / "kernels.ptx", workdir / "kernels.cubin"
+    refs = ", ".join(f"(void*)&{name}<{dtype_code}, {nranks}>" for name in kernels)
+    # Taking a kernel template's address instantiates it; no signature needs spelling out.
+    unit.write_text(f'#include "{source.resolve()}"\nvoid* p2p_study_kernels[] = {{{refs}}};\n')
+    for command in ([nvcc, "-ptx", *flags, "-o", str(ptx), str(unit)],
+                    [nvcc, "-cubin", *flags, "-o", str(cubin), str(ptx)]):
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        if done.returncode:
+            raise RuntimeError(f"{' '.join(command)} exited {done.returncode}: {done.stderr.strip()[-400:]}")
+    entries = re.findall(r"\.entry\s+(\w+)\(", ptx.read_text())
+    return cubin, {name: next(e for e in entries if e.startswith(f"_Z{len(name)}{name}I")) for name in kernels}
+
+
+NVCC_MISSING = "nvcc is not on PATH (the nvcc study compiles allreduce.cu with it)"
 
 
 def prepare(site: Path) -> None:
@@ -111,8 +219,10 @@ def prepare(site: Path) -> None:
 # ---- the plug-in (imported by commbench in every rank, from SITE_DIR) ----
 
 def _factory() -> Any:
-    from commbench.backends.base import BackendFactory
+    from commbench.backends.base import BackendFactory, voted
+    from commbench.backends.p2p import kernels as p2p_kernels
     from commbench.backends.p2p.backend import P2PAllreduce
+    from commbench.backends.p2p.layout import DTYPE_CODES
     from commbench.backends.p2p.rules import P2POptions
     from commbench.errors import UsageError
 
@@ -121,8 +231,26 @@ def _factory() -> Any:
 
         def __init__(self, study: str, kernel: str):
             super().__init__(kernel, P2POptions(pdl=study != "nopdl"))
+            self.study = study
             self.name = f"{ENTRY_POINT}:{study}.{kernel}"
             self.kernel_source = HERE.parent / "p2p_kernel_study_sources" / f"{study}.cu"
+
+        def check(self, ctx: Any) -> str | None:
+            if self.study == "nvcc" and shutil.which("nvcc") is None:
+                return NVCC_MISSING
+            return super().check(ctx)
+
+        def setup(self, ctx: Any, max_bytes: int, dtype: Any) -> None:
+            if self.study == "nvcc":
+                # kernels.kernel_functions' process cache, keyed by this study's own source path:
+                # filled here, it hands the backend nvcc's kernels instead of compiling with NVRTC.
+                key = (ctx.device.index, DTYPE_CODES[dtype], ctx.world_size, self.kernel_source)
+                if key not in p2p_kernels._FUNCTIONS:
+                    p2p_kernels._FUNCTIONS[key] = voted(ctx, "nvcc compilation (p2p kernel study)",
+                                                        lambda: _nvcc_functions(ctx, dtype, self.kernel_source))
+            super().setup(ctx, max_bytes, dtype)
+            if self.study == "small_params":
+                self._area.layout = small_layout(self._area.layout)
 
         def row_fields(self) -> dict[str, Any]:
             fields = super().row_fields()
@@ -142,6 +270,22 @@ def _factory() -> Any:
     return BackendFactory(family=ENTRY_POINT, make=make, on_gpu_by_default=False,
                           summary="study variants of commbench's p2p kernels (scripts/p2p_kernel_study.py)",
                           native=False, trace_kernels_of="p2p")
+
+
+def _nvcc_functions(ctx: Any, dtype: Any, source: Path) -> dict[str, Any]:
+    """kernels.kernel_functions' answer, from nvcc: every kernel of `source` for this device,
+    dtype and world size, for the device's own architecture as CuPy asks NVRTC for it."""
+    import torch
+    from commbench.backends.p2p.kernels import cupy_module
+    from commbench.backends.p2p.layout import DTYPE_CODES, KERNEL_NAMES
+
+    cupy = cupy_module()
+    major, minor = torch.cuda.get_device_capability(ctx.device)
+    with tempfile.TemporaryDirectory(prefix="p2pstudy-nvcc-") as workdir, cupy.cuda.Device(ctx.device.index):
+        cubin, mangled = nvcc_cubin(source, list(KERNEL_NAMES.values()), DTYPE_CODES[dtype], ctx.world_size,
+                                    nvrtc_options(f"sm_{major}{minor}"), Path(workdir))
+        module = cupy.RawModule(path=str(cubin))
+        return {algo: module.get_function(mangled[name]).kernel for algo, name in KERNEL_NAMES.items()}
 
 
 def __getattr__(name: str) -> Any:     # FACTORY is built on first use: `prepare` needs no torch

@@ -4,14 +4,19 @@ prepare writes a plug-in the registry loads, and the table and the winners read 
 from __future__ import annotations
 
 import importlib.util
+import re
+import shutil
 import sys
+import types
 from pathlib import Path
 
 import pytest
+import torch
 
 from commbench import backends
 from commbench.backends.p2p import kernels as p2p_kernels
 from commbench.backends.p2p import layout as p2p_layout
+from commbench.backends.p2p.backend import P2PAllreduce
 from commbench.results import WRONG
 from factories import row, write_run
 
@@ -47,6 +52,42 @@ def test_flag_oneshot_gives_the_graph_one_shot_the_flag_barriers_back():
     assert "graph_call_begin<N, false>" in one_shot and "counter_barrier" not in one_shot
 
 
+def test_small_params_gives_only_the_lamport_one_shot_the_small_struct():
+    changed = study.patched(p2p_kernels.KERNEL_SOURCE.read_text(), "small_params")
+    assert "p2p_ll_oneshot(const __grid_constant__ SmallLayout L," in changed
+    assert changed.count("const __grid_constant__ Layout L,") == len(p2p_layout.KERNEL_NAMES) - 1
+    struct = changed.split("struct SmallLayout {")[1].split("};")[0]
+    assert tuple(re.findall(r"u64 (\w+)", struct)) == study.SMALL_LAYOUT_FIELDS
+
+
+def test_small_layout_carries_the_lamport_areas_and_the_scalars_the_kernel_reads():
+    plan = p2p_layout.plan_areas(("oneshot_lamport",), 4, 4096)
+    bases = [0x1000_0000 * (r + 1) for r in range(4)]
+    full = p2p_layout.layout_parameter(plan, bases, timeout_ns=7_000_000, ctrl=0xC0, report=0xE0, rank=2)
+    small = study.small_layout(full)
+    assert list(small["words"][0]) == ([b + plan.ll for b in bases] + [0] * (p2p_layout.MAX_RANKS - 4)
+                                       + [plan.slot_bytes, 7_000_000, 0xC0, 0xE0, 2])
+    assert small.itemsize == 8 * (p2p_layout.MAX_RANKS + 5)
+    assert study.small_layout(small) is small      # a later setup that kept its area
+
+
+def test_small_params_hands_the_kernel_the_small_value_after_every_setup(monkeypatch):
+    plan = p2p_layout.plan_areas(("oneshot_lamport",), 2, 4096)
+    full = p2p_layout.layout_parameter(plan, [0x1000, 0x2000], timeout_ns=1, ctrl=2, report=3, rank=1)
+
+    rebuilds = [True, False, True]    # a new area (the full Layout), the area kept, a new one again
+
+    def shipped_setup(self, ctx, max_bytes, dtype):    # the p2p backend's setup, as far as the layout goes
+        if rebuilds.pop(0):
+            self._area = types.SimpleNamespace(layout=full)
+
+    monkeypatch.setattr(P2PAllreduce, "setup", shipped_setup)
+    (backend,) = study._factory().make("small_params.oneshot_lamport", None)
+    while rebuilds:
+        backend.setup(None, 4096, torch.bfloat16)
+        assert list(backend._area.layout["words"][0]) == list(study.small_layout(full)["words"][0])
+
+
 def test_prepare_writes_a_plug_in_the_registry_loads(tmp_path, monkeypatch):
     study.prepare(tmp_path)
     assert sorted(p.stem for p in (tmp_path / "p2p_kernel_study_sources").iterdir()) == sorted(study.STUDIES)
@@ -60,6 +101,9 @@ def test_prepare_writes_a_plug_in_the_registry_loads(tmp_path, monkeypatch):
         assert made[0].kernel_source == tmp_path / "p2p_kernel_study_sources" / "flag_volatile.cu"
         assert made[0].algorithms == ("twoshot_graph",) and made[0].options.pdl
         assert not made[1].options.pdl
+        (nvcc,) = backends.expand(["p2pstudy:nvcc.oneshot_lamport"], backends.Options(), on_gpu=True)
+        monkeypatch.setattr(shutil, "which", lambda name: None)
+        assert nvcc.check(None) == study.NVCC_MISSING      # a skipped row with this reason
         with pytest.raises(Exception, match="unknown study backend 'p2pstudy:ll_relaxed.twoshot_graph'"):
             backends.expand(["p2pstudy:ll_relaxed.twoshot_graph"], backends.Options(), on_gpu=True)
     finally:
