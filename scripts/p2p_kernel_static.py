@@ -14,7 +14,7 @@ Each build is bf16 at each world size:
 - `p2p nvcc`: the same source and options through nvcc (scripts/p2p_kernel_study.py's `nvcc`);
 - `p2p nvcc+sglang flags`: the same source with the flags SGLang's JIT passes nvcc on an H200;
 - `p2p STUDY`: a study variant's source (scripts/p2p_kernel_study.py: small_params, push_fused,
-  push_fixed), NVRTC's options, through nvcc;
+  push_fixed, poll_all, sglang_shape), NVRTC's options, through nvcc;
 - `sglang 1shot_push`: SGLang's all_reduce_1shot_push_kernel, built as SGLang's JIT builds its
   custom_all_reduce module (its wrapper unit, its flags), read from SGLANG_DIR.
 
@@ -53,7 +53,7 @@ SGLANG_FFI_INCLUDES = ("tvm/ffi/container/tensor.h", "tvm/ffi/dtype.h", "tvm/ffi
                        "tvm/ffi/extra/c_env_api.h", "tvm/ffi/function.h")
 SGLANG_SOURCE = Path("kernels/jit/csrc/distributed/custom_all_reduce.cuh")
 # The study variants of the Lamport one-shot shown (scripts/p2p_kernel_study.py).
-STUDIES = ("small_params", "push_fused", "push_fixed")
+STUDIES = ("small_params", "push_fused", "push_fixed", "poll_all", "sglang_shape")
 NVRTC_OPTIONS = ("--std=c++17", "-ftz=true", f"-arch={ARCH}", "--device-as-default-execution-space")
 
 _INSTRUCTION = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(.*?)\s*;")
@@ -195,7 +195,7 @@ def table(args: argparse.Namespace, workdir: Path) -> list[str]:
     lines = ["| build | ranks | registers | stack+local bytes | cmem[0] (parameter) bytes | SASS | before the first push: "
              "instructions, loads, indexed constant loads, barriers, branches | first to last push | last push to first poll | "
              "pushes | "
-             "polls | fences | atomics | SASS as `p2p nvcc` |", "|---" * 13 + "|"]
+             "polls | fences | atomics | SASS as `p2p nvcc` |", "|---" * 14 + "|"]
     for nranks in args.worlds:
         reference = None
         for build, cubin, function in builds(args, nranks, workdir):

@@ -54,6 +54,13 @@ _LL_PUSH_FUSED = """    for (u32 i = first; i < units; i += stride) {{
       }}
     }}
 """
+# poll_all's wait and emptying: every slot of this rank's buffer polled alike (self = N: no source
+# is this rank's own input) and every slot emptied after it is read, this rank's own included (it
+# now holds data: left full, call c + 2 would read it as arrived before this rank pushed).
+_POLL_ALL = (("      if (!ll_wait<N>(v, ll_map(i == first ? in_first : in[i]), mine, slot, i, rank, L, call.count, PHASE_LL_ONESHOT))",
+              "      if (!ll_wait<N>(v, empty, mine, slot, i, N, L, call.count, PHASE_LL_ONESHOT))"),
+             ("        if (s != (int)rank) ((uint4*)(mine + s * slot))[i] = empty;",
+              "        ((uint4*)(mine + s * slot))[i] = empty;"))
 _LAYOUT_END = "  u64 rank;\n  u64 nranks;\n};\n"
 # small_params' struct: SMALL_LAYOUT_FIELDS in this order (the host builds it from the Layout's words).
 SMALL_LAYOUT_FIELDS = ("ll", "slot_bytes", "timeout_ns", "ctrl", "report", "rank")
@@ -126,6 +133,18 @@ STUDIES: dict[str, tuple[tuple[str, str], ...]] = {
     # compile-time field of the parameter (no constant load indexed by the rank).
     "push_fixed": ((_LL_PUSH, _LL_PUSH_FUSED.format(peer="", loop="int p = 0; p < N; ++p",
                                                     guard="if (p == (int)rank) continue;")),),
+    # SGLang's path from the last push to the first poll: this rank pushes its mapped vector into
+    # its own slot like a peer's (one more pass of the push loop, last), then polls all N slots of
+    # its buffer uniformly, no "not this rank" predicate and no own vector mapped apart (in
+    # program order 86 SASS instructions from the last push to the first poll at 8 ranks,
+    # SGLang's 22: the static comparison). The sums are the same bits: the own slot holds
+    # ll_map(in), which the shipped kernel adds in its place.
+    "poll_all": ((_LL_PUSH, _LL_PUSH.replace("k < N; ++k) {  // start at the next rank so ranks spread over peers",
+                                             "k <= N; ++k) {  // the next rank first, this rank's own slot last")),
+                 *_POLL_ALL),
+    # SGLang's one-shot push shape as a whole: push_fixed's loop pushing to every rank, itself
+    # included, in rank order, and poll_all's wait and emptying.
+    "sglang_shape": ((_LL_PUSH, _LL_PUSH_FUSED.format(peer="", loop="int p = 0; p < N; ++p", guard="")), *_POLL_ALL),
     # The shipped source compiled by nvcc into a cubin on the machine (CuPy's NVRTC options), not
     # by NVRTC: the compiler is the only change.
     "nvcc": (),
@@ -137,7 +156,8 @@ STUDY_KERNELS: dict[str, tuple[str, ...]] = {
     "base": LAMPORT + GRAPH, "noabort": LAMPORT + GRAPH, "ll_relaxed": LAMPORT, "ll_acquire": LAMPORT,
     "ll_reload_all": LAMPORT, "flag_relaxed": ("twoshot_graph",), "flag_volatile": ("twoshot_graph",),
     "flag_oneshot": ("oneshot_graph",), "graph_plain_loads": ("oneshot_graph",), "pdl_late": LAMPORT + GRAPH, "nopdl": LAMPORT + GRAPH,
-    "small_params": LAMPORT, "push_fused": LAMPORT, "push_fixed": LAMPORT, "nvcc": LAMPORT + GRAPH}
+    "small_params": LAMPORT, "push_fused": LAMPORT, "push_fixed": LAMPORT, "poll_all": LAMPORT,
+    "sglang_shape": LAMPORT, "nvcc": LAMPORT + GRAPH}
 
 
 def patched(source: str, study: str) -> str:

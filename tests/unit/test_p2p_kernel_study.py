@@ -60,6 +60,36 @@ def test_small_params_gives_only_the_lamport_one_shot_the_small_struct():
     assert tuple(re.findall(r"u64 (\w+)", struct)) == study.SMALL_LAYOUT_FIELDS
 
 
+def _lamport_one_shot(name):
+    changed = study.patched(p2p_kernels.KERNEL_SOURCE.read_text(), name)
+    return changed, changed.split("p2p_ll_oneshot(")[1].split("\n}\n")[0]
+
+
+@pytest.mark.parametrize("name", ["poll_all", "sglang_shape"])
+def test_poll_all_polls_and_empties_every_slot_its_own_included(name):
+    changed, one_shot = _lamport_one_shot(name)
+    # self = N: every slot of this rank's buffer is polled, none stands in for the own input
+    assert "ll_wait<N>(v, empty, mine, slot, i, N, L," in one_shot
+    # every slot read is emptied, the own one too: a full own slot would pass for data in call c + 2
+    assert "((uint4*)(mine + s * slot))[i] = empty;" in one_shot and "s != (int)rank" not in one_shot
+    # only the Lamport one-shot changes
+    shipped = p2p_kernels.KERNEL_SOURCE.read_text()
+    assert changed.split("p2p_ll_oneshot(")[0] == shipped.split("p2p_ll_oneshot(")[0]
+    assert changed.split("// Two-shot: (1) push")[1] == shipped.split("// Two-shot: (1) push")[1]
+
+
+def test_poll_all_pushes_into_its_own_slot_last():
+    _, one_shot = _lamport_one_shot("poll_all")
+    assert "for (int k = 1; k <= N; ++k) {" in one_shot and "const u32 p = (rank + k) % N;" in one_shot
+
+
+def test_sglang_shape_pushes_one_mapped_vector_to_every_rank_in_rank_order():
+    _, one_shot = _lamport_one_shot("sglang_shape")
+    push = one_shot.split("char* mine")[0]
+    assert "for (int p = 0; p < N; ++p) {" in push and "continue" not in push and "(rank + k)" not in push
+    assert push.count("ll_map(") == 1
+
+
 def test_small_layout_carries_the_lamport_areas_and_the_scalars_the_kernel_reads():
     plan = p2p_layout.plan_areas(("oneshot_lamport",), 4, 4096)
     bases = [0x1000_0000 * (r + 1) for r in range(4)]
