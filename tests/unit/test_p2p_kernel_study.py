@@ -90,6 +90,25 @@ def test_sglang_shape_pushes_one_mapped_vector_to_every_rank_in_rank_order():
     assert push.count("ll_map(") == 1
 
 
+def test_graph_early_row_loads_the_one_shots_row_before_the_pdl_wait_and_once():
+    changed = study.patched(p2p_kernels.KERNEL_SOURCE.read_text(), "graph_early_row")
+    one_shot = changed.split("p2p_oneshot_graph(")[1]
+    assert one_shot.index('asm volatile("ld.global.u64') < one_shot.index("P2P_BEGIN")
+    assert "row[" not in one_shot.split("P2P_BEGIN")[1]
+    begin = changed.split("bool graph_call_begin(")[1].split("\n}\n")[0]
+    # the counter barrier is the one-shot's alone: the two-shot (flags) still loads its row there
+    assert "  if (!kCounter) load_row<N>(row, ins, 0);" in begin
+    assert "graph_call_begin<N, true>" in one_shot and "graph_call_begin<N, false>" in changed.split("p2p_twoshot_graph(")[1]
+
+
+def test_bf16_cvt_packs_the_high_lane_as_the_first_source():
+    changed = study.patched(p2p_kernels.KERNEL_SOURCE.read_text(), "bf16_cvt")
+    pack = changed.split("__device__ __forceinline__ uint4 pack(")[1].split("\n}\n")[0]
+    # cvt.rn.bf16x2.f32 d, a, b puts a in d's upper half: lane 2i + 1 is the high half, as lo | (hi << 16)
+    assert 'asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(w[i]) : "f"(f[2 * i + 1]), "f"(f[2 * i]));' in pack
+    assert pack.index("if (DT == 2)") < pack.index("float_to_bf16")     # fp16 keeps its path
+
+
 def test_small_layout_carries_the_lamport_areas_and_the_scalars_the_kernel_reads():
     plan = p2p_layout.plan_areas(("oneshot_lamport",), 4, 4096)
     bases = [0x1000_0000 * (r + 1) for r in range(4)]
