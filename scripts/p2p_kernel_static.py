@@ -1,30 +1,42 @@
 #!/usr/bin/env python3
-"""Our Lamport one-shot against SGLang's one-shot push, compiled and disassembled, no GPU: static
-analysis (registers, parameter bytes, the instructions of the path), never a time.
+"""Our kernels against SGLang's kernels of the same algorithm, compiled and disassembled, no GPU:
+static analysis (registers, parameter bytes, the instructions of the path), never a time.
 
-    python3 scripts/p2p_kernel_static.py --sglang SGLANG_DIR --tvm-ffi-include DIR \\
+    python3 scripts/p2p_kernel_static.py --sglang SGLANG_DIR --tvm-ffi-include DIR [--pair push|pull] \\
         [--cuobjdump PATH] [--nvrtc LIBNVRTC] [--worlds 2,4,8] [--keep DIR]
 
 SGLANG_DIR is an installed or unpacked `sglang` package (it holds kernels/jit/); DIR is the
 include folder of the apache-tvm-ffi that SGLang pins (its JIT kernels include tvm/ffi headers).
-Each build is bf16 at each world size:
+--pair push (the default): our Lamport one-shot (`p2p_ll_oneshot`) against SGLang's one-shot
+push; --pair pull: our graph one-shot (`p2p_oneshot_graph`) against SGLang's one-shot pull as a
+CUDA graph runs it (its pointer-table variant). Each build is bf16 at each world size:
 
 - `p2p nvrtc`: backends/p2p/allreduce.cu through NVRTC (--nvrtc, the libnvrtc.so CuPy would
   load) with the options CuPy's RawModule gives it for kernels.py;
 - `p2p nvcc`: the same source and options through nvcc (scripts/p2p_kernel_study.py's `nvcc`);
 - `p2p nvcc+sglang flags`: the same source with the flags SGLang's JIT passes nvcc on an H200;
-- `p2p STUDY`: a study variant's source (scripts/p2p_kernel_study.py: small_params, push_fused,
-  push_fixed), NVRTC's options, through nvcc;
-- `sglang 1shot_push`: SGLang's all_reduce_1shot_push_kernel, built as SGLang's JIT builds its
-  custom_all_reduce module (its wrapper unit, its flags), read from SGLANG_DIR.
+- `p2p STUDY`: a study variant's source (scripts/p2p_kernel_study.py; push: small_params,
+  push_fused, push_fixed, poll_all, sglang_shape; pull: graph_plain_loads, graph_early_row,
+  bf16_cvt), NVRTC's options, through nvcc;
+- `sglang 1shot_push` / `sglang 1shot_pull (graph)`: SGLang's kernel, built as SGLang's JIT
+  builds its custom_all_reduce module (its wrapper unit, its flags), read from SGLANG_DIR.
 
 The table is read from cuobjdump (`-res-usage` and `-sass`): registers, stack and local bytes,
 constant bank 0 (the kernel parameter starts at c[0x0][0x210] on sm_90, so parameter bytes are
-cmem[0] - 528), the SASS count, and in program order the instructions before the first 16-byte
-system-scope store (the first push to a peer) with the loads, indexed constant loads, barriers
-and branches among them, from the first push to the last and from there to the first poll
-(16-byte system-scope load), then the pushes, polls, fences and atomics of the whole kernel. A 4 KiB call runs each loop once per thread, so program order is close to
-the path it takes; code for cold paths (timeouts) is counted where the compiler placed it.
+cmem[0] - 528), the SASS count, then in program order:
+
+- push: the instructions before the first 16-byte system-scope store (the first push to a peer)
+  with the loads, indexed constant loads, barriers and branches among them, from the first push
+  to the last and from there to the first poll (16-byte system-scope load), then the pushes,
+  polls, fences and atomics of the whole kernel;
+- pull: the instructions before the first 16-byte load (the first peer read) with the global
+  loads before and after the PDL wait, the barriers, atomics and 32-bit system-scope loads among
+  them, the global loads from the last barrier to that read (on the path), the peer reads, the
+  instructions from the first read to the 16-byte store with the bf16 packs (F2FP) among them,
+  the store, from the store to the end (the second barrier), and where the PDL trigger sits.
+
+A small call runs each loop once per thread, so program order is close to the path it takes;
+code for cold paths (timeouts) is counted where the compiler placed it.
 """
 
 from __future__ import annotations
@@ -37,8 +49,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 HERE = Path(__file__).resolve()
 KERNEL_SOURCE = HERE.parent.parent / "backends" / "p2p" / "allreduce.cu"
@@ -53,11 +67,14 @@ SGLANG_FFI_INCLUDES = ("tvm/ffi/container/tensor.h", "tvm/ffi/dtype.h", "tvm/ffi
                        "tvm/ffi/extra/c_env_api.h", "tvm/ffi/function.h")
 SGLANG_SOURCE = Path("kernels/jit/csrc/distributed/custom_all_reduce.cuh")
 # The study variants of the Lamport one-shot shown (scripts/p2p_kernel_study.py).
-STUDIES = ("small_params", "push_fused", "push_fixed")
+STUDIES = ("small_params", "push_fused", "push_fixed", "poll_all", "sglang_shape")
+# ... and of the graph one-shot.
+GRAPH_STUDIES = ("graph_plain_loads", "graph_early_row", "bf16_cvt")
 NVRTC_OPTIONS = ("--std=c++17", "-ftz=true", f"-arch={ARCH}", "--device-as-default-execution-space")
 
 _INSTRUCTION = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(.*?)\s*;")
 PUSH, POLL = "STG.E.128.STRONG.SYS", "LDG.E.128.STRONG.SYS"
+POLL_32 = "LDG.E.STRONG.SYS"   # a 32-bit system-scope load: a call count, an abort word, a barrier's poll
 
 
 class BadInput(Exception):
@@ -87,18 +104,24 @@ class SassCounts:
     atomics: int
 
 
-def sass_counts(sass: str) -> SassCounts:
-    """The counts of one function's SASS text (cuobjdump -sass -fun), in program order."""
-    ops = [m.group(1) for m in _INSTRUCTION.finditer(sass) if not m.group(1).startswith("NOP")]
+def _opcodes(sass: str) -> list[str]:
+    """One function's SASS opcodes with their operands, in program order, predicates and NOPs dropped."""
+    ops = [re.sub(r"^@!?U?P\w+\s+", "", m.group(1)) for m in _INSTRUCTION.finditer(sass)]
+    ops = [op for op in ops if not op.startswith("NOP")]
     if not ops:
         raise BadInput("no SASS instructions in the disassembly")
-    opcode = [re.sub(r"^@!?U?P\w+\s+", "", op) for op in ops]
-    pushes = [i for i, op in enumerate(opcode) if op.startswith(PUSH)] or [len(ops)]
+    return ops
+
+
+def sass_counts(sass: str) -> SassCounts:
+    """The counts of one push kernel's SASS text (cuobjdump -sass -fun), in program order."""
+    opcode = _opcodes(sass)
+    pushes = [i for i, op in enumerate(opcode) if op.startswith(PUSH)] or [len(opcode)]
     push, last_push = pushes[0], pushes[-1]
-    poll = next((i for i, op in enumerate(opcode) if op.startswith(POLL)), len(ops))
+    poll = next((i for i, op in enumerate(opcode) if op.startswith(POLL)), len(opcode))
     head = opcode[:push]
     return SassCounts(
-        instructions=len(ops), before_push=push,
+        instructions=len(opcode), before_push=push,
         loads_before_push=sum(op.startswith("LDG") for op in head),
         indexed_constants_before_push=sum(bool(re.match(r"U?LDC\S* \S+, c\[0x0\]\[U?R", op)) for op in head),
         barriers_before_push=sum(op.startswith("BAR") for op in head),
@@ -106,6 +129,57 @@ def sass_counts(sass: str) -> SassCounts:
         push_span=last_push - push, push_to_poll=max(0, poll - last_push), pushes=sum(op.startswith(PUSH) for op in opcode),
         polls=sum(op.startswith(POLL) for op in opcode), fences=sum(op.startswith("MEMBAR") for op in opcode),
         atomics=sum(op.startswith(("ATOM", "RED")) for op in opcode))
+
+
+@dataclass(frozen=True)
+class PullCounts:
+    instructions: int
+    before_load: int             # instructions before the first 16-byte load (the first peer read)
+    loads_before_wait: int       # global loads before the PDL wait (ACQBULK)
+    loads_after_wait: int        # global loads after it, before the first peer read
+    barriers_before_load: int
+    atomics_before_load: int
+    strong_before_load: int      # 32-bit system-scope loads: call counts, the abort word, the barrier's polls
+    loads_after_barrier: int     # global loads from the last barrier to the first peer read: on the path
+    peer_loads: str              # the 16-byte loads of the kernel: count and opcode
+    load_to_store: int           # instructions from the first peer read to the 16-byte store
+    packs: int                   # F2FP: hardware float-to-bf16 packing
+    store: str
+    after_store: int             # instructions from the store to the end (the second barrier)
+    atomics_after_store: int
+    strong_after_store: int
+    trigger: str                 # where the PDL trigger (PREEXIT) sits
+
+
+def pull_counts(sass: str) -> PullCounts:
+    """The counts of one pull kernel's SASS text (cuobjdump -sass -fun), in program order."""
+    ops = _opcodes(sass)
+    wide = [i for i, op in enumerate(ops) if re.match(r"LDG?\.E\.128\b", op)]
+    stores = [i for i, op in enumerate(ops) if re.match(r"STG?\.E\.128\b", op)]
+    if not wide or not stores:
+        raise BadInput("no 16-byte load and store in the disassembly: not a pull kernel")
+    load, store = wide[0], stores[0]
+    wait = next((i for i, op in enumerate(ops) if op.startswith("ACQBULK")), 0)
+    trigger = next((i for i, op in enumerate(ops) if op.startswith("PREEXIT")), None)
+
+    def loads(lo: int, hi: int) -> int:
+        return sum(bool(re.match(r"LDG?\.E\b", op)) and not op.startswith(POLL_32) and i not in wide
+                   for i, op in enumerate(ops[lo:hi], lo))
+
+    def count(lo: int, hi: int, prefixes: tuple[str, ...]) -> int:
+        return sum(op.startswith(prefixes) for op in ops[lo:hi])
+
+    return PullCounts(
+        instructions=len(ops), before_load=load, loads_before_wait=loads(0, wait), loads_after_wait=loads(wait, load),
+        barriers_before_load=count(0, load, ("BAR",)), atomics_before_load=count(0, load, ("ATOM", "RED")),
+        strong_before_load=sum(op.split()[0] == POLL_32 for op in ops[:load]),
+        loads_after_barrier=loads(max((i for i, op in enumerate(ops[:load]) if op.startswith("BAR")), default=0), load),
+        peer_loads=", ".join(f"{n} {name}" for name, n in Counter(ops[i].split()[0] for i in wide).items()),
+        load_to_store=store - load,
+        packs=count(load, store, ("F2FP",)), store=ops[store].split()[0], after_store=len(ops) - store - 1,
+        atomics_after_store=count(store, len(ops), ("ATOM", "RED")),
+        strong_after_store=sum(op.split()[0] == POLL_32 for op in ops[store:]),
+        trigger="none" if trigger is None else "before the peer reads" if trigger < load else "after the store")
 
 
 def resource_usage(text: str, function: str) -> dict[str, int]:
@@ -164,44 +238,83 @@ def sglang_cubin(sglang: Path, tvm_include: Path, nranks: int, workdir: Path) ->
     return cubin
 
 
-def builds(args: argparse.Namespace, nranks: int, workdir: Path) -> list[tuple[str, Path, str]]:
+def push_cells(sass: str) -> list[str]:
+    counts = sass_counts(sass)
+    return [f"{counts.instructions}", f"{counts.before_push}, {counts.loads_before_push}, "
+            f"{counts.indexed_constants_before_push}, {counts.barriers_before_push}, {counts.branches_before_push}",
+            f"{counts.push_span}", f"{counts.push_to_poll}", f"{counts.pushes}", f"{counts.polls}", f"{counts.fences}",
+            f"{counts.atomics}"]
+
+
+def pull_cells(sass: str) -> list[str]:
+    c = pull_counts(sass)
+    return [f"{c.instructions}", f"{c.before_load}, {c.loads_before_wait}, {c.loads_after_wait}, {c.barriers_before_load}, "
+            f"{c.atomics_before_load}, {c.strong_before_load}", f"{c.loads_after_barrier}", c.peer_loads,
+            f"{c.load_to_store}, {c.packs}", c.store, f"{c.after_store}, {c.atomics_after_store}, {c.strong_after_store}",
+            c.trigger]
+
+
+@dataclass(frozen=True)
+class Pair:
+    """One of our kernels against SGLang's kernel of the same algorithm."""
+    kernel: str                 # the allreduce.cu template
+    studies: tuple[str, ...]    # scripts/p2p_kernel_study.py's variants of it shown
+    sglang: str                 # SGLang's row
+    sglang_function: str        # a pattern its mangled name in SGLang's module matches
+    columns: str                # the header's cells from the SASS count on
+    cells: Callable[[str], list[str]]
+
+
+PAIRS = {
+    "push": Pair("p2p_ll_oneshot", STUDIES, "sglang 1shot_push", r"all_reduce_1shot_push_kernel",
+                 "SASS | before the first push: instructions, loads, indexed constant loads, barriers, branches | "
+                 "first to last push | last push to first poll | pushes | polls | fences | atomics", push_cells),
+    # SGLang's graph one-shot pull: LoadStoreImpl<..., kUseGraph = true>, whose pointers come from a table
+    "pull": Pair("p2p_oneshot_graph", GRAPH_STUDIES, "sglang 1shot_pull (graph)",
+                 r"all_reduce_1shot_pull_kernelINS_13LoadStoreImpl.*?Lb1EEE\d+__nv_bfloat16",
+                 "SASS | before the first peer read: instructions, global loads before the PDL wait, after it, "
+                 "barriers, atomics, 32-bit system-scope loads | global loads from the last barrier to the first peer "
+                 "read | peer reads | first peer read to the store: instructions, bf16 packs (F2FP) | the store | "
+                 "store to the end: instructions, atomics, 32-bit system-scope loads | PDL trigger", pull_cells),
+}
+
+
+def builds(args: argparse.Namespace, pair: Pair, nranks: int, workdir: Path) -> list[tuple[str, Path, str]]:
     """(build, cubin, function) for every build at this world size."""
     study = _study()
     shipped = KERNEL_SOURCE.read_text()
     made = []
     for build, name, flags in (("p2p nvcc", "base", study.nvrtc_options(ARCH)),
                                ("p2p nvcc+sglang flags", "base", SGLANG_FLAGS),
-                               *((f"p2p {name}", name, study.nvrtc_options(ARCH)) for name in STUDIES)):
-        folder = workdir / f"{re.sub(r'[^a-z0-9_]', '_', build)}_{nranks}"
+                               *((f"p2p {name}", name, study.nvrtc_options(ARCH)) for name in pair.studies)):
+        folder = workdir / f"{re.sub(r'[^a-z0-9_]', '_', build)}_{pair.kernel}_{nranks}"
         folder.mkdir()
         source = folder / f"{name}.cu"
         source.write_text(study.patched(shipped, name))
-        cubin, mangled = study.nvcc_cubin(source, ["p2p_ll_oneshot"], BF16, nranks, flags, folder)
-        made.append((build, cubin, mangled["p2p_ll_oneshot"]))
+        cubin, mangled = study.nvcc_cubin(source, [pair.kernel], BF16, nranks, flags, folder)
+        made.append((build, cubin, mangled[pair.kernel]))
         if args.nvrtc and build == "p2p nvcc":
-            cubin = workdir / f"nvrtc_{nranks}.cubin"
+            cubin = workdir / f"nvrtc_{pair.kernel}_{nranks}.cubin"
             made.append(("p2p nvrtc", cubin, nvrtc_cubin(args.nvrtc, KERNEL_SOURCE,
-                                                         f"p2p_ll_oneshot<{BF16}, {nranks}>", cubin)))
+                                                         f"{pair.kernel}<{BF16}, {nranks}>", cubin)))
     cubin = sglang_cubin(args.sglang, args.tvm_ffi_include, nranks, workdir)
     usage = _run([args.cuobjdump, "-res-usage", str(cubin)])
-    push = next((m for m in re.findall(r"Function (\S+):", usage) if "all_reduce_1shot_push_kernel" in m), None)
-    if push is None:
-        raise BadInput(f"{args.sglang / SGLANG_SOURCE} built no all_reduce_1shot_push_kernel")
-    made.append(("sglang 1shot_push", cubin, push))
+    function = next((m for m in re.findall(r"Function (\S+):", usage) if re.search(pair.sglang_function, m)), None)
+    if function is None:
+        raise BadInput(f"{args.sglang / SGLANG_SOURCE} built no {pair.sglang}")
+    made.append((pair.sglang, cubin, function))
     return made
 
 
 def table(args: argparse.Namespace, workdir: Path) -> list[str]:
-    lines = ["| build | ranks | registers | stack+local bytes | cmem[0] (parameter) bytes | SASS | before the first push: "
-             "instructions, loads, indexed constant loads, barriers, branches | first to last push | last push to first poll | "
-             "pushes | "
-             "polls | fences | atomics | SASS as `p2p nvcc` |", "|---" * 13 + "|"]
+    pair = PAIRS[args.pair]
+    header = f"| build | ranks | registers | stack+local bytes | cmem[0] (parameter) bytes | {pair.columns} | SASS as `p2p nvcc` |"
+    lines = [header, "|---" * (header.count(" | ") + 1) + "|"]
     for nranks in args.worlds:
         reference = None
-        for build, cubin, function in builds(args, nranks, workdir):
+        for build, cubin, function in builds(args, pair, nranks, workdir):
             usage = resource_usage(_run([args.cuobjdump, "-res-usage", str(cubin)]), function)
             sass = _run([args.cuobjdump, "-sass", "-fun", function, str(cubin)])
-            counts = sass_counts(sass)
             listing = [m.group(1) for m in _INSTRUCTION.finditer(sass)]
             if build == "p2p nvcc":
                 reference = listing
@@ -210,10 +323,7 @@ def table(args: argparse.Namespace, workdir: Path) -> list[str]:
                 f"{sum(a != b for a, b in zip(listing, reference)) + abs(len(listing) - len(reference))} lines differ")
             cmem = usage.get("CONSTANT[0]", 0)
             lines.append(f"| {build} | {nranks} | {usage.get('REG')} | {usage.get('STACK', 0) + usage.get('LOCAL', 0)} | "
-                         f"{cmem} ({cmem - PARAM_BASE}) | {counts.instructions} | {counts.before_push}, "
-                         f"{counts.loads_before_push}, {counts.indexed_constants_before_push}, "
-                         f"{counts.barriers_before_push}, {counts.branches_before_push} | {counts.push_span} | {counts.push_to_poll} | "
-                         f"{counts.pushes} | {counts.polls} | {counts.fences} | {counts.atomics} | {same} |")
+                         f"{cmem} ({cmem - PARAM_BASE}) | " + " | ".join(pair.cells(sass)) + f" | {same} |")
     return lines
 
 
@@ -233,6 +343,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tvm-ffi-include", type=Path, required=True, help="apache-tvm-ffi's include folder")
     parser.add_argument("--cuobjdump", default="cuobjdump")
     parser.add_argument("--nvrtc", type=Path, help="libnvrtc.so to build the NVRTC row with (as CuPy would)")
+    parser.add_argument("--pair", choices=sorted(PAIRS), default="push",
+                        help="push: our Lamport one-shot against SGLang's one-shot push; pull: our graph one-shot "
+                             "against SGLang's graph one-shot pull")
     parser.add_argument("--worlds", type=_worlds, default=[2, 4, 8])
     parser.add_argument("--keep", type=Path, help="keep the sources and cubins in this folder")
     args = parser.parse_args(argv)

@@ -54,6 +54,13 @@ _LL_PUSH_FUSED = """    for (u32 i = first; i < units; i += stride) {{
       }}
     }}
 """
+# poll_all's wait and emptying: every slot of this rank's buffer polled alike (self = N: no source
+# is this rank's own input) and every slot emptied after it is read, this rank's own included (it
+# now holds data: left full, call c + 2 would read it as arrived before this rank pushed).
+_POLL_ALL = (("      if (!ll_wait<N>(v, ll_map(i == first ? in_first : in[i]), mine, slot, i, rank, L, call.count, PHASE_LL_ONESHOT))",
+              "      if (!ll_wait<N>(v, empty, mine, slot, i, N, L, call.count, PHASE_LL_ONESHOT))"),
+             ("        if (s != (int)rank) ((uint4*)(mine + s * slot))[i] = empty;",
+              "        ((uint4*)(mine + s * slot))[i] = empty;"))
 _LAYOUT_END = "  u64 rank;\n  u64 nranks;\n};\n"
 # small_params' struct: SMALL_LAYOUT_FIELDS in this order (the host builds it from the Layout's words).
 SMALL_LAYOUT_FIELDS = ("ll", "slot_bytes", "timeout_ns", "ctrl", "report", "rank")
@@ -126,6 +133,43 @@ STUDIES: dict[str, tuple[tuple[str, str], ...]] = {
     # compile-time field of the parameter (no constant load indexed by the rank).
     "push_fixed": ((_LL_PUSH, _LL_PUSH_FUSED.format(peer="", loop="int p = 0; p < N; ++p",
                                                     guard="if (p == (int)rank) continue;")),),
+    # SGLang's path from the last push to the first poll: this rank pushes its mapped vector into
+    # its own slot like a peer's (one more pass of the push loop, last), then polls all N slots of
+    # its buffer uniformly, no "not this rank" predicate and no own vector mapped apart (in
+    # program order 86 SASS instructions from the last push to the first poll at 8 ranks,
+    # SGLang's 22: the static comparison). The sums are the same bits: the own slot holds
+    # ll_map(in), which the shipped kernel adds in its place.
+    "poll_all": ((_LL_PUSH, _LL_PUSH.replace("k < N; ++k) {  // start at the next rank so ranks spread over peers",
+                                             "k <= N; ++k) {  // the next rank first, this rank's own slot last")),
+                 *_POLL_ALL),
+    # SGLang's one-shot push shape as a whole: push_fixed's loop pushing to every rank, itself
+    # included, in rank order, and poll_all's wait and emptying.
+    "sglang_shape": ((_LL_PUSH, _LL_PUSH_FUSED.format(peer="", loop="int p = 0; p < N; ++p", guard="")), *_POLL_ALL),
+    # The graph one-shot's row as SGLang's graph pull reads its pointer table: every rank's input
+    # and this rank's output loaded once, before the PDL wait (the host wrote the row before the
+    # first replay; no kernel writes it), kept in registers. The shipped kernel loads the row after
+    # the wait, and ptxas reloads half the inputs' addresses after the barrier, one dependent
+    # global load ahead of the first peer read (the static comparison with SGLang's one-shot pull).
+    # Plain loads: ptxas moves ld.global.nc past the wait and issues it again in the loop.
+    "graph_early_row": (("  P2P_BEGIN\n  u64 ins[N];\n  uint4* out = (uint4*)row[P2P_MAX_RANKS + L.rank];\n",
+                         "  u64 ins[N], out_word;\n#pragma unroll\n"
+                         "  for (int s = 0; s < N; ++s)   // asm volatile: issued here once, never again\n"
+                         '    asm volatile("ld.global.u64 %0, [%1];" : "=l"(ins[s]) : "l"(row + s));\n'
+                         '  asm volatile("ld.global.u64 %0, [%1];" : "=l"(out_word) : "l"(row + P2P_MAX_RANKS + L.rank));\n'
+                         "  P2P_BEGIN\n  uint4* out = (uint4*)out_word;\n"),
+                        ("  load_row<N>(row, ins, 0);\n  call = begin_call(",
+                         "  if (!kCounter) load_row<N>(row, ins, 0);   // the counter one-shot loaded its row\n"
+                         "  call = begin_call(")),
+    # bf16 packing in hardware, as SGLang's reduce packs: one cvt.rn.bf16x2.f32 (F2FP) per two
+    # lanes instead of the shipped rounding in integer code (at 2 ranks 88 SASS instructions from
+    # the graph one-shot's first peer read to its store, SGLang's graph pull 41: the static
+    # comparison). Round to nearest even both; only a NaN's bits differ (canonical, not the
+    # input's payload), never a finite sum. Every kernel's bf16 sums change alike.
+    "bf16_cvt": (("      const u32 lo = DT == 1 ? float_to_half(f[2 * i]) : float_to_bf16(f[2 * i]);\n",
+                  "      if (DT == 2) {\n"
+                  '        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(w[i]) : "f"(f[2 * i + 1]), "f"(f[2 * i]));\n'
+                  "        continue;\n      }\n"
+                  "      const u32 lo = DT == 1 ? float_to_half(f[2 * i]) : float_to_bf16(f[2 * i]);\n"),),
     # The shipped source compiled by nvcc into a cubin on the machine (CuPy's NVRTC options), not
     # by NVRTC: the compiler is the only change.
     "nvcc": (),
@@ -136,8 +180,10 @@ LAMPORT, GRAPH = ("oneshot_lamport",), ("oneshot_graph", "twoshot_graph")
 STUDY_KERNELS: dict[str, tuple[str, ...]] = {
     "base": LAMPORT + GRAPH, "noabort": LAMPORT + GRAPH, "ll_relaxed": LAMPORT, "ll_acquire": LAMPORT,
     "ll_reload_all": LAMPORT, "flag_relaxed": ("twoshot_graph",), "flag_volatile": ("twoshot_graph",),
-    "flag_oneshot": ("oneshot_graph",), "graph_plain_loads": ("oneshot_graph",), "pdl_late": LAMPORT + GRAPH, "nopdl": LAMPORT + GRAPH,
-    "small_params": LAMPORT, "push_fused": LAMPORT, "push_fixed": LAMPORT, "nvcc": LAMPORT + GRAPH}
+    "flag_oneshot": ("oneshot_graph",), "graph_plain_loads": ("oneshot_graph",), "graph_early_row": ("oneshot_graph",),
+    "bf16_cvt": LAMPORT + GRAPH, "pdl_late": LAMPORT + GRAPH, "nopdl": LAMPORT + GRAPH,
+    "small_params": LAMPORT, "push_fused": LAMPORT, "push_fixed": LAMPORT, "poll_all": LAMPORT,
+    "sglang_shape": LAMPORT, "nvcc": LAMPORT + GRAPH}
 
 
 def patched(source: str, study: str) -> str:

@@ -1,6 +1,7 @@
 """scripts/p2p_kernel_study.py's compiled variants, built with nvcc where it is installed (no GPU):
-every kernel of each Lamport one-shot study compiles and is named in the cubin, and small_params'
-Lamport one-shot takes a parameter of 104 bytes where the shipped one takes 504."""
+every kernel of each study of the Lamport one-shot and of the graph one-shot compiles and is named
+in the cubin, and small_params' Lamport one-shot takes a parameter of 104 bytes where the shipped
+one takes 504."""
 
 from __future__ import annotations
 
@@ -33,7 +34,11 @@ def _parameter_bytes(ptx: str, entry: str) -> list[int]:
 
 @pytest.mark.parametrize("name, layout_bytes", [("base", 8 * p2p_layout.LAYOUT_WORDS), ("small_params", 104),
                                                 ("push_fused", 8 * p2p_layout.LAYOUT_WORDS),
-                                                ("push_fixed", 8 * p2p_layout.LAYOUT_WORDS)])
+                                                ("push_fixed", 8 * p2p_layout.LAYOUT_WORDS),
+                                                ("poll_all", 8 * p2p_layout.LAYOUT_WORDS),
+                                                ("sglang_shape", 8 * p2p_layout.LAYOUT_WORDS),
+                                                ("graph_early_row", 8 * p2p_layout.LAYOUT_WORDS),
+                                                ("bf16_cvt", 8 * p2p_layout.LAYOUT_WORDS)])
 def test_each_study_source_compiles_with_nvcc(tmp_path, name, layout_bytes):
     source = tmp_path / f"{name}.cu"
     source.write_text(study.patched(p2p_kernels.KERNEL_SOURCE.read_text(), name))
