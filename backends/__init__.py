@@ -158,8 +158,12 @@ def _make(fac: BackendFactory, variant: str | None, options: Options, skip_if_br
         return []
 
 
-def expand(specs: list[str] | None, options: Options, on_gpu: bool) -> list[Backend]:
-    """Backend variants for the specs; None means every family's defaults for this machine."""
+def expand(specs: list[str] | None, options: Options, on_gpu: bool, world_size: int | None = None) -> list[Backend]:
+    """Backend variants for the specs; None means every family's defaults for this machine.
+    With world_size, a spec none of whose variants can ever use that many ranks is bad input (a
+    variant named alone, or a family that cannot run there). A family's variant that cannot,
+    beside some that can (`mscclpp` at 2 ranks: rsag_zero_copy runs 4 or 8), stays: its check()
+    makes it a skipped row with the reason, as it does for spanning nodes, a fact of the machine."""
     variants: list[Backend] = []
     if specs is None:
         for fac in usable_factories():
@@ -168,8 +172,18 @@ def expand(specs: list[str] | None, options: Options, on_gpu: bool) -> list[Back
     else:
         for spec in specs:
             family, _, variant = spec.partition(":")
-            variants.extend(_make(factory(family.strip()), variant.strip() or None, options, skip_if_broken=False))
+            made = _make(factory(family.strip()), variant.strip() or None, options, skip_if_broken=False)
+            if world_size is not None:
+                _refuse_world_size(made, world_size)
+            variants.extend(made)
     return _unique(variants)
+
+
+def _refuse_world_size(variants: list[Backend], world_size: int) -> None:
+    reasons = [(backend.name, backend.world_size_reason(world_size)) for backend in variants]
+    if reasons and all(reason for _, reason in reasons):
+        name, reason = reasons[0]
+        raise UsageError(f"backend {name} cannot run with {world_size} rank(s): {reason}")
 
 
 def probe_variants(options: Options = Options()) -> list[Backend]:

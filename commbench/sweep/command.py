@@ -149,23 +149,20 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
         # The spec's backends are measured too: a check of a backend the run lacks can only FAIL.
         specs += [name for name in sorted(spec.backends()) if name not in specs]
     opts = SweepOptions.from_args(args, argv)   # reads every family's flags
-    options = backend_options(opts, plan, None)
-    variants = backends.expand(specs, options, on_gpu)
+    driver = opts.nproc is not None or bool(env_settings)
+    rank, world, _, _ = torchrun_env()
+    ranks = opts.nproc if driver and opts.nproc else world
+    # The driver knows its children's world size: a spec that cannot run with it is one line here,
+    # where torchrun would follow each child's line with its own failure report.
+    variants = backends.expand(specs, backend_options(opts, plan, None), on_gpu, world_size=ranks)
     if opts.mps and not (opts.nproc and opts.share_gpus):
         raise UsageError("--mps starts an MPS daemon for the children of the driver: use it with --nproc N "
                          "--share-gpus")
-    driver = opts.nproc is not None or bool(env_settings)
     if driver and under_torchrun():
         raise UsageError("--nproc/--env launch torchrun themselves: run them outside torchrun")
     if driver:
         positive_finite(opts.child_timeout, "--child-timeout", "seconds")
-    rank, world, _, _ = torchrun_env()
-    ranks = opts.nproc if driver and opts.nproc else world
     _check_tp(args, ranks)
-    if specs is not None:
-        # The driver knows its children's world size: saying so here is one line, where torchrun
-        # would follow each child's line with its own failure report.
-        _check_world_size({spec: backends.expand([spec], options, on_gpu) for spec in specs}, ranks)
     if driver:
         os.environ[LAUNCH_COMMAND_VAR] = json.dumps(sys.argv)   # the children record the driver's command
         try:
@@ -224,18 +221,6 @@ def _check_tp(args: argparse.Namespace, ranks: int) -> None:
     if args.tp != ranks:
         raise UsageError(f"--tp {args.tp} but this sweep runs {ranks} rank(s): start it with --nproc {args.tp} "
                          f"(or torchrun --nproc-per-node {args.tp})")
-
-
-def _check_world_size(variants_by_spec: dict[str, list], world: int) -> None:
-    """A spec none of whose variants can ever use this world size is bad input (a variant named
-    alone, or a family that cannot run here). A family's variant that cannot, beside some that can
-    (`mscclpp` at 2 ranks: rsag_zero_copy runs 4 or 8), is a skipped row with the reason, from its
-    check(), as is spanning nodes, a fact of this machine."""
-    for variants in variants_by_spec.values():
-        reasons = [(backend.name, backend.world_size_reason(world)) for backend in variants]
-        if reasons and all(reason for _, reason in reasons):
-            name, reason = reasons[0]
-            raise UsageError(f"backend {name} cannot run with {world} rank(s): {reason}")
 
 
 def _qualify(opts: SweepOptions, run_dir: Path) -> int:

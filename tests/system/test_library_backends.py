@@ -130,16 +130,16 @@ def test_mscclpp_rsag_zero_copy_is_skipped_where_its_kernel_has_no_instance():
 def test_a_family_sweeps_at_a_world_size_one_of_its_variants_cannot_use():
     """`--backends mscclpp` at 2 ranks: rsag_zero_copy (4 or 8 ranks) is a skipped row with its
     reason, not a refused sweep; named alone it is bad input."""
-    from commbench.sweep.command import _check_world_size
+    from commbench import backends
 
-    family = factory("mscclpp").variants(None)
-    zero_copy = factory("mscclpp").variants("algo=default_allreduce_rsag_zero_copy")
-    _check_world_size({"mscclpp": family}, 2)
+    family = backends.expand(["mscclpp"], backends.Options(), True, world_size=2)
+    assert [b.name for b in family] == names("mscclpp", None)
     assert [b.world_size_reason(2) is None for b in family].count(False) == 1
     with pytest.raises(UsageError, match="backend mscclpp:algo=default_allreduce_rsag_zero_copy cannot run with 2 rank"):
-        _check_world_size({"mscclpp": family, "mscclpp:algo=default_allreduce_rsag_zero_copy": zero_copy}, 2)
+        backends.expand(["mscclpp", "mscclpp:algo=default_allreduce_rsag_zero_copy"], backends.Options(), True,
+                        world_size=2)
     with pytest.raises(UsageError, match="backend mscclpp:auto cannot run with 1 rank"):
-        _check_world_size({"mscclpp": family}, 1)
+        backends.expand(["mscclpp"], backends.Options(), True, world_size=1)
 
 
 def test_mscclpp_grid_barrier_algorithm_needs_an_sm_per_block(monkeypatch):
