@@ -38,29 +38,7 @@ KERNEL_FILE = "allreduce.cu"
 _LL_POLL = 'asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"'
 _LL_STORE = 'asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};"'
 _FLAG_POLL = "while ((int)(load_acquire_sys(mine) - count) < 0) {"
-_LL_PUSH = """#pragma unroll
-    for (int k = 1; k < N; ++k) {  // start at the next rank so ranks spread over peers
-      const u32 p = (rank + k) % N;
-      uint4* dst = (uint4*)(L.ll[p] + cur * buffer + rank * slot);
-      for (u32 i = first; i < units; i += stride) store_volatile4(dst + i, ll_map(i == first ? in_first : in[i]));
-    }
-"""
-_LL_PUSH_FUSED = """    for (u32 i = first; i < units; i += stride) {{
-      const uint4 v = ll_map(i == first ? in_first : in[i]);
-#pragma unroll
-      for ({loop}) {{
-        {peer}{guard}
-        store_volatile4((uint4*)(L.ll[p] + cur * buffer + rank * slot) + i, v);
-      }}
-    }}
-"""
-# poll_all's wait and emptying: every slot of this rank's buffer polled alike (self = N: no source
-# is this rank's own input) and every slot emptied after it is read, this rank's own included (it
-# now holds data: left full, call c + 2 would read it as arrived before this rank pushed).
-_POLL_ALL = (("      if (!ll_wait<N>(v, ll_map(i == first ? in_first : in[i]), mine, slot, i, rank, L, call.count, PHASE_LL_ONESHOT))",
-              "      if (!ll_wait<N>(v, empty, mine, slot, i, N, L, call.count, PHASE_LL_ONESHOT))"),
-             ("        if (s != (int)rank) ((uint4*)(mine + s * slot))[i] = empty;",
-              "        ((uint4*)(mine + s * slot))[i] = empty;"))
+_OWN_SLOT_RULE = "  if (N > 2 && units <= LL_OWN_SLOT_UNITS)"
 _LAYOUT_END = "  u64 rank;\n  u64 nranks;\n};\n"
 # small_params' struct: SMALL_LAYOUT_FIELDS in this order (the host builds it from the Layout's words).
 SMALL_LAYOUT_FIELDS = ("ll", "slot_bytes", "timeout_ns", "ctrl", "report", "rank")
@@ -75,9 +53,13 @@ struct SmallLayout {
 };
 """
 
-# Shipped after the study of 2026-12-03 (results/reference/h200-mps-p2p-tune/README.md), so no
-# longer studies here: the graph one-shot's counter barrier (SGLang's barrier) and the Lamport
-# one-shot's two buffers. flag_oneshot measures the first against the flags it replaced.
+# Shipped after the studies of 2026-12-03 (results/reference/h200-mps-p2p-tune/README.md), so no
+# longer studies here: the graph one-shot's counter barrier (SGLang's barrier), the Lamport
+# one-shot's two buffers, its push in rank order and its own slot up to LL_OWN_SLOT_UNITS (SGLang's
+# push shape: push_fused, push_fixed, poll_all and sglang_shape in the file's history), the graph
+# kernels' row loaded before the PDL wait (graph_early_row) and bf16 packed by cvt.rn.bf16x2.f32
+# (bf16_cvt). flag_oneshot, own_slot_* and bf16_int measure shipped choices against what they
+# replaced.
 STUDIES: dict[str, tuple[tuple[str, str], ...]] = {
     "base": (),
     # (a) the work before the first store: no abort word, no block-wide vote on it.
@@ -97,8 +79,8 @@ STUDIES: dict[str, tuple[tuple[str, str], ...]] = {
     "flag_volatile": ((_FLAG_POLL, _FLAG_POLL.replace("load_acquire_sys(mine)", "load_volatile(mine)")),),
     # (b) the graph one-shot's barriers as flags (one per peer, N polling threads: the shipped
     # graph two-shot's) instead of its counter (one peer atomic per rank, one polling thread).
-    "flag_oneshot": (("  if (graph_call_begin<N, true>(L, row, ins, call, window)) {",
-                      "  if (graph_call_begin<N, false>(L, row, ins, call, window)) {"),
+    "flag_oneshot": (("  if (graph_call_begin<N, true>(L, call, window)) {",
+                      "  if (graph_call_begin<N, false>(L, call, window)) {"),
                      ("    counter_barrier<N>(L, window + N, call.count, PHASE_SECOND_BARRIER);",
                       "    barrier<N, false>(L, call.count, PHASE_SECOND_BARRIER);")),
     # The graph one-shot's reads of every rank's input as plain loads (SGLang's pull loads), not
@@ -117,59 +99,21 @@ STUDIES: dict[str, tuple[tuple[str, str], ...]] = {
                       "template <class LayoutT> __device__ void record_timeout(const LayoutT& L,"),
                      ("__device__ __forceinline__ bool aborted(const Layout& L) {",
                       "template <class LayoutT> __device__ __forceinline__ bool aborted(const LayoutT& L) {"),
+                     ("template <int DT, int N, bool kOwnSlot>\n__device__ __forceinline__ void ll_oneshot(const Layout& L,",
+                      "template <int DT, int N, bool kOwnSlot, class LayoutT>\n"
+                      "__device__ __forceinline__ void ll_oneshot(const LayoutT& L,"),
                      ("template <int N>\n__device__ __forceinline__ bool ll_wait(",
                       "template <int N, class LayoutT>\n__device__ __forceinline__ bool ll_wait("),
                      ("u32 i, u32 self, const Layout& L, u32 count, int phase,",
                       "u32 i, u32 self, const LayoutT& L, u32 count, int phase,"),
                      ("p2p_ll_oneshot(const __grid_constant__ Layout L,",
                       "p2p_ll_oneshot(const __grid_constant__ SmallLayout L,")),
-    # The Lamport one-shot's push as SGLang orders it: per vector one load and one mapping, then
-    # the N-1 stores back to back, not one loop per peer each loading and mapping again (in
-    # program order 277 SASS instructions from the first push to the first poll at 8 ranks,
-    # SGLang's 33: the static comparison in results/reference/h200-mps-p2p-tune/README.md).
-    "push_fused": ((_LL_PUSH, _LL_PUSH_FUSED.format(peer="const u32 p = (rank + k) % N;", loop="int k = 1; k < N; ++k",
-                                                    guard="")),),
-    # push_fused with the peers in rank order, every rank alike: each peer's address a
-    # compile-time field of the parameter (no constant load indexed by the rank).
-    "push_fixed": ((_LL_PUSH, _LL_PUSH_FUSED.format(peer="", loop="int p = 0; p < N; ++p",
-                                                    guard="if (p == (int)rank) continue;")),),
-    # SGLang's path from the last push to the first poll: this rank pushes its mapped vector into
-    # its own slot like a peer's (one more pass of the push loop, last), then polls all N slots of
-    # its buffer uniformly, no "not this rank" predicate and no own vector mapped apart (in
-    # program order 86 SASS instructions from the last push to the first poll at 8 ranks,
-    # SGLang's 22: the static comparison). The sums are the same bits: the own slot holds
-    # ll_map(in), which the shipped kernel adds in its place.
-    "poll_all": ((_LL_PUSH, _LL_PUSH.replace("k < N; ++k) {  // start at the next rank so ranks spread over peers",
-                                             "k <= N; ++k) {  // the next rank first, this rank's own slot last")),
-                 *_POLL_ALL),
-    # SGLang's one-shot push shape as a whole: push_fixed's loop pushing to every rank, itself
-    # included, in rank order, and poll_all's wait and emptying.
-    "sglang_shape": ((_LL_PUSH, _LL_PUSH_FUSED.format(peer="", loop="int p = 0; p < N; ++p", guard="")), *_POLL_ALL),
-    # The graph one-shot's row as SGLang's graph pull reads its pointer table: every rank's input
-    # and this rank's output loaded once, before the PDL wait (the host wrote the row before the
-    # first replay; no kernel writes it), kept in registers. The shipped kernel loads the row after
-    # the wait, and ptxas reloads half the inputs' addresses after the barrier, one dependent
-    # global load ahead of the first peer read (the static comparison with SGLang's one-shot pull).
-    # Plain loads: ptxas moves ld.global.nc past the wait and issues it again in the loop.
-    "graph_early_row": (("  P2P_BEGIN\n  u64 ins[N];\n  uint4* out = (uint4*)row[P2P_MAX_RANKS + L.rank];\n",
-                         "  u64 ins[N], out_word;\n#pragma unroll\n"
-                         "  for (int s = 0; s < N; ++s)   // asm volatile: issued here once, never again\n"
-                         '    asm volatile("ld.global.u64 %0, [%1];" : "=l"(ins[s]) : "l"(row + s));\n'
-                         '  asm volatile("ld.global.u64 %0, [%1];" : "=l"(out_word) : "l"(row + P2P_MAX_RANKS + L.rank));\n'
-                         "  P2P_BEGIN\n  uint4* out = (uint4*)out_word;\n"),
-                        ("  load_row<N>(row, ins, 0);\n  call = begin_call(",
-                         "  if (!kCounter) load_row<N>(row, ins, 0);   // the counter one-shot loaded its row\n"
-                         "  call = begin_call(")),
-    # bf16 packing in hardware, as SGLang's reduce packs: one cvt.rn.bf16x2.f32 (F2FP) per two
-    # lanes instead of the shipped rounding in integer code (at 2 ranks 88 SASS instructions from
-    # the graph one-shot's first peer read to its store, SGLang's graph pull 41: the static
-    # comparison). Round to nearest even both; only a NaN's bits differ (canonical, not the
-    # input's payload), never a finite sum. Every kernel's bf16 sums change alike.
-    "bf16_cvt": (("      const u32 lo = DT == 1 ? float_to_half(f[2 * i]) : float_to_bf16(f[2 * i]);\n",
-                  "      if (DT == 2) {\n"
-                  '        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(w[i]) : "f"(f[2 * i + 1]), "f"(f[2 * i]));\n'
-                  "        continue;\n      }\n"
-                  "      const u32 lo = DT == 1 ? float_to_half(f[2 * i]) : float_to_bf16(f[2 * i]);\n"),),
+    # The Lamport one-shot's own slot (SGLang's push shape) at every size and world size, or never:
+    # the measurement behind LL_OWN_SLOT_UNITS and the 2-rank exception.
+    "own_slot_always": ((_OWN_SLOT_RULE, "  if (true)"),),
+    "own_slot_never": ((_OWN_SLOT_RULE, "  if (false)"),),
+    # bf16 rounded in integer code (the kernels before cvt.rn.bf16x2.f32 was shipped).
+    "bf16_int": (("#if __CUDA_ARCH__ >= 800\n      if (DT == 2) {", "#if 0\n      if (DT == 2) {"),),
     # The shipped source compiled by nvcc into a cubin on the machine (CuPy's NVRTC options), not
     # by NVRTC: the compiler is the only change.
     "nvcc": (),
@@ -180,10 +124,9 @@ LAMPORT, GRAPH = ("oneshot_lamport",), ("oneshot_graph", "twoshot_graph")
 STUDY_KERNELS: dict[str, tuple[str, ...]] = {
     "base": LAMPORT + GRAPH, "noabort": LAMPORT + GRAPH, "ll_relaxed": LAMPORT, "ll_acquire": LAMPORT,
     "ll_reload_all": LAMPORT, "flag_relaxed": ("twoshot_graph",), "flag_volatile": ("twoshot_graph",),
-    "flag_oneshot": ("oneshot_graph",), "graph_plain_loads": ("oneshot_graph",), "graph_early_row": ("oneshot_graph",),
-    "bf16_cvt": LAMPORT + GRAPH, "pdl_late": LAMPORT + GRAPH, "nopdl": LAMPORT + GRAPH,
-    "small_params": LAMPORT, "push_fused": LAMPORT, "push_fixed": LAMPORT, "poll_all": LAMPORT,
-    "sglang_shape": LAMPORT, "nvcc": LAMPORT + GRAPH}
+    "flag_oneshot": ("oneshot_graph",), "graph_plain_loads": ("oneshot_graph",),
+    "pdl_late": LAMPORT + GRAPH, "nopdl": LAMPORT + GRAPH, "small_params": LAMPORT,
+    "own_slot_always": LAMPORT, "own_slot_never": LAMPORT, "bf16_int": LAMPORT + GRAPH, "nvcc": LAMPORT + GRAPH}
 
 
 def patched(source: str, study: str) -> str:

@@ -52,6 +52,7 @@ typedef unsigned long long u64;
 #define P2P_MAX_BLOCKS 64
 #define LL_BUFFERS 3           // Lamport two-shot
 #define LL_ONESHOT_BUFFERS 2   // Lamport one-shot: it empties as it reads
+#define LL_OWN_SLOT_UNITS 4096 // Lamport one-shot: the most units (64 KiB) it also pushes into its own slot
 #define SEMAPHORE_WORDS 32     // one 128-byte line per block: the graph barriers' arrivals, then the window
 #define LL_EMPTY 0x80000000u
 
@@ -173,7 +174,8 @@ __device__ __forceinline__ u32 float_to_half(float f) {
 
 __device__ __forceinline__ float bf16_to_float(u32 b) { return __uint_as_float((b & 0xffffu) << 16); }
 
-// Round to nearest even, as torch does; NaN stays a quiet NaN.
+// Round to nearest even, as torch does; NaN stays a quiet NaN. GPUs before sm_80 only: newer ones
+// pack two lanes with cvt.rn.bf16x2.f32 (pack), which rounds alike (a NaN comes out canonical).
 __device__ __forceinline__ u32 float_to_bf16(float f) {
   u32 u = __float_as_uint(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return (u >> 16) | 0x40u;
@@ -208,6 +210,12 @@ template <int DT> __device__ __forceinline__ uint4 pack(const float* f) {
   } else {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
+#if __CUDA_ARCH__ >= 800
+      if (DT == 2) {   // two lanes in one instruction; measured 3-14% faster for the kernels it serves
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(w[i]) : "f"(f[2 * i + 1]), "f"(f[2 * i]));
+        continue;
+      }
+#endif
       const u32 lo = DT == 1 ? float_to_half(f[2 * i]) : float_to_bf16(f[2 * i]);
       const u32 hi = DT == 1 ? float_to_half(f[2 * i + 1]) : float_to_bf16(f[2 * i + 1]);
       w[i] = lo | (hi << 16);
@@ -417,7 +425,7 @@ template <int N> __device__ __forceinline__ u32 slice_start(u32 units, u32 s) {
 // Programmatic dependent launch (PDL). A kernel launched with programmatic stream serialization
 // may start while the previous kernel in its stream still runs; griddepcontrol.wait holds it until
 // that kernel has completed and its memory is visible, so no kernel touches global memory before
-// it (the by-value Layout and the indices are all that may come first). launch_dependents then
+// it that a kernel writes (the by-value Layout, the indices and the graph kernels' row come first). launch_dependents then
 // lets the next PDL launch start its blocks at once: safe this early, because that kernel's own
 // wait still waits for this whole grid to complete and flush. Both are no-ops in a plain launch.
 // The instructions need sm_90; older GPUs build without them.
@@ -442,6 +450,39 @@ __device__ __forceinline__ void pdl_wait_then_release_dependents() {
 // previous buffer before the wait, results/reference/h200-mps-p2p-tune/). Peers next write
 // this buffer in call c + 2, which no peer reaches before this rank's call c + 1 has pushed its
 // data, after this call ended. Two buffers, not three: measured up to 18% faster from 256K.
+// Each vector is loaded and mapped once and pushed to the peers in rank order, so every peer's
+// address is a compile-time field of L (measured 3-7% faster at 4 and 8 ranks, 4K-16K, than a
+// loop per peer from the next rank on). kOwnSlot, SGLang's push shape: this rank also pushes into
+// its own slot and polls and empties all N slots alike, without a "not this rank" case on the
+// path from the last push to the reduce: measured 9-19% faster at 8 ranks, 4K-32K, and 6-8% at 4
+// ranks; the extra write costs bandwidth above 64 KiB (up to 17% slower at 4 ranks, 256K) and
+// gains nothing at 2 ranks. A call takes one shape or the other whole, and either leaves every
+// slot it read empty, so consecutive calls may differ.
+template <int DT, int N, bool kOwnSlot>
+__device__ __forceinline__ void ll_oneshot(const Layout& L, const uint4* __restrict__ in, uint4* __restrict__ out,
+                                           u32 units, u32 first, u32 stride, const uint4& in_first, u32 count) {
+  const u32 rank = (u32)L.rank, cur = count % LL_ONESHOT_BUFFERS;
+  const u64 slot = L.slot_bytes, buffer = (u64)N * slot;
+  for (u32 i = first; i < units; i += stride) {
+    const uint4 v = ll_map(i == first ? in_first : in[i]);
+#pragma unroll
+    for (int p = 0; p < N; ++p)
+      if (kOwnSlot || p != (int)rank) store_volatile4((uint4*)(L.ll[p] + cur * buffer + rank * slot) + i, v);
+  }
+  const u32 self = kOwnSlot ? N : rank;   // ll_wait: N polls every source
+  char* mine = (char*)L.ll[rank] + cur * buffer;
+  const uint4 empty = ll_empty4();
+  for (u32 i = first; i < units; i += stride) {
+    uint4 v[N];
+    const uint4 own = kOwnSlot ? empty : ll_map(i == first ? in_first : in[i]);
+    if (!ll_wait<N>(v, own, mine, slot, i, self, L, count, PHASE_LL_ONESHOT)) break;
+    out[i] = reduce_in_rank_order<DT, N>(v);
+#pragma unroll
+    for (int s = 0; s < N; ++s)
+      if (s != (int)self) ((uint4*)(mine + s * slot))[i] = empty;
+  }
+}
+
 template <int DT, int N>
 __global__ void __launch_bounds__(512) p2p_ll_oneshot(const __grid_constant__ Layout L,
                                                       const uint4* __restrict__ in,
@@ -450,27 +491,11 @@ __global__ void __launch_bounds__(512) p2p_ll_oneshot(const __grid_constant__ La
   const uint4 in_first = first < units ? in[first] : ll_empty4();   // in flight with the count
   Ctrl* c = (Ctrl*)L.ctrl;
   const Call call = begin_call(L, c->ll_calls);
-  if (!call.failed) {
-    const u32 rank = (u32)L.rank, cur = call.count % LL_ONESHOT_BUFFERS;
-    const u64 slot = L.slot_bytes, buffer = (u64)N * slot;
-#pragma unroll
-    for (int k = 1; k < N; ++k) {  // start at the next rank so ranks spread over peers
-      const u32 p = (rank + k) % N;
-      uint4* dst = (uint4*)(L.ll[p] + cur * buffer + rank * slot);
-      for (u32 i = first; i < units; i += stride) store_volatile4(dst + i, ll_map(i == first ? in_first : in[i]));
-    }
-    char* mine = (char*)L.ll[rank] + cur * buffer;
-    const uint4 empty = ll_empty4();
-    for (u32 i = first; i < units; i += stride) {
-      uint4 v[N];
-      if (!ll_wait<N>(v, ll_map(i == first ? in_first : in[i]), mine, slot, i, rank, L, call.count, PHASE_LL_ONESHOT))
-        break;
-      out[i] = reduce_in_rank_order<DT, N>(v);
-#pragma unroll
-      for (int s = 0; s < N; ++s)
-        if (s != (int)rank) ((uint4*)(mine + s * slot))[i] = empty;
-    }
-  }
+  if (call.failed) return;
+  if (N > 2 && units <= LL_OWN_SLOT_UNITS)
+    ll_oneshot<DT, N, true>(L, in, out, units, first, stride, in_first, call.count);
+  else
+    ll_oneshot<DT, N, false>(L, in, out, units, first, stride, in_first, call.count);
 }
 
 // Two-shot: (1) push each peer's slice of my input into its scatter buffer; (2) reduce my slice
@@ -656,24 +681,31 @@ __global__ void __launch_bounds__(512) p2p_twoshot_push(const __grid_constant__ 
 
 // Captured in a CUDA graph only: `row` is this call's row of the backend's graph table, filled
 // after capture with every rank's input (row[s]) and output (row[P2P_MAX_RANKS + s]) as opened
-// in this process over CUDA IPC. The row is read before the first barrier, so its load overlaps
-// the flag round trip. Every rank's input was written by kernels that completed before that
-// rank's kernel started (P2P_BEGIN), so the first barrier needs no fence: its flag only says
+// in this process over CUDA IPC. The host writes a row before the graph's first replay and no
+// kernel writes it, so the kernels load what they need of it before the PDL wait, as SGLang
+// loads its pointer table: the loads overlap the end of the previous kernel (measured 4-11%
+// faster for the graph one-shot under MPS, 16K-512K). asm volatile issues each load there, once:
+// from a plain load ptxas issued half of them again after the first barrier at 8 ranks, dependent
+// loads ahead of the first read. Every rank's input was written by kernels that completed before
+// that rank's kernel started (P2P_BEGIN), so the first barrier needs no fence: its flag only says
 // "started".
-template <int N> __device__ __forceinline__ void load_row(const u64* row, u64 (&ptrs)[N], u32 base) {
-#pragma unroll
-  for (int s = 0; s < N; ++s) ptrs[s] = row[base + s];
+__device__ __forceinline__ u64 row_word(const u64* word) {
+  u64 value;
+  asm volatile("ld.global.u64 %0, [%1];" : "=l"(value) : "l"(word));
+  return value;
 }
 
-// Both graph kernels begin alike: every rank's input from the row, the call count (the flag
-// kernels' count: their flags and phases, the abort check, a timeout's report), then the unfenced
-// first barrier. kCounter: the counter barrier, whose window for the call's two barriers thread
+template <int N> __device__ __forceinline__ void load_row(const u64* row, u64 (&ptrs)[N], u32 base) {
+#pragma unroll
+  for (int s = 0; s < N; ++s) ptrs[s] = row_word(row + base + s);
+}
+
+// Both graph kernels begin alike, their row loaded: the call count (the flag kernels' count:
+// their flags and phases, the abort check, a timeout's report), then the unfenced first barrier. kCounter: the counter barrier, whose window for the call's two barriers thread
 // 0 (the only one that waits) reserves first; else the flag barrier. False when the call is
 // skipped (an earlier timeout) or the barrier gave up.
 template <int N, bool kCounter>
-__device__ __forceinline__ bool graph_call_begin(const Layout& L, const u64* row, u64 (&ins)[N], Call& call,
-                                                 u32& window) {
-  load_row<N>(row, ins, 0);
+__device__ __forceinline__ bool graph_call_begin(const Layout& L, Call& call, u32& window) {
   call = begin_call(L, ((Ctrl*)L.ctrl)->calls);
   if (!kCounter) return !call.failed && barrier<N, false>(L, call.count, PHASE_FIRST_BARRIER);
   if (threadIdx.x == 0) window = atomicAdd(semaphore(L.flags[L.rank], blockIdx.x, WINDOW_WORD), 2u * N);
@@ -690,13 +722,14 @@ template <int DT, int N>
 __global__ void __launch_bounds__(512) p2p_twoshot_graph(const __grid_constant__ Layout L,
                                                          const u64* __restrict__ row,
                                                          uint4* __restrict__ unused, u32 units) {
-  P2P_BEGIN
   u64 ins[N], outs[N];
+  load_row<N>(row, ins, 0);
   load_row<N>(row, outs, P2P_MAX_RANKS);
+  P2P_BEGIN
   const u32 rank = (u32)L.rank;
   Call call;
   u32 window = 0;
-  if (graph_call_begin<N, false>(L, row, ins, call, window)) {
+  if (graph_call_begin<N, false>(L, call, window)) {
     const u32 lo = slice_start<N>(units, rank), len = slice_start<N>(units, rank + 1) - lo;
     for (u32 j = first; j < len; j += stride) {
       uint4 v[N];
@@ -726,12 +759,13 @@ template <int DT, int N>
 __global__ void __launch_bounds__(512) p2p_oneshot_graph(const __grid_constant__ Layout L,
                                                          const u64* __restrict__ row,
                                                          uint4* __restrict__ unused, u32 units) {
-  P2P_BEGIN
   u64 ins[N];
-  uint4* out = (uint4*)row[P2P_MAX_RANKS + L.rank];
+  load_row<N>(row, ins, 0);
+  uint4* out = (uint4*)row_word(row + P2P_MAX_RANKS + L.rank);
+  P2P_BEGIN
   Call call;
   u32 window = 0;
-  if (graph_call_begin<N, true>(L, row, ins, call, window)) {
+  if (graph_call_begin<N, true>(L, call, window)) {
     for (u32 i = first; i < units; i += stride) {
       uint4 v[N];
 #pragma unroll

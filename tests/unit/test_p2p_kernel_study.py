@@ -65,48 +65,29 @@ def _lamport_one_shot(name):
     return changed, changed.split("p2p_ll_oneshot(")[1].split("\n}\n")[0]
 
 
-@pytest.mark.parametrize("name", ["poll_all", "sglang_shape"])
-def test_poll_all_polls_and_empties_every_slot_its_own_included(name):
+@pytest.mark.parametrize("name, taken", [("own_slot_always", "true"), ("own_slot_never", "false")])
+def test_own_slot_studies_change_only_the_lamport_one_shots_choice_of_shape(name, taken):
     changed, one_shot = _lamport_one_shot(name)
-    # self = N: every slot of this rank's buffer is polled, none stands in for the own input
-    assert "ll_wait<N>(v, empty, mine, slot, i, N, L," in one_shot
-    # every slot read is emptied, the own one too: a full own slot would pass for data in call c + 2
-    assert "((uint4*)(mine + s * slot))[i] = empty;" in one_shot and "s != (int)rank" not in one_shot
-    # only the Lamport one-shot changes
+    assert f"  if ({taken})\n    ll_oneshot<DT, N, true>" in one_shot
     shipped = p2p_kernels.KERNEL_SOURCE.read_text()
-    assert changed.split("p2p_ll_oneshot(")[0] == shipped.split("p2p_ll_oneshot(")[0]
-    assert changed.split("// Two-shot: (1) push")[1] == shipped.split("// Two-shot: (1) push")[1]
+    assert len(changed.splitlines()) == len(shipped.splitlines())
+    assert [a for a, b in zip(changed.splitlines(), shipped.splitlines()) if a != b] == [f"  if ({taken})"]
 
 
-def test_poll_all_pushes_into_its_own_slot_last():
-    _, one_shot = _lamport_one_shot("poll_all")
-    assert "for (int k = 1; k <= N; ++k) {" in one_shot and "const u32 p = (rank + k) % N;" in one_shot
+def test_the_shipped_one_shot_takes_its_own_slot_only_above_two_ranks_and_up_to_64_kib():
+    _, one_shot = _lamport_one_shot("base")
+    assert study._OWN_SLOT_RULE in one_shot
+    source = p2p_kernels.KERNEL_SOURCE.read_text()
+    assert int(re.search(r"#define LL_OWN_SLOT_UNITS (\d+)", source).group(1)) * 16 == 64 * 1024
 
 
-def test_sglang_shape_pushes_one_mapped_vector_to_every_rank_in_rank_order():
-    _, one_shot = _lamport_one_shot("sglang_shape")
-    push = one_shot.split("char* mine")[0]
-    assert "for (int p = 0; p < N; ++p) {" in push and "continue" not in push and "(rank + k)" not in push
-    assert push.count("ll_map(") == 1
-
-
-def test_graph_early_row_loads_the_one_shots_row_before_the_pdl_wait_and_once():
-    changed = study.patched(p2p_kernels.KERNEL_SOURCE.read_text(), "graph_early_row")
-    one_shot = changed.split("p2p_oneshot_graph(")[1]
-    assert one_shot.index('asm volatile("ld.global.u64') < one_shot.index("P2P_BEGIN")
-    assert "row[" not in one_shot.split("P2P_BEGIN")[1]
-    begin = changed.split("bool graph_call_begin(")[1].split("\n}\n")[0]
-    # the counter barrier is the one-shot's alone: the two-shot (flags) still loads its row there
-    assert "  if (!kCounter) load_row<N>(row, ins, 0);" in begin
-    assert "graph_call_begin<N, true>" in one_shot and "graph_call_begin<N, false>" in changed.split("p2p_twoshot_graph(")[1]
-
-
-def test_bf16_cvt_packs_the_high_lane_as_the_first_source():
-    changed = study.patched(p2p_kernels.KERNEL_SOURCE.read_text(), "bf16_cvt")
+def test_bf16_int_rounds_every_bf16_lane_in_integer_code_again():
+    changed = study.patched(p2p_kernels.KERNEL_SOURCE.read_text(), "bf16_int")
     pack = changed.split("__device__ __forceinline__ uint4 pack(")[1].split("\n}\n")[0]
+    assert "#if 0\n      if (DT == 2) {" in pack and "float_to_bf16" in pack
+    shipped = p2p_kernels.KERNEL_SOURCE.read_text().split("__device__ __forceinline__ uint4 pack(")[1]
     # cvt.rn.bf16x2.f32 d, a, b puts a in d's upper half: lane 2i + 1 is the high half, as lo | (hi << 16)
-    assert 'asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(w[i]) : "f"(f[2 * i + 1]), "f"(f[2 * i]));' in pack
-    assert pack.index("if (DT == 2)") < pack.index("float_to_bf16")     # fp16 keeps its path
+    assert 'asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(w[i]) : "f"(f[2 * i + 1]), "f"(f[2 * i]));' in shipped
 
 
 def test_small_layout_carries_the_lamport_areas_and_the_scalars_the_kernel_reads():
