@@ -38,7 +38,7 @@ KERNEL_FILE = "allreduce.cu"
 _LL_POLL = 'asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"'
 _LL_STORE = 'asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};"'
 _FLAG_POLL = "while ((int)(load_acquire_sys(mine) - count) < 0) {"
-_OWN_SLOT_RULE = "  if (N > 2 && units <= LL_OWN_SLOT_UNITS)"
+_LL_SHAPE = "  ll_oneshot<DT, N, {}>(L, in, out, units);"
 _LAYOUT_END = "  u64 rank;\n  u64 nranks;\n};\n"
 # small_params' struct: SMALL_LAYOUT_FIELDS in this order (the host builds it from the Layout's words).
 SMALL_LAYOUT_FIELDS = ("ll", "slot_bytes", "timeout_ns", "ctrl", "report", "rank")
@@ -102,16 +102,19 @@ STUDIES: dict[str, tuple[tuple[str, str], ...]] = {
                      ("template <int DT, int N, bool kOwnSlot>\n__device__ __forceinline__ void ll_oneshot(const Layout& L,",
                       "template <int DT, int N, bool kOwnSlot, class LayoutT>\n"
                       "__device__ __forceinline__ void ll_oneshot(const LayoutT& L,"),
+                     ("p2p_ll_oneshot_own_slot(const __grid_constant__ Layout L,",
+                      "p2p_ll_oneshot_own_slot(const __grid_constant__ SmallLayout L,"),
                      ("template <int N>\n__device__ __forceinline__ bool ll_wait(",
                       "template <int N, class LayoutT>\n__device__ __forceinline__ bool ll_wait("),
                      ("u32 i, u32 self, const Layout& L, u32 count, int phase,",
                       "u32 i, u32 self, const LayoutT& L, u32 count, int phase,"),
                      ("p2p_ll_oneshot(const __grid_constant__ Layout L,",
                       "p2p_ll_oneshot(const __grid_constant__ SmallLayout L,")),
-    # The Lamport one-shot's own slot (SGLang's push shape) at every size and world size, or never:
-    # the measurement behind LL_OWN_SLOT_UNITS and the 2-rank exception.
-    "own_slot_always": ((_OWN_SLOT_RULE, "  if (true)"),),
-    "own_slot_never": ((_OWN_SLOT_RULE, "  if (false)"),),
+    # The Lamport one-shot's own slot (SGLang's push shape) at every size and world size, or never
+    # (each kernel then runs the other's shape): the measurement behind layout.LL_OWN_SLOT_UNITS
+    # and the 2-rank exception.
+    "own_slot_always": ((_LL_SHAPE.format("false"), _LL_SHAPE.format("true")),),
+    "own_slot_never": ((_LL_SHAPE.format("true"), _LL_SHAPE.format("false")),),
     # bf16 rounded in integer code (the kernels before cvt.rn.bf16x2.f32 was shipped).
     "bf16_int": (("#if __CUDA_ARCH__ >= 800\n      if (DT == 2) {", "#if 0\n      if (DT == 2) {"),),
     # The shipped source compiled by nvcc into a cubin on the machine (CuPy's NVRTC options), not

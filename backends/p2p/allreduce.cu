@@ -52,7 +52,6 @@ typedef unsigned long long u64;
 #define P2P_MAX_BLOCKS 64
 #define LL_BUFFERS 3           // Lamport two-shot
 #define LL_ONESHOT_BUFFERS 2   // Lamport one-shot: it empties as it reads
-#define LL_OWN_SLOT_UNITS 4096 // Lamport one-shot: the most units (64 KiB) it also pushes into its own slot
 #define SEMAPHORE_WORDS 32     // one 128-byte line per block: the graph barriers' arrivals, then the window
 #define LL_EMPTY 0x80000000u
 
@@ -456,12 +455,18 @@ __device__ __forceinline__ void pdl_wait_then_release_dependents() {
 // its own slot and polls and empties all N slots alike, without a "not this rank" case on the
 // path from the last push to the reduce: measured 9-19% faster at 8 ranks, 4K-32K, and 6-8% at 4
 // ranks; the extra write costs bandwidth above 64 KiB (up to 17% slower at 4 ranks, 256K) and
-// gains nothing at 2 ranks. A call takes one shape or the other whole, and either leaves every
-// slot it read empty, so consecutive calls may differ.
+// gains nothing at 2 ranks. Each shape is a kernel of its own (p2p_ll_oneshot_own_slot, which the
+// host launches for small messages: layout.kernel_form), because one kernel holding both measured
+// 4-12% slower at 4 and 8 ranks, 4K-64K, than the own-slot shape alone. A call takes one shape or
+// the other whole, and either leaves every slot it read empty, so consecutive calls may differ.
 template <int DT, int N, bool kOwnSlot>
 __device__ __forceinline__ void ll_oneshot(const Layout& L, const uint4* __restrict__ in, uint4* __restrict__ out,
-                                           u32 units, u32 first, u32 stride, const uint4& in_first, u32 count) {
-  const u32 rank = (u32)L.rank, cur = count % LL_ONESHOT_BUFFERS;
+                                           u32 units) {
+  P2P_BEGIN
+  const uint4 in_first = first < units ? in[first] : ll_empty4();   // in flight with the count
+  const Call call = begin_call(L, ((Ctrl*)L.ctrl)->ll_calls);
+  if (call.failed) return;
+  const u32 count = call.count, rank = (u32)L.rank, cur = count % LL_ONESHOT_BUFFERS;
   const u64 slot = L.slot_bytes, buffer = (u64)N * slot;
   for (u32 i = first; i < units; i += stride) {
     const uint4 v = ll_map(i == first ? in_first : in[i]);
@@ -487,15 +492,14 @@ template <int DT, int N>
 __global__ void __launch_bounds__(512) p2p_ll_oneshot(const __grid_constant__ Layout L,
                                                       const uint4* __restrict__ in,
                                                       uint4* __restrict__ out, u32 units) {
-  P2P_BEGIN
-  const uint4 in_first = first < units ? in[first] : ll_empty4();   // in flight with the count
-  Ctrl* c = (Ctrl*)L.ctrl;
-  const Call call = begin_call(L, c->ll_calls);
-  if (call.failed) return;
-  if (N > 2 && units <= LL_OWN_SLOT_UNITS)
-    ll_oneshot<DT, N, true>(L, in, out, units, first, stride, in_first, call.count);
-  else
-    ll_oneshot<DT, N, false>(L, in, out, units, first, stride, in_first, call.count);
+  ll_oneshot<DT, N, false>(L, in, out, units);
+}
+
+template <int DT, int N>
+__global__ void __launch_bounds__(512) p2p_ll_oneshot_own_slot(const __grid_constant__ Layout L,
+                                                               const uint4* __restrict__ in,
+                                                               uint4* __restrict__ out, u32 units) {
+  ll_oneshot<DT, N, true>(L, in, out, units);
 }
 
 // Two-shot: (1) push each peer's slice of my input into its scatter buffer; (2) reduce my slice

@@ -104,8 +104,8 @@ from commbench.backends.base import (ALL_DTYPES, Backend, BackendFactory, Backen
 from commbench.backends.p2p.kernels import (KERNEL_SOURCE, GraphTable, PdlLauncher, SharedArea, cuda_driver,
                                             cupy_module, kernel_blocks_per_sm, kernel_functions)
 from commbench.backends.p2p.layout import (GRAPH_FALLBACK, MAX_BLOCKS, MAX_RANKS, ONESHOT_GRAPH, THREADS_PER_BLOCK,
-                                           VECTOR_BYTES, grid_capacity, kernel_params, launch_dims, launched_kernels,
-                                           plan_areas)
+                                           VECTOR_BYTES, grid_capacity, kernel_form, kernel_forms, kernel_params,
+                                           launch_dims, launched_kernels, plan_areas)
 from commbench.backends.p2p.rules import (AUTO_READ_KERNELS, CALIBRATION_REPLAYS, CALIBRATION_SIZES, DEFAULT_VARIANTS,
                                           FLOOR_VARIANTS, KERNEL_VARIANT, VARIANTS, AutoRule, P2POptions,
                                           agreed_pdl_reason, auto_kernels, calibration_calls, choose_rules,
@@ -124,7 +124,7 @@ if TYPE_CHECKING:
 # name, library, regex over this family's run variants that are its floor, note).
 # The kernels of allreduce.cu beside this file (layout.KERNEL_NAMES): no serving engine runs them.
 TRACE_KERNELS = (
-    (r"\bp2p_ll_oneshot\b", "commbench p2p", r"^p2p:oneshot_lamport$", ""),
+    (r"\bp2p_ll_oneshot(_own_slot)?\b", "commbench p2p", r"^p2p:oneshot_lamport$", ""),
     (r"\bp2p_ll_twoshot\b", "commbench p2p", r"^p2p:twoshot_lamport$", ""),
     (r"\bp2p_oneshot_push\b", "commbench p2p", r"^p2p:oneshot$", ""),
     (r"\bp2p_oneshot_pull\b", "commbench p2p", r"^p2p:oneshot_pull$", ""),
@@ -259,7 +259,7 @@ class P2PAllreduce(Backend):
         capacity counts."""
         def capacity() -> tuple[int, int]:
             cap = grid_capacity(kernel_blocks_per_sm(ctx.device.index, self._functions[dtype],
-                                                     launched_kernels(self.algorithms)),
+                                                     kernel_forms(launched_kernels(self.algorithms))),
                                 torch.cuda.get_device_properties(ctx.device).multi_processor_count, ctx.emulation)
             refusal = cap.refusal()
             if refusal:
@@ -346,7 +346,7 @@ class P2PAllreduce(Backend):
             else:
                 algorithm = GRAPH_FALLBACK[algorithm]
         blocks, threads = launch_dims(algorithm, units, self._ctx.world_size, *self._grids[x.dtype], self.options.shape)
-        function = self._functions[x.dtype][algorithm]
+        function = self._functions[x.dtype][kernel_form(algorithm, units, self._ctx.world_size)]
         if self._pdl is not None:
             self._pdl.launch(function.ptr, blocks, threads, torch.cuda.current_stream(self._ctx.device).cuda_stream,
                              kernel_params(self._area.layout, in_ptr, out_ptr, units))

@@ -101,9 +101,26 @@ GRAPH_ROW_WORDS = 2 * MAX_RANKS
 GRAPH_ROWS = 16384        # 2 MiB: p2p:auto's calibration captures about 900 calls per dtype
 
 
+# The Lamport one-shot's second shape (SGLang's push shape: it also pushes into its own slot and
+# polls every slot alike), a kernel of its own that a launch of ONESHOT_LL runs above 2 ranks up
+# to LL_OWN_SLOT_UNITS (kernel_form). Measured under MPS (results/reference/h200-mps-p2p-tune/):
+# 9-19% faster at 8 ranks 4K-32K and 5-8% at 4 ranks 4K-64K; its extra write costs bandwidth
+# above (up to 21% slower at 4 ranks 256K) and it wins nothing at 2 ranks.
+ONESHOT_LL_OWN_SLOT = "oneshot_lamport_own_slot"
+LL_OWN_SLOT_UNITS = 4096   # 64 KiB
+
+
+# Every compiled kernel: the algorithms' and the Lamport one-shot's second shape.
 KERNEL_NAMES = {ONESHOT_LL: "p2p_ll_oneshot", TWOSHOT_LL: "p2p_ll_twoshot", ONESHOT_PUSH: "p2p_oneshot_push",
                 ONESHOT_PULL: "p2p_oneshot_pull", TWOSHOT: "p2p_twoshot_push", ONESHOT_GRAPH: "p2p_oneshot_graph",
-                TWOSHOT_GRAPH: "p2p_twoshot_graph"}
+                TWOSHOT_GRAPH: "p2p_twoshot_graph", ONESHOT_LL_OWN_SLOT: "p2p_ll_oneshot_own_slot"}
+
+
+def kernel_form(algorithm: str, units: int, nranks: int) -> str:
+    """The key of KERNEL_NAMES whose kernel one launch of `algorithm` runs."""
+    if algorithm == ONESHOT_LL and nranks > 2 and units <= LL_OWN_SLOT_UNITS:
+        return ONESHOT_LL_OWN_SLOT
+    return algorithm
 
 
 TWO_SHOT_KERNELS = (TWOSHOT_LL, TWOSHOT, TWOSHOT_GRAPH)     # each rank reduces one slice
@@ -200,8 +217,13 @@ class AreaPlan:
 
 
 def launched_kernels(algorithms: tuple[str, ...]) -> tuple[str, ...]:
-    """The kernels a variant may launch: its own and the eager fallbacks of its graph kernels."""
+    """The algorithms a variant may launch: its own and the eager fallbacks of its graph kernels."""
     return (*algorithms, *(GRAPH_FALLBACK[a] for a in algorithms if a in GRAPH_FALLBACK))
+
+
+def kernel_forms(algorithms: tuple[str, ...]) -> tuple[str, ...]:
+    """The compiled kernels (keys of KERNEL_NAMES) these algorithms' launches may run."""
+    return (*algorithms, *((ONESHOT_LL_OWN_SLOT,) if ONESHOT_LL in algorithms else ()))
 
 
 def plan_areas(algorithms: tuple[str, ...], nranks: int, slot_bytes: int) -> AreaPlan:

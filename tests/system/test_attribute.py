@@ -49,6 +49,7 @@ def attribute_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, 
     ("void c10d::symmetric_memory::two_shot_all_reduce_kernel_inplace<float, 16, 4>(...)",
      "torch symm-mem two-shot"),
     ("void p2p_ll_oneshot<__nv_bfloat16, 2>(Layout, uint4 const*, uint4*, unsigned int)", "commbench p2p"),
+    ("void p2p_ll_oneshot_own_slot<2, 8>(Layout, uint4 const*, uint4*, unsigned int)", "commbench p2p"),
     ("void flashinfer::trtllm_allreduce_fusion::allreduce_fusion_kernel_oneshot_lamport<"
      "(flashinfer::trtllm_allreduce_fusion::AllReduceFusionPattern)0, __nv_bfloat16, 2, true, true>(...)",
      "FlashInfer TRT-LLM fusion one-shot"),

@@ -812,6 +812,39 @@ def test_without_pdl_the_kernel_launches_through_cupy(monkeypatch):
     assert args[0] is b._area.layout and [int(a) for a in args[1:]] == [x.data_ptr(), out.data_ptr(), 256]
 
 
+
+@pytest.mark.parametrize("nranks, units, form", [
+    (4, 1, p2p_layout.ONESHOT_LL_OWN_SLOT), (8, p2p_layout.LL_OWN_SLOT_UNITS, p2p_layout.ONESHOT_LL_OWN_SLOT),
+    (8, p2p_layout.LL_OWN_SLOT_UNITS + 1, p2p_layout.ONESHOT_LL),     # above 64 KiB the extra write costs
+    (2, 1, p2p_layout.ONESHOT_LL),                                     # it wins nothing at 2 ranks
+])
+def test_the_lamport_one_shot_runs_its_own_slot_kernel_above_two_ranks_up_to_64_kib(nranks, units, form):
+    assert p2p_layout.LL_OWN_SLOT_UNITS * p2p_layout.VECTOR_BYTES == 64 * 1024
+    assert p2p_layout.kernel_form(p2p_layout.ONESHOT_LL, units, nranks) == form
+    assert p2p_layout.kernel_form(p2p_layout.TWOSHOT_LL, units, nranks) == p2p_layout.TWOSHOT_LL
+    # compiled, and counted in the grid's occupancy, wherever the Lamport one-shot may launch
+    assert p2p_layout.ONESHOT_LL_OWN_SLOT in p2p_layout.KERNEL_NAMES
+    assert p2p_layout.kernel_forms((p2p_layout.ONESHOT_LL,)) == (p2p_layout.ONESHOT_LL, p2p_layout.ONESHOT_LL_OWN_SLOT)
+    assert p2p_layout.kernel_forms((p2p_layout.TWOSHOT,)) == (p2p_layout.TWOSHOT,)
+
+
+def test_a_small_lamport_one_shot_launches_the_own_slot_kernel_with_the_same_grid(monkeypatch):
+    b = pdl_setup(monkeypatch, "off (--p2p-pdl off)", FakeDriver())
+    calls = []
+    x, out = launch_ready(b, monkeypatch, None)
+    b._ctx = ctx_for(4, device="cpu")
+    b._functions[torch.float32] = {
+        form: (lambda grid, block, args, stream, form=form: calls.append((form, grid, block)))
+        for form in (p2p_layout.ONESHOT_LL, p2p_layout.ONESHOT_LL_OWN_SLOT)}
+    monkeypatch.setattr(b, "_stream", lambda: "cupy stream")
+    b._launch(p2p_layout.ONESHOT_LL, x, out)                            # 4 KiB: 256 units
+    big = torch.zeros((p2p_layout.LL_OWN_SLOT_UNITS + 1) * 4)
+    b._launch(p2p_layout.ONESHOT_LL, big, torch.zeros_like(big))
+    assert [form for form, _, _ in calls] == [p2p_layout.ONESHOT_LL_OWN_SLOT, p2p_layout.ONESHOT_LL]
+    blocks, threads = p2p_layout.launch_dims(p2p_layout.ONESHOT_LL, 256, 4, *b._grids[torch.float32])
+    assert calls[0][1:] == ((blocks,), (threads,))     # the Lamport one-shot's launch shape
+
+
 # -- the graph kernels (p2p:oneshot_graph, p2p:twoshot_graph) -------------------------------
 
 def test_the_graph_kernels_plan_their_eager_fallbacks_areas_and_are_rule_names():

@@ -55,7 +55,8 @@ def test_flag_oneshot_gives_the_graph_one_shot_the_flag_barriers_back():
 def test_small_params_gives_only_the_lamport_one_shot_the_small_struct():
     changed = study.patched(p2p_kernels.KERNEL_SOURCE.read_text(), "small_params")
     assert "p2p_ll_oneshot(const __grid_constant__ SmallLayout L," in changed
-    assert changed.count("const __grid_constant__ Layout L,") == len(p2p_layout.KERNEL_NAMES) - 1
+    assert "p2p_ll_oneshot_own_slot(const __grid_constant__ SmallLayout L," in changed
+    assert changed.count("const __grid_constant__ Layout L,") == len(p2p_layout.KERNEL_NAMES) - 2
     struct = changed.split("struct SmallLayout {")[1].split("};")[0]
     assert tuple(re.findall(r"u64 (\w+)", struct)) == study.SMALL_LAYOUT_FIELDS
 
@@ -65,20 +66,15 @@ def _lamport_one_shot(name):
     return changed, changed.split("p2p_ll_oneshot(")[1].split("\n}\n")[0]
 
 
-@pytest.mark.parametrize("name, taken", [("own_slot_always", "true"), ("own_slot_never", "false")])
-def test_own_slot_studies_change_only_the_lamport_one_shots_choice_of_shape(name, taken):
-    changed, one_shot = _lamport_one_shot(name)
-    assert f"  if ({taken})\n    ll_oneshot<DT, N, true>" in one_shot
+@pytest.mark.parametrize("name, shape", [("own_slot_always", "true"), ("own_slot_never", "false")])
+def test_own_slot_studies_give_both_lamport_one_shot_kernels_one_shape(name, shape):
+    changed = study.patched(p2p_kernels.KERNEL_SOURCE.read_text(), name)
+    for kernel in ("p2p_ll_oneshot(", "p2p_ll_oneshot_own_slot("):
+        body = changed.split(kernel)[1].split("\n}\n")[0]
+        assert f"  ll_oneshot<DT, N, {shape}>(L, in, out, units);" in body
     shipped = p2p_kernels.KERNEL_SOURCE.read_text()
     assert len(changed.splitlines()) == len(shipped.splitlines())
-    assert [a for a, b in zip(changed.splitlines(), shipped.splitlines()) if a != b] == [f"  if ({taken})"]
-
-
-def test_the_shipped_one_shot_takes_its_own_slot_only_above_two_ranks_and_up_to_64_kib():
-    _, one_shot = _lamport_one_shot("base")
-    assert study._OWN_SLOT_RULE in one_shot
-    source = p2p_kernels.KERNEL_SOURCE.read_text()
-    assert int(re.search(r"#define LL_OWN_SLOT_UNITS (\d+)", source).group(1)) * 16 == 64 * 1024
+    assert len([a for a, b in zip(changed.splitlines(), shipped.splitlines()) if a != b]) == 1
 
 
 def test_bf16_int_rounds_every_bf16_lane_in_integer_code_again():
