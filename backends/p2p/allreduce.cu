@@ -210,7 +210,7 @@ template <int DT> __device__ __forceinline__ uint4 pack(const float* f) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
 #if __CUDA_ARCH__ >= 800
-      if (DT == 2) {   // two lanes in one instruction; measured 3-14% faster for the kernels it serves
+      if (DT == 2) {   // two lanes in one instruction: measured 2-14% faster for the one-shots
         asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(w[i]) : "f"(f[2 * i + 1]), "f"(f[2 * i]));
         continue;
       }
@@ -450,14 +450,14 @@ __device__ __forceinline__ void pdl_wait_then_release_dependents() {
 // this buffer in call c + 2, which no peer reaches before this rank's call c + 1 has pushed its
 // data, after this call ended. Two buffers, not three: measured up to 18% faster from 256K.
 // Each vector is loaded and mapped once and pushed to the peers in rank order, so every peer's
-// address is a compile-time field of L (measured 3-7% faster at 4 and 8 ranks, 4K-16K, than a
+// address is a compile-time field of L (measured 4-7% faster at 4 and 8 ranks, 4K-16K, than a
 // loop per peer from the next rank on). kOwnSlot, SGLang's push shape: this rank also pushes into
 // its own slot and polls and empties all N slots alike, without a "not this rank" case on the
 // path from the last push to the reduce: measured 9-19% faster at 8 ranks, 4K-32K, and 6-8% at 4
-// ranks; the extra write costs bandwidth above 64 KiB (up to 17% slower at 4 ranks, 256K) and
+// ranks; the extra write costs bandwidth above 64 KiB (up to 21% slower at 4 ranks, 256K) and
 // gains nothing at 2 ranks. Each shape is a kernel of its own (p2p_ll_oneshot_own_slot, which the
 // host launches for small messages: layout.kernel_form), because one kernel holding both measured
-// 4-12% slower at 4 and 8 ranks, 4K-64K, than the own-slot shape alone. A call takes one shape or
+// 2-12% slower at 4 and 8 ranks, 4K-64K, than the own-slot shape alone. A call takes one shape or
 // the other whole, and either leaves every slot it read empty, so consecutive calls may differ.
 template <int DT, int N, bool kOwnSlot>
 __device__ __forceinline__ void ll_oneshot(const Layout& L, const uint4* __restrict__ in, uint4* __restrict__ out,
@@ -687,8 +687,8 @@ __global__ void __launch_bounds__(512) p2p_twoshot_push(const __grid_constant__ 
 // after capture with every rank's input (row[s]) and output (row[P2P_MAX_RANKS + s]) as opened
 // in this process over CUDA IPC. The host writes a row before the graph's first replay and no
 // kernel writes it, so the kernels load what they need of it before the PDL wait, as SGLang
-// loads its pointer table: the loads overlap the end of the previous kernel (measured 4-11%
-// faster for the graph one-shot under MPS, 16K-512K). asm volatile issues each load there, once:
+// loads its pointer table: the loads overlap the end of the previous kernel (measured 2-11%
+// faster for the graph one-shot under MPS, most at 8 ranks up to 512K). asm volatile issues each load there, once:
 // from a plain load ptxas issued half of them again after the first barrier at 8 ranks, dependent
 // loads ahead of the first read. Every rank's input was written by kernels that completed before
 // that rank's kernel started (P2P_BEGIN), so the first barrier needs no fence: its flag only says

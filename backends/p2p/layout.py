@@ -104,7 +104,7 @@ GRAPH_ROWS = 16384        # 2 MiB: p2p:auto's calibration captures about 900 cal
 # The Lamport one-shot's second shape (SGLang's push shape: it also pushes into its own slot and
 # polls every slot alike), a kernel of its own that a launch of ONESHOT_LL runs above 2 ranks up
 # to LL_OWN_SLOT_UNITS (kernel_form). Measured under MPS (results/reference/h200-mps-p2p-tune/):
-# 9-19% faster at 8 ranks 4K-32K and 5-8% at 4 ranks 4K-64K; its extra write costs bandwidth
+# 9-19% faster at 8 ranks 4K-32K and 3-8% at 4 ranks 4K-64K; its extra write costs bandwidth
 # above (up to 21% slower at 4 ranks 256K) and it wins nothing at 2 ranks.
 ONESHOT_LL_OWN_SLOT = "oneshot_lamport_own_slot"
 LL_OWN_SLOT_UNITS = 4096   # 64 KiB
