@@ -423,11 +423,11 @@ template <int N> __device__ __forceinline__ u32 slice_start(u32 units, u32 s) {
 
 // Programmatic dependent launch (PDL). A kernel launched with programmatic stream serialization
 // may start while the previous kernel in its stream still runs; griddepcontrol.wait holds it until
-// that kernel has completed and its memory is visible, so no kernel touches global memory before
-// it that a kernel writes (the by-value Layout, the indices and the graph kernels' row come first). launch_dependents then
-// lets the next PDL launch start its blocks at once: safe this early, because that kernel's own
-// wait still waits for this whole grid to complete and flush. Both are no-ops in a plain launch.
-// The instructions need sm_90; older GPUs build without them.
+// that kernel has completed and its memory is visible, so no kernel touches memory a kernel writes
+// before it (the by-value Layout, the indices and the graph kernels' row may come first).
+// launch_dependents then lets the next PDL launch start its blocks at once: safe this early,
+// because that kernel's own wait still waits for this whole grid to complete and flush. Both are
+// no-ops in a plain launch. The instructions need sm_90; older GPUs build without them.
 __device__ __forceinline__ void pdl_wait_then_release_dependents() {
 #if __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -688,11 +688,11 @@ __global__ void __launch_bounds__(512) p2p_twoshot_push(const __grid_constant__ 
 // in this process over CUDA IPC. The host writes a row before the graph's first replay and no
 // kernel writes it, so the kernels load what they need of it before the PDL wait, as SGLang
 // loads its pointer table: the loads overlap the end of the previous kernel (measured 2-11%
-// faster for the graph one-shot under MPS, most at 8 ranks up to 512K). asm volatile issues each load there, once:
-// from a plain load ptxas issued half of them again after the first barrier at 8 ranks, dependent
-// loads ahead of the first read. Every rank's input was written by kernels that completed before
-// that rank's kernel started (P2P_BEGIN), so the first barrier needs no fence: its flag only says
-// "started".
+// faster for the graph one-shot under MPS, most at 8 ranks up to 512K). asm volatile issues each
+// load there, once: from a plain load ptxas issued half of them again after the first barrier at
+// 8 ranks, dependent loads ahead of the first read. Every rank's input was written by kernels
+// that completed before that rank's kernel started (P2P_BEGIN), so the first barrier needs no
+// fence: its flag only says "started".
 __device__ __forceinline__ u64 row_word(const u64* word) {
   u64 value;
   asm volatile("ld.global.u64 %0, [%1];" : "=l"(value) : "l"(word));
@@ -705,8 +705,9 @@ template <int N> __device__ __forceinline__ void load_row(const u64* row, u64 (&
 }
 
 // Both graph kernels begin alike, their row loaded: the call count (the flag kernels' count:
-// their flags and phases, the abort check, a timeout's report), then the unfenced first barrier. kCounter: the counter barrier, whose window for the call's two barriers thread
-// 0 (the only one that waits) reserves first; else the flag barrier. False when the call is
+// their flags and phases, the abort check, a timeout's report), then the unfenced first barrier.
+// kCounter: the counter barrier, whose window for the call's two barriers thread 0 (the only one
+// that waits) reserves first; else the flag barrier. False when the call is
 // skipped (an earlier timeout) or the barrier gave up.
 template <int N, bool kCounter>
 __device__ __forceinline__ bool graph_call_begin(const Layout& L, Call& call, u32& window) {

@@ -77,6 +77,15 @@ def test_own_slot_studies_give_both_lamport_one_shot_kernels_one_shape(name, sha
     assert len([a for a, b in zip(changed.splitlines(), shipped.splitlines()) if a != b]) == 1
 
 
+def test_call_thread0_reads_the_count_and_the_abort_word_once_per_block():
+    changed = study.patched(p2p_kernels.KERNEL_SOURCE.read_text(), "call_thread0")
+    begin = changed.split("Call begin_call(")[1].split("\n}\n")[0]
+    assert begin.count("load_volatile(") == 2 and "if (threadIdx.x == 0) {" in begin
+    # the block waits for thread 0's reads before any thread uses them or publishes the next count
+    assert begin.index("__syncthreads();") < begin.index("call.count = first_read[0];") < begin.index("counters[b] =")
+    assert "__syncthreads_or" not in begin
+
+
 def test_bf16_int_rounds_every_bf16_lane_in_integer_code_again():
     changed = study.patched(p2p_kernels.KERNEL_SOURCE.read_text(), "bf16_int")
     pack = changed.split("__device__ __forceinline__ uint4 pack(")[1].split("\n}\n")[0]
