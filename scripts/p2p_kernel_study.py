@@ -78,6 +78,18 @@ STUDIES: dict[str, tuple[tuple[str, str], ...]] = {
                       "  }\n"
                       "  __syncthreads();\n"
                       "  Call call;\n  call.count = first_read[0];\n  call.failed = first_read[1] != 0u;\n"),),
+    # The graph one-shot's first barrier without its leading block barrier: nothing of the call
+    # precedes it that a peer reads, and begin_call's vote has just synchronised the block. Two
+    # block barriers before the first read, not three (SGLang's pull: one).
+    "first_barrier_nosync": (("template <int N>\n__device__ bool counter_barrier(",
+                              "template <int N, bool kSync = true>\n__device__ bool counter_barrier("),
+                             ("  if (N == 1) return true;\n"
+                              "  __syncthreads();  // this block's writes (or reads) for the phase are issued\n"
+                              "  bool failed = false;\n  if (threadIdx.x < N) {\n    u32* sem",
+                              "  if (N == 1) return true;\n  if (kSync) __syncthreads();\n"
+                              "  bool failed = false;\n  if (threadIdx.x < N) {\n    u32* sem"),
+                             ("counter_barrier<N>(L, window, call.count, PHASE_FIRST_BARRIER)",
+                              "counter_barrier<N, false>(L, window, call.count, PHASE_FIRST_BARRIER)")),
     # (c) the Lamport polls' and pushes' flavour: SGLang's relaxed system-scope loads and stores,
     # or acquire loads.
     "ll_relaxed": ((_LL_POLL, _LL_POLL.replace("ld.volatile.global", "ld.relaxed.sys.global")),
@@ -142,7 +154,8 @@ STUDY_KERNELS: dict[str, tuple[str, ...]] = {
     "base": LAMPORT + GRAPH, "noabort": LAMPORT + GRAPH, "ll_relaxed": LAMPORT, "ll_acquire": LAMPORT,
     "ll_reload_all": LAMPORT, "flag_relaxed": ("twoshot_graph",), "flag_volatile": ("twoshot_graph",),
     "flag_oneshot": ("oneshot_graph",), "graph_plain_loads": ("oneshot_graph",),
-    "call_thread0": LAMPORT + GRAPH, "pdl_late": LAMPORT + GRAPH, "nopdl": LAMPORT + GRAPH, "small_params": LAMPORT,
+    "call_thread0": LAMPORT + GRAPH, "first_barrier_nosync": ("oneshot_graph",), "pdl_late": LAMPORT + GRAPH,
+    "nopdl": LAMPORT + GRAPH, "small_params": LAMPORT,
     "own_slot_always": LAMPORT, "own_slot_never": LAMPORT, "bf16_int": LAMPORT + GRAPH, "nvcc": LAMPORT + GRAPH}
 
 

@@ -36,7 +36,8 @@ def _parameter_bytes(ptx: str, entry: str) -> list[int]:
                                                 ("own_slot_always", 8 * p2p_layout.LAYOUT_WORDS),
                                                 ("own_slot_never", 8 * p2p_layout.LAYOUT_WORDS),
                                                 ("bf16_int", 8 * p2p_layout.LAYOUT_WORDS),
-                                                ("call_thread0", 8 * p2p_layout.LAYOUT_WORDS)])
+                                                ("call_thread0", 8 * p2p_layout.LAYOUT_WORDS),
+                                                ("first_barrier_nosync", 8 * p2p_layout.LAYOUT_WORDS)])
 def test_each_study_source_compiles_with_nvcc(tmp_path, name, layout_bytes):
     source = tmp_path / f"{name}.cu"
     source.write_text(study.patched(p2p_kernels.KERNEL_SOURCE.read_text(), name))

@@ -86,6 +86,14 @@ def test_call_thread0_reads_the_count_and_the_abort_word_once_per_block():
     assert "__syncthreads_or" not in begin
 
 
+def test_first_barrier_nosync_drops_only_the_first_counter_barriers_block_barrier():
+    changed = study.patched(p2p_kernels.KERNEL_SOURCE.read_text(), "first_barrier_nosync")
+    barrier = changed.split("bool counter_barrier(")[1].split("\n}\n")[0]
+    assert "  if (kSync) __syncthreads();" in barrier
+    assert "counter_barrier<N, false>(L, window, call.count, PHASE_FIRST_BARRIER)" in changed
+    assert "counter_barrier<N>(L, window + N, call.count, PHASE_SECOND_BARRIER)" in changed   # the second keeps it
+
+
 def test_bf16_int_rounds_every_bf16_lane_in_integer_code_again():
     changed = study.patched(p2p_kernels.KERNEL_SOURCE.read_text(), "bf16_int")
     pack = changed.split("__device__ __forceinline__ uint4 pack(")[1].split("\n}\n")[0]
