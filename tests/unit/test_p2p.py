@@ -812,7 +812,6 @@ def test_without_pdl_the_kernel_launches_through_cupy(monkeypatch):
     assert args[0] is b._area.layout and [int(a) for a in args[1:]] == [x.data_ptr(), out.data_ptr(), 256]
 
 
-
 @pytest.mark.parametrize("nranks, units, form", [
     (4, 1, p2p_layout.ONESHOT_LL_OWN_SLOT), (8, p2p_layout.LL_OWN_SLOT_UNITS, p2p_layout.ONESHOT_LL_OWN_SLOT),
     (8, p2p_layout.LL_OWN_SLOT_UNITS + 1, p2p_layout.ONESHOT_LL),     # above 64 KiB the extra write costs
