@@ -22,8 +22,10 @@ Design (the ideas of vLLM's and TRT-LLM's custom allreduce, our own code):
   arrival flag. Buffers start filled with a 32-bit word no input can hold (the bits of fp32
   -0.0, mapped to +0.0 on the way in, which changes no value); writers push 16-byte vectors,
   readers poll their own memory until no word is empty. The one-shot rotates two buffers and
-  empties each vector right after reading it, the two-shot rotates three and empties the
-  previous call's buffer while it waits. No fence and no flag round trip per call.
+  empties each vector right after reading it; above 2 ranks up to 64 KiB a kernel of its own
+  runs it in SGLang's push shape (its own slot too, every slot polled alike:
+  ``layout.kernel_form``). The two-shot rotates three buffers and empties the previous call's
+  buffer while it waits. No fence and no flag round trip per call.
 * Flag kernels (``p2p:oneshot``, ``p2p:oneshot_pull``, ``p2p:twoshot``): data, then a system
   fence and a flag per peer, then a wait for every peer's flag; data areas alternate by parity.
 * Staging happens inside the kernel: the first step of every call copies the caller's input
@@ -40,10 +42,11 @@ Design (the ideas of vLLM's and TRT-LLM's custom allreduce, our own code):
   the one-shot every rank reads all of every input and writes only its own output, between two
   barriers that carry no data (no fence): a counter per block that every rank adds 1 to (a peer
   atomic, as SGLang's barrier; the variant needs ``atomics``) and one thread polls. Eager calls,
-  whose buffers are never registered, run the fallback: the staged two-shot, or the Lamport one-shot. Registering needs an IPC handle for
-  the allocation that holds each buffer; where there is none (expandable segments, cuMem
-  pools) every rank refuses the graph with the reason. They read peer memory, so they are
-  never default variants and ``p2p:auto`` takes them only where reads are safe (below).
+  whose buffers are never registered, run the fallback: the staged two-shot, or the Lamport
+  one-shot. Registering needs an IPC handle for the allocation that holds each buffer; where
+  there is none (expandable segments, cuMem pools) every rank refuses the graph with the reason.
+  They read peer memory, so they are never default variants and ``p2p:auto`` takes them only
+  where reads are safe (below).
 * Push is the default: every byte crosses the fabric as a posted write. Reads of peer
   memory are the pattern that never completes on some PCIe systems, and such a read cannot
   be bounded by a timeout, so the pull variants (``p2p:oneshot_pull`` and the graph kernels)
