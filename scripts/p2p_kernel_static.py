@@ -15,9 +15,9 @@ CUDA graph runs it (its pointer-table variant). Each build is bf16 at each world
   load) with the options CuPy's RawModule gives it for kernels.py;
 - `p2p nvcc`: the same source and options through nvcc (scripts/p2p_kernel_study.py's `nvcc`);
 - `p2p nvcc+sglang flags`: the same source with the flags SGLang's JIT passes nvcc on an H200;
-- `p2p STUDY`: a study variant's source (scripts/p2p_kernel_study.py; push: small_params,
-  own_slot_always, own_slot_never; pull: graph_plain_loads, bf16_int, call_thread0,
-  first_barrier_nosync), NVRTC's options, through nvcc;
+- `p2p STUDY`: a study variant's source (scripts/p2p_kernel_study.py; push: own_slot_always,
+  own_slot_never; pull: graph_plain_loads, bf16_int, graph_all_read, unroll_every_world,
+  unroll_none), NVRTC's options, through nvcc;
 - `sglang 1shot_push` / `sglang 1shot_pull (graph)`: SGLang's kernel, built as SGLang's JIT
   builds its custom_all_reduce module (its wrapper unit, its flags), read from SGLANG_DIR.
 
@@ -67,9 +67,9 @@ SGLANG_FFI_INCLUDES = ("tvm/ffi/container/tensor.h", "tvm/ffi/dtype.h", "tvm/ffi
                        "tvm/ffi/extra/c_env_api.h", "tvm/ffi/function.h")
 SGLANG_SOURCE = Path("kernels/jit/csrc/distributed/custom_all_reduce.cuh")
 # The study variants of the Lamport one-shot shown (scripts/p2p_kernel_study.py).
-STUDIES = ("small_params", "own_slot_always", "own_slot_never")
+STUDIES = ("own_slot_always", "own_slot_never")
 # ... and of the graph one-shot.
-GRAPH_STUDIES = ("graph_plain_loads", "bf16_int", "call_thread0", "first_barrier_nosync")
+GRAPH_STUDIES = ("graph_plain_loads", "bf16_int", "graph_all_read", "unroll_every_world", "unroll_none")
 NVRTC_OPTIONS = ("--std=c++17", "-ftz=true", f"-arch={ARCH}", "--device-as-default-execution-space")
 
 _INSTRUCTION = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(.*?)\s*;")

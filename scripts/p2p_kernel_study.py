@@ -39,57 +39,20 @@ _LL_POLL = 'asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"'
 _LL_STORE = 'asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};"'
 _FLAG_POLL = "while ((int)(load_acquire_sys(mine) - count) < 0) {"
 _LL_SHAPE = "  ll_oneshot<DT, N, {}>(L, in, out, units);"
-_LAYOUT_END = "  u64 rank;\n  u64 nranks;\n};\n"
-# small_params' struct: SMALL_LAYOUT_FIELDS in this order (the host builds it from the Layout's words).
-SMALL_LAYOUT_FIELDS = ("ll", "slot_bytes", "timeout_ns", "ctrl", "report", "rank")
-_SMALL_LAYOUT = """
-struct SmallLayout {
-  u64 ll[P2P_MAX_RANKS];
-  u64 slot_bytes;
-  u64 timeout_ns;
-  u64 ctrl;
-  u64 report;
-  u64 rank;
-};
-"""
-
 # Shipped after the studies of 2026-12-03 (results/reference/h200-mps-p2p-tune/README.md), so no
 # longer studies here: the graph one-shot's counter barrier (SGLang's barrier), the Lamport
 # one-shot's two buffers, its push in rank order and its own slot up to LL_OWN_SLOT_UNITS (SGLang's
 # push shape: push_fused, push_fixed, poll_all and sglang_shape in the file's history), the graph
-# kernels' row loaded before the PDL wait (graph_early_row) and bf16 packed by cvt.rn.bf16x2.f32
-# (bf16_cvt). flag_oneshot, own_slot_* and bf16_int measure shipped choices against what they
+# kernels' row loaded before the PDL wait (graph_early_row), bf16 packed by cvt.rn.bf16x2.f32
+# (bf16_cvt), the Lamport one-shot's own small parameter (small_params), the graph kernels' call
+# count read by one thread (call_thread0; noabort measured the vote without the abort word), the
+# graph one-shot's first barrier without its block barrier (first_barrier_nosync) and its loop over
+# two vectors at a time at 2 ranks (graph_unroll2, graph_unroll4, graph_lean). flag_oneshot,
+# own_slot_*, bf16_int, graph_all_read and unroll_* measure shipped choices against what they
 # replaced.
+_UNROLL = "    constexpr u32 K = N == 2 ? 2 : 1;"
 STUDIES: dict[str, tuple[tuple[str, str], ...]] = {
     "base": (),
-    # (a) the work before the first store: no abort word, no block-wide vote on it.
-    "noabort": (("  call.failed = __syncthreads_or(load_volatile(&c->abort) != 0u) != 0;",
-                 "  call.failed = false;\n  __syncthreads();"),),
-    # Only thread 0 reads the block's count and the abort word and hands them on in shared memory:
-    # every warp of every block reads the same two lines otherwise (up to 64 blocks of 16 warps).
-    # noabort, which drops the abort word's load but keeps a block barrier, measured 8-13% at 2
-    # ranks 512K-2M for the graph one-shot, where its grid is largest, and nothing at 8 ranks.
-    "call_thread0": (("  Call call;\n  call.count = load_volatile(counters + blockIdx.x) + 1;\n"
-                      "  call.failed = __syncthreads_or(load_volatile(&c->abort) != 0u) != 0;\n",
-                      "  __shared__ u32 first_read[2];\n"
-                      "  if (threadIdx.x == 0) {\n"
-                      "    first_read[0] = load_volatile(counters + blockIdx.x) + 1;\n"
-                      "    first_read[1] = load_volatile(&c->abort);\n"
-                      "  }\n"
-                      "  __syncthreads();\n"
-                      "  Call call;\n  call.count = first_read[0];\n  call.failed = first_read[1] != 0u;\n"),),
-    # The graph one-shot's first barrier without its leading block barrier: nothing of the call
-    # precedes it that a peer reads, and begin_call's vote has just synchronised the block. Two
-    # block barriers before the first read, not three (SGLang's pull: one).
-    "first_barrier_nosync": (("template <int N>\n__device__ bool counter_barrier(",
-                              "template <int N, bool kSync = true>\n__device__ bool counter_barrier("),
-                             ("  if (N == 1) return true;\n"
-                              "  __syncthreads();  // this block's writes (or reads) for the phase are issued\n"
-                              "  bool failed = false;\n  if (threadIdx.x < N) {\n    u32* sem",
-                              "  if (N == 1) return true;\n  if (kSync) __syncthreads();\n"
-                              "  bool failed = false;\n  if (threadIdx.x < N) {\n    u32* sem"),
-                             ("counter_barrier<N>(L, window, call.count, PHASE_FIRST_BARRIER)",
-                              "counter_barrier<N, false>(L, window, call.count, PHASE_FIRST_BARRIER)")),
     # (c) the Lamport polls' and pushes' flavour: SGLang's relaxed system-scope loads and stores,
     # or acquire loads.
     "ll_relaxed": ((_LL_POLL, _LL_POLL.replace("ld.volatile.global", "ld.relaxed.sys.global")),
@@ -110,32 +73,19 @@ STUDIES: dict[str, tuple[tuple[str, str], ...]] = {
                       "    barrier<N, false>(L, call.count, PHASE_SECOND_BARRIER);")),
     # The graph one-shot's reads of every rank's input as plain loads (SGLang's pull loads), not
     # ld.global.cg (L2 only).
-    "graph_plain_loads": (("v[s] = load_cg((const uint4*)ins[s] + i);", "v[s] = ((const uint4*)ins[s])[i];"),),
+    "graph_plain_loads": (("v[s] = load_cg((const uint4*)ins[s] + i);", "v[s] = ((const uint4*)ins[s])[i];"),
+                          ("v[k][s] = load_cg((const uint4*)ins[s] + i + k * stride);",
+                           "v[k][s] = ((const uint4*)ins[s])[i + k * stride];")),
     # PDL: let the next launch start only when this grid ends (SGLang triggers at its end).
     "pdl_late": (('  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");\n', ""),),
     "nopdl": (),     # the shipped source, launched without PDL
-    # The Lamport one-shot given only the Layout fields it reads (104 bytes by value, not 504;
-    # SGLang's push parameter is 112): the helpers it calls take either struct; the host passes
-    # the smaller value (StudyP2P). Nothing else changes.
-    "small_params": ((_LAYOUT_END, _LAYOUT_END + _SMALL_LAYOUT),
-                     ("__device__ __forceinline__ Call begin_call(const Layout& L,",
-                      "template <class LayoutT> __device__ __forceinline__ Call begin_call(const LayoutT& L,"),
-                     ("__device__ void record_timeout(const Layout& L,",
-                      "template <class LayoutT> __device__ void record_timeout(const LayoutT& L,"),
-                     ("__device__ __forceinline__ bool aborted(const Layout& L) {",
-                      "template <class LayoutT> __device__ __forceinline__ bool aborted(const LayoutT& L) {"),
-                     ("template <int DT, int N, bool kOwnSlot>\n"
-                      "__device__ __forceinline__ void ll_oneshot(const Layout& L,",
-                      "template <int DT, int N, bool kOwnSlot, class LayoutT>\n"
-                      "__device__ __forceinline__ void ll_oneshot(const LayoutT& L,"),
-                     ("p2p_ll_oneshot_own_slot(const __grid_constant__ Layout L,",
-                      "p2p_ll_oneshot_own_slot(const __grid_constant__ SmallLayout L,"),
-                     ("template <int N>\n__device__ __forceinline__ bool ll_wait(",
-                      "template <int N, class LayoutT>\n__device__ __forceinline__ bool ll_wait("),
-                     ("u32 i, u32 self, const Layout& L, u32 count, int phase,",
-                      "u32 i, u32 self, const LayoutT& L, u32 count, int phase,"),
-                     ("p2p_ll_oneshot(const __grid_constant__ Layout L,",
-                      "p2p_ll_oneshot(const __grid_constant__ SmallLayout L,")),
+    # The graph kernels' call count and abort word read by every thread, voted on by the block
+    # (the Lamport one-shot's way), not read by thread 0 alone.
+    "graph_all_read": (("  call = begin_call<true>(L, ((Ctrl*)L.ctrl)->calls);",
+                        "  call = begin_call<false>(L, ((Ctrl*)L.ctrl)->calls);"),),
+    # The graph one-shot's loop over two vectors at a time at every world size, or at none.
+    "unroll_every_world": ((_UNROLL, "    constexpr u32 K = 2;"),),
+    "unroll_none": ((_UNROLL, "    constexpr u32 K = 1;"),),
     # The Lamport one-shot's own slot (SGLang's push shape) at every size and world size, or never
     # (each kernel then runs the other's shape): the measurement behind layout.LL_OWN_SLOT_UNITS
     # and the 2-rank exception.
@@ -151,11 +101,10 @@ STUDIES: dict[str, tuple[tuple[str, str], ...]] = {
 # The p2p variants each study is measured with: the kernels its change touches.
 LAMPORT, GRAPH = ("oneshot_lamport",), ("oneshot_graph", "twoshot_graph")
 STUDY_KERNELS: dict[str, tuple[str, ...]] = {
-    "base": LAMPORT + GRAPH, "noabort": LAMPORT + GRAPH, "ll_relaxed": LAMPORT, "ll_acquire": LAMPORT,
-    "ll_reload_all": LAMPORT, "flag_relaxed": ("twoshot_graph",), "flag_volatile": ("twoshot_graph",),
-    "flag_oneshot": ("oneshot_graph",), "graph_plain_loads": ("oneshot_graph",),
-    "call_thread0": LAMPORT + GRAPH, "first_barrier_nosync": ("oneshot_graph",), "pdl_late": LAMPORT + GRAPH,
-    "nopdl": LAMPORT + GRAPH, "small_params": LAMPORT,
+    "base": LAMPORT + GRAPH, "ll_relaxed": LAMPORT, "ll_acquire": LAMPORT, "ll_reload_all": LAMPORT,
+    "flag_relaxed": ("twoshot_graph",), "flag_volatile": ("twoshot_graph",), "flag_oneshot": ("oneshot_graph",),
+    "graph_plain_loads": ("oneshot_graph",), "pdl_late": LAMPORT + GRAPH, "nopdl": LAMPORT + GRAPH,
+    "graph_all_read": GRAPH, "unroll_every_world": ("oneshot_graph",), "unroll_none": ("oneshot_graph",),
     "own_slot_always": LAMPORT, "own_slot_never": LAMPORT, "bf16_int": LAMPORT + GRAPH, "nvcc": LAMPORT + GRAPH}
 
 
@@ -172,24 +121,6 @@ def patched(source: str, study: str) -> str:
 
 def specs() -> list[str]:
     return [f"{ENTRY_POINT}:{study}.{kernel}" for study, kernels in STUDY_KERNELS.items() for kernel in kernels]
-
-
-def small_layout(layout: Any) -> Any:
-    """small_params' parameter: the SmallLayout words picked from the Layout value the p2p backend
-    built (layout.layout_parameter), or the value itself when it is small already."""
-    import numpy
-    from commbench.backends.p2p.layout import LAYOUT_AREAS, LAYOUT_SCALARS, LAYOUT_WORDS, MAX_RANKS
-
-    words = layout["words"][0]
-    if len(words) != LAYOUT_WORDS:
-        return layout
-    areas = words[:len(LAYOUT_AREAS) * MAX_RANKS].reshape(len(LAYOUT_AREAS), MAX_RANKS)
-    scalars = words[len(LAYOUT_AREAS) * MAX_RANKS:]
-    picked = [*areas[LAYOUT_AREAS.index(SMALL_LAYOUT_FIELDS[0])],
-              *(scalars[LAYOUT_SCALARS.index(field)] for field in SMALL_LAYOUT_FIELDS[1:])]
-    value = numpy.zeros(1, dtype=numpy.dtype([("words", numpy.uint64, (len(picked),))]))
-    value["words"][0] = picked
-    return value
 
 
 def nvrtc_options(arch: str) -> tuple[str, ...]:
@@ -268,8 +199,6 @@ def _factory() -> Any:
                     p2p_kernels._FUNCTIONS[key] = voted(ctx, "nvcc compilation (p2p kernel study)",
                                                         lambda: _nvcc_functions(ctx, dtype, self.kernel_source))
             super().setup(ctx, max_bytes, dtype)
-            if self.study == "small_params":
-                self._area.layout = small_layout(self._area.layout)
 
         def row_fields(self) -> dict[str, Any]:
             fields = super().row_fields()

@@ -8,7 +8,8 @@
 // Shared by every kernel (backends/p2p/backend.py documents the design):
 // * The Layout table (every rank's buffers, this rank's Ctrl, the timeout report) is a kernel
 //   parameter passed by value (__grid_constant__): no dependent load before the first useful
-//   one. Peer loops are unrolled over the world size N, a template parameter.
+//   one. The Lamport one-shot takes only its part of it (LamportLayout). Peer loops are
+//   unrolled over the world size N, a template parameter.
 // * Each kernel kind counts its calls in Ctrl, one counter per block: block b reads its own
 //   counter and, once all its threads have, writes the new value into every counter it stands for
 //   (b, b + grid, ..., one per thread), so the counters stay equal whatever grid the next call
@@ -91,6 +92,20 @@ struct Layout {
   u64 report;                 // u32[4] host-mapped: {1 = timeout, peer, call, phase}
   u64 rank;
   u64 nranks;
+};
+
+// The Lamport one-shot's parameter: only the Layout fields it reads, 104 bytes by value instead
+// of 504 (SGLang's push parameter is 112), so less of the launch is parameter. Measured 2-6%
+// faster under MPS at 8 ranks and 2% at 4 ranks, 4K-64K (results/reference/h200-mps-p2p-tune/).
+// The host builds it from the Layout's words (layout.LL_ONESHOT_FIELDS). The helpers the kernel
+// shares with the others take either struct.
+struct LamportLayout {
+  u64 ll[P2P_MAX_RANKS];
+  u64 slot_bytes;
+  u64 timeout_ns;
+  u64 ctrl;
+  u64 report;
+  u64 rank;
 };
 
 __device__ __forceinline__ u64 globaltimer_ns() {
@@ -267,24 +282,42 @@ __device__ __forceinline__ uint4 ll_empty4() {
 // ---- call counts, timeouts, the flag barrier ----
 
 // Every thread reads its block's count and the abort word (one line, one transaction per warp);
-// __syncthreads_or makes the whole block agree on the abort. Once all threads have read the
-// count, the next one is published: only the next launch (of any grid) reads it.
+// __syncthreads_or makes the whole block agree on the abort. kOneReader (the graph kernels):
+// thread 0 alone reads the two and hands them to the block through shared memory, so up to 64
+// blocks of 16 warps do not all load the same two lines. Measured 10-19% faster for the graph
+// one-shot at 2 and 4 ranks, 512K-2M, and up to 12% for the graph two-shot at 2 ranks, but 1-7%
+// slower for the Lamport one-shot, whose pushes wait for the count
+// (results/reference/h200-mps-p2p-tune/). Either way the block is synchronised when it returns.
+// Once all threads have the count, the next one is published: only the next launch (of any grid)
+// reads it.
 struct Call {
   u32 count;   // this call's number, 1-based
   bool failed;
 };
 
-__device__ __forceinline__ Call begin_call(const Layout& L, u32* counters) {
+template <bool kOneReader = false, class LayoutT>
+__device__ __forceinline__ Call begin_call(const LayoutT& L, u32* counters) {
   const Ctrl* c = (const Ctrl*)L.ctrl;
   Call call;
-  call.count = load_volatile(counters + blockIdx.x) + 1;
-  call.failed = __syncthreads_or(load_volatile(&c->abort) != 0u) != 0;
+  if (kOneReader) {
+    __shared__ u32 first_read[2];
+    if (threadIdx.x == 0) {
+      first_read[0] = load_volatile(counters + blockIdx.x) + 1;
+      first_read[1] = load_volatile(&c->abort);
+    }
+    __syncthreads();
+    call.count = first_read[0];
+    call.failed = first_read[1] != 0u;
+  } else {
+    call.count = load_volatile(counters + blockIdx.x) + 1;
+    call.failed = __syncthreads_or(load_volatile(&c->abort) != 0u) != 0;
+  }
   for (u32 b = blockIdx.x + threadIdx.x * gridDim.x; b < P2P_MAX_BLOCKS; b += blockDim.x * gridDim.x)
     counters[b] = call.count;
   return call;
 }
 
-__device__ void record_timeout(const Layout& L, u32 peer, u32 count, int phase) {
+template <class LayoutT> __device__ void record_timeout(const LayoutT& L, u32 peer, u32 count, int phase) {
   Ctrl* c = (Ctrl*)L.ctrl;
   if (atomicCAS(&c->abort, 0u, 1u) == 0u) {  // the first timeout on this rank is the one reported
     volatile u32* report = (volatile u32*)L.report;
@@ -297,7 +330,7 @@ __device__ void record_timeout(const Layout& L, u32 peer, u32 count, int phase) 
   }
 }
 
-__device__ __forceinline__ bool aborted(const Layout& L) {
+template <class LayoutT> __device__ __forceinline__ bool aborted(const LayoutT& L) {
   return load_volatile(&((const Ctrl*)L.ctrl)->abort) != 0u;
 }
 
@@ -339,11 +372,13 @@ template <int N, bool kPublish = true> __device__ bool barrier(const Layout& L, 
 // at every rank gets 1 from each rank per barrier, and thread 0 waits until its own holds N
 // more than `target` (the call's window plus N per earlier barrier of the call). A semaphore
 // never lags its target: this rank's previous barrier already saw it reach the target. A
-// timeout cannot say which peer is missing (PEER_UNKNOWN).
-template <int N>
+// timeout cannot say which peer is missing (PEER_UNKNOWN). kSync: first a block barrier, so that
+// the block's reads (or writes) of the phase are issued; the call's first barrier has none to
+// wait for (graph_call_begin).
+template <int N, bool kSync = true>
 __device__ bool counter_barrier(const Layout& L, u32 target, u32 count, int phase) {
   if (N == 1) return true;
-  __syncthreads();  // this block's writes (or reads) for the phase are issued
+  if (kSync) __syncthreads();
   bool failed = false;
   if (threadIdx.x < N) {
     u32* sem = semaphore(L.flags[threadIdx.x], blockIdx.x);
@@ -369,9 +404,9 @@ __device__ bool counter_barrier(const Layout& L, u32 target, u32 count, int phas
 // and v[self] with `own` (self >= N: every source is polled). Reloads only what is still empty.
 // False when the wait gave up (a timeout here or in another thread); a timeout names source s as
 // rank first_rank + s.
-template <int N>
+template <int N, class LayoutT>
 __device__ __forceinline__ bool ll_wait(uint4 (&v)[N], const uint4& own, const char* base, u64 source_stride,
-                                        u32 i, u32 self, const Layout& L, u32 count, int phase,
+                                        u32 i, u32 self, const LayoutT& L, u32 count, int phase,
                                         u32 first_rank = 0) {
 #pragma unroll
   for (int s = 0; s < N; ++s)   // a compile-time index: v stays in registers
@@ -460,7 +495,7 @@ __device__ __forceinline__ void pdl_wait_then_release_dependents() {
 // 2-12% slower at 4 and 8 ranks, 4K-64K, than the own-slot shape alone. A call takes one shape or
 // the other whole, and either leaves every slot it read empty, so consecutive calls may differ.
 template <int DT, int N, bool kOwnSlot>
-__device__ __forceinline__ void ll_oneshot(const Layout& L, const uint4* __restrict__ in, uint4* __restrict__ out,
+__device__ __forceinline__ void ll_oneshot(const LamportLayout& L, const uint4* __restrict__ in, uint4* __restrict__ out,
                                            u32 units) {
   P2P_BEGIN
   const uint4 in_first = first < units ? in[first] : ll_empty4();   // in flight with the count
@@ -489,14 +524,14 @@ __device__ __forceinline__ void ll_oneshot(const Layout& L, const uint4* __restr
 }
 
 template <int DT, int N>
-__global__ void __launch_bounds__(512) p2p_ll_oneshot(const __grid_constant__ Layout L,
+__global__ void __launch_bounds__(512) p2p_ll_oneshot(const __grid_constant__ LamportLayout L,
                                                       const uint4* __restrict__ in,
                                                       uint4* __restrict__ out, u32 units) {
   ll_oneshot<DT, N, false>(L, in, out, units);
 }
 
 template <int DT, int N>
-__global__ void __launch_bounds__(512) p2p_ll_oneshot_own_slot(const __grid_constant__ Layout L,
+__global__ void __launch_bounds__(512) p2p_ll_oneshot_own_slot(const __grid_constant__ LamportLayout L,
                                                                const uint4* __restrict__ in,
                                                                uint4* __restrict__ out, u32 units) {
   ll_oneshot<DT, N, true>(L, in, out, units);
@@ -704,17 +739,19 @@ template <int N> __device__ __forceinline__ void load_row(const u64* row, u64 (&
   for (int s = 0; s < N; ++s) ptrs[s] = row_word(row + base + s);
 }
 
-// Both graph kernels begin alike, their row loaded: the call count (the flag kernels' count:
-// their flags and phases, the abort check, a timeout's report), then the unfenced first barrier.
-// kCounter: the counter barrier, whose window for the call's two barriers thread 0 (the only one
-// that waits) reserves first; else the flag barrier. False when the call is
-// skipped (an earlier timeout) or the barrier gave up.
+// Both graph kernels begin alike, their row loaded: the call count read by thread 0 alone (the
+// flag kernels' count: their flags and phases, the abort check, a timeout's report), then the
+// unfenced first barrier. kCounter: the counter barrier, whose window for the call's two barriers
+// thread 0 (the only one that waits) reserves first; else the flag barrier. The counter barrier
+// skips its leading block barrier here: nothing of the call precedes it, and begin_call has just
+// synchronised the block (SGLang's pull has one block barrier before its first read; measured
+// 0-3% faster). False when the call is skipped (an earlier timeout) or the barrier gave up.
 template <int N, bool kCounter>
 __device__ __forceinline__ bool graph_call_begin(const Layout& L, Call& call, u32& window) {
-  call = begin_call(L, ((Ctrl*)L.ctrl)->calls);
+  call = begin_call<true>(L, ((Ctrl*)L.ctrl)->calls);
   if (!kCounter) return !call.failed && barrier<N, false>(L, call.count, PHASE_FIRST_BARRIER);
   if (threadIdx.x == 0) window = atomicAdd(semaphore(L.flags[L.rank], blockIdx.x, WINDOW_WORD), 2u * N);
-  return !call.failed && counter_barrier<N>(L, window, call.count, PHASE_FIRST_BARRIER);
+  return !call.failed && counter_barrier<N, false>(L, window, call.count, PHASE_FIRST_BARRIER);
 }
 
 // Two-shot: (1) a barrier: every rank's kernel has started, so its input is written and no
@@ -771,7 +808,23 @@ __global__ void __launch_bounds__(512) p2p_oneshot_graph(const __grid_constant__
   Call call;
   u32 window = 0;
   if (graph_call_begin<N, true>(L, call, window)) {
-    for (u32 i = first; i < units; i += stride) {
+    // At 2 ranks two of a thread's vectors per pass, all their reads issued before the first
+    // reduce: twice the reads in flight (SGLang's pull gets them from 1024-thread blocks; ours are
+    // built for 512). Measured 3-18% faster at 2 ranks from 1M, where a thread has several
+    // vectors; at 4 ranks the same kernel (50 registers, not 40) was 28-52% slower from 512K, and at
+    // 8 ranks, where the graph two-shot takes the large sizes, 3-8% faster.
+    constexpr u32 K = N == 2 ? 2 : 1;
+    u32 i = first;
+    for (; i + (K - 1) * stride < units; i += K * stride) {
+      uint4 v[K][N];
+#pragma unroll
+      for (u32 k = 0; k < K; ++k)
+#pragma unroll
+        for (int s = 0; s < N; ++s) v[k][s] = load_cg((const uint4*)ins[s] + i + k * stride);
+#pragma unroll
+      for (u32 k = 0; k < K; ++k) out[i + k * stride] = reduce_in_rank_order<DT, N>(v[k]);
+    }
+    if (i < units) {   // K = 2: one vector left over
       uint4 v[N];
 #pragma unroll
       for (int s = 0; s < N; ++s) v[s] = load_cg((const uint4*)ins[s] + i);

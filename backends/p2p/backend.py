@@ -10,7 +10,9 @@ Design (the ideas of vLLM's and TRT-LLM's custom allreduce, our own code):
 * One device allocation per rank holds the flags and data areas; its CUDA-IPC handle goes to
   every rank over the gloo control group and each rank opens its peers' allocations.
 * The kernels' table of buffers (Layout) is a kernel parameter passed by value, built once per
-  buffer; peer loops are unrolled at compile time (the world size is a template parameter).
+  buffer (the Lamport one-shot takes only the part it reads, LamportLayout: less of each launch
+  is parameter); peer loops are unrolled at compile time (the world size is a template
+  parameter).
 * Every kernel kind counts its calls in device memory, one counter per block, advanced by the
   kernel itself, because a graph replay re-launches with the arguments fixed at capture time.
   Every call is collective, so all ranks agree on the count. A peer never runs more than one
@@ -41,7 +43,9 @@ Design (the ideas of vLLM's and TRT-LLM's custom allreduce, our own code):
   traffic per message byte per rank, where the staged two-shot moves about 5.5 at 8 ranks. In
   the one-shot every rank reads all of every input and writes only its own output, between two
   barriers that carry no data (no fence): a counter per block that every rank adds 1 to (a peer
-  atomic, as SGLang's barrier; the variant needs ``atomics``) and one thread polls. Eager calls,
+  atomic, as SGLang's barrier; the variant needs ``atomics``) and one thread polls; at 2 ranks
+  each thread reads two vectors' worth of every input before it reduces. Both read their call
+  count with one thread per block, where their grids are largest. Eager calls,
   whose buffers are never registered, run the fallback: the staged two-shot, or the Lamport
   one-shot. Registering needs an IPC handle for the allocation that holds each buffer; where
   there is none (expandable segments, cuMem pools) every rank refuses the graph with the reason.
@@ -349,13 +353,13 @@ class P2PAllreduce(Backend):
             else:
                 algorithm = GRAPH_FALLBACK[algorithm]
         blocks, threads = launch_dims(algorithm, units, self._ctx.world_size, *self._grids[x.dtype], self.options.shape)
-        function = self._functions[x.dtype][kernel_form(algorithm, units, self._ctx.world_size)]
+        form = kernel_form(algorithm, units, self._ctx.world_size)
+        function, parameter = self._functions[x.dtype][form], self._area.parameter(form)
         if self._pdl is not None:
             self._pdl.launch(function.ptr, blocks, threads, torch.cuda.current_stream(self._ctx.device).cuda_stream,
-                             kernel_params(self._area.layout, in_ptr, out_ptr, units))
+                             kernel_params(parameter, in_ptr, out_ptr, units))
             return
-        function((blocks,), (threads,),
-                 (self._area.layout, numpy.uint64(in_ptr), numpy.uint64(out_ptr), numpy.uint32(units)),
+        function((blocks,), (threads,), (parameter, numpy.uint64(in_ptr), numpy.uint64(out_ptr), numpy.uint32(units)),
                  stream=self._stream())
 
     @contextmanager

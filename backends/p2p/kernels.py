@@ -14,8 +14,8 @@ import torch
 
 from commbench.backends.base import BackendTimeout, BackendUnavailable, describe
 from commbench.backends.p2p.layout import (CTRL_WORDS, DTYPE_CODES, GRAPH_ROW_WORDS, GRAPH_ROWS, KERNEL_NAMES,
-                                           LL_EMPTY, MAX_RANKS, THREADS_PER_BLOCK,
-                                           AreaPlan, KernelParams, layout_parameter)
+                                           LAMPORT_LAYOUT_KERNELS, LL_EMPTY, MAX_RANKS, THREADS_PER_BLOCK,
+                                           AreaPlan, KernelParams, lamport_parameter, layout_parameter)
 
 if TYPE_CHECKING:
     from commbench.runtime.context import RunContext
@@ -144,6 +144,7 @@ class SharedArea:
         self.opened: list[int] = []
         self.exchanged = False
         self.layout: numpy.ndarray | None = None      # the kernels' by-value Layout parameter
+        self.lamport_layout: numpy.ndarray | None = None   # the Lamport one-shot's (LamportLayout)
         self.ctrl: torch.Tensor | None = None
 
     def allocate(self) -> bytes | None:
@@ -177,6 +178,11 @@ class SharedArea:
                 bases.append(self.opened[-1])
         self.layout = layout_parameter(self.plan, bases, int(self.timeout_ms * 1e6), self.ctrl.data_ptr(),
                                        self.report, self.ctx.rank)
+        self.lamport_layout = lamport_parameter(self.layout)
+
+    def parameter(self, kernel: str) -> numpy.ndarray:
+        """The by-value table one compiled kernel (a key of KERNEL_NAMES) takes."""
+        return self.lamport_layout if kernel in LAMPORT_LAYOUT_KERNELS else self.layout
 
     def timeout_error(self) -> P2PTimeoutError | None:
         """The error the kernels recorded, read from host-mapped memory without a sync."""
@@ -206,7 +212,7 @@ class SharedArea:
         if self.report:
             runtime.freeHost(self.report)
             self.report = 0
-        self.layout = self.ctrl = None
+        self.layout = self.lamport_layout = self.ctrl = None
 
 
 class GraphTable:

@@ -626,9 +626,10 @@ def test_cuda_source_constants_match():
     assert ctrl_words == p2p_layout.CTRL_WORDS
     phases = re.findall(r"#define PHASE_\w+ (\d+)", source)
     assert [int(n) for n in phases] == list(range(len(p2p_kernels.PHASE_NAMES)))
-    for name in p2p_layout.KERNEL_NAMES.values():
+    for kernel, name in p2p_layout.KERNEL_NAMES.items():
         threads = p2p_layout.THREADS_PER_BLOCK
-        assert f"void __launch_bounds__({threads}) {name}(const __grid_constant__ Layout L," in source
+        table = "LamportLayout" if kernel in p2p_layout.LAMPORT_LAYOUT_KERNELS else "Layout"
+        assert f"void __launch_bounds__({threads}) {name}(const __grid_constant__ {table} L," in source
 
 
 # -- programmatic dependent launch ----------------------------------------------------------
@@ -754,6 +755,7 @@ def launch_ready(b: p2p.P2PAllreduce, monkeypatch, function: Any) -> tuple[torch
     plan = p2p_layout.plan_areas(b.algorithms, 2, 4096)
     b._area = p2p_kernels.SharedArea(b._ctx, plan, b.options.timeout_ms)
     b._area.layout = p2p_layout.layout_parameter(plan, [0x7000_0000_0000, 0x7100_0000_0000], 1, 2, 3, 0)
+    b._area.lamport_layout = p2p_layout.lamport_parameter(b._area.layout)
     b._grids[torch.float32] = (8, 8)
     b._functions[torch.float32] = {p2p_layout.ONESHOT_PUSH: function}
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device: SimpleNamespace(cuda_stream=0x5000))
@@ -833,15 +835,34 @@ def test_a_small_lamport_one_shot_launches_the_own_slot_kernel_with_the_same_gri
     x, out = launch_ready(b, monkeypatch, None)
     b._ctx = ctx_for(4, device="cpu")
     b._functions[torch.float32] = {
-        form: (lambda grid, block, args, stream, form=form: calls.append((form, grid, block)))
+        form: (lambda grid, block, args, stream, form=form: calls.append((form, grid, block, args[0])))
         for form in (p2p_layout.ONESHOT_LL, p2p_layout.ONESHOT_LL_OWN_SLOT)}
     monkeypatch.setattr(b, "_stream", lambda: "cupy stream")
     b._launch(p2p_layout.ONESHOT_LL, x, out)                            # 4 KiB: 256 units
     big = torch.zeros((p2p_layout.LL_OWN_SLOT_UNITS + 1) * 4)
     b._launch(p2p_layout.ONESHOT_LL, big, torch.zeros_like(big))
-    assert [form for form, _, _ in calls] == [p2p_layout.ONESHOT_LL_OWN_SLOT, p2p_layout.ONESHOT_LL]
+    assert [form for form, _, _, _ in calls] == [p2p_layout.ONESHOT_LL_OWN_SLOT, p2p_layout.ONESHOT_LL]
     blocks, threads = p2p_layout.launch_dims(p2p_layout.ONESHOT_LL, 256, 4, *b._grids[torch.float32])
-    assert calls[0][1:] == ((blocks,), (threads,))     # the Lamport one-shot's launch shape
+    assert calls[0][1:3] == ((blocks,), (threads,))     # the Lamport one-shot's launch shape
+    # both kernels take the Lamport one-shot's own parameter (LamportLayout), no other kernel does
+    assert calls[0][3] is calls[1][3] is b._area.lamport_layout
+    assert b._area.parameter(p2p_layout.ONESHOT_PUSH) is b._area.layout
+
+
+def test_the_lamport_one_shot_parameter_holds_its_areas_and_the_scalars_it_reads():
+    plan = p2p_layout.plan_areas(p2p_rules.VARIANTS["auto"], 4, 4096)
+    bases = [0x1000_0000 * (r + 1) for r in range(4)]
+    full = p2p_layout.layout_parameter(plan, bases, timeout_ns=7_000_000, ctrl=0xC0, report=0xE0, rank=2)
+    small = p2p_layout.lamport_parameter(full)
+    assert list(small["words"][0]) == ([b + plan.ll for b in bases] + [0] * (p2p_layout.MAX_RANKS - 4)
+                                       + [plan.slot_bytes, 7_000_000, 0xC0, 0xE0, 2])
+    assert small.nbytes == 104 and full.nbytes == 504 == 8 * p2p_layout.LAYOUT_WORDS
+    # the struct's fields in allreduce.cu, in this order
+    source = p2p_kernels.KERNEL_SOURCE.read_text()
+    struct = source.split("struct LamportLayout {")[1].split("};")[0]
+    assert tuple(re.findall(r"u64 (\w+)", struct)) == p2p_layout.LAMPORT_LAYOUT_FIELDS
+    for kernel in p2p_layout.LAMPORT_LAYOUT_KERNELS:
+        assert f"{p2p_layout.KERNEL_NAMES[kernel]}(const __grid_constant__ LamportLayout L," in source
 
 
 # -- the graph kernels (p2p:oneshot_graph, p2p:twoshot_graph) -------------------------------

@@ -4,7 +4,6 @@ prepare writes a plug-in the registry loads, and the table and the winners read 
 from __future__ import annotations
 
 import importlib.util
-import re
 import shutil
 import sys
 import types
@@ -52,15 +51,6 @@ def test_flag_oneshot_gives_the_graph_one_shot_the_flag_barriers_back():
     assert "graph_call_begin<N, false>" in one_shot and "counter_barrier" not in one_shot
 
 
-def test_small_params_gives_only_the_lamport_one_shot_the_small_struct():
-    changed = study.patched(p2p_kernels.KERNEL_SOURCE.read_text(), "small_params")
-    assert "p2p_ll_oneshot(const __grid_constant__ SmallLayout L," in changed
-    assert "p2p_ll_oneshot_own_slot(const __grid_constant__ SmallLayout L," in changed
-    assert changed.count("const __grid_constant__ Layout L,") == len(p2p_layout.KERNEL_NAMES) - 2
-    struct = changed.split("struct SmallLayout {")[1].split("};")[0]
-    assert tuple(re.findall(r"u64 (\w+)", struct)) == study.SMALL_LAYOUT_FIELDS
-
-
 def _lamport_one_shot(name):
     changed = study.patched(p2p_kernels.KERNEL_SOURCE.read_text(), name)
     return changed, changed.split("p2p_ll_oneshot(")[1].split("\n}\n")[0]
@@ -77,21 +67,27 @@ def test_own_slot_studies_give_both_lamport_one_shot_kernels_one_shape(name, sha
     assert len([a for a, b in zip(changed.splitlines(), shipped.splitlines()) if a != b]) == 1
 
 
-def test_call_thread0_reads_the_count_and_the_abort_word_once_per_block():
-    changed = study.patched(p2p_kernels.KERNEL_SOURCE.read_text(), "call_thread0")
-    begin = changed.split("Call begin_call(")[1].split("\n}\n")[0]
-    assert begin.count("load_volatile(") == 2 and "if (threadIdx.x == 0) {" in begin
-    # the block waits for thread 0's reads before any thread uses them or publishes the next count
-    assert begin.index("__syncthreads();") < begin.index("call.count = first_read[0];") < begin.index("counters[b] =")
-    assert "__syncthreads_or" not in begin
+def test_graph_all_read_gives_the_graph_kernels_the_lamport_one_shots_vote_back():
+    shipped = p2p_kernels.KERNEL_SOURCE.read_text()
+    changed = study.patched(shipped, "graph_all_read")
+    begin = changed.split("bool graph_call_begin(")[1].split("\n}\n")[0]
+    assert "begin_call<false>(L," in begin and "begin_call<true>" not in changed
+    # the Lamport kernels and the flag kernels read the count with every thread in both
+    assert shipped.count("begin_call(L, ") == changed.count("begin_call(L, ") >= 3
 
 
-def test_first_barrier_nosync_drops_only_the_first_counter_barriers_block_barrier():
-    changed = study.patched(p2p_kernels.KERNEL_SOURCE.read_text(), "first_barrier_nosync")
-    barrier = changed.split("bool counter_barrier(")[1].split("\n}\n")[0]
-    assert "  if (kSync) __syncthreads();" in barrier
-    assert "counter_barrier<N, false>(L, window, call.count, PHASE_FIRST_BARRIER)" in changed
-    assert "counter_barrier<N>(L, window + N, call.count, PHASE_SECOND_BARRIER)" in changed   # the second keeps it
+@pytest.mark.parametrize("name, vectors", [("unroll_every_world", "2"), ("unroll_none", "1")])
+def test_unroll_studies_set_the_graph_one_shots_vectors_per_pass_at_every_world_size(name, vectors):
+    changed = study.patched(p2p_kernels.KERNEL_SOURCE.read_text(), name)
+    one_shot = changed.split("p2p_oneshot_graph(")[1].split("\n}\n")[0]
+    assert f"    constexpr u32 K = {vectors};" in one_shot
+    assert "N == 2 ?" not in changed
+
+
+def test_graph_plain_loads_changes_every_read_of_the_graph_one_shot():
+    changed = study.patched(p2p_kernels.KERNEL_SOURCE.read_text(), "graph_plain_loads")
+    one_shot = changed.split("p2p_oneshot_graph(")[1].split("\n}\n")[0]
+    assert "load_cg" not in one_shot and one_shot.count("((const uint4*)ins[s])[") == 2
 
 
 def test_bf16_int_rounds_every_bf16_lane_in_integer_code_again():
@@ -101,34 +97,6 @@ def test_bf16_int_rounds_every_bf16_lane_in_integer_code_again():
     shipped = p2p_kernels.KERNEL_SOURCE.read_text().split("__device__ __forceinline__ uint4 pack(")[1]
     # cvt.rn.bf16x2.f32 d, a, b puts a in d's upper half: lane 2i + 1 is the high half, as lo | (hi << 16)
     assert 'asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(w[i]) : "f"(f[2 * i + 1]), "f"(f[2 * i]));' in shipped
-
-
-def test_small_layout_carries_the_lamport_areas_and_the_scalars_the_kernel_reads():
-    plan = p2p_layout.plan_areas(("oneshot_lamport",), 4, 4096)
-    bases = [0x1000_0000 * (r + 1) for r in range(4)]
-    full = p2p_layout.layout_parameter(plan, bases, timeout_ns=7_000_000, ctrl=0xC0, report=0xE0, rank=2)
-    small = study.small_layout(full)
-    assert list(small["words"][0]) == ([b + plan.ll for b in bases] + [0] * (p2p_layout.MAX_RANKS - 4)
-                                       + [plan.slot_bytes, 7_000_000, 0xC0, 0xE0, 2])
-    assert small.itemsize == 8 * (p2p_layout.MAX_RANKS + 5)
-    assert study.small_layout(small) is small      # a later setup that kept its area
-
-
-def test_small_params_hands_the_kernel_the_small_value_after_every_setup(monkeypatch):
-    plan = p2p_layout.plan_areas(("oneshot_lamport",), 2, 4096)
-    full = p2p_layout.layout_parameter(plan, [0x1000, 0x2000], timeout_ns=1, ctrl=2, report=3, rank=1)
-
-    rebuilds = [True, False, True]    # a new area (the full Layout), the area kept, a new one again
-
-    def shipped_setup(self, ctx, max_bytes, dtype):    # the p2p backend's setup, as far as the layout goes
-        if rebuilds.pop(0):
-            self._area = types.SimpleNamespace(layout=full)
-
-    monkeypatch.setattr(P2PAllreduce, "setup", shipped_setup)
-    (backend,) = study._factory().make("small_params.oneshot_lamport", None)
-    while rebuilds:
-        backend.setup(None, 4096, torch.bfloat16)
-        assert list(backend._area.layout["words"][0]) == list(study.small_layout(full)["words"][0])
 
 
 def test_prepare_writes_a_plug_in_the_registry_loads(tmp_path, monkeypatch):
