@@ -79,6 +79,20 @@ STUDIES: dict[str, tuple[tuple[str, str], ...]] = {
     # PDL: let the next launch start only when this grid ends (SGLang triggers at its end).
     "pdl_late": (('  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");\n', ""),),
     "nopdl": (),     # the shipped source, launched without PDL
+    # The Lamport one-shot without what SGLang's push does not have: no abort word, no vote, no
+    # timeout in its polls (a missing peer hangs it); the block's count is published at the end,
+    # after a block barrier, as SGLang flips its epoch. What the safety costs at small sizes.
+    "ll_bare": (("  const Call call = begin_call(L, ((Ctrl*)L.ctrl)->ll_calls);\n  if (call.failed) return;\n",
+                 "  u32* counters = ((Ctrl*)L.ctrl)->ll_calls;\n  Call call;\n"
+                 "  call.count = load_volatile(counters + blockIdx.x) + 1;\n"),
+                ("      if (s != (int)self) ((uint4*)(mine + s * slot))[i] = empty;\n  }\n}\n",
+                 "      if (s != (int)self) ((uint4*)(mine + s * slot))[i] = empty;\n  }\n  __syncthreads();\n"
+                 "  for (u32 b = blockIdx.x + threadIdx.x * gridDim.x; b < P2P_MAX_BLOCKS; b += blockDim.x * gridDim.x)\n"
+                 "    counters[b] = call.count;\n}\n"),
+                ("    if ((polls & 63u) == 0u) {", "    if (false) {")),
+    # The shipped source launched with one warp per block (p2p_threads 32), as SGLang's push
+    # spreads a small message over its grid, a warp per block (the host's only change).
+    "warp_blocks": (),
     # The graph kernels' call count and abort word read by every thread, voted on by the block
     # (the Lamport one-shot's way), not read by thread 0 alone.
     "graph_all_read": (("  call = begin_call<true>(L, ((Ctrl*)L.ctrl)->calls);",
@@ -104,7 +118,7 @@ STUDY_KERNELS: dict[str, tuple[str, ...]] = {
     "base": LAMPORT + GRAPH, "ll_relaxed": LAMPORT, "ll_acquire": LAMPORT, "ll_reload_all": LAMPORT,
     "flag_relaxed": ("twoshot_graph",), "flag_volatile": ("twoshot_graph",), "flag_oneshot": ("oneshot_graph",),
     "graph_plain_loads": ("oneshot_graph",), "pdl_late": LAMPORT + GRAPH, "nopdl": LAMPORT + GRAPH,
-    "graph_all_read": GRAPH, "unroll_every_world": ("oneshot_graph",), "unroll_none": ("oneshot_graph",),
+    "graph_all_read": GRAPH, "ll_bare": LAMPORT, "warp_blocks": LAMPORT, "unroll_every_world": ("oneshot_graph",), "unroll_none": ("oneshot_graph",),
     "own_slot_always": LAMPORT, "own_slot_never": LAMPORT, "bf16_int": LAMPORT + GRAPH, "nvcc": LAMPORT + GRAPH}
 
 
@@ -172,7 +186,7 @@ def _factory() -> Any:
     from commbench.backends.base import BackendFactory, voted
     from commbench.backends.p2p import kernels as p2p_kernels
     from commbench.backends.p2p.backend import P2PAllreduce
-    from commbench.backends.p2p.layout import DTYPE_CODES
+    from commbench.backends.p2p.layout import DTYPE_CODES, WARP_THREADS, LaunchShape
     from commbench.backends.p2p.rules import P2POptions
     from commbench.errors import UsageError
 
@@ -180,7 +194,8 @@ def _factory() -> Any:
         family = ENTRY_POINT
 
         def __init__(self, study: str, kernel: str):
-            super().__init__(kernel, P2POptions(pdl=study != "nopdl"))
+            shape = LaunchShape(threads=WARP_THREADS) if study == "warp_blocks" else LaunchShape()
+            super().__init__(kernel, P2POptions(pdl=study != "nopdl", shape=shape))
             self.study = study
             self.name = f"{ENTRY_POINT}:{study}.{kernel}"
             self.kernel_source = HERE.parent / "p2p_kernel_study_sources" / f"{study}.cu"

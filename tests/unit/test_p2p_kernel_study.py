@@ -84,6 +84,25 @@ def test_unroll_studies_set_the_graph_one_shots_vectors_per_pass_at_every_world_
     assert "N == 2 ?" not in changed
 
 
+def test_ll_bare_drops_the_vote_and_the_timeouts_and_publishes_the_count_at_the_end():
+    changed = study.patched(p2p_kernels.KERNEL_SOURCE.read_text(), "ll_bare")
+    body = changed.split("void ll_oneshot(")[1].split("\n}\n")[0]
+    assert "begin_call" not in body and "call.failed" not in body
+    # every thread has read the count before the next one is published
+    assert body.index("load_volatile(counters + blockIdx.x)") < body.rindex("__syncthreads();") < \
+        body.index("counters[b] = call.count;")
+    wait = changed.split("bool ll_wait(")[1].split("\n}\n")[0]
+    assert "if (false) {" in wait
+
+
+def test_warp_blocks_launches_the_shipped_kernels_one_warp_per_block():
+    (made,) = study._factory().make("warp_blocks.oneshot_lamport", None)
+    assert made.options.shape == p2p_layout.LaunchShape(threads=p2p_layout.WARP_THREADS)
+    assert study.patched(p2p_kernels.KERNEL_SOURCE.read_text(), "warp_blocks") == p2p_kernels.KERNEL_SOURCE.read_text()
+    (base,) = study._factory().make("base.oneshot_lamport", None)
+    assert base.options.shape == p2p_layout.LaunchShape()
+
+
 def test_graph_plain_loads_changes_every_read_of_the_graph_one_shot():
     changed = study.patched(p2p_kernels.KERNEL_SOURCE.read_text(), "graph_plain_loads")
     one_shot = changed.split("p2p_oneshot_graph(")[1].split("\n}\n")[0]
