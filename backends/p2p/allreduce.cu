@@ -97,7 +97,7 @@ struct Layout {
 // The Lamport one-shot's parameter: only the Layout fields it reads, 104 bytes by value instead
 // of 504 (SGLang's push parameter is 112), so less of the launch is parameter. Measured 2-6%
 // faster under MPS at 8 ranks and 2% at 4 ranks, 4K-64K (results/reference/h200-mps-p2p-tune/).
-// The host builds it from the Layout's words (layout.LL_ONESHOT_FIELDS). The helpers the kernel
+// The host builds it from the Layout's words (layout.LAMPORT_LAYOUT_FIELDS). The helpers the kernel
 // shares with the others take either struct.
 struct LamportLayout {
   u64 ll[P2P_MAX_RANKS];
@@ -811,8 +811,8 @@ __global__ void __launch_bounds__(512) p2p_oneshot_graph(const __grid_constant__
     // At 2 ranks two of a thread's vectors per pass, all their reads issued before the first
     // reduce: twice the reads in flight (SGLang's pull gets them from 1024-thread blocks; ours are
     // built for 512). Measured 3-18% faster at 2 ranks from 1M, where a thread has several
-    // vectors; at 4 ranks the same kernel (50 registers, not 40) was 28-52% slower from 512K, and at
-    // 8 ranks, where the graph two-shot takes the large sizes, 3-8% faster.
+    // vectors. At 4 ranks the same kernel (50 registers, not 40) was 28-52% slower from 512K; at
+    // 8 ranks 3-8% faster, but there the graph two-shot takes the large sizes.
     constexpr u32 K = N == 2 ? 2 : 1;
     u32 i = first;
     for (; i + (K - 1) * stride < units; i += K * stride) {
