@@ -229,7 +229,7 @@ def sglang_cubin(sglang: Path, tvm_include: Path, nranks: int, workdir: Path) ->
     unit = workdir / f"sglang_all_reduce_{nranks}.cu"
     unit.write_text("".join(f"#include <{h}>\n" for h in SGLANG_FFI_INCLUDES)
                     + f'#include "{sglang / SGLANG_SOURCE}"\n'
-                    + f"namespace sglang {{\nTVM_FFI_DLL_EXPORT_TYPED_FUNC(all_reduce, "
+                    + "namespace sglang {\nTVM_FFI_DLL_EXPORT_TYPED_FUNC(all_reduce, "
                     + f"(AllReduceKernel<bf16_t, {nranks}, true>::run));\n}}\n")
     cubin = unit.with_suffix(".cubin")
     dlpack = tvm_include.parent / "3rdparty" / "dlpack" / "include"

@@ -6,16 +6,13 @@ from __future__ import annotations
 import importlib.util
 import shutil
 import sys
-import types
 from pathlib import Path
 
 import pytest
-import torch
 
 from commbench import backends
 from commbench.backends.p2p import kernels as p2p_kernels
 from commbench.backends.p2p import layout as p2p_layout
-from commbench.backends.p2p.backend import P2PAllreduce
 from commbench.results import WRONG
 from factories import row, write_run
 
@@ -49,11 +46,6 @@ def test_flag_oneshot_gives_the_graph_one_shot_the_flag_barriers_back():
     changed = study.patched(p2p_kernels.KERNEL_SOURCE.read_text(), "flag_oneshot")
     one_shot = changed.split("p2p_oneshot_graph(")[1]
     assert "graph_call_begin<N, false>" in one_shot and "counter_barrier" not in one_shot
-
-
-def _lamport_one_shot(name):
-    changed = study.patched(p2p_kernels.KERNEL_SOURCE.read_text(), name)
-    return changed, changed.split("p2p_ll_oneshot(")[1].split("\n}\n")[0]
 
 
 @pytest.mark.parametrize("name, shape", [("own_slot_always", "true"), ("own_slot_never", "false")])
