@@ -47,9 +47,9 @@ _LL_SHAPE = "  ll_oneshot<DT, N, {}>(L, in, out, units);"
 # (bf16_cvt), the Lamport one-shot's own small parameter (small_params), the graph kernels' call
 # count read by one thread (call_thread0; noabort measured the vote without the abort word), the
 # graph one-shot's first barrier without its block barrier (first_barrier_nosync) and its loop over
-# two vectors at a time at 2 ranks (graph_unroll2, graph_unroll4, graph_lean). flag_oneshot,
-# own_slot_*, bf16_int, graph_all_read and unroll_* measure shipped choices against what they
-# replaced.
+# two vectors at a time at 2 ranks (graph_unroll2, graph_unroll4, graph_lean), the own-slot
+# Lamport one-shot's warps spread over the SMs (warp_spread). flag_oneshot, own_slot_*, bf16_int,
+# graph_all_read, unroll_* and no_warp_spread measure shipped choices against what they replaced.
 _UNROLL = "    constexpr u32 K = N == 2 ? 2 : 1;"
 STUDIES: dict[str, tuple[tuple[str, str], ...]] = {
     "base": (),
@@ -93,6 +93,10 @@ STUDIES: dict[str, tuple[tuple[str, str], ...]] = {
     # The shipped source launched with one warp per block (p2p_threads 32), as SGLang's push
     # spreads a small message over its grid, a warp per block (the host's only change).
     "warp_blocks": (),
+    # The shipped source in another launch shape (LAUNCH_SHAPES: the host's only change).
+    "no_warp_spread": (),
+    "grid_pull": (),
+    "grid_narrow": (),
     # The graph kernels' call count and abort word read by every thread, voted on by the block
     # (the Lamport one-shot's way), not read by thread 0 alone.
     "graph_all_read": (("  call = begin_call<true>(L, ((Ctrl*)L.ctrl)->calls);",
@@ -112,6 +116,38 @@ STUDIES: dict[str, tuple[tuple[str, str], ...]] = {
     "nvcc": (),
 }
 
+
+def no_warp_spread(units: int, cap_blocks: int, sms: int) -> tuple[int, int]:
+    """The Lamport one-shot's own-slot form launched by the size rule of the other kernels
+    (layout.size_dims: blocks of 128 threads or more, one per SM), not spread a warp per block
+    (layout.warp_spread, shipped after the study of 20:27)."""
+    from commbench.backends.p2p.layout import size_dims
+
+    return size_dims(units, cap_blocks, sms)
+
+
+def grid_pull(units: int, cap_blocks: int, sms: int) -> tuple[int, int]:
+    """SGLang's 1shot_pull grid on SM90: 64 blocks whatever the size (those past the message
+    only meet the barriers), each as wide as the shipped rule's (SGLang's choose_block_size,
+    capped at THREADS_PER_BLOCK)."""
+    from commbench.backends.p2p.layout import MAX_BLOCKS, spread_threads
+
+    return min(cap_blocks, MAX_BLOCKS), spread_threads(units, sms)
+
+
+def grid_narrow(units: int, cap_blocks: int, sms: int) -> tuple[int, int]:
+    """Every block the grid may hold (up to MAX_BLOCKS, two per SM at 4 ranks under MPS), each
+    narrowed to the whole warps that cover the message once."""
+    from commbench.backends.p2p.layout import MAX_BLOCKS, THREADS_PER_BLOCK, WARP_THREADS
+
+    blocks = min(cap_blocks, MAX_BLOCKS)
+    return blocks, min(THREADS_PER_BLOCK, WARP_THREADS * -(-units // (WARP_THREADS * blocks)))
+
+
+# study -> (the kernel whose launches it shapes, its shape from (vectors, grid cap, SMs)).
+LAUNCH_SHAPES = {"no_warp_spread": ("oneshot_lamport", no_warp_spread), "grid_pull": ("oneshot_graph", grid_pull),
+                 "grid_narrow": ("oneshot_graph", grid_narrow)}
+
 # The p2p variants each study is measured with: the kernels its change touches.
 LAMPORT, GRAPH = ("oneshot_lamport",), ("oneshot_graph", "twoshot_graph")
 STUDY_KERNELS: dict[str, tuple[str, ...]] = {
@@ -119,7 +155,8 @@ STUDY_KERNELS: dict[str, tuple[str, ...]] = {
     "flag_relaxed": ("twoshot_graph",), "flag_volatile": ("twoshot_graph",), "flag_oneshot": ("oneshot_graph",),
     "graph_plain_loads": ("oneshot_graph",), "pdl_late": LAMPORT + GRAPH, "nopdl": LAMPORT + GRAPH,
     "graph_all_read": GRAPH, "ll_bare": LAMPORT, "warp_blocks": LAMPORT, "unroll_every_world": ("oneshot_graph",), "unroll_none": ("oneshot_graph",),
-    "own_slot_always": LAMPORT, "own_slot_never": LAMPORT, "bf16_int": LAMPORT + GRAPH, "nvcc": LAMPORT + GRAPH}
+    "own_slot_always": LAMPORT, "own_slot_never": LAMPORT, "bf16_int": LAMPORT + GRAPH, "nvcc": LAMPORT + GRAPH,
+    **{study: (kernel,) for study, (kernel, _) in LAUNCH_SHAPES.items()}}
 
 
 def patched(source: str, study: str) -> str:
@@ -214,6 +251,11 @@ def _factory() -> Any:
                     p2p_kernels._FUNCTIONS[key] = voted(ctx, "nvcc compilation (p2p kernel study)",
                                                         lambda: _nvcc_functions(ctx, dtype, self.kernel_source))
             super().setup(ctx, max_bytes, dtype)
+
+        def _launch_dims(self, algorithm: str, units: int, dtype: Any) -> tuple[int, int]:
+            kernel, shape = LAUNCH_SHAPES.get(self.study, (None, None))
+            dims = shape(units, *self._grids[dtype]) if shape and algorithm == kernel else None
+            return dims or super()._launch_dims(algorithm, units, dtype)
 
         def row_fields(self) -> dict[str, Any]:
             fields = super().row_fields()

@@ -11,6 +11,7 @@ A test names only what it is about; everything else is a plausible, valid defaul
 from __future__ import annotations
 
 import dataclasses
+import json
 import shutil
 from pathlib import Path
 from typing import Any, Iterable
@@ -47,3 +48,18 @@ def write_run(path: Path, rows: Iterable[Measurement] | None = None, like: Path 
     else:
         run.append_all(rows or [])
     return path
+
+
+def graph_trace(path: Path, kernel: str, steps: int = 3, calls: int = 4, rank: int = 0) -> None:
+    """A minimal kineto trace: per replay, `calls` x (20 us GEMM, 30 us `kernel`)."""
+    events, ts = [], 1000.0
+    for corr in range(steps):
+        events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "pid": 1, "tid": 1,
+                       "ts": ts - 50, "dur": 5, "args": {"correlation": corr}})
+        for _ in range(calls):
+            for name, dur in (("gemm_kernel", 20.0), (kernel, 30.0)):
+                events.append({"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": 7, "ts": ts, "dur": dur,
+                               "args": {"stream": 7, "correlation": corr, "graph id": 1}})
+                ts += dur + 1
+        ts += 1000
+    path.write_text(json.dumps({"distributedInfo": {"rank": rank, "world_size": 2}, "traceEvents": events}))

@@ -106,7 +106,7 @@ import numpy
 import torch
 
 from commbench import engines
-from commbench.backends.base import (ALL_DTYPES, Backend, BackendFactory, BackendTimeout, BackendUnavailable,
+from commbench.backends.base import (ALL_DTYPES, Backend, BackendFactory, BackendUnavailable,
                                      MakeOptions, Requires, voted, voted_gather)
 from commbench.backends.p2p.kernels import (KERNEL_SOURCE, GraphTable, PdlLauncher, SharedArea, cuda_driver,
                                             cupy_module, kernel_blocks_per_sm, kernel_functions)
@@ -338,6 +338,11 @@ class P2PAllreduce(Backend):
         in_graph = self._graph is not None and torch.cuda.is_current_stream_capturing()
         self._launch(self.algorithm_for(message_bytes, x.dtype, in_graph), x, out)
 
+    def _launch_dims(self, algorithm: str, units: int, dtype: torch.dtype) -> tuple[int, int]:
+        """(blocks, threads) of one launch: layout.launch_dims on the grid the ranks agreed on
+        (a method so that scripts/p2p_kernel_study.py can measure another launch shape)."""
+        return launch_dims(algorithm, units, self._ctx.world_size, *self._grids[dtype], self.options.shape)
+
     def _launch(self, algorithm: str, x: torch.Tensor, out: torch.Tensor) -> None:
         units = x.numel() * x.element_size() // VECTOR_BYTES
         in_ptr, out_ptr = x.data_ptr(), out.data_ptr()
@@ -352,7 +357,7 @@ class P2PAllreduce(Backend):
                 in_ptr, out_ptr = self._graph.row_address(in_ptr, out_ptr), 0
             else:
                 algorithm = GRAPH_FALLBACK[algorithm]
-        blocks, threads = launch_dims(algorithm, units, self._ctx.world_size, *self._grids[x.dtype], self.options.shape)
+        blocks, threads = self._launch_dims(algorithm, units, x.dtype)
         form = kernel_form(algorithm, units, self._ctx.world_size)
         function, parameter = self._functions[x.dtype][form], self._area.parameter(form)
         if self._pdl is not None:

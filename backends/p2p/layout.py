@@ -182,12 +182,35 @@ def spread_threads(work_units: int, sms: int) -> int:
     return THREADS_PER_BLOCK
 
 
+def warp_spread(units: int, cap_blocks: int, sms: int) -> tuple[int, int] | None:
+    """SGLang's push shape (its 1shot_push hands warp w to block w mod grid): a message's warps
+    one per block over the SMs first, then a second warp in every block, and so on; only the
+    blocks that hold a vector. None once that takes more than THREADS_PER_BLOCK threads."""
+    warps = -(-units // WARP_THREADS)
+    threads = WARP_THREADS * -(-warps // max(1, min(cap_blocks, MAX_BLOCKS, sms, warps)))
+    return (-(-units // threads), threads) if threads <= THREADS_PER_BLOCK else None
+
+
 def launch_dims(algorithm: str, units: int, nranks: int, cap_blocks: int, sms: int,
                 shape: LaunchShape = LaunchShape()) -> tuple[int, int]:
     """(blocks, threads per block) of one launch; the same on every rank, since it depends only
     on size, world, the options and the cap and SM count that all ranks agreed on at setup. A
-    launch of one block takes only the whole warps its work needs."""
-    thread_work = -(-_work_units(algorithm, units, nranks) // shape.vectors_per_thread)
+    launch of one block takes only the whole warps its work needs. The Lamport one-shot in its
+    own-slot form (above 2 ranks up to 64 KiB) spreads its warps over the SMs (warp_spread):
+    measured under MPS (results/reference/h200-mps-p2p-tune/, study of 20:27) 11% faster at 8
+    ranks 4K and 10% at 64K, 2-4% at 4 ranks 4K-8K; at 2 ranks (the other form) 7-24% slower
+    at 4K-8K, so not there."""
+    if shape == LaunchShape() and kernel_form(algorithm, units, nranks) == ONESHOT_LL_OWN_SLOT:
+        spread = warp_spread(units, cap_blocks, sms)
+        if spread is not None:
+            return spread
+    return size_dims(_work_units(algorithm, units, nranks), cap_blocks, sms, shape)
+
+
+def size_dims(work_units: int, cap_blocks: int, sms: int, shape: LaunchShape = LaunchShape()) -> tuple[int, int]:
+    """(blocks, threads) for the vectors one rank's threads cover, by the shape's options or by
+    spread_threads, one block per SM up to the cap."""
+    thread_work = -(-work_units // shape.vectors_per_thread)
     threads = shape.threads or spread_threads(thread_work, sms)
     blocks = max(1, min(cap_blocks, MAX_BLOCKS, -(-thread_work // threads)))
     if blocks == 1:

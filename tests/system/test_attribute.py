@@ -17,6 +17,7 @@ from commbench.analysis import attribute, attribute_floor, trace_read, traces
 from commbench.analysis.attribution import SizeHint
 from commbench.analysis.trace_kernels import _pattern, all_patterns, classify, literal_patterns
 from commbench.cli import main as cli_main
+from factories import graph_trace
 from helpers import run_cli
 
 TRACES = Path(__file__).parents[1] / "data" / "traces"
@@ -72,7 +73,7 @@ def test_unknown_communication_is_never_compute() -> None:
 
 def test_unclassified_communication_is_listed_apart(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     trace = tmp_path / "t.json"
-    _graph_trace(trace, "void lab::my_allreduce_kernel<float>(float*)")
+    graph_trace(trace, "void lab::my_allreduce_kernel<float>(float*)")
     code, out, _ = attribute_cli(capsys, str(trace))
     assert code == 0 and "no allreduce kernel in any step" in out
     assert ("unclassified communication (counted neither as compute nor as allreduce): lab::my_allreduce_kernel<> x12"
@@ -163,21 +164,6 @@ def test_terminal_summary_fits_100_columns_and_json(capsys: pytest.CaptureFixtur
     assert data["kernels"][0]["library"] == VLLM_CA
 
 
-def _graph_trace(path: Path, kernel: str, steps: int = 3, calls: int = 4, rank: int = 0) -> None:
-    """A minimal kineto trace: per replay, `calls` x (20 us GEMM, 30 us `kernel`)."""
-    events, ts = [], 1000.0
-    for corr in range(steps):
-        events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "pid": 1, "tid": 1,
-                       "ts": ts - 50, "dur": 5, "args": {"correlation": corr}})
-        for _ in range(calls):
-            for name, dur in (("gemm_kernel", 20.0), (kernel, 30.0)):
-                events.append({"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": 7, "ts": ts, "dur": dur,
-                               "args": {"stream": 7, "correlation": corr, "graph id": 1}})
-                ts += dur + 1
-        ts += 1000
-    path.write_text(json.dumps({"distributedInfo": {"rank": rank, "world_size": 2}, "traceEvents": events}))
-
-
 def test_overlap_busy_time_and_a_merged_file_of_two_devices(tmp_path: Path) -> None:
     """Per replay: an allreduce on stream 7 (ts 0-30) beside a GEMM on stream 9 (ts 10-50); the
     merged file holds two devices and no rank, so each device is a rank."""
@@ -209,7 +195,7 @@ def test_run_prices_each_call_against_the_same_librarys_floor(capsys: pytest.Cap
     from commbench.runs import load_run
 
     trace = tmp_path / "t.json"
-    _graph_trace(trace, "void c10d::symmetric_memory::one_shot_all_reduce_kernel<c10::BFloat16, 16, 2>(x)")
+    graph_trace(trace, "void c10d::symmetric_memory::one_shot_all_reduce_kernel<c10::BFloat16, 16, 2>(x)")
     code, out, _ = attribute_cli(capsys, str(trace), "--run", str(RUN), "--hidden", "4096", "--batch", "8")
     assert code == 0
     lines = out.splitlines()
@@ -231,7 +217,7 @@ def test_an_engine_aware_choice_plugs_in_as_one_function(tmp_path: Path) -> None
     from commbench.runs import load_run
 
     trace = tmp_path / "t.json"
-    _graph_trace(trace, "void c10d::symmetric_memory::one_shot_all_reduce_kernel<c10::BFloat16, 16, 2>(x)")
+    graph_trace(trace, "void c10d::symmetric_memory::one_shot_all_reduce_kernel<c10::BFloat16, 16, 2>(x)")
     ranks, results = traces.analyse_traces([trace], SizeHint(8 * 4096 * 2, "8 x 4096 x bf16"))
     lines = attribute_floor.floor_lines(load_run(RUN), ranks, results, None, 8,
                                   alternative=lambda curves, size: ranking(curves, size)[0].curve)
@@ -276,7 +262,7 @@ def test_without_a_size_the_floor_says_why(capsys: pytest.CaptureFixture[str]) -
 
 def test_report_section(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     trace = tmp_path / "t.json"
-    _graph_trace(trace, "void p2p_ll_oneshot<__nv_bfloat16, 2>(Layout)")
+    graph_trace(trace, "void p2p_ll_oneshot<__nv_bfloat16, 2>(Layout)")
     assert cli_main(["report", str(RUN), "--out", str(tmp_path / "rep"), "--trace", str(trace),
                      "--trace-hidden", "4096", "--trace-batch", "8"]) == 0
     page = (tmp_path / "rep" / "report.html").read_text()
@@ -508,7 +494,7 @@ def test_the_floor_names_the_fastest_kernel_of_the_run_and_whose_it_is(tmp_path:
     from commbench.runs import load_run
 
     trace = tmp_path / "t.json"
-    _graph_trace(trace, "void c10d::symmetric_memory::one_shot_all_reduce_kernel<c10::BFloat16, 16, 2>(x)")
+    graph_trace(trace, "void c10d::symmetric_memory::one_shot_all_reduce_kernel<c10::BFloat16, 16, 2>(x)")
     ranks, results = traces.analyse_traces([trace], SizeHint(8 * 4096 * 2, "8 x 4096 x bf16"))
     run = load_run(RUN)
     [line] = attribute_floor.floor_lines(run, ranks, results, None, 8)

@@ -18,6 +18,7 @@ from commbench.analysis.attribute_floor import against_floor
 from commbench.analysis.attribution import SizeHint, Step
 from commbench.analysis.skew import Skew
 from commbench.cli import main as cli_main
+from factories import graph_trace
 
 SKEW_DIR = Path(__file__).parents[1] / "data" / "traces" / "h200-mps-skew"
 MANIFEST = json.loads((SKEW_DIR / "manifest.json").read_text())
@@ -206,11 +207,9 @@ def test_a_plot_that_is_no_png_is_bad_input(capsys: pytest.CaptureFixture[str], 
 
 
 def test_ranks_without_any_allreduce_say_so(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    from test_attribute import _graph_trace
-
     paths = [tmp_path / f"r{rank}.json" for rank in (0, 1)]
     for rank, path in enumerate(paths):
-        _graph_trace(path, "another_gemm_kernel", rank=rank)
+        graph_trace(path, "another_gemm_kernel", rank=rank)
     code = cli_main(["attribute", *map(str, paths)])
     out = capsys.readouterr().out
     assert code == 0 and "no allreduce kernel in any step" in out

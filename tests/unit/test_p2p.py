@@ -220,26 +220,53 @@ def test_grid_depends_only_on_size_world_and_the_agreed_cap_and_sms():
     # Two-shot sizes its grid by one rank's slice, Lamport or not.
     assert dims(p2p_layout.TWOSHOT, 4 * 512 + 1, world=4) == (5, 128)
     assert dims(p2p_layout.TWOSHOT_LL, 4 * 512 + 1, world=4) == (5, 128)
-    assert dims(p2p_layout.ONESHOT_LL, 4 * 512 + 1, world=4) == (17, 128)
+    assert dims(p2p_layout.ONESHOT_LL, 4 * 512 + 1, world=2) == (17, 128)
     assert dims(p2p_layout.TWOSHOT, 3) == (1, 32)
 
 
 def test_blocks_spread_one_per_sm_with_the_fewest_threads_that_fit():
     # 14 SMs (one of 8 MPS clients at 12%): 64 KiB one-shot is 4096 vectors, 8 blocks of 512.
-    assert dims(p2p_layout.ONESHOT_LL, 4096, sms=14, cap=28) == (8, 512)
-    assert dims(p2p_layout.ONESHOT_LL, 1024, sms=14, cap=28) == (8, 128)
+    assert dims(p2p_layout.ONESHOT_LL, 4096, world=2, sms=14, cap=28) == (8, 512)
+    assert dims(p2p_layout.ONESHOT_LL, 1024, world=2, sms=14, cap=28) == (8, 128)
     # 256 KiB two-shot at 8 ranks: a 2048-vector slice, 8 blocks of 256.
     assert dims(p2p_layout.TWOSHOT_LL, 16384, sms=14, cap=28) == (8, 256)
     # More work than the SMs hold at 512 threads a block: 512 threads, as many blocks as the cap.
     assert dims(p2p_layout.ONESHOT_LL, 1 << 18, sms=14, cap=28) == (28, 512)
+    assert p2p_layout.size_dims(4096, 28, 14) == (8, 512)
     assert p2p_layout.spread_threads(66 * 128, 66) == 128 and p2p_layout.spread_threads(66 * 128 + 1, 66) == 256
 
 
+@pytest.mark.parametrize("units, cap, sms, expected", [
+    (256, 28, 14, (8, 32)),        # 8 ranks under MPS (14 SMs, cap 28), 4K: a warp in each of 8 blocks
+    (512, 28, 14, (8, 64)),        # 8K: 16 warps over 14 SMs take 2 a block; only the 8 blocks that hold them
+    (4096, 28, 14, (13, 320)),     # 64K: 10 warps a block, 13 blocks
+    (2048, 64, 32, (32, 64)),      # 4 ranks (32 SMs), 32K
+    (256, 4, 16, (4, 64)),         # the agreed cap bounds the blocks before the SMs do
+    (4096, 64, 132, (64, 64)),     # a whole H200: MAX_BLOCKS does
+    (16384, 64, 16, None),         # 1024 threads a block: not this shape
+])
+def test_warp_spread_spreads_a_messages_warps_over_the_sms_first(units, cap, sms, expected):
+    assert p2p_layout.warp_spread(units, cap, sms) == expected
+
+
+def test_the_own_slot_lamport_one_shot_spreads_its_warps_and_no_other_launch_does():
+    # Above 2 ranks up to LL_OWN_SLOT_UNITS the launch runs the own-slot form: spread.
+    assert dims(p2p_layout.ONESHOT_LL, 256, world=8, cap=28, sms=14) == (8, 32)
+    assert dims(p2p_layout.ONESHOT_LL, 4096, world=4, cap=64, sms=32) == (32, 128)
+    # the same sizes at 2 ranks, another kernel, a larger message or a shape set by option: by size
+    assert dims(p2p_layout.ONESHOT_LL, 256, world=2, cap=28, sms=14) == (2, 128)
+    assert dims(p2p_layout.ONESHOT_PUSH, 256, world=8, cap=28, sms=14) == (2, 128)
+    big = p2p_layout.LL_OWN_SLOT_UNITS + 16
+    assert dims(p2p_layout.ONESHOT_LL, big, world=8, cap=28, sms=14) == p2p_layout.size_dims(big, 28, 14)
+    shape = p2p_layout.LaunchShape(threads=128)
+    assert dims(p2p_layout.ONESHOT_LL, 256, world=8, cap=28, sms=14, shape=shape) == (2, 128)
+
+
 def test_one_block_launches_take_only_the_warps_their_work_needs():
-    assert dims(p2p_layout.ONESHOT_LL, 1) == (1, 32)
-    assert dims(p2p_layout.ONESHOT_LL, 100) == (1, 128)
-    assert dims(p2p_layout.ONESHOT_LL, 100, sms=1) == (1, 128)
-    assert dims(p2p_layout.ONESHOT_LL, 257, sms=1) == (1, 288)
+    assert dims(p2p_layout.ONESHOT_LL, 1, world=2) == (1, 32)
+    assert dims(p2p_layout.ONESHOT_LL, 100, world=2) == (1, 128)
+    assert dims(p2p_layout.ONESHOT_LL, 100, world=2, sms=1) == (1, 128)
+    assert dims(p2p_layout.ONESHOT_LL, 257, world=2, sms=1) == (1, 288)
     assert dims(p2p_layout.TWOSHOT_LL, 256) == (1, 32)                    # a 32-vector slice
     assert p2p_layout.WARP_THREADS >= p2p_layout.MAX_RANKS
 

@@ -95,6 +95,31 @@ def test_warp_blocks_launches_the_shipped_kernels_one_warp_per_block():
     assert base.options.shape == p2p_layout.LaunchShape()
 
 
+def test_no_warp_spread_launches_the_own_slot_form_by_the_size_rule():
+    assert study.no_warp_spread(256, 28, 14) == p2p_layout.size_dims(256, 28, 14) == (2, 128)
+    assert study.no_warp_spread(256, 28, 14) != p2p_layout.launch_dims(p2p_layout.ONESHOT_LL, 256, 8, 28, 14)
+
+
+def test_grid_pull_pads_the_shipped_width_to_sglangs_64_blocks_and_grid_narrow_fills_them():
+    assert study.grid_pull(4096, 64, 33) == (64, p2p_layout.spread_threads(4096, 33)) == (64, 128)
+    assert study.grid_pull(4096, 40, 33) == (40, 128)
+    assert study.grid_narrow(4096, 64, 33) == (64, 64)          # 4 ranks 64K: 64 blocks of 64
+    assert study.grid_narrow(16384, 64, 33) == (64, 256)
+    assert study.grid_narrow(1 << 20, 64, 66) == (64, p2p_layout.THREADS_PER_BLOCK)
+
+
+@pytest.mark.parametrize("name, kernel", [(name, kernel) for name, (kernel, _) in study.LAUNCH_SHAPES.items()])
+def test_a_shape_study_shapes_only_its_kernels_launches(name, kernel, monkeypatch):
+    (made,) = study._factory().make(f"{name}.{kernel}", None)
+    assert study.patched(p2p_kernels.KERNEL_SOURCE.read_text(), name) == p2p_kernels.KERNEL_SOURCE.read_text()
+    made._grids = {"bf16": (64, 16)}
+    monkeypatch.setattr(made, "_ctx", type("Ctx", (), {"world_size": 8})(), raising=False)
+    shape = study.LAUNCH_SHAPES[name][1]
+    assert made._launch_dims(kernel, 256, "bf16") == shape(256, 64, 16)
+    other = "twoshot_graph" if kernel != "twoshot_graph" else "oneshot_lamport"
+    assert made._launch_dims(other, 256, "bf16") == p2p_layout.launch_dims(other, 256, 8, 64, 16)
+
+
 def test_graph_plain_loads_changes_every_read_of_the_graph_one_shot():
     changed = study.patched(p2p_kernels.KERNEL_SOURCE.read_text(), "graph_plain_loads")
     one_shot = changed.split("p2p_oneshot_graph(")[1].split("\n}\n")[0]
