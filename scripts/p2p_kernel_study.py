@@ -93,6 +93,19 @@ STUDIES: dict[str, tuple[tuple[str, str], ...]] = {
     # The shipped source launched with one warp per block (p2p_threads 32), as SGLang's push
     # spreads a small message over its grid, a warp per block (the host's only change).
     "warp_blocks": (),
+    # The graph one-shot's thread 0 reserves its call's barrier window (one atomic on its own
+    # memory) after its first arrival at the peers, not before: the atomic's round trip then
+    # overlaps the peers' arrivals.
+    "window_late": (("__device__ bool counter_barrier(const Layout& L, u32 target, u32 count, int phase) {",
+                     "__device__ bool counter_barrier(const Layout& L, u32 target, u32 count, int phase,\n"
+                     "                                u32* reserve = nullptr) {"),
+                    ("    if (threadIdx.x == 0) {\n      const u32* mine = semaphore(L.flags[L.rank], blockIdx.x);",
+                     "    if (threadIdx.x == 0) {\n      if (reserve != nullptr)\n"
+                     "        target = *reserve = atomicAdd(semaphore(L.flags[L.rank], blockIdx.x, WINDOW_WORD), 2u * N);\n"
+                     "      const u32* mine = semaphore(L.flags[L.rank], blockIdx.x);"),
+                    ("  if (threadIdx.x == 0) window = atomicAdd(semaphore(L.flags[L.rank], blockIdx.x, WINDOW_WORD), 2u * N);\n"
+                     "  return !call.failed && counter_barrier<N, false>(L, window, call.count, PHASE_FIRST_BARRIER);",
+                     "  return !call.failed && counter_barrier<N, false>(L, 0u, call.count, PHASE_FIRST_BARRIER, &window);")),
     # The shipped source in another launch shape (LAUNCH_SHAPES: the host's only change).
     "no_warp_spread": (),
     "grid_pull": (),
@@ -156,7 +169,7 @@ STUDY_KERNELS: dict[str, tuple[str, ...]] = {
     "graph_plain_loads": ("oneshot_graph",), "pdl_late": LAMPORT + GRAPH, "nopdl": LAMPORT + GRAPH,
     "graph_all_read": GRAPH, "ll_bare": LAMPORT, "warp_blocks": LAMPORT, "unroll_every_world": ("oneshot_graph",), "unroll_none": ("oneshot_graph",),
     "own_slot_always": LAMPORT, "own_slot_never": LAMPORT, "bf16_int": LAMPORT + GRAPH, "nvcc": LAMPORT + GRAPH,
-    **{study: (kernel,) for study, (kernel, _) in LAUNCH_SHAPES.items()}}
+    "window_late": ("oneshot_graph",), **{study: (kernel,) for study, (kernel, _) in LAUNCH_SHAPES.items()}}
 
 
 def patched(source: str, study: str) -> str:

@@ -120,6 +120,16 @@ def test_a_shape_study_shapes_only_its_kernels_launches(name, kernel, monkeypatc
     assert made._launch_dims(other, 256, "bf16") == p2p_layout.launch_dims(other, 256, 8, 64, 16)
 
 
+def test_window_late_reserves_the_graph_one_shots_window_after_its_first_arrival():
+    changed = study.patched(p2p_kernels.KERNEL_SOURCE.read_text(), "window_late")
+    begin = changed.split("graph_call_begin(const Layout& L, Call& call, u32& window) {")[1].split("\n}\n")[0]
+    assert "atomicAdd" not in begin and "PHASE_FIRST_BARRIER, &window)" in begin
+    barrier = changed.split("__device__ bool counter_barrier(")[1].split("\n}\n")[0]
+    # thread 0 arrives at every peer first (red), then reserves, then polls against what it reserved
+    assert barrier.index("red.relaxed.sys") < barrier.index("atomicAdd") < barrier.index("load_relaxed_sys(mine)")
+    assert "target = *reserve = atomicAdd(semaphore(L.flags[L.rank], blockIdx.x, WINDOW_WORD), 2u * N);" in barrier
+
+
 def test_graph_plain_loads_changes_every_read_of_the_graph_one_shot():
     changed = study.patched(p2p_kernels.KERNEL_SOURCE.read_text(), "graph_plain_loads")
     one_shot = changed.split("p2p_oneshot_graph(")[1].split("\n}\n")[0]
