@@ -116,7 +116,7 @@ def test_a_shape_study_shapes_only_its_kernels_launches(name, kernel, monkeypatc
     monkeypatch.setattr(made, "_ctx", type("Ctx", (), {"world_size": 8})(), raising=False)
     shape = study.LAUNCH_SHAPES[name][1]
     assert made._launch_dims(kernel, 256, "bf16") == shape(256, 64, 16)
-    other = "twoshot_graph" if kernel != "twoshot_graph" else "oneshot_lamport"
+    other = "twoshot_graph"     # no shape study shapes its launches
     assert made._launch_dims(other, 256, "bf16") == p2p_layout.launch_dims(other, 256, 8, 64, 16)
 
 
