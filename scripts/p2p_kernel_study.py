@@ -106,6 +106,16 @@ STUDIES: dict[str, tuple[tuple[str, str], ...]] = {
                     ("  if (threadIdx.x == 0) window = atomicAdd(semaphore(L.flags[L.rank], blockIdx.x, WINDOW_WORD), 2u * N);\n"
                      "  return !call.failed && counter_barrier<N, false>(L, window, call.count, PHASE_FIRST_BARRIER);",
                      "  return !call.failed && counter_barrier<N, false>(L, 0u, call.count, PHASE_FIRST_BARRIER, &window);")),
+    # The graph one-shot's counter barrier without its safety: thread 0 polls its semaphore and
+    # nothing else (no abort word, no clock, no timeout; a missing peer hangs it), as SGLang's
+    # pull waits. What the checks cost at the middle sizes.
+    "graph_bare": (("      const u64 start = globaltimer_ns();\n      u32 polls = 0;\n"
+                    "      while (load_relaxed_sys(mine) - target < (u32)N) {\n"
+                    "        if ((++polls & 255u) != 0u) continue;\n"
+                    "        if (aborted(L) || globaltimer_ns() - start > L.timeout_ns) {",
+                    "      while (load_relaxed_sys(mine) - target < (u32)N) {\n"
+                    "        if (true) continue;\n"
+                    "        if (false) {"),),
     # The shipped source in another launch shape (LAUNCH_SHAPES: the host's only change).
     "no_warp_spread": (),
     "grid_pull": (),
@@ -169,7 +179,7 @@ STUDY_KERNELS: dict[str, tuple[str, ...]] = {
     "graph_plain_loads": ("oneshot_graph",), "pdl_late": LAMPORT + GRAPH, "nopdl": LAMPORT + GRAPH,
     "graph_all_read": GRAPH, "ll_bare": LAMPORT, "warp_blocks": LAMPORT, "unroll_every_world": ("oneshot_graph",), "unroll_none": ("oneshot_graph",),
     "own_slot_always": LAMPORT, "own_slot_never": LAMPORT, "bf16_int": LAMPORT + GRAPH, "nvcc": LAMPORT + GRAPH,
-    "window_late": ("oneshot_graph",), **{study: (kernel,) for study, (kernel, _) in LAUNCH_SHAPES.items()}}
+    "window_late": ("oneshot_graph",), "graph_bare": ("oneshot_graph",), **{study: (kernel,) for study, (kernel, _) in LAUNCH_SHAPES.items()}}
 
 
 def patched(source: str, study: str) -> str:

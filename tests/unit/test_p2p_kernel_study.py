@@ -130,6 +130,15 @@ def test_window_late_reserves_the_graph_one_shots_window_after_its_first_arrival
     assert "target = *reserve = atomicAdd(semaphore(L.flags[L.rank], blockIdx.x, WINDOW_WORD), 2u * N);" in barrier
 
 
+def test_graph_bare_polls_the_counter_barrier_without_its_checks():
+    changed = study.patched(p2p_kernels.KERNEL_SOURCE.read_text(), "graph_bare")
+    barrier = changed.split("__device__ bool counter_barrier(")[1].split("\n}\n")[0]
+    poll = barrier.split("while (load_relaxed_sys(mine) - target < (u32)N) {")[1]
+    assert "if (true) continue;" in poll and "globaltimer_ns" not in barrier and "aborted(L) ||" not in barrier
+    # the flag barrier keeps its checks
+    assert "if (aborted(L)) {" in changed.split("__device__ bool barrier(")[1].split("\n}\n")[0]
+
+
 def test_graph_plain_loads_changes_every_read_of_the_graph_one_shot():
     changed = study.patched(p2p_kernels.KERNEL_SOURCE.read_text(), "graph_plain_loads")
     one_shot = changed.split("p2p_oneshot_graph(")[1].split("\n}\n")[0]
