@@ -32,7 +32,7 @@ import socket
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from commbench.errors import ResultsUnwritable, Terminated, UsageError
 from commbench.results import CRASHED, ERROR, HANG, STRANDED, Measurement, RunDir, write_whole
@@ -73,6 +73,7 @@ class Record:
     exit: str | None = None     # ENDED, LEFT or ERROR, when the process ended through Python
     exit_detail: str | None = None
     exit_at: float | None = None
+    marked_at: float | None = None  # when the state last changed (raised, hung): which rank failed first
     # Read from the rank's side files, never written into the record:
     fatal: str | None = field(default=None, compare=False)          # faulthandler's fatal dump
     signalled_at: float | None = field(default=None, compare=False)  # when SIGTERM/SIGINT arrived
@@ -157,7 +158,7 @@ class Recorder:
     def mark(self, state: str, detail: str | None) -> None:
         """What happened in the step: RAISED (detail: the exception) or HANG (the reason)."""
         if self.record is not None:
-            self.record.state, self.record.detail = state, detail
+            self.record.state, self.record.detail, self.record.marked_at = state, detail, time.time()
             self._write()
 
     def leave(self, how: str, detail: str | None = None) -> None:
@@ -274,6 +275,16 @@ def _crashed(record: Record, run_dir: Path | None) -> Stop:
                 {k: v for k, v in extra.items() if v is not None}, record.row)
 
 
+def _first_raised(records: Iterable[Record]) -> Record | None:
+    """Of ranks that raised, the one that raised first: a peer's exception after it (gloo's
+    "connection closed by peer" once the first rank left) followed from it. Unknown times last."""
+    def when(record: Record) -> tuple[float, int]:
+        at = record.marked_at
+        return (at if isinstance(at, (int, float)) and math.isfinite(at) else math.inf, record.rank)
+
+    return min((r for r in records if r.state == RAISED), key=when, default=None)
+
+
 def _stranded(record: Record) -> Stop:
     return Stop(ERROR, f"rank {record.rank}: {record.detail}; it left its peers inside a collective it never "
                        "joined", record.rank, {STRANDED: True}, record.row)
@@ -322,7 +333,7 @@ def peer_stop(records: list[Record], me: int, step: int, run_dir: Path, raised: 
 
     A peer that died with a fatal signal or without a trace crashed; a peer whose watchdog
     fired hung; a rank that raised in this step while its peers never came to the vote (those
-    in `raised` have been waited for; this rank counts too) stranded them, unless a peer failed
+    in `raised` have been waited for; this rank counts too; of several, the first) stranded them, unless a peer failed
     on its own first (results unwritable). Any other peer that is gone was stopped from outside
     or left through Python, and whoever stopped it or it itself reports that: this rank only
     leaves (LEAVE). `dead_ranks`: the peers found gone before `records` were read.
@@ -336,8 +347,7 @@ def peer_stop(records: list[Record], me: int, step: int, run_dir: Path, raised: 
         return Stop(HANG, hung.detail or f"no progress during {hung.what}", template=hung.row)
     if any(r.exit == ERROR for r in records if r.rank != me):
         return LEAVE   # what raised after it (a closed connection) followed from its failure
-    cause = next((r for r in records if r.state == RAISED and r.step == step and (r.rank in raised or r in dead)),
-                 None)
+    cause = _first_raised(r for r in records if r.step == step and (r.rank in raised or r in dead))
     if cause is not None:
         return _stranded(cause)
     return LEAVE if dead else None
@@ -349,8 +359,8 @@ def postmortem(records: list[Record], run_dir: Path | None, killed_reason: str |
     """The stop that ended a run whose processes are all gone, and the record it belongs to.
 
     In order: a fatal signal; a death without a trace in a step where a peer raised (the
-    exception followed from it); an exception that stranded the peers (unless a rank failed on
-    its own first: then the exception followed from that); a watchdog that fired; a
+    exception followed from it); the first exception, which stranded the peers (unless a rank
+    failed on its own first: then the exception followed from that); a watchdog that fired; a
     death without a trace; a step still running past its limit when it was stopped from
     outside; `killed_reason` (the driver killed the run) for any step still running.
     A fatal dump is kept in run_dir's crash-logs (run_dir None: a reader, nothing written).
@@ -367,7 +377,7 @@ def postmortem(records: list[Record], run_dir: Path | None, killed_reason: str |
     if (record := first(lambda r: _died_without_trace(r) and r.step in raised_steps)) is not None:
         return _crashed(record, run_dir)
     # A rank that failed on its own said so; a peer's exception after it followed from it.
-    if (record := first(lambda r: r.state == RAISED)) is not None and first(lambda r: r.exit == ERROR) is None:
+    if (record := _first_raised(records)) is not None and first(lambda r: r.exit == ERROR) is None:
         return _stranded(record)
     if (record := first(lambda r: r.state == HANG)) is not None:
         silent = [r.rank for r in records if r.state == RUNNING and r.deadline is not None

@@ -23,11 +23,11 @@ from commbench.sweep import launcher
 from helpers import child_env, only_run_dir, rows
 
 
-def _record(rank: int, state: str, exit: str | None = None, step: int = 4) -> Record:
+def _record(rank: int, state: str, exit: str | None = None, step: int = 4, marked_at: float | None = None) -> Record:
     row = Measurement(backend="gloo", mode="eager", dtype="fp32", message_bytes=4096, world_size=2, status=CRASHED)
     return Record(rank=rank, pid=999999, host="h", step=step, phase="row", what="gloo 4K fp32 eager", row=row,
                   started=1.0, deadline=None, state=state, exit=exit, detail="connection closed by peer"
-                  if state == RAISED else None)
+                  if state == RAISED else None, marked_at=marked_at)
 
 
 @pytest.mark.parametrize("survivor_exit", [None, inflight.LEFT])
@@ -42,6 +42,33 @@ def test_a_rank_that_raised_alone_still_stranded_its_peers() -> None:
     """A death in another step is not the cause: the exception stranded the peers."""
     stop = inflight.postmortem([_record(0, RUNNING, step=3), _record(1, RAISED, step=4)], None)
     assert stop is not None and stop.failed_rank == 1 and stop.extra.get(STRANDED), stop
+
+
+def test_of_two_ranks_that_raised_the_first_is_the_cause() -> None:
+    """Rank 1 raised in the collective and left after its wait; rank 0's gloo then raised
+    "connection closed by peer" 3 s later. The row names rank 1, whose exception came first,
+    not the lower rank (seen on CI's loaded cores: the survivor's look at the records after the
+    control group failed waits for no one)."""
+    cause, consequence = _record(1, RAISED, inflight.ENDED, marked_at=100.0), _record(0, RAISED, marked_at=103.0)
+    stop = inflight.postmortem([consequence, cause], None)
+    assert stop is not None and stop.failed_rank == 1 and stop.extra.get(STRANDED), stop
+    stop = inflight.peer_stop([consequence, cause], 0, 4, Path("."), raised={0}, dead_ranks={1})
+    assert stop is not None and stop.failed_rank == 1 and stop.extra.get(STRANDED), stop
+    # a time that is not a number (a record read from a forwarded dir) counts as unknown: last
+    odd = _record(0, RAISED, marked_at="soon")   # type: ignore[arg-type]
+    assert inflight.postmortem([odd, cause], None).failed_rank == 1
+
+
+def test_recorder_marks_when_a_rank_raised(tmp_path: Path) -> None:
+    recorder = inflight.Recorder(tmp_path, 0)
+    try:
+        recorder.begin(1, "row", "gloo 4K fp32 eager", _record(0, RUNNING).row, None)
+        before = time.time()
+        recorder.mark(RAISED, "boom")
+        (record,) = inflight.read_records(tmp_path)
+        assert record.state == RAISED and record.marked_at is not None and before <= record.marked_at <= time.time()
+    finally:
+        recorder.close()
 
 
 @pytest.mark.procs
