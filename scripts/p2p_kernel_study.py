@@ -51,6 +51,16 @@ _LL_SHAPE = "  ll_oneshot<DT, N, {}>(L, in, out, units);"
 # Lamport one-shot's warps spread over the SMs (warp_spread). flag_oneshot, own_slot_*, bf16_int,
 # graph_all_read, unroll_* and no_warp_spread measure shipped choices against what they replaced.
 _UNROLL = "    constexpr u32 K = N == 2 ? 2 : 1;"
+_GRAPH_BARE = ("      const u64 start = globaltimer_ns();\n      u32 polls = 0;\n"
+               "      while (load_relaxed_sys(mine) - target < (u32)N) {\n"
+               "        if ((++polls & 255u) != 0u) continue;\n"
+               "        if (aborted(L) || globaltimer_ns() - start > L.timeout_ns) {",
+               "      while (load_relaxed_sys(mine) - target < (u32)N) {\n"
+               "        if (true) continue;\n"
+               "        if (false) {")
+_GRAPH_NOCOUNT = ("  call = begin_call<true>(L, ((Ctrl*)L.ctrl)->calls);\n  if (!kCounter)",
+                  "  if (kCounter) call = Call{0u, false};\n"
+                  "  else call = begin_call<true>(L, ((Ctrl*)L.ctrl)->calls);\n  if (!kCounter)")
 STUDIES: dict[str, tuple[tuple[str, str], ...]] = {
     "base": (),
     # (c) the Lamport polls' and pushes' flavour: SGLang's relaxed system-scope loads and stores,
@@ -109,13 +119,13 @@ STUDIES: dict[str, tuple[tuple[str, str], ...]] = {
     # The graph one-shot's counter barrier without its safety: thread 0 polls its semaphore and
     # nothing else (no abort word, no clock, no timeout; a missing peer hangs it), as SGLang's
     # pull waits. What the checks cost at the middle sizes.
-    "graph_bare": (("      const u64 start = globaltimer_ns();\n      u32 polls = 0;\n"
-                    "      while (load_relaxed_sys(mine) - target < (u32)N) {\n"
-                    "        if ((++polls & 255u) != 0u) continue;\n"
-                    "        if (aborted(L) || globaltimer_ns() - start > L.timeout_ns) {",
-                    "      while (load_relaxed_sys(mine) - target < (u32)N) {\n"
-                    "        if (true) continue;\n"
-                    "        if (false) {"),),
+    "graph_bare": (_GRAPH_BARE,),
+    # The graph one-shot without its call count: no count read or published, no abort word
+    # read (its barriers' window needs neither; a timeout would report call 0), as SGLang's pull
+    # keeps no count. With graph_bare too (graph_lean): every check and record SGLang's pull
+    # lacks, gone; what is left of the gap then is the data path.
+    "graph_nocount": (_GRAPH_NOCOUNT,),
+    "graph_lean": (_GRAPH_BARE, _GRAPH_NOCOUNT),
     # The shipped source in another launch shape (LAUNCH_SHAPES: the host's only change).
     "no_warp_spread": (),
     "grid_pull": (),
@@ -179,7 +189,8 @@ STUDY_KERNELS: dict[str, tuple[str, ...]] = {
     "graph_plain_loads": ("oneshot_graph",), "pdl_late": LAMPORT + GRAPH, "nopdl": LAMPORT + GRAPH,
     "graph_all_read": GRAPH, "ll_bare": LAMPORT, "warp_blocks": LAMPORT, "unroll_every_world": ("oneshot_graph",), "unroll_none": ("oneshot_graph",),
     "own_slot_always": LAMPORT, "own_slot_never": LAMPORT, "bf16_int": LAMPORT + GRAPH, "nvcc": LAMPORT + GRAPH,
-    "window_late": ("oneshot_graph",), "graph_bare": ("oneshot_graph",), **{study: (kernel,) for study, (kernel, _) in LAUNCH_SHAPES.items()}}
+    "window_late": ("oneshot_graph",), "graph_bare": ("oneshot_graph",), "graph_nocount": ("oneshot_graph",),
+    "graph_lean": ("oneshot_graph",), **{study: (kernel,) for study, (kernel, _) in LAUNCH_SHAPES.items()}}
 
 
 def patched(source: str, study: str) -> str:

@@ -33,7 +33,7 @@ def _parameter_bytes(ptx: str, entry: str) -> list[int]:
 
 @pytest.mark.parametrize("name", ["base", "own_slot_always", "own_slot_never", "bf16_int", "graph_all_read",
                                   "unroll_every_world", "unroll_none", "graph_plain_loads", "ll_bare", "window_late",
-                                  "graph_bare"])
+                                  "graph_bare", "graph_nocount", "graph_lean"])
 def test_each_study_source_compiles_with_nvcc(tmp_path, name):
     source = tmp_path / f"{name}.cu"
     source.write_text(study.patched(p2p_kernels.KERNEL_SOURCE.read_text(), name))

@@ -139,6 +139,17 @@ def test_graph_bare_polls_the_counter_barrier_without_its_checks():
     assert "if (aborted(L)) {" in changed.split("__device__ bool barrier(")[1].split("\n}\n")[0]
 
 
+def test_graph_nocount_begins_the_counter_kernel_without_the_call_count_and_graph_lean_adds_graph_bare():
+    source = p2p_kernels.KERNEL_SOURCE.read_text()
+    changed = study.patched(source, "graph_nocount")
+    begin = changed.split("graph_call_begin(const Layout& L, Call& call, u32& window) {")[1].split("\n}\n")[0]
+    # the counter kernel (the one-shot) skips begin_call; the flag kernel (the two-shot) keeps it
+    assert begin.index("if (kCounter) call = Call{0u, false};") < begin.index("else call = begin_call<true>(")
+    lean = study.patched(source, "graph_lean")
+    assert lean == changed.replace(*study.STUDIES["graph_bare"][0])   # the two changes, each once
+    assert study.STUDY_KERNELS["graph_lean"] == study.STUDY_KERNELS["graph_nocount"] == ("oneshot_graph",)
+
+
 def test_graph_plain_loads_changes_every_read_of_the_graph_one_shot():
     changed = study.patched(p2p_kernels.KERNEL_SOURCE.read_text(), "graph_plain_loads")
     one_shot = changed.split("p2p_oneshot_graph(")[1].split("\n}\n")[0]
