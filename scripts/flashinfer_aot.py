@@ -9,7 +9,7 @@ module is built by FlashInfer's own JIT spec (its generator, its flags, its sour
 FlashInfer is copied here) with ninja under --work, then copied to
 FLASHINFER_DIR/data/aot/NAME/NAME.so: FlashInfer 0.7.4 loads a module from there before it
 thinks of building one (`flashinfer/jit/env.py`, get_aot_artifacts). On the H200 the TRT-LLM
-module alone took 351-436 s of a device session to build at first use.
+module alone took 351-428 s of a device session to build at first use.
 
 FlashInfer's `__init__` imports every kernel family and its dependencies; only its JIT package
 is loaded here, so the machine needs torch, apache-tvm-ffi, jinja2, filelock, packaging, ninja
