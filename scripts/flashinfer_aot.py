@@ -51,7 +51,8 @@ class BadInput(Exception):
 def parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="flashinfer_aot.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("flashinfer_dir", type=Path, help="the flashinfer package folder")
-    parser.add_argument("--arch", default="9.0a", help="CUDA arch list as FlashInfer takes it (default 9.0a: H100/H200)")
+    parser.add_argument("--arch", default="9.0a",
+                        help="CUDA archs as FlashInfer takes them, comma-separated (default 9.0a: H100/H200)")
     parser.add_argument("--modules", default=",".join(MODULES), help=f"comma-separated, of {', '.join(MODULES)}")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="ninja jobs (default: every core)")
     parser.add_argument("--work", type=Path, default=Path("build/flashinfer-aot"), help="build folder")

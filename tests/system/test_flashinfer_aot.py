@@ -69,7 +69,8 @@ def package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 @pytest.mark.parametrize("args, line", [
-    (["--modules", "trtllm_comm,nccl_comm"], "--modules takes trtllm_comm, vllm_comm, pcie_ipc_comm, trtllm_utils, got nccl_comm"),
+    (["--modules", "trtllm_comm,nccl_comm"],
+     "--modules takes trtllm_comm, vllm_comm, pcie_ipc_comm, trtllm_utils, got nccl_comm"),
     (["--arch", "sm_90"], "--arch takes CUDA archs such as 9.0a or 8.0,9.0a, got 'sm_90'"),
     (["--jobs", "0"], "--jobs must be 1 or more, got 0"),
 ])
