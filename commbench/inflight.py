@@ -334,9 +334,9 @@ def peer_stop(records: list[Record], me: int, step: int, run_dir: Path, raised: 
     A peer that died with a fatal signal or without a trace crashed; a peer whose watchdog
     fired hung; a rank that raised in this step while its peers never came to the vote (those
     in `raised` have been waited for; this rank counts too; of several, the first) stranded
-    them, unless a peer failed on its own first (results unwritable). Any other peer that is gone was stopped from outside
-    or left through Python, and whoever stopped it or it itself reports that: this rank only
-    leaves (LEAVE). `dead_ranks`: the peers found gone before `records` were read.
+    them, unless a peer failed on its own first (results unwritable). Any other peer that is
+    gone was stopped from outside or left through Python, and whoever stopped it or it itself
+    reports that: this rank only leaves (LEAVE). `dead_ranks`: the peers found gone before `records` were read.
     """
     dead = [r for r in records if r.rank != me and r.rank in dead_ranks]
     crashed = next((r for r in dead if r.fatal or _died_without_trace(r)), None)

@@ -74,10 +74,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 def cuda_home() -> Path:
     """The toolkit whose nvcc FlashInfer's ninja file will call."""
+    nvcc = shutil.which("nvcc")
     if os.environ.get("CUDA_HOME"):
         home = Path(os.environ["CUDA_HOME"])
-    elif shutil.which("nvcc"):
-        home = Path(shutil.which("nvcc")).resolve().parents[1]
+    elif nvcc:
+        home = Path(nvcc).resolve().parents[1]
     else:
         raise BadInput("nvcc not found: set CUDA_HOME or put nvcc on PATH")
     if not (home / "bin" / "nvcc").is_file():
