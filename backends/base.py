@@ -230,6 +230,12 @@ class Backend(ABC):
         this context exits, before the first replay; its exit may be collective."""
         return nullcontext()
 
+    def raise_if_failed(self) -> None:
+        """Raise what this backend's kernels recorded on the device (a bounded wait that gave up:
+        a BackendTimeout), or nothing. The harness calls it after synchronising, before it checks
+        a pass's outputs, so a wait that gave up inside a graph replay (which never passes
+        through allreduce()) makes a hang row, not a count of wrong values. Cheap: no GPU work."""
+
     def row_fields(self) -> dict[str, Any]:
         """Fields recorded on every row of this variant: Measurement attributes, or 'extra' (a
         dict). Any other name goes into extra for a plug-in; from a built-in backend it is a typo,

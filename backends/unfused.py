@@ -10,6 +10,7 @@ backend's own time, are recorded on every row.
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
@@ -106,6 +107,16 @@ class UnfusedBest(FusedBackend):
 
     def allreduce(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor | None:
         return self._allreduce_backend().allreduce(x, out)
+
+    # The allreduce it delegates to is captured, and fails, as that backend's own calls do: a
+    # kernel whose captured calls read buffers registered when its capture ends (p2p's graph
+    # kernels, the engines' custom allreduce) needs its own graph_capture() around them.
+    def graph_capture(self) -> AbstractContextManager[Any]:
+        return self._allreduce_backend().graph_capture()
+
+    def raise_if_failed(self) -> None:
+        if self._current is not None:
+            self._allreduce_backend().raise_if_failed()
 
     def allreduce_residual_rmsnorm(self, x: torch.Tensor, residual_in: torch.Tensor, gamma: torch.Tensor,
                                    residual_out: torch.Tensor, norm_out: torch.Tensor) -> None:

@@ -121,7 +121,6 @@ from commbench.backends.p2p.rules import (AUTO_READ_KERNELS, CALIBRATION_REPLAYS
                                           tensor_reason)
 from commbench.errors import UsageError
 from commbench.runtime.timing import capture_graph, per_step_us
-from commbench.runtime.workload import AllreduceWorkload, PassCheck
 
 if TYPE_CHECKING:
     from commbench.runtime.context import RunContext
@@ -304,7 +303,7 @@ class P2PAllreduce(Backend):
 
     def raise_if_failed(self) -> None:
         """Raise the timeout the kernels recorded, if any (cheap: reads host-mapped memory).
-        allreduce() calls it first; a harness may call it after synchronising."""
+        allreduce() calls it first; the harness calls it after synchronising (Backend's)."""
         error = self._area.timeout_error() if self._area is not None else None
         if error is not None:
             raise error
@@ -439,10 +438,6 @@ class P2PAllreduce(Backend):
         replay_us = per_step_us(self._ctx, lambda _: graph.replay(), CALIBRATION_REPLAYS + 1)[1:]
         return per_call_median_us(replay_us, calls)
 
-    def make_workload(self, ctx: "RunContext", count: int, dtype: torch.dtype,
-                      shape: tuple[int, int] | None, pairs: int) -> AllreduceWorkload:
-        return _P2PWorkload(self, ctx, count, dtype, pairs)
-
     # -- what rows record -------------------------------------------------------------------
 
     def row_fields(self) -> dict[str, Any]:
@@ -481,19 +476,6 @@ class P2PAllreduce(Backend):
                                             "per_call_us": {KERNEL_VARIANT[k]: [round(t, 3) for t in times]
                                                             for k, times in calibration.times_us.items()}}
         return {"extra": extra}
-
-
-class _P2PWorkload(AllreduceWorkload):
-    """The plain allreduce workload plus the timeout check. The harness calls verify() after
-    it synchronised, so a wait that gave up anywhere in the row (graph replays included,
-    which never pass through allreduce()) becomes BackendTimeout, a hang row, rather than
-    a count of wrong values."""
-
-    backend: P2PAllreduce
-
-    def verify(self, first: int, calls: int) -> PassCheck:
-        self.backend.raise_if_failed()
-        return super().verify(first, calls)
 
 
 def add_arguments(group: argparse._ArgumentGroup) -> None:

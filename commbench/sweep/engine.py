@@ -271,7 +271,7 @@ class Engine:
             workload.prepare(OBSERVE_EPOCH)
             observed = backend.observe(lambda: workload.call(0), size) or {}
             if eager:
-                return self._eager(workload, calls, bus_factor, observed, self.plan.jitter_calls_for(size))
+                return self._eager(backend, workload, calls, bus_factor, observed, self.plan.jitter_calls_for(size))
             return self._graph(backend, workload, calls, size, bus_factor, observed)
         except BackendUnavailable as exc:  # this shape cannot run (e.g. tokens <= world size)
             return Skipped(str(exc))
@@ -285,7 +285,7 @@ class Engine:
         for i in range(max(1, self.plan.warmup)):
             workload.call(i % pairs)
 
-    def _eager(self, workload: Workload, calls: int, bus_factor: float | None, observed: dict[str, Any],
+    def _eager(self, backend: Backend, workload: Workload, calls: int, bus_factor: float | None, observed: dict[str, Any],
                jitter_calls: int) -> Measured:
         """Timed pass (one timer around the loop) over calls + 1 pairs, then the jitter pass (a
         timer per call) of `jitter_calls` calls in rounds of up to `calls` over the same pairs;
@@ -300,13 +300,13 @@ class Engine:
         def step(i: int) -> None:
             workload.call(i + 1)
 
-        total_us, timed_check = self._pass(workload, TIMED_EPOCH, loop_total_us, align, step, calls, calls + 1)
+        total_us, timed_check = self._pass(backend, workload, TIMED_EPOCH, loop_total_us, align, step, calls, calls + 1)
         samples: list[float] = []
         checks = [timed_check]
         for first in range(0, jitter_calls, calls):
             # A round's epochs follow the last round's, so an answer left from it is wrong here.
             steps = min(calls, jitter_calls - first)
-            round_samples, check = self._pass(workload, JITTER_EPOCH + first // calls * EPOCHS_PER_PASS, per_step_us,
+            round_samples, check = self._pass(backend, workload, JITTER_EPOCH + first // calls * EPOCHS_PER_PASS, per_step_us,
                                               align, step, steps, steps + 1)
             samples += round_samples
             checks.append(check)
@@ -333,7 +333,7 @@ class Engine:
         # One replay aligns the ranks, as the first eager call does.
         check_fresh = fresh_replay if workload.destroys_inputs else None
         (total_us, timed_check), (samples, jitter_check) = [
-            self._pass(workload, epoch, timer, graph.replay, lambda i: graph.replay(), replays, ops, check_fresh)
+            self._pass(backend, workload, epoch, timer, graph.replay, lambda i: graph.replay(), replays, ops, check_fresh)
             for epoch, timer in ((TIMED_EPOCH, loop_total_us), (JITTER_EPOCH, per_step_us))]
         scope = ("an untimed replay of the timed graph with fresh inputs (the backend reduces in place, "
                  "so timed replays re-reduce their own output)" if workload.destroys_inputs
@@ -342,24 +342,24 @@ class Engine:
                         calls_per_sample=ops, checks=[timed_check, jitter_check], check_scope=scope,
                         work_nodes=count_work_nodes(graph), replays=replays, ops=ops)
 
-    def _pass(self, workload: Workload, base_epoch: int, timer: Callable[[RunContext, Step, int], Any],
+    def _pass(self, backend: Backend, workload: Workload, base_epoch: int, timer: Callable[[RunContext, Step, int], Any],
               align: Callable[[], None], step: Step, steps: int, checked: int,
               before_check: Callable[[int], None] | None = None) -> tuple[Any, PassCheck | None]:
         """One pass: a barrier, one untimed aligning step, `timer` over `steps` steps (one timer
         around them: loop_total_us; one per step: per_step_us), then the outputs of the first
-        `checked` calls checked (unless the plan checks nothing: -c 0)."""
+        `checked` calls checked (unless the plan checks nothing: -c 0). A wait the backend's kernels
+        gave up anywhere in the pass (graph replays included) raises here: a hang row."""
         workload.prepare(base_epoch)
         synchronize(self.ctx)
         self.ctx.barrier()
         align()
         timed = timer(self.ctx, step, steps)
-        if not self.plan.check:     # -c 0: no output is read back
-            synchronize(self.ctx)
-            return timed, None
-        if before_check is not None:
+        if self.plan.check and before_check is not None:
             before_check(base_epoch)
         synchronize(self.ctx)
-        return timed, workload.verify(0, checked)
+        backend.raise_if_failed()
+        # -c 0: no output is read back.
+        return timed, workload.verify(0, checked) if self.plan.check else None
 
     def _build_row(self, backend: Backend, cell: Cell, gathered: list[Outcome]) -> Measurement:
         mode = cell.mode

@@ -7,7 +7,8 @@ rows, followed by torch's residual add and RMSNorm on the CPU.
 
 from __future__ import annotations
 
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 import pytest
 import torch
@@ -141,6 +142,57 @@ def test_summarize_pairs_fused_with_the_unfused_baseline_of_the_same_work():
     lonely = by_key[("graph", "flashinfer:fused_oneshot", 8)]
     assert (lonely["unfused_us"], lonely["saving_us"]) == (None, None)
     assert summarize([r for r in rows if r.op == "allreduce"]) == []
+
+
+# --- unfused:best delegates what its allreduce needs ----------------------------------------
+
+class _RegisteringAllreduce(CpuGlooAllreduce):
+    """An allreduce whose captured calls need its own graph_capture() (p2p's graph kernels, the
+    engines' custom allreduce), and whose kernels record a wait that gave up."""
+
+    def __init__(self, name: str):
+        super().__init__()
+        self.name = name
+        self.captures: list[str] = []
+        self.gave_up: Exception | None = None
+
+    @contextmanager
+    def graph_capture(self) -> Iterator[None]:
+        self.captures.append("enter")
+        yield
+        self.captures.append("registered")
+
+    def raise_if_failed(self) -> None:
+        if self.gave_up is not None:
+            raise self.gave_up
+
+
+def test_unfused_best_captures_and_checks_the_allreduce_it_picked_as_that_backend_does():
+    """unfused:best's capture of a size is its chosen allreduce's capture (its buffers registered
+    when it ends), and a timeout that allreduce's kernels recorded is raised through it."""
+    from commbench.backends.base import BackendTimeout
+    from commbench.backends.unfused import UnfusedBest
+    from types import SimpleNamespace
+
+    built: dict[str, _RegisteringAllreduce] = {}
+    backend = UnfusedBest(lambda name: built.setdefault(name, _RegisteringAllreduce(name)))
+    small, large = 4 * 256 * 2, 64 * 256 * 2
+    backend.take_rows([row("reg:small", 5.0, message_bytes=small, world_size=1),
+                       row("reg:large", 9.0, message_bytes=large, world_size=1)])
+    ctx = SimpleNamespace(world_size=1, rank=0, device=torch.device("cpu"), control_group=None, verdicts={},
+                          local_world_size=1)
+    backend.setup(ctx, large, torch.bfloat16)
+    for tokens, name in ((4, "reg:small"), (64, "reg:large")):
+        backend.make_workload(ctx, tokens * 256, torch.bfloat16, (tokens, 256), pairs=2)
+        with backend.graph_capture():
+            assert built[name].captures == ["enter"]
+        assert built[name].captures == ["enter", "registered"]
+        backend.raise_if_failed()
+        built[name].gave_up = BackendTimeout(f"{name}: peer 1 never arrived")
+        with pytest.raises(BackendTimeout, match=name):
+            backend.raise_if_failed()
+    assert built["reg:small"].captures == ["enter", "registered"]   # each size, its own allreduce
+    backend.close()
 
 
 # --- unfused:best for real, on gloo processes ----------------------------------------------

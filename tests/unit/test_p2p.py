@@ -617,10 +617,9 @@ def test_a_recorded_timeout_becomes_a_clear_error_before_any_launch():
         b.raise_if_failed()
     with pytest.raises(p2p_kernels.P2PTimeoutError, match=expected):
         b.allreduce(torch.zeros(8), torch.empty(8))
-    # The sweep verifies after it synchronised: a timeout inside graph replays surfaces there.
-    workload = b.make_workload(ctx_for(4, device="cpu"), 8, torch.float32, None, 3)
-    with pytest.raises(BackendTimeout, match=expected):
-        workload.verify(0, 3)
+    # The sweep asks raise_if_failed() after each pass (test_sweep_engine): a timeout inside graph
+    # replays, which never pass through allreduce(), surfaces there as a BackendTimeout.
+    assert issubclass(p2p_kernels.P2PTimeoutError, BackendTimeout)
     report[1] = p2p_kernels.PEER_UNKNOWN          # the graph one-shot's counter barrier counts, names no one
     with pytest.raises(p2p_kernels.P2PTimeoutError, match=r"^p2p: a peer rank did not arrive within 300 ms \(rank 0,"):
         b.raise_if_failed()

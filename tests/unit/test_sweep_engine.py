@@ -105,9 +105,14 @@ class _LocalSum:
 
     in_place = False
 
-    def __init__(self, stale_at: int | None = None):
+    def __init__(self, stale_at: int | None = None, gave_up: Exception | None = None):
         self.calls = 0
         self.stale_at = stale_at
+        self.gave_up = gave_up     # what its kernels recorded on the device, raised after a pass
+
+    def raise_if_failed(self) -> None:
+        if self.gave_up is not None:
+            raise self.gave_up
 
     def make_workload(self, ctx, count, dtype, shape, pairs):  # noqa: ANN001, ANN201
         from commbench.runtime.workload import AllreduceWorkload
@@ -160,3 +165,22 @@ def test_a_wrong_answer_in_a_later_jitter_round_is_caught() -> None:
     _, built = _eager_row(_LocalSum(stale_at=stale_from))
     assert built.status == WRONG and built.wrong_kind == "unwritten"
     assert built.first_wrong_call == 21 + 3 * 21 + 4
+
+
+def test_a_wait_the_kernels_gave_up_is_a_hang_row_not_wrong_values() -> None:
+    """The harness asks the backend after each pass (graph replays never pass through allreduce):
+    a recorded timeout becomes the row's hang, named, however right the outputs look."""
+    from commbench.backends.base import BackendTimeout
+    from commbench.sweep.plan import build_plan
+    from helpers import sweep_args
+    import torch
+
+    plan = build_plan(sweep_args("--sizes", "4K"), on_gpu=False)
+    ctx = SimpleNamespace(world_size=1, rank=0, nodes=1, emulation=None, device=torch.device("cpu"), is_cuda=False,
+                          barrier=lambda: None)
+    engine = Engine(ctx, plan, RunState.resumed([], {}), sink=None, recorder=None)
+    cell = Cell("mine", ALLREDUCE, "fp32", Shape(4096), "eager")
+    local = engine._measure_local(_LocalSum(gave_up=BackendTimeout("peer 1 never arrived")), cell)
+    assert isinstance(local, Failed) and local.timed_out and "peer 1 never arrived" in local.reason
+    built = engine._build_row(PLUGIN, cell, [local])
+    assert built.status == HANG and built.failed_rank == 0
