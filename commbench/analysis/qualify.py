@@ -748,27 +748,40 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     check_file_target(args.junit, "--junit")   # before the verdict is printed, not after
     results_out.check_targets(args)
     spec = load_spec(args.spec)
-    run = load_run(args.run_dir)
     if args.max_slowdown_pct is not None and not 0 <= args.max_slowdown_pct < math.inf:
         raise UsageError(f"--max-slowdown-pct must be a non-negative finite percentage, got {args.max_slowdown_pct:g}")
     if args.reference is not None:
         base = spec.reference or ReferenceSpec(args.reference, 10.0, None, None, None, "command line")
         spec.reference = ReferenceSpec(args.reference, args.max_slowdown_pct or base.max_slowdown_pct,
                                        base.warn_slowdown_pct, base.sizes, base.backends, base.source)
+    result = answer(spec, args.run_dir, args.junit, args.wide, args.snapshot)
+    results_out.write(args, result, f"qualify {result.run_id} against {result.spec}")
+    return exit_status(result)
+
+
+def answer(spec: Spec, run_dir: Path, junit: Path | None = None, wide: bool = False,
+           snapshot: str | None = None) -> QualifyResult:
+    """The verdict on one run dir, printed, and its JUnit XML written where asked: what `qualify`
+    and `sweep --qualify` both answer (the targets checked writable before any work)."""
+    run = load_run(run_dir)
     reference = load_run(spec.reference.run) if spec.reference is not None else None
     probe = None
-    if args.snapshot:
+    if snapshot:
         from commbench.topology.snapshot_file import load_snapshot
 
-        probe = load_snapshot(args.snapshot)
+        probe = load_snapshot(snapshot)
     checks = qualify(spec, run, reference, probe)
-    result = result_of(spec, run, checks, args.snapshot)
-    print(text(result, args.wide))
-    if args.junit:
+    result = result_of(spec, run, checks, snapshot)
+    print(text(result, wide))
+    if junit:
         try:
-            args.junit.write_text(junit_xml(spec, run, checks), encoding="utf-8")
+            junit.write_text(junit_xml(spec, run, checks), encoding="utf-8")
         except OSError as exc:
-            raise UsageError(f"{args.junit}: cannot write ({exc.strerror})") from None
-        print(f"wrote {args.junit}")
-    results_out.write(args, result, f"qualify {result.run_id} against {result.spec}")
+            raise UsageError(f"{junit}: cannot write ({exc.strerror})") from None
+        print(f"wrote {junit}")
+    return result
+
+
+def exit_status(result: QualifyResult) -> int:
+    """1 when any check failed (a CI gate), else 0."""
     return 1 if result.failed else 0

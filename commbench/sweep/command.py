@@ -226,8 +226,9 @@ def _check_tp(args: argparse.Namespace, ranks: int) -> None:
 def _qualify(opts: SweepOptions, run_dir: Path) -> int:
     from commbench.analysis import qualify
 
-    return qualify.main(argparse.Namespace(run_dir=run_dir, spec=opts.qualify, reference=None,
-                                           max_slowdown_pct=None, junit=opts.junit, snapshot=None, wide=False))
+    # The spec was read before the sweep (bad input then); read again here, as the run's own.
+    result = qualify.answer(qualify.load_spec(opts.qualify), run_dir, opts.junit)
+    return qualify.exit_status(result)
 
 
 def _run(opts: SweepOptions, plan: SweepPlan, specs: list[str] | None, on_gpu: bool) -> tuple[int, Path]:

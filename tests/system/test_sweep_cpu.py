@@ -60,12 +60,39 @@ def test_default_torchrun_sweep_writes_rows_table_csv_and_run_json(tmp_path: Pat
     assert info["env"]["COMMBENCH_TEST_KNOB"] == "recorded" and "OMP_NUM_THREADS" not in info["env"]
 
 
-def test_single_process_world_of_one_says_nothing_is_communicated(tmp_path: Path) -> None:
-    result = run_cli(["sweep", "--sizes", "4K", "--iters", "3", "--out", str(tmp_path)])
-    assert result.returncode == 0, result.stderr
-    (row,) = rows(only_run_dir(tmp_path))
+CPU_SPEC = """[spec]
+name = "CPU smoke"
+world_size = 1
+dtype = "fp32"
+mode = "eager"
+backend = "gloo"
+
+[checks]
+zero_wrong = true
+no_hangs = true
+"""
+
+
+def test_single_process_world_of_one_says_nothing_is_communicated_and_qualify_gives_its_verdict(
+        tmp_path: Path) -> None:
+    """One launch: the world of one, then `--qualify` answers on the run it just wrote (its verdict,
+    JUnit, and qualify's exit status as the command's), as `commbench qualify` would."""
+    spec, junit = tmp_path / "spec.toml", tmp_path / "junit.xml"
+    spec.write_text(CPU_SPEC)
+    result = run_cli(["sweep", "--sizes", "4K", "--iters", "3", "--out", str(tmp_path / "runs"),
+                      "--qualify", str(spec), "--junit", str(junit)])
+    run_dir = only_run_dir(tmp_path / "runs")
+    (row,) = rows(run_dir)
     assert row["status"] == "no_work" and "world size 1" in row["reason"]
     assert row["wrong_elements"] == 0
+    # gloo on the CPU is no real hardware: a FAIL, so the sweep's status is qualify's, 1.
+    assert result.returncode == 1, result.stderr
+    assert f"qualify {run_dir.name} against CPU smoke" in result.stdout
+    assert re.search(r"\n\d+ PASS, \d+ WARN, [1-9]\d* FAIL -> FAIL\n", result.stdout), result.stdout
+    assert f"wrote {junit}" in result.stdout and "Traceback" not in result.stderr
+    alone = run_cli(["qualify", "--spec", str(spec), str(run_dir)])
+    assert alone.returncode == 1 and alone.stdout.splitlines()[-1] == result.stdout.splitlines()[-2]
+    assert "<testsuite" in junit.read_text() and 'name="zero #wrong"' in junit.read_text()
 
 
 FAULTY = ("exact", "noop", "one_wrong", "stale", "setup_fails_rank1", "wrong_every@64", "back_to_back", "returns",
