@@ -46,6 +46,19 @@ def run_torchrun(nproc: int, args: list[str], timeout: float = 180, env: dict[st
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=child_env(env))
 
 
+def python_in_a_clone_named_commbench(tmp_path: Path) -> str:
+    """This environment's Python as `git clone ... commbench` and the quickstart make it: under
+    TMP/commbench/.venv/ (a link to this environment), so every file torchrun's own report names
+    holds "/commbench/" wherever this checkout lies; a stderr check must tell our frames apart
+    (our_frames), not look for the word."""
+    clone = tmp_path / "commbench"
+    clone.mkdir(parents=True, exist_ok=True)
+    venv = clone / ".venv"
+    if not venv.exists():
+        venv.symlink_to(sys.prefix, target_is_directory=True)
+    return str(venv / Path(sys.executable).relative_to(sys.prefix))
+
+
 def our_frames(stderr: str) -> list[str]:
     """The lines of a traceback in `stderr` that name a file of commbench's own package (its
     folders, wherever they are installed): a checkout is often itself named "commbench", so

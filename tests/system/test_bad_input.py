@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from commbench import cli
-from helpers import PLUGINS, our_frames, run_cli, run_torchrun
+from helpers import PLUGINS, our_frames, python_in_a_clone_named_commbench, run_cli, run_torchrun
 
 TESTS = Path(__file__).parents[1]
 REPO = TESTS.parent
@@ -330,16 +330,11 @@ def test_under_torchrun_the_line_comes_once_before_torchrun_reports(tmp_path):
     """torchrun adds its own report of the failed workers (docs/sweep.md says so); commbench's part is
     one line from rank 0, with no traceback of ours. Run from a checkout named commbench, as a plain
     `git clone` makes it: torchrun's own frames then lie under commbench/.venv/ and must not count."""
-    python = Path(sys.executable)
-    if REPO not in python.parents:
-        pytest.skip(f"{python} is not in this checkout's own environment")
-    clone = tmp_path / "commbench"
-    clone.symlink_to(REPO, target_is_directory=True)
-    done = run_torchrun(2, ["sweep", "--timeout", "nan", "--out", str(tmp_path / "out")],
-                        python=str(clone / python.relative_to(REPO)))
+    python = python_in_a_clone_named_commbench(tmp_path)
+    done = run_torchrun(2, ["sweep", "--timeout", "nan", "--out", str(tmp_path / "out")], python=python)
     ours = [line for line in done.stderr.splitlines() if line.startswith("commbench sweep: error:")]
     assert ours == ["commbench sweep: error: --timeout must be a positive, finite number of seconds (got nan)"]
-    assert f"{clone}/" in done.stderr   # torchrun's report names its own files under the clone
+    assert f"{tmp_path}/commbench/.venv/" in done.stderr   # torchrun's report names its files under the clone
     assert our_frames(done.stderr) == [] and not (tmp_path / "out").exists()
 
 

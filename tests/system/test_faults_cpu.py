@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import child_env, only_run_dir, rows, run_cli, run_torchrun
+from helpers import child_env, only_run_dir, our_frames, python_in_a_clone_named_commbench, rows, run_cli, run_torchrun
 
 pytestmark = pytest.mark.procs   # every test here launches processes
 
@@ -175,17 +175,18 @@ def _file_size_limit(limit_bytes: int):
 @pytest.mark.slow
 def test_a_write_error_ends_the_run_with_one_line_and_resume_repairs_the_torn_row(tmp_path: Path) -> None:
     args = ["sweep", "--backends", "testfaults:exact", "--sizes", "1K,2K,4K,8K,16K,32K", "--iters", "2",
-            "--no-probe", "--out", str(tmp_path)]
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+            "--no-probe", "--out", str(tmp_path / "out")]
+    python = python_in_a_clone_named_commbench(tmp_path / "clone")   # torchrun's frames then hold "/commbench/"
+    command = [python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                "-m", "commbench", *args]
     full = subprocess.run(command, capture_output=True, text=True, timeout=180, env=child_env(),
                           preexec_fn=_file_size_limit(4000))
     assert full.returncode != 0
-    run_dir = only_run_dir(tmp_path)
+    run_dir = only_run_dir(tmp_path / "out")
     (line,) = commbench_lines(full.stderr)   # rank 0's; rank 1 leaves quietly
     assert line.startswith(f"commbench sweep: error: cannot write {run_dir}/measurements.jsonl: File too large "
                            "(errno 27); every row written before it is intact")
-    assert "/commbench/" not in full.stderr   # no frame of ours: torchrun's own box is all the rest
+    assert "/commbench/.venv/" in full.stderr and our_frames(full.stderr) == []   # torchrun's box is the rest
     text = (run_dir / "measurements.jsonl").read_text()
     assert not text.endswith("\n")   # cut mid-row
     kept = len(text.splitlines()) - 1
