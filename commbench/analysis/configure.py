@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 
 from commbench import engines
 from commbench.analysis.curves import exceeds_spread
+from commbench.analysis import next_steps
 from commbench.analysis.decide import EngineDecision, Option, Price
 from commbench.models import Model
 from commbench.engines import paths as engine_paths
@@ -150,7 +151,7 @@ class Configuration:
     weighted_saving_ms: float | None  # per step, over the mix, against the default
     candidates: tuple[Candidate, ...]
     why: str                        # why nothing is chosen, or why the default stays
-    next_command: str | None        # the command that would price what is missing
+    next_command: str | None        # the one sweep that would price every size not measured here
 
     @property
     def losses(self) -> tuple[Cell, ...]:
@@ -204,10 +205,9 @@ def _weighted(model: Model, loads: tuple[Load, ...], costs: list[float | None]) 
     return sum(l.weight * model.allreduces_per_token * c / 1000.0 for l, c in zip(loads, costs))  # type: ignore[operator]
 
 
-def next_command(model: Model, tp: int | None) -> str:
-    """The sweep that would price an engine's default on the serving box."""
-    what = f"--model {model.key}" if model.key != "custom" else f"--hidden {model.hidden} --tokens 1,2,4,...,256"
-    return f"torchrun --nproc-per-node {tp or 'TP'} -m commbench sweep {what}"
+def next_command(model: Model, tp: int | None, loads: tuple[Load, ...], prefill_tokens: int) -> str:
+    """The one sweep, on the serving box, that measures every size of the mix and the prefill chunk."""
+    return next_steps.sweep_command(model, tp, [l.concurrency for l in loads], [prefill_tokens])
 
 
 def configure(d: EngineDecision, model: Model, loads: tuple[Load, ...], prefill_tokens: int, prefill_source: str,
@@ -236,14 +236,14 @@ def configure(d: EngineDecision, model: Model, loads: tuple[Load, ...], prefill_
         measured = [(o, c) for o, c in candidates if o is not None and c.weighted_step_ms is not None]
         if not measured:
             return Configuration(d.engine, d.name, loads, prefill_tokens, prefill_source, None, None, False, (), None,
-                                 False, (), (), None, tuple(c for _, c in candidates), why, next_command(model, tp))
+                                 False, (), (), None, tuple(c for _, c in candidates), why, next_command(model, tp, loads, prefill_tokens))
         # The fastest configuration the engine can take, measured at every size: shown with its
         # settings, no saving claimed against a default this run cannot price.
         option, _ = min(measured, key=lambda oc: (round(oc[1].weighted_step_ms, 9), oc[1].label))  # type: ignore[arg-type]
         cells = _cells(engine, option, loads, sizes, prefill_tokens, prefill_bytes)
         return Configuration(d.engine, d.name, loads, prefill_tokens, prefill_source, option.label, option.state.path,
                              False, *_settings(d, option, tp), cells, None, tuple(c for _, c in candidates), why,
-                             next_command(model, tp))
+                             next_command(model, tp, loads, prefill_tokens))
     priced = [(o, c) for o, c in candidates if c.weighted_step_ms is not None]
     option, best = min(priced, key=lambda oc: (round(oc[1].weighted_step_ms, 9), not oc[1].is_default))  # type: ignore[arg-type]
     cells = _cells(engine, option, loads, sizes, prefill_tokens, prefill_bytes)
@@ -257,9 +257,11 @@ def configure(d: EngineDecision, model: Model, loads: tuple[Load, ...], prefill_
         why = "" if option is not None else "the engine's default is the cheapest configuration measured here"
     saving = base.weighted_step_ms - best.weighted_step_ms  # type: ignore[operator]
     pasted = _settings(d, option, tp) if option is not None else ((), None, False, ())
+    unmeasured = any(cell.saving_us is None for cell in cells)
     return Configuration(d.engine, d.name, loads, prefill_tokens, prefill_source,
                          option.label if option else "the engine's default", option.state.path if option else None,
-                         option is None, *pasted, cells, saving, tuple(c for _, c in candidates), why, None)
+                         option is None, *pasted, cells, saving, tuple(c for _, c in candidates), why,
+                         next_command(model, tp, loads, prefill_tokens) if unmeasured else None)
 
 
 def _settings(d: EngineDecision, option: Option, tp: int | None

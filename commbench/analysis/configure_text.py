@@ -10,10 +10,9 @@ from commbench.units import format_bytes
 
 
 def _said(cell: Cell) -> str:
-    if cell.saving_us is None:
+    if cell.saving_us is None:   # the block ends with the sweep that measures it
         missing = "the default" if cell.default_us is None else "the configuration"
-        reach = 1 << max(0, (cell.message_bytes - 1).bit_length())
-        return f"{cell.where()}: {missing} not measured (a sweep with -e {format_bytes(reach)} prices it)"
+        return f"{cell.where()}: {missing} not measured"
     if cell.beyond_spread is False:
         return f"{cell.where()}: no measurable difference ({abs(cell.saving_us):.1f} us/call, inside the spread)"
     word = "slower" if cell.saving_us < 0 else "faster"
@@ -45,6 +44,9 @@ def block(c: Configuration, tag: str, wide: bool = False, brief: bool = False) -
     if not c.is_default:
         lines.append(render.prose("where it loses: " + ("; ".join(losses) if losses else "nowhere"),
                                   wide, indent="  "))
+    if c.next_command:
+        lines += ["  the sweep that would price what is not measured here, on the serving box:",
+                  f"    {c.next_command}"]
     return lines
 
 

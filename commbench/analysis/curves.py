@@ -19,7 +19,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Iterable, Iterator, overload
 
+from commbench.analysis import next_steps
 from commbench.errors import UsageError
+from commbench.models import Model
 from commbench.ops import ALLREDUCE
 from commbench.results import CRASHED, HANG, OK, WRONG, Cell, Measurement, Run, is_checked
 from commbench.units import format_bytes
@@ -514,13 +516,14 @@ def run_world_size(run: Run) -> int | None:
     return sizes.pop() if len(sizes) == 1 else None
 
 
-def decode_curves(run: Run, tp: int | None, dtype: str, mode: str) -> list[Curve]:
+def decode_curves(run: Run, tp: int | None, dtype: str, mode: str, model: Model | None = None) -> list[Curve]:
     """Trusted curves of one run for a decode question: the TP size must be the run's world
     size (latency at 4 ranks says little about 8), the dtype the model's activation dtype."""
     world = run_world_size(run)
     if tp is not None and world is not None and tp != world:
+        sweep = next_steps.sweep_command(model, tp) if model is not None else next_steps.dtype_sweep_command(tp, dtype)
         raise UsageError(f"{run.path}: measured at world size {world}, not TP {tp}; "
-                         f"sweep with torchrun --nproc-per-node {tp} for that answer")
+                         f"{next_steps.inline(sweep)} on the TP {tp} box answers it")
     curves = build_curves(r for r in run.rows if tp is None or r.world_size == tp)   # streamed, never held
     if not curves:
         statuses = sorted({r.status for r in run.rows})

@@ -84,6 +84,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "that mpirun started as N separate one-GPU jobs)")
     parser.add_argument("--partial", action="store_true",
                         help="import the complete rows of an output that ends early (a run cut short)")
+    parser.add_argument("--snapshot", type=Path, metavar="PROBE.json",
+                        help="a `commbench probe --json FILE` of the box nccl-tests ran on: recorded as the run's "
+                             "box, so recommend, floor and engines read its gates as for a sweep (its GPUs must be "
+                             "the log's, by PCI bus id and name)")
 
 
 def parse_settings(items: list[str]) -> dict[str, str]:
@@ -495,6 +499,7 @@ def import_record(source: Source, rows: Written, settings: dict[str, str]) -> di
             "env_setting": settings, "command": sys.argv, "imported": time.time()}
 
 
+BOX_NOTE = "box: "
 NOTES = [
     "imported from nccl-tests all_reduce_perf output, not measured by commbench: its time is one host "
     "timer per thread around -n x -m back-to-back calls (with -G: around -G replays of a graph of them), "
@@ -532,6 +537,41 @@ def run_info(existing: RunInfo | None, sources: list[Source], records: list[dict
             settings.append(record["env_setting"])
     info.env_settings = settings
     return info
+
+
+# ---------------------------------------------------------------- the box
+
+def _bus_id(text: str) -> str:
+    """'0000:18:00' (nccl-tests) and '00000000:18:00.0' (NVML) -> '18:00': bus and device."""
+    parts = text.lower().split(".")[0].split(":")
+    return ":".join(parts[-2:]) if len(parts) >= 2 else text.lower()
+
+
+def box_snapshot(path: Path, sources: list[Source]) -> tuple[dict[str, Any], str]:
+    """The probe snapshot of the box the runs were made on, and a line saying how it matched:
+    every rank's GPU of every run must be one of the snapshot's, by PCI bus id and name (by device
+    index and name where the log prints no bus id); the host names may differ (a container's)."""
+    from commbench.topology.snapshot_file import load_snapshot
+
+    snapshot = load_snapshot(str(path))
+    gpus = [g for g in snapshot.get("gpus") or [] if isinstance(g, dict)]
+    by_bus = {_bus_id(str(g.get("pci_bus_id") or "")): g for g in gpus}
+    by_index = {g.get("index"): g for g in gpus}
+    for source in sources:
+        for rank in source.gpu_ranks:
+            gpu = by_bus.get(_bus_id(rank.pci_bus_id)) if rank.pci_bus_id else by_index.get(rank.device)
+            if gpu is None or gpu.get("name") != rank.name:
+                where = f"[{rank.pci_bus_id}]" if rank.pci_bus_id else f"device {rank.device}"
+                names = [str(g.get("name")) for g in gpus]
+                have = ", ".join(f"{names.count(n)}x {n}" for n in sorted(set(names))) or "no GPUs"
+                raise UsageError(f"--snapshot {path}: rank {rank.rank}'s GPU {where} {rank.name} in {source.path} is "
+                                 f"not in it (it has {have}): take the probe on the box nccl-tests ran on")
+    log_hosts = sorted({h for s in sources for h in s.output.hosts()})
+    probe_hosts = sorted(str(h) for h in (snapshot.get("hosts") or {}))
+    hosts = ("" if not log_hosts or not probe_hosts or log_hosts == probe_hosts
+             else f"; host names differ (the log: {', '.join(log_hosts)}; the probe: {', '.join(probe_hosts)})")
+    return snapshot, (f"the box from the probe snapshot {path} (sha256 {_sha256(path)[:12]}), its GPUs the log's "
+                      f"by PCI bus id and name{hosts}")
 
 
 # ---------------------------------------------------------------- the results dir
@@ -599,6 +639,7 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     for source in sources:
         check_settings(source, settings)
     world = _world_size(sources, args.expect_world_size)
+    box = box_snapshot(args.snapshot, sources) if args.snapshot is not None else None
     existing = existing_info(args.out, world)
     if existing is not None:
         repair_partial(RunDir(args.out), existing, {s.sha256 for s in sources})
@@ -614,6 +655,9 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
             done |= {source.sha256, *source.same_run_sha256}
     sources = fresh
     if not sources:
+        if box is not None and existing is not None:   # the runs are in already: record the box alone
+            RunDir(args.out).write_info(_with_box(existing, box))
+            print(f"{BOX_NOTE}{box[1]}\nwrote {args.out / RUN_FILE}")
         return 0
     for source in sources:
         if not any(name in result.placements for result in source.output.results for name in PLACEMENTS):
@@ -634,13 +678,23 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     records = [import_record(source, summary, settings) for source, summary in written]
     info = run_info(existing, sources, records, total)
     info.run_id = info.run_id or args.out.resolve().name
+    if box is not None:
+        info = _with_box(info, box)
     if all(s.output.complete for s in sources) and not existing_partial(info):
         info.finished = time.time()
     run.write_info(info)
     for source, summary in written:
         print(describe(source, summary))
+    if box is not None:
+        print(f"{BOX_NOTE}{box[1]}")
     print(f"wrote {args.out / ROWS_FILE} ({total.rows} rows) and {args.out / RUN_FILE}")
     return 0
+
+
+def _with_box(info: RunInfo, box: tuple[dict[str, Any], str]) -> RunInfo:
+    """run.json holding the probe snapshot where a sweep keeps its own, and a note of where it came from."""
+    notes = [n for n in info.notes or [] if not n.startswith(BOX_NOTE)] + [f"{BOX_NOTE}{box[1]}"]
+    return replace(info, snapshot=box[0], notes=notes)
 
 
 def _counted_rows(written: list[tuple[Source, Written]], settings: dict[str, str]) -> Iterator[Lines]:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from commbench.analysis import provenance, render, results_out
+from commbench.analysis import next_steps, provenance, render, results_out
 from commbench.analysis.curves import (INTERPOLATED, Curve, build_curves, exceeds_spread, is_failed_check, pick_mode,
                                       price, run_world_size, select)
 from commbench.errors import UsageError
@@ -337,8 +337,9 @@ CLUB_3090_SOURCE = ("4 B (LL) and 16 MiB (Simple) exact allreduce vs an NCCL_P2P
 
 
 def _not_probed(name: str, flag: str, source: str) -> Result:
-    return Result("fabric", name, WARN, f"not probed: take the snapshot with commbench probe {flag} "
-                                        f"and pass it with --snapshot", source)
+    command = next_steps.inline(next_steps.probe_command(flag))
+    return Result("fabric", name, WARN, f"not probed: take the snapshot on the box with {command} and pass it "
+                                        "with --snapshot probe.json", source)
 
 
 def _pairs_text(rows: list[dict[str, Any]], what: str) -> str:
@@ -416,8 +417,8 @@ def check_aer(snapshot: dict[str, Any], limits: dict[str, Any]) -> Result:
     max_correctable = limits.get("max_correctable", 0)
     gpus = snapshot.get("gpus") or []
     if not any("aer" in g for g in gpus):
-        return Result("fabric", name, WARN, "not probed: the snapshot predates AER reads (re-run commbench probe)",
-                      source)
+        return Result("fabric", name, WARN, "not probed: the snapshot predates AER reads (take it again on the box "
+                                            f"with {next_steps.inline(next_steps.probe_command())})", source)
     rows = pf.aer_rows(snapshot)
     bad = [f"GPU {r['gpu']} {r['end']} nonfatal {r['nonfatal']} fatal {r['fatal']}" for r in rows
            if r["nonfatal"] or r["fatal"]]
@@ -540,7 +541,7 @@ def _curve(curves: list[Curve], backend: str) -> Curve | None:
     return hits[0] if hits else None
 
 
-def check_limit(curves: list[Curve], limit: Limit, kind: str, where: str) -> Result:
+def check_limit(curves: list[Curve], limit: Limit, kind: str, where: str, spec: Spec) -> Result:
     upper = kind == "latency"
     name = f"{limit.backend} {kind} at {format_bytes(limit.message_bytes)}"
     curve = _curve(curves, limit.backend)
@@ -549,8 +550,9 @@ def check_limit(curves: list[Curve], limit: Limit, kind: str, where: str) -> Res
         return Result(kind, name, FAIL, f"no trusted {where} rows of {limit.backend} (have: {have})", limit.source)
     priced = price(curve, limit.message_bytes)
     if priced.point is None:
+        sweep = next_steps.inline(next_steps.qualify_sweep_command(str(spec.path), spec.world_size))
         return Result(kind, name, FAIL, f"size not measured: {curve.label} covers {priced.range_text} "
-                      f"(commbench sweep --qualify SPEC measures every size a spec checks)", limit.source)
+                      f"({sweep} measures every size the spec checks)", limit.source)
     value = priced.point.latency_us if upper else priced.point.busbw_gbps
     if value is None:
         return Result(kind, name, FAIL, "no bus bandwidth recorded at this size", limit.source)
@@ -661,8 +663,8 @@ def qualify(spec: Spec, run: Run, reference: Run | None, probe: dict[str, Any] |
         results.append(check_hangs(run, spec.backends(), "no_hangs" in spec.checks))
     curves = pick_mode(select(build_curves(run.rows), dtype=spec.dtype), spec.mode)
     where = f"{spec.dtype} {spec.mode if spec.mode != 'auto' else 'graph-or-eager'}"
-    results.extend(check_limit(curves, limit, "latency", where) for limit in spec.latency)
-    results.extend(check_limit(curves, limit, "busbw", where) for limit in spec.busbw)
+    results.extend(check_limit(curves, limit, "latency", where, spec) for limit in spec.latency)
+    results.extend(check_limit(curves, limit, "busbw", where, spec) for limit in spec.busbw)
     if reference is not None and spec.reference is not None:
         results.extend(check_reference(curves, reference, spec.reference, spec.dtype, spec.mode))
     return not_evidence(results, origin, probe is not None)

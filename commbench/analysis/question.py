@@ -80,7 +80,7 @@ def fact_sources(found: Answer, q: Question) -> tuple[str, ...]:
 
 def answer(q: Question) -> Answer:
     run = load_run(q.run_dir)
-    curves = decode_curves(run, q.tp, q.model.dtype, q.mode)
+    curves = decode_curves(run, q.tp, q.model.dtype, q.mode, q.model)
     tp = q.tp or run_world_size(run)
     tag = decide.data_tag(run)
     chains = dict(q.chains)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import io
 import shutil
+import re
 import textwrap
 from typing import Sequence, Union
 
@@ -62,12 +63,18 @@ def width_now(wide: bool = False, width: int | None = None) -> int:
     return WIDE_WIDTH if wide else (width or terminal_width())
 
 
+_BACKTICKED = re.compile(r"`[^`\n]+`")
+_KEPT_SPACE = "\x00"    # a space inside a backticked command while the text is wrapped
+
+
 def prose(text: str, wide: bool = False, width: int | None = None, indent: str = "") -> str:
     """A sentence or paragraph wrapped to the width between words: a word (an identifier, a flag,
-    a path) is never split, and one longer than the width stands on a line of its own."""
-    return "\n".join(textwrap.wrap(text, width_now(wide, width), initial_indent=indent,
-                                    subsequent_indent=indent,
-                                    break_long_words=False, break_on_hyphens=False)) or text
+    a path) is never split, and one longer than the width stands on a line of its own. A command
+    between backticks counts as one word, so it stays on one line and pastes."""
+    kept = _BACKTICKED.sub(lambda m: m.group(0).replace(" ", _KEPT_SPACE), text)
+    return "\n".join(textwrap.wrap(kept, width_now(wide, width), initial_indent=indent,
+                                    subsequent_indent=indent, break_long_words=False,
+                                    break_on_hyphens=False)).replace(_KEPT_SPACE, " ") or text
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Cell]], right: Sequence[int] = (),

@@ -12,14 +12,14 @@ import os
 import shlex
 import sys
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
 import torch
 
 from commbench import backends
-from commbench.backends.base import SweepFacts, describe
+from commbench.backends.base import Backend, SweepFacts, describe
 from commbench.errors import FAILED_EXIT, STOP_EXIT, TERMINATED_EXIT, ResultsUnwritable, Terminated, UsageError
 from commbench.inflight import ENDED, LEFT, PeerWatch, Recorder, recover
 from commbench.sweep import launcher, nccl_flags
@@ -50,9 +50,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     sizes.add_argument("--tokens", help="model shapes: token counts, e.g. 1,2,4,...,256 (with --hidden)")
     sizes.add_argument("--hidden", help="model shapes: hidden size; bytes = tokens x hidden x dtype size")
     sizes.add_argument("--model", metavar="NAME",
-                       help="a model preset (commbench recommend --list-models): its decode sizes, tokens 1-256 x "
+                       help="a model preset (commbench floor --list-models): its decode sizes, tokens 1-256 x "
                             "hidden x its dtype, in graph mode; ends by printing the command that turns the run "
                             "into the decision")
+    sizes.add_argument("--prefill-tokens", metavar="N[,M]",
+                       help="with --model (or --tokens/--hidden): also measure these prefill chunks, e.g. 4096, so "
+                            "recommend and floor can price a setting at prefill too")
     sizes.add_argument("--tp", type=int, metavar="N",
                        help="with --model: the tensor-parallel size, which must be the sweep's world size")
     what = p.add_argument_group("what to run")
@@ -126,11 +129,23 @@ def _list_backends() -> int:
     return 0
 
 
-def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
-    """argv: the sweep's own arguments as typed, for the driver's children and the resume hint."""
-    if args.list_backends:
-        return _list_backends()
-    on_gpu = torch.cuda.is_available() and not args.cpu
+@dataclass(frozen=True)
+class Checked:
+    """A sweep's arguments, every one checked before any work: what main() runs, and what a command
+    the analysis prints must pass (tests/system/test_hints.py)."""
+
+    opts: SweepOptions
+    plan: SweepPlan
+    env_settings: list[dict[str, str]]
+    specs: list[str] | None
+    variants: list[Backend]
+    ranks: int
+    driver: bool
+
+
+def check(args: argparse.Namespace, argv: Sequence[str], on_gpu: bool, world: int) -> Checked:
+    """Every argument of a sweep checked as on a machine with (on_gpu) or without GPUs, under a
+    torchrun of `world` processes: bad input raises UsageError before anything runs."""
     spec = _qualify_spec(args)
     plan = build_plan(args, on_gpu, spec.message_sizes() if spec is not None else None)
     env_settings = launcher.parse_env_settings(args.env, args.allow_multicast)
@@ -150,7 +165,6 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
         specs += [name for name in sorted(spec.backends()) if name not in specs]
     opts = SweepOptions.from_args(args, argv)   # reads every family's flags
     driver = opts.nproc is not None or bool(env_settings)
-    rank, world, _, _ = torchrun_env()
     ranks = opts.nproc if driver and opts.nproc else world
     # The driver knows its children's world size: a spec that cannot run with it is one line here,
     # where torchrun would follow each child's line with its own failure report.
@@ -163,30 +177,45 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     if driver:
         positive_finite(opts.child_timeout, "--child-timeout", "seconds")
     _check_tp(args, ranks)
-    if driver:
+    return Checked(opts, plan, env_settings, specs, variants, ranks, driver)
+
+
+def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
+    """argv: the sweep's own arguments as typed, for the driver's children and the resume hint."""
+    if args.list_backends:
+        return _list_backends()
+    on_gpu = torch.cuda.is_available() and not args.cpu
+    rank, world, _, _ = torchrun_env()
+    checked = check(args, argv, on_gpu, world)
+    opts, ranks = checked.opts, checked.ranks
+    if checked.driver:
         os.environ[LAUNCH_COMMAND_VAR] = json.dumps(sys.argv)   # the children record the driver's command
         try:
-            status, run_dir = launcher.drive(opts, env_settings, variants, plan)
+            status, run_dir = launcher.drive(opts, checked.env_settings, checked.variants, checked.plan)
         finally:
             del os.environ[LAUNCH_COMMAND_VAR]
         return _finish(opts, status, run_dir, ranks, on_gpu)
-    status, run_dir = _run(opts, plan, specs, on_gpu)
+    status, run_dir = _run(opts, checked.plan, checked.specs, on_gpu)
     if rank != 0 or opts.run_dir:   # a driver's child: the driver says what comes next
         return status
     return _finish(opts, status, run_dir, ranks, on_gpu)
 
 
 def next_commands(opts: SweepOptions, run_dir: Path, ranks: int, on_gpu: bool) -> list[str]:
-    """What to run after a sweep: every sweep ends with them. A run of one GPU per rank answers
-    recommend; a CPU run prices no engine path, so its next step is the sweep on the GPU box."""
+    """What to run after a sweep: every sweep ends with them, each a whole command. A --model run
+    of one GPU per rank answers recommend; a CPU run prices no engine path, so its next step is the
+    sweep on the GPU box (torchrun's `--nproc-per-node gpu`: one process per GPU there)."""
     run = shlex.quote(str(run_dir))
-    model = shlex.quote(opts.model) if opts.model is not None else "MODEL"
     out = [f"commbench report {run}"]
-    if on_gpu:
-        out.append(f"commbench recommend {run} --model {model} --tp {ranks}")
+    if not on_gpu:
+        model = ["--model", opts.model] if opts.model is not None else []
+        out.append(shlex.join(["torchrun", "--nproc-per-node", "gpu", "-m", "commbench", "sweep", *model])
+                   + "   # on the GPU box: a CPU run prices no engine path")
+    elif opts.model is not None:
+        out.append(f"commbench recommend {run} --model {shlex.quote(opts.model)} --tp {ranks}")
     else:
-        out.append(f"torchrun --nproc-per-node N -m commbench sweep --model {model}   "
-                   "# on the GPU box: a CPU run prices no engine path")
+        out.append(f"commbench floor --list-models   # then: commbench recommend {run} --tp {ranks} --model "
+                   "with one of them")
     return out
 
 

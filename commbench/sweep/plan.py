@@ -220,7 +220,10 @@ def _shapes(args: argparse.Namespace, on_gpu: bool, dtypes: list[torch.dtype], m
         if len(dtypes) != 1:
             raise UsageError("--model takes one --dtype (its activation dtype by default)")
         tokens = parse_int_list(args.tokens, "--tokens") if args.tokens is not None else DEFAULT_CONCURRENCIES
-        return [Shape(t * model.hidden * dtypes[0].itemsize, t, model.hidden) for t in tokens]
+        return [Shape(t * model.hidden * dtypes[0].itemsize, t, model.hidden) for t in _with_prefill(tokens, args)]
+    if getattr(args, "prefill_tokens", None) is not None and args.tokens is None:
+        raise UsageError("--prefill-tokens adds a prefill chunk to model shapes: give it with --model, or with "
+                         "--tokens and --hidden")
     chosen = [name for name, value in (("--sizes", args.sizes), ("--tokens", args.tokens)) if value is not None]
     if (args.min_bytes or args.max_bytes) and chosen:
         raise UsageError(f"-b/-e and {chosen[0]} choose sizes in two ways: use one")
@@ -235,10 +238,19 @@ def _shapes(args: argparse.Namespace, on_gpu: bool, dtypes: list[torch.dtype], m
         hidden = parse_int_list(str(args.hidden), "--hidden")
         if len(hidden) != 1:
             raise UsageError("--hidden takes one value")
-        return [Shape(shape_bytes(t, hidden[0], item), t, hidden[0]) for t in parse_int_list(args.tokens, "--tokens")]
+        return [Shape(shape_bytes(t, hidden[0], item), t, hidden[0])
+                for t in _with_prefill(parse_int_list(args.tokens, "--tokens"), args)]
     if args.sizes is not None:
         return [Shape(s) for s in sorted(parse_list(args.sizes, "--sizes", parse_bytes))]
     min_bytes = parse_bytes(args.min_bytes) if args.min_bytes else (GPU_MIN_BYTES if on_gpu else CPU_MIN_BYTES)
     max_bytes = parse_bytes(args.max_bytes) if args.max_bytes else (GPU_MAX_BYTES if on_gpu else CPU_MAX_BYTES)
     factor = args.step_factor if args.step_factor is not None else (2 if on_gpu else 4)
     return [Shape(s) for s in geometric_sizes(min_bytes, max_bytes, factor)]
+
+
+def _with_prefill(tokens: list[int], args: argparse.Namespace) -> list[int]:
+    """The decode token counts and the prefill chunks (--prefill-tokens), each once, in order:
+    the sizes recommend and floor price a prefill chunk at."""
+    prefill = getattr(args, "prefill_tokens", None)
+    extra = parse_int_list(prefill, "--prefill-tokens") if prefill is not None else []
+    return sorted(set(tokens) | set(extra))

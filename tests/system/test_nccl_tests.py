@@ -524,3 +524,57 @@ def test_measured_h200_output_imports_as_its_run(tmp_path: Path, mode: str) -> N
     assert {r["mode"] for r in rows} == {mode} and {r["dtype"] for r in rows} == {"bf16"}
     assert {r["status"] for r in rows} == {NO_WORK} and all(r["wrong_elements"] == 0 for r in rows)
     assert all(r["world_size"] == 1 for r in rows)
+
+
+# ---------------------------------------------------------------- the box: --snapshot
+
+SNAPSHOTS = Path(__file__).parents[1] / "fixtures" / "snapshots"
+
+
+def _sglang_defaults(tmp_path: Path, run: Path) -> list[str]:
+    """SGLang's default path for GLM-5 at each decode size of the run's box (`engines --json`)."""
+    out = tmp_path / f"{run.name}-engines.json"
+    assert cli(["engines", str(run), "--model", "glm-5", "--engine", "sglang", "--json", str(out)]) == 0
+    (engine,) = json.loads(out.read_text())["engines"]
+    return sorted({paths[0] for paths in (d["paths"] for d in engine["defaults"])})
+
+
+def test_an_import_with_the_boxs_probe_snapshot_reads_the_engines_gates_as_a_sweep_does(tmp_path, capsys):
+    """The committed 8x H200 log with a probe of that box (its GPUs by PCI bus id; the host names
+    differ): run.json holds the snapshot where a sweep keeps it, so SGLang's GLM-5 default is read
+    from the box's gates (FlashInfer); without it the box's fabric is unknown."""
+    snapshot = SNAPSHOTS / "h200-nvlink-8x.json"
+    run = _import(tmp_path, GRAPH8_TXT, extra=["--average", "3", "--snapshot", str(snapshot)])
+    said = capsys.readouterr().out
+    assert f"box: the box from the probe snapshot {snapshot}" in said
+    assert "host names differ (the log: h200-07; the probe: hgx8)" in said
+    info = json.loads((run / RUN_FILE).read_text())
+    assert info["snapshot"] == json.loads(snapshot.read_text())
+    assert any(note.startswith("box: ") for note in info["notes"])
+    assert _sglang_defaults(tmp_path, run) == ["FlashInfer allreduce (fusion workspace)"]
+    bare = _import(tmp_path, GRAPH8_TXT, extra=["--average", "3"], out="bare")
+    assert json.loads((bare / RUN_FILE).read_text()).get("snapshot") is None
+    assert _sglang_defaults(tmp_path, bare) == ["cannot tell"]
+    # The same log again with the snapshot: no row added, the box recorded.
+    capsys.readouterr()
+    assert cli(["import-nccl-tests", str(GRAPH8_TXT), "--average", "3", "--snapshot", str(snapshot),
+                "--out", str(bare)]) == 0
+    assert "already imported" in capsys.readouterr().out
+    assert json.loads((bare / RUN_FILE).read_text())["snapshot"] == info["snapshot"]
+    assert len(rows_of(bare)) == len(rows_of(run))
+
+
+def test_a_snapshot_of_another_box_is_refused_in_one_line(tmp_path, capsys):
+    other = SNAPSHOTS / "pcie-8x-dual-socket.json"
+    err = _usage_error(capsys, ["import-nccl-tests", str(GRAPH8_TXT), "--average", "3", "--snapshot", str(other),
+                                "--out", str(tmp_path / "run")])
+    assert err.startswith(f"commbench import-nccl-tests: error: --snapshot {other}: rank 0's GPU [0000:18:00] "
+                          "NVIDIA H200 in ")
+    assert err.endswith("is not in it (it has 8x NVIDIA RTX PRO 6000 Blackwell Server Edition): take the probe on "
+                        "the box nccl-tests ran on")
+    not_one = tmp_path / "not-a-snapshot.json"
+    not_one.write_text('{"kind": "something else"}')
+    err = _usage_error(capsys, ["import-nccl-tests", str(GRAPH8_TXT), "--average", "3", "--snapshot", str(not_one),
+                                "--out", str(tmp_path / "run")])
+    assert err.endswith(f"{not_one} is not a commbench topology snapshot")
+    assert not (tmp_path / "run").exists()

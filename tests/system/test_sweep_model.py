@@ -78,7 +78,7 @@ def test_model_sweep_on_cpu_runs_the_preset_sizes_and_prints_the_next_command(tm
     report, gpu_sweep = done.stdout.strip().splitlines()[-2:]
     assert report == f"# next: commbench report {run_dir}"
     # a CPU run prices no engine path: the decision needs the sweep on the GPU box
-    assert gpu_sweep.startswith("# next: torchrun --nproc-per-node N -m commbench sweep --model glm-5 ")
+    assert gpu_sweep.startswith("# next: torchrun --nproc-per-node gpu -m commbench sweep --model glm-5 ")
     # The printed command runs as printed (report writes into a new folder here, never the run dir).
     monkeypatch.chdir(tmp_path)
     assert cli(report.removeprefix("# next: commbench ").split()) == 0
@@ -92,9 +92,11 @@ def test_a_gpu_sweep_ends_with_the_decision_and_a_cpu_sweep_with_the_sweep_that_
     run = tmp_path / "run"
     assert next_commands(SimpleNamespace(model="glm-5"), run, 8, on_gpu=True) == [
         f"commbench report {run}", f"commbench recommend {run} --model glm-5 --tp 8"]
-    assert next_commands(SimpleNamespace(model=None), run, 2, on_gpu=True)[1] == \
-        f"commbench recommend {run} --model MODEL --tp 2"
-    assert "on the GPU box" in next_commands(SimpleNamespace(model=None), run, 2, on_gpu=False)[1]
+    # Without --model, a whole command that names the presets (no placeholder to fill in).
+    assert next_commands(SimpleNamespace(model=None), run, 2, on_gpu=True)[1].startswith(
+        "commbench floor --list-models   # then:")
+    assert next_commands(SimpleNamespace(model=None), run, 2, on_gpu=False)[1] == (
+        "torchrun --nproc-per-node gpu -m commbench sweep   # on the GPU box: a CPU run prices no engine path")
 
 
 def test_the_driver_hands_qualify_to_its_children_for_the_plan_and_runs_it_once():
