@@ -20,7 +20,7 @@ import argparse
 import difflib
 import math
 import xml.etree.ElementTree as ET
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -114,6 +114,7 @@ class Result:
     status: str
     detail: str
     source: str = ""
+    command: str = ""      # the command that would answer the check (printed whole, below the table)
 
 
 # ---------------------------------------------------------------- spec parsing
@@ -336,10 +337,14 @@ CLUB_3090_SOURCE = ("4 B (LL) and 16 MiB (Simple) exact allreduce vs an NCCL_P2P
                     "(club-3090 p2p_collective_check)")
 
 
+# One snapshot answers every fabric check: the probe with all its readings.
+PROBE_ALL = next_steps.probe_command("--bandwidth", "--nccl")
+
+
 def _not_probed(name: str, flag: str, source: str) -> Result:
-    command = next_steps.inline(next_steps.probe_command(flag))
-    return Result("fabric", name, WARN, f"not probed: take the snapshot on the box with {command} and pass it "
-                                        "with --snapshot probe.json", source)
+    return Result("fabric", name, WARN, f"not probed: the snapshot has no {flag} reading (take it on the box with "
+                                        "the command below, then qualify with --snapshot probe.json)", source,
+                  PROBE_ALL)
 
 
 def _pairs_text(rows: list[dict[str, Any]], what: str) -> str:
@@ -418,7 +423,7 @@ def check_aer(snapshot: dict[str, Any], limits: dict[str, Any]) -> Result:
     gpus = snapshot.get("gpus") or []
     if not any("aer" in g for g in gpus):
         return Result("fabric", name, WARN, "not probed: the snapshot predates AER reads (take it again on the box "
-                                            f"with {next_steps.inline(next_steps.probe_command())})", source)
+                                            "with the command below)", source, PROBE_ALL)
     rows = pf.aer_rows(snapshot)
     bad = [f"GPU {r['gpu']} {r['end']} nonfatal {r['nonfatal']} fatal {r['fatal']}" for r in rows
            if r["nonfatal"] or r["fatal"]]
@@ -550,9 +555,9 @@ def check_limit(curves: list[Curve], limit: Limit, kind: str, where: str, spec: 
         return Result(kind, name, FAIL, f"no trusted {where} rows of {limit.backend} (have: {have})", limit.source)
     priced = price(curve, limit.message_bytes)
     if priced.point is None:
-        sweep = next_steps.inline(next_steps.qualify_sweep_command(str(spec.path), spec.world_size))
-        return Result(kind, name, FAIL, f"size not measured: {curve.label} covers {priced.range_text} "
-                      f"({sweep} measures every size the spec checks)", limit.source)
+        return Result(kind, name, FAIL, f"size not measured: {curve.label} covers {priced.range_text} (the sweep "
+                      "below measures every size the spec checks)", limit.source,
+                      next_steps.qualify_sweep_command(str(spec.path), spec.world_size))
     value = priced.point.latency_us if upper else priced.point.busbw_gbps
     if value is None:
         return Result(kind, name, FAIL, "no bus bandwidth recorded at this size", limit.source)
@@ -629,7 +634,7 @@ def not_evidence(results: list[Result], origin: provenance.Provenance, snapshot_
     groups = set(HARDWARE_GROUPS) | ({"correctness"} if origin.kind == provenance.FIXTURE else set())
     if snapshot_given:
         groups.discard("fabric")
-    return [Result(r.group, r.name, WARN, f"not evidence about a machine ({origin.kind} data): {r.detail}", r.source)
+    return [replace(r, status=WARN, detail=f"not evidence about a machine ({origin.kind} data): {r.detail}")
             if r.status == PASS and r.group in groups else r for r in results]
 
 
@@ -738,6 +743,14 @@ def text(result: QualifyResult, wide: bool) -> str:
              + (f"; fabric checks read {result.snapshot}" if result.snapshot else "") + "\n",
              render.table(["status", "group", "check", "detail", "data"],
                           [[r.status, r.group, r.name, r.detail, result.data] for r in result.checks], wide=wide)]
+    commands: dict[str, list[str]] = {}
+    for r in result.checks:
+        if r.command:
+            commands.setdefault(r.command, []).append(r.name)
+    if commands:
+        lines.append("\nwhat would answer the checks that are not:")
+        for command, names in commands.items():
+            lines += [render.prose(", ".join(names) + ":", wide, indent="  "), f"    {command}"]
     sources = [(r.name, r.source) for r in result.checks if r.source]
     if sources:
         lines.append("\nwhere the thresholds come from:")
