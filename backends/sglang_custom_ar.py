@@ -48,12 +48,15 @@ from commbench.backends.base import (Backend, BackendFactory, BackendUnavailable
 if TYPE_CHECKING:
     from commbench.runtime.context import RunContext
 
-# Its kernels in a profiler trace, read by `commbench attribute` with ast (docs/attribute.md):
-# SGLang python/sglang/jit_kernel/csrc/distributed/custom_all_reduce_{pull,push}.cuh (v2, JIT).
+# Its kernels in a profiler trace, read by `commbench attribute` with ast (docs/attribute.md): SGLang
+# 0.5.23 sglang/kernels/jit/csrc/distributed/custom_all_reduce.cuh:140,219,324,353 (v2, JIT; the
+# names are engine facts, sglang.py v2_kernels, checked against the wheel by `engines --check`).
+# sglang:auto runs whichever its size picks; 2shot_push has no forced variant here.
 TRACE_KERNELS = (
-    (r"\ball_reduce_one_shot_kernel\b", "SGLang JIT custom allreduce", r"^sglang:1shot_pull$", ""),
-    (r"\ball_reduce_one_shot_push_kernel\b", "SGLang JIT custom allreduce", r"^sglang:1shot_push$", ""),
-    (r"\ball_reduce_two_shot_kernel\b", "SGLang JIT custom allreduce", r"^sglang:2shot_pull$", ""),
+    (r"\ball_reduce_1shot_push_kernel\b", "SGLang JIT custom allreduce", r"^sglang:(1shot_push|auto)$", ""),
+    (r"\ball_reduce_1shot_pull_kernel\b", "SGLang JIT custom allreduce", r"^sglang:(1shot_pull|auto)$", ""),
+    (r"\ball_reduce_2shot_pull_kernel\b", "SGLang JIT custom allreduce", r"^sglang:(2shot_pull|auto)$", ""),
+    (r"\ball_reduce_2shot_push_kernel\b", "SGLang JIT custom allreduce", r"^sglang:auto$", ""),
 )
 
 VERSION = "0.5.23"

@@ -30,7 +30,8 @@ VLLM_CA = ("void vllm::cross_device_reduce_1stage<__nv_bfloat16, 2>(vllm::RankDa
            "vllm::Signal*, __nv_bfloat16*, int, int)")
 VLLM_CA_2STAGE = ("void vllm::cross_device_reduce_2stage<__nv_bfloat16, 2>(vllm::RankData*, vllm::RankSignals, "
                   "vllm::Signal*, __nv_bfloat16*, int, int)")
-SGLANG_AR = "void (anonymous namespace)::all_reduce_one_shot_kernel<__nv_bfloat16, 2, true>(sglang::AllReduceParams)"
+SGLANG_AR = ("void sglang::all_reduce_1shot_push_kernel<__nv_bfloat16, 2u, true>"
+             "(sglang::AllReducePushParams<2u> const)")
 NCCL_AR = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
 # Durations (us): the decode step of each engine is these kernels, back to back, per layer.
 GEMM_US, ATTN_US, AR_US, GAP_US = 20.0, 12.0, 8.0, 1.0
