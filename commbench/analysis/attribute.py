@@ -230,7 +230,7 @@ def compute(args: argparse.Namespace) -> Attributed:
         raise UsageError(f"--step-annotation: not a regular expression ({exc})") from None
     if args.engine and not args.run:
         raise UsageError("--engine prices the engine's fastest path from a sweep of the box: give --run too")
-    chains = decide.engine_chains(args)
+    sources = decide.engine_sources(args)
     run = load_run(args.run) if args.run else None
     nccl_log = read_nccl_logs(args.nccl_log) if args.nccl_log else None
     ranks, results = analyse_traces(args.traces, hint, args.steps, annotation, args.gap_us)
@@ -239,8 +239,8 @@ def compute(args: argparse.Namespace) -> Attributed:
     world = ranks[0][1].world_size or len(ranks)
     summaries = [s for s in (summarise(steps, p) for p in ("decode", "prefill", "-")) if s]
     logged = log_lines(nccl_log, results, world) if nccl_log is not None else []
-    floor = (floor_lines(run, ranks, results, args.dtype, args.batch, engine=args.engine,
-                         chain=chains.get(args.engine or "")) if run is not None else [])
+    floor = (floor_lines(run, ranks, results, args.dtype, args.batch, engine=args.engine, sources=sources)
+             if run is not None else [])
     spread = (spreads(results, floor) if (skew is None and world > 1)
               or (skew is not None and skew.clock.mode == "refused") else None)
     result = AttributeResult(

@@ -31,7 +31,7 @@ from commbench.analysis.attribution import Call, RankResult, Step
 from commbench.analysis.curves import Curve, CurvePrice, decode_curves, price, ranking
 from commbench.analysis.render import fmt_us
 from commbench.analysis.trace_read import RankTrace
-from commbench.engines import log as engine_log
+from commbench.engines.registry import BY_KEY
 from commbench.ops import ALLREDUCE
 from commbench.results import Run
 from commbench.units import dtype_name, format_bytes
@@ -138,7 +138,7 @@ def against_floor(steps: list[Step], curves: list[Curve], batch: int | None,
 
 def floor_lines(run: Run, ranks: list[tuple[int, RankTrace]], results: list[RankResult], dtype: str | None,
                 batch: int | None, alternative: Alternative | None = None,
-                engine: str | None = None, chain: engine_log.Chain | None = None) -> list[FloorLine]:
+                engine: str | None = None, sources: decide.EngineSources | None = None) -> list[FloorLine]:
     """The decode steps' calls (all steps where none is told to be decode) against the run;
     `alternative` (attribute_floor.Alternative), or `engine`'s fastest path on the run's box
     (engine_alternative), adds what the engine could take instead."""
@@ -146,18 +146,23 @@ def floor_lines(run: Run, ranks: list[tuple[int, RankTrace]], results: list[Rank
     dtype_text = dtype_name(dtype) if dtype else "bf16"
     curves = decode_curves(run, world, dtype_text, "auto")
     if alternative is None and engine is not None:
-        alternative = engine_alternative(engine, run, world, dtype_text, chain)
+        alternative = engine_alternative(engine, run, world, dtype_text, sources)
     steps = [s for r in results for s in r.steps]
     decode = [s for s in steps if s.phase == "decode"] or steps
     return against_floor(decode, curves, batch, alternative, lambda curve: fastest.whose(run, curve))
 
 
 def engine_alternative(engine: str, run: Run, world_size: int, dtype: str,
-                       chain: engine_log.Chain | None = None) -> Alternative:
+                       sources: decide.EngineSources | None = None) -> Alternative:
     """recommend's choice at one size: the fastest path `engine` can take on the run's box, priced
     by the engine's own kernel or a library it runs (a stand-in for a kernel is no price)."""
+    facts = sources.facts[engine] if sources is not None else BY_KEY[engine].facts
+    chain = sources.chains.get(engine) if sources is not None else None
+    box = decide.box_of(run, world_size)
+
     def choose(curves: list[Curve], message_bytes: int) -> Curve | None:
-        _, price = decide.best_path_at(engine, run, curves, world_size, dtype, message_bytes, chain)
+        _, price = decide.best_path_at(BY_KEY[engine], facts, run, curves, box, dtype, message_bytes, chain,
+                                       sources is not None and sources.deterministic)
         if price is None or price.stand_in:
             return None
         return next((c for c in curves if c.label == price.curve), None)

@@ -15,10 +15,10 @@ from dataclasses import dataclass, replace
 from commbench import engines
 from commbench.analysis.curves import exceeds_spread
 from commbench.analysis import next_steps
-from commbench.analysis.decide import EngineDecision, Option, Price
+from commbench.analysis.decide import EngineDecision, Option, Price, priced_under
 from commbench.models import Model
 from commbench.engines import paths as engine_paths
-from commbench.engines.paths import ALLREDUCE
+from commbench.engines.paths import ALLREDUCE, NCCL_PATH
 from commbench.errors import UsageError
 from commbench.results.text import clean_text
 from commbench.units import format_bytes
@@ -26,6 +26,7 @@ from commbench.units import format_bytes
 NCCL_ENV_SCOPE = "an NCCL_* variable applies to every message size of every NCCL communicator of the process"
 
 DECODE, PREFILL = "decode", "prefill"
+ENGINE_SCOPE, NCCL_SCOPE = "engine", "nccl"
 
 
 @dataclass(frozen=True)
@@ -66,32 +67,6 @@ def loads_text(loads: tuple[Load, ...]) -> str:
     if len({round(l.weight, 9) for l in loads}) == 1:
         return "concurrency " + ", ".join(str(l.concurrency) for l in loads) + " (equal shares)"
     return "concurrency " + ", ".join(f"{l.concurrency} ({100 * l.weight:.0f}%)" for l in loads)
-
-
-# --- the prefill chunk: the largest allreduce a serving step sends --------------------------------
-# Both engines pick the chunk by the GPU's memory when it is not set:
-# vLLM 0.33.0 vllm/engine/arg_utils.py:2940-3005 (EngineArgs.get_batch_defaults, API server:
-# >= 160 GiB 16384, >= 70 GiB and not A100 / GB10 8192, else 2048 tokens per step);
-# SGLang 0.5.23 sglang/srt/arg_groups/memory_hook.py:89-180 (< 20 GiB 2048, < 60 GiB 4096,
-# < 160 GiB 8192, else 16384; 4096 when the memory is unknown).
-
-def default_prefill_tokens(engine: str, snapshot: dict | None) -> tuple[int, str]:
-    """The engine's default chunked-prefill size on the run's GPUs, and where that comes from."""
-    gpus = snapshot.get("gpus") if isinstance(snapshot, dict) else None
-    first = gpus[0] if isinstance(gpus, list) and gpus and isinstance(gpus[0], dict) else {}
-    mib = first.get("memory_total_mib")
-    mib = mib if isinstance(mib, (int, float)) and mib > 0 else None
-    name = str(first.get("name") or "").lower()
-    seen = f"{mib / 1024:.0f} GiB GPUs" if mib else "GPU memory not recorded"
-    if engine == engines.VLLM:
-        small = "a100" in name or first.get("compute_capability") == "12.1"
-        tokens = (16384 if mib and mib >= 160 * 1024 else 8192 if mib and mib >= 70 * 1024 and not small else 2048)
-        return tokens, (f"vLLM {engines.VLLM_VERSION} max_num_batched_tokens default for the API server, "
-                        f"{seen} (vllm/engine/arg_utils.py get_batch_defaults)")
-    tokens = (4096 if mib is None else 2048 if mib < 20 * 1024 else 4096 if mib < 60 * 1024
-              else 8192 if mib < 160 * 1024 else 16384)
-    return tokens, (f"SGLang {engines.SGLANG_VERSION} chunked_prefill_size default, {seen} "
-                    "(sglang/srt/arg_groups/memory_hook.py)")
 
 
 # --- the configuration ---------------------------------------------------------------------------
@@ -152,6 +127,9 @@ class Configuration:
     candidates: tuple[Candidate, ...]
     why: str                        # why nothing is chosen, or why the default stays
     next_command: str | None        # the one sweep that would price every size not measured here
+    # "engine": the engine's paths on the run's box; "nccl": an nccl-tests import without a probe
+    # snapshot, where only NCCL's own settings can be set against each other
+    scope: str = "engine"     # ENGINE_SCOPE | NCCL_SCOPE
 
     @property
     def losses(self) -> tuple[Cell, ...]:
@@ -162,41 +140,21 @@ def _how(price: Price | None) -> str:
     return "not measured" if price is None else "interpolated" if price.interpolated else "measured"
 
 
-def _own_price(option: Option, message_bytes: int) -> Price | None:
-    """The option's price from the engine's own kernel (a stand-in never decides a configuration)."""
-    price = option.price(message_bytes)
-    return price if price is not None and not price.stand_in else None
-
-
 class _Engine:
     """What the engine takes at one size under a configuration (None: the plain default)."""
 
     def __init__(self, d: EngineDecision):
         self.d = d
 
-    def default(self, message_bytes: int) -> tuple[Option | None, Price | None]:
-        """The engine's default option at this size and its price; unpriced where the default is a
-        fused path (its time includes the norm: never set against a bare allreduce)."""
-        path = engine_paths.default_path(self.d.states, message_bytes).path
-        option = next((o for o in self.d.options if path is not None and o.state is path and o.plain), None)
-        if option is None or option.state.rule.op != ALLREDUCE:
-            return option, None
-        return option, _own_price(option, message_bytes)
-
     def under(self, option: Option | None, message_bytes: int) -> Price | None:
-        """The cost per call with `option` set: its path where the engine routes this size there
-        (the default path, or an opt-in path that admits the size), else the default's."""
-        default_option, default_price = self.default(message_bytes)
-        if option is None or option is default_option:
-            return default_price
-        state = option.state
-        takes = state.admits(message_bytes) and (not state.default_on or (
-            default_option is not None and default_option.state is state))
-        return _own_price(option, message_bytes) if takes else default_price
+        """The cost per call with `option`'s launch line: the path the engine then sends this size
+        to, priced by its own rows (decide.priced_under)."""
+        return priced_under(self.d.states, self.d.options, option, message_bytes)[1]
 
 
 def _choosable(d: EngineDecision) -> list[Option]:
-    return [o for o in d.options if o.state.available is True and o.state.rule.op == ALLREDUCE and o.own]
+    return [o for o in d.options if o.state.available is True and o.state.rule.op == ALLREDUCE and o.own
+            and o.offered]
 
 
 def _weighted(model: Model, loads: tuple[Load, ...], costs: list[float | None]) -> float | None:
@@ -212,6 +170,8 @@ def next_command(model: Model, tp: int | None, loads: tuple[Load, ...], prefill_
 
 def configure(d: EngineDecision, model: Model, loads: tuple[Load, ...], prefill_tokens: int, prefill_source: str,
               tp: int | None) -> Configuration:
+    if d.box.log_only:
+        return _nccl_only(d, model, loads, prefill_tokens, prefill_source, tp)
     engine = _Engine(d)
     sizes = [model.message_bytes(l.concurrency) for l in loads]
     prefill_bytes = model.message_bytes(prefill_tokens)
@@ -233,15 +193,19 @@ def configure(d: EngineDecision, model: Model, loads: tuple[Load, ...], prefill_
         defaults = {engine_default_why(d, s) for l, s in zip(loads, sizes) if l.concurrency in missing}
         at = "at any size of the mix" if len(missing) == len(loads) else f"at concurrency {', '.join(map(str, missing))}"
         why = f"the engine's default {at} cannot be priced: " + "; ".join(sorted(defaults))
-        measured = [(o, c) for o, c in candidates if o is not None and c.weighted_step_ms is not None]
+        # A line that turns off a path the engine takes by default would displace a default this
+        # run cannot price: never offered here.
+        measured = [(o, c) for o, c in candidates if o is not None and c.weighted_step_ms is not None
+                    and not o.move.added]
         if not measured:
-            return Configuration(d.engine, d.name, loads, prefill_tokens, prefill_source, None, None, False, (), None,
-                                 False, (), (), None, tuple(c for _, c in candidates), why, next_command(model, tp, loads, prefill_tokens))
+            return Configuration(d.key, d.name, loads, prefill_tokens, prefill_source, None, None, False, (), None,
+                                 False, (), (), None, tuple(c for _, c in candidates), why,
+                                 next_command(model, tp, loads, prefill_tokens))
         # The fastest configuration the engine can take, measured at every size: shown with its
         # settings, no saving claimed against a default this run cannot price.
         option, _ = min(measured, key=lambda oc: (round(oc[1].weighted_step_ms, 9), oc[1].label))  # type: ignore[arg-type]
         cells = _cells(engine, option, loads, sizes, prefill_tokens, prefill_bytes)
-        return Configuration(d.engine, d.name, loads, prefill_tokens, prefill_source, option.label, option.state.path,
+        return Configuration(d.key, d.name, loads, prefill_tokens, prefill_source, option.label, option.state.path,
                              False, *_settings(d, option, tp), cells, None, tuple(c for _, c in candidates), why,
                              next_command(model, tp, loads, prefill_tokens))
     priced = [(o, c) for o, c in candidates if c.weighted_step_ms is not None]
@@ -258,7 +222,7 @@ def configure(d: EngineDecision, model: Model, loads: tuple[Load, ...], prefill_
     saving = base.weighted_step_ms - best.weighted_step_ms  # type: ignore[operator]
     pasted = _settings(d, option, tp) if option is not None else ((), None, False, ())
     unmeasured = any(cell.saving_us is None for cell in cells)
-    return Configuration(d.engine, d.name, loads, prefill_tokens, prefill_source,
+    return Configuration(d.key, d.name, loads, prefill_tokens, prefill_source,
                          option.label if option else "the engine's default", option.state.path if option else None,
                          option is None, *pasted, cells, saving, tuple(c for _, c in candidates), why,
                          next_command(model, tp, loads, prefill_tokens) if unmeasured else None)
@@ -266,14 +230,15 @@ def configure(d: EngineDecision, model: Model, loads: tuple[Load, ...], prefill_
 
 def _settings(d: EngineDecision, option: Option, tp: int | None
               ) -> tuple[tuple[str, ...], str | None, bool, tuple[str, ...]]:
-    """The option's paste lines, why they are refused, whether it loads another libnccl, its notes."""
+    """The option's paste lines (with what turns off each path ahead of it for these sizes), why
+    they are refused, whether it loads another libnccl, its notes."""
     off_here = {st.path for st in d.states if st.available is False}
-    settings = engine_paths.launch_settings(engines.without_offs(option.settings, d.engine, off_here), d.engine,
-                                            option.state.path, d.states)
-    paste, refused = engines.paste_lines(settings, d.engine, tp)
+    settings, _ = engines.launch_settings(engines.without_offs(option.settings, d.key, off_here), d.key,
+                                          option.state.path, d.states, [s.message_bytes for s in d.sizes])
+    paste, refused = engines.paste_lines(settings, d.key, tp)
     library = bool(refused and option.settings.preload)
     if library:   # the library is loaded by the deployment; the engine's own settings still paste
-        under, under_refused = engines.paste_lines(replace(settings, preload=""), d.engine, tp)
+        under, under_refused = engines.paste_lines(replace(settings, preload=""), d.key, tp)
         paste = [] if under_refused else under
     notes = tuple(clean_text(str(n)) for n in settings.notes if str(n) != engines.NCCL_ENV_IS_PROCESS_WIDE)
     if option.settings.nccl_env:
@@ -308,3 +273,70 @@ def _cell(engine: _Engine, option: Option | None, phase: str, tokens: int, weigh
     return Cell(phase, tokens, weight, message_bytes, default.latency_us if default else None,
                 chosen.latency_us if chosen else None, _how(default), _how(chosen),
                 default.curve if default else None, chosen.curve if chosen else None, saving, beyond)
+
+
+NCCL_ONLY = ("which path the engine takes at each size needs the box's probe snapshot, which this nccl-tests import "
+             "lacks: these are the prices of its NCCL path, where it sends every size no other path takes")
+
+
+def _nccl_only(d: EngineDecision, model: Model, loads: tuple[Load, ...], prefill_tokens: int, prefill_source: str,
+               tp: int | None) -> Configuration:
+    """An nccl-tests import without a probe snapshot: the engine's own paths cannot be told, NCCL's
+    can be priced. Its plain rows are the baseline; an NCCL setting the import measured is chosen
+    where it is faster beyond the spread, with its NCCL_* exports alone (the engine flags that
+    would move sizes to NCCL depend on the box)."""
+    nccl = [o for o in d.options if o.state.path == NCCL_PATH and o.own]
+    plain = next((o for o in nccl if o.plain), None)
+    sizes = [model.message_bytes(l.concurrency) for l in loads]
+    prefill_bytes = model.message_bytes(prefill_tokens)
+
+    def cost(option: Option | None, size: int) -> Price | None:
+        price = option.price(size) if option is not None else None
+        return price if price is not None and not price.stand_in else None
+
+    def candidate(option: Option) -> Candidate:
+        decode = [cost(option, s) for s in sizes]
+        prefill = cost(option, prefill_bytes)
+        return Candidate(option.label if option is not plain else f"{option.label} as NCCL runs by default",
+                         option is plain, tuple(p.latency_us if p else None for p in decode),
+                         prefill.latency_us if prefill else None,
+                         _weighted(model, loads, [p.latency_us if p else None for p in decode]))
+
+    def cells(chosen: Option | None) -> tuple[Cell, ...]:
+        out = []
+        for phase, tokens, weight, size in [*((DECODE, l.concurrency, l.weight, s) for l, s in zip(loads, sizes)),
+                                            (PREFILL, prefill_tokens, 0.0, prefill_bytes)]:
+            base, picked = cost(plain, size), cost(chosen, size) if chosen is not None else cost(plain, size)
+            gain = beyond = None
+            if base is not None and picked is not None:
+                gain = base.latency_us - picked.latency_us
+                beyond = exceeds_spread(gain, picked.point, base.point)
+            out.append(Cell(phase, tokens, weight, size, base.latency_us if base else None,
+                            picked.latency_us if picked else None, _how(base), _how(picked),
+                            base.curve if base else None, picked.curve if picked else None, gain, beyond))
+        return tuple(out)
+
+    rows = tuple(candidate(o) for o in ([plain] if plain else []) + [o for o in nccl if o is not plain])
+    base = rows[0] if plain is not None else None
+    if base is None or base.weighted_step_ms is None:
+        return Configuration(d.key, d.name, loads, prefill_tokens, prefill_source, None, None, False, (), None, False,
+                             (), cells(None) if plain else (), None, rows,
+                             f"{NCCL_ONLY}; NCCL's rows do not cover every size of the mix", None, NCCL_SCOPE)
+    priced = [(o, c) for o, c in zip([plain] + [o for o in nccl if o is not plain], rows)
+              if c.weighted_step_ms is not None]
+    option, best = min(priced, key=lambda oc: (round(oc[1].weighted_step_ms, 9), not oc[1].is_default))  # type: ignore[arg-type]
+    chosen_cells = cells(option if option is not plain else None)
+    if option is not plain and not any(c.saving_us and c.saving_us > 0 and c.beyond_spread is not False
+                                       for c in chosen_cells if c.phase == DECODE):
+        option, best, chosen_cells = plain, base, cells(None)
+    if option is plain:
+        return Configuration(d.key, d.name, loads, prefill_tokens, prefill_source, base.label, NCCL_PATH, True, (),
+                             None, False, (), chosen_cells, 0.0, rows, NCCL_ONLY, None, NCCL_SCOPE)
+    exports = tuple(f"export {k}={v}" for k, v in sorted(option.settings.nccl_env.items()))
+    refused = engines.env_refusal(option.settings.nccl_env)
+    return Configuration(d.key, d.name, loads, prefill_tokens, prefill_source, option.label, NCCL_PATH, False,
+                         () if refused else exports, refused, False,
+                         (NCCL_ENV_SCOPE, "these exports set NCCL for the sizes the engine sends it; which sizes those "
+                                          "are is the box's (its probe snapshot)"),
+                         chosen_cells, base.weighted_step_ms - best.weighted_step_ms, rows,  # type: ignore[operator]
+                         NCCL_ONLY, None, NCCL_SCOPE)

@@ -4,7 +4,7 @@ and the trade-off table of every configuration the engine can take over the serv
 from __future__ import annotations
 
 from commbench.analysis import render
-from commbench.analysis.configure import DECODE, Candidate, Cell, Configuration, loads_text
+from commbench.analysis.configure import DECODE, NCCL_SCOPE, Candidate, Cell, Configuration, loads_text
 from commbench.analysis.render import fmt_us
 from commbench.units import format_bytes
 
@@ -33,9 +33,17 @@ def block(c: Configuration, tag: str, wide: bool = False, brief: bool = False) -
     source = "" if brief else f" ({c.prefill_source})"
     lines = [render.prose(f"one configuration for {loads_text(c.loads)}, prefill chunk {c.prefill_tokens} "
                           f"tokens{source}:", wide)]
-    if c.is_default:
+    if c.is_default and c.scope == NCCL_SCOPE:
+        lines.append(render.prose(f"its NCCL path only (the box is not known): NCCL as it runs by default is the "
+                                  f"cheapest NCCL setting measured here, nothing to set ({tag})", wide))
+    elif c.is_default:
         said = c.why or "the engine's default is the cheapest configuration measured here"
         lines.append(render.prose(f"the engine's default: nothing to set ({said}; {tag})", wide))
+    elif c.scope == NCCL_SCOPE:
+        lines.append(render.prose(f"its NCCL path only (the box is not known): {c.chosen}: "
+                                  f"{c.weighted_saving_ms:.2f} ms/step saved over the mix on the sizes it sends NCCL, "
+                                  f"against NCCL as it runs by default ({tag})", wide))
+        lines += _paste(c, wide)
     else:
         lines.append(render.prose(f"{c.chosen}: {c.weighted_saving_ms:.2f} ms/step of allreduce saved over the mix "
                                   f"({tag})", wide))

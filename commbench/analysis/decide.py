@@ -3,8 +3,10 @@ its default, the fastest path it can take, and the saving, only where both were 
 
 A path is priced by the rows of the backends that declare it (run.json backend_facts ->
 engines.Settings.engine_paths): the engine's own kernels first, a declared stand-in only where
-no own kernel was measured, and always named as one. Backends that price no path an engine can
-take here are headroom, never a setting. Shared by recommend and floor.
+no own kernel was measured, and always named as one. An option is offered with the launch line
+that moves the decode sizes to its path in the engine's dispatch order (engines.paths.move): a
+size is priced by whichever path takes it under that line. Backends that price no path an
+engine can take here are headroom, never a setting. Shared by recommend and floor.
 """
 
 from __future__ import annotations
@@ -13,16 +15,27 @@ import argparse
 import json
 import re
 from dataclasses import dataclass, field
+from typing import Iterable
 
 from commbench import engines
+from commbench.analysis import provenance
+from commbench.analysis.curves import INTERPOLATED, Candidate, Curve, CurvePrice, Point, exceeds_spread, ranking
 from commbench.engines import log as engine_log
 from commbench.engines import paths as engine_paths
 from commbench.engines import source
-from commbench.analysis.curves import INTERPOLATED, Candidate, Curve, CurvePrice, Point, exceeds_spread, ranking
-from commbench.models import Model
-from commbench.engines.paths import ALLREDUCE, PathState
+from commbench.engines.facts import FactSet
+from commbench.engines.paths import ALLREDUCE, Engine, Launch, Move, PathState
+from commbench.engines.registry import BY_KEY, KEYS, NAMES
 from commbench.errors import UsageError
-from commbench.results import Run
+from commbench.models import DEFAULT_CONCURRENCIES, Model
+from commbench.results import OK, Measurement, Run
+from commbench.results.text import capped
+from commbench.topology import box as boxes
+from commbench.topology.box import Box
+
+
+def imported(run: Run) -> bool:
+    return provenance.of(run).kind == provenance.IMPORTED
 
 
 def recorded_settings(run: Run, curve: Curve) -> engines.Settings | None:
@@ -31,7 +44,7 @@ def recorded_settings(run: Run, curve: Curve) -> engines.Settings | None:
     falls back to (PyNccl)."""
     entry = (run.info.backend_facts or {}).get(curve.backend)
     declared = entry.get("engine_settings") if isinstance(entry, dict) else None
-    if not isinstance(declared, dict) and _imported(run):
+    if not isinstance(declared, dict) and imported(run):
         return engines.nccl_path(curve.backend).with_process_env(curve.env_setting)
     if not isinstance(declared, dict):
         return None
@@ -40,6 +53,17 @@ def recorded_settings(run: Run, curve: Curve) -> engines.Settings | None:
     except TypeError:
         return None
     return engines.upgraded(settings).with_process_env(curve.env_setting)
+
+
+def box_of(run: Run, world_size: int) -> Box:
+    """The run's box, read once: its probe snapshot (a sweep's, or an import's --snapshot), the NCCL
+    the run recorded filling in one the probe did not; an nccl-tests import without a snapshot is
+    its log's GPUs and nodes, the fabric unknown."""
+    nccl = (run.info.versions or {}).get("nccl")
+    nccl = nccl if isinstance(nccl, str) else None
+    if run.info.snapshot is None and imported(run):
+        return boxes.imported(world_size, run.info.nodes if isinstance(run.info.nodes, int) else None, nccl)
+    return boxes.read(run.info.snapshot, world_size, nccl=nccl)
 
 
 @dataclass(frozen=True)
@@ -75,13 +99,16 @@ class Price:
 
 @dataclass
 class Option:
-    """One distinct setting of one path of one engine, with the measured variants that price it."""
+    """One distinct setting of one path of one engine, with the measured variants that price it and
+    the launch line that moves the decode sizes to its path (`move`)."""
 
     engine: str
     state: PathState
     settings: engines.Settings
+    move: Move = field(default_factory=lambda: Move(Launch(), (), ()))
     own: list[Curve] = field(default_factory=list)
     stand_ins: list[Curve] = field(default_factory=list)
+    implementations: dict[str, str] = field(default_factory=dict)   # curve label -> what its rows say ran
 
     @property
     def variants(self) -> list[str]:
@@ -94,12 +121,17 @@ class Option:
         return not self.settings.nccl_env and not self.settings.preload
 
     @property
+    def offered(self) -> bool:
+        """A launch line moves some decode size to its path (else `move.why_not` says why not)."""
+        return not self.move.why_not
+
+    @property
     def label(self) -> str:
         preload = self.settings.preload
         # run.json is untrusted: never echo what is refused
         if engines.env_refusal(self.settings.nccl_env) or (preload and not engines.preload_shown(preload)):
             return f"{self.state.rule.title} [settings refused]"
-        engine_env = self.settings.vllm_env if self.engine == engines.VLLM else self.settings.sglang_env
+        engine_env = getattr(self.settings, f"{self.engine}_env")
         chosen = {k: v for k, v in engine_env.items() if k in engines.VARIANT_VARS}
         knobs = " ".join(f"{k}={v}" for k, v in sorted({**self.settings.nccl_env, **chosen}.items()))
         parts = [knobs] if knobs else []
@@ -115,13 +147,13 @@ class Option:
 
 
 def _setting_key(engine: str, s: engines.Settings) -> str:
-    env = s.vllm_env if engine == engines.VLLM else s.sglang_env
-    flags = s.vllm_flags if engine == engines.VLLM else s.sglang_flags
-    return json.dumps([s.nccl_env, env, flags, s.preload], sort_keys=True, default=str)
+    return json.dumps([s.nccl_env, getattr(s, f"{engine}_env"), getattr(s, f"{engine}_flags"), s.preload],
+                      sort_keys=True, default=str)
 
 
-def options(engine: str, states: list[PathState], run: Run, curves: list[Curve]) -> list[Option]:
-    """Options in the engine's dispatch order; variants with the same settings merged into one."""
+def options(engine: str, states: list[PathState], run: Run, curves: list[Curve], sizes: list[int]) -> list[Option]:
+    """Options in the engine's dispatch order; variants with the same settings merged into one,
+    each with the launch line that moves `sizes` to its path."""
     by_path = {s.path: s for s in states}
     found: dict[tuple[str, str], Option] = {}
     for curve in curves:
@@ -133,10 +165,54 @@ def options(engine: str, states: list[PathState], run: Run, curves: list[Curve])
         if state is None or state.rule.op != curve.key.op:
             continue
         slot = (state.path, _setting_key(engine, settings))
-        option = found.setdefault(slot, Option(engine, state, settings))
+        if slot not in found:
+            found[slot] = Option(engine, state, settings, engine_paths.move(states, state.path,
+                                                                            settings.launch(engine), sizes))
+        option = found[slot]
         (option.stand_ins if claim.get("stand_in") or not state.own_kernel else option.own).append(curve)
+    ran = measured_implementations(run.rows) if found else {}
+    for option in found.values():
+        option.implementations = {c.label: ran[c.backend] for c in option.own + option.stand_ins if c.backend in ran}
     order = {s.path: i for i, s in enumerate(states)}
     return sorted(found.values(), key=lambda o: (order[o.state.path], not o.plain, o.label))
+
+
+IMPLEMENTATION_CHARS = 160   # run files are untrusted: a row's text is shown on one line, this long at most
+
+
+def measured_implementations(rows: Iterable[Measurement]) -> dict[str, str]:
+    """Per backend, what its rows say they ran (`extra.implementation`, set by the backends of
+    the engines' own kernels: "sglang 0.5.23 custom allreduce v2 (JIT ...)", FlashInfer's port of
+    vLLM's kernel and its version), so a price from them says which version was measured."""
+    found: dict[str, str] = {}
+    for r in rows:
+        text = r.extra.get("implementation") if r.status == OK else None
+        if isinstance(text, str) and text and r.backend not in found:
+            found[r.backend] = capped(text, IMPLEMENTATION_CHARS)
+    return found
+
+
+def _own_price(option: Option, message_bytes: int) -> Price | None:
+    """The option's price from the engine's own kernel (a stand-in never decides a configuration)."""
+    price = option.price(message_bytes)
+    return price if price is not None and not price.stand_in else None
+
+
+def priced_under(states: list[PathState], opts: list[Option], option: Option | None, message_bytes: int,
+                 own_only: bool = True) -> tuple[PathState | None, Price | None]:
+    """Who takes this size with `option`'s launch line (None: the engine's default launch) and what
+    it costs: the option's own rows where its path takes it, else the rows of the path that does,
+    as the engine runs it; unpriced where that path was not measured or is a fused one (its time
+    includes the norm: never set against a bare allreduce)."""
+    launch = option.move.launch if option is not None else Launch()
+    taker = engine_paths.taker(states, launch, message_bytes).path
+    if taker is None or taker.rule.op != ALLREDUCE:
+        return taker, None
+    chosen = option if option is not None and option.state is taker else next(
+        (o for o in opts if o.state is taker and o.plain), None)
+    if chosen is None:
+        return taker, None
+    return taker, _own_price(chosen, message_bytes) if own_only else chosen.price(message_bytes)
 
 
 @dataclass(frozen=True)
@@ -186,45 +262,57 @@ class SizeDecision:
 
 @dataclass
 class EngineDecision:
-    engine: str
-    version: str
+    engine: Engine
+    facts: FactSet        # the facts its gates read (--engine-site, installed, built in)
+    version: str                        # the version the user serves (--engine-version), else the facts'
+    box: Box
     states: list[PathState]
     options: list[Option]
     sizes: list[SizeDecision]
 
     @property
+    def key(self) -> str:
+        return self.engine.key
+
+    @property
     def name(self) -> str:
-        return f"{engines.ENGINE_NAMES[self.engine]} {self.version}"
-
-
-def _default_option(opts: list[Option], state: PathState | None) -> Option | None:
-    return next((o for o in opts if state is not None and o.state is state and o.plain), None)
+        return f"{self.engine.name} {self.version}"
 
 
 def fastest(opts: list[Option], prices: list[Price | None], message_bytes: int) -> tuple[Option | None, Price | None]:
-    """The fastest priced option on a path the engine can take at this size."""
+    """The fastest priced option whose launch line moves this size to its path."""
     takeable = [(p, o) for o, p in zip(opts, prices)
                 if p is not None and o.state.available is True and o.state.rule.op == ALLREDUCE
-                and o.state.admits(message_bytes)]
+                and o.offered and message_bytes in o.move.sizes]
     if not takeable:
         return None, None
     price, option = min(takeable, key=lambda po: (po[0].latency_us, po[1].label))
     return option, price
 
 
-def best_path_at(engine: str, run: Run, curves: list[Curve], world_size: int, dtype: str,
-                 message_bytes: int, chain: engine_log.Chain | None = None) -> tuple[Option | None, Price | None]:
+def workload(model: Model | None, mode: str, deterministic: bool = False) -> engine_paths.Workload:
+    """What the engines' model rules read; engines run CUDA graphs unless told otherwise."""
+    graph = engine_paths.EAGER if mode == "eager" else engine_paths.GRAPH
+    if model is None:
+        return engine_paths.Workload(mode=graph, deterministic=deterministic)
+    return engine_paths.Workload(model.arch, model.hidden, graph, model.dtype, deterministic)
+
+
+def best_path_at(engine: Engine, facts: FactSet, run: Run, curves: list[Curve], box: Box,
+                 dtype: str, message_bytes: int, chain: engine_log.Chain | None = None,
+                 deterministic: bool = False) -> tuple[Option | None, Price | None]:
     """The fastest path `engine` can take on the run's box for one message size (for a caller
     that has sizes rather than a model, e.g. a profiler trace's allreduces)."""
-    opts = options(engine, engine_paths.states(engine, box_snapshot(run), world_size, dtype,
-                                               logged=list(chain.paths) if chain else None), run, curves)
+    found = engine_paths.states(engine, box, engine_paths.Workload(dtype=dtype, deterministic=deterministic), facts,
+                                chain.paths if chain else None)
+    opts = options(engine.key, found, run, curves, [message_bytes])
     return fastest(opts, [o.price(message_bytes) for o in opts], message_bytes)
 
 
 def decide_size(model: Model, e_states: list[PathState], opts: list[Option], concurrency: int) -> SizeDecision:
     size = model.message_bytes(concurrency)
     default = engine_paths.default_path(e_states, size)
-    d_opt = _default_option(opts, default.path)
+    d_opt = next((o for o in opts if default.path is not None and o.state is default.path and o.plain), None)
     d_price = d_opt.price(size) if d_opt else None
     prices = [o.price(size) for o in opts]
     best, best_price = fastest(opts, prices, size)
@@ -245,42 +333,12 @@ def decide_size(model: Model, e_states: list[PathState], opts: list[Option], con
     return SizeDecision(concurrency, size, default, d_opt, d_price, prices, best, best_price, gain, why)
 
 
-def _imported(run: Run) -> bool:
-    from commbench.analysis import provenance
-    return provenance.of(run).kind == "imported"
-
-
-def box_snapshot(run: Run) -> dict | None:
-    """The run's probe snapshot; the NCCL the run recorded fills in one the probe did not. An
-    nccl-tests import has no snapshot: its box is the GPUs and nodes its log shows, the fabric unknown."""
-    snapshot = run.info.snapshot
-    if snapshot is None and _imported(run):
-        gpus, nodes = run.info.gpus, run.info.nodes
-        nccl = (run.info.versions or {}).get("nccl")
-        return {engine_paths.IMPORTED: {"gpus": len(gpus) if isinstance(gpus, list) else None,
-                                        "nodes": nodes if isinstance(nodes, int) else None},
-                "software": {"nccl": nccl if isinstance(nccl, str) else None}}
-    if snapshot is None:
-        return None
-    nccl = (run.info.versions or {}).get("nccl")
-    software = snapshot.get("software") if isinstance(snapshot.get("software"), dict) else {}
-    if isinstance(nccl, str) and not software.get("nccl"):
-        return {**snapshot, "software": {**software, "nccl": nccl}}
-    return snapshot
-
-
-def workload(model: Model, mode: str) -> engine_paths.Workload:
-    """What the engines' model rules read; engines run CUDA graphs unless told --enforce-eager."""
-    return engine_paths.Workload(model.arch, model.hidden, engine_paths.EAGER if mode == "eager" else engine_paths.GRAPH)
-
-
-def decide(engine: str, run: Run, curves: list[Curve], model: Model, concurrencies: list[int],
-           world_size: int, version: str | None = None, mode: str = "auto",
+def decide(engine: Engine, facts: FactSet, run: Run, box: Box, curves: list[Curve], model: Model,
+           concurrencies: list[int], w: engine_paths.Workload, version: str | None = None,
            chain: engine_log.Chain | None = None) -> EngineDecision:
-    e_states = engine_paths.states(engine, box_snapshot(run), world_size, model.dtype, workload=workload(model, mode),
-                                   logged=list(chain.paths) if chain else None)
-    opts = options(engine, e_states, run, curves)
-    return EngineDecision(engine, version or engines.versions()[engine], e_states, opts,
+    e_states = engine_paths.states(engine, box, w, facts, chain.paths if chain else None)
+    opts = options(engine.key, e_states, run, curves, [model.message_bytes(c) for c in concurrencies])
+    return EngineDecision(engine, facts, version or facts.version, box, e_states, opts,
                           [decide_size(model, e_states, opts, c) for c in concurrencies])
 
 
@@ -316,7 +374,7 @@ def headroom_curves(run: Run, curves: list[Curve], decisions: list[EngineDecisio
         reasons = []
         own = False
         for d in decisions:
-            claim = claims.get(d.engine)
+            claim = claims.get(d.key)
             state = next((s for s in d.states if claim and s.path == claim["path"]), None)
             if state is None:
                 reasons.append(f"{d.name} has no path that runs it")
@@ -350,11 +408,11 @@ def headroom(model: Model, run: Run, curves: list[Curve], decisions: list[Engine
 
 def fastest_headroom(rooms: list[Headroom]) -> list[Headroom]:
     """Per size, the fastest kernel no requested engine can run here."""
-    fastest: dict[int, Headroom] = {}
+    fastest_: dict[int, Headroom] = {}
     for r in rooms:
-        if r.concurrency not in fastest or r.cost.latency_us < fastest[r.concurrency].cost.latency_us:
-            fastest[r.concurrency] = r
-    return sorted(fastest.values(), key=lambda r: r.concurrency)
+        if r.concurrency not in fastest_ or r.cost.latency_us < fastest_[r.concurrency].cost.latency_us:
+            fastest_[r.concurrency] = r
+    return sorted(fastest_.values(), key=lambda r: r.concurrency)
 
 
 # --- what the commands share: engine arguments, the data's kind ------------------------------
@@ -365,7 +423,6 @@ DATA_WORDS = {"measured": "measured", "emulated": "MPS-emulated, no fabric", "im
 
 def data_tag(run: Run) -> str:
     """The few words every line about the run's numbers carries."""
-    from commbench.analysis import provenance
     return kind_tag(provenance.of(run).kind)
 
 
@@ -385,64 +442,97 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_engine_source_arguments(parser: argparse.ArgumentParser) -> None:
-    """Where the engines' facts and chain come from: --engine-site and --engine-log."""
+    """Where the engines' facts and chain come from, and the mode the server runs in."""
     parser.add_argument("--engine-site", metavar="PATH",
                         help="read the engines' facts from this site-packages folder or unpacked wheel (default: "
                              "the vLLM / SGLang installed beside commbench, else the facts built in)")
     parser.add_argument("--engine-log", metavar="FILE",
                         help="vLLM's start-up log: use the all-reduce chain it says it set up ('Using [...] "
                              "all-reduce backends (in dispatch order)'); SGLang logs none")
+    parser.add_argument("--deterministic", action="store_true",
+                        help="the server runs its deterministic mode (vLLM VLLM_BATCH_INVARIANT=1, SGLang "
+                             "--enable-deterministic-inference), which turns several paths off")
 
 
-def engine_chains(args: argparse.Namespace) -> dict[str, engine_log.Chain]:
-    """--engine-site applied and --engine-log read: the chain per engine that logged one."""
-    source.use_site(getattr(args, "engine_site", None))
+@dataclass(frozen=True)
+class EngineSources:
+    """What a command knows of the engines it answers for, read once and passed down: where each
+    one's facts come from (--engine-site), the chain its start-up log names (--engine-log), and
+    whether the server runs its deterministic mode (--deterministic)."""
+
+    facts: source.Sources
+    chains: dict[str, engine_log.Chain]
+    log_file: str | None = None
+    deterministic: bool = False
+    asked: tuple[tuple[str, str], ...] = ()   # (engine, version) in the order asked (--engine, --engine-version)
+
+
+def engine_sources(args: argparse.Namespace) -> EngineSources:
+    """The engine flags read once: --engine-site resolved, --engine-log read (the chain per engine
+    that logs one), --deterministic, and the engines asked for with their versions."""
+    names, pinned = requested_engines(args)
+    facts = source.resolve(getattr(args, "engine_site", None))
     path = getattr(args, "engine_log", None)
-    return {engines.VLLM: engine_log.read_chain(path)} if path else {}
+    chains = {e.key: engine_log.read_chain(path, e) for e in BY_KEY.values() if e.log_line} if path else {}
+    return EngineSources(facts, chains, path, bool(getattr(args, "deterministic", False)),
+                         tuple((name, pinned.get(name, facts[name].version)) for name in names))
 
 
-def source_lines(asked: list[tuple[str, str]], chains: dict[str, engine_log.Chain], log_file: str | None
-                 ) -> list[str]:
+def source_lines(asked: list[tuple[str, str]], found: EngineSources) -> list[str]:
     """Where each engine's facts and chain come from, for the top of an output."""
     lines = []
     for engine, _ in asked:
-        facts = source.active(engine)
+        facts = found.facts[engine]
         lines.append(f"{facts.name} facts: {source.provenance_line(facts)}")
         lines += [f"  warning: {w}" for w in facts.warnings]
-        if engine in chains:
-            lines.append(f"  {chains[engine].said(log_file or '')}")
-        elif log_file and engine == engines.SGLANG:
-            lines.append(f"  SGLang {facts.version} logs no dispatch chain on CUDA: its chain here is the model's")
+        if engine in found.chains:
+            lines.append(f"  {found.chains[engine].said(found.log_file or '')}")
+        elif found.log_file:
+            lines.append(f"  {facts.name} {facts.version} logs no dispatch chain on CUDA: its chain here is the "
+                         "model's")
+        if found.deterministic:
+            lines.append(f"  the server runs {facts.name}'s deterministic mode ({BY_KEY[engine].words.deterministic}): "
+                         "the paths it turns off are off below")
     return lines
-
-
-def requested_engines(args: argparse.Namespace) -> list[tuple[str, str]]:
-    """(engine, version) pairs in the order asked; one line and exit 2 for anything else."""
-    names: list[str] = []
-    for item in args.engine or [",".join(engines.ENGINES)]:
-        for name in item.split(","):
-            name = name.strip().lower()
-            if name not in engines.ENGINES:
-                raise UsageError(f"--engine {name!r}: choose from {', '.join(engines.ENGINES)}")
-            if name in names:
-                raise UsageError(f"--engine {name} is given twice")
-            names.append(name)
-    versions = dict(engines.versions())
-    for item in args.engine_version or []:
-        engine, sep, version = item.partition("=")
-        engine = engine.strip().lower()
-        if not sep or engine not in engines.ENGINES or not VERSION.fullmatch(version.strip()):
-            raise UsageError(f"--engine-version {item!r}: expected ENGINE=VERSION, e.g. vllm=0.33.0")
-        versions[engine] = version.strip()
-    return [(name, versions[name]) for name in names]
 
 
 VERSION = re.compile(r"^[0-9][0-9A-Za-z.+-]{0,31}$")
 
 
+def requested_engines(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
+    """The engines in the order asked, and the versions --engine-version names; one line and exit 2
+    for anything else."""
+    names: list[str] = []
+    given = getattr(args, "engine", None)
+    for item in ([given] if isinstance(given, str) else given) or [",".join(KEYS)]:
+        for name in item.split(","):
+            name = name.strip().lower()
+            if name not in KEYS:
+                raise UsageError(f"--engine {name!r}: choose from {', '.join(KEYS)}")
+            if name in names:
+                raise UsageError(f"--engine {name} is given twice")
+            names.append(name)
+    pinned: dict[str, str] = {}
+    for item in getattr(args, "engine_version", None) or []:
+        engine, sep, version = item.partition("=")
+        engine = engine.strip().lower()
+        if not sep or engine not in KEYS or not VERSION.fullmatch(version.strip()):
+            raise UsageError(f"--engine-version {item!r}: expected ENGINE=VERSION, e.g. vllm=0.33.0")
+        pinned[engine] = version.strip()
+    return names, pinned
+
+
 def version_note(d: EngineDecision) -> str | None:
-    known = engines.versions()[d.engine]
+    known = d.facts.version
     if d.version == known:
         return None
-    return (f"you asked for {engines.ENGINE_NAMES[d.engine]} {d.version}; these rules were read at {known} "
+    return (f"you asked for {NAMES[d.key]} {d.version}; these rules were read at {known} "
             "and were not checked against your version")
+
+
+def decode_sizes(model: Model | None) -> list[int]:
+    """The message sizes a launch line is built for: the model's decode sizes, or without a model
+    every power of two from 4 KiB to 64 MiB."""
+    if model is None:
+        return [1 << k for k in range(12, 27)]
+    return [model.message_bytes(c) for c in DEFAULT_CONCURRENCIES]

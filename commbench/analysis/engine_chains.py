@@ -1,8 +1,10 @@
 """`commbench engines`: per engine, its allreduce dispatch chain in order for a box (a run's probe
 snapshot, or a snapshot file), each path's gate with the reason and its size limit, the default
-path at every decode size of a model under CUDA graphs and under --enforce-eager, how to turn each
-path on or off, and where each rule comes from. `--check PATH` compares every built-in engine fact
-with an engine's released source (an unpacked wheel or a site-packages folder) instead.
+path at every decode size of a model under CUDA graphs and without them (in each engine's own
+words: vLLM --enforce-eager, SGLang --disable-decode-cuda-graph), how to turn each path on or off
+and what a launch line adds for it to take the decode sizes, and where each rule comes from.
+`--check PATH` compares every built-in engine fact, gate and the dispatch order with an engine's
+released source (an unpacked wheel or a site-packages folder) instead.
 """
 
 from __future__ import annotations
@@ -19,11 +21,16 @@ from commbench import engines
 from commbench import models
 from commbench.analysis import decide, render, results_out
 from commbench.analysis.curves import run_world_size
+from commbench.engines import check as engine_check
 from commbench.engines import paths, source
 from commbench.engines.facts import FactSet
+from commbench.engines.paths import Engine
+from commbench.engines.registry import BY_KEY
 from commbench.errors import UsageError
 from commbench.files import read_text
 from commbench.runs import load_run
+from commbench.topology import box as boxes
+from commbench.topology.box import Box
 from commbench.units import format_bytes
 
 DIFFERENT_EXIT = 1
@@ -45,16 +52,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default=None, help="activation dtype: bf16 (default), fp16, fp32")
     decide.add_engine_source_arguments(parser)
     parser.add_argument("--check", metavar="PATH",
-                        help="compare every built-in engine fact with the source under PATH (an unpacked wheel or "
-                             "site-packages); exit 1 when any differ")
+                        help="compare every built-in engine fact, gate and the dispatch order with the source under "
+                             "PATH (an unpacked wheel or site-packages; the gates are the engine's own functions, "
+                             "imported in a child process); exit 1 when any differ")
     parser.add_argument("--json", metavar="FILE", help="also write the chains (or the --check) as JSON ('-' for "
                                                        "stdout: JSON alone)")
     results_out.add_arguments(parser)
 
 
 @dataclass(frozen=True)
+class GateRecord:
+    """One gate (or the dispatch order) of the engine against its own function."""
+
+    key: str
+    function: str
+    where: str                        # file:line of the engine's function
+    compared: int                     # points of the grid
+    differ: int
+    differences: tuple[str, ...]      # the first few points that differ
+
+
+@dataclass(frozen=True)
 class FactsChecked:
-    """One engine's facts found under --check's PATH against the built-in ones."""
+    """One engine's facts, gates and order found under --check's PATH against the built-in ones."""
 
     engine: str
     name: str
@@ -63,6 +83,7 @@ class FactsChecked:
     compared: int                     # facts read from the source
     differences: tuple[str, ...]      # one line per fact that differs
     same: tuple[str, ...]             # "key (file:line)" per fact that agrees
+    gates: tuple[GateRecord, ...]
 
 
 @dataclass(frozen=True)
@@ -71,48 +92,65 @@ class CheckResult:
 
     site: str
     engines: tuple[FactsChecked, ...]
-    differ: int
+    differ: int                       # facts and gates that differ
 
 
 def check(site: str) -> CheckResult:
-    results, refusal = source.check(Path(site))
+    results, refusal = engine_check.check(Path(site))
     if refusal:
         raise UsageError(f"--check: {refusal}")
     checked = []
-    for facts, differences in results:
-        built_in = source.BUILT_IN[facts.engine]
-        differ = {d.fact.key for d in differences}
-        checked.append(FactsChecked(facts.engine, facts.name, facts.version, f"{built_in.name} {built_in.version}",
-                                    len(facts.facts), tuple(d.line() for d in differences),
-                                    tuple(f"{fact.key} ({fact.where()})" for fact in facts.facts
-                                          if fact.key not in differ)))
-    return CheckResult(site, tuple(checked), sum(len(c.differences) for c in checked))
+    for c in results:
+        differ = {d.fact.key for d in c.differences}
+        gates = tuple(GateRecord(g.key, g.function, g.where, g.compared, g.differ, g.differences) for g in c.gates)
+        checked.append(FactsChecked(c.engine.key, c.facts.name, c.facts.version,
+                                    f"{c.engine.facts.name} {c.engine.facts.version}", len(c.facts.facts),
+                                    tuple(d.line() for d in c.differences),
+                                    tuple(f"{fact.key} ({fact.where()})" for fact in c.facts.facts
+                                          if fact.key not in differ), gates))
+    return CheckResult(site, tuple(checked), sum(len(c.differences) + sum(1 for g in c.gates if g.differ)
+                                                 for c in checked))
 
 
 def check_text(result: CheckResult) -> list[str]:
     out = []
     for c in result.engines:
-        out.append(f"{c.name} {c.version} at {result.site}: {c.compared} facts compared with "
-                   f"the built-in {c.built_in} facts; {len(c.differences)} differ")
+        gates_differ = sum(1 for g in c.gates if g.differ)
+        out.append(f"{c.name} {c.version} at {result.site}: {c.compared} facts compared with the built-in "
+                   f"{c.built_in} facts, {len(c.differences)} differ; {len(c.gates)} gate functions (its dispatch "
+                   f"order among them) run as the engine's own over {sum(g.compared for g in c.gates)} points, "
+                   f"{gates_differ} differ")
         out += [f"  {line}" for line in c.differences]
+        for g in c.gates:
+            if g.differ and not g.compared:
+                out.append(f"  gate {g.key}: {g.function} ({g.where}): {g.differences[0]}")
+            elif g.differ:
+                out.append(f"  gate {g.key}: {g.function} ({g.where}) differs at {g.differ} of {g.compared} points:")
+                out += [f"    {line}" for line in g.differences]
         out += [f"  same: {line}" for line in c.same]
+        out += [f"  same: gate {g.key}: {g.function} ({g.where}), {g.compared} points" for g in c.gates
+                if not g.differ]
     return out
 
 
-class Box:
-    """What the chains are shown for: a snapshot, its world size and the words that name it."""
+@dataclass(frozen=True)
+class Shown:
+    """What the chains are shown for: the box (None: no box given), its world size and the words
+    that name it."""
 
-    def __init__(self, snapshot: dict[str, Any] | None, world_size: int | None, said: str):
-        self.snapshot, self.world_size, self.said = snapshot, world_size, said
+    box: Box | None
+    world_size: int | None
+    said: str
 
 
-def load_box(path: str | None) -> Box:
+def load_box(path: str | None, tp: int | None) -> Shown:
     if path is None:
-        return Box(None, None, "no box given: the gates that read a box are not applied")
+        return Shown(None, None, "no box given: the gates that read a box are not applied")
     target = Path(path)
     if target.is_dir():
         run = load_run(target)
-        return Box(decide.box_snapshot(run), run_world_size(run), f"run {target.name} ({decide.data_tag(run)})")
+        world = tp or run_world_size(run)
+        return Shown(decide.box_of(run, world or 0), world, f"run {target.name} ({decide.data_tag(run)})")
     try:
         data = json.loads(read_text(target, "snapshot"))
     except json.JSONDecodeError as exc:
@@ -122,7 +160,8 @@ def load_box(path: str | None) -> Box:
     if not isinstance(data, dict) or not isinstance(data.get("gpus"), list) or not data["gpus"]:
         raise UsageError(f"{path}: not a probe snapshot (no \"gpus\" list)")
     # a probe snapshot's world_size is how the probe ran (often one process): TP defaults to its GPUs
-    return Box(data, len(data["gpus"]), f"snapshot {target.name}")
+    world = tp or len(data["gpus"])
+    return Shown(boxes.read(data, world), world, f"snapshot {target.name}")
 
 
 def workload_model(args: argparse.Namespace) -> models.Model | None:
@@ -139,13 +178,17 @@ def workload_model(args: argparse.Namespace) -> models.Model | None:
     return models.with_arch(model, args.arch, args.dtype)
 
 
-def _also_needs(engine: str, state: paths.PathState, states: list[paths.PathState]) -> tuple[str, ...]:
-    """What a launch must add for this path to take the decode allreduces (launch_settings): a
-    default-on path ahead of it that would intercept them turned off."""
-    if state.available is False:
-        return ()
-    needed = paths.launch_settings(engines.Settings(state.path), engine, state.path, states)
-    return tuple(needed.vllm_flags if engine == engines.VLLM else needed.sglang_flags)
+def _also_needs(engine: Engine, state: paths.PathState, states: list[paths.PathState], sizes: list[int]
+                ) -> tuple[tuple[str, ...], str | None]:
+    """What a launch line adds for this path to take the decode sizes (paths.move): each path ahead
+    of it that would take them, turned off; or why no line moves them there."""
+    if state.available is False or (state.rule.on is None and state.rule.off is None):
+        return (), None
+    launch = paths.Launch().plus(state.rule.on) if state.rule.on is not None else paths.Launch()
+    moved = paths.move(states, state.path, launch, sizes)
+    if moved.why_not:
+        return (), moved.why_not
+    return tuple(word for switch in moved.added for word in switch.words()), None
 
 
 @dataclass(frozen=True)
@@ -160,7 +203,8 @@ class ChainPath:
     max_bytes: int | None            # the largest message it takes here, where it runs
     inclusive: bool
     turn_on: str
-    also_needs: tuple[str, ...]      # the flags a launch adds for it to take the decode allreduces
+    also_needs: tuple[str, ...]      # what a launch line adds for it to take the decode allreduces
+    no_line: str | None              # why no launch line moves the decode allreduces to it here
     turn_off: str
     source: str
 
@@ -184,7 +228,7 @@ class EngineChain:
     logged: str | None               # what --engine-log says the engine set up
     mode: str | None                 # the chain is the box's under this mode; None: the rules, no box's gates
     chain: tuple[ChainPath, ...]
-    modes: tuple[str, ...]           # the modes of `defaults`
+    modes: tuple[str, ...]           # the modes of `defaults`, in the engine's own words
     defaults: tuple[DefaultAt, ...]  # with a model: the default path per decode size
     note: str | None
 
@@ -200,21 +244,29 @@ class EnginesResult:
     engines: tuple[EngineChain, ...]
 
 
-def _chain(engine: str, states: list[paths.PathState]) -> tuple[ChainPath, ...]:
-    return tuple(ChainPath(s.rule.title, s.default_on, paths.status(s), s.why,
-                           s.max_bytes if s.available is not False else None, s.inclusive, s.rule.turn_on,
-                           _also_needs(engine, s, states), s.rule.turn_off, s.source) for s in states)
+def _chain(engine: Engine, states: list[paths.PathState], sizes: list[int]) -> tuple[ChainPath, ...]:
+    out = []
+    for s in states:
+        needs, no_line = _also_needs(engine, s, states, sizes)
+        out.append(ChainPath(s.rule.title, s.default_on, paths.status(s), s.why,
+                             s.max_bytes if s.available is not False else None, s.inclusive, s.rule.turn_on, needs,
+                             no_line, s.rule.turn_off, s.source))
+    return tuple(out)
 
 
-def _rules(engine: str, facts: FactSet) -> tuple[ChainPath, ...]:
-    return tuple(ChainPath(rule.title, rule.default_on, None, None, None, False, rule.turn_on, (), rule.turn_off,
-                           paths.rule_source(rule, facts)) for rule in paths.RULES if rule.engine == engine)
+def _rules(engine: Engine, facts: FactSet) -> tuple[ChainPath, ...]:
+    return tuple(ChainPath(rule.title, rule.default_on, None, None, None, False, rule.turn_on, (), None,
+                           rule.turn_off, paths.rule_source(rule, facts)) for rule in engine.rules)
 
 
-def _defaults(engine: str, box: Box, tp: int, model: models.Model, modes: list[str],
-              logged: list[str] | None) -> tuple[DefaultAt, ...]:
-    per_mode = [paths.states(engine, box.snapshot, tp, model.dtype, workload=decide.workload(model, m),
-                             logged=logged) for m in modes]
+def mode_words(engine: Engine, mode: str) -> str:
+    """A timing mode as the engine names it."""
+    return "CUDA graphs" if mode == paths.GRAPH else engine.words.eager
+
+
+def _defaults(engine: Engine, facts: FactSet, box: Box, model: models.Model, modes: list[str], deterministic: bool,
+              logged: tuple[str, ...] | None) -> tuple[DefaultAt, ...]:
+    per_mode = [paths.states(engine, box, decide.workload(model, m, deterministic), facts, logged) for m in modes]
     rows = []
     for concurrency in models.DEFAULT_CONCURRENCIES:
         size = model.message_bytes(concurrency)
@@ -224,23 +276,18 @@ def _defaults(engine: str, box: Box, tp: int, model: models.Model, modes: list[s
     return tuple(rows)
 
 
-def engine_chain(engine: str, facts: FactSet, box: Box, tp: int | None, model: models.Model | None,
-                 modes: list[str], chain: Any, note: str | None) -> EngineChain:
+def engine_chain(engine: Engine, facts: FactSet, shown: Shown, model: models.Model | None, modes: list[str],
+                 deterministic: bool, chain: Any, note: str | None) -> EngineChain:
     said = chain.said("") if chain is not None else None
-    if tp is None or box.snapshot is None:
-        return EngineChain(engine, facts.name, facts.version, source.provenance_line(facts), tuple(facts.warnings),
+    if shown.box is None:
+        return EngineChain(engine.key, facts.name, facts.version, source.provenance_line(facts), tuple(facts.warnings),
                            said, None, _rules(engine, facts), (), (), note)
-    workload = decide.workload(model, modes[0]) if model else paths.Workload(mode=modes[0])
-    logged = list(chain.paths) if chain is not None else None
-    states = paths.states(engine, box.snapshot, tp, model.dtype if model else "bf16", workload=workload,
-                          logged=logged)
-    defaults = _defaults(engine, box, tp, model, modes, logged) if model is not None else ()
-    return EngineChain(engine, facts.name, facts.version, source.provenance_line(facts), tuple(facts.warnings), said,
-                       modes[0], _chain(engine, states), tuple(modes) if model is not None else (), defaults, note)
-
-
-def _mode_text(mode: str) -> str:
-    return "CUDA graphs" if mode == paths.GRAPH else "--enforce-eager"
+    logged = chain.paths if chain is not None else None
+    states = paths.states(engine, shown.box, decide.workload(model, modes[0], deterministic), facts, logged)
+    defaults = _defaults(engine, facts, shown.box, model, modes, deterministic, logged) if model is not None else ()
+    return EngineChain(engine.key, facts.name, facts.version, source.provenance_line(facts), tuple(facts.warnings),
+                       said, mode_words(engine, modes[0]), _chain(engine, states, decide.decode_sizes(model)),
+                       tuple(mode_words(engine, m) for m in modes) if model is not None else (), defaults, note)
 
 
 def _path_lines(i: int, p: ChainPath) -> list[str]:
@@ -249,7 +296,8 @@ def _path_lines(i: int, p: ChainPath) -> list[str]:
         return [f"  {i}. {p.title} [{on}]: turn on: {p.turn_on}; turn off: {p.turn_off}", f"     source: {p.source}"]
     limit = ("" if p.max_bytes is None else
              f"; takes up to {format_bytes(p.max_bytes)}" + (" inclusive" if p.inclusive else " (exclusive)"))
-    also = f"; with it: {' '.join(shlex.quote(f) for f in p.also_needs)}" if p.also_needs else ""
+    also = (f"; with it: {' '.join(shlex.quote(f) for f in p.also_needs)}" if p.also_needs else
+            f"; no launch line moves decode here: {p.no_line}" if p.no_line else "")
     return [f"  {i}. {p.title} [{on}]: {p.status}: {p.why}{limit}",
             f"     turn on: {p.turn_on}{also}; turn off: {p.turn_off}", f"     source: {p.source}"]
 
@@ -263,13 +311,12 @@ def engine_lines(e: EngineChain, result: EnginesResult) -> list[str]:
     if e.mode is None:
         lines.append("dispatch chain, in the order the engine tries each call:")
     else:
-        lines.append(f"dispatch chain at TP {result.tp}, in the order the engine tries each call "
-                     f"({_mode_text(e.mode)}):")
+        lines.append(f"dispatch chain at TP {result.tp}, in the order the engine tries each call ({e.mode}):")
     for i, p in enumerate(e.chain, 1):
         lines += _path_lines(i, p)
     if e.defaults and result.model is not None:
         lines.append(f"default path per decode size ({result.model.describe()}):")
-        lines.append(render.table(["concurrency", "message", *(f"default ({_mode_text(m)})" for m in e.modes)],
+        lines.append(render.table(["concurrency", "message", *(f"default ({m})" for m in e.modes)],
                                   [[str(d.concurrency), format_bytes(d.message_bytes), *d.paths] for d in e.defaults],
                                   right=(0, 1)))
     if e.note:
@@ -302,18 +349,20 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
 
 
 def compute(args: argparse.Namespace) -> EnginesResult:
-    asked = decide.requested_engines(argparse.Namespace(engine=args.engine, engine_version=None))
-    chains = decide.engine_chains(args)
+    found = decide.engine_sources(args)
     if args.tp is not None and args.tp <= 0:
         raise UsageError(f"--tp must be a positive number of ranks (got {args.tp})")
     model = workload_model(args)
-    box = load_box(args.run)
-    tp = args.tp or box.world_size
+    shown = load_box(args.run, args.tp)
     modes = [args.mode] if args.mode else [paths.GRAPH, paths.EAGER]
     sections = []
-    for engine, _ in asked:
-        facts = source.active(engine)
-        note = (f"SGLang {facts.version} logs no dispatch chain on CUDA: this chain is the model's"
-                if args.engine_log and engine == engines.SGLANG else None)
-        sections.append(engine_chain(engine, facts, box, tp, model, modes, chains.get(engine), note))
-    return EnginesResult(box.said, tp, model, tuple(sections))
+    for key, _ in found.asked:
+        engine, facts = BY_KEY[key], found.facts[key]
+        notes = [f"{facts.name} {facts.version} logs no dispatch chain: this chain is the model's"
+                 if args.engine_log and not engine.log_line else "",
+                 f"the server runs {facts.name}'s deterministic mode ({engine.words.deterministic}): the paths it "
+                 "turns off are off above" if found.deterministic else ""]
+        note = "; ".join(n for n in notes if n) or None
+        sections.append(engine_chain(engine, facts, shown, model, modes, found.deterministic, found.chains.get(key),
+                                     note))
+    return EnginesResult(shown.said, shown.world_size, model, tuple(sections))

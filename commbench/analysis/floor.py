@@ -22,46 +22,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from commbench import engines, models
+from commbench import models
 from commbench.analysis import configure_text, decide, fastest, provenance, question, render, results_out
-from commbench.analysis.configure import DECODE, Configuration
+from commbench.analysis.configure import NCCL_SCOPE, Configuration
 from commbench.analysis.curves import Curve, CurveKey, Point, cautions, price, ranking
-from commbench.analysis.decide import Price
 from commbench.analysis.fastest import FastestAt
+from commbench.analysis.question import EngineRecord, FloorRow, priced_row, row
 from commbench.files import read_text
 from commbench.errors import UsageError
 from commbench.models import Model
 from commbench.ops import ALLREDUCE
 from commbench.analysis.render import fmt_num, fmt_us
 from commbench.units import format_bytes, parse_bytes, positive_finite
-
-
-@dataclass
-class FloorRow:
-    concurrency: int
-    message_bytes: int
-    allreduces_per_token: int
-    backend: str
-    latency_us: float | None          # None: the size is outside the measured range
-    floor_ms_per_token: float | None
-    max_tokens_per_s: float | None    # all sequences together, if compute were free
-    latency_source: str               # measured | interpolated | out of range <lo>-<hi>
-
-
-def row(model: Model, concurrency: int, latency_us: float | None, backend: str, source: str) -> FloorRow:
-    """The floor of one price at one concurrency (latency None: not priced there)."""
-    size = model.message_bytes(concurrency)
-    n = model.allreduces_per_token
-    if latency_us is None:
-        return FloorRow(concurrency, size, n, backend, None, None, None, source)
-    floor_ms = n * latency_us / 1000.0
-    return FloorRow(concurrency, size, n, backend, latency_us, floor_ms, concurrency * 1000.0 / floor_ms, source)
-
-
-def priced_row(model: Model, concurrency: int, p: Price) -> FloorRow:
-    """The floor of an engine path from its price."""
-    source = ("interpolated" if p.interpolated else "measured") + (", stand-in" if p.stand_in else "")
-    return row(model, concurrency, p.latency_us, p.curve, source)
 
 
 def floor_row(model: Model, curve: Curve, concurrency: int) -> FloorRow:
@@ -133,13 +105,6 @@ def rows_for(model: Model, curves: list[Curve], concurrencies: list[int]) -> lis
     return [floor_row(model, curve, c) for c in concurrencies for curve in curves]
 
 
-def engine_rows(model: Model, c: Configuration) -> list[tuple[FloorRow, FloorRow]]:
-    """Per load of the mix: the floor of the engine's default and of the one configuration."""
-    return [(row(model, cell.tokens, cell.default_us, cell.default_curve or "-", cell.default_how),
-             row(model, cell.tokens, cell.chosen_us, cell.chosen_curve or "-", cell.chosen_how))
-            for cell in c.cells if cell.phase == DECODE]
-
-
 def match_curves(curves: list[Curve], names: list[str]) -> list[Curve]:
     out = []
     for name in names:
@@ -154,27 +119,12 @@ def match_curves(curves: list[Curve], names: list[str]) -> list[Curve]:
 
 
 @dataclass(frozen=True)
-class RowPair:
-    default: FloorRow
-    configured: FloorRow
-
-
-@dataclass(frozen=True)
-class EngineFloor:
-    """One engine: its configuration, the floor of its default and of that configuration per
-    load, and (with --step-ms) the what-if or why there is none."""
+class EngineWhatIf:
+    """--step-ms for one engine: its measured step with the configuration swapped in, or why none."""
 
     engine: str
-    version: str
-    version_note: str | None
-    configuration: Configuration
-    rows: tuple[RowPair, ...]
     what_if: WhatIf | None
-    why_no_what_if: str | None
-
-    @property
-    def name(self) -> str:
-        return f"{engines.ENGINE_NAMES[self.engine]} {self.version}"
+    why_not: str | None
 
 
 @dataclass(frozen=True)
@@ -190,7 +140,9 @@ class FloorResult:
     tp: int | None
     step_ms: float | None                # --step-ms: the measured step the what-ifs split
     facts: tuple[str, ...]               # where each engine's facts (and chain) come from
-    engines: tuple[EngineFloor, ...]
+    box_hint: str | None                 # an import without a probe snapshot: the one command that prices the rest
+    engines: tuple[EngineRecord, ...]    # the same record recommend gives (question.EngineRecord)
+    what_ifs: tuple[EngineWhatIf, ...]   # with --step-ms, per engine
     headroom: tuple[FloorRow, ...]
     fastest: tuple[FastestAt, ...]       # per size, the fastest kernel measured: what headroom is measured against
     backends: tuple[str, ...]            # --backend: the variants asked for
@@ -276,26 +228,26 @@ def compute(found: question.Answer, asked: question.Question, args: argparse.Nam
     --step-ms), the headroom, the --backend rows and the cautions of every curve they show."""
     model, curves = asked.model, found.curves
     named = match_curves(curves, args.backend) if args.backend else []
-    per_engine = []
-    for d, c in zip(found.decisions, found.configurations):
-        pairs = engine_rows(model, c) if c.weighted_saving_ms is not None else []
-        report, why = _engine_what_if(model, c, curves, args) if args.step_ms is not None else (None, "")
-        per_engine.append(EngineFloor(d.engine, d.version, decide.version_note(d), c,
-                                      tuple(RowPair(a, b) for a, b in pairs), report, why or None))
+    what_ifs = []
+    for e in found.records:
+        if args.step_ms is not None:
+            report, why = _engine_what_if(model, e.configuration, curves, args)
+            what_ifs.append(EngineWhatIf(e.engine, report, why or None))
     room_rows = [priced_row(model, r.concurrency, r.cost) for r in decide.fastest_headroom(found.headroom)]
     named_rows = rows_for(model, named, asked.concurrencies)
     shown: list[str] = []   # in the order the text shows them
-    for e in per_engine:
-        shown += [r.backend for pair in e.rows for r in (pair.default,) + (() if e.configuration.is_default
-                                                                           else (pair.configured,))
+    for e in found.records:
+        shown += [r.backend for pair in e.floors for r in (pair.default,) + (() if e.configuration.is_default
+                                                                             else (pair.configured,))
                   if r.latency_us is not None]
-        shown += [e.what_if.best.backend] if e.what_if is not None else []
+    shown += [w.what_if.best.backend for w in what_ifs if w.what_if is not None]
     shown += [r.backend for r in room_rows] + [c.label for c in named]
     by_label = {c.label: c for c in curves}
     warned = cautions(found.run.rows, [by_label[label] for label in dict.fromkeys(shown) if label in by_label])
     return FloorResult(provenance.of(found.run).to_dict(), None, model, model.allreduces_per_token, found.tp,
-                       args.step_ms, question.fact_sources(found, asked), tuple(per_engine), tuple(room_rows),
-                       fastest.fastest_by_size(found.run, curves, model, asked.concurrencies, found.decisions),
+                       args.step_ms, found.facts, found.box_hint, found.records, tuple(what_ifs),
+                       tuple(room_rows),
+                       found.fastest,
                        tuple(args.backend or ()), tuple(named_rows), None, tuple(warned))
 
 
@@ -304,7 +256,8 @@ def table_result(args: argparse.Namespace, model: Model, concurrencies: list[int
     curve = table_curve(args.latency_table)
     report = what_if(model, [curve], curve, concurrencies[0], args.step_ms) if args.step_ms is not None else None
     return FloorResult(None, f"latency table {args.latency_table}", model, model.allreduces_per_token, args.tp,
-                       args.step_ms, (), (), (), (), (), tuple(rows_for(model, [curve], concurrencies)), report, ())
+                       args.step_ms, (), None, (), (), (), (), (), tuple(rows_for(model, [curve], concurrencies)),
+                       report, ())
 
 
 def text(result: FloorResult, wide: bool = False) -> str:
@@ -317,26 +270,33 @@ def text(result: FloorResult, wide: bool = False) -> str:
            render.prose(f"{model.describe()}; TP {result.tp or '?'}", wide),
            render.prose(f"source: {model.source}", wide),
            "\n".join(render.prose(line, wide) for line in result.facts)]
+    if result.box_hint:
+        out.append(render.prose(result.box_hint, wide))
     if model.note:
         out.append(render.prose(f"note: {model.note}", wide))
     out.append(render.prose(f"floor_ms/step = {model.allreduces_per_token} allreduces x latency: each sequence's time "
                             f"per output token if compute were free ({tag}). Per engine, its default and the one "
                             "configuration recommend picks for this mix of concurrencies.", wide))
     tables: list[str | None] = []
+    what_ifs = {w.engine: w for w in result.what_ifs}
     for e in result.engines:
         c = e.configuration
         out.append("")
         if e.version_note:
             out.append(render.prose(f"caution: {e.version_note}", wide))
-        if not e.rows:   # nothing to tabulate: why, and the command that would price it
+        if not e.floors:   # nothing to tabulate: why, and the command that would price it
             out.append(f"== {e.name} ==")
             out.append("\n".join(configure_text.block(c, tag, wide, brief=True)))
             tables.append(None)
         else:
-            rows = [r for pair in e.rows for r in (pair.default,) + (() if c.is_default else (pair.configured,))]
-            roles = ["default"] * len(e.rows) if c.is_default else ["default", "configured"] * len(e.rows)
+            base = "NCCL" if c.scope == NCCL_SCOPE else "default"
+            rows = [r for pair in e.floors for r in (pair.default,) + (() if c.is_default else (pair.configured,))]
+            roles = [base] * len(e.floors) if c.is_default else [base, "configured"] * len(e.floors)
             table = _table(rows, "", wide, roles).split("\n", 1)[1]
-            said = ("its default: nothing to set" if c.is_default
+            said = ("its NCCL path (which sizes the engine sends it needs the box's probe snapshot)"
+                    if c.scope == NCCL_SCOPE and c.is_default
+                    else f"its NCCL path, then the NCCL setting {c.chosen}" if c.scope == NCCL_SCOPE
+                    else "its default: nothing to set" if c.is_default
                     else f"its default, then the configuration {c.chosen}")
             if table in tables:
                 out.append(render.prose(f"{e.name}: {said}: the same as "
@@ -345,9 +305,10 @@ def text(result: FloorResult, wide: bool = False) -> str:
                 out.append(render.prose(f"{e.name}: per concurrency {said} ({tag})", wide))
                 out.append(table)
             tables.append(table)
-        if result.step_ms is not None:
-            out.append(what_if_text(e.what_if, f"{e.name} ({tag})") if e.what_if
-                       else render.prose(e.why_no_what_if or "", wide))
+        w = what_ifs.get(e.engine)
+        if w is not None:
+            out.append(what_if_text(w.what_if, f"{e.name} ({tag})") if w.what_if
+                       else render.prose(w.why_not or "", wide))
     if result.headroom:
         out += ["", _table(list(result.headroom), f"headroom ({tag}): the fastest kernel measured here that no "
                                                   "requested engine takes here, per size; for comparison only", wide)]

@@ -57,5 +57,11 @@ def probe_command(*flags: str, json_file: str = "probe.json") -> str:
     return shlex.join(["commbench", "probe", *flags, "--json", json_file])
 
 
+def import_command(logs: Iterable[str], snapshot: str, out: str) -> str:
+    """The nccl-tests logs imported again with the probe snapshot of their box: it records the box
+    in the run they were imported to (its engine answers then read the box's gates)."""
+    return shlex.join(["commbench", "import-nccl-tests", *logs, "--snapshot", snapshot, "--out", out])
+
+
 def _ints(values: Iterable[int]) -> str:
     return ",".join(str(v) for v in values)

@@ -14,18 +14,17 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 from commbench import engines
 from commbench import models
-from commbench.analysis import configure, configure_text, decide, fastest, provenance, question, render, results_out
-from commbench.analysis.curves import cautions, run_world_size
-from commbench.analysis.decide import EngineDecision, Headroom, Price, Saving
+from commbench.analysis import configure_text, decide, fastest, provenance, question, render, results_out
+from commbench.analysis.curves import cautions
+from commbench.analysis.decide import Headroom, Price
 from commbench.analysis.fastest import FastestAt
+from commbench.analysis.question import EngineRecord, OptionRecord, PathRecord
 from commbench.models import Model
 from commbench.analysis.render import fmt_us
-from commbench.results import OK, Measurement, Run
-from commbench.results.text import capped
 from commbench.units import format_bytes
 
 
@@ -45,14 +44,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     render.add_arguments(parser)
 
 
-def inert_here(run: Run, tp: int | None) -> list[engines.InertSetting]:
-    """The engine settings the run's own probe snapshot says would change nothing."""
-    snapshot = run.info.snapshot
-    if not snapshot or not snapshot.get("gpus"):
-        return []
-    return engines.inert_settings(snapshot, tp or run_world_size(run) or 0)
-
-
 def _cost(price: Price | None) -> str:
     if price is None:
         return "not measured"
@@ -66,7 +57,7 @@ def _availability(state: PathRecord) -> str:
     return ("available" if state.available else "off") + f": {state.why}"
 
 
-def _paths_table(e: EngineResult, tp_shown: str, wide: bool) -> str:
+def _paths_table(e: EngineRecord, tp_shown: str, wide: bool) -> str:
     measured = {o.path for o in e.options}
     rows = [[s.title, "on" if s.default_on else f"opt-in ({s.turn_on})", _availability(s),
              "yes" if s.path in measured else "not measured"] for s in e.paths]
@@ -80,21 +71,6 @@ def _letter(i: int) -> str:
     return chr(ord("A") + i) if i < 26 else f"Z{i - 25}"
 
 
-IMPLEMENTATION_CHARS = 160   # run files are untrusted: a row's text is shown on one line, this long at most
-
-
-def measured_implementations(rows: Iterable[Measurement]) -> dict[str, str]:
-    """Per backend, what its rows say they ran (`extra.implementation`, set by the backends of
-    the engines' own kernels: "sglang 0.5.23 custom allreduce v2 (JIT ...)", FlashInfer's port of
-    vLLM's kernel and its version), so a price from them says which version was measured."""
-    found: dict[str, str] = {}
-    for row in rows:
-        text = row.extra.get("implementation") if row.status == OK else None
-        if isinstance(text, str) and text and row.backend not in found:
-            found[row.backend] = capped(text, IMPLEMENTATION_CHARS)
-    return found
-
-
 def _legend(key: str, o: OptionRecord) -> str:
     def priced_by(label: str) -> str:
         measured = o.measured_implementations.get(label)
@@ -104,11 +80,13 @@ def _legend(key: str, o: OptionRecord) -> str:
     stand = ", ".join(map(priced_by, o.stand_ins))
     parts = [f"priced by {own}" if own else "",
              (f"stand-in (not the engine's kernel): {stand}" + (", used only where no own kernel was measured"
-                                                              if own else "")) if stand else ""]
+                                                              if own else "")) if stand else "",
+             f"its launch line adds {' '.join(o.launch_adds)}" if o.launch_adds and not o.not_offered else "",
+             f"not offered: {o.not_offered}" if o.not_offered else ""]
     return f"{key} = {o.label}: " + "; ".join(p for p in parts if p)
 
 
-def _costs_table(e: EngineResult, wide: bool) -> str:
+def _costs_table(e: EngineRecord, wide: bool) -> str:
     """One column per option (a letter, explained under the table): cells fit any terminal."""
     shown = [o for o in e.options if o.available is not False]
     titles = {p.path: p.title for p in e.paths}
@@ -196,18 +174,15 @@ def compute(found: question.Answer, asked: question.Question) -> RecommendResult
     fastest kernel per size; the cautions of every curve the text shows; the settings the box's
     probe says do nothing; where the engines' facts come from."""
     run = found.run
-    implementations = measured_implementations(run.rows)
-    records = tuple(engine_result(d, c, implementations) for d, c in zip(found.decisions, found.configurations))
     rooms = found.headroom
     shown = [c for d in found.decisions for o in d.options if o.state.available is not False
              for c in o.own + o.stand_ins]
     warned = cautions(run.rows, shown + [c for c in found.curves if c.label in {r.kernel for r in rooms}])
-    inert = inert_here(run, found.tp)
-    return RecommendResult(provenance.of(run).to_dict(), asked.model, found.tp,
-                           question.fact_sources(found, asked), asked.engine_log, records, tuple(rooms),
-                           fastest.fastest_by_size(run, found.curves, asked.model, asked.concurrencies,
-                                                   found.decisions),
-                           tuple(warned), tuple(r._asdict() for r in inert), engines.versions())
+    inert = engines.inert_settings(found.box)
+    return RecommendResult(provenance.of(run).to_dict(), asked.model, found.tp, found.facts,
+                           found.sources.log_file, found.box_hint, found.records, tuple(rooms), found.fastest,
+                           tuple(warned), tuple(r._asdict() for r in inert),
+                           {**found.sources.facts.versions(), "nccl": engines.NCCL_VERSION})
 
 
 def text(result: RecommendResult, wide: bool = False, brief: bool = False) -> str:
@@ -215,6 +190,8 @@ def text(result: RecommendResult, wide: bool = False, brief: bool = False) -> st
     model, tag = result.model, decide.kind_tag(result.provenance["kind"])
     tp_shown = str(result.tp or "?")
     out = [render.prose(result.provenance["line"], wide), render.prose(f"{model.describe()}; TP {tp_shown}", wide)]
+    if result.box_hint:
+        out.append(render.prose(result.box_hint, wide))
     if not brief or result.engine_log:
         out.append("\n".join(render.prose(line, wide) for line in result.facts))
     if brief:
@@ -270,62 +247,6 @@ def _once(tables: list[str | None], i: int, names: list[str], title: Any, wide: 
 
 
 @dataclass(frozen=True)
-class PathRecord:
-    """One engine path on the run's box (decide's PathState, as the JSON gives it)."""
-
-    path: str
-    title: str
-    default_on: bool            # for this model on this box (the engine may turn an opt-in path on)
-    available: bool | None
-    why: str
-    turn_on: str
-    source: str
-    max_bytes: int | None
-
-
-@dataclass(frozen=True)
-class OptionRecord:
-    label: str
-    path: str
-    available: bool | None
-    own: tuple[str, ...]
-    stand_ins: tuple[str, ...]
-    measured_implementations: dict[str, str]
-
-
-@dataclass(frozen=True)
-class SizeRecord:
-    """One decode size: the default's price and every option's, the choice and its saving."""
-
-    concurrency: int
-    message_bytes: int
-    default_path: str | None
-    default_why: str
-    default_cost: Price | None
-    costs: dict[str, Price | None]
-    choice: str | None
-    choice_cost: Price | None
-    saving: Saving | None
-    why_no_saving: str | None
-
-
-@dataclass(frozen=True)
-class EngineResult:
-    engine: str
-    version: str
-    version_note: str | None
-    paths: tuple[PathRecord, ...]
-    options: tuple[OptionRecord, ...]
-    sizes: tuple[SizeRecord, ...]
-    configuration: configure.Configuration
-    losses: tuple[configure.Cell, ...]    # the configuration's cells where it is slower than the default
-
-    @property
-    def name(self) -> str:
-        return f"{engines.ENGINE_NAMES[self.engine]} {self.version}"
-
-
-@dataclass(frozen=True)
 class RecommendResult:
     """What `recommend` answers; its JSON is dataclasses.asdict of this (docs/results.md), and its
     text is drawn from it alone."""
@@ -335,26 +256,10 @@ class RecommendResult:
     tp: int | None
     facts: tuple[str, ...]             # where each engine's facts (and chain) come from
     engine_log: str | None             # --engine-log: the chain vLLM logged
-    engines: tuple[EngineResult, ...]
+    box_hint: str | None               # an import without a probe snapshot: the one command that prices the rest
+    engines: tuple[EngineRecord, ...]  # the same record floor gives (question.EngineRecord)
     headroom: tuple[Headroom, ...]
     fastest: tuple[FastestAt, ...]     # per size, the fastest kernel measured: what headroom is measured against
     cautions: tuple[str, ...]
     inert_settings: tuple[dict[str, Any], ...]    # engines.InertSetting's fields
     engine_versions: dict[str, str]
-
-
-def engine_result(d: EngineDecision, c: configure.Configuration, implementations: dict[str, str]) -> EngineResult:
-    return EngineResult(
-        d.engine, d.version, decide.version_note(d),
-        tuple(PathRecord(s.path, s.rule.title, s.default_on, s.available, s.why, s.rule.turn_on, s.source,
-                         s.max_bytes) for s in d.states),
-        tuple(OptionRecord(o.label, o.state.path, o.state.available, tuple(c.label for c in o.own),
-                           tuple(c.label for c in o.stand_ins),
-                           {c.label: implementations[c.backend] for c in o.own + o.stand_ins
-                            if c.backend in implementations}) for o in d.options),
-        tuple(SizeRecord(s.concurrency, s.message_bytes, s.default.path.path if s.default.path else None,
-                         s.default.why, s.default_price, {o.label: p for o, p in zip(d.options, s.prices)},
-                         s.best.label if s.best else None, s.best_price, s.saving, s.why_no_saving or None)
-              for s in d.sizes),
-        c, c.losses)
-

@@ -1,14 +1,18 @@
-"""Engine knowledge: what vLLM, SGLang and NCCL do with a tensor-parallel allreduce.
+"""Engine knowledge: what vLLM and SGLang do with a tensor-parallel allreduce, one engine per file.
 
-One home, one job per module, every fact data with its provenance:
-  facts.py     a fact (value, engine version, source file:line / env var / flag) and its ast reader
-  vllm.py      vLLM's facts, built in        sglang.py   SGLang's facts, built in
-  libs.py      NCCL and FlashInfer facts     source.py   installed engine / --engine-site / built in; --check
-  settings.py  the settings that select a path, paste-ready lines, settings inert on a box
-  paths.py     the path model: gates, dispatch order and defaults applied to a probed box
-  log.py       the dispatch chain an engine's own start-up log names
+  vllm.py, sglang.py  each engine whole: its facts with their sources, its paths in the order its
+                      own all_reduce tries them, their gates on a box, its words, its start-up log's
+                      names, its prefill default, its inert settings and the gate probes --check runs
+  registry.py         the one list of engines          libs.py   NCCL, FlashInfer, torch symm-mem
+  paths.py            the shared path model: which path takes a size under a launch line, and what a
+                      line must add for its path to take the sizes it claims (knows no engine)
+  facts.py            a fact, and SourceTree, the one reader of an engine's files (ast, kernel names)
+  source.py           installed engine / --engine-site / built in, resolved once per command
+  settings.py         what backends declare, paste-ready lines, settings inert on a box
+  log.py              an engine's start-up chain       explain.py  the probe's explain section
+  check.py, gates.py, gate_child.py, probes.py   `engines --check`: facts, gates and dispatch order
 The package namespace is settings.py's: `from commbench import engines; engines.Settings`.
-No torch anywhere here: the analysis reads it.
+No torch at import time: the analysis reads it (the gate check imports torch in its child process).
 """
 
 from commbench.engines.settings import *  # noqa: F401,F403

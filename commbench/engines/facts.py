@@ -1,17 +1,20 @@
 """Engine facts as data: each one a value with its provenance (engine, version, the source file
-and the symbol, env var or text it is read from), and the reader that takes the same value out
-of an engine's released source with `ast`, never importing the engine (no torch here).
+and the symbol, env var, text or kernel names it is read from), and the reader that takes the
+same value out of an engine's released files with `ast` (or, for kernel names, a bounded scan
+of the kernel source or library), never importing the engine (no torch here).
 
 An engine module (vllm.py, sglang.py) lists its facts built in; `read()` reads them again from
-an installed engine or an unpacked wheel, and `compare()` says where the two differ. Source files
-are untrusted input: a file or symbol that is missing, or a value the reader cannot evaluate, is
-a difference with its reason, never an exception.
+an installed engine or an unpacked wheel and says where the two differ. `SourceTree` is the one
+reader of an engine's files (the gate check imports through it too). Source files are untrusted
+input: a file or symbol that is missing, or a value the reader cannot evaluate, is a difference
+with its reason, never an exception.
 """
 
 from __future__ import annotations
 
 import ast
 import operator
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
@@ -22,8 +25,11 @@ PARAM = "param"          # Class.method.param: a parameter's default value
 ENV = "env"              # an environment variable's default: os.getenv("NAME", default) or NAME = EnvBool(default)
 RETURNS = "returns"      # Class.method: the string constants it returns, in order
 TEXT = "text"            # the file contains this text (value True): behaviour no table states
+KERNELS = "kernels"      # the distinct names a regex (one group) finds in a kernel source or library, sorted
 
 MAX_SOURCE_BYTES = 4 << 20     # a source file larger than this is not an engine module
+MAX_LIBRARY_BYTES = 512 << 20  # a compiled library scanned for kernel names, read in chunks
+SCAN_CHUNK = 8 << 20
 
 
 @dataclass(frozen=True)
@@ -37,6 +43,8 @@ class Fact:
     kind: str = LITERAL
     meaning: str = ""
     line: int | None = None  # where the value was read (set by read(); None for built-in facts)
+    since: str = ""          # the first release that has it: an older one reads as `absent`
+    absent: Any = None       # the value where the release predates the fact
 
     def where(self) -> str:
         return f"{self.file}:{self.line}" if self.line else self.file
@@ -210,33 +218,106 @@ def _text(text: str, symbol: str) -> tuple[Any, int]:
     return True, text.count("\n", 0, at) + 1
 
 
-def read_fact(root: Path, fact: Fact, cache: dict[str, Any] | None = None) -> Fact | str:
-    """`fact` with its value and line as the source under `root` has them, or why it cannot be read."""
-    cache = {} if cache is None else cache
-    path = root / fact.file
-    if fact.file not in cache:
+def release(version: str) -> tuple[int, ...]:
+    """'0.34.0' -> (0, 34, 0); the digits of each dotted part, so '0.35.0rc1' -> (0, 35, 0)."""
+    out = []
+    for part in version.split("."):
+        digits = re.match(r"\d*", part).group()  # type: ignore[union-attr]
+        out.append(int(digits) if digits else 0)
+    return tuple(out)
+
+
+class SourceTree:
+    """The files of one engine release under `root` (an unpacked wheel or site-packages), read
+    bounded and at most once each. The one place that reads an engine's files: the facts below
+    and the gate check (gates.py) both read through it."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self._python: dict[str, tuple[str, ast.Module, dict[str, Any]] | str] = {}
+
+    def text(self, file: str) -> str:
+        """A source file's text; Unreadable when it is missing, too large or unreadable."""
+        path = self.root / file
         try:
             if path.stat().st_size > MAX_SOURCE_BYTES:
-                raise Unreadable(f"{fact.file} is larger than {MAX_SOURCE_BYTES >> 20} MiB")
-            text = path.read_text(encoding="utf-8", errors="replace")
-            tree = ast.parse(text)
-            cache[fact.file] = (text, tree, _module_names(tree))
-        except (OSError, SyntaxError, ValueError, RecursionError, MemoryError) as exc:
-            cache[fact.file] = f"{fact.file} cannot be read ({type(exc).__name__})" if not isinstance(
-                exc, Unreadable) else str(exc)
-    entry = cache[fact.file]
-    if isinstance(entry, str):
+                raise Unreadable(f"{file} is larger than {MAX_SOURCE_BYTES >> 20} MiB")
+            return path.read_text(encoding="utf-8", errors="replace")
+        except OSError as exc:
+            raise Unreadable(f"{file} cannot be read ({type(exc).__name__})") from None
+
+    def python(self, file: str) -> tuple[str, ast.Module, dict[str, Any]]:
+        """A Python file's text, tree and module-level constants."""
+        if file not in self._python:
+            try:
+                text = self.text(file)
+                tree = ast.parse(text)
+                self._python[file] = (text, tree, _module_names(tree))
+            except Unreadable as exc:
+                self._python[file] = str(exc)
+            except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
+                self._python[file] = f"{file} cannot be read ({type(exc).__name__})"
+        entry = self._python[file]
+        if isinstance(entry, str):
+            raise Unreadable(entry)
         return entry
-    text, tree, names = entry
+
+    def scan(self, file: str, pattern: str) -> tuple[list[str], int | None]:
+        """The distinct first groups of `pattern` in a kernel source or compiled library (read
+        in chunks, at most MAX_LIBRARY_BYTES), sorted, and the line of the first in a text file."""
+        path = self.root / file
+        regex = re.compile(pattern.encode())
+        found: set[str] = set()
+        first: int | None = None
+        seen = 0
+        tail = b""
+        try:
+            with open(path, "rb") as handle:
+                while seen < MAX_LIBRARY_BYTES:
+                    chunk = handle.read(SCAN_CHUNK)
+                    if not chunk:
+                        break
+                    block = tail + chunk
+                    for match in regex.finditer(block):
+                        found.add(match.group(1).decode("ascii", "replace"))
+                        if first is None and not file.endswith(".so"):
+                            first = seen - len(tail) + match.start()
+                    seen += len(chunk)
+                    tail = block[-256:]
+        except OSError as exc:
+            raise Unreadable(f"{file} cannot be read ({type(exc).__name__})") from None
+        if first is None:
+            return sorted(found), None
+        with open(path, "rb") as handle:
+            return sorted(found), handle.read(first).count(b"\n") + 1
+
+
+def def_line(tree: SourceTree, file: str, dotted: str) -> int | None:
+    """The line where `Class.function` (or `function`) is defined in a Python file, or None."""
     try:
+        scope = _scope(tree.python(file)[1], dotted.split("."))
+    except (Unreadable, RecursionError):
+        return None
+    return getattr(scope, "lineno", None)
+
+
+def read_fact(tree: SourceTree, fact: Fact) -> Fact | str:
+    """`fact` with its value and line as the source under `tree` has them, or why it cannot be read."""
+    try:
+        if fact.kind == KERNELS:
+            names, line = tree.scan(fact.file, fact.symbol)
+            if not names:
+                raise Unreadable("no kernel of that name in the file")
+            return replace(fact, value=names, line=line)
+        text, module, names_bound = tree.python(fact.file)
         if fact.kind == LITERAL:
-            value, line = _literal(tree, fact.symbol, names)
+            value, line = _literal(module, fact.symbol, names_bound)
         elif fact.kind == PARAM:
-            value, line = _param(tree, fact.symbol, names)
+            value, line = _param(module, fact.symbol, names_bound)
         elif fact.kind == ENV:
-            value, line = _env(tree, fact.symbol, names)
+            value, line = _env(module, fact.symbol, names_bound)
         elif fact.kind == RETURNS:
-            value, line = _returns(tree, fact.symbol)
+            value, line = _returns(module, fact.symbol)
         else:
             value, line = _text(text, fact.symbol)
     except (Unreadable, RecursionError) as exc:
@@ -272,13 +353,21 @@ def _same(a: Any, b: Any) -> bool:
     return type(a) is type(b) and a == b if isinstance(a, bool) or isinstance(b, bool) else a == b
 
 
-def read(root: Path, built_in: FactSet, version: str, origin: str) -> tuple[FactSet, list[Difference]]:
-    """Every fact of `built_in` read from the source under `root`: the facts as that source has
-    them (a fact it does not give keeps its built-in value, with a warning) and the differences."""
-    cache: dict[str, Any] = {}
+def read(tree: SourceTree, built_in: FactSet, version: str, origin: str) -> tuple[FactSet, list[Difference]]:
+    """Every fact of `built_in` read from the source under `tree`: the facts as that source has
+    them (a fact it does not give keeps its built-in value, with a warning) and the differences.
+    A fact from a later release than `version` must be absent there, and reads as its `absent`."""
     facts, differences, warnings = [], [], []
     for fact in built_in.facts:
-        found = read_fact(root, fact, cache)
+        found = read_fact(tree, fact)
+        if fact.since and release(version) < release(fact.since):
+            if isinstance(found, str):
+                facts.append(replace(fact, value=fact.absent))
+            else:
+                facts.append(fact)
+                differences.append(Difference(fact, found.value, found.where(),
+                                              f"present, though built in as new in {fact.since}"))
+            continue
         if isinstance(found, str):
             facts.append(fact)
             differences.append(Difference(fact, None, fact.file, found))

@@ -1,7 +1,8 @@
-"""The settings that select each engine path, and how commbench prints them: what a backend
-declares (Backend.engine_settings builds a Settings from the names here), the paste-ready lines
-recommend prints, and the settings that do nothing on a probed box. The facts these follow are
-data in vllm.py, sglang.py and libs.py, each with its source. No torch here: the analysis reads it.
+"""The settings a backend declares (Backend.engine_settings builds a Settings from the names
+here; run.json records them), the paste-ready lines recommend prints, and the settings that do
+nothing on a probed box. The switches themselves are each engine's, in its own file (vllm.py,
+sglang.py), and named here for the backends under the names they always had. No torch here: the
+analysis reads it.
 """
 
 from __future__ import annotations
@@ -9,15 +10,17 @@ from __future__ import annotations
 import re
 import shlex
 from dataclasses import asdict, dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
-from commbench.engines import libs, source
+from commbench.engines import libs, sglang, vllm
+from commbench.engines.paths import (CUSTOM_AR, FLASHINFER_AR, FLASHINFER_FUSED, FLASHINFER_PCIE_IPC,  # noqa: F401
+                                     MSCCLPP, NCCL_PATH, NCCL_SYMM, TORCH_SYMM_MEM, InertSetting, Launch, move)
+from commbench.engines.registry import BY_KEY, ENGINES as ALL_ENGINES, NAMES
 from commbench.results.schema import PRELOAD_VAR   # one name for the variable, where rows record it
-from commbench.topology.needs import full_nvlink
-from commbench.topology.selection import gpu_pairs, p2p_entry, used_gpus, used_hosts
+from commbench.topology.box import Box, nccl_version as _version_of
 
-VLLM_VERSION = source.BUILT_IN["vllm"].version
-SGLANG_VERSION = source.BUILT_IN["sglang"].version
+VLLM_VERSION = vllm.VERSION
+SGLANG_VERSION = sglang.VERSION
 NCCL_VERSION = libs.NCCL_VERSION
 
 # --- facts, with their sources --------------------------------------------------------------
@@ -33,33 +36,22 @@ TRACE_KERNELS = (
 )
 
 
-# vLLM's dispatch order tries FlashInfer and torch symm-mem before/around its custom allreduce
-# (vllm/distributed/device_communicators/cuda_communicator.py): turning them off makes the path
-# a backend stands for the one that runs.
-VLLM_ONLY_NCCL = {"VLLM_ALLREDUCE_USE_SYMM_MEM": "0", "VLLM_ALLREDUCE_USE_FLASHINFER": "0"}
-VLLM_ONLY_CUSTOM_ALLREDUCE = {"VLLM_ALLREDUCE_USE_FLASHINFER": "0", "VLLM_ALLREDUCE_USE_SYMM_MEM": "0"}
-VLLM_ONLY_SYMM_MEM = {"VLLM_ALLREDUCE_USE_SYMM_MEM": "1", "VLLM_ALLREDUCE_USE_FLASHINFER": "0"}
-DISABLE_CUSTOM_ALLREDUCE = "--disable-custom-all-reduce"     # the same flag in both engines
-SGLANG_TORCH_SYMM_MEM = "--enable-torch-symm-mem"
-SGLANG_MSCCLPP = "--enable-mscclpp"
+# Each engine's switches (vllm.py, sglang.py), under the names the backends use.
+VLLM_ONLY_NCCL = vllm.ONLY_NCCL
+VLLM_ONLY_CUSTOM_ALLREDUCE = vllm.ONLY_CUSTOM_ALLREDUCE
+VLLM_ONLY_SYMM_MEM = vllm.ONLY_SYMM_MEM
+DISABLE_CUSTOM_ALLREDUCE = vllm.DISABLE_CUSTOM_ALLREDUCE     # the same flag in both engines
+SGLANG_TORCH_SYMM_MEM = sglang.TORCH_SYMM_MEM_FLAG
+SGLANG_MSCCLPP = sglang.MSCCLPP_FLAG
+SGLANG_NCCL_SYMM = sglang.NCCL_SYMM_FLAG
 MSCCLPP_NO_NVLS_ENV = {"MSCCLPP_FORCE_DISABLE_NVLS": "1"}
-VLLM_FLASHINFER_TRTLLM_ENV = {"VLLM_ALLREDUCE_USE_FLASHINFER": "1", "VLLM_FLASHINFER_ALLREDUCE_BACKEND": "trtllm"}
-SGLANG_FLASHINFER_TRTLLM = ["--flashinfer-allreduce-fusion-backend", "trtllm"]
-# The raw JSON: paste-ready lines quote every value themselves (shlex.quote).
-FUSE_ALLREDUCE_RMS_CONFIG = '{"pass_config": {"fuse_allreduce_rms": true}}'
-VLLM_FUSE_ALLREDUCE_RMS = ["--compilation-config", FUSE_ALLREDUCE_RMS_CONFIG]
-# vLLM's default -O2 turns the fusion on at TP > 1 on SM90/SM10x (vllm/config/vllm.py): a line that
-# moves decode allreduces off FlashInfer turns it off too, or the fused kernel still takes them.
-NO_FUSE_ALLREDUCE_RMS_CONFIG = '{"pass_config": {"fuse_allreduce_rms": false}}'
-VLLM_NO_FUSE_ALLREDUCE_RMS = ["--compilation-config", NO_FUSE_ALLREDUCE_RMS_CONFIG]
-# SGLang routes every TP allreduce of up to 2048 tokens to FlashInfer where its fusion is on (by
-# default for the architectures in sglang.py flashinfer_archs): this flag wins over that default.
-SGLANG_NO_FLASHINFER = "--enforce-disable-flashinfer-allreduce-fusion"
-VLLM_FUSION_OFF_NOTE = ("the fusion of allreduce + RMSNorm is turned off (fuse_allreduce_rms false): at vLLM's default "
-                        "-O2 it would otherwise run FlashInfer's fused kernel for these decode allreduces")
-SGLANG_FLASHINFER_OFF_NOTE = ("--enforce-disable-flashinfer-allreduce-fusion: for this architecture SGLang otherwise "
-                              "sends every allreduce of up to 2048 tokens to FlashInfer, ahead of this path")
-NEEDS_CUDA_GRAPHS = "this path runs only inside CUDA graphs: do not add --enforce-eager"
+VLLM_FLASHINFER_TRTLLM_ENV = vllm.FLASHINFER_TRTLLM_ENV
+SGLANG_FLASHINFER_TRTLLM = sglang.FLASHINFER_TRTLLM
+FUSE_ALLREDUCE_RMS_CONFIG = vllm.FUSE_ALLREDUCE_RMS_CONFIG
+VLLM_FUSE_ALLREDUCE_RMS = vllm.FUSE_ALLREDUCE_RMS
+NO_FUSE_ALLREDUCE_RMS_CONFIG = vllm.NO_FUSE_ALLREDUCE_RMS_CONFIG
+VLLM_NO_FUSE_ALLREDUCE_RMS = vllm.NO_FUSE_ALLREDUCE_RMS
+SGLANG_NO_FLASHINFER = sglang.NO_FLASHINFER
 
 CUSTOM_AR_PCIE_GATE = (f"vLLM enables its custom allreduce for more than 2 GPUs only when every pair is "
                        f"NVLink-connected; on PCIe at TP>2 it stays off whatever you set (vLLM {VLLM_VERSION}, "
@@ -67,7 +59,7 @@ CUSTOM_AR_PCIE_GATE = (f"vLLM enables its custom allreduce for more than 2 GPUs 
 CUSTOM_AR_ON_BY_DEFAULT = ("custom CUDA-IPC allreduce is on by default in both engines (do not pass "
                            "--disable-custom-all-reduce); they pick one-shot or two-shot by size themselves")
 # The engines' own custom allreduce kernels (backends/sglang_custom_ar.py, vllm_custom_ar.py).
-SGLANG_CUSTOM_AR_V2_ENV = {"SGLANG_OPT_USE_CUSTOM_ALL_REDUCE_V2": "1"}   # the default in 0.5.23
+SGLANG_CUSTOM_AR_V2_ENV = sglang.CUSTOM_AR_V2_ENV
 SGLANG_CUSTOM_AR_V2 = (f"SGLang {SGLANG_VERSION} runs its JIT custom allreduce v2 by default on CUDA "
                        "(SGLANG_OPT_USE_CUSTOM_ALL_REDUCE_V2=1; 0 falls back to the legacy kernel), only where "
                        "every GPU pair is NVLink-connected, 2 GPUs included (can_use_custom_all_reduce_v2), for "
@@ -77,7 +69,7 @@ SGLANG_ALGO_BY_SIZE = (f"SGLang {SGLANG_VERSION} picks 1shot_push / 2shot_push /
                        "where it works) by size and world size itself; SGLANG_FORCE_CUSTOM_ALL_REDUCE_V2_PUSH_SIZE_KB "
                        "only forces one-shot push up to a size: this algorithm at every size is headroom, and "
                        "SGLang's custom allreduce is priced by sglang:auto")
-VLLM_ALGO_VAR = "VLLM_CUSTOM_ALLREDUCE_ALGO"      # read by vLLM's custom_all_reduce.cuh: 1stage | 2stage
+VLLM_ALGO_VAR = vllm.ALGO_VAR      # read by vLLM's custom_all_reduce.cuh: 1stage | 2stage
 VARIANT_VARS = (VLLM_ALGO_VAR,)    # engine variables that make one option of a path differ from another
 VLLM_STAGE_FORCED = (f"VLLM_CUSTOM_ALLREDUCE_ALGO=1stage|2stage forces vLLM's custom allreduce stage at every size it "
                      f"takes (read by its kernel, custom_all_reduce.cuh, in vLLM {VLLM_VERSION}'s _C library): "
@@ -90,8 +82,8 @@ def vllm_forced_stage(variant: str, stage: str, notes: list[str]) -> "Settings":
                     notes=[VLLM_STAGE_FORCED, *notes], engine_paths=claim(CUSTOM_AR, VLLM))
 SGLANG_NOT_VLLM_KERNEL = (f"SGLang {SGLANG_VERSION} runs its own custom allreduce v2 on NVLink, not vLLM's kernel "
                           "(measure sglang:auto for SGLang)")
-FLASHINFER_PCIE_IPC_ENV = {"VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC": "1"}   # vLLM #53576, opt-in
-SGLANG_PCIE_IPC_ENV = {"SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "1"}              # SGLang 0.5.23 environ.py, opt-in
+FLASHINFER_PCIE_IPC_ENV = vllm.PCIE_IPC_ENV
+SGLANG_PCIE_IPC_ENV = sglang.PCIE_IPC_ENV
 FLASHINFER_PCIE_ALTERNATIVE = ("on PCIe hosts without NVLink the upstream alternative is FlashInfer's PCIe IPC "
                                "allreduce: vLLM VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC=1 (bf16/fp16, 2/4/8 ranks, CUDA "
                                "graphs only; vLLM #53576), SGLang SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1 (bf16, 2/4/8 ranks)")
@@ -123,22 +115,14 @@ UNFUSED_BASELINE = ("the unfused baseline is plain allreduce + a separate residu
 GLOO_CPU = ("gloo is the CPU backend: this run measured the host, not GPUs, and no engine serves decode "
             "through it")
 
-# --- engine paths: the allreduce implementations an engine dispatches to ---------------------
+# --- engine paths -----------------------------------------------------------------------------
 # A backend says which engine path its rows price (Settings.engine_paths): the path id per
 # engine, and whether it runs that path's own kernels or only stands in for them (commbench's
 # p2p kernels stand in for the engines' custom allreduce until the engines' kernels are measured).
 
-VLLM, SGLANG = "vllm", "sglang"
-ENGINES = (VLLM, SGLANG)
-ENGINE_NAMES = {VLLM: "vLLM", SGLANG: "SGLang"}
-CUSTOM_AR = "custom_ar"                  # the engines' CUDA-IPC custom allreduce
-NCCL_PATH = "nccl"                       # PyNccl: NCCL's own kernels
-TORCH_SYMM_MEM = "torch_symm_mem"        # torch symmetric-memory one/two-shot or multimem
-NCCL_SYMM = "nccl_symm"                  # NCCL symmetric-memory kernels on registered windows
-FLASHINFER_AR = "flashinfer_ar"          # FlashInfer trtllm allreduce (vLLM's standalone path)
-FLASHINFER_PCIE_IPC = "flashinfer_pcie_ipc"
-FLASHINFER_FUSED = "flashinfer_fused"    # FlashInfer allreduce + residual + RMSNorm, one kernel
-MSCCLPP = "mscclpp"
+VLLM, SGLANG = vllm.KEY, sglang.KEY
+ENGINES = tuple(e.key for e in ALL_ENGINES)
+ENGINE_NAMES = NAMES
 
 
 def claim(path: str, *engine_ids: str, stand_in: bool = False) -> dict[str, dict[str, Any]]:
@@ -167,6 +151,13 @@ class Settings:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def launch(self, engine: str) -> Launch:
+        """This engine's variables and flags, as its path model reads a launch line."""
+        return Launch.of(getattr(self, f"{engine}_env"), getattr(self, f"{engine}_flags"))
+
+    def supported(self, engine: str) -> bool:
+        return bool(getattr(self, f"{engine}_supported"))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Settings":
@@ -220,7 +211,7 @@ def declared_paths(s: Settings) -> dict[str, dict[str, Any]]:
     sglang_own = s.sglang_env == SGLANG_CUSTOM_AR_V2_ENV
     sglang = (FLASHINFER_PCIE_IPC if s.sglang_env == SGLANG_PCIE_IPC_ENV
               else MSCCLPP if SGLANG_MSCCLPP in sg else TORCH_SYMM_MEM if SGLANG_TORCH_SYMM_MEM in sg
-              else NCCL_SYMM if "--enable-symm-mem" in sg
+              else NCCL_SYMM if SGLANG_NCCL_SYMM in sg
               else FLASHINFER_FUSED if SGLANG_FLASHINFER_TRTLLM[0] in sg and FLASHINFER_FUSED == vllm
               else FLASHINFER_AR if SGLANG_FLASHINFER_TRTLLM[0] in sg and FLASHINFER_AR == vllm
               else NCCL_PATH if DISABLE_CUSTOM_ALLREDUCE in sg
@@ -280,35 +271,69 @@ LIBRARY_PATH = re.compile(r"^/[A-Za-z0-9_.+/-]{1,255}$")
 # The engines' PyNccl opens libnccl.so.2 through ctypes unless given a path: vLLM 0.33.0
 # vllm/utils/nccl.py find_nccl_library (VLLM_NCCL_SO_PATH); SGLang 0.5.23 pynccl_wrapper.py
 # (SGLANG_NCCL_SO_PATH).
-NCCL_SO_PATH_VAR = {VLLM: "VLLM_NCCL_SO_PATH", SGLANG: "SGLANG_NCCL_SO_PATH"}
+NCCL_SO_PATH_VAR = {e.key: e.words.nccl_so_var for e in ALL_ENGINES}
 ENV_PREFIXES = ("NCCL_", "VLLM_", "SGLANG_", "MSCCLPP_", "TORCH_", "NVSHMEM_")
 ENV_VALUE = re.compile(r"^[A-Za-z0-9_.,:+-]{1,64}$")
 # Flags an engine setting may carry, with the values each takes (None: a switch).
 KNOWN_FLAGS: dict[str, frozenset[str] | None] = {
-    DISABLE_CUSTOM_ALLREDUCE: None, SGLANG_TORCH_SYMM_MEM: None, SGLANG_MSCCLPP: None, "--enable-symm-mem": None,
+    DISABLE_CUSTOM_ALLREDUCE: None, SGLANG_TORCH_SYMM_MEM: None, SGLANG_MSCCLPP: None, SGLANG_NCCL_SYMM: None,
     SGLANG_FLASHINFER_TRTLLM[0]: frozenset({"trtllm"}), SGLANG_NO_FLASHINFER: None,
     # runs recorded before the raw form carried the JSON in single quotes
     VLLM_FUSE_ALLREDUCE_RMS[0]: frozenset({FUSE_ALLREDUCE_RMS_CONFIG, f"'{FUSE_ALLREDUCE_RMS_CONFIG}'",
                                            NO_FUSE_ALLREDUCE_RMS_CONFIG}),
 }
-COMMANDS = {VLLM: "vllm serve MODEL --tensor-parallel-size {tp}",
-            SGLANG: "python -m sglang.launch_server --model-path MODEL --tp {tp}"}
-
-
-# Settings whose only effect is to turn a path off: left out of a paste-ready line where that
-# path is off on the box anyway (printing them would name settings this box ignores).
-TURN_OFF_ENV = {("VLLM_ALLREDUCE_USE_FLASHINFER", "0"): FLASHINFER_AR, ("VLLM_ALLREDUCE_USE_SYMM_MEM", "0"): TORCH_SYMM_MEM}
-TURN_OFF_FLAGS = {DISABLE_CUSTOM_ALLREDUCE: CUSTOM_AR}
+COMMANDS = {e.key: e.words.command for e in ALL_ENGINES}
 
 
 def without_offs(s: Settings, engine: str, off_here: set[str]) -> Settings:
-    """The settings less what only turns off a path that is off here anyway."""
-    env = {k: v for k, v in (s.vllm_env if engine == VLLM else s.sglang_env).items()
-           if TURN_OFF_ENV.get((k, v)) not in off_here}
-    flags = [f for f in (s.vllm_flags if engine == VLLM else s.sglang_flags) if TURN_OFF_FLAGS.get(f) not in off_here]
-    if engine == VLLM:
-        return Settings(**{**asdict(s), "vllm_env": env, "vllm_flags": flags})
-    return Settings(**{**asdict(s), "sglang_env": env, "sglang_flags": flags})
+    """The settings less what only turns off a path that is off here anyway (printing them would
+    name settings this box ignores): a variable or flag that is some path's off switch."""
+    offs = [r.off for r in BY_KEY[engine].rules if r.off is not None and r.path in off_here]
+    drop_env = {pair for o in offs for pair in o.env}
+    drop_flags = {o.flags[0] for o in offs if len(o.flags) == 1}
+    env = {k: v for k, v in getattr(s, f"{engine}_env").items() if (k, v) not in drop_env}
+    flags = [f for f in getattr(s, f"{engine}_flags") if f not in drop_flags]
+    return Settings(**{**asdict(s), f"{engine}_env": env, f"{engine}_flags": flags})
+
+
+def with_switches(s: Settings, engine: str, switches: tuple[Any, ...]) -> Settings:
+    """The settings plus a path model's switches (paths.Move.added) in this engine's variables and flags."""
+    env = dict(getattr(s, f"{engine}_env"))
+    flags = list(getattr(s, f"{engine}_flags"))
+    for switch in switches:
+        env.update(dict(switch.env))
+        if not Launch.of(env, flags).has(switch):
+            flags += list(switch.flags)
+    return Settings(**{**asdict(s), f"{engine}_env": env, f"{engine}_flags": flags})
+
+
+def turned_off_note(engine: str, switch: Any, title: str, path_title: str) -> str:
+    """Why a launch line carries a switch the path model added (paths.Move.added)."""
+    return (f"{switch.text()} turns {title} off: {NAMES[engine]} tries it first and it would otherwise take these "
+            f"decode sizes ahead of {path_title}")
+
+
+def graphs_note(engine: str) -> str:
+    return f"this path runs only inside CUDA graphs: do not add {BY_KEY[engine].words.eager}"
+
+
+def launch_settings(s: Settings, engine: str, path: str, found: list[Any], sizes: list[int] | tuple[int, ...]
+                    ) -> tuple[Settings, Any]:
+    """`s` plus what its path needs to take the decode sizes it claims in `engine` here: each
+    default-on path ahead of it that would take them, turned off (paths.move), with a note per
+    switch, and a word where the path runs only inside CUDA graphs. Also the move itself (its
+    sizes, or why no line can move them)."""
+    moved = move(found, path, s.launch(engine), sizes)
+    rules = BY_KEY[engine].rules
+    title = next(r.title for r in rules if r.path == path)
+    notes = list(s.notes)
+    for switch in moved.added:
+        off = next(r for r in rules if r.off == switch)
+        notes.append(turned_off_note(engine, switch, off.title, title))
+    if next(r for r in rules if r.path == path).graphs_only:
+        notes.append(graphs_note(engine))
+    out = with_switches(s, engine, moved.added)
+    return Settings(**{**asdict(out), "notes": notes}), moved
 
 
 def env_refusal(env: dict[str, Any]) -> str | None:
@@ -356,8 +381,8 @@ def paste_lines(s: Settings, engine: str, tp: int | None) -> tuple[list[str], st
     """The shell lines that select this setting in `engine` (NCCL exports first), or a refusal."""
     if s.preload:
         return [], preload_deployment(s, engine)
-    env = s.vllm_env if engine == VLLM else s.sglang_env
-    flags = s.vllm_flags if engine == VLLM else s.sglang_flags
+    env = getattr(s, f"{engine}_env")
+    flags = getattr(s, f"{engine}_flags")
     refusal = env_refusal(s.nccl_env) or env_refusal(env) or flags_refusal(flags)
     if refusal:
         return [], refusal
@@ -368,116 +393,22 @@ def paste_lines(s: Settings, engine: str, tp: int | None) -> tuple[list[str], st
     return lines, None
 
 
-def versions() -> dict[str, str]:
-    """The engine versions whose facts the outputs use: installed here (or --engine-site), else built in."""
-    return {"vllm": source.active(VLLM).version, "sglang": source.active(SGLANG).version, "nccl": NCCL_VERSION}
-
-
 # --- settings that do nothing on a probed box ------------------------------------------------
-# Users turn these on, nothing changes, and hours go into finding out why. Each rule names the
-# version whose code it reads, so a release that changes the rule shows as a stale source.
+# Users turn these on, nothing changes, and hours go into finding out why. Each engine's rules are
+# in its own file and name the version whose code they read.
 
 NCCL_SYMMETRIC_PCIE_OFF = libs.NCCL_SYMMETRIC_PCIE_OFF
 
 
-class InertSetting(NamedTuple):
-    setting: str
-    why: str
-    source: str
-    paths: tuple[tuple[str, str], ...] = ()     # the (engine, path id) pairs it leaves off
-
-
 def nccl_version(snapshot: dict[str, Any]) -> tuple[int, ...] | None:
     """The NCCL torch carries, as recorded by the probe ('2.28.9'); None when unknown."""
-    text = str((snapshot.get("software") or {}).get("nccl") or "")
-    parts = text.split(".")
-    return tuple(int(p) for p in parts) if parts and all(p.isdigit() for p in parts) else None
+    software = snapshot.get("software") if isinstance(snapshot, dict) else None
+    return _version_of((software or {}).get("nccl") if isinstance(software, dict) else None)
 
 
-def _fusion_rules(cc: str) -> list[InertSetting]:
-    if not cc.startswith("12."):
+def inert_settings(box: Box) -> list[InertSetting]:
+    """Settings that change nothing at this world size on this box, each with why and the rule's
+    source, every engine's (built-in facts: the probe's explain names no installed engine)."""
+    if not box.fabric_known:
         return []
-    return [
-        InertSetting("vLLM compilation pass fuse_allreduce_rms (FlashInfer allreduce + RMSNorm fusion)",
-                     f"turned on automatically at -O2 on SM90 and every SM10x only; its size table "
-                     f"FI_ALLREDUCE_FUSION_MAX_SIZE_MB has no row for compute capability {cc}, so nothing is fused",
-                     f"vLLM {VLLM_VERSION} config/vllm.py, compilation/passes/fusion/allreduce_rms_fusion.py",
-                     ((VLLM, FLASHINFER_FUSED),)),
-        InertSetting("SGLang --enable-flashinfer-allreduce-fusion",
-                     f"an alias of --flashinfer-allreduce-fusion-backend=auto, which needs SM90 or SM10x: on compute "
-                     f"capability {cc} the server fails at start-up ('FlashInfer allreduce fusion requires SM90 or "
-                     "SM10X NVIDIA GPUs', raised while it sets up the workspaces); leave the flag out",
-                     f"SGLang {SGLANG_VERSION} srt/layers/flashinfer_comm_fusion.py, srt/arg_groups/serving_hook.py",
-                     ((SGLANG, FLASHINFER_FUSED),)),
-    ]
-
-
-def _symm_mem_rules(cc: str, multicast: bool) -> list[InertSetting]:
-    out = []
-    if cc == "12.0":
-        out.append(InertSetting("vLLM VLLM_ALLREDUCE_USE_SYMM_MEM=1 (torch symmetric-memory allreduce, on by default)",
-                                "SYMM_MEM_ALL_REDUCE_MAX_SIZES gives sizes for compute capability 9.0 and 10.x and "
-                                "none for 12.0: no message takes this path",
-                                f"vLLM {VLLM_VERSION} distributed/device_communicators/symm_mem.py",
-                                ((VLLM, TORCH_SYMM_MEM),)))
-    if not multicast:
-        out.append(InertSetting("SGLang --enable-torch-symm-mem",
-                                "the communicator disables itself when the GPUs have no multicast (PCIe GPUs never do)",
-                                f"SGLang {SGLANG_VERSION} distributed/device_communicators/torch_symm_mem.py",
-                                ((SGLANG, TORCH_SYMM_MEM),)))
-    return out
-
-
-def _custom_allreduce_rule(world_size: int, nvlink: bool) -> list[InertSetting]:
-    if world_size <= 2 or nvlink:
-        return []
-    return [InertSetting("vLLM / SGLang custom allreduce (on by default: no --disable-custom-all-reduce needed to "
-                         "turn it off here)",
-                         f"above 2 GPUs it needs NVLink between every pair ('not supported on more than two "
-                         f"PCIe-only GPUs'); at TP {world_size} without full NVLink both engines fall back to NCCL",
-                         f"vLLM {VLLM_VERSION} distributed/device_communicators/custom_all_reduce.py; "
-                         f"SGLang {SGLANG_VERSION} custom_all_reduce.py", ((VLLM, CUSTOM_AR), (SGLANG, CUSTOM_AR)))]
-
-
-def _nccl_symmetric_rule(version: tuple[int, ...] | None, world_size: int, nvlink: bool) -> list[InertSetting]:
-    if version is None or version < NCCL_SYMMETRIC_PCIE_OFF or nvlink or world_size < 2:
-        return []
-    shown = ".".join(str(p) for p in version)
-    return [InertSetting("NCCL symmetric kernels (vLLM VLLM_USE_NCCL_SYMM_MEM=1, SGLang --enable-symm-mem, "
-                         "NCCL_SYM_KERNEL)",
-                         f"from NCCL 2.29.2 the built-in symmetric kernels run only on fully NVLink-connected systems "
-                         f"(ncclSymkAvailable() is false otherwise): NCCL {shown} here uses its regular kernels",
-                         libs.NCCL_SYMMETRIC_SOURCE, ((VLLM, NCCL_SYMM), (SGLANG, NCCL_SYMM)))]
-
-
-def inert_settings(snapshot: dict[str, Any], world_size: int) -> list[InertSetting]:
-    """Settings that change nothing at this world size on this box, each with why and the rule's source."""
-    gpus_used = used_gpus(snapshot, world_size)
-    if not gpus_used or len(used_hosts(snapshot, world_size)) > 1:
-        return []
-    gpus = snapshot["gpus"]
-    cc = str(gpus[gpus_used[0]].get("compute_capability", "?"))
-    distinct = sorted(set(gpus_used))
-    nvlink = len(distinct) > 1 and nvlink_everywhere(snapshot, distinct)
-    multicast = all((gpus[g].get("attributes") or {}).get("multicast") == 1 for g in distinct)
-    rules = _fusion_rules(cc) + _symm_mem_rules(cc, multicast)
-    if len(distinct) < len(gpus_used):
-        return rules    # ranks share GPUs (an emulation): no fabric to read the NVLink gates from
-    return (rules + _custom_allreduce_rule(world_size, nvlink)
-            + _nccl_symmetric_rule(nccl_version(snapshot), world_size, nvlink))
-
-
-# --- NVLink as the engines' gates read it (commbench.engines.paths applies them) ---------------
-
-def _nvml_nvlink_all(snapshot: dict[str, Any], gpu_ids: list[int]) -> bool:
-    """vLLM's is_fully_connected: NVML P2P status for the NVLINK index is OK on every pair."""
-    for a, b in gpu_pairs(gpu_ids):
-        nv = (p2p_entry(snapshot, a, b) or {}).get("nvml") or {}
-        if nv.get("nvlink") != "OK":
-            return False
-    return True
-
-
-def nvlink_everywhere(snapshot: dict[str, Any], gpu_ids: list[int]) -> bool:
-    """NVLink between every pair, by the link matrix or by NVML (vLLM's is_fully_connected asks NVML)."""
-    return full_nvlink(snapshot, gpu_ids) or _nvml_nvlink_all(snapshot, gpu_ids)
+    return [rule for e in ALL_ENGINES for rule in e.inert(box, e.facts)]

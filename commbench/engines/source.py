@@ -1,20 +1,21 @@
 """Where an engine's facts come from on this machine: the engine installed beside commbench (found
 without importing it), a site-packages folder or unpacked wheel given with --engine-site, or the
-facts built in. Reading is `ast` only (facts.py): no engine import, no torch.
+facts built in. Resolved once per command into a `Sources` that is passed down (no module state).
+Reading is facts.SourceTree's (`ast`): no engine import, no torch.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
-from commbench.engines import sglang, vllm
-from commbench.engines.facts import Difference, FactSet, read
+from commbench.engines.facts import FactSet, SourceTree, read
+from commbench.engines.paths import Engine
+from commbench.engines.registry import BY_KEY, ENGINES
 from commbench.errors import UsageError
 
-BUILT_IN: dict[str, FactSet] = {"vllm": vllm.FACTS, "sglang": sglang.FACTS}
-CHECKED: dict[str, tuple[str, ...]] = {"vllm": vllm.CHECKED, "sglang": sglang.CHECKED}
 VERSION_LINE = re.compile(r"^Version:\s*([0-9][0-9A-Za-z.+-]{0,31})\s*$", re.MULTILINE)
 MAX_METADATA_BYTES = 1 << 20
 
@@ -53,8 +54,8 @@ def installed_root(engine: str) -> Path | None:
     return package_root(Path(list(spec.submodule_search_locations)[0]), engine)
 
 
-def engines_at(site: Path) -> list[str]:
-    return [e for e in BUILT_IN if package_root(site, e) is not None]
+def engines_at(site: Path) -> list[Engine]:
+    return [e for e in ENGINES if package_root(site, e.key) is not None]
 
 
 def site_refusal(site: Path) -> str | None:
@@ -67,55 +68,60 @@ def site_refusal(site: Path) -> str | None:
     return None
 
 
-def facts_from(root: Path, engine: str, origin: str) -> FactSet:
-    """The facts of the engine under root: read with ast where commbench knows its release, else
-    the built-in facts with a warning that names the release."""
-    built_in = BUILT_IN[engine]
-    version = version_at(root, engine)
-    if version is None:
-        return _with_warning(built_in, f"{built_in.name} under {root} has no readable version (dist-info METADATA): "
-                                       f"{built_in.said} used")
-    if version not in CHECKED[engine]:
-        return _with_warning(built_in, f"{built_in.name} {version} {origin}: commbench has no reader checked "
-                                       f"against it; {built_in.said} used (run `commbench engines --check "
-                                       f"{root}` to see what differs)")
-    facts, _ = read(root, built_in, version, origin)
-    return facts
-
-
 def _with_warning(facts: FactSet, warning: str) -> FactSet:
     return FactSet(facts.engine, facts.name, facts.version, facts.facts, facts.origin, (*facts.warnings, warning))
 
 
-_ACTIVE: dict[str, FactSet] = {}
-_SITE: list[Path] = []
+def facts_from(root: Path, engine: Engine, origin: str) -> FactSet:
+    """The facts of the engine under root: read with ast where commbench knows its release, else
+    the built-in facts with a warning that names the release."""
+    built_in = engine.facts
+    version = version_at(root, engine.key)
+    if version is None:
+        return _with_warning(built_in, f"{built_in.name} under {root} has no readable version (dist-info METADATA): "
+                                       f"{built_in.said} used")
+    if version not in engine.checked:
+        return _with_warning(built_in, f"{built_in.name} {version} {origin}: commbench has no reader checked "
+                                       f"against it; {built_in.said} used (run `commbench engines --check "
+                                       f"{root}` to see what differs)")
+    facts, _ = read(SourceTree(root), built_in, version, origin)
+    return facts
 
 
-def use_site(site: str | None) -> None:
-    """--engine-site PATH: read the engines' facts from there (one line and exit 2 when it holds none)."""
-    _ACTIVE.clear()
-    _SITE.clear()
-    if site is None:
-        return
-    path = Path(site)
-    refusal = site_refusal(path)
-    if refusal:
-        raise UsageError(f"--engine-site: {refusal}")
-    _SITE.append(path)
+@dataclass(frozen=True)
+class Sources:
+    """The facts every output of one command uses, per engine: --engine-site, else the installed
+    engine, else built in."""
+
+    facts: dict[str, FactSet]
+
+    def __getitem__(self, engine: str) -> FactSet:
+        return self.facts[engine]
+
+    def versions(self) -> dict[str, str]:
+        return {key: f.version for key, f in self.facts.items()}
 
 
-def active(engine: str) -> FactSet:
-    """The facts every output uses for `engine`: --engine-site, else the installed engine, else built in."""
-    if engine not in _ACTIVE:
-        root = package_root(_SITE[0], engine) if _SITE else installed_root(engine)
+def resolve(site: str | None) -> Sources:
+    """--engine-site PATH (one line and exit 2 when it holds no engine), else what is installed here,
+    else the facts built in."""
+    path = Path(site) if site is not None else None
+    if path is not None:
+        refusal = site_refusal(path)
+        if refusal:
+            raise UsageError(f"--engine-site: {refusal}")
+    found = {}
+    for engine in ENGINES:
+        root = package_root(path, engine.key) if path is not None else installed_root(engine.key)
         if root is None:
-            built_in = BUILT_IN[engine]
-            _ACTIVE[engine] = built_in if not _SITE else _with_warning(
-                built_in, f"no {engine} package under {_SITE[0]}: {built_in.said} used")
+            found[engine.key] = engine.facts if path is None else _with_warning(
+                engine.facts, f"no {engine.key} package under {path}: {engine.facts.said} used")
         else:
-            where = f"read from {root}" if _SITE else "installed here"
-            _ACTIVE[engine] = facts_from(root, engine, where)
-    return _ACTIVE[engine]
+            found[engine.key] = facts_from(root, engine, f"read from {root}" if path is not None else "installed here")
+    return Sources(found)
+
+
+BUILT_IN = Sources({e.key: e.facts for e in ENGINES})
 
 
 def provenance_line(facts: FactSet) -> str:
@@ -127,15 +133,5 @@ def provenance_line(facts: FactSet) -> str:
     return f"{facts.name} {facts.version} {facts.origin}"
 
 
-def check(site: Path) -> tuple[list[tuple[FactSet, list[Difference]]], str | None]:
-    """Every built-in fact compared with the engine source under `site`, per engine found there."""
-    refusal = site_refusal(site)
-    if refusal:
-        return [], refusal
-    out = []
-    for engine in engines_at(site):
-        root = package_root(site, engine)
-        assert root is not None
-        version = version_at(root, engine) or "unknown version"
-        out.append(read(root, BUILT_IN[engine], version, f"read from {root}"))
-    return out, None
+def engine(key: str) -> Engine:
+    return BY_KEY[key]

@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from commbench.topology.findings import findings
-from commbench.engines.paths import explain
+from commbench.engines.explain import explain
 from commbench.probe.render_pcie import pcie_tables
 from commbench.probe.tables import literal_console, new_table, styled
 from commbench.probe.verdicts import reason_for

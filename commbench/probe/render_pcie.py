@@ -12,6 +12,7 @@ from rich.text import Text
 from commbench.topology import islands, nccl_checks
 from commbench.units import format_bytes
 from commbench.engines import inert_settings
+from commbench.topology import box
 from commbench.topology.nccl_xml import NcclXmlError, parse_graphs, parse_topology
 from commbench.topology.pcie_findings import (SM_READ_LATENCY_MAX_US, SM_READ_LATENCY_SOURCE, SM_TO_COPY_MIN_RATIO,
                                               SM_TO_COPY_SOURCE, ab_pairs, aer_rows, below_max, sm_path_rows)
@@ -136,7 +137,7 @@ def driver_table(s: dict[str, Any]) -> Table:
 def inert_table(s: dict[str, Any], world_size: int) -> Table:
     t = new_table(f"Settings that do nothing here at world size {world_size}",
                   ("setting", "why", "rule (source, version)"))
-    for rule in inert_settings(s, world_size):
+    for rule in inert_settings(box.read(s, world_size)):
         t.add_row(rule.setting, rule.why, rule.source)
     return t
 
@@ -154,6 +155,6 @@ def pcie_tables(s: dict[str, Any], world_size: int) -> list[Table]:
         tables.append(placement_table(s))
     if any(h.get("nvidia_module") for h in (s.get("hosts") or {}).values()):
         tables.append(driver_table(s))
-    if inert_settings(s, world_size):
+    if inert_settings(box.read(s, world_size)):
         tables.append(inert_table(s, world_size))
     return tables

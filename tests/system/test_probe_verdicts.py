@@ -9,7 +9,7 @@ import pytest
 
 from commbench import backends
 from commbench.backends.mscclpp import MscclppOptions
-from commbench.engines.paths import explain
+from commbench.engines.explain import explain
 from commbench.policy import MULTICAST_POLICY_VARS
 from commbench.probe import verdicts
 from commbench.topology.needs import NO_GPU, SHARED_GPU

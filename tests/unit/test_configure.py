@@ -14,7 +14,9 @@ from commbench.analysis import configure, decide
 from commbench.analysis.curves import decode_curves
 from commbench.cli import main as cli
 from commbench.errors import UsageError
+from commbench.engines.registry import BY_KEY
 from commbench.runs import load_run
+from commbench.topology import box as boxes
 
 SYNTHETIC = Path(__file__).parents[1] / "data" / "runs" / "synthetic-pcie-8gpu"
 GLM5 = models.lookup("glm-5")
@@ -22,11 +24,17 @@ LL = "NCCL (PyNccl) [NCCL_ALGO=Ring NCCL_PROTO=LL]"
 CHANNELS = "NCCL (PyNccl) [NCCL_MIN_NCHANNELS=8]"
 
 
+def decided(engine: str, run, curves, concurrencies: list[int]) -> decide.EngineDecision:
+    e = BY_KEY[engine]
+    return decide.decide(e, e.facts, run, decide.box_of(run, 8), curves, GLM5, concurrencies,
+                         decide.workload(GLM5, "auto"))
+
+
 def _configure(mix: str, engine: str = "sglang") -> configure.Configuration:
     run = load_run(SYNTHETIC)
     curves = decode_curves(run, tp=8, dtype="bf16", mode="auto")
     loads = configure.parse_loads(mix, [])
-    d = decide.decide(engine, run, curves, GLM5, [l.concurrency for l in loads], 8)
+    d = decided(engine, run, curves, [l.concurrency for l in loads])
     return configure.configure(d, GLM5, loads, 16, "test", 8)
 
 
@@ -36,7 +44,7 @@ def test_per_concurrency_winners_differ_and_one_configuration_comes_out() -> Non
     # two paste blocks for one server.
     run = load_run(SYNTHETIC)
     curves = decode_curves(run, tp=8, dtype="bf16", mode="auto")
-    d = decide.decide("sglang", run, curves, GLM5, [1, 16, 64], 8)
+    d = decided("sglang", run, curves, [1, 16, 64])
     assert {s.concurrency: s.best.label for s in d.sizes} == {1: LL, 16: CHANNELS, 64: CHANNELS}
 
     even = _configure("1,16,64")
@@ -83,14 +91,16 @@ def test_a_bad_mix_is_one_line(text: str, message: str) -> None:
 def test_weights_are_shares_and_the_prefill_chunk_is_the_engines_default_for_the_gpu() -> None:
     assert [l.weight for l in configure.parse_loads("1:1,16:3", [])] == [0.25, 0.75]
     assert [l.weight for l in configure.parse_loads(None, [1, 2])] == [0.5, 0.5]
-    h200 = {"gpus": [{"name": "NVIDIA H200", "memory_total_mib": 143771}]}
-    rtx = {"gpus": [{"name": "NVIDIA RTX PRO 6000", "memory_total_mib": 97887}]}
-    assert configure.default_prefill_tokens("vllm", h200)[0] == 8192
-    assert configure.default_prefill_tokens("sglang", h200)[0] == 8192
-    assert configure.default_prefill_tokens("vllm", None)[0] == 2048
-    assert configure.default_prefill_tokens("sglang", None)[0] == 4096
-    assert configure.default_prefill_tokens("sglang", {"gpus": [{"memory_total_mib": 180 * 1024}]})[0] == 16384
-    assert configure.default_prefill_tokens("vllm", rtx)[0] == 8192
+    vllm, sglang = BY_KEY["vllm"], BY_KEY["sglang"]
+
+    def chunk(engine, gpu: dict | None) -> int:
+        return engine.prefill(boxes.read({"gpus": [gpu]} if gpu else None, 1), engine.facts)[0]
+    h200 = {"name": "NVIDIA H200", "memory_total_mib": 143771}
+    rtx = {"name": "NVIDIA RTX PRO 6000", "memory_total_mib": 97887}
+    assert chunk(vllm, h200) == 8192 and chunk(sglang, h200) == 8192
+    assert chunk(vllm, None) == 2048 and chunk(sglang, None) == 4096
+    assert chunk(sglang, {"memory_total_mib": 180 * 1024}) == 16384
+    assert chunk(vllm, rtx) == 8192
 
 
 def _engine_sections(text: str) -> list[list[str]]:
@@ -106,7 +116,7 @@ def _engine_sections(text: str) -> list[list[str]]:
     return [s for s in sections if s is not None]
 
 
-@pytest.mark.parametrize("kind", ["cpu", "emulated", "imported"])
+@pytest.mark.parametrize("kind", ["cpu", "emulated"])
 def test_a_run_that_cannot_price_the_default_says_why_and_names_the_sweep(
         kind: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The dead ends of issue 38: a CPU run, ranks sharing a GPU without the engines' kernels, an
@@ -115,13 +125,8 @@ def test_a_run_that_cannot_price_the_default_says_why_and_names_the_sweep(
     root = Path(__file__).resolve().parents[2]
     if kind == "cpu":
         run, extra = SYNTHETIC.parent / "cpu-gloo-4rank-a", ["--dtype", "fp32"]
-    elif kind == "emulated":
-        run, extra = root / "results/reference/h200-mps-emulated/world8/pcie/20261202-005850-vm", []
     else:
-        run, extra = tmp_path / "imported", []
-        assert cli(["import-nccl-tests", str(root / "tests/data/nccl-tests/h200-8gpu-mpi-graph.json"),
-                    "--out", str(run)]) == 0
-        capsys.readouterr()
+        run, extra = root / "results/reference/h200-mps-emulated/world8/pcie/20261202-005850-vm", []
     assert cli(["recommend", str(run), "--model", "glm-5", "--brief", *extra]) == 0
     brief = capsys.readouterr().out
     sections = _engine_sections(brief)
@@ -134,3 +139,33 @@ def test_a_run_that_cannot_price_the_default_says_why_and_names_the_sweep(
     floor = capsys.readouterr().out
     assert "torchrun --nproc-per-node" in floor
     assert not any(line.rstrip().endswith("not measured") for line in floor.splitlines())   # no such table
+
+
+def test_an_import_without_a_snapshot_prices_nccl_and_says_once_what_prices_the_rest(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 53 item 4: an nccl-tests import without a probe snapshot cannot tell an engine's
+    default path, but NCCL's is priced: floor gives NCCL's per-token floor (156 x its per-call time
+    for GLM-5), recommend prices what NCCL alone can decide, and each says once which command (after
+    the probe on that box) prices the rest."""
+    root = Path(__file__).resolve().parents[2]
+    run = tmp_path / "imported"
+    log = root / "tests/data/nccl-tests/h200-8gpu-mpi-graph.txt"
+    assert cli(["import-nccl-tests", str(log), "--average", "3", "--out", str(run)]) == 0
+    capsys.readouterr()
+    hint = f"commbench import-nccl-tests {log} --average 3 --snapshot probe.json --out {run}"
+    assert cli(["recommend", str(run), "--model", "glm-5", "--brief", "--concurrency", "1"]) == 0
+    brief = capsys.readouterr().out
+    assert brief.count(hint) == 1 and brief.count("`commbench probe --json probe.json`") == 1
+    sections = _engine_sections(brief)
+    assert len(sections) == 2 and all(any("its NCCL path only" in line for line in s) for s in sections)
+    assert "no configuration can be priced" not in brief
+    out_json = tmp_path / "floor.json"
+    assert cli(["floor", str(run), "--model", "glm-5", "--concurrency", "1", "--json", str(out_json)]) == 0
+    floor = capsys.readouterr().out
+    assert floor.count(hint) == 1
+    data = json.loads(out_json.read_text())
+    (pair,) = data["engines"][0]["floors"]
+    nccl = pair["default"]
+    assert nccl["backend"].startswith("nccl-tests") and nccl["floor_ms_per_token"] == pytest.approx(
+        156 * nccl["latency_us"] / 1000)
+    assert data["engines"][0]["configuration"]["scope"] == "nccl"

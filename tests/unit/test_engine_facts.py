@@ -15,11 +15,14 @@ from commbench import engines
 from commbench.analysis import decide
 from commbench.analysis.curves import decode_curves
 from commbench.cli import main as cli
+from commbench.engines import facts as facts_
 from commbench.engines import paths, sglang, source, vllm
 from commbench.engines.paths import Workload
+from commbench.engines.registry import BY_KEY
 from commbench.engines.settings import (CUSTOM_AR, FLASHINFER_AR, FLASHINFER_FUSED, FLASHINFER_PCIE_IPC, MSCCLPP,
                                         NCCL_PATH, NCCL_SYMM, SGLANG, TORCH_SYMM_MEM, VLLM)
 from commbench.runs import load_run
+from commbench.topology import box as boxes
 
 ROOT = Path(__file__).parents[2]
 SNAPSHOTS = ROOT / "tests/fixtures/snapshots"
@@ -33,19 +36,16 @@ GLM5 = Workload("GlmMoeDsaForCausalLM", 6144)
 LLAMA = Workload("LlamaForCausalLM", 8192)
 
 
-@pytest.fixture(autouse=True)
-def built_in_facts():
-    source.use_site(None)
-    yield
-    source.use_site(None)
+def found(engine: str, snapshot: dict, workload: Workload = Workload(), world_size: int = 8) -> list:
+    return paths.states(BY_KEY[engine], boxes.read(snapshot, world_size), workload)
 
 
 def states(engine: str, snapshot: dict, workload: Workload = Workload(), world_size: int = 8) -> dict:
-    return {s.path: s for s in paths.states(engine, snapshot, world_size, "bf16", workload=workload)}
+    return {s.path: s for s in found(engine, snapshot, workload, world_size)}
 
 
 def default(engine: str, snapshot: dict, size: int, workload: Workload = Workload(), world_size: int = 8) -> str | None:
-    chosen = paths.default_path(paths.states(engine, snapshot, world_size, "bf16", workload=workload), size)
+    chosen = paths.default_path(found(engine, snapshot, workload, world_size), size)
     return chosen.path.path if chosen.path else None
 
 
@@ -89,8 +89,10 @@ def test_3_sglang_0523_ships_flashinfer_pcie_ipc():
 
 
 def test_4_sglang_dispatch_order():
-    order = [s.path for s in paths.states(SGLANG, H200, 8, "bf16") if s.rule.op == paths.ALLREDUCE]
-    assert order == [NCCL_SYMM, FLASHINFER_AR, MSCCLPP, CUSTOM_AR, FLASHINFER_PCIE_IPC, TORCH_SYMM_MEM, NCCL_PATH]
+    order = [s.path for s in found(SGLANG, H200) if s.rule.op == paths.ALLREDUCE]
+    # MSCCL++ comes after custom allreduce and PCIe IPC, which yield to it where it takes a message
+    assert order == [NCCL_SYMM, FLASHINFER_AR, CUSTOM_AR, FLASHINFER_PCIE_IPC, MSCCLPP, TORCH_SYMM_MEM, NCCL_PATH]
+    assert paths.pick(sglang.RULES, {CUSTOM_AR, MSCCLPP, NCCL_PATH}) == MSCCLPP
     assert sglang.FACTS.value("outplace_order")[:2] == ["ca", "pcie_ipc"]
     # --enable-torch-symm-mem alone leaves custom allreduce in front: it is the default below 16 MiB
     assert default(SGLANG, H200, 1 * MiB, LLAMA) == CUSTOM_AR
@@ -129,13 +131,13 @@ def test_8_vllm_has_sm103_rows_for_b300():
     assert paths_[TORCH_SYMM_MEM].available is True and paths_[TORCH_SYMM_MEM].max_bytes == 64 * MiB
     assert paths_[CUSTOM_AR].max_bytes == 4 * MiB        # min(CUSTOM_ALL_REDUCE_MAX_SIZES["10.3"][8], 8 MiB)
     assert paths_[FLASHINFER_AR].max_bytes == 128 * MiB   # FI_MNNVL_ALLREDUCE_MAX_SIZE_MB[(103, 8, 1)]
-    assert not engines.inert_settings(B300, 8)
+    assert not engines.inert_settings(boxes.read(B300, 8))
     # the custom allreduce's cap where symm-mem is on is never above its 8 MiB buffer
     assert states(VLLM, H200, world_size=2)[CUSTOM_AR].max_bytes == 8 * MiB
 
 
 def test_9_sglang_flashinfer_fusion_flag_fails_at_start_up_on_sm12():
-    (rule,) = [r for r in engines.inert_settings(PCIE, 8) if r.setting.startswith("SGLang --enable-flashinfer")]
+    (rule,) = [r for r in engines.inert_settings(boxes.read(PCIE, 8)) if r.setting.startswith("SGLang --enable-flashinfer")]
     assert "fails at start-up" in rule.why and "silently" not in rule.why
     assert "stops the server at start-up" in states(SGLANG, PCIE)[FLASHINFER_AR].why
 
@@ -174,12 +176,26 @@ def test_recommend_on_the_pcie_fixture_offers_sglang_pcie_ipc(capsys):
 
 # --- launch lines that do what they claim ----------------------------------------------------
 
+GLM5_SIZES = [6144 * 2 * c for c in (1, 2, 4, 8, 16, 32, 64, 128, 256)]
+
+
 def _launch(engine: str, snapshot: dict, path: str, settings: engines.Settings, workload: Workload) -> list[str]:
-    found = paths.states(engine, snapshot, 8, "bf16", workload=workload)
-    launched = paths.launch_settings(settings, engine, path, found)
+    """The line, or [] where no line moves decode to the path here (the option is not offered)."""
+    launched, moved = engines.launch_settings(settings, engine, path, found(engine, snapshot, workload), GLM5_SIZES)
+    if moved.why_not:
+        return []
     lines, refusal = engines.paste_lines(launched, engine, 8)
     assert refusal is None
     return shlex.split(lines[-1])
+
+
+def read_back(engine: str, line: str) -> paths.Launch:
+    """A paste-ready line as the engine reads it: the variables before the command, the flags after."""
+    words = shlex.split(line)
+    command = len(shlex.split(BY_KEY[engine].words.command.format(tp=8)))
+    env_words = [w for w in words[:len(words) - command] if "=" in w]
+    rest = words[len(env_words) + command:]
+    return paths.Launch.of(dict(w.split("=", 1) for w in env_words), rest)
 
 
 VLLM_LINES = {NCCL_PATH: engines.nccl_path("nccl"), CUSTOM_AR: engines.Settings(
@@ -200,8 +216,10 @@ def test_every_vllm_line_moving_decode_off_flashinfer_turns_the_fusion_off(path)
     argv = _launch(VLLM, H200, path, VLLM_LINES[path], GLM5)
     at = argv.index(FUSION_OFF[0])
     assert json.loads(argv[at + 1]) == {"pass_config": {"fuse_allreduce_rms": False}}
-    # where the fusion is off anyway (SM12, --enforce-eager) the line does not carry it
+    # where the fusion is off anyway (SM12, --enforce-eager) the line does not carry it (on 8 PCIe GPUs
+    # custom allreduce and torch symm-mem are off: no line is offered for them)
     assert FUSION_OFF[0] not in _launch(VLLM, PCIE, path, VLLM_LINES[path], GLM5)
+    assert bool(_launch(VLLM, PCIE, path, VLLM_LINES[path], GLM5)) == (path in (NCCL_PATH, FLASHINFER_PCIE_IPC))
     assert FUSION_OFF[0] not in _launch(VLLM, H200, path, VLLM_LINES[path], Workload("X", 6144, "eager"))
 
 
@@ -211,10 +229,67 @@ def test_every_sglang_line_for_a_listed_architecture_disables_its_flashinfer_rou
     assert engines.SGLANG_NO_FLASHINFER not in _launch(SGLANG, H200, path, SGLANG_LINES[path], LLAMA)
 
 
-def test_a_path_that_needs_cuda_graphs_says_so_and_the_fused_line_keeps_the_fusion():
-    found = paths.states(VLLM, PCIE, 8, "bf16", workload=GLM5)
-    launched = paths.launch_settings(VLLM_LINES[FLASHINFER_PCIE_IPC], VLLM, FLASHINFER_PCIE_IPC, found)
-    assert engines.NEEDS_CUDA_GRAPHS in launched.notes
+@pytest.mark.parametrize("path, snapshot, world_size", [
+    (TORCH_SYMM_MEM, H200, 8),              # custom allreduce v2 takes <= 16 MiB ahead of torch symm-mem
+    (NCCL_SYMM, H200, 8),                   # --enable-symm-mem yields to custom allreduce
+    (FLASHINFER_PCIE_IPC, PCIE, 2)])        # the legacy custom allreduce takes <= 8 MiB ahead of PCIe IPC
+def test_sglang_opt_in_lines_turn_off_the_custom_allreduce_that_sglang_tries_first(path, snapshot, world_size):
+    """Issue 57: SGLang tries its custom allreduce before NCCL symmetric memory, PCIe IPC and torch
+    symmetric memory (parallel_state.py): their lines carry --disable-custom-all-reduce too."""
+    launched, moved = engines.launch_settings(SGLANG_LINES[path], SGLANG, path, found(SGLANG, snapshot, GLM5, world_size),
+                                              GLM5_SIZES)
+    assert engines.DISABLE_CUSTOM_ALLREDUCE in launched.sglang_flags and moved.sizes
+    assert any("--disable-custom-all-reduce turns custom allreduce (CUDA IPC) off" in n for n in launched.notes)
+
+
+SNAPSHOT_FILES = sorted(SNAPSHOTS.glob("*.json"))
+WORKLOADS = {"glm-5 graph": GLM5, "llama graph": LLAMA, "llama eager": Workload("LlamaForCausalLM", 8192, "eager"),
+             "glm-5 fp16": Workload("GlmMoeDsaForCausalLM", 6144, dtype="fp16")}
+
+
+@pytest.mark.parametrize("snapshot_file", SNAPSHOT_FILES, ids=lambda p: p.stem)
+def test_every_option_of_every_engine_moves_the_decode_sizes_it_claims(snapshot_file):
+    """Issue 57 item 1: for every path a user can select in every engine, on every fixture box at
+    every world size it has, the printed launch line, read back as the engine reads it, makes that
+    path the first in the engine's order to take each decode size the option claims; an option that
+    cannot is not offered and says why."""
+    snapshot = json.loads(snapshot_file.read_text())
+    gpus = len(snapshot.get("gpus") or [])
+    checked = 0
+    for world_size in sorted({w for w in (2, 4, 8) if w <= max(gpus, 2)}):
+        for name, workload in WORKLOADS.items():
+            sizes = [(workload.hidden or 1) * 2 * c for c in (1, 4, 16, 64, 256)]
+            for engine in engines.ENGINES:
+                states_ = found(engine, snapshot, workload, world_size)
+                for state in states_:
+                    rule = state.rule
+                    if rule.on is None and rule.off is None:
+                        continue            # the fallback: nothing selects it
+                    base = engines.Settings(f"{engine}:{rule.path}", **{
+                        f"{engine}_env": dict(rule.on.env) if rule.on else {},
+                        f"{engine}_flags": list(rule.on.flags) if rule.on else []})
+                    launched, moved = engines.launch_settings(base, engine, rule.path, states_, sizes)
+                    if moved.why_not:
+                        assert not moved.sizes, (engine, rule.path)
+                        continue
+                    lines, refusal = engines.paste_lines(launched, engine, world_size)
+                    assert refusal is None, refusal
+                    launch = read_back(engine, lines[-1])
+                    for size in moved.sizes:
+                        taker = paths.taker(states_, launch, size, rule.op).path
+                        assert taker is not None and taker.path == rule.path, (
+                            snapshot_file.stem, world_size, name, engine, rule.path, size, lines[-1])
+                        checked += 1
+    assert checked or gpus < 2
+
+
+def test_a_path_that_needs_cuda_graphs_says_so_in_the_engines_words_and_the_fused_line_keeps_the_fusion():
+    launched, _ = engines.launch_settings(VLLM_LINES[FLASHINFER_PCIE_IPC], VLLM, FLASHINFER_PCIE_IPC,
+                                          found(VLLM, PCIE, GLM5), GLM5_SIZES)
+    assert "this path runs only inside CUDA graphs: do not add --enforce-eager" in launched.notes
+    launched, _ = engines.launch_settings(SGLANG_LINES[MSCCLPP], SGLANG, MSCCLPP, found(SGLANG, H200, LLAMA),
+                                          GLM5_SIZES)
+    assert "this path runs only inside CUDA graphs: do not add --disable-decode-cuda-graph" in launched.notes
     fused = engines.Settings("flashinfer:fused", vllm_flags=list(engines.VLLM_FUSE_ALLREDUCE_RMS),
                              engine_paths=engines.claim(FLASHINFER_FUSED, VLLM))
     argv = _launch(VLLM, H200, FLASHINFER_FUSED, fused, GLM5)
@@ -225,9 +300,11 @@ def test_a_path_that_needs_cuda_graphs_says_so_and_the_fused_line_keeps_the_fusi
 
 @pytest.mark.parametrize("fact", vllm.FACTS.facts + sglang.FACTS.facts, ids=lambda f: f.key)
 def test_every_fact_names_its_source(fact):
-    assert fact.file.startswith(("vllm/", "sglang/")) and fact.file.endswith(".py") and fact.symbol
+    kinds = (".so", ".cuh") if fact.kind == facts_.KERNELS else (".py",)
+    assert fact.file.startswith(("vllm/", "sglang/")) and fact.file.endswith(kinds) and fact.symbol
 
 
+@pytest.mark.procs     # its custom_all_reduce.py is imported in the gate check's child process
 def test_check_prints_each_difference_and_exits_1(capsys):
     assert cli(["engines", "--check", str(SRC / "vllm-site")]) == 1
     out = capsys.readouterr().out
@@ -268,8 +345,7 @@ def test_an_installed_engine_is_found_without_importing_it(tmp_path, monkeypatch
     (site / "vllm-0.34.0.dist-info").mkdir()
     (site / "vllm-0.34.0.dist-info" / "METADATA").write_text("Name: vllm\nVersion: 0.34.0\n")
     monkeypatch.syspath_prepend(str(site))
-    source.use_site(None)
-    facts = source.active(VLLM)
+    facts = source.resolve(None)[VLLM]
     assert facts.origin == "installed here" and source.provenance_line(facts) == "read from vLLM 0.34.0 installed here"
     assert facts.value("custom_ar_world_sizes") == [2, 4, 6, 8, 16] and facts.warnings   # nothing to read: built in
 
@@ -305,11 +381,12 @@ def test_recommend_on_an_imported_8x_h200_log_prices_nccl(tmp_path, capsys):
     run = load_run(out)
     curves = decode_curves(run, 8, "bf16", "auto")
     for engine in engines.ENGINES:
-        option, price = decide.best_path_at(engine, run, curves, 8, "bf16", 12 * KiB)
+        e = BY_KEY[engine]
+        option, price = decide.best_path_at(e, e.facts, run, curves, decide.box_of(run, 8), "bf16", 12 * KiB)
         assert option is not None and option.state.path == NCCL_PATH and price is not None
     assert cli(["recommend", str(out), "--model", "glm-5", "--wide"]) == 0
     text = capsys.readouterr().out
-    assert "no CUDA GPU" not in text and "cannot tell from an import" in text
+    assert "no CUDA GPU" not in text and "cannot tell from an nccl-tests import without a probe snapshot" in text
     assert "NCCL (PyNccl): priced by nccl-tests:" in text
 
 
@@ -350,8 +427,11 @@ def test_sglang_pcie_ipc_is_priced_by_flashinfer_rows_where_measured(capsys):
     assert "= FlashInfer PCIe IPC allreduce: priced by flashinfer:pcie_ipc (graph)" in out
     assert cli(["engines", str(run), "--model", "glm-5", "--engine", "sglang"]) == 0
     out = " ".join(capsys.readouterr().out.split())
-    assert ("turn on: SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1; with it: --enforce-disable-flashinfer-allreduce-fusion;"
-            in out)
+    # ranks share one GPU: whether the custom allreduce (tried first) takes these sizes cannot be read,
+    # so the line turns it off too
+    assert ("turn on: SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1; with it: --enforce-disable-flashinfer-allreduce-fusion "
+            "--disable-custom-all-reduce;" in out)
     assert cli(["engines", str(run), "--model", "llama-3.1-70b", "--engine", "sglang"]) == 0
     out = " ".join(capsys.readouterr().out.split())
-    assert "turn on: SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1; turn off" in out   # no routing to turn off
+    # no FlashInfer routing to turn off for Llama; the custom allreduce (its gate unknown here) still is
+    assert "turn on: SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1; with it: --disable-custom-all-reduce; turn off" in out

@@ -9,11 +9,16 @@ from pathlib import Path
 
 import pytest
 
+from dataclasses import replace
+
 from commbench import engines
+from commbench.engines import explain
 from commbench.engines import paths as engine_paths
 from commbench.engines import (CUSTOM_AR, FLASHINFER_AR, FLASHINFER_FUSED, NCCL_PATH, NCCL_SYMM, SGLANG, TORCH_SYMM_MEM,
                                VLLM)
+from commbench.engines.registry import BY_KEY
 from commbench.policy import MULTICAST_POLICY_VARS
+from commbench.topology import box as boxes
 from factories import row
 
 ROOT = Path(__file__).parents[2]
@@ -38,15 +43,20 @@ def nvswitch_h200(multicast: bool) -> dict:
     return snap
 
 
+def states(engine: str, snapshot: dict, world_size: int = 8, dtype: str = "bf16",
+           workload: engine_paths.Workload | None = None, blocked: str | None = None) -> list:
+    box = boxes.read(snapshot, world_size, multicast_blocked=blocked)
+    return engine_paths.states(BY_KEY[engine], box, replace(workload or engine_paths.Workload(), dtype=dtype))
+
+
 def by_path(engine: str, snapshot: dict, world_size: int = 8, dtype: str = "bf16",
-            workload: engine_paths.Workload | None = None) -> dict:
-    return {s.path: s for s in engine_paths.states(engine, snapshot, world_size, dtype, workload=workload)}
+            workload: engine_paths.Workload | None = None, blocked: str | None = None) -> dict:
+    return {s.path: s for s in states(engine, snapshot, world_size, dtype, workload, blocked)}
 
 
 def default(engine: str, snapshot: dict, message_bytes: int, world_size: int = 8,
             workload: engine_paths.Workload | None = None) -> str | None:
-    chosen = engine_paths.default_path(engine_paths.states(engine, snapshot, world_size, "bf16", workload=workload),
-                                       message_bytes)
+    chosen = engine_paths.default_path(states(engine, snapshot, world_size, workload=workload), message_bytes)
     return chosen.path.path if chosen.path else None
 
 
@@ -104,14 +114,15 @@ def test_ranks_sharing_one_gpu_leave_the_fabric_gates_unknown():
     assert default(VLLM, EMULATED, 12 * KiB) == FLASHINFER_FUSED and default(VLLM, EMULATED, 1 << 20) is None
     assert default(VLLM, EMULATED, 12 * KiB, workload=EAGER) == FLASHINFER_AR
     # and the inert list no longer calls the custom allreduce inert on one shared GPU
-    assert not any((VLLM, CUSTOM_AR) in r.paths for r in engines.inert_settings(EMULATED, 8))
+    assert not any((VLLM, CUSTOM_AR) in r.paths for r in engines.inert_settings(boxes.read(EMULATED, 8)))
 
 
 @pytest.mark.parametrize("snapshot", [PCIE, EMULATED, nvswitch_h200(True), nvswitch_h200(False)])
 def test_a_path_the_inert_list_names_is_never_available(snapshot):
-    inert = {p for rule in engines.inert_settings(snapshot, 8) for p in rule.paths}
+    inert = {p for rule in engines.inert_settings(boxes.read(snapshot, 8)) for p in rule.paths}
+    assert inert or snapshot is not PCIE
     for engine in engines.ENGINES:
-        for state in engine_paths.states(engine, snapshot, 8, "bf16"):
+        for state in states(engine, snapshot):
             if (engine, state.path) in inert:
                 assert state.available is False, (engine, state.path)
 
@@ -122,7 +133,8 @@ def test_the_fastest_path_at_a_size_for_callers_without_a_model():
     from commbench.runs import load_run
     run = load_run(ROOT / "tests/data/runs/synthetic-pcie-8gpu")
     curves = decode_curves(run, 8, "bf16", "auto")
-    option, price = decide.best_path_at(SGLANG, run, curves, 8, "bf16", 16 * KiB)
+    engine = BY_KEY[SGLANG]
+    option, price = decide.best_path_at(engine, engine.facts, run, curves, decide.box_of(run, 8), "bf16", 16 * KiB)
     # p2p:oneshot (13 us) is faster there, but SGLang cannot run it on 8 PCIe GPUs
     assert option.state.path == NCCL_PATH and price.curve == "nccl:proto=LL,algo=Ring (graph)" and price.latency_us == 54
 
@@ -132,13 +144,13 @@ def test_explain_is_the_path_model_in_words(monkeypatch):
     allreduce's gate either, and every path's state and reason appear as the model has them."""
     for name in MULTICAST_POLICY_VARS:     # explain reads this host's policy
         monkeypatch.delenv(name, raising=False)
-    lines = engine_paths.explain(EMULATED, 8)
+    lines = explain.explain(EMULATED, 8)
     assert ("vLLM 0.34.0 custom allreduce (CUDA IPC): cannot tell here: ranks share one GPU" in "\n".join(lines))
     words = {None: "cannot tell here", False: "off"}
     for engine in engines.ENGINES:
-        for state in engine_paths.states(engine, EMULATED, 8, "bf16"):
+        for state in states(engine, EMULATED):
             status = words.get(state.available, "on" if state.default_on else "opt-in")
-            head = f"{engines.ENGINE_NAMES[engine]} {engines.versions()[engine]} {state.rule.title}: {status}: "
+            head = f"{engines.ENGINE_NAMES[engine]} {BY_KEY[engine].facts.version} {state.rule.title}: {status}: "
             assert any(line.startswith(head + state.why) for line in lines), head
 
 
@@ -149,7 +161,7 @@ def test_the_write_and_verify_warning_and_flashinfer_auto_live_in_the_path_model
     assert "resolves to mnnvl" in by_path(VLLM, nvswitch_h200(True))[FLASHINFER_AR].why
     assert "falls back to trtllm" in by_path(VLLM, nvswitch_h200(False))[FLASHINFER_AR].why
     # a host whose policy forbids multicast: symm-mem off, the custom allreduce keeps 8 MiB
-    blocked = {s.path: s for s in engine_paths.states(VLLM, nvswitch_h200(True), 8, "bf16", "disabled by policy")}
+    blocked = by_path(VLLM, nvswitch_h200(True), blocked="disabled by policy")
     assert blocked[TORCH_SYMM_MEM].available is False and "multicast_ptr == 0" in blocked[TORCH_SYMM_MEM].why
     assert blocked[CUSTOM_AR].max_bytes == 8 << 20
     assert "forbidden by this host's policy" in blocked[FLASHINFER_AR].why
@@ -186,7 +198,8 @@ def test_own_kernel_rows_of_a_path_running_another_kernel_are_priced_as_stand_in
     rows = [row(backend="sglang:auto", message_bytes=64 * KiB, latency_us=9.0)]
     for snapshot, own in ((PCIE, False), (nvswitch_h200(False), True)):
         run = Run(tmp_path, RunInfo(snapshot=snapshot, world_size=2, backend_facts=facts), rows)
-        states = engine_paths.states(SGLANG, snapshot, 2, "bf16")
-        (option,) = [o for o in decide.options(SGLANG, states, run, build_curves(rows)) if o.state.path == CUSTOM_AR]
+        found = states(SGLANG, snapshot, 2)
+        (option,) = [o for o in decide.options(SGLANG, found, run, build_curves(rows), [64 * KiB])
+                     if o.state.path == CUSTOM_AR]
         assert ([c.backend for c in option.own], [c.backend for c in option.stand_ins]) == \
             ((["sglang:auto"], []) if own else ([], ["sglang:auto"]))

@@ -107,10 +107,21 @@ def test_floor_per_engine_default_best_and_headroom_apart(capsys, tmp_path):
     assert "with nccl:proto=LL,algo=Ring (graph)" in engine_part and "p2p:oneshot (graph)" in headroom
     data = json.loads(out_json.read_text())
     assert [e["engine"] for e in data["engines"]] == ["vllm", "sglang"]
-    assert all(e["what_if"]["best"]["backend"] == "nccl:proto=LL,algo=Ring (graph)" for e in data["engines"])
+    assert [w["engine"] for w in data["what_ifs"]] == ["vllm", "sglang"]
+    assert all(w["what_if"]["best"]["backend"] == "nccl:proto=LL,algo=Ring (graph)" for w in data["what_ifs"])
     assert data["headroom"][0]["backend"] == "p2p:oneshot (graph)"
     assert data["engines"][1]["configuration"]["chosen"] == "NCCL (PyNccl) [NCCL_ALGO=Ring NCCL_PROTO=LL]"
-    assert data["engines"][1]["rows"][0]["default"]["backend"] == "nccl (graph)"
+    assert data["engines"][1]["floors"][0]["default"]["backend"] == "nccl (graph)"
+
+
+def test_floor_and_recommend_give_one_and_the_same_per_engine_record(capsys, tmp_path):
+    """Issue 57 item 4: both commands answer from question.EngineRecord; its JSON is the same."""
+    argv = [str(SYNTHETIC), "--model", "glm-5", "--concurrency", "1,64"]
+    assert cli(["floor", *argv, "--json", str(tmp_path / "f.json")]) == 0
+    assert cli(["recommend", *argv, "--json", str(tmp_path / "r.json")]) == 0
+    capsys.readouterr()
+    floor_, recommend_ = (json.loads((tmp_path / name).read_text())["engines"] for name in ("f.json", "r.json"))
+    assert floor_ == recommend_
 
 
 def test_no_what_if_against_a_default_that_was_not_measured(capsys):

@@ -15,7 +15,9 @@ from commbench import models
 from commbench.analysis import decide
 from commbench.analysis.curves import cautions, decode_curves
 from commbench.cli import main as cli
+from commbench.engines.registry import BY_KEY
 from commbench.runs import load_run
+from commbench.topology import box as boxes
 from factories import row
 
 ROOT = Path(__file__).parents[2]
@@ -33,9 +35,16 @@ def synthetic():
     return run, decode_curves(run, tp=8, dtype="bf16", mode="auto")
 
 
+def decided(engine: str, run, curves, model, concurrencies, tp: int = 8):
+    """decide.decide as question.answer calls it: the run's box read once, the built-in facts."""
+    e = BY_KEY[engine]
+    return decide.decide(e, e.facts, run, decide.box_of(run, tp), curves, model, concurrencies,
+                         decide.workload(model, "auto"))
+
+
 def _decide(synthetic, engine, concurrencies):
     run, curves = synthetic
-    return decide.decide(engine, run, curves, LLAMA, concurrencies, 8)
+    return decided(engine, run, curves, LLAMA, concurrencies)
 
 
 def test_the_engine_takes_nccl_on_pcie_tp8_and_an_nccl_setting_beats_it_with_a_real_margin(synthetic):
@@ -99,7 +108,8 @@ def test_sglang_on_the_pcie_run_names_its_default_and_every_opt_in_path(capsys, 
     assert offered[engines.MSCCLPP]["default_on"] is False and offered[engines.MSCCLPP]["available"] is True
     assert offered[engines.CUSTOM_AR]["available"] is False
     # every printed setting is on a path this box runs; the same output's inert list names none of them
-    inert_paths = {p for rule in engines.inert_settings(load_run(SYNTHETIC).info.snapshot, 8) for p in rule.paths}
+    inert_paths = {p for rule in engines.inert_settings(boxes.read(load_run(SYNTHETIC).info.snapshot, 8))
+                   for p in rule.paths}
     pasted = [sglang["configuration"]]
     assert pasted[0]["paste"] and all(offered[c["path"]]["available"] is True for c in pasted)
     assert all((engines.SGLANG, c["path"]) not in inert_paths for c in pasted)
@@ -294,7 +304,8 @@ def test_settings_that_do_nothing_on_the_probed_box_are_said(capsys):
     assert cli(["recommend", str(SYNTHETIC), "--model", "glm-5", "--concurrency", "1"]) == 0
     out = capsys.readouterr().out
     assert "settings that do nothing on this box (from its probe snapshot; never printed above as a setting):" in out
-    assert "vLLM / SGLang custom allreduce" in out and "at TP 8 without full NVLink" in out
+    # one rule per engine, each in its own file (one engine, one file)
+    assert "vLLM custom allreduce" in out and "SGLang custom allreduce" in out and "at TP 8 without full NVLink" in out
 
 
 def test_the_engines_own_kernels_price_their_custom_allreduce_and_forced_stages_price_a_setting():
@@ -332,7 +343,7 @@ def test_a_price_from_an_engines_own_kernel_says_which_version_was_measured(tmp_
     (custom,) = [o for o in vllm["options"] if o["path"] == engines.CUSTOM_AR and "vllm:auto (graph)" in o["own"]]
     assert custom["measured_implementations"]["vllm:auto (graph)"].startswith("flashinfer-python 0.7.4")
 
-    from commbench.analysis.recommend import IMPLEMENTATION_CHARS, measured_implementations
+    from commbench.analysis.decide import IMPLEMENTATION_CHARS, measured_implementations
     crafted = row(backend="x:auto", latency_us=1.0, extra={"implementation": "v1\x1b]0;pwned\x07\n" + "y" * 500})
     (text,) = measured_implementations([crafted]).values()
     assert text == "v1]0;pwned ..." and len(text) <= IMPLEMENTATION_CHARS   # cleaned, cut at a word, marked
@@ -406,7 +417,7 @@ def test_another_nccl_library_is_an_option_of_its_own_never_the_default(tmp_path
                                                                         rows_say_so):
     run_dir = _run_with_another_nccl(tmp_path, declared_preload, rows_say_so)
     run = load_run(run_dir)
-    (s,) = decide.decide(engines.SGLANG, run, decode_curves(run, tp=8, dtype="bf16", mode="auto"), LLAMA, [1], 8).sizes
+    (s,) = decided(engines.SGLANG, run, decode_curves(run, tp=8, dtype="bf16", mode="auto"), LLAMA, [1]).sizes
     # the default is NCCL as the engine ships it, priced by plain nccl only (68 us), not by the faster library
     assert s.default_option.plain and s.default_price.curve == "nccl (graph)" and s.default_price.latency_us == 68
     assert s.best.label == f"NCCL (PyNccl) [LD_PRELOAD={FAST_LIB}]" and s.best.variants[0].startswith("nccl:lib=fast")

@@ -22,9 +22,10 @@ from commbench.analysis.compare import Change, CompareResult
 from commbench.analysis.curves import Curve
 from commbench.analysis.decide import EngineDecision, Option
 from commbench.analysis.engine_chains import CheckResult, EngineChain, EnginesResult
-from commbench.analysis.floor import EngineFloor, FloorResult
+from commbench.analysis.floor import FloorResult
+from commbench.analysis.question import EngineRecord
 from commbench.analysis.qualify import QualifyResult
-from commbench.analysis.recommend import EngineResult, RecommendResult
+from commbench.analysis.recommend import RecommendResult
 from commbench.analysis.report import ReportResult
 from commbench.analysis.table import TableResult
 from commbench.cli import build_parser, main as cli
@@ -49,7 +50,8 @@ COMMANDS = {
     "table": ["table", str(CPU_A), str(CPU_B)],
     "report": ["report", str(SYNTHETIC), "--out", "report-out"],
     "engines": ["engines", str(SYNTHETIC), "--model", "llama-3.1-70b"],
-    "engines --check": ["engines", "--check", str(DATA / "engine-src" / "vllm-site")],
+    # a site whose files hold no gate to import: the check runs in process (no child), and differs
+    "engines --check": ["engines", "--check", str(DATA / "engine-src" / "newer-site")],
 }
 EXIT = {"qualify": 1, "engines --check": 1}   # the fixture is no measurement: qualify FAILs it; the site differs
 
@@ -85,8 +87,8 @@ def test_the_result_objects_json_is_their_asdict(tmp_path: Path, capsys: pytest.
     def names(cls: type) -> set[str]:
         return {f.name for f in dataclasses.fields(cls)}
 
-    for command, result, key, item in (("recommend", RecommendResult, "engines", EngineResult),
-                                       ("floor", FloorResult, "engines", EngineFloor),
+    for command, result, key, item in (("recommend", RecommendResult, "engines", EngineRecord),
+                                       ("floor", FloorResult, "engines", EngineRecord),
                                        ("compare", CompareResult, "changes", Change),
                                        ("engines", EnginesResult, "engines", EngineChain)):
         assert cli([*COMMANDS[command], "--json", "-"]) == 0
