@@ -13,8 +13,8 @@ import os
 import sys
 import time
 
-from commbench.errors import (FAILED_EXIT, TERMINATED_EXIT, USAGE_EXIT, USAGE_LINE_FILE_VAR, ResultsUnwritable,
-                              Terminated, UsageError)
+from commbench.errors import (FAILED_EXIT, NO_ROOM, TERMINATED_EXIT, USAGE_EXIT, USAGE_LINE_FILE_VAR,
+                              ResultsUnwritable, Terminated, UsageError, write_advice)
 from commbench.files import json_alone_on_stdout
 from commbench.waits import waits
 
@@ -147,5 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         # The environment failed a file (a full disk under --out, a lost mount): one line, and
         # exit 1, since the input was fine.
-        print(f"commbench {args.command}: error: {exc.filename or 'a file'}: {exc.strerror or exc}", file=sys.stderr)
+        advice = f"; {write_advice(exc)}" if exc.errno in NO_ROOM else ""
+        print(f"commbench {args.command}: error: {exc.filename or 'a file'}: {exc.strerror or exc}{advice}",
+              file=sys.stderr)
         return FAILED_EXIT

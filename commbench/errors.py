@@ -1,5 +1,7 @@
 """Errors that the CLI turns into one line, and the exit statuses commbench uses."""
 
+import errno
+
 
 class UsageError(Exception):
     """Bad input from the user: printed as one line, exit status 2, nothing written."""
@@ -25,3 +27,18 @@ USAGE_LINE_FILE_VAR = "COMMBENCH_USAGE_LINE_FILE"
 class Terminated(BaseException):
     """SIGTERM arrived (torchrun stopping its workers, the driver, kill): unwinds like Ctrl-C,
     never caught as a backend's failure."""
+
+
+# A write that failed for want of room, and one the file system refused: what to do differs.
+NO_ROOM = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+_REFUSED = frozenset({errno.EACCES, errno.EPERM, errno.EROFS})
+
+
+def write_advice(exc: OSError) -> str:
+    """What to do about a failed write, by its errno: make room (a full disk, a quota, a file
+    size limit), make the place writable (permission denied, a read-only mount), else retry."""
+    if exc.errno in NO_ROOM:
+        return "make room and run the command again"
+    if exc.errno in _REFUSED:
+        return "make it writable for this user and run the command again"
+    return "run the command again once it can be written"

@@ -203,6 +203,18 @@ def _check_writable_folder(folder: Path, what: str) -> None:
         raise UsageError(f"{what}: not writable ({exc.strerror})") from None
 
 
+@contextmanager
+def naming(path: str | Path) -> Iterator[None]:
+    """An OSError of a write to `path` names it: a failed write() (a full disk) carries no file
+    name, and its one line would say only "No space left on device"."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename is None and exc.errno is not None:
+            raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from None
+        raise
+
+
 # While json_alone_on_stdout() holds: the real standard output, where `--json -` writes.
 _json_stream: TextIO | None = None
 
@@ -225,8 +237,32 @@ def json_alone_on_stdout(target: str | None) -> Iterator[None]:
 
 def write_json(target: str | None, payload: Any, default: Callable[[Any], Any] = str) -> None:
     """Write payload to the --json target (checked before with check_file_target); `default`
-    encodes what json cannot (json.dumps' own hook)."""
-    _write_pieces(target, [json.dumps(payload, indent=2, default=default) + "\n"])
+    encodes what json cannot (json.dumps' own hook). Nothing is encoded without a target, and
+    the text is written as json encodes it, a piece at a time (json.dumps' text, never held whole;
+    a LazyList in the payload is encoded an item at a time)."""
+    if target is None:
+        return
+    pieces = json.JSONEncoder(indent=2, default=default).iterencode(payload)   # indent: json's Python encoder
+    _write_pieces(target, itertools.chain(pieces, ["\n"]))
+
+
+class LazyList(list):  # type: ignore[type-arg]
+    """A list for files.write_json whose items are made as they are written: `count` items from
+    `items()`, each dropped once encoded (attribute's every step and call of 10^6-call traces as
+    dicts took gigabytes). json's Python encoder (write_json: indent) iterates it; anything that
+    copies it (dataclasses.asdict, for an HTML page that holds every item anyway) gets a list of
+    them. Given a plain iterable instead, it is that list."""
+
+    def __init__(self, items: Iterable[Any] = (), count: int | None = None,
+                 make: Callable[[], Iterator[Any]] | None = None):
+        super().__init__(() if make is not None else items)
+        self._count, self._make = count, make
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._make() if self._make is not None else super().__iter__()
+
+    def __len__(self) -> int:
+        return self._count if self._make is not None else super().__len__()   # type: ignore[return-value]
 
 
 def write_json_list(target: str | None, payload: dict[str, Any], key: str, items: Iterator[Any],
@@ -259,9 +295,8 @@ def _write_pieces(target: str | None, pieces: Iterable[str]) -> None:
         for piece in pieces:
             stream.write(piece)
         return
-    try:
-        with open(target, "w", encoding="utf-8") as handle:
-            for piece in pieces:
-                handle.write(piece)
-    except OSError as exc:
-        raise UsageError(f"--json {target}: cannot write ({exc.strerror})") from None
+    # A full disk is the machine's, not bad input: the command could not finish (exit 1), the
+    # file named (a failed write() names none).
+    with naming(target), open(target, "w", encoding="utf-8") as handle:
+        for piece in pieces:
+            handle.write(piece)

@@ -437,10 +437,11 @@ _HOLD_LOCK = ("import fcntl, os, socket, sys, time\n"
 
 
 def cases() -> list[Case]:
+    import hostile_fourth
     import hostile_inputs
 
     return (_row_cases() + _info_cases() + _security_cases() + _data_cases() + _sweep_cases()
-            + hostile_inputs.cases())
+            + hostile_inputs.cases() + hostile_fourth.cases())
 
 
 # ---------------------------------------------------------------- counting (script use)

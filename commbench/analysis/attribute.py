@@ -30,6 +30,7 @@ from commbench.analysis.skew_text import Spread, skew_json, skew_text, spread_te
 from commbench.analysis.render import fmt_us
 from commbench.analysis.traces import analyse_traces, cross_rank, first_apart_text, size_hint, trace_provenance
 from commbench.errors import UsageError
+from commbench.files import LazyList
 from commbench.results import Run, percentile
 from commbench.runs import load_run
 from commbench.units import format_bytes, positive_finite
@@ -249,7 +250,9 @@ def compute(args: argparse.Namespace) -> Attributed:
                "outside_kernels": r.outside_kernels, "outside_allreduce": len(r.outside_allreduce),
                "first_apart": step_json(r.first_apart) if r.first_apart else None,
                "unclassified": r.unclassified,
-               "steps": [step_json(s) for s in r.steps]} for r in results),
+               # every step and call, made as --json writes them (never held as dicts)
+               "steps": LazyList(count=len(r.steps), make=lambda r=r: map(step_json, r.steps))}
+              for r in results),
         tuple(summaries), tuple(kernel_rows(results)), tuple(floor),
         None if nccl_log is None else NcclLogResult(tuple(nccl_log.files), tuple(logged)),
         first_apart_text(results), skew_json(skew, results) if skew else None,

@@ -335,7 +335,9 @@ def text(result: EnginesResult) -> str:
 
 def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     results_out.check_targets(args)
-    if args.check:
+    if args.check == "":   # an empty PATH names no tree: not the chains shown as if --check were absent
+        raise UsageError("--check: an empty path; give the folder of an unpacked wheel or a site-packages")
+    if args.check is not None:
         checked = check(args.check)
         print("\n".join(check_text(checked)))
         sys.stdout.flush()

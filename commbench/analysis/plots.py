@@ -24,6 +24,7 @@ from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullLocator  # noqa: E402
 
 from commbench.analysis.curves import Curve, baseline_curve, counterpart  # noqa: E402
+from commbench.files import naming  # noqa: E402
 from commbench.results import Measurement  # noqa: E402
 from commbench.units import format_bytes  # noqa: E402
 
@@ -240,7 +241,8 @@ def save(fig: Figure, stem: Path) -> list[Path]:
     for path in paths:
         if path.is_symlink():   # replaced, never written through (a run dir may come from anyone)
             path.unlink()
-    fig.savefig(paths[0], dpi=110)
-    fig.savefig(paths[1])
+    for path, dpi in zip(paths, (110, None)):
+        with naming(path):
+            fig.savefig(path, dpi=dpi)
     plt.close(fig)
     return paths

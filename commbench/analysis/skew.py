@@ -70,7 +70,7 @@ class Cause:
         return "GPU work" if self.extra_busy_us >= self.extra_idle_us else "GPU idle (host-side)"
 
 
-@dataclass
+@dataclass(slots=True)   # one per call of the group: 10^6 and more in a long trace
 class Matched:
     """One allreduce call on every rank given."""
     step: int
@@ -80,7 +80,7 @@ class Matched:
     name: str
     message_bytes: int | None
     calls: list[Call]               # one per rank, in the order of `ranks`
-    ranks: list[int]
+    ranks: list[int]                # the group's, one list shared by every call
     late_rank: int = -1
     wait_us: float = 0.0            # the mean wait of the ranks other than the late one
     skew_us: float = 0.0
@@ -119,6 +119,7 @@ def match(results: list[RankResult]) -> list[Matched]:
             raise UsageError(f"{r.source}: {len(r.steps)} steps against {len(first.steps)} in {first.source} "
                              "(calls cannot be matched across ranks: profile every rank over the same steps)")
     out: list[Matched] = []
+    ranks = [r.rank for r in results]
     for i, step in enumerate(first.steps):
         steps = [r.steps[i] for r in results]
         for r, s in zip(results[1:], steps[1:]):
@@ -134,8 +135,7 @@ def match(results: list[RankResult]) -> list[Matched]:
                 if None not in (c.message_bytes, call.message_bytes) and c.message_bytes != call.message_bytes:
                     raise UsageError(f"{r.source}: call {j} of step {i} moves {c.message_bytes} bytes, in "
                                      f"{first.source} {call.message_bytes} (not the same collective)")
-            out.append(Matched(i, j, step.phase, call.library, call.name, call.message_bytes, calls,
-                               [r.rank for r in results]))
+            out.append(Matched(i, j, step.phase, call.library, call.name, call.message_bytes, calls, ranks))
     return out
 
 
@@ -155,6 +155,8 @@ def align(calls: list[Matched], ranks: list[int], mode: str = "auto", one_file: 
     skew = statistics.median(_spread([c.ts_us - offsets[r] for r, c in zip(ranks, m.calls)]) for m in calls)
     shared = mode == "shared" or (mode == "auto" and (one_file or raw <= statistics.median(aligned)
                                                       + SHARED_CLOCK_SLACK_US))
+    if mode == "shared" and not one_file:
+        _refuse_unshared(calls, ranks)
     if shared:
         why = ("one file: one clock" if one_file else "as asked (--clock shared)" if mode == "shared" else
                f"the calls end within {raw:.1f} us of each other as recorded: one host's clock")
@@ -174,6 +176,20 @@ def align(calls: list[Matched], ranks: list[int], mode: str = "auto", one_file: 
                  f"clock: aligned by the calls' end times (the traces do not share a clock: as recorded the ends "
                  f"spread {raw:,.1f} us): offsets against rank {ranks[0]}: {offset_text}; residual "
                  f"{residual:.1f} us (p{RESIDUAL_PERCENTILE} spread of the aligned ends)")
+
+
+def _refuse_unshared(calls: list[Matched], ranks: list[int]) -> None:
+    """--clock shared on traces whose clocks plainly differ: no rank can finish an allreduce before
+    the last one starts it, so on one clock every call's kernels overlap in time. Where the median
+    call's last start comes after its first end (beyond the slack of clock granularity), the
+    waits would be the clocks' offset (16,000,000,031 us on ranks 10^9 us apart): refused."""
+    gaps = [max(c.ts_us for c in m.calls) - min(c.end_us for c in m.calls) for m in calls]
+    gap = statistics.median(gaps)
+    if gap > SHARED_CLOCK_SLACK_US:
+        raise UsageError(f"--clock shared: the ranks' kernels of one call do not overlap in time as recorded (the "
+                         f"last rank starts a median {gap:,.1f} us after the first rank's ends, over {len(gaps)} "
+                         f"calls of ranks {', '.join(map(str, ranks))}): these traces do not share a clock; leave "
+                         "--clock out (auto aligns them by the calls' ends) or give --clock align")
 
 
 class _Timeline:

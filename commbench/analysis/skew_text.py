@@ -12,7 +12,8 @@ from commbench.analysis import render
 from commbench.analysis.attribute_floor import FloorLine
 from commbench.analysis.attribution import Call, RankResult
 from commbench.analysis.render import fmt_us
-from commbench.analysis.skew import LateRow, Skew, phase_splits
+from commbench.analysis.skew import LateRow, Matched, Skew, phase_splits
+from commbench.files import LazyList
 from commbench.results import percentile
 from commbench.units import format_bytes
 
@@ -69,13 +70,17 @@ def skew_text(skew: Skew, results: list[RankResult], wide: bool = False, brief: 
 
 
 def skew_json(skew: Skew, results: list[RankResult]) -> dict[str, Any]:
+    """The skew as --json writes it; every matched call made as it is written (LazyList)."""
     return {"clock": asdict(skew.clock), "notable_us": skew.notable_us, "late": [asdict(r) for r in skew.late],
             "phases": [asdict(p) for p in phase_splits(results)],
-            "calls": [{"step": m.step, "index": m.index, "phase": m.phase, "library": m.library,
-                       "message_bytes": m.message_bytes, "late_rank": m.late_rank, "wait_us": m.wait_us,
-                       "skew_us": m.skew_us,
-                       "transfer_us": m.transfer_us, "rank_wait_us": [c.wait_us for c in m.calls],
-                       "cause": asdict(m.cause) if m.cause else None} for m in skew.calls]}
+            "calls": LazyList(count=len(skew.calls), make=lambda: map(_call_json, skew.calls))}
+
+
+def _call_json(m: Matched) -> dict[str, Any]:
+    return {"step": m.step, "index": m.index, "phase": m.phase, "library": m.library,
+            "message_bytes": m.message_bytes, "late_rank": m.late_rank, "wait_us": m.wait_us, "skew_us": m.skew_us,
+            "transfer_us": m.transfer_us, "rank_wait_us": [c.wait_us for c in m.calls],
+            "cause": asdict(m.cause) if m.cause else None}
 
 
 @dataclass

@@ -22,7 +22,7 @@ from commbench.analysis import provenance, render, results_out
 from commbench.analysis.curves import CurveKey, distinguish, emulation_text, key_of
 from commbench.analysis.render import fmt_us
 from commbench.errors import UsageError
-from commbench.files import STDOUT, check_file_target
+from commbench.files import STDOUT, check_file_target, naming
 from commbench.ops import ALLREDUCE
 from commbench.results import OK, Measurement, Run
 from commbench.results.text import clean_text
@@ -248,7 +248,8 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     if to_terminal:
         print(text, end="")
     else:
-        Path(args.out).write_text(text, encoding="utf-8")
+        with naming(args.out):
+            Path(args.out).write_text(text, encoding="utf-8")
         print(f"wrote {args.out}")
     results_out.write(args, result, "table " + " ".join(args.run_dirs))
     return 0

@@ -22,6 +22,7 @@ import io
 import json
 import re
 import sqlite3
+import statistics
 import sys
 import zlib
 from array import array
@@ -45,6 +46,9 @@ MAX_BLANK_CHARS = MAX_EVENT_CHARS
 # Times in us: any profiler clock (kineto's epoch microseconds are 1.8e15 in 2026) is inside
 # +-1e17 us (3,000 years); a duration of more is no measured span. Ids fit a signed 64-bit int.
 MAX_TIME_US = 1e17
+# A kernel this far from the middle of its file's kernels is no kernel of that profile.
+MAX_TRACE_SPAN_DAYS = 7
+MAX_TRACE_SPAN_US = MAX_TRACE_SPAN_DAYS * 86400e6
 MAX_ID = (1 << 63) - 1
 SQLITE_MAGIC = b"SQLite format 3\0"
 GZIP_MAGIC = b"\x1f\x8b"
@@ -171,10 +175,11 @@ class Dropped:
         self.count = 0
         self.named: list[str] = []
 
-    def add(self, index: int, why: str) -> None:
+    def add(self, index: int | str, why: str) -> None:
+        """One dropped: its index in the file (or a name for it) and why."""
         self.count += 1
         if len(self.named) < _LISTED_EVENTS:
-            self.named.append(f"{self.unit} {index} ({why})")
+            self.named.append(f"{self.unit if isinstance(index, int) else ''} {index} ({why})".strip())
 
     def warn(self) -> None:
         if not self.count:
@@ -455,6 +460,7 @@ def read_chrome(path: Path, raw: IO[bytes]) -> RankTrace:
         raise UsageError(f"{path}: truncated or corrupt gzip ({clean_text(str(exc))})") from None
     except UnicodeDecodeError:
         raise UsageError(f"{path}: not a profiler trace (not UTF-8 text)") from None
+    _drop_far_kernels(trace, dropped)
     dropped.warn()
     _read_meta(trace, meta, path)
     return trace
@@ -483,6 +489,23 @@ def _read_meta(trace: RankTrace, meta: dict[str, Any], path: Path) -> None:
     if isinstance(props, list) and props and isinstance(props[0], dict):
         name = props[0].get("name")
         trace.device_name = clean_text(name)[:200] or None if isinstance(name, str) else None
+
+
+def _drop_far_kernels(trace: RankTrace, dropped: Dropped) -> None:
+    """Kernels (and copies) that start more than MAX_TRACE_SPAN_US from the median start of the
+    file's kernels are dropped and named: a profile spans seconds to hours, so one at 2^62 ns
+    among kernels at 10^9 ns is a broken value, not a step of a 146,000-year wall."""
+    if len(trace.kernels) < 3:
+        return
+    middle = statistics.median_low([k.ts_us for k in trace.kernels])
+    near = [k for k in trace.kernels if abs(k.ts_us - middle) <= MAX_TRACE_SPAN_US]
+    if len(near) == len(trace.kernels):
+        return
+    for k in trace.kernels:
+        if abs(k.ts_us - middle) > MAX_TRACE_SPAN_US:
+            dropped.add(f"kernel {_short(k.name)}", f"starts at {k.ts_us:.6g} us, more than {MAX_TRACE_SPAN_DAYS} "
+                                                    f"days from the median kernel's {middle:.6g} us")
+    trace.kernels = near
 
 
 def _columns(db: sqlite3.Connection, table: str) -> set[str]:
@@ -520,7 +543,9 @@ def read_nsys(path: Path) -> list[RankTrace]:
     """One RankTrace per process (globalPid) that ran kernels, in pid order."""
     check_input(path, "a profiler trace")
     try:
-        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        # A URI built from the path, quoted: "t?mode=rwc&x=.sqlite" or "t#.sqlite" is a file name,
+        # never a query string that opens another file, or creates one.
+        db = sqlite3.connect(Path(path).resolve().as_uri() + "?mode=ro", uri=True)
         tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     except sqlite3.DatabaseError as exc:
         raise UsageError(f"{path}: not a readable Nsight Systems export ({clean_text(str(exc))})") from None
@@ -590,8 +615,13 @@ def read_nsys(path: Path) -> list[RankTrace]:
         raise UsageError(f"{path}: not a readable Nsight Systems export ({clean_text(str(exc))})") from None
     finally:
         db.close()
+    for trace in by_pid.values():
+        _drop_far_kernels(trace, dropped)
     dropped.warn()
-    traces = [by_pid[pid] for pid in sorted(by_pid)]
+    if not any(trace.kernels for trace in by_pid.values()):
+        raise UsageError(f"{path}: no kernel row of this Nsight Systems export passed its check "
+                         f"({dropped.count} dropped)")
+    traces = [by_pid[pid] for pid in sorted(by_pid) if by_pid[pid].kernels]
     if len(traces) > 1:
         for rank, trace in enumerate(traces):
             trace.rank, trace.world_size = rank, len(traces)

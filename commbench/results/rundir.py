@@ -29,8 +29,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence, TextIO
 
-from commbench.errors import ResultsUnwritable, UsageError
-from commbench.files import read_text
+from commbench.errors import ResultsUnwritable, UsageError, write_advice
+from commbench.files import open_input, read_text
 from commbench.results.compact import CompactRows
 from commbench.results.info import RunInfo
 from commbench.results.schema import CSV_COLUMNS, READABLE_SCHEMAS, SCHEMA_VERSION, Measurement
@@ -49,9 +49,10 @@ LOCK_HOLDER_VAR = "COMMBENCH_RUN_LOCK_HOLDER"
 
 def unwritable(path: Path, exc: OSError) -> ResultsUnwritable:
     # The same command again continues: a sweep with --resume DIR (its own hint says so), an
-    # import of the same files completes its import.
+    # import of the same files completes its import. What to do first depends on why: a full
+    # disk wants room, a refused write (EACCES, a read-only mount) wants the place writable.
     return ResultsUnwritable(f"cannot write {path}: {exc.strerror or exc} (errno {exc.errno}); every row "
-                             "written before it is intact: make room and run the command again"
+                             f"written before it is intact: {write_advice(exc)}"
                              + (f" with --resume {path.parent}" if _is_sweep(path.parent) else ""))
 
 
@@ -84,7 +85,8 @@ def whole_file(path: Path) -> Iterator[TextIO]:
         tmp.replace(path)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
-        raise ResultsUnwritable(f"cannot write {path}: {exc.strerror or exc} (errno {exc.errno})") from None
+        raise ResultsUnwritable(f"cannot write {path}: {exc.strerror or exc} (errno {exc.errno}); "
+                                f"{write_advice(exc)}") from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -96,10 +98,10 @@ def write_whole(path: Path, text: str | Iterable[str]) -> None:
         handle.writelines([text] if isinstance(text, str) else text)
 
 
-def open_append(path: Path) -> Any:
+def open_append(path: Path, binary: bool = False) -> Any:
     """`path` opened for appending, refusing a symlink (O_NOFOLLOW)."""
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
-    return open(fd, "a", encoding="utf-8")
+    return open(fd, "ab") if binary else open(fd, "a", encoding="utf-8")
 
 
 @dataclass
@@ -175,11 +177,11 @@ class RowsWriter:
             pass
 
 
-def _unopenable(path: Path, exc: OSError) -> Exception:
-    """Why the rows file cannot be opened: bad input when it is no file (a directory, a symlink),
-    else the disk's fault."""
+def _unopenable(path: Path, exc: OSError, what: str = "a rows file") -> Exception:
+    """Why a file of the rows cannot be opened: bad input when it is no file (a directory, a
+    symlink: commbench writes only inside the run dir), else the disk's fault."""
     if path.is_symlink() or path.is_dir():
-        return UsageError(f"{path}: {'a symlink' if path.is_symlink() else 'a directory'}, not a rows file")
+        return UsageError(f"{path}: {'a symlink' if path.is_symlink() else 'a directory'}, not {what}")
     return unwritable(path, exc)
 
 
@@ -188,24 +190,31 @@ def repair_torn_tail(path: Path) -> str | None:
     fragment in measurements.jsonl.torn; returns the line that says so, None when whole."""
     if path.is_dir() or path.is_symlink():
         raise _unopenable(path, OSError())
-    try:
-        with open(path, "rb") as handle:
-            size = handle.seek(0, os.SEEK_END)
-            if size == 0:
-                return None
-            handle.seek(size - 1)
-            if handle.read(1) == b"\n":
-                return None
-            # Only the tail is read: the file may be large.
-            start = max(0, size - (1 << 20))
-            handle.seek(start)
-            tail = handle.read()
-    except FileNotFoundError:
+    if not path.exists():
         return None
+    with open_input(path, "a rows file") as handle:   # a FIFO or a device is refused, never read
+        size = handle.seek(0, os.SEEK_END)
+        if size == 0:
+            return None
+        handle.seek(size - 1)
+        if handle.read(1) == b"\n":
+            return None
+        # Only the tail is read: the file may be large.
+        start = max(0, size - (1 << 20))
+        handle.seek(start)
+        tail = handle.read()
     keep = start + tail.rfind(b"\n") + 1 if b"\n" in tail else start
+    torn_path = path.with_name(TORN_FILE)
+    try:   # the fragments' file is written as the rows are: never through a symlink
+        torn = open_append(torn_path, binary=True)
+    except OSError as exc:
+        raise _unopenable(torn_path, exc, "the file of torn rows commbench keeps") from None
     try:
-        with open(path.with_name(TORN_FILE), "ab") as torn:
+        with torn:
             torn.write(tail[keep - start:] + b"\n")
+    except OSError as exc:
+        raise unwritable(torn_path, exc) from None
+    try:
         with open(path, "r+b") as handle:
             handle.truncate(keep)
             os.fsync(handle.fileno())
@@ -392,11 +401,7 @@ class RunDir:
             return
         if path.is_dir():
             raise UsageError(f"{path}: a directory, not a rows file")
-        try:
-            handle = open(path, "rb")
-        except OSError as exc:
-            raise UsageError(f"{path}: cannot read ({exc.strerror})") from None
-        with handle:
+        with open_input(path, "a rows file") as handle:   # a FIFO would block, a device never end
             for number, line in enumerate(handle, start=1):
                 if not line.endswith(b"\n"):
                     if line.strip():
@@ -453,10 +458,11 @@ class RunDir:
 
     # ---------------------------------------------------------------- the lock
 
-    def lock(self) -> "RunDir":
+    def lock(self, busy: str = "another commbench sweep is running in it") -> "RunDir":
         """Hold the run dir for one sweep or resume (until release() or the process ends);
-        a second one is refused with the holder's pid and host. A child of the --nproc driver
-        that holds it takes nothing.
+        a second one is refused with the holder's pid and host (`busy` says what holds it: a
+        fleet build locks its fleet folder the same way). A child of the --nproc driver that
+        holds it takes nothing.
 
         The lock is an flock on the directory itself, so the kernel drops it with its holder
         (kill -9 included) and no lock file is left to go stale; LOCK_FILE only names the holder
@@ -473,8 +479,7 @@ class RunDir:
             os.close(fd)
             holder = _head(self.path / LOCK_FILE).split()
             who = f"pid {holder[0]} on {holder[1]}" if len(holder) >= 2 else "another process"
-            raise UsageError(f"{self.path}: another commbench sweep is running in it ({who}); wait for it to end, "
-                             "or stop it") from None
+            raise UsageError(f"{self.path}: {busy} ({who}); wait for it to end, or stop it") from None
         self._lock = fd
         if not _HELD:
             atexit.register(release_all)   # an error that ends the process: the file goes too

@@ -58,6 +58,15 @@ def test_a_hostile_case_with_a_process_holds(case: hostile.Case, tmp_path: Path,
     case.check(_run(case, tmp_path), tmp_path)
 
 
+def test_a_refused_write_is_not_told_to_make_room(tmp_path: Path) -> None:
+    rows = tmp_path / "measurements.jsonl"
+    for number, words in ((errno.EACCES, "Permission denied"), (errno.EROFS, "Read-only file system")):
+        refused = str(unwritable(rows, OSError(number, words)))
+        assert str(rows) in refused and "make room" not in refused and "make it writable" in refused, refused
+    full = str(unwritable(rows, OSError(errno.ENOSPC, "No space left on device")))
+    assert str(rows) in full and "make room and run the command again" in full
+
+
 def test_every_class_of_the_issue_has_cases() -> None:
     assert {c.klass for c in CASES} == set(hostile.CLASSES)
     assert len({c.name for c in CASES}) == len(CASES)
