@@ -22,14 +22,16 @@ from commbench.errors import ResultsUnwritable, UsageError
 from commbench.files import STDOUT, check_file_target, write_json
 from commbench.fleet import exports, sources
 from commbench.fleet.outliers import Rule, shown
-from commbench.fleet.store import FleetDir, is_fleet, run_key
+from commbench.fleet.store import FleetDir, first_line, is_fleet, run_key
 from commbench.fleet.verdicts import FAIL, PASS, WARN, FleetVerdict, judge
 from commbench.results import write_whole
+from commbench.results.text import clean_text
 from commbench.units import format_bytes
 
 
 def warn(line: str) -> None:
-    print(f"commbench fleet: warning: {line}", file=sys.stderr)
+    # Paths and names in a warning come from folders and files anyone may have made.
+    print(f"commbench fleet: warning: {clean_text(line)}", file=sys.stderr)
 
 
 def open_fleet(path: str | Path) -> FleetDir:
@@ -45,6 +47,11 @@ def open_fleet(path: str | Path) -> FleetDir:
 
 def build(paths: Sequence[str], out: Path) -> int:
     fleet = FleetDir.target(out)
+    with fleet.writing():   # one build at a time: the run table is rewritten whole
+        return _build(fleet, paths, out)
+
+
+def _build(fleet: FleetDir, paths: Sequence[str], out: Path) -> int:
     kept = fleet.run_records()
     known = {r["run_key"]: (r["run_id"], r["path"]) for r in kept}
     again = 0
@@ -75,12 +82,15 @@ def build(paths: Sequence[str], out: Path) -> int:
     fleet.make()
     build_number = fleet.next_build()
     rows = fleet.append(new, build_number, kept) if new else 0
-    records = fleet.run_records()
+    records, problems = fleet.checked_records()
+    for line in problems:
+        warn(line)
     groups: dict[str, set[str]] = {}
     for record in records:
         groups.setdefault(record["fleet_group"], set()).add(record["node"])
-    print(f"fleet {out}: added {len(new)} run(s) ({rows} rows) as build {build_number}" if new
-          else f"fleet {out}: nothing new")
+    shown_out = clean_text(str(out))
+    print(f"fleet {shown_out}: added {len(new)} run(s) ({rows} rows) as build {build_number}" if new
+          else f"fleet {shown_out}: nothing new")
     if again:
         print(f"{again} run(s) already in the fleet (or given twice) were not added again")
     print(f"now {len(records)} run(s) of {len({r['node'] for r in records})} node(s) in {len(groups)} group(s):")
@@ -170,16 +180,37 @@ def qualify(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------- query
 
+DEFAULT_LIMIT = 1000   # rows a query prints unless --limit says otherwise
+MAX_LIMIT = 1_000_000
+_READING = ("SELECT", "EXPLAIN")   # DuckDB's statement types that only read
+
+
 def query(args: argparse.Namespace) -> int:
+    """One reading statement over the fleet's views, at most --limit rows printed: the rows past
+    it are never fetched (a query of 2 x 10^7 rows took 9.2 GB when every row was)."""
+    if not 1 <= args.limit <= MAX_LIMIT:
+        raise UsageError(f"--limit must be from 1 to {MAX_LIMIT:,} rows, got {args.limit}")
     fleet = open_fleet(args.fleet)
-    con = fleet.connect()
+    con = fleet.connect(confined=True)
     try:
+        statements = con.extract_statements(args.sql)
+        if not statements:
+            raise UsageError("query: an empty query; give one SELECT statement over runs, measurements and pairs")
+        if len(statements) > 1 or statements[0].type.name not in _READING:
+            kinds = ", ".join(st.type.name for st in statements)
+            raise UsageError(f"query: fleet query runs one SELECT statement and only reads the fleet (got {kinds})")
         result = con.execute(args.sql)
+        names = [clean_text(str(d[0])) for d in result.description or []]
+        fetched = result.fetchmany(args.limit + 1)
+    except UsageError:
+        raise
     except Exception as exc:   # duckdb.Error: the user's SQL, bad input
-        raise UsageError(f"query: {str(exc).splitlines()[0][:300]}") from None
-    names = [d[0] for d in result.description or []]
-    rows: list[list[Any]] = [["" if v is None else str(v) for v in row] for row in result.fetchall()]
+        raise UsageError(f"query: {first_line(exc)}") from None
+    # Text from the fleet's files is anyone's: no escape sequence reaches the terminal.
+    rows: list[list[Any]] = [["" if v is None else clean_text(str(v)) for v in row] for row in fetched[:args.limit]]
     print(render.table(names, rows, wide=args.wide))
+    if len(fetched) > args.limit:
+        print(f"(the first {args.limit:,} rows; more were not fetched: --limit N shows up to N, or narrow the query)")
     return 0
 
 
@@ -205,7 +236,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     render.add_arguments(q)
     s = sub.add_parser("query", help="SQL (DuckDB) over the views runs, measurements and pairs")
     s.add_argument("fleet", metavar="FLEET")
-    s.add_argument("sql", metavar="SQL")
+    s.add_argument("sql", metavar="SQL", help="one SELECT statement; it reads the fleet's files and nothing else")
+    s.add_argument("--limit", type=int, default=DEFAULT_LIMIT, metavar="N",
+                   help=f"print at most N rows (default {DEFAULT_LIMIT:,}); the rest are never fetched")
     render.add_arguments(s)
 
 

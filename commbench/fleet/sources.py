@@ -26,7 +26,6 @@ from commbench.results.validate import clean_text
 
 NODE_VAR = "COMMBENCH_NODE"
 JOB_VAR = "COMMBENCH_JOB"
-MAX_DEPTH = 8   # <root>/<node>/<job>/<run> and a few folders more: no deeper search
 _NAME = re.compile(r"[^A-Za-z0-9_.:@+-]")
 
 
@@ -61,19 +60,28 @@ def name(value: Any, fallback: str) -> str:
 
 
 def _walk(root: Path, found: Found) -> Iterator[Path]:
-    """Folders under root, each run dir once (not searched inside), no symlink followed."""
-    for folder, dirs, files in os.walk(root, followlinks=False):
-        here = Path(folder)
-        depth = len(here.relative_to(root).parts)
+    """Folders under root at any depth, in name order, each run dir once (not searched inside),
+    no symlink followed. A stack, not recursion (Python 3.11's os.walk recurses): however deep
+    the folders go, a run dir is found; a folder that cannot be listed is named and skipped."""
+    todo = [root]
+    while todo:
+        here = todo.pop()
+        try:
+            with os.scandir(here) as listing:
+                entries = sorted(listing, key=lambda e: e.name)
+            files = {e.name for e in entries if e.is_file(follow_symlinks=False)}
+            dirs = [Path(e.path) for e in entries if e.is_dir(follow_symlinks=False)]
+        except OSError as exc:
+            found.problems.append(f"{here}: cannot list it ({exc.strerror}); skipped")
+            continue
         if RUN_FILE in files:
-            dirs[:] = []
             yield here
             continue
         if ROWS_FILE in files:
             found.problems.append(f"{here}: has {ROWS_FILE} but no {RUN_FILE}: not a commbench run dir "
                                   "(another tool's output?); skipped")
         found.inspector_files.extend(here / f for f in sorted(files) if f.endswith(".jsonl") and f != ROWS_FILE)
-        dirs[:] = sorted(dirs) if depth < MAX_DEPTH else []
+        todo.extend(reversed(dirs))   # popped in name order
 
 
 def find(paths: Sequence[str | Path]) -> Found:

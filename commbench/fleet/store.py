@@ -17,20 +17,22 @@ import dataclasses
 import json
 import operator
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 from commbench.analysis import provenance
 from commbench.analysis.curves import Curve, build_curves
-from commbench.errors import UsageError
+from commbench.errors import ResultsUnwritable, UsageError
 from commbench.files import check_dir_target
 from commbench.fleet.deps import need
-from commbench.fleet.sources import Loaded
-from commbench.results import Measurement, Run, RunInfo
+from commbench.fleet.sources import Loaded, name as safe_name
+from commbench.results import LOCK_FILE, Measurement, Run, RunDir, RunInfo
 from commbench.results.compact import CompactRows
-from commbench.results.validate import file_stem, info_problem, row_problem
+from commbench.results.text import clean_text
+from commbench.results.validate import MAX_RUN_INFO_BYTES, file_stem, info_problem, loads_json, row_problem
 
 MARKER = "fleet.json"
 FORMAT = "commbench-fleet"
@@ -145,13 +147,40 @@ class FleetDir:
         folder = Path(path)
         if folder.exists() and not folder.is_dir():
             raise UsageError(f"--out {folder}: not a folder")
-        if folder.is_dir() and not is_fleet(folder) and any(folder.iterdir()):
+        # A build starting in the same new folder holds it by a lock file only: that is empty still.
+        if folder.is_dir() and not is_fleet(folder) and any(p.name != LOCK_FILE for p in folder.iterdir()):
             raise UsageError(f"--out {folder}: a folder that is not a fleet and not empty; name a new folder")
         check_dir_target(folder, f"--out {folder}")
         fleet = cls(folder)
         if is_fleet(folder):
             fleet.check()
         return fleet
+
+    @contextmanager
+    def writing(self) -> Iterator[None]:
+        """Hold the fleet for one build, as a sweep holds its run dir (an flock on the folder,
+        the holder named in its lock file): a second build at the same time is refused with the
+        holder named, where it would have rewritten the run table without the first's runs. A
+        folder this build made and left empty goes with it."""
+        made = not self.path.exists()
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UsageError(f"--out {self.path}: cannot write there ({exc.strerror})") from None
+        held = None
+        try:
+            held = RunDir(self.path).lock(busy="another fleet build is writing it")
+            if is_fleet(self.path):   # made by a build that held it just before
+                self.check()
+            yield
+        finally:
+            if held is not None:
+                held.release()
+            if made:
+                try:
+                    self.path.rmdir()   # only when empty: nothing was built
+                except OSError:
+                    pass
 
     def make(self) -> None:
         try:
@@ -175,10 +204,16 @@ class FleetDir:
                         if p.stem.split("-")[1].isdigit()] or [0])
 
     def _write(self, table: Any, path: Path) -> None:
-        path.parent.mkdir(exist_ok=True)
         tmp = path.with_name(path.name + ".tmp")
-        self.pq.write_table(table, tmp, compression="zstd")
-        tmp.replace(path)
+        try:
+            path.parent.mkdir(exist_ok=True)
+            self.pq.write_table(table, tmp, compression="zstd")
+            tmp.replace(path)
+        except (OSError, self.pa.ArrowException) as exc:
+            tmp.unlink(missing_ok=True)
+            # The run table is written last: a build that fails leaves the fleet as it was.
+            raise ResultsUnwritable(f"cannot write {path}: {first_line(exc)}; the fleet holds what it held before "
+                                    "this build: make room (or make it writable) and build again") from None
 
     def append(self, runs: Sequence[Loaded], build: int, kept: list[dict[str, Any]]) -> int:
         """Write `runs` as build number `build` after the run rows already `kept`; the rows written."""
@@ -227,80 +262,170 @@ class FleetDir:
 
     # ---------------------------------------------------------------- reading
 
-    def connect(self) -> Any:
+    def _files(self, folder: str) -> list[Path]:
+        return sorted((self.path / folder).glob("build-*.parquet"))
+
+    def connect(self, confined: bool = False) -> Any:
         """A DuckDB connection with the views runs, measurements (only rows of a run the run table
-        names, from the build that wrote it) and pairs."""
+        names, from the build that wrote it) and pairs.
+
+        confined (fleet query: SQL the user typed, perhaps from someone else): the connection
+        reads the fleet's own Parquet files and nothing else. External access is off, so no
+        other file is read or written (read_text, COPY ... TO, ATTACH, INSTALL, the network), no
+        spill file is made, and the configuration is locked: no SET gives any of it back."""
         duckdb = need("duckdb")
         con = duckdb.connect()
-        runs = str(self.path / RUNS).replace("'", "''")
-        con.execute(f"CREATE VIEW runs AS SELECT * FROM read_parquet('{runs}')")
-        for view, folder in (("measurements", MEASUREMENTS), ("pairs", PAIRS)):
-            files = sorted(str(p) for p in (self.path / folder).glob("build-*.parquet"))
-            if files:
-                listed = ", ".join("'" + f.replace("'", "''") + "'" for f in files)
-                con.execute(f"CREATE VIEW {view}_all AS SELECT * FROM read_parquet([{listed}], union_by_name=true)")
-                con.execute(f"CREATE VIEW {view} AS SELECT m.*, r.node, r.job, r.fleet_group FROM {view}_all m "
-                            "JOIN runs r ON m.run_key = r.run_key AND m.build = r.build")
-            elif view == "pairs":
-                con.execute("CREATE VIEW pairs AS SELECT NULL::VARCHAR AS run_key, NULL::BIGINT AS build, "
-                            "NULL::BIGINT AS src, NULL::BIGINT AS dst, NULL::DOUBLE AS bandwidth_gbps, "
-                            "NULL::DOUBLE AS latency_us WHERE false")
-            else:
-                raise UsageError(f"{self.path}: a fleet with no {MEASUREMENTS}/ files (no build finished)")
+        runs = (self.path / RUNS).resolve()
+        files = {folder: [p.resolve() for p in self._files(folder)] for folder in (MEASUREMENTS, PAIRS)}
+        if confined:
+            allowed = ", ".join(_quoted(p) for p in [runs, *files[MEASUREMENTS], *files[PAIRS]])
+            try:
+                for setting in (f"allowed_paths = [{allowed}]", "temp_directory = ''",
+                                "autoinstall_known_extensions = false", "autoload_known_extensions = false",
+                                "enable_external_access = false", "lock_configuration = true"):
+                    con.execute(f"SET {setting}")
+            except duckdb.Error as exc:
+                raise UsageError(f"fleet query needs DuckDB 1.2 or later, which confines a query to the fleet's own "
+                                 f"files (installed: {duckdb.__version__}; {first_line(exc)})") from None
+        with self._reading(duckdb):
+            con.execute(f"CREATE VIEW runs AS SELECT * FROM read_parquet({_quoted(runs)})")
+            for view, folder in (("measurements", MEASUREMENTS), ("pairs", PAIRS)):
+                if files[folder]:
+                    listed = ", ".join(_quoted(f) for f in files[folder])
+                    con.execute(f"CREATE VIEW {view}_all AS SELECT * FROM read_parquet([{listed}], union_by_name=true)")
+                    con.execute(f"CREATE VIEW {view} AS SELECT m.*, r.node, r.job, r.fleet_group FROM {view}_all m "
+                                "JOIN runs r ON m.run_key = r.run_key AND m.build = r.build")
+                elif view == "pairs":
+                    con.execute("CREATE VIEW pairs AS SELECT NULL::VARCHAR AS run_key, NULL::BIGINT AS build, "
+                                "NULL::BIGINT AS src, NULL::BIGINT AS dst, NULL::DOUBLE AS bandwidth_gbps, "
+                                "NULL::DOUBLE AS latency_us WHERE false")
+                else:
+                    raise UsageError(f"{self.path}: a fleet with no {MEASUREMENTS}/ files (no build finished)")
         return con
 
+    @contextmanager
+    def _reading(self, duckdb: Any) -> Iterator[None]:
+        """A fleet file DuckDB cannot read (damaged, cut short, not Parquet) is bad input, one line."""
+        try:
+            yield
+        except duckdb.Error as exc:
+            raise UsageError(f"{self.path}: a file of the fleet cannot be read ({first_line(exc)})") from None
+
     def run_records(self) -> list[dict[str, Any]]:
+        """The run table as stored (a build writes it back whole, with its runs added)."""
         if not (self.path / RUNS).is_file():
             return []
         try:
             return self.pq.read_table(self.path / RUNS, schema=_schema(self.pa, RUN_COLUMNS)).to_pylist()
         except (OSError, self.pa.ArrowException) as exc:
-            raise UsageError(f"{self.path / RUNS}: not a fleet run table ({str(exc).splitlines()[0][:200]})") from None
+            raise UsageError(f"{self.path / RUNS}: not a fleet run table ({first_line(exc)})") from None
+
+    def checked_records(self) -> tuple[list[dict[str, Any]], list[str]]:
+        """The run table's records that the readers can use, their names cleaned, and a line for
+        each one that is not (a field missing or of the wrong type, a run key held twice: the
+        first is kept, so that no run is counted twice)."""
+        records: list[dict[str, Any]] = []
+        problems: list[str] = []
+        seen: set[str] = set()
+        for index, record in enumerate(self.run_records()):
+            problem = _record_problem(record)
+            key = record.get("run_key")
+            if problem is None and key in seen:
+                problem = f"run key {clean_text(key)[:80]!r} again (a run table holds each run once)"
+            if problem is not None:
+                problems.append(f"{self.path / RUNS}: record {index} skipped: {problem}")
+                continue
+            seen.add(key)
+            records.append({**record, "node": safe_name(record["node"], "unknown"),
+                            "job": safe_name(record["job"], "unknown"), "run_key": clean_text(key),
+                            "source": clean_text(record["source"] or ""),
+                            "fleet_group": clean_text(record["fleet_group"] or ""),
+                            "warnings": clean_text(record["warnings"] or "", one_line=False)})
+        return records, problems
 
     def runs(self, keys: Iterable[str] | None = None) -> tuple[list[FleetRun], list[str]]:
         """The fleet's runs (those of `keys`, else all), rows included, and one line per thing that
-        was not read (a run.json or a row the files no longer hold whole)."""
+        was not read (a record, a run.json or a row the files no longer hold whole)."""
         chosen = None if keys is None else set(keys)
-        records = [r for r in self.run_records() if chosen is None or r["run_key"] in chosen]
+        records, problems = self.checked_records()
+        records = [r for r in records if chosen is None or r["run_key"] in chosen]
         if not records:
-            return [], []
+            return [], problems
+        duckdb = need("duckdb")
         con = self.connect()
         wanted = [r["run_key"] for r in records]
-        relation = con.sql("SELECT * EXCLUDE (node, job, fleet_group) FROM measurements "
-                           "WHERE list_contains(?, run_key) ORDER BY run_key", params=[wanted])
         rows: dict[str, CompactRows] = {key: CompactRows() for key in wanted}
         bad: dict[str, tuple[int, str]] = {}
-        # In batches: 3 x 10^5 rows made into dicts at once took 1 GiB; each run's rows are
-        # held compactly (CompactRows), as a run dir's are.
-        for batch in _batches(relation):
-            for data in batch.to_pylist():
-                key = data.pop("run_key")
-                data.pop("build")
-                problem = _decode(data) or row_problem(data)
-                if problem is not None:
-                    count, first = bad.get(key, (0, problem))
-                    bad[key] = (count + 1, first)
-                    continue
-                rows[key].add(Measurement.from_dict(data))
+        with self._reading(duckdb):
+            relation = con.sql("SELECT * EXCLUDE (node, job, fleet_group) FROM measurements "
+                               "WHERE list_contains(?, run_key) ORDER BY run_key", params=[wanted])
+            # In batches: 3 x 10^5 rows made into dicts at once took 1 GiB; each run's rows are
+            # held compactly (CompactRows), as a run dir's are.
+            for batch in _batches(relation):
+                for data in batch.to_pylist():
+                    key = data.pop("run_key")
+                    data.pop("build")
+                    problem = _decode(data) or row_problem(data)
+                    if problem is not None:
+                        count, first = bad.get(key, (0, problem))
+                        bad[key] = (count + 1, first)
+                        continue
+                    rows[key].add(Measurement.from_dict(data))
         for held in rows.values():
             held.finish()
-        problems = [f"{self.path}: run {key}: skipped {count} stored row(s) that are not rows ({first})"
-                    for key, (count, first) in bad.items()]
+        problems += [f"{self.path}: run {key}: skipped {count} stored row(s) that are not rows ({first})"
+                     for key, (count, first) in bad.items()]
         out = []
         for record in records:
-            try:
-                info = json.loads(record["info_json"] or "")
-            except ValueError:
-                info = None
-            problem = "not a JSON object" if not isinstance(info, dict) else info_problem(info)
-            if problem:
-                problems.append(f"{self.path}: run {record['run_key']}: its stored run.json is bad ({problem}); skipped")
+            info, problem = _stored_info(record["info_json"])
+            if info is None:
+                problems.append(f"{self.path}: run {record['run_key']}: its stored run.json is bad ({problem}); "
+                                "skipped")
                 continue
             where = self.path / "runs" / file_stem(record["run_key"].replace("/", "-"))
-            out.append(FleetRun(record["run_key"], record["node"], record["job"], record["source"] or "",
-                                record["fleet_group"] or "", Run(where, RunInfo.from_dict(info), rows[record["run_key"]]),
-                                record["warnings"] or ""))
+            out.append(FleetRun(record["run_key"], record["node"], record["job"], record["source"],
+                                record["fleet_group"], Run(where, RunInfo.from_dict(info), rows[record["run_key"]]),
+                                record["warnings"]))
         return out, problems
+
+
+def _quoted(path: Path) -> str:
+    """A path as a SQL string literal."""
+    return "'" + str(path).replace("'", "''") + "'"
+
+
+def first_line(exc: BaseException) -> str:
+    return clean_text(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)[:300]
+
+
+# The run table's fields every reader uses, with their types (read with the run schema, so a
+# stored value is of its column's type or null).
+_REQUIRED = {"run_key": str, "node": str, "job": str, "build": int}
+
+
+def _record_problem(record: dict[str, Any]) -> str | None:
+    for field_name, kind in _REQUIRED.items():
+        value = record.get(field_name)
+        if not isinstance(value, kind) or (kind is str and not value.strip()):
+            return f"{field_name} is {clean_text(repr(value))[:40]}, not {'text' if kind is str else 'a number'}"
+    if record["build"] < 1:
+        return f"build is {record['build']}, not a build number"
+    return None
+
+
+def _stored_info(text: Any) -> tuple[dict[str, Any] | None, str | None]:
+    """A stored run.json read as a run dir's is (bounded in size and nesting, its text cleaned,
+    its fields checked); (None, why) when it cannot be used."""
+    if not isinstance(text, str):
+        return None, "missing"
+    if len(text) > MAX_RUN_INFO_BYTES:
+        return None, f"larger than {MAX_RUN_INFO_BYTES >> 20} MiB"
+    try:
+        info = loads_json(text, "info_json")
+    except UsageError as exc:
+        return None, str(exc)
+    problem = "not a JSON object" if not isinstance(info, dict) else info_problem(info)
+    return (None, problem) if problem else (info, None)
 
 
 def _batches(relation: Any) -> Iterable[Any]:

@@ -268,3 +268,152 @@ def test_table_compare_and_report_read_a_fleet(capsys: pytest.CaptureFixture[str
     assert not (fleet / "fleet.html").exists()     # analysis never writes into its input
     page = (root / "page" / "fleet.html").read_text()
     assert 'id="node-n4-job7"' in page and "outlier_vs_fleet" in page and "<img" in page
+
+
+# ---------------------------------------------------------------- a fleet as untrusted as a run dir (issue 56)
+
+
+def one_line(err: str, *words: str) -> str:
+    """The command's one line on stderr (no traceback), holding every one of `words`."""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    for word in words:
+        assert word in lines[0], lines[0]
+    return lines[0]
+
+
+def rewrite_runs(fleet: Path, change: Any) -> None:
+    """The fleet's run table with its records changed by change(records) -> records, written as
+    a build writes it."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from commbench.fleet.store import RUN_COLUMNS, _schema
+
+    records = pq.read_table(fleet / "runs.parquet").to_pylist()
+    pq.write_table(pa.Table.from_pylist(change(records), schema=_schema(pa, RUN_COLUMNS)), fleet / "runs.parquet")
+
+
+@pytest.fixture
+def fleet_of_three(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> Path:
+    root = tmp_path / "results"
+    for i in range(3):
+        make_run(root, f"n{i}", "j")
+    assert build(capsys, str(root), "--out", str(tmp_path / "fleet"))[0] == 0
+    return tmp_path / "fleet"
+
+
+def test_a_second_build_while_one_writes_is_refused_and_no_run_is_lost(
+        capsys: pytest.CaptureFixture[str], fleet_of_three: Path, tmp_path: Path) -> None:
+    from commbench.results import LOCK_FILE, RunDir
+
+    make_run(tmp_path / "more", "n3", "j")
+    held = RunDir(fleet_of_three).lock(busy="another fleet build is writing it")   # a build in progress
+    try:
+        code, out, err = build(capsys, str(tmp_path / "more"), "--out", str(fleet_of_three))
+        assert code == 2 and out == ""
+        one_line(err, str(fleet_of_three), "another fleet build is writing it (pid ")
+        fresh = tmp_path / "fresh"
+        fresh.mkdir()
+        RunDir(fresh).lock(busy="another fleet build is writing it")   # a first build of a new fleet
+        assert (fresh / LOCK_FILE).exists()
+        code, _, err = build(capsys, str(tmp_path / "more"), "--out", str(fresh))
+        assert code == 2 and "another fleet build is writing it" in err
+    finally:
+        held.release()
+    code, out, _ = build(capsys, str(tmp_path / "more"), "--out", str(fleet_of_three))
+    assert code == 0 and "now 4 run(s) of 4 node(s)" in out
+    assert not (fleet_of_three / LOCK_FILE).exists()
+
+
+def test_fleet_query_only_reads_the_fleet(capsys: pytest.CaptureFixture[str], fleet_of_three: Path,
+                                          tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    outside = tmp_path / "secret.txt"
+    outside.write_text("secret\n")
+    before = sorted(p.name for p in tmp_path.iterdir()) + sorted(p.name for p in fleet_of_three.rglob("*"))
+    for sql, words in [
+            (f"COPY (SELECT 1) TO '{tmp_path / 'out.csv'}'", ["one SELECT statement", "COPY"]),
+            (f"COPY (SELECT 1 AS run_key) TO '{fleet_of_three / 'runs.parquet'}' (FORMAT parquet, USE_TMP_FILE false)",
+             ["COPY"]),
+            (f"SELECT * FROM read_text('{outside}')", ["disabled"]),
+            (f"SELECT * FROM read_csv('{outside}')", ["disabled"]),
+            (f"ATTACH '{tmp_path / 'made.db'}'", ["ATTACH"]),
+            ("SET enable_external_access = true", ["SET"]),
+            ("SELECT 1; SELECT 2", ["SELECT, SELECT"]),
+            ("INSTALL httpfs", ["only reads"]),
+            ("", ["an empty query"]), ("  ; ", ["an empty query"]), ("-- nothing", ["an empty query"]),
+            ("SELEC 1", ["query: Parser Error"])]:
+        assert cli(["fleet", "query", str(fleet_of_three), sql]) == 2, sql
+        one_line(capsys.readouterr().err, *words)
+    assert sorted(p.name for p in tmp_path.iterdir()) + sorted(p.name for p in fleet_of_three.rglob("*")) == before
+    assert cli(["fleet", "query", str(fleet_of_three), "select count(*) as runs from runs"]) == 0
+    assert capsys.readouterr().out.split()[-1] == "3"
+
+
+def test_fleet_query_fetches_no_more_rows_than_it_prints(capsys: pytest.CaptureFixture[str],
+                                                         fleet_of_three: Path) -> None:
+    from commbench.fleet.command import DEFAULT_LIMIT
+
+    assert cli(["fleet", "query", str(fleet_of_three), "select range as n from range(20000000)", "--wide"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1].startswith(f"(the first {DEFAULT_LIMIT:,} rows; more were not fetched: --limit N")
+    assert len(out) == DEFAULT_LIMIT + 3 and out[2].strip() == "0"   # header, rule, rows, the line
+    assert cli(["fleet", "query", str(fleet_of_three), "select range as n from range(3)", "--limit", "3"]) == 0
+    assert capsys.readouterr().out.split() == ["n", "─", "0", "1", "2"]
+    for limit in ("0", "-1", "1000001"):
+        assert cli(["fleet", "query", str(fleet_of_three), "select 1", "--limit", limit]) == 2
+        one_line(capsys.readouterr().err, "--limit must be from 1 to 1,000,000 rows")
+
+
+def test_a_damaged_fleet_file_is_one_line(capsys: pytest.CaptureFixture[str], fleet_of_three: Path) -> None:
+    (measurements,) = (fleet_of_three / "measurements").glob("*.parquet")
+    data = measurements.read_bytes()
+    measurements.write_bytes(data[: len(data) // 2] + b"\0" * 64 + data[len(data) // 2 + 64:])
+    assert cli(["fleet", "qualify", str(fleet_of_three)]) == 2
+    one_line(capsys.readouterr().err, str(fleet_of_three), "a file of the fleet cannot be read")
+    measurements.write_bytes(b"PAR1 not a parquet file")
+    assert cli(["fleet", "query", str(fleet_of_three), "select 1"]) == 2
+    one_line(capsys.readouterr().err, "a file of the fleet cannot be read")
+    (fleet_of_three / "runs.parquet").write_bytes(b"\0" * 100)
+    assert cli(["table", str(fleet_of_three)]) == 2
+    one_line(capsys.readouterr().err, "runs.parquet: not a fleet run table")
+
+
+def test_stored_runs_are_checked_as_run_dirs_are(capsys: pytest.CaptureFixture[str], fleet_of_three: Path) -> None:
+    deep = '{"a": ' * 100_000 + "1" + "}" * 100_000
+
+    def hostile(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        records[0]["info_json"] = deep                       # nested 100,000 deep
+        records[1]["node"] = "\x1b]0;owned\x07n1\x1b[2J\u202e"   # retitles the terminal, clears it
+        records[2]["job"] = "j\r\n\x1b[31mred"
+        return records + [dict(records[2]), {**records[2], "run_key": None}]   # a key twice; no key
+
+    rewrite_runs(fleet_of_three, hostile)
+    code, out, err = qualify(capsys, fleet_of_three, "--json", "-")
+    assert code == 0 and "\x1b" not in out + err and "\x07" not in out + err and "\u202e" not in out + err
+    nodes = json.loads(out)["nodes"]
+    # 2 runs, not 3; names made safe as a build makes them
+    assert sorted((n["node"], n["job"]) for n in nodes) == [("0_ownedn1_2J", "j"), ("n2", "j___31mred")], nodes
+    warnings = err.splitlines()
+    assert len(warnings) == 3 and "Traceback" not in err
+    assert any("n0/j: its stored run.json is bad" in w and "nested deeper than" in w for w in warnings)
+    assert any("record 3 skipped: run key 'n2/j' again" in w for w in warnings)
+    assert any("record 4 skipped: run_key is None, not text" in w for w in warnings)
+    code, out, _ = qualify(capsys, fleet_of_three)
+    assert "2 run(s) of 2 node(s)" in out and "\x1b" not in out
+    assert cli(["fleet", "query", str(fleet_of_three), "select node from runs order by node"]) == 0
+    assert "\x1b" not in capsys.readouterr().out
+
+
+def test_build_finds_runs_at_any_depth_and_cleans_what_it_echoes(capsys: pytest.CaptureFixture[str],
+                                                                 tmp_path: Path) -> None:
+    root = tmp_path / "results"
+    deep = root.joinpath(*[f"d{i}" for i in range(13)])
+    make_run(deep, "far", "j")
+    (root / "evil\x1b]0;owned\x07\x1b[2J").mkdir()
+    (root / "evil\x1b]0;owned\x07\x1b[2J" / "measurements.jsonl").write_text("{}\n")
+    code, out, err = build(capsys, str(root), "--out", str(tmp_path / "fleet"))
+    assert code == 0 and "added 1 run(s)" in out
+    assert "\x1b" not in err + out and "\x07" not in err
+    one_line(err, "evil]0;owned", "not a commbench run dir")
+    assert [r.node for r in FleetDir(tmp_path / "fleet").runs()[0]] == ["far"]
