@@ -78,3 +78,77 @@ def test_the_slurm_script_refuses_without_a_results_root(tmp_path: Path) -> None
     done = subprocess.run(["bash", str(DEPLOY / "slurm" / "commbench-node.sbatch")], capture_output=True, text=True,
                           env=env, timeout=30, cwd=tmp_path)
     assert done.returncode != 0 and "set COMMBENCH_RESULTS" in done.stderr and list(tmp_path.iterdir()) == []
+
+
+# ---------------------------------------------------------------- each attempt its own run (issue 56)
+
+# Stand-ins for the commands the scripts run, generated per test: a sweep makes one new run dir
+# under its --out (as commbench's does: a new folder per run), qualify prints what it was given.
+FAKE_COMMBENCH = r'''#!/usr/bin/env bash
+set -eu
+while [[ $# -gt 0 && "$1" != sweep && "$1" != qualify ]]; do shift; done
+what="$1"; shift
+if [[ "$what" == sweep ]]; then
+    while [[ "$1" != --out ]]; do shift; done
+    run="$2/$(date +%Y%m%d-%H%M%S%N)-attempt"
+    mkdir -p "$run" && echo '{}' > "$run/run.json"
+else
+    echo "QUALIFY $*"
+fi
+'''
+
+
+def fakes(folder: Path) -> Path:
+    folder.mkdir()
+    for name in ("python", "torchrun", "commbench"):
+        (folder / name).write_text(FAKE_COMMBENCH)
+        (folder / name).chmod(0o755)
+    return folder
+
+
+def attempt(script: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
+    done = subprocess.run(script, capture_output=True, text=True, env=env, timeout=60, cwd=cwd)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done
+
+
+def qualified(done: subprocess.CompletedProcess) -> Path:
+    (line,) = [line for line in done.stdout.splitlines() if line.startswith("QUALIFY ")]
+    return Path(line.split("--spec spec.toml ", 1)[1].split(" --junit", 1)[0])
+
+
+@pytest.mark.procs
+def test_a_requeued_slurm_job_qualifies_its_own_run_and_node_names_stay_inside(tmp_path: Path) -> None:
+    bin_dir = fakes(tmp_path / "bin")
+    root = tmp_path / "shared" / "results"
+    env = {**os.environ, "PATH": os.pathsep.join([str(DEPLOY.parent / "tests" / "fakes" / "slurm"), str(bin_dir),
+                                                    os.environ["PATH"]]),
+           "COMMBENCH_RESULTS": str(root), "COMMBENCH_PYTHON": str(bin_dir / "python"), "COMMBENCH_SPEC": "spec.toml",
+           "SLURMD_NODENAME": "gpu-7", "SLURM_JOB_ID": "4242", "GPUS_PER_NODE": "1"}
+    script = ["bash", str(DEPLOY / "slurm" / "commbench-node.sbatch")]
+    first = qualified(attempt(script, env, tmp_path))
+    second = qualified(attempt(script, env, tmp_path))   # requeued: the same node and job id
+    runs = sorted((root / "gpu-7" / "4242").glob("*-attempt"))
+    assert len(runs) == 2 and [first, second] == [Path(f"{r}/") for r in runs] and first != second
+    for name in ("../../x", "..", ".hidden", "a/../../b"):
+        done = attempt(script, {**env, "SLURMD_NODENAME": name}, tmp_path)
+        run = qualified(done).resolve()
+        assert run.is_relative_to(root.resolve()) and run.parent.parent.parent == root.resolve(), (name, run)
+    assert sorted(p.name for p in (tmp_path / "shared").iterdir()) == ["results"]
+
+
+@pytest.mark.procs
+@pytest.mark.parametrize("manifest", ["commbench-node-job.yaml", "commbench-trainjob.yaml"])
+def test_a_retried_pod_qualifies_its_own_run(manifest: str, tmp_path: Path) -> None:
+    doc = load(manifest)
+    spec = doc["spec"]
+    container = spec["trainer"] if "trainer" in spec else spec["template"]["spec"]["containers"][0]
+    assert container["command"] == ["bash", "-c"]
+    bin_dir = fakes(tmp_path / "bin")
+    root = tmp_path / "results"
+    env = {**os.environ, "PATH": os.pathsep.join([str(bin_dir), os.environ["PATH"]]), "COMMBENCH_RESULTS": str(root),
+           "COMMBENCH_NODE": "gpu-7", "COMMBENCH_JOB": "commbench-node-uid", "COMMBENCH_SPEC": "spec.toml",
+           "GPUS_PER_NODE": "8", "COMMBENCH_SWEEP_ARGS": "-b 4K"}
+    first, second = (qualified(attempt(["bash", "-c", container["args"][0]], env, tmp_path)) for _ in range(2))
+    runs = sorted((root / "gpu-7" / "commbench-node-uid").glob("*-attempt"))
+    assert [first, second] == [Path(f"{r}/") for r in runs] and first != second
