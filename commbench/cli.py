@@ -13,7 +13,7 @@ import os
 import sys
 import time
 
-from commbench.errors import (FAILED_EXIT, NO_ROOM, TERMINATED_EXIT, USAGE_EXIT, USAGE_LINE_FILE_VAR,
+from commbench.errors import (FAILED_EXIT, NO_ROOM, USAGE_EXIT, USAGE_LINE_FILE_VAR,
                               ResultsUnwritable, Terminated, UsageError, write_advice)
 from commbench.files import json_alone_on_stdout
 from commbench.waits import waits
@@ -139,8 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"commbench {args.command}: interrupted", file=sys.stderr)
         return 130
-    except Terminated:   # SIGTERM: whoever sent it (torchrun, the driver) says why
-        return TERMINATED_EXIT
+    except Terminated as exc:   # SIGTERM or SIGHUP: whoever sent it (torchrun, the driver) says why
+        return 128 + exc.signum
     except BrokenPipeError:  # output piped into `head` and the like: not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0

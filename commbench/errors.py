@@ -1,6 +1,7 @@
 """Errors that the CLI turns into one line, and the exit statuses commbench uses."""
 
 import errno
+import signal
 
 
 class UsageError(Exception):
@@ -25,8 +26,13 @@ USAGE_LINE_FILE_VAR = "COMMBENCH_USAGE_LINE_FILE"
 
 
 class Terminated(BaseException):
-    """SIGTERM arrived (torchrun stopping its workers, the driver, kill): unwinds like Ctrl-C,
-    never caught as a backend's failure."""
+    """SIGTERM (or SIGHUP) arrived (torchrun stopping its workers, the driver, kill, a closed
+    terminal): unwinds like Ctrl-C, never caught as a backend's failure; the process exits
+    128 + the signal, as a shell reports it."""
+
+    def __init__(self, signum: int = signal.SIGTERM):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = int(signum)
 
 
 # A write that failed for want of room, and one the file system refused: what to do differs.

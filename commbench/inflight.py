@@ -26,17 +26,23 @@ import json
 import math
 import os
 import re
+import select
 import shutil
 import signal
 import socket
+import stat
+import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from commbench.errors import ResultsUnwritable, Terminated, UsageError
+from commbench.errors import TERMINATED_EXIT, ResultsUnwritable, Terminated, UsageError
+from commbench.launch_env import under_torchrun
 from commbench.results import CRASHED, ERROR, HANG, STRANDED, Measurement, RunDir, write_whole
+from commbench.results.rundir import release_all
 from commbench.results.validate import loads_json, row_problem
+from commbench.waits import waits
 
 INFLIGHT_DIR = "inflight"
 CRASH_LOGS_DIR = "crash-logs"
@@ -53,6 +59,16 @@ _OLD_WORDS = {"hung": HANG, "failed": ERROR}
 _FATAL_SIGNALS = {"Segmentation fault": "SIGSEGV", "Aborted": "SIGABRT", "Bus error": "SIGBUS",
                   "Floating point exception": "SIGFPE", "Illegal instruction": "SIGILL"}
 _FRAME_RE = re.compile(r'File "([^"]+)", line (\d+) in (\S+)')
+_SWEEP_THREAD = "/sweep/engine.py"   # a frame of it marks the thread that runs the sweep
+# Signals that stop a rank from outside: torchrun passes on the one it got (SIGHUP included).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def waits_for_peers(path: str, name: str) -> bool:
+    """A frame where a rank waits for its peers, not its own work: a torch.distributed collective,
+    or a device synchronize (a kernel that waits for a peer's flag holds it there)."""
+    path = path.replace("\\", "/")
+    return "/torch/distributed/" in path or (name == "synchronize" and "/torch/" in path)
 
 
 @dataclass
@@ -74,13 +90,18 @@ class Record:
     exit_detail: str | None = None
     exit_at: float | None = None
     marked_at: float | None = None  # when the state last changed (raised, hung): which rank failed first
+    # A watchdog that ran out of time: where the rank waited for its peers (in a collective or a
+    # device synchronize; None: its own code was stuck), and the rank its stop names, once known.
+    waiting_in: str | None = None
+    blamed: int | None = None
     # Read from the rank's side files, never written into the record:
     fatal: str | None = field(default=None, compare=False)          # faulthandler's fatal dump
-    signalled_at: float | None = field(default=None, compare=False)  # when SIGTERM/SIGINT arrived
+    signalled_at: float | None = field(default=None, compare=False)  # when SIGTERM/SIGINT/SIGHUP arrived
+    signals: str | None = field(default=None, compare=False)        # every thread's stack when it did
 
     def to_json(self) -> str:
         data = {**vars(self), "row": self.row.to_dict()}   # the row as measurements.jsonl holds it
-        del data["fatal"], data["signalled_at"]
+        del data["fatal"], data["signalled_at"], data["signals"]
         return json.dumps(data, sort_keys=True, default=str)
 
     @property
@@ -93,6 +114,17 @@ class Record:
         text = (self.fatal or "").split("Current thread", 1)
         match = _FRAME_RE.search(text[1]) if len(text) == 2 else None
         return f"{match.group(1).rsplit('/', 1)[-1]}:{match.group(2)} in {match.group(3)}" if match else None
+
+    def stopped_where(self) -> tuple[str, bool] | None:
+        """Where the sweep's thread was when a stop signal came (the driver's or torchrun's kill),
+        from the stacks faulthandler wrote then: (its innermost frames, whether it waited for its
+        peers there); None without such a dump."""
+        for block in re.split(r"\n(?=(?:Current thread|Thread) 0x)", self.signals or ""):
+            frames = _FRAME_RE.findall(block)   # innermost first
+            if any(path.endswith(_SWEEP_THREAD) for path, _, _ in frames):
+                shown = " <- ".join(f"{path.rsplit('/', 1)[-1]}:{line} in {name}" for path, line, name in frames[:3])
+                return shown, any(waits_for_peers(path, name) for path, _, name in frames)
+        return None
 
 
 @dataclass
@@ -124,7 +156,8 @@ def _files(records_dir: Path, rank: int) -> tuple[Path, Path, Path]:
 
 
 class Recorder:
-    """This rank's record and signal traces; every method is a no-op without a records dir."""
+    """This rank's record and signal traces; every method is a no-op without a records dir. Under
+    a launcher (torchrun, srun) it also watches the launcher: see watch_launcher."""
 
     def __init__(self, run_dir: Path | None, rank: int):
         self.rank = rank
@@ -133,6 +166,9 @@ class Recorder:
         self.record: Record | None = None
         self._handles: list[Any] = []
         self._had_faulthandler = faulthandler.is_enabled()
+        self._lock = threading.Lock()   # the launcher's watch writes the record too
+        if under_torchrun():
+            watch_launcher(self)
         if self.dir is None:
             return
         self.dir.mkdir(exist_ok=True)
@@ -140,10 +176,13 @@ class Recorder:
         fatal, signals = open(fatal_path, "w"), open(signals_path, "w")
         self._handles = [fatal, signals]
         faulthandler.enable(file=fatal, all_threads=True)
-        # SIGTERM ends this rank through Python (Terminated) where it can; the trace in
-        # .signals says it was stopped from outside even when it could not.
-        signal.signal(signal.SIGTERM, _raise_terminated)
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        # SIGTERM (and SIGHUP, which torchrun passes on when it gets one) ends this rank through
+        # Python (Terminated) where it can; the trace in .signals says it was stopped from
+        # outside even when it could not. Without it SIGHUP killed the rank without a trace,
+        # read afterwards as a crash of the backend it was running.
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, _raise_terminated)
+        for sig in STOP_SIGNALS:
             faulthandler.register(sig, file=signals, all_threads=True, chain=True)
 
     def begin(self, step: int, phase: str, what: str, row: Measurement, timeout_s: float | None) -> None:
@@ -155,17 +194,28 @@ class Recorder:
                              deadline=now + timeout_s if timeout_s is not None and math.isfinite(timeout_s) else None)
         self._write()
 
-    def mark(self, state: str, detail: str | None) -> None:
-        """What happened in the step: RAISED (detail: the exception) or HANG (the reason)."""
-        if self.record is not None:
-            self.record.state, self.record.detail, self.record.marked_at = state, detail, time.time()
-            self._write()
+    def mark(self, state: str, detail: str | None, waiting_in: str | None = None, blamed: int | None = None) -> None:
+        """What happened in the step: RAISED (detail: the exception) or HANG (the reason; where
+        this rank waited for its peers, if it did; the rank the stop names, once known)."""
+        with self._lock:
+            if self.record is not None:
+                self.record.state, self.record.detail, self.record.marked_at = state, detail, time.time()
+                self.record.waiting_in, self.record.blamed = waiting_in, blamed
+                self._write()
+
+    def conclude(self, stop: Stop) -> None:
+        """The hang this rank's watchdog ends the step with: its reason and the rank it names
+        (where this rank waited, if it did, stays)."""
+        waiting_in = self.record.waiting_in if self.record is not None else None
+        self.mark(HANG, stop.reason, waiting_in, stop.failed_rank)
 
     def leave(self, how: str, detail: str | None = None) -> None:
-        """The process is ending without finishing (any thread may say so): keep the record, say how."""
-        if self.record is not None:
-            self.record.exit, self.record.exit_detail, self.record.exit_at = how, detail, time.time()
-            self._write()
+        """The process is ending without finishing (any thread may say so): keep the record, say
+        how (the first word stays: the launcher's end, say, before the Terminated it caused)."""
+        with self._lock:
+            if self.record is not None and self.record.exit is None:
+                self.record.exit, self.record.exit_detail, self.record.exit_at = how, detail, time.time()
+                self._write()
 
     def close(self) -> None:
         """A clean end (finished, Ctrl-C, bad input): nothing in flight, no files left."""
@@ -194,9 +244,10 @@ class Recorder:
     def _unhook(self) -> None:
         if not self._handles:
             return
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in STOP_SIGNALS:
             faulthandler.unregister(sig)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_DFL)
         faulthandler.disable()
         if self._had_faulthandler:
             faulthandler.enable()
@@ -207,8 +258,52 @@ class Recorder:
 
 def _raise_terminated(signum: int, frame: Any) -> None:
     # Once: a second SIGTERM (or torchrun's SIGKILL) ends the process at once.
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    raise Terminated()
+    signal.signal(signum, signal.SIG_DFL)
+    raise Terminated(signum)
+
+
+# ---------------------------------------------------------------- the launcher
+
+_launcher_pid: int | None = None   # the process that started this rank, while it is watched
+
+
+def launcher_gone() -> bool:
+    """This rank's launcher (torchrun, srun) has ended: the rank is an orphan, and nothing it
+    measures or records now is a result (its peers' store went with torchrun: the next backend's
+    setup fails with a Broken pipe, which is no reason to skip it)."""
+    return _launcher_pid is not None and os.getppid() != _launcher_pid
+
+
+def watch_launcher(recorder: Recorder) -> None:
+    """End this rank when its launcher ends, however it ended. torchrun starts its workers in
+    sessions of their own, so a kill of torchrun or of its process group (kill -9 included) left
+    the ranks measuring on: the dead run's lock refused a resume, and their rows of `skipped`
+    stood in for measurements. A thread waits on the launcher's process (a pidfd: at once, no
+    polling); when it goes, the record says so (LEFT), SIGTERM unwinds the sweep as torchrun's
+    own would (run.json interrupted, the lock released), and if the sweep is held where no
+    Python runs, the process leaves after waits().kill_wait_s."""
+    global _launcher_pid
+    if _launcher_pid is not None:
+        return
+    _launcher_pid = os.getppid()
+    threading.Thread(target=_watch, args=(recorder, _launcher_pid), name="commbench-launcher-watch",
+                     daemon=True).start()
+
+
+def _watch(recorder: Recorder, pid: int) -> None:
+    try:
+        handle = os.pidfd_open(pid)
+    except (AttributeError, OSError):   # no pidfd (an old kernel): look once a second
+        handle = None
+    if handle is not None and os.getppid() == pid:   # opened before it ended, not a reused pid
+        select.select([handle], [], [])
+    while os.getppid() == pid:
+        time.sleep(1.0)
+    recorder.leave(LEFT, f"its launcher (pid {pid}) ended")
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(waits().kill_wait_s)
+    release_all()   # os._exit runs no atexit: the run dir's lock file goes here
+    os._exit(TERMINATED_EXIT)
 
 
 # ---------------------------------------------------------------- reading records
@@ -219,7 +314,7 @@ def read_records(run_dir: Path) -> list[Record]:
     out = []
     for path in sorted(records_dir.glob("rank*.json")):
         try:
-            data = loads_json(path.read_text(encoding="utf-8"), str(path))
+            data = loads_json(_text(path) or "", str(path))
             row = data.pop("row", None) if isinstance(data, dict) else None
             # Written by a rank of this tool, but read from a dir that may come from anyone.
             if not isinstance(row, dict) or row_problem(row):
@@ -229,20 +324,32 @@ def read_records(run_dir: Path) -> list[Record]:
             record.exit = _OLD_WORDS.get(record.exit or "", record.exit)
         except (OSError, ValueError, TypeError, UsageError):  # torn by a death mid-write: nothing to say
             continue
-        if not isinstance(record.rank, int):
+        if (type(record.rank) is not int or not isinstance(record.waiting_in, (str, type(None)))
+                or not isinstance(record.blamed, (int, type(None))) or isinstance(record.blamed, bool)):
             continue
         _, fatal_path, signals_path = _files(records_dir, record.rank)
         record.fatal = _text(fatal_path)
-        record.signalled_at = signals_path.stat().st_mtime if _text(signals_path) else None
+        record.signals = _text(signals_path)
+        record.signalled_at = signals_path.stat().st_mtime if record.signals else None
         out.append(record)
     return sorted(out, key=lambda r: r.rank)
 
 
+_MAX_RECORD_BYTES = 1 << 20   # a record, a fatal dump, a signal's stacks: a few KB each
+
+
 def _text(path: Path) -> str | None:
+    """A record file's text, '' or None when there is none; a run dir may come from anyone, so
+    only a regular file is read (a FIFO would block), and at most a MiB of it."""
     try:
-        return path.read_text(encoding="utf-8", errors="replace").strip() or None
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError:
         return None
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        data = handle.read(_MAX_RECORD_BYTES)
+    return data.decode("utf-8", errors="replace").strip() or None
 
 
 def is_alive(record: Record) -> bool | None:
@@ -250,12 +357,12 @@ def is_alive(record: Record) -> bool | None:
     if record.host != socket.gethostname():
         return None
     try:
-        stat = Path(f"/proc/{record.pid}/stat").read_text()
+        proc_stat = Path(f"/proc/{record.pid}/stat").read_text()
         cmdline = Path(f"/proc/{record.pid}/cmdline").read_bytes()
     except OSError:
         return False
     # A zombie is dead; a reused pid is someone else.
-    return stat.rsplit(")", 1)[-1].split()[0] != "Z" and b"commbench" in cmdline
+    return proc_stat.rsplit(")", 1)[-1].split()[0] != "Z" and b"commbench" in cmdline
 
 
 def _died_without_trace(record: Record) -> bool:
@@ -310,6 +417,8 @@ class PeerWatch:
         self._raised_seen: dict[int, float] = {}   # rank -> when this rank first saw it raised
 
     def __call__(self) -> Stop | None:
+        if launcher_gone():
+            return LEAVE   # no one reads what an orphan records: it only leaves
         if self.run_dir is None:
             return None
         now = time.monotonic()
@@ -325,6 +434,54 @@ class PeerWatch:
                 self._raised_seen.setdefault(record.rank, now)
         waited = {rank for rank, seen in self._raised_seen.items() if now - seen >= self.peer_wait_s}
         return peer_stop(records, self.rank, self.step, self.run_dir, waited, dead)
+
+    def hang(self, recorder: Recorder, reason: str, where: str | None, waiting: bool, look_s: float) -> Stop:
+        """This rank's time ran out in the step: the stop that names the rank that hung.
+
+        A rank whose own code was stuck (not waiting for its peers) is the one: it says so at
+        once. A rank that waited in a collective or a synchronize says where, for its peers to
+        read, and looks at them for up to `look_s`: a peer whose own code was stuck, a peer
+        that died, or one that already named the rank, is the answer. Past that, the peers
+        that never reached their watchdog (a thread holding the GIL) are named; where every rank
+        waited, each one's place is."""
+        me = f"rank {self.rank}"
+        if not waiting:
+            return Stop(HANG, f"{reason}; {me} was in {where}" if where else reason, self.rank)
+        waited = f"{me} waited for it in {where}" if where else f"{me} waited for it"
+        recorder.mark(HANG, f"{reason}; {me} was waiting in {where}", waiting_in=where or "?")
+        deadline = time.monotonic() + look_s
+        while True:
+            stop = self()
+            if stop is not None and stop.status is not None:
+                return replace(stop, reason=f"{stop.reason}; {waited}") if stop.status == HANG else stop
+            if stop is not None or time.monotonic() >= deadline or self.run_dir is None:
+                break
+            time.sleep(min(0.1, look_s))
+        records = [r for r in read_records(self.run_dir) if r.rank != self.rank] if self.run_dir else []
+        silent = [r.rank for r in records if r.step == self.step and r.state == RUNNING and r.exit is None]
+        if silent:
+            ranks = ", ".join(map(str, silent))
+            return Stop(HANG, f"{reason}; rank{'s' if len(silent) > 1 else ''} {ranks} never reached "
+                              f"{'their' if len(silent) > 1 else 'its'} own watchdog (a thread may have held the "
+                              f"GIL); {waited.replace('for it', 'for them' if len(silent) > 1 else 'for it')}",
+                        silent[0] if len(silent) == 1 else None)
+        others = [f"rank {r.rank} in {r.waiting_in}" for r in records if r.step == self.step and r.waiting_in]
+        if others:
+            return Stop(HANG, f"{reason}; every rank waited for the others: {me} in {where}; " + "; ".join(others))
+        # No record of a peer (on a node that does not see the results dir): where this rank was.
+        return Stop(HANG, f"{reason}; {me} was waiting for a peer in {where}")
+
+
+def _hung(records: list[Record]) -> Stop | None:
+    """The hang a watchdog's record names: one that named the rank (its look at the peers ended),
+    else one whose own code was stuck. A rank that only waited for its peers is no cause."""
+    hung = [r for r in records if r.state == HANG]
+    record = (next((r for r in hung if isinstance(r.blamed, int)), None)
+              or next((r for r in hung if r.waiting_in is None), None))
+    if record is None:
+        return None
+    blamed = record.blamed if isinstance(record.blamed, int) else record.rank
+    return Stop(HANG, record.detail or f"no progress during {record.what}", blamed, template=record.row)
 
 
 def peer_stop(records: list[Record], me: int, step: int, run_dir: Path, raised: set[int],
@@ -342,9 +499,9 @@ def peer_stop(records: list[Record], me: int, step: int, run_dir: Path, raised: 
     crashed = next((r for r in dead if r.fatal or _died_without_trace(r)), None)
     if crashed is not None:
         return _crashed(crashed, run_dir)
-    hung = next((r for r in records if r.rank != me and r.state == HANG), None)
+    hung = _hung([r for r in records if r.rank != me])
     if hung is not None:
-        return Stop(HANG, hung.detail or f"no progress during {hung.what}", template=hung.row)
+        return hung
     if any(r.exit == ERROR for r in records if r.rank != me):
         return LEAVE   # what raised after it (a closed connection) followed from its failure
     cause = _first_raised(r for r in records if r.step == step and (r.rank in raised or r in dead))
@@ -379,22 +536,41 @@ def postmortem(records: list[Record], run_dir: Path | None, killed_reason: str |
     # A rank that failed on its own said so; a peer's exception after it followed from it.
     if (record := _first_raised(records)) is not None and first(lambda r: r.exit == ERROR) is None:
         return _stranded(record)
+    if (stop := _hung(records)) is not None:
+        return stop
     if (record := first(lambda r: r.state == HANG)) is not None:
+        # Every watchdog that fired waited for its peers, and none could look long enough to
+        # name one: the ranks still running past their deadline never reached their own.
         silent = [r.rank for r in records if r.state == RUNNING and r.deadline is not None
                   and (r.signalled_at or r.exit_at or time.time()) > r.deadline + 1.0]
         note = (f"; rank {silent[0]} never reached its own watchdog (a thread may have held the GIL)"
                 if silent else "")
-        return Stop(HANG, (record.detail or f"no progress during {record.what}") + note, template=record.row)
+        return Stop(HANG, (record.detail or f"no progress during {record.what}") + note,
+                    silent[0] if len(silent) == 1 else None, template=record.row)
     if (record := first(_died_without_trace)) is not None:
         return _crashed(record, run_dir)
     late = first(lambda r: r.state == RUNNING and r.deadline is not None
                  and (r.signalled_at or r.exit_at or 0) > r.deadline)
     if late is not None:
+        blamed, where = _stuck_when_stopped(records)
         return Stop(HANG, f"still in {late.what} past its {late.deadline - late.started:g} s limit when it was "
-                          "stopped from outside", template=late.row)
+                          f"stopped from outside{where}", blamed, template=late.row)
     if killed_reason and (record := first(lambda r: r.state == RUNNING)) is not None:
-        return Stop(HANG, f"{killed_reason}, during {record.what}", template=record.row)
+        blamed, where = _stuck_when_stopped(records)
+        return Stop(HANG, f"{killed_reason}, during {record.what}{where}", blamed, template=record.row)
     return None
+
+
+def _stuck_when_stopped(records: list[Record]) -> tuple[int | None, str]:
+    """The rank whose own code was stuck when the run was stopped from outside (the driver's
+    kill), by the stacks every rank's SIGTERM left: (the rank, '; rank 1 was in ...; rank 0
+    waited for it in ...'), or (None, '') where the stacks do not single one out."""
+    places = {r.rank: place for r in records if r.state == RUNNING and (place := r.stopped_where()) is not None}
+    stuck = [rank for rank, (_, waiting) in places.items() if not waiting]
+    if len(stuck) != 1:
+        return None, ""
+    waiters = "; ".join(f"rank {rank} waited for it in {where}" for rank, (where, waiting) in places.items() if waiting)
+    return stuck[0], f"; rank {stuck[0]} was in {places[stuck[0]][0]}" + (f"; {waiters}" if waiters else "")
 
 
 def _refuse_if_running(records: list[Record], run_dir: Path) -> None:

@@ -29,6 +29,9 @@ class Waits:
     # How long a rank whose control group failed looks for the peer that caused it: its records
     # are written before its process ends, so a short look suffices.
     cause_look_s: float = 3.0
+    # How long a rank whose row watchdog ran out while it waited in a collective looks for the
+    # peer that hung to say where it was (its watchdog's limit ends at about the same moment).
+    hang_look_s: float = 5.0
     # The driver: how often it looks at its child torchrun, how long a step may overrun its
     # watchdog's deadline before the driver ends the child itself (a thread holding the GIL on
     # every rank that could see it), and how long SIGTERM has before SIGKILL.

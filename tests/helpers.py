@@ -19,7 +19,7 @@ PLUGINS = Path(__file__).parent / "plugins"
 # stays longer than what it waits for here (testfaults backends have no bounded waits of their own).
 # poll_after_s keeps its 2 s: tests with a 1 s row limit expect a rank's own watchdog to fire
 # before it looks at its peers.
-TEST_WAITS = ("poll_s=0.25,peer_wait_s=3,cause_look_s=1.5,driver_poll_s=0.2,"
+TEST_WAITS = ("poll_s=0.25,peer_wait_s=3,cause_look_s=1.5,hang_look_s=1.5,driver_poll_s=0.2,"
               "overdue_grace_s=2,kill_wait_s=2,usage_error_grace_s=1")
 
 

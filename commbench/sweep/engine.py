@@ -20,6 +20,7 @@ watchdogs see the mark and end the row as an error naming it, within waits().pee
 
 from __future__ import annotations
 
+import signal
 import sys
 import threading
 import time
@@ -33,7 +34,7 @@ import torch
 from commbench.backends import is_builtin
 from commbench.backends.base import Backend, BackendTimeout, BackendUnavailable, describe
 from commbench.errors import Terminated
-from commbench.inflight import ENDED, RAISED, PeerWatch, Recorder, Stop, stop_line
+from commbench.inflight import ENDED, RAISED, PeerWatch, Recorder, Stop, launcher_gone, stop_line
 from commbench.runtime.context import ControlGroupLost, RunContext
 from commbench.sweep.outcome import Failed, Measured, Outcome, Skipped
 from commbench.sweep.plan import SweepPlan
@@ -105,13 +106,23 @@ class Engine:
             else:
                 row.extra[name] = value
 
+    @staticmethod
+    def _orphan_check() -> None:
+        """No row once this rank's launcher has ended (torchrun killed, its group too): what an
+        orphan measures or skips is no result (its next setup fails on torchrun's store with a
+        Broken pipe), and a resume would take its `skipped` rows as done. It ends as if stopped."""
+        if launcher_gone():
+            raise Terminated(signal.SIGTERM)
+
     def emit(self, row: Measurement) -> None:
+        self._orphan_check()
         self.state.add(row)
         self.sink.write(row)
         self.sink.table.row(row)
 
     def _skip_all(self, backend: Backend, cells: list[Cell], reason: str, failed_rank: int | None = None) -> None:
         """One row per planned cell, so every cell of the plan has an answer; one line printed."""
+        self._orphan_check()
         self.sink.table.line(f"# {backend.name}: skipped: {reason}")
         for cell in cells:
             row = self._base_row(backend, cell, SKIPPED, reason=reason, failed_rank=failed_rank)
@@ -144,19 +155,22 @@ class Engine:
             return
         peers = PeerWatch(self.recorder.run_dir, self.ctx.rank, self.step, waits().peer_wait_s)
 
+        def blame(reason: str, where: str | None, waiting: bool) -> Stop:
+            return peers.hang(self.recorder, reason, where, waiting, waits().hang_look_s)
+
         def on_stop(stop: Stop, timed_out: bool) -> None:
-            if timed_out:
-                self.recorder.mark(HANG, stop.reason)
+            if timed_out and stop.status == HANG:
+                self.recorder.conclude(stop)   # its peers, the driver and a resume read whom it names
             self.recorder.leave(ENDED)
             self.record_stop(stop, template)
 
-        with Watchdog(timeout_s, what, on_stop, peers, who=f"rank {self.ctx.rank}"):
+        with Watchdog(timeout_s, what, on_stop, peers, who=f"rank {self.ctx.rank}", blame=blame):
             yield
 
     def record_stop(self, stop: Stop, template: Measurement) -> None:
         """The row a stop stands for (its record's, else `template`), written once (rank 0),
         and the one line a user reads."""
-        if stop.status is None:
+        if stop.status is None or launcher_gone():
             return
         with self._stop_lock:
             row = stop.row(template)

@@ -16,6 +16,7 @@ watchdog could not run), and resumes the child without that backend.
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import json
 import os
@@ -27,6 +28,7 @@ import sys
 import time
 from contextlib import nullcontext
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -147,22 +149,47 @@ def drive(opts: SweepOptions, env_settings: list[dict[str, str]], variants: list
     if opts.resume:
         _check_resume(Path(opts.resume), opts.nproc, plan)
     run = _open_run_dir(opts)
-    # SIGTERM (kill, a batch system's stop) unwinds the driver as Ctrl-C does: its children are
-    # stopped, run.json says interrupted, the lock and its file go; its default action would
-    # end the driver alone and leave torchrun and the ranks measuring.
-    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    # SIGTERM (kill, a batch system's stop) and SIGHUP (a closed terminal) unwind the driver as
+    # Ctrl-C does: its children are stopped, run.json says interrupted, the lock and its file go;
+    # their default action would end the driver alone and leave torchrun and the ranks measuring.
+    previous = {sig: signal.signal(sig, _raise_terminated) for sig in _STOP_SIGNALS}
     try:
         return _drive(opts, env_settings, variants, run), run.path
     except (KeyboardInterrupt, Terminated):
         _end_interrupted(run)
         raise
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         run.release()
 
 
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
 def _raise_terminated(signum: int, frame: object) -> None:
-    raise Terminated()
+    raise Terminated(signum)
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _ends_with_the_driver() -> None:
+    """In the child torchrun, before it runs: SIGTERM when the driver ends, however it ends
+    (kill -9 included), so torchrun stops its ranks as on any SIGTERM. It runs in its own
+    session, so nothing else would reach it. Linux only (prctl); elsewhere nothing."""
+    if _prctl is not None:
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def _libc_prctl() -> Any:
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl   # looked up here: a forked child only calls it
+    except (OSError, AttributeError):
+        return None
+
+
+_prctl = _libc_prctl()
 
 
 def _end_interrupted(run: RunDir) -> None:
@@ -234,11 +261,14 @@ def _run_setting(opts: SweepOptions, run: RunDir, setting: dict[str, str], sweep
                ENV_SETTING_VAR: json.dumps(setting, sort_keys=True), USAGE_LINE_FILE_VAR: str(refusal)}
         print(f"# driver: torchrun x{opts.nproc} with {label}" + (f" (resume {attempt})" if attempt else ""),
               flush=True)
-        proc = subprocess.Popen(command, env=env, start_new_session=True)
+        proc = subprocess.Popen(command, env=env, start_new_session=True, preexec_fn=_ends_with_the_driver)
         try:
             rc, killed = _wait(proc, run_dir, opts.child_timeout)
+            if any(inflight.is_alive(r) for r in inflight.read_records(run_dir)):
+                _kill(proc, run_dir)   # torchrun ended (killed, say) before its ranks: they end too
         except (KeyboardInterrupt, Terminated):   # the ranks record where they were and end
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)   # once: the kill must not be cut short
+            for sig in _STOP_SIGNALS:
+                signal.signal(sig, signal.SIG_IGN)   # once: the kill must not be cut short
             _kill(proc, run_dir)
             run.write_csv()
             raise

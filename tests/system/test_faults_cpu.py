@@ -157,10 +157,13 @@ def test_a_hang_holding_the_gil_on_rank_0_is_recorded_by_the_driver_which_goes_o
     got = rows(only_run_dir(tmp_path))
     assert statuses(got) == {"testfaults:hang_gil_rank0": ["ok", "hang", "skipped"], "testfaults:exact": ["ok"] * 3}
     hang = by_backend(got, "testfaults:hang_gil_rank0")[1]
-    # Rank 1's watchdog fired (it names where rank 1 waited: in the plug-in's allreduce); rank 0's never ran.
-    assert re.fullmatch(r"no progress within 3 s during testfaults:hang_gil_rank0 16K fp32 eager; rank 1 was in "
-                        r".* <- commbench_testbackends\.py:\d+ in allreduce; rank 0 never reached its own watchdog "
-                        r"\(a thread may have held the GIL\)", hang["reason"]), hang["reason"]
+    # Rank 1's watchdog fired while it waited in the collective (in the plug-in's allreduce); rank
+    # 0's never ran: rank 0 is the one named.
+    assert re.fullmatch(r"no progress within 3 s during testfaults:hang_gil_rank0 16K fp32 eager; rank 0 never "
+                        r"reached its own watchdog \(a thread may have held the GIL\); rank 1 waited for it in "
+                        r"distributed_c10d\.py:\d+ in all_reduce <- .* <- commbench_testbackends\.py:\d+ in allreduce",
+                        hang["reason"]), hang["reason"]
+    assert hang["failed_rank"] == 0
     assert_each_cell_once(got)
 
 

@@ -190,6 +190,10 @@ def test_hang_becomes_a_row_and_resume_continues_without_that_backend(tmp_path: 
     hang = got["testfaults:hang_rank1"]
     assert [r["status"] for r in hang] == ["ok", "hang"]
     assert "no progress within 3 s" in hang[1]["reason"] and hang[1]["message_bytes"] == 16384
+    # The rank that hung is named, not rank 0, which waited for it in the collective (issue 56).
+    assert hang[1]["failed_rank"] == 1, hang[1]
+    assert re.search(r"; rank 1 was in commbench_testbackends\.py:\d+ in allreduce <- .*; rank 0 waited for it in "
+                     r"distributed_c10d\.py:\d+ in all_reduce", hang[1]["reason"]), hang[1]["reason"]
     assert (run_dir / "measurements.csv").exists()
     second = run_torchrun(2, args + ["--resume", str(run_dir)])
     assert second.returncode == 0, second.stderr
@@ -276,8 +280,11 @@ def test_driver_kills_a_child_past_its_limit(tmp_path: Path) -> None:
     assert driver.returncode == 3, log.read_text()
     (row,) = rows(only_run_dir(out))   # named from the ranks' in-flight records
     assert row["backend"] == "testfaults:hang_rank1" and row["status"] == "hang"
-    assert row["reason"] == (f"child torchrun exceeded --child-timeout {CHILD_TIMEOUT_S} s and was killed, during "
-                             f"{hung}")
+    # Which rank hung, from the stacks each rank's SIGTERM left: rank 1 in the plug-in's own
+    # code, rank 0 inside the collective waiting for it.
+    assert row["reason"].startswith(f"child torchrun exceeded --child-timeout {CHILD_TIMEOUT_S} s and was killed, "
+                                    f"during {hung}; rank 1 was in commbench_testbackends.py:"), row["reason"]
+    assert "; rank 0 waited for it in distributed_c10d.py:" in row["reason"] and row["failed_rank"] == 1, row
 
 
 @pytest.mark.slow
