@@ -10,11 +10,13 @@ Generates, in a scratch dir:
   sizes and backends, as a long resumed sweep would write them), read by the analysis commands;
 - a kineto trace of about --trace-mb MB (decode steps of GEMMs and an NCCL allreduce, each kernel
   with its launch call), a merged trace of --devices devices without rank info, and a gzip of
-  --blank-gb GB of white space (the bomb), each read by `attribute` (issue 43).
+  --blank-gb GB of white space (the bomb), each read by `attribute` (issue 43);
+- with --only fleet: a fleet of one recorded run and `fleet query` of --query-rows rows (issue 56).
 
 Each command runs as its own process; its wall time and peak RSS (ru_maxrss of the child) are
 printed as a markdown table. Usage: python scripts/bench-large-inputs.py [--log-mb 100] [--json-mb 20]
-[--rows-mb 200] [--trace-mb 300] [--devices 6000] [--blank-gb 2] [--only traces|compare]
+[--rows-mb 200] [--trace-mb 300] [--devices 6000] [--blank-gb 2] [--only traces|compare|fleet]
+[--query-rows 20000000]
 """
 
 from __future__ import annotations
@@ -148,8 +150,11 @@ def main() -> int:
     parser.add_argument("--trace-mb", type=int, default=300)
     parser.add_argument("--devices", type=int, default=6000)
     parser.add_argument("--blank-gb", type=int, default=2)
-    parser.add_argument("--only", choices=("traces", "compare"),
-                        help="only the trace inputs, or only `table` and `compare` on a pair of --rows-mb runs")
+    parser.add_argument("--only", choices=("traces", "compare", "fleet"),
+                        help="only the trace inputs, or only `table` and `compare` on a pair of --rows-mb runs, or "
+                             "only `fleet query` of --query-rows rows over a fleet of one recorded run")
+    parser.add_argument("--query-rows", type=int, default=20_000_000,
+                        help="--only fleet: the rows the query makes (select * from range(N))")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         scratch = Path(tmp)
@@ -157,11 +162,14 @@ def main() -> int:
         print("| --- | ---: | ---: | ---: |")
         if args.only == "compare":
             commands = _compare_inputs(scratch, args)
+        elif args.only == "fleet":
+            commands = _fleet_inputs(scratch, args)
         else:
             commands = ([] if args.only else _run_inputs(scratch, args)) + _trace_inputs(scratch, args)
         for argv in [["--help"], *commands]:
             wall, peak, code = measure(argv, scratch)
-            label = " ".join(a if not a.startswith(str(scratch)) else Path(a).name for a in argv[:2])
+            shown = argv[:2] if argv[0] != "fleet" else [*argv[:2], *argv[3:]]
+            label = " ".join(a if not a.startswith(str(scratch)) else Path(a).name for a in shown)
             print(f"| `{label}` | {wall:.1f} | {peak:.0f} | {code} |", flush=True)
     return 0
 
@@ -195,6 +203,20 @@ def _compare_inputs(scratch: Path, args: argparse.Namespace) -> list[list[str]]:
     return [["table", run, "--out", str(scratch / "t.md")],
             ["compare", run, run_b, "--out", str(scratch / "compare")],
             ["compare", run, run_b, "--out", str(scratch / "compare-json"), "--json", str(scratch / "c.json")]]
+
+
+def _fleet_inputs(scratch: Path, args: argparse.Namespace) -> list[list[str]]:
+    """A fleet of one recorded CPU run, and queries: one of --query-rows rows (as `fleet query` prints
+    it, and with the largest --limit), and a small one as the peer (start-up, the views)."""
+    fleet = str(scratch / "fleet")
+    subprocess.run([sys.executable, "-m", "commbench", "fleet", "build", str(ROOT / "tests" / "data" / "runs" /
+                                                                            "cpu-gloo-4rank-a"), "--out", fleet],
+                   cwd=scratch, check=True, stdout=subprocess.DEVNULL)
+    many = f"select range as n from range({args.query_rows})"
+    print(f"# inputs: a fleet of one recorded run (cpu-gloo-4rank-a); the query `{many}`")
+    return [["fleet", "query", fleet, "select count(*) as n from measurements"],
+            ["fleet", "query", fleet, many],
+            ["fleet", "query", fleet, many, "--limit", "100000"]]
 
 
 def _trace_inputs(scratch: Path, args: argparse.Namespace) -> list[list[str]]:
