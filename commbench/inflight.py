@@ -296,7 +296,9 @@ def _watch(recorder: Recorder, pid: int) -> None:
     except (AttributeError, OSError):   # no pidfd (an old kernel): look once a second
         handle = None
     if handle is not None and os.getppid() == pid:   # opened before it ended, not a reused pid
-        select.select([handle], [], [])
+        poller = select.poll()   # not select(): a rank's descriptors run past FD_SETSIZE
+        poller.register(handle, select.POLLIN)
+        poller.poll()
     while os.getppid() == pid:
         time.sleep(1.0)
     recorder.leave(LEFT, f"its launcher (pid {pid}) ended")
@@ -445,31 +447,32 @@ class PeerWatch:
         that never reached their watchdog (a thread holding the GIL) are named; where every rank
         waited, each one's place is."""
         me = f"rank {self.rank}"
+        place = where or "a place Python cannot see"
         if not waiting:
-            return Stop(HANG, f"{reason}; {me} was in {where}" if where else reason, self.rank)
-        waited = f"{me} waited for it in {where}" if where else f"{me} waited for it"
-        recorder.mark(HANG, f"{reason}; {me} was waiting in {where}", waiting_in=where or "?")
+            return Stop(HANG, f"{reason}; {me} was in {place}", self.rank)
+        recorder.mark(HANG, f"{reason}; {me} was waiting in {place}", waiting_in=place)
         deadline = time.monotonic() + look_s
         while True:
             stop = self()
             if stop is not None and stop.status is not None:
-                return replace(stop, reason=f"{stop.reason}; {waited}") if stop.status == HANG else stop
+                return replace(stop, reason=f"{stop.reason}; {me} waited for it in {place}") \
+                    if stop.status == HANG else stop
             if stop is not None or time.monotonic() >= deadline or self.run_dir is None:
                 break
             time.sleep(min(0.1, look_s))
         records = [r for r in read_records(self.run_dir) if r.rank != self.rank] if self.run_dir else []
         silent = [r.rank for r in records if r.step == self.step and r.state == RUNNING and r.exit is None]
+        if len(silent) == 1:
+            return Stop(HANG, f"{reason}; rank {silent[0]} never reached its own watchdog (a thread may have held "
+                              f"the GIL); {me} waited for it in {place}", silent[0])
         if silent:
-            ranks = ", ".join(map(str, silent))
-            return Stop(HANG, f"{reason}; rank{'s' if len(silent) > 1 else ''} {ranks} never reached "
-                              f"{'their' if len(silent) > 1 else 'its'} own watchdog (a thread may have held the "
-                              f"GIL); {waited.replace('for it', 'for them' if len(silent) > 1 else 'for it')}",
-                        silent[0] if len(silent) == 1 else None)
+            return Stop(HANG, f"{reason}; ranks {', '.join(map(str, silent))} never reached their own watchdogs (a "
+                              f"thread may have held the GIL); {me} waited for them in {place}")
         others = [f"rank {r.rank} in {r.waiting_in}" for r in records if r.step == self.step and r.waiting_in]
         if others:
-            return Stop(HANG, f"{reason}; every rank waited for the others: {me} in {where}; " + "; ".join(others))
+            return Stop(HANG, f"{reason}; every rank waited for the others: {me} in {place}; " + "; ".join(others))
         # No record of a peer (on a node that does not see the results dir): where this rank was.
-        return Stop(HANG, f"{reason}; {me} was waiting for a peer in {where}")
+        return Stop(HANG, f"{reason}; {me} was waiting for a peer in {place}")
 
 
 def _hung(records: list[Record]) -> Stop | None:
