@@ -226,7 +226,8 @@ def test_a_watchdog_that_waited_names_the_peer_that_never_reached_its_own(tmp_pa
 
 # ---------------------------------------------------------------- a killed launcher leaves no rank running (issue 56)
 
-# A rank as torchrun starts one (RANK, WORLD_SIZE set): its recorder, a step begun, then a wait.
+# A rank as torchrun starts one (RANK, WORLD_SIZE set): its recorder, a step begun, then a wait. It says
+# 'ready' inside the try, so a signal sent on that word cannot land before the handler's scope.
 _RANK = ("import sys, time\nfrom pathlib import Path\n"
          "from commbench.errors import Terminated\nfrom commbench.inflight import Recorder\n"
          "from commbench.results import Measurement\n"
@@ -234,8 +235,8 @@ _RANK = ("import sys, time\nfrom pathlib import Path\n"
          "row = Measurement(backend='gloo', mode='eager', dtype='fp32', message_bytes=4096, world_size=2, "
          "status='crashed')\n"
          "recorder.begin(1, 'row', 'gloo 4K fp32 eager', row, None)\n"
-         "print('ready', flush=True)\n"
-         "try:\n    time.sleep(600)\nexcept Terminated as exc:\n    recorder.leave('left', str(exc))\n"
+         "try:\n    print('ready', flush=True)\n    time.sleep(600)\n"
+         "except Terminated as exc:\n    recorder.leave('left', str(exc))\n"
          "    sys.exit(128 + exc.signum)\n")
 # Its launcher: starts the rank, says its pid, waits.
 _LAUNCHER = ("import subprocess, sys, time\n"
