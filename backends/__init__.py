@@ -30,7 +30,7 @@ BUILTIN: dict[str, str] = {
     "nccl": "commbench.backends.nccl.variants",
     "nccl4py": "commbench.backends.nccl4py",
     "gloo": "commbench.backends.gloo",
-    "p2p": "commbench.backends.p2p.backend",
+    "p2p": "commbench.backends.p2p.variants",
     "symm_mem": "commbench.backends.symm_mem",
     "flashinfer": "commbench.backends.flashinfer.variants",
     "mscclpp": "commbench.backends.mscclpp",

@@ -8,9 +8,12 @@
 #   allreduce  plain allreduce 4K..8M: every p2p variant the registry offers (asked of the
 #              factory), symm_mem one/two-shot, flashinfer trtllm one/two-shot;
 #   fused      fused vs unfused on model shapes, --tokens 1..256 at --hidden 7168 and at 6144
-#              (run dirs fused-h7168, fused-h6144): flashinfer fused one/two-shot, unfused:best,
-#              and the plain backends unfused:best picks from (p2p:auto, itself the fastest p2p
-#              kernel per size, and flashinfer trtllm one/two-shot); fusion.json in each run dir;
+#              (run dirs fused-h7168, fused-h6144): commbench's own fused kernel (p2p:fused, and
+#              each of its forms, p2p:fused_oneshot and p2p:fused_twoshot), flashinfer fused
+#              one/two-shot, unfused:best, and the plain backends unfused:best picks from
+#              (p2p:auto, itself the fastest p2p kernel per size, and flashinfer trtllm
+#              one/two-shot); fusion.json in each run dir, and scripts/fused-ratios.py's same-run
+#              tables in OUT_DIR/fused-ratios.md;
 #   pcie       flashinfer:pcie_ipc tuned per size bucket (FlashInfer's autotuner), beside p2p:auto,
 #              on the sizes 8K..8M by factor 4: one hidden (4096) and six token buckets, because
 #              a search that keeps no winner profiles every bucket again for each bucket (about
@@ -115,6 +118,7 @@ sweep() {   # sweep DIR ARGS...: one run dir under DIR; its exit status joins th
 }
 
 unfused_from="p2p:auto,flashinfer:trtllm_oneshot,flashinfer:trtllm_twoshot"
+fused_ours="p2p:fused,p2p:fused_oneshot,p2p:fused_twoshot"
 # A row here takes well under a second: a hung one (FlashInfer's one-shot at 8 ranks) costs 30 s,
 # not the default 120, before the driver resumes without it.
 common=(--share-gpus --mps --mode graph --dtype bf16 --iters "$iters" --timeout 30)
@@ -124,7 +128,7 @@ for n in ${ranks//,/ }; do
   if wants fused; then
     for hidden in 7168 6144; do
       sweep "$out/world$n/fused-h$hidden" "${world[@]}" --tokens 1,2,4,8,16,32,64,128,256 \
-        --hidden "$hidden" --backends "$unfused_from,flashinfer:fused_oneshot,flashinfer:fused_twoshot,unfused:best"
+        --hidden "$hidden" --backends "$unfused_from,$fused_ours,flashinfer:fused_oneshot,flashinfer:fused_twoshot,unfused:best"
     done
   fi
   if wants pcie; then
@@ -158,6 +162,17 @@ done
 if [ ${#runs[@]} -gt 0 ]; then
   log "commbench table (${#runs[@]} runs) --out $out/README-table.md"
   "$py" -m commbench table "${runs[@]}" --out "$out/README-table.md" || status=1
+fi
+if wants fused; then
+  fused_runs=()
+  for parent in "$out"/world*/fused-h*/; do
+    run=$(ls -td "$parent"*/ 2>/dev/null | head -n 1)
+    [ -n "$run" ] && [ -f "$run/run.json" ] && fused_runs+=("${run%/}")
+  done
+  if [ ${#fused_runs[@]} -gt 0 ]; then
+    log "scripts/fused-ratios.py (${#fused_runs[@]} runs) > $out/fused-ratios.md"
+    "$py" scripts/fused-ratios.py "${fused_runs[@]}" >"$out/fused-ratios.md" || status=1
+  fi
 fi
 if wants engines; then
   engine_runs=()

@@ -62,6 +62,7 @@ typedef unsigned long long u64;
 #define PHASE_LL_ONESHOT 2
 #define PHASE_LL_SCATTER 3
 #define PHASE_LL_GATHER 4
+#define PHASE_NORM 5              // the fused kernels' sum of squares, gathered from a token's blocks
 
 #define PEER_UNKNOWN 0xffffffffu   // a timeout report's peer where the barrier cannot tell (kernels.py)
 
@@ -609,6 +610,21 @@ __global__ void __launch_bounds__(512) p2p_ll_twoshot(const __grid_constant__ La
 
 // ---- flag kernels ----
 
+// The flag one-shots' second half, push and pull alike: out[i] = the sum in rank order of every rank's
+// vector i, this rank's from its own input (kHeld: vector `first` already loaded, in_first) and source s's
+// from peer memory at source(s) + i, read through L2 (load_cg) after the barrier that published it.
+template <int DT, int N, bool kHeld, class Source>
+__device__ __forceinline__ void gather_reduce(uint4* __restrict__ out, const uint4* __restrict__ in, const uint4& in_first,
+                                              u32 rank, u32 first, u32 stride, u32 units, Source source) {
+  for (u32 i = first; i < units; i += stride) {
+    uint4 v[N];
+#pragma unroll
+    for (int s = 0; s < N; ++s)
+      v[s] = s == (int)rank ? (kHeld && i == first ? in_first : in[i]) : load_cg(source(s) + i);
+    out[i] = reduce_in_rank_order<DT, N>(v);
+  }
+}
+
 // After P2P_BEGIN (which the push kernel needs first, for its early input load).
 #define P2P_FLAG_PROLOGUE                                      \
   Ctrl* c = (Ctrl*)L.ctrl;                                     \
@@ -635,13 +651,8 @@ __global__ void __launch_bounds__(512) p2p_oneshot_push(const __grid_constant__ 
     }
     if (barrier<N>(L, call.count, PHASE_FIRST_BARRIER)) {
       const char* recv = (const char*)L.recv[rank] + par * N * slot;
-      for (u32 i = first; i < units; i += stride) {
-        uint4 v[N];
-#pragma unroll
-        for (int s = 0; s < N; ++s)
-          v[s] = s == (int)rank ? (i == first ? in_first : in[i]) : load_cg((const uint4*)(recv + s * slot) + i);
-        out[i] = reduce_in_rank_order<DT, N>(v);
-      }
+      gather_reduce<DT, N, true>(out, in, in_first, rank, first, stride, units,
+                                 [&](int s) { return (const uint4*)(recv + s * slot); });
     }
   }
 }
@@ -658,15 +669,9 @@ __global__ void __launch_bounds__(512) p2p_oneshot_pull(const __grid_constant__ 
       uint4* mine = (uint4*)(L.stage[rank] + par * slot);
       for (u32 i = first; i < units; i += stride) mine[i] = in[i];
     }
-    if (barrier<N>(L, call.count, PHASE_FIRST_BARRIER)) {
-      for (u32 i = first; i < units; i += stride) {
-        uint4 v[N];
-#pragma unroll
-        for (int s = 0; s < N; ++s)
-          v[s] = s == (int)rank ? in[i] : load_cg((const uint4*)(L.stage[s] + par * slot) + i);
-        out[i] = reduce_in_rank_order<DT, N>(v);
-      }
-    }
+    if (barrier<N>(L, call.count, PHASE_FIRST_BARRIER))
+      gather_reduce<DT, N, false>(out, in, uint4(), rank, first, stride, units,
+                                  [&](int s) { return (const uint4*)(L.stage[s] + par * slot); });
   }
 }
 
@@ -832,4 +837,238 @@ __global__ void __launch_bounds__(512) p2p_oneshot_graph(const __grid_constant__
     }
     counter_barrier<N>(L, window + N, call.count, PHASE_SECOND_BARRIER);
   }
+}
+
+// ---- fused: allreduce, then residual add and RMSNorm, in one kernel ----
+
+// The fused kernels' arguments besides their table, by value. Every pointer is to 16-byte vectors of
+// the dtype; x, the residual and both outputs are [tokens][row_units] (row-major), gamma [row_units].
+#define FUSED_VECTORS 4        // a thread's most vectors of one token (kept in registers for the norm)
+#define FUSED_MAX_GROUP 32     // most blocks sharing one token (one lane of warp 0 each)
+#define FUSED_GROUP_TOKENS 64  // tokens a grid of shared tokens can hold (P2P_MAX_BLOCKS)
+struct FusedArgs {
+  u64 in;             // this rank's x
+  u64 residual_in;
+  u64 gamma;          // the norm's weight
+  u64 residual_out;   // residual_in + the sum over ranks of x
+  u64 norm_out;       // rmsnorm(residual_out) * gamma
+  u64 partials;       // this rank's u64[FUSED_GROUP_TOKENS][FUSED_MAX_GROUP]: a token's per-block sums of squares
+  u32 tokens;
+  u32 row_units;      // 16-byte vectors per token
+  u32 group_blocks;   // blocks per token (K); the grid is a whole number of groups of K
+  float eps;
+  float inv_hidden;   // 1 / hidden, in elements
+  u32 unused;
+};
+
+__device__ __forceinline__ void store_relaxed_gpu64(u64* p, u64 v) {
+  asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+__device__ __forceinline__ u64 load_relaxed_gpu64(const u64* p) {
+  u64 v;
+  asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// The sum over the token's blocks of every thread's `v`, the same bits in every block of the group (the
+// same tree over the same partials). With one block per token, a block sum. With K > 1, block k's sum goes
+// to its slot {call, bits} in `partials` (this rank's memory, never a peer's), and lane k of every block's
+// warp 0 waits for block k's slot to carry this call; a slot is rewritten only by the next call, which
+// starts after this grid has ended. `ok` false: a wait gave up (the call's results are void).
+template <class LayoutT>
+__device__ float group_sum(float v, const LayoutT& L, const FusedArgs& A, u32 token, u32 count, bool& ok) {
+  __shared__ float warp_sums[32];
+  __shared__ float total;
+  __shared__ u32 failed;
+  v = warp_sum(v);
+  __syncthreads();   // the previous token's readers of warp_sums and total are done
+  if ((threadIdx.x & 31u) == 0u) warp_sums[threadIdx.x >> 5] = v;
+  if (threadIdx.x == 0) failed = 0u;
+  __syncthreads();
+  if (threadIdx.x < 32u) {
+    float s = warp_sum(threadIdx.x < (blockDim.x + 31u) / 32u ? warp_sums[threadIdx.x] : 0.f);
+    const u32 K = A.group_blocks;
+    if (K > 1u) {
+      u64* slots = (u64*)A.partials + token * FUSED_MAX_GROUP;
+      if (threadIdx.x == 0) store_relaxed_gpu64(slots + blockIdx.x % K, ((u64)__float_as_uint(s) << 32) | count);
+      float p = 0.f;
+      if (threadIdx.x < K && ok) {
+        u64 start = 0;
+        for (u32 polls = 1;; ++polls) {
+          const u64 w = load_relaxed_gpu64(slots + threadIdx.x);
+          if ((u32)w == count) {
+            p = __uint_as_float((u32)(w >> 32));
+            break;
+          }
+          if ((polls & 63u) == 0u) {
+            if (aborted(L)) {
+              failed = 1u;
+              break;
+            }
+            const u64 now = globaltimer_ns();
+            if (start == 0) {
+              start = now;
+            } else if (now - start > L.timeout_ns) {
+              record_timeout(L, PEER_UNKNOWN, count, PHASE_NORM);
+              failed = 1u;
+              break;
+            }
+          }
+        }
+      }
+      s = warp_sum(p);
+    }
+    if (threadIdx.x == 0) total = s;
+  }
+  __syncthreads();
+  if (failed) ok = false;
+  return total;
+}
+
+// Every token of this thread's group (tokens g, g + groups, ...; group g is blocks gK .. gK + K - 1, and its
+// threads take a token's vectors q, q + G, ... up to FUSED_VECTORS of them): the S sources' vector i lands at
+// base + s * source_stride + 16 i (source `self` < S is this rank's x instead; self >= S polls every
+// source), each emptied once read. Sum in rank order in fp32, add the residual, round to the dtype
+// (residual_out), then normalise that rounded residual as the engines' separate RMSNorm reads it back:
+// y = r * rsqrt(mean(r^2) + eps) * gamma. Every thread of the grid runs every token round of its group,
+// so the block barriers in group_sum are reached by all; after a failed wait (or with `ok` false: an
+// earlier one) the waits are skipped.
+template <int DT, int S, class LayoutT>
+__device__ void fused_rows(const LayoutT& L, const FusedArgs& A, char* base, u64 source_stride, u32 self, u32 count,
+                           int phase, u32 first_rank, bool ok) {
+  constexpr int LN = Lanes<DT>::n;
+  const u32 K = A.group_blocks, groups = gridDim.x / K, g = blockIdx.x / K, H = A.row_units;
+  const u32 q = (blockIdx.x % K) * blockDim.x + threadIdx.x, G = K * blockDim.x;
+  const uint4* in = (const uint4*)A.in;
+  const uint4* residual_in = (const uint4*)A.residual_in;
+  const uint4* gamma = (const uint4*)A.gamma;
+  uint4* residual_out = (uint4*)A.residual_out;
+  uint4* norm_out = (uint4*)A.norm_out;
+  const uint4 empty = ll_empty4();
+  for (u32 t = g; t < A.tokens; t += groups) {
+    float r[FUSED_VECTORS][LN];
+    float squares = 0.f;
+#pragma unroll
+    for (int j = 0; j < FUSED_VECTORS; ++j) {
+      const u32 v = q + j * G;
+      if (v < H) {
+        const u32 i = t * H + v;
+        uint4 vs[S];
+        if (ok) ok = ll_wait<S>(vs, self < S ? ll_map(in[i]) : empty, base, source_stride, i, self, L, count, phase,
+                                first_rank);
+#pragma unroll
+        for (int s = 0; s < S; ++s)
+          if (s != (int)self) ((uint4*)(base + s * source_stride))[i] = empty;
+        float acc[LN], tmp[LN];
+        unpack<DT>(vs[0], acc);
+#pragma unroll
+        for (int s = 1; s < S; ++s) {
+          unpack<DT>(vs[s], tmp);
+#pragma unroll
+          for (int l = 0; l < LN; ++l) acc[l] += tmp[l];
+        }
+        unpack<DT>(residual_in[i], tmp);
+#pragma unroll
+        for (int l = 0; l < LN; ++l) acc[l] += tmp[l];
+        const uint4 rounded = pack<DT>(acc);
+        residual_out[i] = rounded;
+        unpack<DT>(rounded, r[j]);
+#pragma unroll
+        for (int l = 0; l < LN; ++l) squares = fmaf(r[j][l], r[j][l], squares);
+      }
+    }
+    const float inv_rms = rsqrtf(group_sum(squares, L, A, t, count, ok) * A.inv_hidden + A.eps);
+#pragma unroll
+    for (int j = 0; j < FUSED_VECTORS; ++j) {
+      const u32 v = q + j * G;
+      if (v < H) {
+        float w[LN];
+        unpack<DT>(gamma[v], w);
+#pragma unroll
+        for (int l = 0; l < LN; ++l) w[l] *= r[j][l] * inv_rms;
+        norm_out[t * H + v] = pack<DT>(w);
+      }
+    }
+  }
+}
+
+// One-shot (decode sizes): push my mapped x into my part of every peer's current Lamport buffer (the
+// Lamport one-shot's buffers and count), then every rank reduces every token itself, as its vectors land,
+// and normalises it: one link crossing, no flag, no second pass.
+template <int DT, int N>
+__global__ void __launch_bounds__(512) p2p_fused_oneshot(const __grid_constant__ LamportLayout L,
+                                                         const __grid_constant__ FusedArgs A) {
+  pdl_wait_then_release_dependents();   // P2P_BEGIN without its flat thread range: this kernel maps by token
+  const Call call = begin_call(L, ((Ctrl*)L.ctrl)->ll_calls);
+  if (call.failed) return;
+  const u32 rank = (u32)L.rank, cur = call.count % LL_ONESHOT_BUFFERS;
+  const u64 slot = L.slot_bytes, buffer = (u64)N * slot;
+  const u32 K = A.group_blocks, groups = gridDim.x / K, H = A.row_units;
+  const u32 q = (blockIdx.x % K) * blockDim.x + threadIdx.x, G = K * blockDim.x;
+  const uint4* in = (const uint4*)A.in;
+  // The vectors this thread will reduce, pushed first: block b of every rank takes the same ones.
+  for (u32 t = blockIdx.x / K; t < A.tokens; t += groups)
+#pragma unroll
+    for (int j = 0; j < FUSED_VECTORS; ++j) {
+      const u32 v = q + j * G;
+      if (v < H) {
+        const uint4 x = ll_map(in[t * H + v]);
+#pragma unroll
+        for (int p = 0; p < N; ++p)
+          if (p != (int)rank) store_volatile4((uint4*)(L.ll[p] + cur * buffer + rank * slot) + t * H + v, x);
+      }
+    }
+  fused_rows<DT, N>(L, A, (char*)L.ll[rank] + cur * buffer, slot, rank, call.count, PHASE_LL_ONESHOT, 0u, true);
+}
+
+// Two-shot: the Lamport two-shot's reduce-scatter (rank r sums slice r of the message, by vectors), its sum
+// pushed into every rank's gather buffer, this rank's own too; then every rank adds the residual to every
+// token of the gathered sums and normalises it (one source: the gather buffer). The sum is rounded to the
+// dtype before the residual is added, as an engine's separate allreduce leaves it. Three buffers rotate
+// as in the Lamport two-shot; the scatter parts of the previous call are emptied here, the gathered sums as
+// they are read.
+template <int DT, int N>
+__global__ void __launch_bounds__(512) p2p_fused_twoshot(const __grid_constant__ Layout L,
+                                                         const __grid_constant__ FusedArgs A) {
+  P2P_BEGIN
+  Ctrl* c = (Ctrl*)L.ctrl;
+  const Call call = begin_call(L, c->ll2_calls);
+  if (call.failed) return;
+  const u32 rank = (u32)L.rank, cur = call.count % LL_BUFFERS, prev = (call.count + 2) % LL_BUFFERS;
+  const u64 slice = L.slice_bytes, scatter = (u64)N * slice, slot = L.slot_bytes;
+  const u32 units = A.tokens * A.row_units;
+  const uint4* in = (const uint4*)A.in;
+#pragma unroll
+  for (int k = 1; k < N; ++k) {
+    const u32 p = (rank + k) % N;
+    const u32 lo = slice_start<N>(units, p), len = slice_start<N>(units, p + 1) - lo;
+    uint4* dst = (uint4*)(L.ll_rs[p] + cur * scatter + rank * slice);
+    for (u32 j = first; j < len; j += stride) store_volatile4(dst + j, ll_map(in[lo + j]));
+  }
+  const u32 prev_units = load_volatile(&c->ll2_units[prev]);
+  ll_clear<N>((char*)L.ll_rs[rank] + prev * scatter, slice, (prev_units + N - 1) / N, rank, first, stride);
+  const u32 lo = slice_start<N>(units, rank), len = slice_start<N>(units, rank + 1) - lo;
+  const char* mine = (const char*)L.ll_rs[rank] + cur * scatter;
+  bool ok = true;
+  for (u32 j = first; j < len; j += stride) {
+    uint4 v[N];
+    if (!ll_wait<N>(v, ll_map(in[lo + j]), mine, slice, j, rank, L, call.count, PHASE_LL_SCATTER)) {
+      ok = false;   // nothing more is pushed: a peer must never take a sum this rank did not finish
+      break;
+    }
+    const uint4 sum = ll_map(reduce_in_rank_order<DT, N>(v));
+#pragma unroll
+    for (int k = 0; k < N; ++k)
+      store_volatile4((uint4*)(L.ll_ag[(rank + k) % N] + cur * slot) + lo + j, sum);
+  }
+  if (blockIdx.x == 0 && threadIdx.x == 0) c->ll2_units[cur] = units;
+  // Every thread enters (the norm's block barriers); one whose wait gave up skips its waits there.
+  fused_rows<DT, 1>(L, A, (char*)L.ll_ag[rank] + cur * slot, 0, 1u, call.count, PHASE_LL_GATHER, PEER_UNKNOWN, ok);
 }

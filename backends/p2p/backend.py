@@ -83,10 +83,11 @@ Design (the ideas of vLLM's and TRT-LLM's custom allreduce, our own code):
   of their own (a next call's waiting blocks could hold the SMs a peer's blocks need). Otherwise
   CuPy launches plainly; rows record ``p2p_pdl`` and, when off, ``p2p_pdl_reason``.
 
-The family is a folder of four modules, each with one job: layout (the kernels' contract: constants,
-launch shapes, the buffer plan, the Layout), rules (variants, options, eligibility, p2p:auto's
-choice), kernels (compiling, launching, the shared IPC area) and this one (the backend, its
-flags and its factory).
+The family is a folder of modules, each with one job: layout (the kernels' contract: constants,
+launch shapes, the buffer plan, the Layout and the fused kernels' arguments), rules (variants,
+options, eligibility, p2p:auto's and p2p:fused's choice), kernels (compiling, launching, the shared
+IPC area), this one (the plain allreduce backend), fused (p2p:fused: allreduce + residual add +
+RMSNorm in one kernel) and variants (the flags and the factory).
 
 World size 1 runs only the one-shot kernels (``p2p:oneshot_lamport``, ``p2p:oneshot``): the
 kernels with no peers, as the launch-and-copy floor of our kernels (rows carry
@@ -95,7 +96,6 @@ kernels with no peers, as the launch-and-copy floor of our kernels (rows carry
 
 from __future__ import annotations
 
-import argparse
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -106,20 +106,18 @@ import numpy
 import torch
 
 from commbench import engines
-from commbench.backends.base import (ALL_DTYPES, Backend, BackendFactory, BackendUnavailable,
-                                     MakeOptions, Requires, voted, voted_gather)
+from commbench.backends.base import ALL_DTYPES, Backend, BackendUnavailable, Requires, voted, voted_gather
 from commbench.backends.p2p.kernels import (KERNEL_SOURCE, GraphTable, PdlLauncher, SharedArea, cuda_driver,
                                             cupy_module, kernel_blocks_per_sm, kernel_functions)
 from commbench.backends.p2p.layout import (GRAPH_FALLBACK, MAX_BLOCKS, MAX_RANKS, ONESHOT_GRAPH, THREADS_PER_BLOCK,
                                            VECTOR_BYTES, grid_capacity, kernel_form, kernel_forms, kernel_params,
                                            launch_dims, launched_kernels, plan_areas)
-from commbench.backends.p2p.rules import (AUTO_READ_KERNELS, CALIBRATION_REPLAYS, CALIBRATION_SIZES, DEFAULT_VARIANTS,
+from commbench.backends.p2p.rules import (AUTO_READ_KERNELS, CALIBRATION_REPLAYS, CALIBRATION_SIZES,
                                           FLOOR_VARIANTS, KERNEL_VARIANT, VARIANTS, AutoRule, P2POptions,
                                           agreed_pdl_reason, auto_kernels, calibration_calls, choose_rules,
                                           format_auto_rule, pdl_reason, peer_reads_reason, per_call_median_us,
                                           quick_p2p_reason, rule_kernel, size_reason, slowest_rank_times,
                                           tensor_reason)
-from commbench.errors import UsageError
 from commbench.runtime.timing import capture_graph, per_step_us
 
 if TYPE_CHECKING:
@@ -137,6 +135,8 @@ TRACE_KERNELS = (
     (r"\bp2p_twoshot_push\b", "commbench p2p", r"^p2p:twoshot$", ""),
     (r"\bp2p_oneshot_graph\b", "commbench p2p", r"^p2p:oneshot_graph$", ""),
     (r"\bp2p_twoshot_graph\b", "commbench p2p", r"^p2p:twoshot_graph$", ""),
+    (r"\bp2p_fused_(oneshot|twoshot)\b", "commbench p2p", r"^p2p:fused(_oneshot|_twoshot)?$",
+     "allreduce + residual add + RMSNorm in one kernel"),
 )
 
 # CuPy compiles and launches every kernel. cuda-python is no requirement: PDL and the graph kernels'
@@ -236,7 +236,7 @@ class P2PAllreduce(Backend):
             self._decide_pdl(ctx)
         if self._graph is None and any(a in GRAPH_FALLBACK for a in self.algorithms):
             self._graph = GraphTable(ctx)
-        if len(self.algorithms) > 1 and self.options.auto_rule is None and dtype not in self._calibrations:
+        if self.variant == "auto" and self.options.auto_rule is None and dtype not in self._calibrations:
             self._calibrations[dtype] = self._calibrate(dtype)
 
     def _choose_auto_kernels(self, ctx: "RunContext") -> None:
@@ -461,7 +461,7 @@ class P2PAllreduce(Backend):
             extra["p2p_auto_pull_reason"] = self._pull_reason
         if self._graph_reason is not None:
             extra["p2p_auto_graph_reason"] = self._graph_reason
-        if len(self.algorithms) > 1 and self._dtype is not None:
+        if self.variant == "auto" and self._dtype is not None:
             extra["p2p_auto_rule"] = format_auto_rule(self._rule(self._dtype))
             if self._rule(self._dtype, in_graph=False) != self._rule(self._dtype):
                 extra["p2p_auto_eager_rule"] = format_auto_rule(self._rule(self._dtype, in_graph=False))
@@ -476,65 +476,3 @@ class P2PAllreduce(Backend):
                                             "per_call_us": {KERNEL_VARIANT[k]: [round(t, 3) for t in times]
                                                             for k, times in calibration.times_us.items()}}
         return {"extra": extra}
-
-
-def add_arguments(group: argparse._ArgumentGroup) -> None:
-    group.add_argument("--p2p-max-bytes", help="largest message for the p2p backends (default 8M)")
-    group.add_argument("--p2p-auto-rule", metavar="RULE",
-                       help="force p2p:auto's choice of kernel by size, e.g. "
-                            "'oneshot_lamport<=256K,twoshot_lamport' (default: measured at setup); a rule that names "
-                            "oneshot_pull asks for reads of peer memory")
-    group.add_argument("--p2p-timeout-ms", type=float,
-                       help="how long a p2p kernel waits for a peer before it gives up (default 5000)")
-    group.add_argument("--p2p-threads", help="threads per p2p block, a multiple of 32 up to "
-                                             f"{THREADS_PER_BLOCK} (default: by size)")
-    group.add_argument("--p2p-vectors-per-thread",
-                       help="16-byte vectors each p2p thread takes before another block is added (default 1)")
-    group.add_argument("--p2p-pdl", choices=("on", "off"),
-                       help="launch the p2p kernels with programmatic dependent launch where every rank can "
-                            "(cuda-python, SM 9.0+; rows say why not) (default on)")
-
-
-def read_options(args: argparse.Namespace) -> P2POptions:
-    """Bad values are bad input, said before anything runs."""
-    return P2POptions.from_options({"p2p_max_bytes": args.p2p_max_bytes, "p2p_auto_rule": args.p2p_auto_rule,
-                                    "p2p_timeout_ms": args.p2p_timeout_ms, "p2p_threads": args.p2p_threads,
-                                    "p2p_vectors_per_thread": args.p2p_vectors_per_thread, "p2p_pdl": args.p2p_pdl})
-
-
-def make(variant: str | None, options: MakeOptions[P2POptions]) -> list[Backend]:
-    opts = options.own
-    names = DEFAULT_VARIANTS if variant is None else (variant.strip(),)
-    for name in names:
-        if name not in VARIANTS:
-            raise UsageError(f"unknown p2p variant {name!r}: choose from {', '.join(VARIANTS)}")
-    return [P2PAllreduce(name, opts) for name in names]
-
-
-FACTORY = BackendFactory(
-    family="p2p",
-    make=make,
-    on_gpu_by_default=True,
-    on_cpu_by_default=False,
-    summary="commbench's own CUDA-IPC allreduce kernels (NVRTC via CuPy), graph-capturable, "
-            "timeout-bounded",
-    variants_help=[
-        "p2p:oneshot_lamport  one-shot, Lamport: every rank pushes its input into every peer; the data is its own flag",
-        "p2p:oneshot          one-shot, push, then a fence and a flag per peer; reduces locally",
-        "p2p:oneshot_pull     one-shot, pull: every rank reads every peer's staged input (never by default)",
-        "p2p:twoshot_lamport  two-shot, Lamport: reduce-scatter then all-gather, writes only, no flags",
-        "p2p:twoshot          two-shot, push, a fence and a flag per peer after each half",
-        "p2p:oneshot_graph    one-shot in CUDA graphs with no staging: reads every rank's captured input, writes "
-        "its own output, between two flag barriers (buffers registered after capture; reads peer memory, never by "
-        "default); eager calls run p2p:oneshot_lamport",
-        "p2p:twoshot_graph    two-shot in CUDA graphs with no staging: reads every peer's captured input, writes "
-        "the reduced slice into every rank's output (buffers registered after capture; reads peer memory, never by "
-        "default); eager calls run p2p:twoshot",
-        "p2p:auto             the fastest of the four push kernels per size, measured at setup, and of the pull "
-        "one-shot and the graph kernels where peer reads are safe (one GPU, or NVLink between every pair) "
-        "(--p2p-auto-rule, --p2p-max-bytes, --p2p-timeout-ms)",
-    ],
-    probe_specs=(None, "oneshot_pull"),
-    packages=("cupy-cuda12x", "cupy-cuda13x", "cupy"),
-    add_arguments=add_arguments, read_options=read_options,
-)

@@ -27,7 +27,8 @@ KERNEL_SOURCE = Path(__file__).with_name("allreduce.cu")
 HOST_ALLOC_PORTABLE_MAPPED = 0x01 | 0x02   # cudaHostAllocPortable | cudaHostAllocMapped
 
 
-PHASE_NAMES = ("first barrier", "second barrier", "one-shot data", "reduce-scatter data", "all-gather data")
+PHASE_NAMES = ("first barrier", "second barrier", "one-shot data", "reduce-scatter data", "all-gather data",
+               "RMSNorm sum of squares")
 
 
 PEER_UNKNOWN = 0xFFFFFFFF      # the counter barrier counts arrivals: it cannot say which peer is missing

@@ -93,6 +93,14 @@ ONESHOT_GRAPH, TWOSHOT_GRAPH = "oneshot_graph", "twoshot_graph"
 GRAPH_FALLBACK = {ONESHOT_GRAPH: ONESHOT_LL, TWOSHOT_GRAPH: TWOSHOT}
 
 
+# The fused kernels (allreduce, residual add and RMSNorm in one launch, p2p:fused): each runs over the
+# buffers and call count of the Lamport kernel of its shape (FUSED_AREAS), so a plan that holds them
+# holds those kernels' areas.
+FUSED_ONESHOT, FUSED_TWOSHOT = "fused_oneshot", "fused_twoshot"
+FUSED_AREAS = {FUSED_ONESHOT: ONESHOT_LL, FUSED_TWOSHOT: TWOSHOT_LL}
+FUSED_KERNELS = tuple(FUSED_AREAS)
+
+
 # The graph table: one row per captured call of a graph kernel, every rank's input then every
 # rank's output (MAX_RANKS words each), as opened in this process.
 GRAPH_ROW_WORDS = 2 * MAX_RANKS
@@ -113,7 +121,8 @@ LL_OWN_SLOT_UNITS = 4096   # 64 KiB
 # Every compiled kernel: the algorithms' and the Lamport one-shot's second shape.
 KERNEL_NAMES = {ONESHOT_LL: "p2p_ll_oneshot", TWOSHOT_LL: "p2p_ll_twoshot", ONESHOT_PUSH: "p2p_oneshot_push",
                 ONESHOT_PULL: "p2p_oneshot_pull", TWOSHOT: "p2p_twoshot_push", ONESHOT_GRAPH: "p2p_oneshot_graph",
-                TWOSHOT_GRAPH: "p2p_twoshot_graph", ONESHOT_LL_OWN_SLOT: "p2p_ll_oneshot_own_slot"}
+                TWOSHOT_GRAPH: "p2p_twoshot_graph", ONESHOT_LL_OWN_SLOT: "p2p_ll_oneshot_own_slot",
+                FUSED_ONESHOT: "p2p_fused_oneshot", FUSED_TWOSHOT: "p2p_fused_twoshot"}
 
 
 def kernel_form(algorithm: str, units: int, nranks: int) -> str:
@@ -244,6 +253,12 @@ def launched_kernels(algorithms: tuple[str, ...]) -> tuple[str, ...]:
     return (*algorithms, *(GRAPH_FALLBACK[a] for a in algorithms if a in GRAPH_FALLBACK))
 
 
+def area_kernels(algorithms: tuple[str, ...]) -> tuple[str, ...]:
+    """The kernels whose areas a plan for these algorithms holds: the launched ones, a fused kernel
+    standing for the Lamport kernel whose buffers it uses."""
+    return tuple(FUSED_AREAS.get(a, a) for a in launched_kernels(algorithms))
+
+
 def kernel_forms(algorithms: tuple[str, ...]) -> tuple[str, ...]:
     """The compiled kernels (keys of KERNEL_NAMES) these algorithms' launches may run."""
     return (*algorithms, *((ONESHOT_LL_OWN_SLOT,) if ONESHOT_LL in algorithms else ()))
@@ -251,7 +266,7 @@ def kernel_forms(algorithms: tuple[str, ...]) -> tuple[str, ...]:
 
 def plan_areas(algorithms: tuple[str, ...], nranks: int, slot_bytes: int) -> AreaPlan:
     """Flags first, then only the data areas the variant's kernels use."""
-    algorithms = launched_kernels(algorithms)
+    algorithms = area_kernels(algorithms)
     offset = FLAG_AREA_BYTES
 
     def take(nbytes: int) -> int:
@@ -280,15 +295,12 @@ def plan_areas(algorithms: tuple[str, ...], nranks: int, slot_bytes: int) -> Are
 
 @dataclass(frozen=True)
 class KernelParams:
-    """cuLaunchKernelEx's kernelParams for (the kernel's table by value: Layout, or LamportLayout for
-    the Lamport one-shot; const uint4* in, uint4* out, u32 units): one void* per argument, each
-    pointing at that argument's bytes. It holds the values the pointers point into, so they live
-    as long as it does (the driver copies them at the launch)."""
+    """cuLaunchKernelEx's kernelParams: one void* per kernel argument, each pointing at that
+    argument's bytes. It holds the values the pointers point into (`values`), so they live as long
+    as it does (the driver copies them at the launch)."""
 
-    layout: numpy.ndarray
-    pointers: Any          # ctypes c_uint64 * 2: in, out
-    units: ctypes.c_uint32
-    array: Any             # ctypes c_void_p * 4
+    values: tuple[Any, ...]
+    array: Any             # ctypes c_void_p * len(arguments)
 
     @property
     def address(self) -> int:
@@ -296,13 +308,79 @@ class KernelParams:
 
 
 def kernel_params(layout: numpy.ndarray, in_ptr: int, out_ptr: int, units: int) -> KernelParams:
-    """The Layout's own bytes (the structured value, not a copy), the two u64 pointers, the u32 count."""
+    """For (the kernel's table by value: Layout, or LamportLayout for the Lamport one-shot; const
+    uint4* in, uint4* out, u32 units): the table's own bytes (the structured value, not a copy), the
+    two u64 pointers, the u32 count."""
     pointers = (ctypes.c_uint64 * 2)(in_ptr, out_ptr)
     count = ctypes.c_uint32(units)
     size = ctypes.sizeof(ctypes.c_uint64)
     array = (ctypes.c_void_p * 4)(layout.ctypes.data, ctypes.addressof(pointers),
                                   ctypes.addressof(pointers) + size, ctypes.addressof(count))
-    return KernelParams(layout, pointers, count, array)
+    return KernelParams((layout, pointers, count), array)
+
+
+def fused_params(layout: numpy.ndarray, args: numpy.ndarray) -> KernelParams:
+    """For a fused kernel (its table by value, FusedArgs by value): both structured values' own bytes."""
+    return KernelParams((layout, args), (ctypes.c_void_p * 2)(layout.ctypes.data, args.ctypes.data))
+
+
+# ---- the fused kernels' arguments and launch shape ----
+
+# These mirror FUSED_VECTORS / FUSED_MAX_GROUP / FUSED_GROUP_TOKENS and struct FusedArgs in allreduce.cu.
+FUSED_VECTORS = 4           # a thread's most 16-byte vectors of one token (held in registers for the norm)
+FUSED_MAX_GROUP = 32        # most blocks sharing one token
+FUSED_GROUP_TOKENS = MAX_BLOCKS
+FUSED_PARTIAL_WORDS = FUSED_GROUP_TOKENS * FUSED_MAX_GROUP   # u64 {call, sum of squares} slots
+FUSED_ARGS = numpy.dtype([("pointers", numpy.uint64, (6,)), ("tokens", numpy.uint32), ("row_units", numpy.uint32),
+                          ("group_blocks", numpy.uint32), ("eps", numpy.float32), ("inv_hidden", numpy.float32),
+                          ("unused", numpy.uint32)])
+
+
+@dataclass(frozen=True)
+class FusedDims:
+    """One fused launch: `blocks` of `threads`, in groups of `group_blocks` blocks that share a token
+    (tokens g, g + groups, ... go to group g), each thread taking up to FUSED_VECTORS vectors of it."""
+
+    blocks: int
+    threads: int
+    group_blocks: int
+
+
+def fused_row_reason(row_units: int) -> str | None:
+    """Why the fused kernels cannot take rows of this many 16-byte vectors; None when they can (a
+    thread keeps its vectors of a token in registers until the norm: at most FUSED_VECTORS each, and
+    a token may be alone in its block when the grid has fewer blocks than tokens)."""
+    most = FUSED_VECTORS * THREADS_PER_BLOCK
+    if row_units > most:
+        return (f"a row of {row_units * VECTOR_BYTES} bytes exceeds the fused kernels' {most * VECTOR_BYTES} "
+                f"({FUSED_VECTORS} vectors of {VECTOR_BYTES} bytes for each of {THREADS_PER_BLOCK} threads)")
+    return None
+
+
+def fused_dims(tokens: int, row_units: int, cap_blocks: int, sms: int, max_group: int = FUSED_MAX_GROUP) -> FusedDims:
+    """The fused kernels' launch: as many blocks as the ranks may keep resident (the cap, one per SM),
+    a token's vectors spread over up to `max_group` blocks while there are fewer tokens than blocks
+    (then tokens * group blocks <= FUSED_GROUP_TOKENS, the partial slots), each thread taking as few
+    vectors as fit 512 threads (one first: the most loads in flight). Whole warps, the same on every rank."""
+    blocks = max(1, min(cap_blocks, MAX_BLOCKS, sms))
+    group = max(1, min(max_group, blocks // tokens)) if tokens < blocks else 1
+    groups = min(tokens, blocks // group)
+    per_block = -(-row_units // group)
+    for vectors in range(1, FUSED_VECTORS + 1):
+        threads = WARP_THREADS * -(-per_block // (vectors * WARP_THREADS))
+        if threads <= THREADS_PER_BLOCK:
+            return FusedDims(groups * group, threads, group)
+    raise ValueError(fused_row_reason(row_units) or "unreachable")
+
+
+def fused_args(pointers: tuple[int, int, int, int, int, int], tokens: int, row_units: int, group_blocks: int,
+               eps: float, hidden: int) -> numpy.ndarray:
+    """FusedArgs by value: (in, residual_in, gamma, residual_out, norm_out, partials) and the shape."""
+    value = numpy.zeros(1, dtype=FUSED_ARGS)
+    value["pointers"][0] = pointers
+    value["tokens"], value["row_units"], value["group_blocks"] = tokens, row_units, group_blocks
+    value["eps"], value["inv_hidden"] = eps, 1.0 / hidden
+    return value
 
 
 def layout_words(plan: AreaPlan, bases: list[int], timeout_ns: int, ctrl: int, report: int, rank: int) -> list[int]:
@@ -335,7 +413,7 @@ def layout_parameter(plan: AreaPlan, bases: list[int], timeout_ns: int, ctrl: in
 LAMPORT_LAYOUT_FIELDS = ("ll", "slot_bytes", "timeout_ns", "ctrl", "report", "rank")
 
 
-LAMPORT_LAYOUT_KERNELS = (ONESHOT_LL, ONESHOT_LL_OWN_SLOT)
+LAMPORT_LAYOUT_KERNELS = (ONESHOT_LL, ONESHOT_LL_OWN_SLOT, FUSED_ONESHOT)
 
 
 def lamport_parameter(layout: numpy.ndarray) -> numpy.ndarray:

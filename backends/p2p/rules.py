@@ -10,7 +10,8 @@ from typing import Any
 
 import torch
 
-from commbench.backends.p2p.layout import (GRAPH_FALLBACK, MAX_VECTORS_PER_THREAD, ONESHOT_GRAPH, ONESHOT_LL,
+from commbench.backends.p2p.layout import (FUSED_ONESHOT, FUSED_TWOSHOT, GRAPH_FALLBACK, MAX_VECTORS_PER_THREAD,
+                                           ONESHOT_GRAPH, ONESHOT_LL,
                                            ONESHOT_PULL, ONESHOT_PUSH, THREADS_PER_BLOCK, TWOSHOT, TWOSHOT_GRAPH,
                                            TWOSHOT_LL, VECTOR_BYTES, WARP_THREADS, LaunchShape)
 from commbench.errors import UsageError
@@ -38,7 +39,15 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     "twoshot_graph": (TWOSHOT_GRAPH,),
     # In order of preference on a tie: fewer round trips first.
     "auto": (ONESHOT_LL, ONESHOT_PUSH, TWOSHOT_LL, TWOSHOT),
+    # Allreduce + residual add + RMSNorm in one kernel (model shapes only): by size, or one form.
+    "fused": (FUSED_ONESHOT, FUSED_TWOSHOT),
+    "fused_oneshot": (FUSED_ONESHOT,),
+    "fused_twoshot": (FUSED_TWOSHOT,),
 }
+
+
+# The variants that compute the fused pattern (backends/p2p/fused.py), made only for model shapes.
+FUSED_VARIANTS = ("fused", "fused_oneshot", "fused_twoshot")
 
 
 # What p2p:auto adds, last (it must win by the margin), where reads of peer memory complete.
@@ -46,6 +55,15 @@ AUTO_READ_KERNELS = (ONESHOT_PULL, ONESHOT_GRAPH, TWOSHOT_GRAPH)
 
 
 DEFAULT_VARIANTS = ("oneshot_lamport", "oneshot", "twoshot_lamport", "twoshot", "auto")
+
+
+# p2p:fused's one-shot up to this message size per world size, its two-shot above.
+FUSED_ONESHOT_MAX_BYTES = {2: 1 << 20, 4: 256 << 10, 8: 128 << 10}
+
+
+def fused_kernel(world_size: int, message_bytes: int) -> str:
+    """The fused kernel p2p:fused runs for a message of this size."""
+    return FUSED_ONESHOT if message_bytes <= FUSED_ONESHOT_MAX_BYTES.get(world_size, 128 << 10) else FUSED_TWOSHOT
 
 
 FLOOR_VARIANTS = ("oneshot_lamport", "oneshot")      # the variants that also run at world size 1

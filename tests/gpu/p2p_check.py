@@ -5,6 +5,9 @@ works between processes on one device).
                                                       plus bit-identical fp32-accumulated sums of random data
   python3 tests/gpu/p2p_check.py long --world 2 --calls 10000 --replays 1000 [--budget-s 60] [--graph-kernels]
                                                       back-to-back eager calls and graph replays, every result checked
+  python3 tests/gpu/p2p_check.py fused --world 4     p2p:fused (one-shot, two-shot, by size): every shape and dtype,
+                                                      eager and graph, against the fp32 reference within the fused
+                                                      check's tolerance; random inputs within FlashInfer's test's too
   python3 tests/gpu/p2p_check.py timeout              rank 1 never arrives: rank 0 must get P2PTimeoutError
                                                       (flag one-shot, Lamport one-shot and two-shot in eager
                                                       calls, the graph one-shot in a graph replay)
@@ -45,7 +48,9 @@ import torch
 import torch.multiprocessing as mp
 
 from commbench.backends.base import MakeOptions
-from commbench.backends.p2p.backend import P2PAllreduce, make
+from commbench.backends.fused import RMS_EPS, TOLERANCE, check_fused, reference_residual_rmsnorm, rms_gamma
+from commbench.backends.p2p.backend import P2PAllreduce
+from commbench.backends.p2p.variants import make
 from commbench.backends.p2p.kernels import P2PTimeoutError
 from commbench.backends.p2p.layout import GRAPH_FALLBACK, LaunchShape
 from commbench.backends.p2p.rules import FLOOR_VARIANTS, KERNEL_VARIANT, P2POptions
@@ -218,6 +223,133 @@ def exact_worker(ctx: RunContext, args: argparse.Namespace) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------
+# fused: p2p:fused's kernels against the fp32 reference
+
+FUSED_VARIANTS = ("fused_oneshot", "fused_twoshot", "fused")
+# (tokens, hidden): the model shapes' hiddens at decode token counts, one token over the most blocks,
+# fewer tokens than ranks, a row of 65 vectors (partial warps), the longest row (4 vectors a thread).
+FUSED_SHAPES = ((1, 7168), (2, 6144), (3, 7168), (16, 6144), (64, 7168), (256, 6144), (5, 520), (24, 16384))
+FUSED_MAX_BYTES = 256 * 7168 * 4
+# FlashInfer's own test of its fused kernel (tests/comm/test_trtllm_allreduce_fusion.py):
+# torch.testing.assert_close(norm_out, reference, atol=0.8 (bf16) or 0.08 (fp16), rtol=0.01).
+FLASHINFER_TEST_ATOL = {torch.bfloat16: 8e-1, torch.float16: 8e-2, torch.float32: 8e-2}
+FLASHINFER_TEST_RTOL = 1e-2
+
+
+def _fused_call(backend: P2PAllreduce, x: torch.Tensor, residual: torch.Tensor,
+                gamma: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One eager call into fresh, poisoned outputs (NaN)."""
+    residual_out, norm_out = torch.full_like(x, float("nan")), torch.full_like(x, float("nan"))
+    backend.allreduce_residual_rmsnorm(x, residual, gamma, residual_out, norm_out)
+    return residual_out, norm_out
+
+
+def _fused_exact_inputs(ctx: RunContext, epoch: int, tokens: int, hidden: int,
+                        dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """This rank's x, the residual and the fp32 reference, from the sweep's exact patterns."""
+    world, dev, count = ctx.world_size, ctx.device, tokens * hidden
+
+    def pattern(rank: int) -> torch.Tensor:
+        return exact_pattern(rank, epoch, count, world + 1, dev, torch.float32).reshape(tokens, hidden)
+
+    summed = sum(pattern(rank) for rank in range(world))
+    expected = reference_residual_rmsnorm(summed, pattern(world), rms_gamma(hidden, dev, dtype), RMS_EPS)
+    return pattern(ctx.rank).to(dtype), pattern(world).to(dtype), expected
+
+
+def _random_error(ctx: RunContext, backend: P2PAllreduce, tokens: int, hidden: int, dtype: torch.dtype,
+                  seed: int) -> dict[str, float]:
+    """Random normal x, residual and weight (as FlashInfer's test draws them): each output's largest
+    error against the fp32 reference, in units of the fused check's tolerance and of FlashInfer's
+    test's (at most 1 passes)."""
+    gen = torch.Generator(device=ctx.device)
+    gen.manual_seed(seed)
+
+    def draw(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen, device=ctx.device).to(dtype)
+
+    inputs = [draw(tokens, hidden) for _ in range(ctx.world_size)]
+    residual, gamma = draw(tokens, hidden), draw(hidden)
+    residual_out, norm_out = _fused_call(backend, inputs[ctx.rank], residual, gamma)
+    summed = inputs[0].float()
+    for x in inputs[1:]:
+        summed = summed + x.float()
+    residual_ref, norm_ref = reference_residual_rmsnorm(summed, residual, gamma, RMS_EPS)
+    tol = TOLERANCE[dtype]
+
+    def worst(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float) -> float:
+        return float(((out.float() - ref).abs() / (atol + rtol * ref.abs())).nan_to_num(float("inf")).max().item())
+
+    return {"residual_ours": worst(residual_out, residual_ref, tol, tol),
+            "norm_ours": worst(norm_out, norm_ref, tol, tol),
+            "norm_flashinfer_test": worst(norm_out, norm_ref, FLASHINFER_TEST_ATOL[dtype], FLASHINFER_TEST_RTOL)}
+
+
+def _fused_cases(ctx: RunContext, backend: P2PAllreduce, tokens: int, hidden: int,
+                 dtype: torch.dtype) -> list[tuple[str, tuple[int, str | None]]]:
+    """Two eager calls back to back, then two replays of one captured call on new inputs."""
+    dev = ctx.device
+    gamma = rms_gamma(hidden, dev, dtype)
+    outcomes = []
+    for epoch in (1, 2):
+        x, residual, expected = _fused_exact_inputs(ctx, epoch, tokens, hidden, dtype)
+        residual_out, norm_out = _fused_call(backend, x, residual, gamma)
+        outcomes.append(("eager", check_fused(residual_out, norm_out, expected, None, x.float() + residual.float(),
+                                              dtype)))
+    static_x = torch.empty(tokens, hidden, dtype=dtype, device=dev)
+    static_residual = torch.empty_like(static_x)
+    residual_out, norm_out = torch.empty_like(static_x), torch.empty_like(static_x)
+    graph = torch.cuda.CUDAGraph()
+    with backend.graph_capture(), torch.cuda.graph(graph):
+        backend.allreduce_residual_rmsnorm(static_x, static_residual, gamma, residual_out, norm_out)
+    for epoch in (3, 4):
+        x, residual, expected = _fused_exact_inputs(ctx, epoch, tokens, hidden, dtype)
+        static_x.copy_(x)
+        static_residual.copy_(residual)
+        residual_out.fill_(float("nan"))
+        norm_out.fill_(float("nan"))
+        graph.replay()
+        outcomes.append(("graph", check_fused(residual_out, norm_out, expected, None, x.float() + residual.float(),
+                                              dtype)))
+    return outcomes
+
+
+def fused_worker(ctx: RunContext, args: argparse.Namespace) -> dict[str, Any]:
+    cases: list[str] = []
+    failed: list[str] = []
+    worst: dict[str, float] = {}
+    kernels: set[str] = set()
+    for variant in FUSED_VARIANTS:
+        backend = _backend(variant, {"p2p_max_bytes": FUSED_MAX_BYTES}, ctx, args.p2p_pdl)
+        try:
+            for dtype in DTYPES:
+                backend.setup(ctx, FUSED_MAX_BYTES, dtype)
+                for tokens, hidden in FUSED_SHAPES:
+                    if tokens * hidden * dtype.itemsize > FUSED_MAX_BYTES:
+                        continue
+                    name = f"{variant} {str(dtype)[6:]} {tokens}x{hidden}"
+                    kernels.add(backend.algorithm_for(tokens * hidden * dtype.itemsize, dtype))
+                    for mode, (wrong, kind) in _fused_cases(ctx, backend, tokens, hidden, dtype):
+                        cases.append(f"{name} {mode}")
+                        if wrong:
+                            failed.append(f"{name} {mode}: {wrong} wrong ({kind})")
+                    errors = _random_error(ctx, backend, tokens, hidden, dtype, seed=tokens * 100_003 + hidden)
+                    for key, value in errors.items():
+                        label = f"{str(dtype)[6:]} {key}"
+                        worst[label] = max(worst.get(label, 0.0), value)
+                        if value > 1.0:
+                            failed.append(f"{name} random: {key} {value:.3g}x its tolerance")
+                backend.raise_if_failed()
+        finally:
+            backend.close()
+    per_rank = ctx.all_gather_objects({"failed": failed, "worst": worst})
+    return {"world": ctx.world_size, "checked_cases": len(cases), "kernels": sorted(kernels),
+            "failed": [f"rank {i}: {f}" for i, r in enumerate(per_rank) for f in r["failed"]][:30],
+            "worst_error_in_tolerances": {k: round(max(r["worst"].get(k, 0.0) for r in per_rank), 4)
+                                          for k in sorted(worst)}}
+
+
+# ---------------------------------------------------------------------------------------
 # long: many back-to-back calls and graph replays, every result checked on the device
 
 
@@ -290,7 +422,8 @@ def long_worker(ctx: RunContext, args: argparse.Namespace) -> dict[str, Any]:
 
 # The flag, Lamport one-shot and two-shot kernels in eager calls; the graph one-shot (its counter
 # barrier) in replays of a captured call.
-TIMEOUT_VARIANTS = ("oneshot", "oneshot_lamport", "twoshot_lamport", "oneshot_graph")
+TIMEOUT_VARIANTS = ("oneshot", "oneshot_lamport", "twoshot_lamport", "oneshot_graph", "fused_oneshot",
+                    "fused_twoshot")
 
 
 def timeout_worker(ctx: RunContext, args: argparse.Namespace) -> dict[str, Any]:
@@ -317,13 +450,22 @@ def _replayed(backend: P2PAllreduce, count: int, dtype: torch.dtype, dev: torch.
     return replay
 
 
+def _fused_as_allreduce(backend: P2PAllreduce, x: torch.Tensor) -> torch.Tensor:
+    """A fused call whose residual output is the plain sum: x as 4 tokens, a zero residual."""
+    rows = x.view(4, -1)
+    residual_out, _ = _fused_call(backend, rows, torch.zeros_like(rows),
+                                  torch.ones(rows.shape[1], dtype=x.dtype, device=x.device))
+    return residual_out.view(-1)
+
+
 def _timeout_case(ctx: RunContext, variant: str, pdl: str) -> dict[str, Any]:
     dev, dtype, count = ctx.device, torch.bfloat16, 4096
     backend = _backend(variant, {"p2p_timeout_ms": TIMEOUT_MS}, ctx, pdl)
     result: dict[str, Any] = {}
     try:
         backend.setup(ctx, 1 << 20, dtype)
-        call = _replayed(backend, count, dtype, dev) if variant in GRAPH_FALLBACK else partial(_reduced, backend)
+        call = (_replayed(backend, count, dtype, dev) if variant in GRAPH_FALLBACK
+                else partial(_fused_as_allreduce, backend) if variant in FUSED_VARIANTS else partial(_reduced, backend))
         out = call(exact_pattern(ctx.rank, 1, count, ctx.world_size, dev, dtype))
         result["healthy_call_wrong"] = int((out != expected_sum(1, count, ctx.world_size, dev, dtype)).sum().item())
         ctx.barrier()
@@ -494,7 +636,7 @@ def _print_floor(rows: list[dict[str, Any]], pdl: dict[str, dict[str, Any]]) -> 
 
 
 WORKERS: dict[str, Callable[[RunContext, argparse.Namespace], dict[str, Any]]] = {
-    "exact": exact_worker, "long": long_worker, "timeout": timeout_worker, "calibrate": calibrate_worker,
+    "exact": exact_worker, "fused": fused_worker, "long": long_worker, "timeout": timeout_worker, "calibrate": calibrate_worker,
     "tune": tune_worker}
 
 

@@ -65,6 +65,16 @@ def test_world_8_under_mps_with_no_sm_limit_does_not_deadlock() -> None:
 LONG_BUDGET_S = {2: 60, 4: 150, 8: 360}
 
 
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_fused_kernels_every_shape_dtype_and_mode_within_tolerance(world: int) -> None:
+    summary = _run(["fused", "--world", str(world)], timeout_s=240)
+    # variants x dtypes x shapes that fit x (2 eager + 2 graph)
+    assert summary["checked_cases"] >= 3 * 3 * 7 * 4, summary
+    assert summary["failed"] == [], summary
+    assert set(summary["kernels"]) == {"fused_oneshot", "fused_twoshot"}, summary
+    assert summary["worst_error_in_tolerances"] and max(summary["worst_error_in_tolerances"].values()) <= 1.0
+
+
 # With graph_kernels the replays run the graph kernels (one-shot and two-shot) back to back and
 # the eager calls their fallbacks (p2p_check.GRAPH_AUTO_RULE).
 @pytest.mark.parametrize("world, graph_kernels", [(2, False), (4, False), (8, False), (2, True), (8, True)])
@@ -80,7 +90,9 @@ def test_back_to_back_calls_and_graph_replays_stay_exact(world: int, graph_kerne
 @pytest.mark.parametrize("variant, peer, phase", [("oneshot", "peer rank 1", "first barrier"),
                                                   ("oneshot_lamport", "peer rank 1", "one-shot data"),
                                                   ("twoshot_lamport", "peer rank 1", "reduce-scatter data"),
-                                                  ("oneshot_graph", "a peer rank", "first barrier")])
+                                                  ("oneshot_graph", "a peer rank", "first barrier"),
+                                                  ("fused_oneshot", "peer rank 1", "one-shot data"),
+                                                  ("fused_twoshot", "peer rank 1", "reduce-scatter data")])
 def test_absent_peer_times_out_with_a_clear_error(timeouts: dict[str, Any], variant: str, peer: str,
                                                   phase: str) -> None:
     summary = timeouts["variants"][variant]

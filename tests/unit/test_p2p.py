@@ -22,6 +22,7 @@ import torch
 
 from commbench.backends import factory
 from commbench.backends.p2p import backend as p2p, kernels as p2p_kernels, layout as p2p_layout, rules as p2p_rules
+from commbench.backends.p2p import variants as p2p_variants
 from commbench.backends.base import Backend, BackendTimeout, BackendUnavailable
 from commbench.probe.verdicts import run_verdicts
 from commbench.runtime.context import Emulation, RunContext
@@ -63,7 +64,7 @@ def test_registry_exposes_the_family_and_its_default_variants():
 
 
 def test_unknown_variant_is_a_usage_error_naming_the_choices():
-    with pytest.raises(UsageError, match="oneshot_lamport, oneshot, oneshot_pull, twoshot_lamport, twoshot, oneshot_graph, twoshot_graph, auto"):
+    with pytest.raises(UsageError, match="oneshot_lamport, oneshot, oneshot_pull, twoshot_lamport, twoshot, oneshot_graph, twoshot_graph, auto, fused, fused_oneshot, fused_twoshot"):
         factory("p2p").variants("threeshot")
 
 
@@ -666,9 +667,9 @@ def test_pdl_is_on_unless_the_option_says_off():
     assert p2p_rules.P2POptions.from_options({"p2p_pdl": "off"}).pdl is False
     assert p2p_rules.P2POptions.from_options({"p2p_pdl": False}).pdl is False
     parser = argparse.ArgumentParser()
-    p2p.add_arguments(parser.add_argument_group("p2p"))
-    assert p2p.read_options(parser.parse_args([])).pdl is True
-    assert p2p.read_options(parser.parse_args(["--p2p-pdl", "off"])).pdl is False
+    p2p_variants.add_arguments(parser.add_argument_group("p2p"))
+    assert p2p_variants.read_options(parser.parse_args([])).pdl is True
+    assert p2p_variants.read_options(parser.parse_args(["--p2p-pdl", "off"])).pdl is False
 
 
 SM90, SM86 = (9, 0), (8, 6)
