@@ -7,7 +7,8 @@
 # /tmp/site) and unpacked package trees as *.tar.xz (FlashInfer's trimmed tree with its modules
 # built ahead of time by scripts/flashinfer_aot.py, SGLang's Python files: unpacked into /tmp/site).
 # Steps (each under what is left of BATCH_BUDGET_S, default 560 s, from the batch's start):
-#   p2p        bash tests/gpu/run.sh tests/gpu/test_p2p_gpu.py (the p2p kernels' checks, fused ones too)
+#   p2p        bash tests/gpu/run.sh tests/gpu/test_p2p_gpu.py -k "$P2P_TESTS" (the p2p kernels' checks, fused ones
+#              too; P2P_TESTS unset: every test)
 #   fused      scripts/mps-reference.sh --parts fused, 2, 4 and 8 ranks (skipped when p2p ran and failed:
 #              the reference of a kernel that fails its checks would be void)
 #   study      the p2p-tune README's study of the graph one-shot, 4 and 2 ranks, and its table
@@ -92,7 +93,7 @@ run_step() {   # run_step NAME COMMAND...: in its own folder, bounded by what is
 
 for step in "$@"; do
   case $step in
-    p2p) run_step p2p bash tests/gpu/run.sh tests/gpu/test_p2p_gpu.py || p2p_failed=1 ;;
+    p2p) run_step p2p bash tests/gpu/run.sh tests/gpu/test_p2p_gpu.py -k "${P2P_TESTS:-}" || p2p_failed=1 ;;
     fused)
       if [ "$p2p_failed" = 1 ]; then
         log "fused: not run (the p2p checks failed in this call)"

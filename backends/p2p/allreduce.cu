@@ -879,11 +879,13 @@ __device__ __forceinline__ float warp_sum(float v) {
 
 // The sum over the token's blocks of every thread's `v`, the same bits in every block of the group (the
 // same tree over the same partials). With one block per token, a block sum. With K > 1, block k's sum goes
-// to its slot {call, bits} in `partials` (this rank's memory, never a peer's), and lane k of every block's
-// warp 0 waits for block k's slot to carry this call; a slot is rewritten only by the next call, which
-// starts after this grid has ended. `ok` false: a wait gave up (the call's results are void).
+// to its slot {tag, bits} in `partials` (this rank's memory, never a peer's), and lane k of every block's
+// warp 0 waits for block k's slot to carry this call's tag; a slot is rewritten only by a later call, which
+// starts after this grid has ended. The tag is the call count and the kernel (one-shot and two-shot count
+// their calls apart, and p2p:fused runs both over the same slots). `ok` false: a wait gave up (the call's
+// results are void).
 template <class LayoutT>
-__device__ float group_sum(float v, const LayoutT& L, const FusedArgs& A, u32 token, u32 count, bool& ok) {
+__device__ float group_sum(float v, const LayoutT& L, const FusedArgs& A, u32 token, u32 count, u32 tag, bool& ok) {
   __shared__ float warp_sums[32];
   __shared__ float total;
   __shared__ u32 failed;
@@ -897,13 +899,13 @@ __device__ float group_sum(float v, const LayoutT& L, const FusedArgs& A, u32 to
     const u32 K = A.group_blocks;
     if (K > 1u) {
       u64* slots = (u64*)A.partials + token * FUSED_MAX_GROUP;
-      if (threadIdx.x == 0) store_relaxed_gpu64(slots + blockIdx.x % K, ((u64)__float_as_uint(s) << 32) | count);
+      if (threadIdx.x == 0) store_relaxed_gpu64(slots + blockIdx.x % K, ((u64)__float_as_uint(s) << 32) | tag);
       float p = 0.f;
       if (threadIdx.x < K && ok) {
         u64 start = 0;
         for (u32 polls = 1;; ++polls) {
           const u64 w = load_relaxed_gpu64(slots + threadIdx.x);
-          if ((u32)w == count) {
+          if ((u32)w == tag) {
             p = __uint_as_float((u32)(w >> 32));
             break;
           }
@@ -940,9 +942,10 @@ __device__ float group_sum(float v, const LayoutT& L, const FusedArgs& A, u32 to
 // y = r * rsqrt(mean(r^2) + eps) * gamma. Every thread of the grid runs every token round of its group,
 // so the block barriers in group_sum are reached by all; after a failed wait (or with `ok` false: an
 // earlier one) the waits are skipped.
-template <int DT, int S, class LayoutT>
+template <int DT, int S, bool kTwoShot, class LayoutT>
 __device__ void fused_rows(const LayoutT& L, const FusedArgs& A, char* base, u64 source_stride, u32 self, u32 count,
                            int phase, u32 first_rank, bool ok) {
+  const u32 tag = 2u * count + (kTwoShot ? 1u : 0u);
   constexpr int LN = Lanes<DT>::n;
   const u32 K = A.group_blocks, groups = gridDim.x / K, g = blockIdx.x / K, H = A.row_units;
   const u32 q = (blockIdx.x % K) * blockDim.x + threadIdx.x, G = K * blockDim.x;
@@ -984,7 +987,7 @@ __device__ void fused_rows(const LayoutT& L, const FusedArgs& A, char* base, u64
         for (int l = 0; l < LN; ++l) squares = fmaf(r[j][l], r[j][l], squares);
       }
     }
-    const float inv_rms = rsqrtf(group_sum(squares, L, A, t, count, ok) * A.inv_hidden + A.eps);
+    const float inv_rms = rsqrtf(group_sum(squares, L, A, t, count, tag, ok) * A.inv_hidden + A.eps);
 #pragma unroll
     for (int j = 0; j < FUSED_VECTORS; ++j) {
       const u32 v = q + j * G;
@@ -1025,7 +1028,7 @@ __global__ void __launch_bounds__(512) p2p_fused_oneshot(const __grid_constant__
           if (p != (int)rank) store_volatile4((uint4*)(L.ll[p] + cur * buffer + rank * slot) + t * H + v, x);
       }
     }
-  fused_rows<DT, N>(L, A, (char*)L.ll[rank] + cur * buffer, slot, rank, call.count, PHASE_LL_ONESHOT, 0u, true);
+  fused_rows<DT, N, false>(L, A, (char*)L.ll[rank] + cur * buffer, slot, rank, call.count, PHASE_LL_ONESHOT, 0u, true);
 }
 
 // Two-shot: the Lamport two-shot's reduce-scatter (rank r sums slice r of the message, by vectors), its sum
@@ -1070,5 +1073,5 @@ __global__ void __launch_bounds__(512) p2p_fused_twoshot(const __grid_constant__
   }
   if (blockIdx.x == 0 && threadIdx.x == 0) c->ll2_units[cur] = units;
   // Every thread enters (the norm's block barriers); one whose wait gave up skips its waits there.
-  fused_rows<DT, 1>(L, A, (char*)L.ll_ag[rank] + cur * slot, 0, 1u, call.count, PHASE_LL_GATHER, PEER_UNKNOWN, ok);
+  fused_rows<DT, 1, true>(L, A, (char*)L.ll_ag[rank] + cur * slot, 0, 1u, call.count, PHASE_LL_GATHER, PEER_UNKNOWN, ok);
 }
