@@ -83,6 +83,11 @@ def cuda_home() -> Path:
         raise BadInput("nvcc not found: set CUDA_HOME or put nvcc on PATH")
     if not (home / "bin" / "nvcc").is_file():
         raise BadInput(f"{home}/bin/nvcc does not exist (CUDA_HOME)")
+    if not (home / "include" / "cuda_runtime.h").is_file():
+        # An nvcc on PATH that is a wrapper script (exec /usr/local/cuda-X/bin/nvcc) resolves to the
+        # script's folder, whose lib64 holds no libcudart: the link would fail after the compile.
+        raise BadInput(f"{home} has bin/nvcc but no include/cuda_runtime.h (is nvcc a wrapper script?): "
+                       "set CUDA_HOME to the toolkit")
     return home
 
 

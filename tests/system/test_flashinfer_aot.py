@@ -92,6 +92,19 @@ def test_without_nvcc_it_says_so(package, monkeypatch, capsys) -> None:
     assert capsys.readouterr().err == "flashinfer_aot: nvcc not found: set CUDA_HOME or put nvcc on PATH\n"
 
 
+def test_an_nvcc_wrapper_outside_the_toolkit_asks_for_cuda_home(package, tmp_path, monkeypatch, capsys) -> None:
+    wrapper = tmp_path / "usr" / "bin" / "nvcc"     # as an image's /usr/local/bin/nvcc: exec the real one
+    wrapper.parent.mkdir(parents=True)
+    wrapper.write_text("#!/bin/sh\nexec /opt/cuda/bin/nvcc \"$@\"\n")
+    wrapper.chmod(0o755)
+    monkeypatch.delenv("CUDA_HOME", raising=False)
+    monkeypatch.setenv("PATH", str(wrapper.parent))
+    assert aot.main([str(package)]) == 2
+    assert capsys.readouterr().err == (f"flashinfer_aot: {tmp_path / 'usr'} has bin/nvcc but no "
+                                       "include/cuda_runtime.h (is nvcc a wrapper script?): set CUDA_HOME to the "
+                                       "toolkit\n")
+
+
 def test_flashinfers_jit_package_loads_without_its_init(package) -> None:
     aot.load_jit(package)
     comm = importlib.import_module("flashinfer.jit.comm")
