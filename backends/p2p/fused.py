@@ -56,6 +56,7 @@ class P2PFused(P2PAllreduce, FusedBackend):
     def __init__(self, variant: str, options: P2POptions):
         super().__init__(variant, options)
         self._partials: torch.Tensor | None = None   # the groups' per-block sums of squares (u64 slots)
+        self._partials_area: object = None            # the shared area whose call counts tag them
         self._shape: tuple[int, int] | None = None    # (tokens, hidden) of the current row
 
     def engine_settings(self, world_size: int | None) -> engines.Settings:
@@ -77,12 +78,14 @@ class P2PFused(P2PAllreduce, FusedBackend):
 
     def setup(self, ctx: "RunContext", max_bytes: int, dtype: torch.dtype) -> None:
         super().setup(ctx, max_bytes, dtype)
-        if self._partials is None:
+        # A new shared area counts its calls from 1 again: slots tagged by the old count must go.
+        if self._partials is None or self._partials_area is not self._area:
             self._partials = torch.zeros(FUSED_PARTIAL_WORDS, dtype=torch.int64, device=ctx.device)
+            self._partials_area = self._area
 
     def close(self) -> None:
         super().close()
-        self._partials = None
+        self._partials = self._partials_area = None
 
     def algorithm_for(self, message_bytes: int, dtype: torch.dtype, in_graph: bool = True) -> str:
         if len(self.algorithms) == 1:

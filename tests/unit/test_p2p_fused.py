@@ -19,6 +19,7 @@ from commbench.backends.base import BackendUnavailable, MakeOptions
 from commbench.backends.fused import RMS_EPS, FusedResidualRMSNormWorkload
 from commbench.backends.p2p import backend as p2p, kernels as p2p_kernels, layout as p2p_layout, rules as p2p_rules
 from commbench.backends.p2p import variants as p2p_variants
+from commbench.backends.p2p.backend import P2PAllreduce
 from commbench.backends.p2p.fused import P2PFused
 from commbench.ops import FUSED_OP
 from commbench.runtime.context import RunContext
@@ -246,3 +247,18 @@ def test_engine_settings_price_the_engines_fused_path_as_a_stand_in():
 def test_the_partial_slots_fit_every_token_a_shared_grid_holds():
     assert p2p_layout.FUSED_PARTIAL_WORDS == p2p_layout.FUSED_GROUP_TOKENS * p2p_layout.FUSED_MAX_GROUP
     assert numpy.dtype(numpy.int64).itemsize == 8    # one {call, bits} word a slot
+
+
+def test_a_new_shared_area_gets_fresh_partial_slots(monkeypatch):
+    # Its call counts start at 1 again: a slot tagged by the old area's count would pass for a new one's.
+    b, _ = ready(monkeypatch)
+    monkeypatch.setattr(P2PAllreduce, "setup", lambda self, ctx, max_bytes, dtype: None)
+    monkeypatch.setattr(torch, "zeros", lambda *a, **k: object())
+    b._partials = None
+    b.setup(b._ctx, 1 << 20, torch.bfloat16)
+    first = b._partials
+    b.setup(b._ctx, 1 << 20, torch.bfloat16)        # the same area: the same slots
+    assert b._partials is first
+    b._area = object()                              # rebuilt (a larger buffer, or after a timeout)
+    b.setup(b._ctx, 1 << 20, torch.bfloat16)
+    assert b._partials is not first
