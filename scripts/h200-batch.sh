@@ -9,8 +9,9 @@
 # Steps (each under what is left of BATCH_BUDGET_S, default 560 s, from the batch's start):
 #   p2p        bash tests/gpu/run.sh tests/gpu/test_p2p_gpu.py -k "$P2P_TESTS" (the p2p kernels' checks, fused ones
 #              too; P2P_TESTS unset: every test)
-#   fused      scripts/mps-reference.sh --parts fused, 2, 4 and 8 ranks (skipped when p2p ran and failed:
-#              the reference of a kernel that fails its checks would be void)
+#   fused      scripts/mps-reference.sh --parts fused at --ranks $FUSED_RANKS (default 2,4,8, in that
+#              order; skipped when p2p ran and failed: the reference of a kernel that fails its checks
+#              would be void)
 #   study      the p2p-tune README's study of the graph one-shot, 4 and 2 ranks, and its table
 #   engines    scripts/mps-reference.sh --parts engines with FlashInfer's TRT-LLM rows, 2, 4 and 8 ranks
 #   journeys   bash tests/gpu/run.sh tests/gpu/test_journeys_gpu.py
@@ -98,7 +99,7 @@ for step in "$@"; do
       if [ "$p2p_failed" = 1 ]; then
         log "fused: not run (the p2p checks failed in this call)"
       else
-        run_step fused bash scripts/mps-reference.sh "$work/fused/ref" --ranks 2,4,8 --parts fused
+        run_step fused bash scripts/mps-reference.sh "$work/fused/ref" --ranks "${FUSED_RANKS:-2,4,8}" --parts fused
       fi ;;
     study)
       python3 scripts/p2p_kernel_study.py prepare "$work/study-site" >>"$work/batch.log" 2>&1
