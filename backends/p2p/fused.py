@@ -12,7 +12,7 @@ kernel for it, our kernels are our own code).
   normalises it (FlashInfer's fused two-shot splits the same way: an all-gather of the sum, the norm on
   every rank).
 * ``p2p:fused`` runs the one-shot up to ``rules.FUSED_ONESHOT_MAX_BYTES`` of its world size and the
-  two-shot above (measured: results/reference/h200-mps-emulated/).
+  two-shot above (a provisional rule, from the plain Lamport kernels' crossover: rules.py says which).
 
 A token's sum of squares needs every vector of its row: a token is taken by a group of blocks
 (``layout.fused_dims``: spread over up to 32 blocks while tokens are fewer than blocks, else a block

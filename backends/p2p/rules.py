@@ -57,13 +57,16 @@ AUTO_READ_KERNELS = (ONESHOT_PULL, ONESHOT_GRAPH, TWOSHOT_GRAPH)
 DEFAULT_VARIANTS = ("oneshot_lamport", "oneshot", "twoshot_lamport", "twoshot", "auto")
 
 
-# p2p:fused's one-shot up to this message size per world size, its two-shot above.
-FUSED_ONESHOT_MAX_BYTES = {2: 1 << 20, 4: 256 << 10, 8: 128 << 10}
+# p2p:fused's one-shot up to this message size per world size, its two-shot above. Provisional, not yet
+# measured for the fused kernels: where the Lamport one-shot hands over to another kernel in p2p:auto's
+# eager rules (no graph kernels, as the fused kernels have none) in the engine-kernel reference under
+# MPS (results/reference/h200-mps-engine-kernels/, 2026-12-03): 2M at 2 ranks, 256K at 4, 64K at 8.
+FUSED_ONESHOT_MAX_BYTES = {2: 2 << 20, 4: 256 << 10, 8: 64 << 10}
 
 
 def fused_kernel(world_size: int, message_bytes: int) -> str:
     """The fused kernel p2p:fused runs for a message of this size."""
-    return FUSED_ONESHOT if message_bytes <= FUSED_ONESHOT_MAX_BYTES.get(world_size, 128 << 10) else FUSED_TWOSHOT
+    return FUSED_ONESHOT if message_bytes <= FUSED_ONESHOT_MAX_BYTES.get(world_size, 64 << 10) else FUSED_TWOSHOT
 
 
 FLOOR_VARIANTS = ("oneshot_lamport", "oneshot")      # the variants that also run at world size 1

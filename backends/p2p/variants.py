@@ -39,8 +39,10 @@ def read_options(args: argparse.Namespace) -> P2POptions:
 
 def make(variant: str | None, options: MakeOptions[P2POptions]) -> list[Backend]:
     opts = options.own
-    # The fused kernel only makes sense on model shapes, as the other fused backends.
-    names = (*DEFAULT_VARIANTS, *(("fused",) if options.sweep.hidden else ())) if variant is None else (variant.strip(),)
+    # p2p:fused runs only when named: not among the defaults until its checks have passed on a GPU
+    # (tests/gpu/test_p2p_gpu.py; not yet run). Then, on model shapes (options.sweep.hidden), as
+    # flashinfer's fused variants are.
+    names = DEFAULT_VARIANTS if variant is None else (variant.strip(),)
     for name in names:
         if name not in VARIANTS:
             raise UsageError(f"unknown p2p variant {name!r}: choose from {', '.join(VARIANTS)}")

@@ -36,11 +36,11 @@ def ctx_for(world_size: int) -> RunContext:
                       device=torch.device("cpu"), control_group=None, verdicts={})
 
 
-def test_the_fused_variants_are_made_for_model_shapes_and_when_named():
+def test_the_fused_variants_are_made_when_named():
+    # not among the defaults, plain sizes or model shapes, until its GPU checks have passed
     plain = [b.name for b in factory("p2p").variants(None)]
-    assert "p2p:fused" not in plain
     model = p2p_variants.make(None, MakeOptions(p2p_rules.P2POptions(), SweepFacts(hidden=7168)))
-    assert [b.name for b in model] == [*plain, "p2p:fused"] and isinstance(model[-1], P2PFused)
+    assert "p2p:fused" not in plain and [b.name for b in model] == plain
     for variant in p2p_rules.FUSED_VARIANTS:
         b = fused(variant)
         assert (b.name, b.op, b.family) == (f"p2p:{variant}", FUSED_OP, "p2p")
@@ -53,9 +53,9 @@ def test_the_fused_pattern_runs_only_on_model_shapes():
 
 
 @pytest.mark.parametrize("world, message_bytes, kernel", [
-    (8, 128 << 10, p2p_layout.FUSED_ONESHOT), (8, (128 << 10) + 16, p2p_layout.FUSED_TWOSHOT),
+    (8, 64 << 10, p2p_layout.FUSED_ONESHOT), (8, (64 << 10) + 16, p2p_layout.FUSED_TWOSHOT),
     (4, 256 << 10, p2p_layout.FUSED_ONESHOT), (4, 1 << 20, p2p_layout.FUSED_TWOSHOT),
-    (2, 1 << 20, p2p_layout.FUSED_ONESHOT), (2, 2 << 20, p2p_layout.FUSED_TWOSHOT)])
+    (2, 2 << 20, p2p_layout.FUSED_ONESHOT), (2, 4 << 20, p2p_layout.FUSED_TWOSHOT)])
 def test_p2p_fused_takes_the_one_shot_up_to_its_worlds_limit(world, message_bytes, kernel):
     b = fused()
     b._ctx = ctx_for(world)
@@ -230,7 +230,7 @@ def test_rows_say_the_kernel_its_launch_the_rule_and_the_check(monkeypatch):
                         "p2p_fused_launch": {"blocks": 14, "threads": 64, "blocks_per_token": 14}}
     extra = b.row_fields()["extra"]
     assert extra["rms_eps"] == RMS_EPS and extra["tolerance"]["bfloat16"] == 2 ** -6
-    assert extra["p2p_fused_rule"]["8"] == "fused_oneshot<=128K,fused_twoshot"
+    assert extra["p2p_fused_rule"]["8"] == "fused_oneshot<=64K,fused_twoshot"
     assert "p2p_auto_rule" not in extra                 # no calibration: a fixed rule
     assert "p2p_fused_rule" not in fused("fused_oneshot").row_fields()["extra"]
 
