@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 import pytest
@@ -83,6 +84,17 @@ def test_model_sweep_on_cpu_runs_the_preset_sizes_and_prints_the_next_command(tm
     monkeypatch.chdir(tmp_path)
     assert cli(report.removeprefix("# next: commbench ").split()) == 0
     assert (tmp_path / f"{run_dir.name}-report" / "report.html").exists()
+    # The rest of the journey on the same run: every answer exits as it should, its JSON parses.
+    for argv, status in ((["recommend", str(run_dir), "--model", "glm-5", "--tp", "2"], 0),
+                         (["floor", str(run_dir), "--model", "glm-5", "--tp", "2"], 0),
+                         (["engines", str(run_dir), "--model", "glm-5"], 0),
+                         (["qualify", "--spec", str(SPECS / "pcie-8x.toml"), str(run_dir)], 1)):   # CPU: no GPU
+        target = tmp_path / f"{argv[0]}.json"
+        assert cli([*argv, "--json", str(target)]) == status, argv
+        answer = json.loads(target.read_text())
+        assert answer.get("engines") or answer.get("verdict") == "FAIL", (argv, list(answer))
+    assert cli(["table", str(run_dir)]) == 0
+    assert "Traceback" not in capsys.readouterr().err
 
 
 def test_a_gpu_sweep_ends_with_the_decision_and_a_cpu_sweep_with_the_sweep_that_prices_one(tmp_path):
