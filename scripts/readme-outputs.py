@@ -11,8 +11,9 @@ A block is a marker line naming the exact command, then a ```text fence with its
     ...
     ```
 
-Each command runs as `python -m commbench ...` from the repository root, 120 columns wide; it
-must exit 0, or 1 (a FAIL verdict).
+Each command runs as `python -m commbench ...` from the repository root with its output piped and
+COLUMNS unset, so at the width a user's pipe gets (render.DEFAULT_WIDTH, 100 columns); it must exit
+0, or 1 (a FAIL verdict).
 Add a block by writing the marker and an empty fence, then --write.
 """
 
@@ -29,7 +30,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", ROOT / "docs" / "fleet.md"]
-WIDTH = 120
 BLOCK = re.compile(r"(<!-- output: (?P<command>.+?) -->\n```text\n)(?P<output>.*?)(```)", re.DOTALL)
 
 
@@ -37,7 +37,7 @@ def run(command: str) -> str:
     words = shlex.split(command)
     if words[:1] != ["commbench"]:
         sys.exit(f"readme-outputs: {command!r}: a block's command must start with 'commbench'")
-    env = {**os.environ, "COLUMNS": str(WIDTH), "TERM": "dumb"}
+    env = {**{k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}, "TERM": "dumb"}
     done = subprocess.run([sys.executable, "-m", "commbench", *words[1:]], capture_output=True, text=True,
                           cwd=ROOT, env=env)
     if done.returncode not in (0, 1):   # 1: a verdict (qualify's FAIL) is output like any other

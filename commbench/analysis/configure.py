@@ -1,6 +1,15 @@
-"""One configuration per engine per server: the one set of settings that is cheapest over the
-mix of concurrencies the user serves, priced against the engine's default at every decode size
-of that mix and at the prefill chunk, with the sizes where it loses.
+"""One configuration per engine per server: the one set of settings whose allreduce time per
+request is the least over the mix of concurrencies the user serves, priced against the engine's
+default at every decode size of that mix and at the prefill chunk, with the sizes where it loses.
+
+A request is one prefill chunk of its prompt (`--prefill-tokens` tokens: one forward pass, one
+allreduce of chunk x hidden per allreduce point) and the decode steps of its output
+(`--output-tokens`, each one allreduce of concurrency x hidden per point), so per request
+
+    ms = allreduces per token x (output tokens x us/call at the decode size + us/call at the chunk) / 1000
+
+weighted over the mix. A setting that saves per decode step but costs more per prefill chunk than
+the output tokens win back loses per request and is not chosen.
 
 A server runs one configuration: an NCCL_* variable applies to every message size of every NCCL
 communicator of the process, so a setting that wins at concurrency 1 and loses at 64 is one
@@ -26,6 +35,11 @@ from commbench.units import format_bytes
 NCCL_ENV_SCOPE = "an NCCL_* variable applies to every message size of every NCCL communicator of the process"
 
 DECODE, PREFILL = "decode", "prefill"
+
+# The output tokens a request is priced with unless --output-tokens says otherwise: the output
+# length of vLLM's own serving benchmark (`vllm bench serve`, random dataset:
+# vllm/benchmarks/datasets/datasets.py RandomDataset.DEFAULT_OUTPUT_LEN, vLLM 0.34.0).
+DEFAULT_OUTPUT_TOKENS = 128
 ENGINE_SCOPE, NCCL_SCOPE = "engine", "nccl"
 
 
@@ -106,6 +120,11 @@ class Candidate:
     decode_us: tuple[float | None, ...]     # per load, in --concurrency order
     prefill_us: float | None
     weighted_step_ms: float | None          # sum of share x allreduces per token x us/call; None: unpriced somewhere
+    prefill_chunk_ms: float | None          # allreduces per token x us/call at the chunk
+    # output tokens x weighted_step_ms + prefill_chunk_ms: what the choice is made on. The chunk
+    # counts where the engine's default was priced there (Configuration.prefill_weighed), else
+    # decode alone; None where a part that counts is not priced.
+    request_ms: float | None
 
 
 @dataclass(frozen=True)
@@ -115,6 +134,8 @@ class Configuration:
     loads: tuple[Load, ...]
     prefill_tokens: int
     prefill_source: str
+    output_tokens: int              # the decode steps of a request (--output-tokens)
+    prefill_weighed: bool           # the default's cost at the prefill chunk is priced: the choice weighs it
     chosen: str | None              # the option's label; None: no configuration can be priced here
     path: str | None                # the chosen option's engine path (engine_paths id); None for the default
     is_default: bool                # the engine's default is the cheapest: nothing to set
@@ -124,6 +145,9 @@ class Configuration:
     notes: tuple[str, ...]
     cells: tuple[Cell, ...]         # decode loads, then the prefill chunk
     weighted_saving_ms: float | None  # per step, over the mix, against the default
+    prefill_cost_ms: float | None   # per prefill chunk, the configuration's extra ms (negative: it saves); None: not priced
+    net_request_ms: float | None    # per request: output tokens x weighted_saving_ms - prefill_cost_ms (decode alone
+    #                                 where the prefill is not weighed)
     candidates: tuple[Candidate, ...]
     why: str                        # why nothing is chosen, or why the default stays
     next_command: str | None        # the one sweep that would price every size not measured here
@@ -157,10 +181,57 @@ def _choosable(d: EngineDecision) -> list[Option]:
             and o.offered]
 
 
+@dataclass(frozen=True)
+class Mix:
+    """What one configuration is priced over: the loads, the prefill chunk of a request (its tokens
+    and where that figure comes from) and the output tokens of a request."""
+
+    loads: tuple[Load, ...]
+    prefill_tokens: int
+    prefill_source: str
+    output_tokens: int = DEFAULT_OUTPUT_TOKENS
+
+    def sizes(self, model: Model) -> list[int]:
+        return [model.message_bytes(l.concurrency) for l in self.loads]
+
+
 def _weighted(model: Model, loads: tuple[Load, ...], costs: list[float | None]) -> float | None:
     if any(c is None for c in costs):
         return None
     return sum(l.weight * model.allreduces_per_token * c / 1000.0 for l, c in zip(loads, costs))  # type: ignore[operator]
+
+
+def _candidate(label: str, is_default: bool, model: Model, mix: Mix, decode: list[Price | None],
+               prefill: Price | None, weigh_prefill: bool) -> Candidate:
+    decode_us = [p.latency_us if p else None for p in decode]
+    step = _weighted(model, mix.loads, decode_us)
+    chunk = model.allreduces_per_token * prefill.latency_us / 1000.0 if prefill else None
+    request = None if step is None or (weigh_prefill and chunk is None) else \
+        mix.output_tokens * step + (chunk if weigh_prefill else 0.0)  # type: ignore[operator]
+    return Candidate(label, is_default, tuple(decode_us), prefill.latency_us if prefill else None, step, chunk,
+                     request)
+
+
+def _pick(priced: list[tuple[Option | None, Candidate]], default: Option | None
+          ) -> tuple[Option | None, Candidate]:
+    """The least allreduce time per request; the default wins a tie."""
+    return min(priced, key=lambda oc: (round(oc[1].request_ms, 9), oc[0] is not default))  # type: ignore[arg-type]
+
+
+def _measurable(cells: tuple[Cell, ...], weigh_prefill: bool) -> bool:
+    """Some size the request pays for is faster beyond both sides' spread (or the spread is unknown)."""
+    return any(c.saving_us and c.saving_us > 0 and c.beyond_spread is not False
+               for c in cells if c.phase == DECODE or weigh_prefill)
+
+
+def _per_request(model: Model, mix: Mix, saving_ms: float | None, chosen: Candidate, base: Candidate,
+                 weigh_prefill: bool) -> tuple[float | None, float | None]:
+    """(the configuration's extra ms per prefill chunk, its net saving per request)."""
+    cost = (chosen.prefill_chunk_ms - base.prefill_chunk_ms
+            if chosen.prefill_chunk_ms is not None and base.prefill_chunk_ms is not None else None)
+    if saving_ms is None:
+        return cost, None
+    return cost, mix.output_tokens * saving_ms - (cost if weigh_prefill and cost is not None else 0.0)
 
 
 def next_command(model: Model, tp: int | None, loads: tuple[Load, ...], prefill_tokens: int) -> str:
@@ -168,64 +239,59 @@ def next_command(model: Model, tp: int | None, loads: tuple[Load, ...], prefill_
     return next_steps.sweep_command(model, tp, [l.concurrency for l in loads], [prefill_tokens])
 
 
-def configure(d: EngineDecision, model: Model, loads: tuple[Load, ...], prefill_tokens: int, prefill_source: str,
-              tp: int | None) -> Configuration:
+def configure(d: EngineDecision, model: Model, mix: Mix, tp: int | None) -> Configuration:
     if d.box.log_only:
-        return _nccl_only(d, model, loads, prefill_tokens, prefill_source, tp)
+        return _nccl_only(d, model, mix, tp)
     engine = _Engine(d)
-    sizes = [model.message_bytes(l.concurrency) for l in loads]
-    prefill_bytes = model.message_bytes(prefill_tokens)
-    options: list[Option | None] = [None, *_choosable(d)]
+    sizes = mix.sizes(model)
+    prefill_bytes = model.message_bytes(mix.prefill_tokens)
+    weigh = engine.under(None, prefill_bytes) is not None
     candidates: list[tuple[Option | None, Candidate]] = []
-    for option in options:
+    for option in [None, *_choosable(d)]:
         decode = [engine.under(option, s) for s in sizes]
         prefill = engine.under(option, prefill_bytes)
         if option is not None and option.plain and [*decode, prefill] == [engine.under(None, s) for s in
                                                                            [*sizes, prefill_bytes]]:
             continue   # the path the engine takes anyway, with nothing set: the default's row
-        candidates.append((option, Candidate(
-            "the engine's default" if option is None else option.label, option is None,
-            tuple(p.latency_us if p else None for p in decode), prefill.latency_us if prefill else None,
-            _weighted(model, loads, [p.latency_us if p else None for p in decode]))))
+        candidates.append((option, _candidate("the engine's default" if option is None else option.label,
+                                              option is None, model, mix, decode, prefill, weigh)))
+    table = tuple(c for _, c in candidates)
     base = candidates[0][1]
+
+    def configuration(option: Option | None, chosen: str | None, saving: float | None,
+                      cells: tuple[Cell, ...], why: str, best: Candidate | None = None) -> Configuration:
+        cost, net = _per_request(model, mix, saving, best, base, weigh) if best else (None, None)
+        settings = _settings(d, option, tp) if option is not None else ((), None, False, ())
+        unmeasured = chosen is None or saving is None or any(cell.saving_us is None for cell in cells)
+        return Configuration(d.key, d.name, mix.loads, mix.prefill_tokens, mix.prefill_source, mix.output_tokens,
+                             weigh, chosen, option.state.path if option else None,
+                             chosen is not None and option is None, *settings, cells, saving, cost, net, table, why,
+                             next_command(model, tp, mix.loads, mix.prefill_tokens) if unmeasured else None)
+
     if base.weighted_step_ms is None:
-        missing = [l.concurrency for l, u in zip(loads, base.decode_us) if u is None]
-        defaults = {engine_default_why(d, s) for l, s in zip(loads, sizes) if l.concurrency in missing}
-        at = "at any size of the mix" if len(missing) == len(loads) else f"at concurrency {', '.join(map(str, missing))}"
+        missing = [l.concurrency for l, u in zip(mix.loads, base.decode_us) if u is None]
+        defaults = {engine_default_why(d, s) for l, s in zip(mix.loads, sizes) if l.concurrency in missing}
+        at = ("at any size of the mix" if len(missing) == len(mix.loads)
+              else f"at concurrency {', '.join(map(str, missing))}")
         why = f"the engine's default {at} cannot be priced: " + "; ".join(sorted(defaults))
         # A line that turns off a path the engine takes by default would displace a default this
         # run cannot price: never offered here.
-        measured = [(o, c) for o, c in candidates if o is not None and c.weighted_step_ms is not None
-                    and not o.move.added]
+        measured = [(o, c) for o, c in candidates if o is not None and c.request_ms is not None and not o.move.added]
         if not measured:
-            return Configuration(d.key, d.name, loads, prefill_tokens, prefill_source, None, None, False, (), None,
-                                 False, (), (), None, tuple(c for _, c in candidates), why,
-                                 next_command(model, tp, loads, prefill_tokens))
+            return configuration(None, None, None, (), why)
         # The fastest configuration the engine can take, measured at every size: shown with its
         # settings, no saving claimed against a default this run cannot price.
-        option, _ = min(measured, key=lambda oc: (round(oc[1].weighted_step_ms, 9), oc[1].label))  # type: ignore[arg-type]
-        cells = _cells(engine, option, loads, sizes, prefill_tokens, prefill_bytes)
-        return Configuration(d.key, d.name, loads, prefill_tokens, prefill_source, option.label, option.state.path,
-                             False, *_settings(d, option, tp), cells, None, tuple(c for _, c in candidates), why,
-                             next_command(model, tp, loads, prefill_tokens))
-    priced = [(o, c) for o, c in candidates if c.weighted_step_ms is not None]
-    option, best = min(priced, key=lambda oc: (round(oc[1].weighted_step_ms, 9), not oc[1].is_default))  # type: ignore[arg-type]
-    cells = _cells(engine, option, loads, sizes, prefill_tokens, prefill_bytes)
-    decode_cells = [c for c in cells if c.phase == DECODE]
-    if option is not None and not any(c.saving_us and c.saving_us > 0 and c.beyond_spread is not False
-                                      for c in decode_cells):
+        option, _ = min(measured, key=lambda oc: (round(oc[1].request_ms, 9), oc[1].label))  # type: ignore[arg-type]
+        return configuration(option, option.label, None, _cells(engine, option, mix, model), why)  # type: ignore[union-attr]
+    option, best = _pick([(o, c) for o, c in candidates if c.request_ms is not None], None)
+    cells = _cells(engine, option, mix, model)
+    why = "" if option is not None else "the engine's default is the cheapest configuration measured here"
+    if option is not None and not _measurable(cells, weigh):
         option, best = None, base    # inside the spread everywhere: no measurable difference, keep the default
-        cells = _cells(engine, None, loads, sizes, prefill_tokens, prefill_bytes)
+        cells = _cells(engine, None, mix, model)
         why = "no other configuration is faster beyond the p10-p90 spread: no measurable difference"
-    else:
-        why = "" if option is not None else "the engine's default is the cheapest configuration measured here"
-    saving = base.weighted_step_ms - best.weighted_step_ms  # type: ignore[operator]
-    pasted = _settings(d, option, tp) if option is not None else ((), None, False, ())
-    unmeasured = any(cell.saving_us is None for cell in cells)
-    return Configuration(d.key, d.name, loads, prefill_tokens, prefill_source,
-                         option.label if option else "the engine's default", option.state.path if option else None,
-                         option is None, *pasted, cells, saving, tuple(c for _, c in candidates), why,
-                         next_command(model, tp, loads, prefill_tokens) if unmeasured else None)
+    return configuration(option, option.label if option else "the engine's default",
+                         base.weighted_step_ms - best.weighted_step_ms, cells, why, best)  # type: ignore[operator]
 
 
 def _settings(d: EngineDecision, option: Option, tp: int | None
@@ -246,10 +312,9 @@ def _settings(d: EngineDecision, option: Option, tp: int | None
     return tuple(paste), refused, library, notes
 
 
-def _cells(engine: _Engine, option: Option | None, loads: tuple[Load, ...], sizes: list[int], prefill_tokens: int,
-           prefill_bytes: int) -> tuple[Cell, ...]:
-    return tuple(_cell(engine, option, DECODE, l.concurrency, l.weight, s) for l, s in zip(loads, sizes)) + \
-        (_cell(engine, option, PREFILL, prefill_tokens, 0.0, prefill_bytes),)
+def _cells(engine: _Engine, option: Option | None, mix: Mix, model: Model) -> tuple[Cell, ...]:
+    return tuple(_cell(engine, option, DECODE, l.concurrency, l.weight, s) for l, s in zip(mix.loads, mix.sizes(model))) + \
+        (_cell(engine, option, PREFILL, mix.prefill_tokens, 0.0, model.message_bytes(mix.prefill_tokens)),)
 
 
 def engine_default_why(d: EngineDecision, message_bytes: int) -> str:
@@ -279,33 +344,26 @@ NCCL_ONLY = ("which path the engine takes at each size needs the box's probe sna
              "lacks: these are the prices of its NCCL path, where it sends every size no other path takes")
 
 
-def _nccl_only(d: EngineDecision, model: Model, loads: tuple[Load, ...], prefill_tokens: int, prefill_source: str,
-               tp: int | None) -> Configuration:
+def _nccl_only(d: EngineDecision, model: Model, mix: Mix, tp: int | None) -> Configuration:
     """An nccl-tests import without a probe snapshot: the engine's own paths cannot be told, NCCL's
     can be priced. Its plain rows are the baseline; an NCCL setting the import measured is chosen
-    where it is faster beyond the spread, with its NCCL_* exports alone (the engine flags that
-    would move sizes to NCCL depend on the box)."""
+    where it costs less per request beyond the spread, with its NCCL_* exports alone (the engine
+    flags that would move sizes to NCCL depend on the box)."""
     nccl = [o for o in d.options if o.state.path == NCCL_PATH and o.own]
     plain = next((o for o in nccl if o.plain), None)
-    sizes = [model.message_bytes(l.concurrency) for l in loads]
-    prefill_bytes = model.message_bytes(prefill_tokens)
+    sizes = mix.sizes(model)
+    prefill_bytes = model.message_bytes(mix.prefill_tokens)
 
     def cost(option: Option | None, size: int) -> Price | None:
         price = option.price(size) if option is not None else None
         return price if price is not None and not price.stand_in else None
 
-    def candidate(option: Option) -> Candidate:
-        decode = [cost(option, s) for s in sizes]
-        prefill = cost(option, prefill_bytes)
-        return Candidate(option.label if option is not plain else f"{option.label} as NCCL runs by default",
-                         option is plain, tuple(p.latency_us if p else None for p in decode),
-                         prefill.latency_us if prefill else None,
-                         _weighted(model, loads, [p.latency_us if p else None for p in decode]))
+    weigh = cost(plain, prefill_bytes) is not None
 
     def cells(chosen: Option | None) -> tuple[Cell, ...]:
         out = []
-        for phase, tokens, weight, size in [*((DECODE, l.concurrency, l.weight, s) for l, s in zip(loads, sizes)),
-                                            (PREFILL, prefill_tokens, 0.0, prefill_bytes)]:
+        for phase, tokens, weight, size in [*((DECODE, l.concurrency, l.weight, s) for l, s in zip(mix.loads, sizes)),
+                                            (PREFILL, mix.prefill_tokens, 0.0, prefill_bytes)]:
             base, picked = cost(plain, size), cost(chosen, size) if chosen is not None else cost(plain, size)
             gain = beyond = None
             if base is not None and picked is not None:
@@ -316,27 +374,32 @@ def _nccl_only(d: EngineDecision, model: Model, loads: tuple[Load, ...], prefill
                             base.curve if base else None, picked.curve if picked else None, gain, beyond))
         return tuple(out)
 
-    rows = tuple(candidate(o) for o in ([plain] if plain else []) + [o for o in nccl if o is not plain])
+    ordered = ([plain] if plain else []) + [o for o in nccl if o is not plain]
+    pairs = [(o, _candidate(o.label if o is not plain else f"{o.label} as NCCL runs by default", o is plain, model,
+                            mix, [cost(o, s) for s in sizes], cost(o, prefill_bytes), weigh)) for o in ordered]
+    rows = tuple(c for _, c in pairs)
     base = rows[0] if plain is not None else None
+
+    def configuration(chosen: str | None, is_default: bool, paste: tuple[str, ...], refused: str | None,
+                      notes: tuple[str, ...], chosen_cells: tuple[Cell, ...], saving: float | None, why: str,
+                      best: Candidate | None = None) -> Configuration:
+        extra, net = _per_request(model, mix, saving, best, base, weigh) if best and base else (None, None)
+        return Configuration(d.key, d.name, mix.loads, mix.prefill_tokens, mix.prefill_source, mix.output_tokens,
+                             weigh, chosen, NCCL_PATH if chosen else None, is_default, paste, refused, False, notes,
+                             chosen_cells, saving, extra, net, rows, why, None, NCCL_SCOPE)
+
     if base is None or base.weighted_step_ms is None:
-        return Configuration(d.key, d.name, loads, prefill_tokens, prefill_source, None, None, False, (), None, False,
-                             (), cells(None) if plain else (), None, rows,
-                             f"{NCCL_ONLY}; NCCL's rows do not cover every size of the mix", None, NCCL_SCOPE)
-    priced = [(o, c) for o, c in zip([plain] + [o for o in nccl if o is not plain], rows)
-              if c.weighted_step_ms is not None]
-    option, best = min(priced, key=lambda oc: (round(oc[1].weighted_step_ms, 9), not oc[1].is_default))  # type: ignore[arg-type]
+        return configuration(None, False, (), None, (), cells(None) if plain else (), None,
+                             f"{NCCL_ONLY}; NCCL's rows do not cover every size of the mix")
+    option, best = _pick([(o, c) for o, c in pairs if c.request_ms is not None], plain)
     chosen_cells = cells(option if option is not plain else None)
-    if option is not plain and not any(c.saving_us and c.saving_us > 0 and c.beyond_spread is not False
-                                       for c in chosen_cells if c.phase == DECODE):
+    if option is not plain and not _measurable(chosen_cells, weigh):
         option, best, chosen_cells = plain, base, cells(None)
     if option is plain:
-        return Configuration(d.key, d.name, loads, prefill_tokens, prefill_source, base.label, NCCL_PATH, True, (),
-                             None, False, (), chosen_cells, 0.0, rows, NCCL_ONLY, None, NCCL_SCOPE)
-    exports = tuple(f"export {k}={v}" for k, v in sorted(option.settings.nccl_env.items()))
-    refused = engines.env_refusal(option.settings.nccl_env)
-    return Configuration(d.key, d.name, loads, prefill_tokens, prefill_source, option.label, NCCL_PATH, False,
-                         () if refused else exports, refused, False,
-                         (NCCL_ENV_SCOPE, "these exports set NCCL for the sizes the engine sends it; which sizes those "
-                                          "are is the box's (its probe snapshot)"),
-                         chosen_cells, base.weighted_step_ms - best.weighted_step_ms, rows,  # type: ignore[operator]
-                         NCCL_ONLY, None, NCCL_SCOPE)
+        return configuration(base.label, True, (), None, (), chosen_cells, 0.0, NCCL_ONLY, base)
+    exports = tuple(f"export {k}={v}" for k, v in sorted(option.settings.nccl_env.items()))  # type: ignore[union-attr]
+    refused = engines.env_refusal(option.settings.nccl_env)  # type: ignore[union-attr]
+    return configuration(option.label, False, () if refused else exports, refused,  # type: ignore[union-attr]
+                         (NCCL_ENV_SCOPE, "these exports set NCCL for the sizes the engine sends it; which sizes "
+                                          "those are is the box's (its probe snapshot)"),
+                         chosen_cells, base.weighted_step_ms - best.weighted_step_ms, NCCL_ONLY, best)  # type: ignore[operator]

@@ -354,12 +354,14 @@ class Headroom:
     versus: Price | None
     saving: Saving | None
     engine_kernel: bool = False    # a requested engine's own kernel, forced where the engine would not take it
+    said: str = ""                 # `why` without the paths' reasons, for an output that gives them once above
 
 
 def headroom_curves(run: Run, curves: list[Curve], decisions: list[EngineDecision]
-                    ) -> list[tuple[Curve, str, bool]]:
-    """Plain-allreduce curves that price no path a requested engine can take here, with why and
-    whether the curve is a requested engine's own kernel (on a path that is off or unknown here)."""
+                    ) -> list[tuple[Curve, str, str, bool]]:
+    """Plain-allreduce curves that price no path a requested engine can take here, with why (in
+    full, and without the paths' own reasons) and whether the curve is a requested engine's own
+    kernel (on a path that is off or unknown here)."""
     used = {id(c) for d in decisions for o in d.options if o.state.available is True for c in o.own + o.stand_ins}
     out = []
     for curve in curves:
@@ -367,31 +369,38 @@ def headroom_curves(run: Run, curves: list[Curve], decisions: list[EngineDecisio
             continue
         settings = recorded_settings(run, curve)
         if settings is None:
-            out.append((curve, f"no engine settings recorded for {curve.backend} in this run's run.json (runs "
-                               "record what each backend declares since results schema 3)", False))
+            why = (f"no engine settings recorded for {curve.backend} in this run's run.json (runs record what each "
+                   "backend declares since results schema 3)")
+            out.append((curve, why, why, False))
             continue
         claims = engines.declared_paths(settings)
         reasons = []
+        short: dict[str, list[str]] = {}     # a phrase, and the engines it is said of
         own = False
         for d in decisions:
             claim = claims.get(d.key)
             state = next((s for s in d.states if claim and s.path == claim["path"]), None)
             if state is None:
                 reasons.append(f"{d.name} has no path that runs it")
+                phrase = "no path runs it"
             elif state.available is None:
                 own = own or (state.own_kernel and not claim.get("stand_in"))
                 reasons.append(f"{d.name}: whether its {state.rule.title} path runs here cannot be told ({state.why})")
+                phrase = f"whether the {state.rule.title} path runs here cannot be told"
             else:
                 own = own or (state.own_kernel and not claim.get("stand_in"))
                 reasons.append(f"{d.name}: its {state.rule.title} path is off here ({state.why})")
-        out.append((curve, "; ".join(reasons), own))
+                phrase = f"the {state.rule.title} path is off here"
+            short.setdefault(phrase, []).append(d.name)
+        said = "; ".join(f"{' and '.join(names)}: {phrase}" for phrase, names in short.items())
+        out.append((curve, "; ".join(reasons), said, own))
     return out
 
 
 def headroom(model: Model, run: Run, curves: list[Curve], decisions: list[EngineDecision],
              concurrencies: list[int]) -> list[Headroom]:
     out = []
-    for curve, why, own in headroom_curves(run, curves, decisions):
+    for curve, why, said, own in headroom_curves(run, curves, decisions):
         for i, concurrency in enumerate(concurrencies):
             size = model.message_bytes(concurrency)
             ranked = ranking([curve], size)
@@ -402,7 +411,7 @@ def headroom(model: Model, run: Run, curves: list[Curve], decisions: list[Engine
             measured = [p for p in rivals if p is not None and not p.stand_in]
             versus = min(measured, key=lambda p: p.latency_us) if measured else None
             gain = saving(model, concurrency, price, versus)[0] if versus else None
-            out.append(Headroom(curve.label, why, concurrency, size, price, versus, gain, own))
+            out.append(Headroom(curve.label, why, concurrency, size, price, versus, gain, own, said))
     return out
 
 

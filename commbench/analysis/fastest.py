@@ -10,13 +10,14 @@ record theirs), else its backend family, and which engine path, if any, runs it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 from commbench import engines
 from commbench.analysis.curves import Curve, ranking
-from commbench.analysis.decide import EngineDecision, Price, recorded_settings
+from commbench.analysis.decide import EngineDecision, Headroom, Price, recorded_settings
 from commbench.models import Model
 from commbench.analysis import render
-from commbench.analysis.render import fmt_us
+from commbench.analysis.render import fmt_num, fmt_us
 from commbench.ops import ALLREDUCE
 from commbench.results import OK, Run
 from commbench.results.text import capped
@@ -83,19 +84,45 @@ def fastest_by_size(run: Run, curves: list[Curve], model: Model, concurrencies: 
     return tuple(out)
 
 
-def fastest_lines(rows: tuple[FastestAt, ...], tag: str, wide: bool = False) -> list[str]:
-    """Per concurrency: the fastest kernel measured at its decode size and whose it is, with each
-    requested engine's best path there as a multiple of it."""
-    lines = []
-    for row in rows:
-        top = row.fastest
-        against = "; ".join(f"{p.curve} {fmt_us(p.latency_us)} = {p.latency_us / top.latency_us:.2f}x"
-                            for p in row.engine_paths)
-        lines.append(render.prose(
-            f"at concurrency {row.concurrency} ({format_bytes(top.message_bytes)}): {top.curve} "
-            f"{fmt_us(top.latency_us)} us{' (interpolated)' if top.interpolated else ''}: {top.whose}"
-            + (f"; best engine path {against}" if against else ""), wide, indent="  "))
-    if not lines:
+def _mode_suffix(labels: list[str]) -> str:
+    """' (graph)' where every curve label ends so: a table says it once, in its title."""
+    ends = {label[label.rfind(" ("):] for label in labels if label.endswith(")") and " (" in label}
+    return ends.pop() if len(ends) == 1 and all(label.endswith(tuple(ends or {""})) for label in labels) else ""
+
+
+def fastest_table(rows: tuple[FastestAt, ...], tag: str, wide: bool = False,
+                  rooms: Sequence[Headroom] = ()) -> list[str]:
+    """Per concurrency: the fastest kernel measured at its decode size against the best path a
+    requested engine takes there; with `rooms` (the headroom), '*' marks a kernel no requested
+    engine takes here and a column what it would save per step. Then, once per kernel shown,
+    whose it is (and why no engine takes it)."""
+    if not rows:
         return []
-    return ["\n" + render.prose(f"fastest kernel measured at each size, any backend ({tag}): what headroom is "
-                                "measured against", wide), *lines]
+    said = {r.kernel: r.said or r.why for r in rooms}
+    saves = {(r.kernel, r.concurrency): r.saving for r in rooms}
+    bests = [min(row.engine_paths, key=lambda p: p.latency_us, default=None) for row in rows]
+    suffix = _mode_suffix([row.fastest.curve for row in rows] + [b.curve for b in bests if b is not None])
+    table, kernels = [], {}
+    for row, best in zip(rows, bests):
+        top = row.fastest
+        gain = saves.get((top.curve, row.concurrency))
+        kernels.setdefault(top.curve, top.whose)
+        cells = [f"c={row.concurrency} {format_bytes(top.message_bytes)}",
+                 ("* " if top.curve in said else "") + top.curve.removesuffix(suffix),
+                 fmt_us(top.latency_us) + ("~" if top.interpolated else ""),
+                 best.curve.removesuffix(suffix) if best else "-",
+                 fmt_us(best.latency_us) + ("~" if best.interpolated else "") if best else "-",
+                 f"{best.latency_us / top.latency_us:.2f}x" if best else "-"]
+        if rooms:
+            cells.append(fmt_num(gain.per_step_ms) if gain is not None and gain.per_call_us > 0
+                         and gain.beyond_spread is not False else "-")
+        table.append(cells)
+    headers = ["size", "fastest measured", "us", "best engine path", "us", "x", *(["saved"] if rooms else [])]
+    marks = ("; '*' no requested engine takes it here (headroom, for comparison only), saved: the ms per step a "
+             "kernel like it would save" if any(k in said for k in kernels) else "")
+    return ["\n" + render.prose(f"fastest kernel measured at each size, any backend, against the best path an engine "
+                                f"takes there ({tag}{';' + suffix[1:-1].replace('(', ' ') + ' mode' if suffix else ''}); "
+                                f"us per call, '~' interpolated{marks}", wide),
+            render.table(headers, table, right=(2, 4, 5, 6), wide=wide),
+            *(render.prose(f"{kernel}: {whose}" + (f"; {said[kernel]}" if kernel in said else ""), wide, indent="    ",
+                           first="  ") for kernel, whose in kernels.items())]

@@ -312,7 +312,7 @@ def text(result: FloorResult, wide: bool = False) -> str:
     if result.headroom:
         out += ["", _table(list(result.headroom), f"headroom ({tag}): the fastest kernel measured here that no "
                                                   "requested engine takes here, per size; for comparison only", wide)]
-    out.append("\n".join(fastest.fastest_lines(result.fastest, tag, wide)))
+    out.append("\n".join(fastest.fastest_table(result.fastest, tag, wide)))
     if result.rows:
         out += ["", _table(list(result.rows), f"as measured: {', '.join(result.backends)} ({tag})", wide)]
     out += ["\n" + render.prose(f"caution: {line}", wide) for line in result.cautions]

@@ -51,6 +51,11 @@ def qualify_sweep_command(spec_path: str, ranks: int | None) -> str:
                        "--qualify", spec_path])
 
 
+def engines_command(run_dir: str, engine: str, tp: int | None) -> str:
+    """The engine's chain on the run's box with each path's gate, limit and the source of its rule."""
+    return shlex.join(["commbench", "engines", run_dir, "--engine", engine, *(["--tp", str(tp)] if tp else [])])
+
+
 def probe_command(*flags: str, json_file: str = "probe.json") -> str:
     """The probe that writes a snapshot file other commands read (qualify --snapshot,
     import-nccl-tests --snapshot)."""

@@ -33,6 +33,7 @@ class Question:
     loads: tuple[Load, ...]            # the serving mix (--concurrency)
     engines: tuple[tuple[str, str], ...]   # (engine, version) in the order asked
     prefill_tokens: int | None         # None: each engine's default chunk on the run's GPUs
+    output_tokens: int                 # the decode steps of a request
     sources: EngineSources             # where each engine's facts and chain come from, its mode
 
     @property
@@ -47,9 +48,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "1:0.2,16:0.5,64:0.3 (shares of serving time); one configuration is priced over "
                              "all of them (default 1,2,4,...,256, equal shares)")
     parser.add_argument("--prefill-tokens", type=int, metavar="N",
-                        help="tokens per prefill chunk, priced beside the decode sizes (default: the engine's "
-                             "chunked-prefill size on the run's GPUs, vLLM max_num_batched_tokens / SGLang "
-                             "chunked_prefill_size)")
+                        help="tokens per prefill chunk: each request's prompt is priced as one chunk of N tokens "
+                             "(one allreduce of N x hidden per allreduce point; a prompt of k chunks pays k times the "
+                             "cost per chunk shown) (default: the engine's chunked-prefill size on the run's GPUs, "
+                             "vLLM max_num_batched_tokens / SGLang chunked_prefill_size)")
+    parser.add_argument("--output-tokens", type=int, metavar="N", default=configure.DEFAULT_OUTPUT_TOKENS,
+                        help="tokens each request generates: its decode steps, weighed against its prefill chunk "
+                             "when the configuration is chosen on the allreduce time per request (default "
+                             f"{configure.DEFAULT_OUTPUT_TOKENS}, the output length of vLLM's own serving benchmark)")
 
 
 def from_args(args: argparse.Namespace, model: Model,
@@ -57,9 +63,12 @@ def from_args(args: argparse.Namespace, model: Model,
     """The question the flags ask (floor's --step-ms defaults to concurrency 1)."""
     if args.prefill_tokens is not None and args.prefill_tokens <= 0:
         raise UsageError(f"--prefill-tokens must be a positive number of tokens (got {args.prefill_tokens})")
+    if args.output_tokens <= 0:
+        raise UsageError(f"--output-tokens must be a positive number of tokens (got {args.output_tokens})")
     loads = configure.parse_loads(args.concurrency, list(default_concurrencies))
     sources = decide.engine_sources(args)
-    return Question(args.run_dir, model, args.tp, args.mode, loads, sources.asked, args.prefill_tokens, sources)
+    return Question(args.run_dir, model, args.tp, args.mode, loads, sources.asked, args.prefill_tokens,
+                    args.output_tokens, sources)
 
 
 # --- the floor of one price at one concurrency --------------------------------------------------
@@ -240,7 +249,7 @@ def answer(q: Question) -> Answer:
     for d in decisions:
         tokens, said = ((q.prefill_tokens, "--prefill-tokens") if q.prefill_tokens
                         else d.engine.prefill(box, d.facts))
-        c = configure.configure(d, q.model, q.loads, tokens, said, tp)
+        c = configure.configure(d, q.model, configure.Mix(q.loads, tokens, said, q.output_tokens), tp)
         records.append(record(d, c, q.model))
     return Answer(q.engines, q.sources, run, curves, tp, decide.data_tag(run), box, box_hint(run, box), decisions,
                   tuple(records), decide.headroom(q.model, run, curves, decisions, q.concurrencies),

@@ -18,7 +18,7 @@ from typing import Any, Sequence
 
 from commbench import engines
 from commbench import models
-from commbench.analysis import configure_text, decide, fastest, provenance, question, render, results_out
+from commbench.analysis import configure_text, decide, fastest, next_steps, provenance, question, render, results_out
 from commbench.analysis.curves import cautions
 from commbench.analysis.decide import Headroom, Price
 from commbench.analysis.fastest import FastestAt
@@ -51,20 +51,32 @@ def _cost(price: Price | None) -> str:
     return f"{fmt_us(price.latency_us)}{marks}"
 
 
-def _availability(state: PathRecord) -> str:
+def _here(state: PathRecord) -> tuple[str, str]:
+    """(the path's state on this box, why)."""
     if state.available is None:
-        return state.why if state.why.startswith("cannot tell") else f"cannot tell here: {state.why}"
-    return ("available" if state.available else "off") + f": {state.why}"
+        return "cannot tell here", state.why.removeprefix("cannot tell here: ").removeprefix("cannot tell: ")
+    return ("available here" if state.available else "off here"), state.why
 
 
-def _paths_table(e: EngineRecord, tp_shown: str, wide: bool) -> str:
+def _paths_lines(e: EngineRecord, tp_shown: str, wide: bool, said: dict[str, str], hint: str) -> list[str]:
+    """The engine's paths in dispatch order, one item each: on by default or how to turn it on,
+    whether this run measured it, its state here and why. A reason already given (by another path
+    or engine) is referred to, not repeated."""
     measured = {o.path for o in e.options}
-    rows = [[s.title, "on" if s.default_on else f"opt-in ({s.turn_on})", _availability(s),
-             "yes" if s.path in measured else "not measured"] for s in e.paths]
-    sources = [render.prose(f"{s.title}: {s.source}", wide, indent="  ") for s in e.paths]
-    return (f"{e.name} paths at TP {tp_shown}, in dispatch order\n"
-            + render.table(["path", "by default", "on this box", "in this run"], rows, wide=wide)
-            + "\nwhere each rule comes from:\n" + "\n".join(sources))
+    lines = [render.prose(f"{e.name} paths at TP {tp_shown}, in dispatch order; each rule's source:", wide),
+             f"    {hint}"]
+    for n, s in enumerate(e.paths, start=1):
+        how = "on by default" if s.default_on else f"opt-in: {s.turn_on}"
+        state, why = _here(s)
+        key = f"{state}: {why}"
+        if key in said:
+            why = f"as for {said[key]}"
+        else:
+            said[key] = f"{e.name}'s {s.title} above"
+        ran = "measured" if s.path in measured else "not measured"
+        lines.append(render.prose(f"{s.title} [{how}; {ran}]: {state}: {why}", wide, indent="     ",
+                                  first=f"  {n}. "))
+    return lines
 
 
 def _letter(i: int) -> str:
@@ -86,6 +98,9 @@ def _legend(key: str, o: OptionRecord) -> str:
     return f"{key} = {o.label}: " + "; ".join(p for p in parts if p)
 
 
+MARKS = (("*", "a stand-in's cost"), ("~", "interpolated between measured sizes"))
+
+
 def _costs_table(e: EngineRecord, wide: bool) -> str:
     """One column per option (a letter, explained under the table): cells fit any terminal."""
     shown = [o for o in e.options if o.available is not False]
@@ -98,9 +113,11 @@ def _costs_table(e: EngineRecord, wide: bool) -> str:
                      *(_cost(s.costs[o.label]) for o in shown)])
     # The title is a line of its own: a table's title folds to the table's width.
     table = render.table(headers, rows, right=(0, 1, *range(3, 3 + len(shown))), wide=wide)
+    cells = "".join(cell for row in rows for cell in row[3:])
+    marks = ", ".join(f"{mark} {what}" for mark, what in MARKS if mark in cells)
     legend = [_legend(_letter(n), o) for n, o in enumerate(shown)]
-    return "\n".join([table, "  * a stand-in's cost, ~ interpolated between measured sizes",
-                      *(render.prose(line, wide, indent="  ") for line in legend)])
+    return "\n".join([table, *([f"  {marks}"] if marks else []),
+                      *(render.prose(line, wide, indent="    ", first="  ") for line in legend)])
 
 
 def _brief_headroom(rooms: tuple[Headroom, ...], tag: str, wide: bool) -> list[str]:
@@ -116,7 +133,7 @@ def _brief_headroom(rooms: tuple[Headroom, ...], tag: str, wide: bool) -> list[s
     lines += [render.prose(f"{_kernel(r)}: would save {r.saving.per_call_us:.1f} us/call, "  # type: ignore[union-attr]
                            f"{r.saving.per_step_ms:.2f} ms/step at concurrency {r.concurrency} "  # type: ignore[union-attr]
                            f"({format_bytes(r.message_bytes)}) vs {r.versus.curve if r.versus else '-'}",
-                           wide, indent="  ")
+                           wide, indent="    ", first="  ")
               for r in best.values()]
     return lines
 
@@ -124,36 +141,6 @@ def _brief_headroom(rooms: tuple[Headroom, ...], tag: str, wide: bool) -> list[s
 def _kernel(r: Headroom) -> str:
     """An engine's own kernel measured forced where the engine would not take it is named so."""
     return f"{r.kernel} (the engine's kernel, forced)" if r.engine_kernel else r.kernel
-
-
-def _headroom_lines(rooms: tuple[Headroom, ...], tag: str, wide: bool) -> list[str]:
-    if not rooms:
-        return []
-    lines = ["\n" + render.prose(f"headroom ({tag}): kernels measured here that no requested engine takes here, by "
-                                  "default or by a setting; for comparison only", wide)]
-    by_why: dict[str, list[str]] = {}
-    for r in rooms:
-        kernels = by_why.setdefault(r.why, [])
-        if _kernel(r) not in kernels:
-            kernels.append(_kernel(r))
-    lines.extend(render.prose(f"{', '.join(kernels)}: {why}", wide, indent="  ") for why, kernels in by_why.items())
-    rows = []
-    for r in decide.fastest_headroom(list(rooms)):
-        if r.saving is not None and r.saving.beyond_spread is False:
-            said = "no measurable difference from the best engine path (inside the p10-p90 spread)"
-        elif r.saving is not None and r.saving.per_call_us > 0:
-            said = (f"a kernel like this would save {r.saving.per_call_us:.1f} us per call / "
-                    f"{r.saving.per_step_ms:.2f} ms per step on this box"
-                    + ("" if r.saving.beyond_spread else " (spread not measured)"))
-        elif r.saving is not None:
-            said = "slower than the best engine path"
-        else:
-            said = "no engine path measured at this size to compare with"
-        rows.append([r.kernel, str(r.concurrency), format_bytes(r.message_bytes), fmt_us(r.cost.latency_us),
-                     f"{r.versus.curve} {fmt_us(r.versus.latency_us)}" if r.versus else "-", said])
-    lines.append(render.table(["fastest of them", "concurrency", "message", "us/call", "best engine path", "headroom"],
-                              rows, right=(1, 2, 3), wide=wide))
-    return lines
 
 
 def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
@@ -179,14 +166,14 @@ def compute(found: question.Answer, asked: question.Question) -> RecommendResult
              for c in o.own + o.stand_ins]
     warned = cautions(run.rows, shown + [c for c in found.curves if c.label in {r.kernel for r in rooms}])
     inert = engines.inert_settings(found.box)
-    return RecommendResult(provenance.of(run).to_dict(), asked.model, found.tp, found.facts,
+    return RecommendResult(provenance.of(run).to_dict(), asked.run_dir, asked.model, found.tp, found.facts,
                            found.sources.log_file, found.box_hint, found.records, tuple(rooms), found.fastest,
                            tuple(warned), tuple(r._asdict() for r in inert),
                            {**found.sources.facts.versions(), "nccl": engines.NCCL_VERSION})
 
 
 def text(result: RecommendResult, wide: bool = False, brief: bool = False) -> str:
-    """The human answer, drawn from the result alone (its JSON holds the same)."""
+    """The human answer, drawn from the result alone (its JSON holds the same); each fact once."""
     model, tag = result.model, decide.kind_tag(result.provenance["kind"])
     tp_shown = str(result.tp or "?")
     out = [render.prose(result.provenance["line"], wide), render.prose(f"{model.describe()}; TP {tp_shown}", wide)]
@@ -198,34 +185,45 @@ def text(result: RecommendResult, wide: bool = False, brief: bool = False) -> st
         out.append(render.prose(f"us per allreduce call, ms per step of {model.allreduces_per_token} calls; one "
                                 "configuration per server, against the engine's default in this run", wide))
     else:
-        out.append(render.prose(f"costs are us per allreduce call from this run ({tag}); per step = "
-                                f"{model.allreduces_per_token} calls (each sequence's time per output token). A "
-                                "server runs one configuration: it is priced against the engine's default measured "
-                                "in this run at every size of the mix and the prefill chunk; a margin inside both "
-                                "sides' p10-p90 spread is 'no measurable difference'", wide))
+        out.append(render.prose(f"us per allreduce call from this run ({tag}); a step is {model.allreduces_per_token} "
+                                "calls (each sequence's time per output token); one configuration per server, priced "
+                                "against the engine's default measured in this run; a margin inside both sides' "
+                                "p10-p90 spread is 'no measurable difference'", wide))
     names = [e.name for e in result.engines]
     costs = [_costs_table(e, wide) if e.options and not brief else None for e in result.engines]
     trades = [configure_text.tradeoffs(e.configuration, wide) for e in result.engines]
+    said: dict[str, str] = {}
+    shown_paths: set[tuple[str, str]] = set()
     for i, e in enumerate(result.engines):
         out.append(f"\n== {e.name}, TP {tp_shown} ==")
         if e.version_note:
             out.append(render.prose(f"caution: {e.version_note}", wide))
         if not brief:
-            out.append(_paths_table(e, tp_shown, wide))
+            hint = next_steps.engines_command(result.run_dir, e.engine, result.tp)
+            out.append("\n".join(_paths_lines(e, tp_shown, wide, said, hint)))
+            shown_paths |= {(e.engine, p.path) for p in e.paths}
             if costs[i]:
-                out.append(_once(costs, i, names, lambda names: f"{names}: us per allreduce call ({tag})", wide))
+                out.append(_once(costs, i, names, lambda names: f"{names}: us per allreduce call ({tag})", wide,
+                                 "us per allreduce call"))
         out.append("\n".join(configure_text.block(e.configuration, tag, wide, brief)))
         if trades[i]:
-            out.append(_once(trades, i, names, lambda names: configure_text.tradeoff_title(names, tag), wide))
-    out += _brief_headroom(result.headroom, tag, wide) if brief else _headroom_lines(result.headroom, tag, wide)
-    if not brief:
-        out.append("\n".join(fastest.fastest_lines(result.fastest, tag, wide)))
+            c = e.configuration
+            out.append(_once(trades, i, names, lambda names: configure_text.tradeoff_title(names, tag, c), wide,
+                             "trade-offs"))
+    if brief:
+        out += _brief_headroom(result.headroom, tag, wide)
+    else:
+        out.append("\n".join(fastest.fastest_table(result.fastest, tag, wide, result.headroom)))
     out += ["\n" + render.prose(f"caution: {line}", wide) for line in result.cautions]
-    if result.inert_settings and not brief:
+    asked = {e.engine for e in result.engines}
+    inert = [rule for rule in result.inert_settings
+             if not rule["paths"] or not {tuple(p) for p in rule["paths"]} <= shown_paths
+             and any(p[0] in asked for p in rule["paths"])]
+    if inert and not brief:   # a setting whose path is listed above as off says nothing new
         out.append("\n" + render.prose("settings that do nothing on this box (from its probe snapshot; never "
                                          "printed above as a setting):", wide))
-        out += [render.prose(f"- {rule['setting']}: {rule['why']} ({rule['source']})", wide, indent="  ")
-                for rule in result.inert_settings]
+        out += [render.prose(f"- {rule['setting']}: {rule['why']} ({rule['source']})", wide, indent="    ",
+                             first="  ") for rule in inert]
     out.append("\n" + render.prose(
         "A microbenchmark win is a hypothesis: confirm it with an end-to-end decode run at your concurrency"
         + ("." if brief else " (on a 16-GPU PCIe-switch server, Kimi K2.6 at TP8 decoded faster with the "
@@ -234,14 +232,14 @@ def text(result: RecommendResult, wide: bool = False, brief: bool = False) -> st
     return "\n".join(out)
 
 
-def _once(tables: list[str | None], i: int, names: list[str], title: Any, wide: bool) -> str:
-    """Engine i's table under a title naming every engine whose table is the same; '' where an
-    earlier engine printed it already (vLLM and SGLang often take the same paths here)."""
+def _once(tables: list[str | None], i: int, names: list[str], title: Any, wide: bool, what: str) -> str:
+    """Engine i's table under a title naming every engine whose table is the same; a line saying
+    so where an earlier engine printed it already (vLLM and SGLang often take the same paths here)."""
     table = tables[i]
     if table is None:
         return ""
     if table in tables[:i]:
-        return f"({title(names[tables.index(table)]).split(': ')[0]}: printed above)"
+        return f"({what}: the same as {names[tables.index(table)]}'s above)"
     same = " and ".join(name for name, t in zip(names, tables) if t == table)
     return "\n" + render.prose(title(same), wide) + "\n" + table
 
@@ -252,6 +250,7 @@ class RecommendResult:
     text is drawn from it alone."""
 
     provenance: dict[str, Any]
+    run_dir: str                       # as the user named it: the commands printed name it so
     model: Model
     tp: int | None
     facts: tuple[str, ...]             # where each engine's facts (and chain) come from

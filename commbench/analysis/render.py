@@ -67,12 +67,13 @@ _BACKTICKED = re.compile(r"`[^`\n]+`")
 _KEPT_SPACE = "\x00"    # a space inside a backticked command while the text is wrapped
 
 
-def prose(text: str, wide: bool = False, width: int | None = None, indent: str = "") -> str:
+def prose(text: str, wide: bool = False, width: int | None = None, indent: str = "", first: str | None = None) -> str:
     """A sentence or paragraph wrapped to the width between words: a word (an identifier, a flag,
     a path) is never split, and one longer than the width stands on a line of its own. A command
-    between backticks counts as one word, so it stays on one line and pastes."""
+    between backticks counts as one word, so it stays on one line and pastes. `first`: the first
+    line's indent where it differs from the others' (a list item: "  1. ", then "     ")."""
     kept = _BACKTICKED.sub(lambda m: m.group(0).replace(" ", _KEPT_SPACE), text)
-    return "\n".join(textwrap.wrap(kept, width_now(wide, width), initial_indent=indent,
+    return "\n".join(textwrap.wrap(kept, width_now(wide, width), initial_indent=indent if first is None else first,
                                     subsequent_indent=indent, break_long_words=False,
                                     break_on_hyphens=False)).replace(_KEPT_SPACE, " ") or text
 

@@ -30,12 +30,13 @@ def decided(engine: str, run, curves, concurrencies: list[int]) -> decide.Engine
                          decide.workload(GLM5, "auto"))
 
 
-def _configure(mix: str, engine: str = "sglang") -> configure.Configuration:
+def _configure(mix: str, engine: str = "sglang", prefill_tokens: int = 16,
+               output_tokens: int = configure.DEFAULT_OUTPUT_TOKENS) -> configure.Configuration:
     run = load_run(SYNTHETIC)
     curves = decode_curves(run, tp=8, dtype="bf16", mode="auto")
     loads = configure.parse_loads(mix, [])
     d = decided(engine, run, curves, [l.concurrency for l in loads])
-    return configure.configure(d, GLM5, loads, 16, "test", 8)
+    return configure.configure(d, GLM5, configure.Mix(loads, prefill_tokens, "test", output_tokens), 8)
 
 
 def test_per_concurrency_winners_differ_and_one_configuration_comes_out() -> None:
@@ -73,7 +74,9 @@ def test_the_cli_prints_one_paste_block_per_engine_with_its_trade_offs(capsys: p
     assert text.count("paste-ready:") == 2          # one per engine
     assert text.count("export NCCL_PROTO=LL") == 2 and "NCCL_MIN_NCHANNELS=8\n" not in text.replace("> ", "")
     assert "concurrency 64 (768K): 97.9 us/call slower than the default" in text
-    assert text.count("trade-offs (fixture, not a measurement)") == 2
+    # both engines take NCCL here: one trade-off table, said once
+    assert text.count("trade-offs (fixture, not a measurement)") == 1
+    assert "(trade-offs: the same as vLLM 0.34.0's above)" in text
     data = json.loads(out_json.read_text())
     (loss,) = [c for c in data["engines"][0]["losses"] if c["phase"] == "decode"]
     assert loss["tokens"] == 64
@@ -169,3 +172,63 @@ def test_an_import_without_a_snapshot_prices_nccl_and_says_once_what_prices_the_
     assert nccl["backend"].startswith("nccl-tests") and nccl["floor_ms_per_token"] == pytest.approx(
         156 * nccl["latency_us"] / 1000)
     assert data["engines"][0]["configuration"]["scope"] == "nccl"
+
+
+def test_prefill_is_weighed_per_request_and_a_setting_that_loses_per_request_is_not_chosen(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """vLLM at concurrency 1 with a 256-token prefill chunk (256 x 6144 x 2 B = 3 MiB) on the PCIe
+    fixture, GLM-5 (156 allreduces per token). Per call, as the fixture gives them:
+
+        the default (nccl)   59.85 us at 12K   1905.77 us at 3M
+        Ring/LL              47.68 us          2430.85 us
+
+    decode: 156 x (59.85 - 47.68) / 1000 = 1.899 ms saved per step
+    prefill: 156 x (2430.85 - 1905.77) / 1000 = 81.91 ms more per chunk
+    128 output tokens: 128 x 1.899 - 81.91 = 161.2 ms saved per request: Ring/LL is chosen
+     32 output tokens:  32 x 1.899 - 81.91 = -21.1 ms, a loss per request: it is not chosen"""
+    long = _configure("1", "vllm", prefill_tokens=256, output_tokens=128)
+    default, ll = (next(k for k in long.candidates if k.label == label) for label in ("the engine's default", LL))
+    assert default.decode_us[0] == pytest.approx(59.85, abs=0.01) and ll.decode_us[0] == pytest.approx(47.68, abs=0.01)
+    assert default.prefill_us == pytest.approx(1905.77, abs=0.01) and ll.prefill_us == pytest.approx(2430.85, abs=0.01)
+    assert long.prefill_weighed and long.chosen == LL and long.output_tokens == 128
+    assert long.weighted_saving_ms == pytest.approx(1.899, abs=0.001)
+    assert long.prefill_cost_ms == pytest.approx(81.91, abs=0.01)
+    assert long.net_request_ms == pytest.approx(161.2, abs=0.1)
+    assert ll.request_ms == pytest.approx(128 * 7.437 + 379.21, abs=0.1)   # 156 x 47.68 / 1000 = 7.437 ms/step
+
+    short = _configure("1", "vllm", prefill_tokens=256, output_tokens=32)
+    assert short.chosen != LL
+    lost = next(k for k in short.candidates if k.label == LL)
+    kept = next(k for k in short.candidates if k.label == short.chosen or k.is_default and short.is_default)
+    assert lost.request_ms - kept.request_ms >= 21.1 - 0.1 and short.net_request_ms >= 0
+
+    # the text says the same numbers, once
+    assert cli(["recommend", str(SYNTHETIC), "--model", "glm-5", "--engine", "vllm", "--concurrency", "1",
+                "--prefill-tokens", "256", "--output-tokens", "32", "--brief", "--wide"]) == 0
+    text = capsys.readouterr().out
+    assert (f"not chosen: {LL}: 1.90 ms/step saved x 32 = 60.8 ms, 81.9 ms more per prefill chunk: 21.1 ms lost per "
+            "request") in text
+    assert cli(["recommend", str(SYNTHETIC), "--model", "glm-5", "--engine", "vllm", "--concurrency", "1",
+                "--prefill-tokens", "256", "--brief", "--wide"]) == 0
+    text = capsys.readouterr().out
+    assert "decode: 1.90 ms/step of allreduce saved over the mix x 128 output tokens = 243.1 ms" in text
+    assert "prefill: 81.9 ms more per 256-token chunk (3M), 525.1 us/call slower" in text
+    assert "net: 161.2 ms of allreduce saved per request" in text
+
+
+def test_the_mix_is_weighed_per_request() -> None:
+    """Over a mix the decode saving is the shares' sum: 0.5 x 156 x (59.85 - 47.68) / 1000 +
+    0.5 x 156 x (555.3 - 653.2) / 1000 = 0.950 - 7.64 = -6.69 ms per step for Ring/LL, so it is
+    never chosen whatever the prefill costs; NCCL_MIN_NCHANNELS=8 saves at both sizes."""
+    c = _configure("1:0.5,64:0.5", "vllm", prefill_tokens=256)
+    ll = next(k for k in c.candidates if k.label == LL)
+    default = next(k for k in c.candidates if k.is_default)
+    assert default.weighted_step_ms - ll.weighted_step_ms == pytest.approx(-6.69, abs=0.02)
+    assert c.chosen == CHANNELS and c.net_request_ms == pytest.approx(
+        128 * c.weighted_saving_ms - c.prefill_cost_ms, abs=1e-9)
+    assert c.prefill_cost_ms < 0    # it is faster at the chunk too (1725 vs 1906 us)
+
+
+def test_output_tokens_must_be_positive(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli(["recommend", str(SYNTHETIC), "--model", "glm-5", "--output-tokens", "0"]) == 2
+    assert "--output-tokens must be a positive number of tokens (got 0)" in capsys.readouterr().err

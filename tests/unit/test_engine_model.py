@@ -266,7 +266,7 @@ def test_the_box_is_read_once_per_answer(monkeypatch):
     args = type("A", (), {"engine_site": None, "engine_log": None, "engine": None, "engine_version": None,
                           "concurrency": "1,64", "prefill_tokens": None, "run_dir": str(ROOT / "tests/data/runs/"
                                                                                               "synthetic-pcie-8gpu"),
-                          "tp": None, "mode": "auto"})()
+                          "tp": None, "mode": "auto", "output_tokens": 128})()
     from commbench import models
     found = question.answer(question.from_args(args, models.lookup("glm-5")))
     assert len(calls) == 1 and found.box.fabric_known and len(found.records) == 2

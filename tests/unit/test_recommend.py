@@ -4,6 +4,7 @@ paste-ready lines that carry nothing but what the engine accepts."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -12,9 +13,9 @@ import pytest
 
 from commbench import backends, engines
 from commbench import models
-from commbench.analysis import decide
+from commbench.analysis import decide, question, recommend
 from commbench.analysis.curves import cautions, decode_curves
-from commbench.cli import main as cli
+from commbench.cli import build_parser, main as cli
 from commbench.engines.registry import BY_KEY
 from commbench.runs import load_run
 from commbench.topology import box as boxes
@@ -40,6 +41,13 @@ def decided(engine: str, run, curves, model, concurrencies, tp: int = 8):
     e = BY_KEY[engine]
     return decide.decide(e, e.facts, run, decide.box_of(run, tp), curves, model, concurrencies,
                          decide.workload(model, "auto"))
+
+
+def _answer(flags: list[str]) -> tuple[question.Answer, question.Question]:
+    """recommend's answer on the PCIe fixture for GLM-5, as main computes it."""
+    args = build_parser("recommend").parse_args(["recommend", str(SYNTHETIC), "--model", "glm-5", *flags])
+    asked = question.from_args(args, models.lookup("glm-5"))
+    return question.answer(asked), asked
 
 
 def _decide(synthetic, engine, concurrencies):
@@ -83,8 +91,10 @@ def test_kernels_no_engine_can_run_here_are_headroom_never_a_choice(synthetic):
 
 
 def _sections(text: str) -> tuple[str, str]:
-    """The engine sections and the headroom section of recommend's output."""
-    engine_part, _, rest = text.partition("\nheadroom (")
+    """The engine sections and the headroom section of recommend's output (--brief's headroom
+    lines, or the full output's table of the fastest kernel per size)."""
+    mark = "\nheadroom (" if "\nheadroom (" in text else "\nfastest kernel measured at each size"
+    engine_part, _, rest = text.partition(mark)
     return engine_part, rest
 
 
@@ -99,8 +109,8 @@ def test_sglang_on_the_pcie_run_names_its_default_and_every_opt_in_path(capsys, 
     for path in ("custom allreduce (CUDA IPC)", "MSCCL++", "torch symmetric memory", "NCCL symmetric memory",
                  "NCCL (PyNccl)", "FlashInfer allreduce+RMSNorm fusion"):
         assert path in engine_part
-    assert "opt-in (--enable-mscclpp)" in engine_part and "not measured" in engine_part
-    assert "p2p:" not in engine_part and "p2p:oneshot (graph)" in headroom
+    assert "MSCCL++ [opt-in: --enable-mscclpp; not measured]" in engine_part
+    assert "p2p:" not in engine_part and "* p2p:oneshot" in headroom
     data = json.loads(out_json.read_text())
     (sglang,) = data["engines"]
     assert {s["default_path"] for s in sglang["sizes"]} == {engines.NCCL_PATH}
@@ -123,8 +133,8 @@ def test_vllm_on_the_pcie_run_offers_flashinfer_pcie_ipc_as_opt_in(capsys):
     assert cli(["recommend", str(SYNTHETIC), "--model", "glm-5", "--engine", "vllm", "--concurrency", "1", "--wide"]) == 0
     text = capsys.readouterr().out
     engine_part, _ = _sections(text)
-    (line,) = [x for x in engine_part.splitlines() if x.startswith("FlashInfer PCIe IPC allreduce")]
-    assert "opt-in" in line and "available" in line and "not measured" in line
+    (line,) = [x for x in engine_part.splitlines() if x.startswith("  3. FlashInfer PCIe IPC allreduce")]
+    assert "[opt-in: VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC=1" in line and "not measured]: available here" in line
     lines = engine_part.splitlines()
     start = lines.index("  paste-ready:") + 1
     paste = [x.strip() for x in lines[start:start + 3]]
@@ -259,7 +269,7 @@ def test_a_run_without_declared_settings_says_so(tmp_path, capsys):
     del info["backend_facts"]
     (run / "run.json").write_text(json.dumps(info))
     assert cli(["recommend", str(run), "--model", "glm-5", "--concurrency", "16"]) == 0
-    out = capsys.readouterr().out
+    out = " ".join(capsys.readouterr().out.split())
     assert "no engine settings recorded for symm_mem:two_shot" in out and "paste-ready" not in out
 
 
@@ -299,13 +309,28 @@ def test_unknown_model_exits_2(capsys):
     assert "unknown model 'llama-5'" in capsys.readouterr().err
 
 
-def test_settings_that_do_nothing_on_the_probed_box_are_said(capsys):
+def test_settings_that_do_nothing_on_the_probed_box_are_said_once(capsys, tmp_path):
     # The synthetic run is 8 PCIe GPUs without NVLink: the engines' custom allreduce stays off at TP8.
-    assert cli(["recommend", str(SYNTHETIC), "--model", "glm-5", "--concurrency", "1"]) == 0
+    # Each setting that does nothing here leaves a path off, and the paths list says so with why:
+    # the setting is not said again. One that no listed path covers is printed under its own title.
+    assert cli(["recommend", str(SYNTHETIC), "--model", "glm-5", "--concurrency", "1", "--wide", "--json",
+                str(tmp_path / "r.json")]) == 0
     out = capsys.readouterr().out
-    assert "settings that do nothing on this box (from its probe snapshot; never printed above as a setting):" in out
-    # one rule per engine, each in its own file (one engine, one file)
-    assert "vLLM custom allreduce" in out and "SGLang custom allreduce" in out and "at TP 8 without full NVLink" in out
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert len(data["inert_settings"]) == 8 and "settings that do nothing" not in out
+    for rule in data["inert_settings"]:
+        ((engine, path),) = rule["paths"]
+        record = next(e for e in data["engines"] if e["engine"] == engine)
+        title = next(p["title"] for p in record["paths"] if p["path"] == path)
+        section = out.split(f"== {BY_KEY[engine].name} ")[1].split("\n== ")[0]
+        (line,) = [x for x in section.splitlines() if f". {title} [" in x]
+        assert "]: off here: " in line, line
+    assert "above 2 GPUs it needs NVLink between every pair" in out
+
+    result = recommend.compute(*_answer(["--concurrency", "1"]))
+    extra = {"setting": "X_TEST=1", "why": "nothing reads it here", "source": "a test", "paths": ()}
+    shown = recommend.text(dataclasses.replace(result, inert_settings=(*result.inert_settings, extra)), wide=True)
+    assert "settings that do nothing on this box" in shown and "  - X_TEST=1: nothing reads it here (a test)" in shown
 
 
 def test_the_engines_own_kernels_price_their_custom_allreduce_and_forced_stages_price_a_setting():
@@ -361,7 +386,6 @@ def test_brief_keeps_the_decision_and_drops_the_tables(capsys):
     assert ("  p2p:oneshot (graph): would save 36.3 us/call, 5.66 ms/step at concurrency 1 "
             "(12K) vs nccl:proto=LL,algo=Ring (graph)") in brief
     assert "paths at TP 8" in full and "paths at TP 8" not in brief
-    assert "settings that do nothing" in full and "settings that do nothing" not in brief
     paste = [line for line in brief.splitlines() if line.startswith("    ")]
     assert paste and not any("p2p" in line or "symm" in line for line in paste)
     # the same decision and trade-offs as the full output
@@ -446,7 +470,9 @@ def test_headroom_names_the_fastest_kernel_measured_at_each_size_and_whose_it_is
     for command in ("recommend", "floor"):
         assert cli([command, str(run), "--model", "llama-3.1-70b", "--engine", "sglang", "--concurrency", "1"]) == 0
         text = " ".join(capsys.readouterr().out.split())
-        assert "fastest kernel measured at each size, any backend (fixture, not a measurement)" in text, command
-        assert ("concurrency 1 (16K): engx:2shot (graph) 6.50 us: engx 1.0 kernel (JIT); no engine setting selects "
-                "it; best engine path nccl:proto=LL,algo=Ring (graph) 54.0 = 8.31x") in text, command
+        assert ("fastest kernel measured at each size, any backend, against the best path an engine takes there "
+                "(fixture, not a measurement; graph mode)") in text, command
+        mark = "* " if command == "recommend" else ""   # recommend marks the headroom, floor tables it apart
+        assert f"c=1 16K {mark}engx:2shot 6.50 nccl:proto=LL,algo=Ring 54.0 8.31x" in text, command
+        assert "engx:2shot (graph): engx 1.0 kernel (JIT); no engine setting selects it" in text, command
         assert "\x07" not in text
