@@ -7,11 +7,18 @@ path, NCCL A/B, links under load, AER, NCCL's view, TP across sockets) run where
 them on, on a probe snapshot taken with --bandwidth --nccl (`--snapshot FILE`).
 
 The output starts with the run's provenance. A run that is not real hardware (a fixture, an
-emulated run, a CPU run) FAILs "real hardware", and no check that its data would pass about the
+emulated run, a CPU run) FAILs "real hardware", every check of it says so with the same prefix
+("fixture data: ", "emulated data: ", "CPU data: "), and no check that its data would pass about the
 machine (fabric from its own snapshot, latency, bus bandwidth, reference; a fixture's correctness
-too) is a PASS: each becomes a WARN that says why. The correctness checks are scoped to the
-backends the spec names ([spec] backend, each limit's backend, [reference] backends): a failing
-kernel outside them is a WARN, never a FAIL of a spec about NCCL and the machine.
+too) is a PASS: each becomes a WARN. The correctness checks are scoped to the backends the spec
+names ([spec] backend, each limit's backend, [reference] backends): a failing kernel outside them
+is a WARN, never a FAIL of a spec about NCCL and the machine.
+
+A check whose data the run never measured (a size no row reached, a backend with no rows, a
+reference with nothing in common) is "not measured": neither a PASS nor a FAIL. The verdict is
+PASS only when every check was measured and none failed; with a check not measured and none
+failed it is INCOMPLETE. Exit status: 0 on PASS, 1 on FAIL or INCOMPLETE (a CI gate passes on a
+measured PASS only; the verdict tells the two apart), 2 on bad input.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from typing import Any, Sequence
 
 from commbench.analysis import next_steps, provenance, render, results_out
 from commbench.analysis.curves import (INTERPOLATED, Curve, build_curves, exceeds_spread, is_failed_check, pick_mode,
-                                      price, run_world_size, select)
+                                      price, run_world_size, select, variant_label)
 from commbench.errors import UsageError
 from commbench.files import check_file_target, read_text
 from commbench.ops import ALLREDUCE
@@ -38,6 +45,8 @@ from commbench.topology import pcie_findings as pf
 from commbench.units import DTYPE_BYTES, format_bytes, parse_bytes
 
 PASS, WARN, FAIL = "PASS", "WARN", "FAIL"
+NOT_MEASURED = "not measured"   # the run has no measurement the check reads: neither PASS nor FAIL
+INCOMPLETE = "INCOMPLETE"       # the verdict where a check is not measured and none failed
 
 _SPEC_KEYS = {"name", "description", "world_size", "dtype", "mode", "backend"}
 _CHECK_KEYS = {"p2p_all_pairs", "pcie_link_at_max", "no_acs_redirect", "zero_wrong", "no_hangs",
@@ -422,7 +431,7 @@ def check_aer(snapshot: dict[str, Any], limits: dict[str, Any]) -> Result:
     max_correctable = limits.get("max_correctable", 0)
     gpus = snapshot.get("gpus") or []
     if not any("aer" in g for g in gpus):
-        return Result("fabric", name, WARN, "not probed: the snapshot predates AER reads (take it again on the box "
+        return Result("fabric", name, WARN, "not probed: the snapshot has no AER reading (take it again on the box "
                                             "with the command below)", source, PROBE_ALL)
     rows = pf.aer_rows(snapshot)
     bad = [f"GPU {r['gpu']} {r['end']} nonfatal {r['nonfatal']} fatal {r['fatal']}" for r in rows
@@ -459,8 +468,11 @@ def check_nccl_view(snapshot: dict[str, Any], limits: dict[str, Any]) -> Result:
 def check_tp_socket(snapshot: dict[str, Any], limits: dict[str, Any], world_size: int | None) -> Result:
     name, source = SOCKET_CHECK, limits.get("source", pf.SOCKET_SOURCE)
     hosts = islands.host_gpus(snapshot)
-    if not hosts or not (snapshot.get("links") or {}).get("matrix"):
-        return Result("fabric", name, WARN, "not probed: the snapshot has no GPUs or no link matrix", source)
+    if not hosts:
+        return Result("fabric", name, WARN, "not probed: the snapshot places no GPU on a host", source)
+    if not (snapshot.get("links") or {}).get("matrix"):
+        return Result("fabric", name, WARN, "not probed: the snapshot has no GPU link matrix (take it again on the box "
+                                            "with the command below)", source, PROBE_ALL)
     host, gpus = next(iter(hosts.items()))
     tp = world_size or len(gpus)
     if tp > len(gpus):
@@ -483,11 +495,11 @@ def _hung_text(rows: list[Measurement]) -> str:
 
 
 def no_data(name: str, scope: set[str], required: bool, outside: str = "") -> Result:
-    """A check that found no rows to read checked nothing: never a PASS. FAIL where the spec asks
-    for the check by name ([checks] KEY = true), WARN where it runs by default; what it saw
-    outside the spec's backends is said too."""
-    return Result("correctness", name, FAIL if required else WARN,
-                  f"no data: the run has no rows of {', '.join(sorted(scope))} to check"
+    """A check that found no rows to read checked nothing: never a PASS. Not measured where the
+    spec asks for the check by name ([checks] KEY = true), WARN where it runs by default; what it
+    saw outside the spec's backends is said too."""
+    return Result("correctness", name, NOT_MEASURED if required else WARN,
+                  f"not measured: the run has no rows of {', '.join(sorted(scope))} to check"
                   + ("; the spec requires this check" if required else "") + outside)
 
 
@@ -546,21 +558,34 @@ def _curve(curves: list[Curve], backend: str) -> Curve | None:
     return hits[0] if hits else None
 
 
-def check_limit(curves: list[Curve], limit: Limit, kind: str, where: str, spec: Spec) -> Result:
+def _tried(rows: Sequence[Measurement], limit: Limit, dtype: str, mode: str) -> list[Measurement]:
+    """The rows of the limit's backend, dtype, mode and size, whatever their status: where there are
+    some but no trusted one, the size was measured and failed, not left unmeasured."""
+    return [r for r in rows if r.message_bytes == limit.message_bytes and r.op == ALLREDUCE and r.dtype == dtype
+            and (mode == "auto" or r.mode == mode) and variant_label(r) == limit.backend]
+
+
+def check_limit(curves: list[Curve], limit: Limit, kind: str, where: str, spec: Spec,
+                rows: Sequence[Measurement] = ()) -> Result:
     upper = kind == "latency"
     name = f"{limit.backend} {kind} at {format_bytes(limit.message_bytes)}"
+    sweep = next_steps.qualify_sweep_command(str(spec.path), spec.world_size)
+    failed_rows = _tried(rows, limit, spec.dtype, spec.mode)
+    if failed_rows and (curve := _curve(curves, limit.backend)) is None or \
+            failed_rows and price(curve, limit.message_bytes).point is None:  # type: ignore[arg-type]
+        return Result(kind, name, FAIL, f"measured, no trusted row: {_hung_text(failed_rows)}", limit.source)
     curve = _curve(curves, limit.backend)
     if curve is None:
         have = ", ".join(sorted({c.key.variant for c in curves})) or "none"
-        return Result(kind, name, FAIL, f"no trusted {where} rows of {limit.backend} (have: {have})", limit.source)
+        return Result(kind, name, NOT_MEASURED, f"not measured: the run has no {where} rows of {limit.backend} "
+                      f"(have: {have})", limit.source, sweep)
     priced = price(curve, limit.message_bytes)
     if priced.point is None:
-        return Result(kind, name, FAIL, f"size not measured: {curve.label} covers {priced.range_text} (the sweep "
-                      "below measures every size the spec checks)", limit.source,
-                      next_steps.qualify_sweep_command(str(spec.path), spec.world_size))
+        return Result(kind, name, NOT_MEASURED, f"not measured: {curve.label} covers {priced.range_text} (the sweep "
+                      "below measures every size the spec checks)", limit.source, sweep)
     value = priced.point.latency_us if upper else priced.point.busbw_gbps
     if value is None:
-        return Result(kind, name, FAIL, "no bus bandwidth recorded at this size", limit.source)
+        return Result(kind, name, NOT_MEASURED, "not measured: no bus bandwidth recorded at this size", limit.source)
     how = "interpolated " if priced.how == INTERPOLATED else ""
     unit = "us" if upper else "GB/s"
     shown = f"{how}{'latency' if upper else 'busbw'} {value:.3g} {unit} ({curve.label})"
@@ -600,8 +625,8 @@ def check_reference(run_curves: list[Curve], ref_run: Run, ref: ReferenceSpec, d
         out.append(Result("reference", f"{curve.label} within {ref.max_slowdown_pct:g}% of reference",
                           status, detail, ref.source))
     if not out:
-        out.append(Result("reference", "within reference run", FAIL,
-                          f"no backend and size in common with {ref_run.path}", ref.source))
+        out.append(Result("reference", "within reference run", NOT_MEASURED,
+                          f"not measured: no backend and size in common with {ref_run.path}", ref.source))
     return out
 
 
@@ -617,9 +642,16 @@ def pcie_box_checks(spec: Spec, snapshot: Any) -> list[Result]:
             continue
         if not isinstance(snapshot, dict):
             out.append(Result("fabric", name, WARN, "not probed: no probe snapshot (run.json has none; pass --snapshot)"))
+        elif not snapshot.get("gpus"):
+            out.append(_no_gpus(name))
         else:
             out.append(check(snapshot, spec.fabric.get(key, {})))
     return out
+
+
+def _no_gpus(name: str) -> Result:
+    """A snapshot of a box without GPUs (a CPU run's): no probe flag there would answer the check."""
+    return Result("fabric", name, WARN, "not probed: the snapshot lists no GPUs")
 
 
 # Groups whose PASS speaks for the machine: a run that is not real hardware cannot earn them.
@@ -627,15 +659,21 @@ HARDWARE_GROUPS = ("fabric", "latency", "busbw", "reference")
 
 
 def not_evidence(results: list[Result], origin: provenance.Provenance, snapshot_given: bool) -> list[Result]:
-    """Each PASS a non-hardware run would earn about the machine, as a WARN saying why (a fabric
-    check read from a --snapshot the user took keeps its verdict: it is that snapshot's)."""
+    """Every check of a non-hardware run with the same prefix, and each PASS it would earn about
+    the machine as a WARN (a fabric check read from a --snapshot the user took is that snapshot's:
+    its verdict and words are kept)."""
     if origin.kind not in provenance.NOT_HARDWARE:
         return results
     groups = set(HARDWARE_GROUPS) | ({"correctness"} if origin.kind == provenance.FIXTURE else set())
-    if snapshot_given:
-        groups.discard("fabric")
-    return [replace(r, status=WARN, detail=f"not evidence about a machine ({origin.kind} data): {r.detail}")
-            if r.status == PASS and r.group in groups else r for r in results]
+    said = prefix(origin.kind)
+    return [r if snapshot_given and r.group == "fabric" else
+            replace(r, status=WARN if r.status == PASS and r.group in groups else r.status, detail=said + r.detail)
+            for r in results]
+
+
+def prefix(kind: str) -> str:
+    """What every check of a run that is not real hardware starts with."""
+    return f"{'CPU' if kind == provenance.CPU else kind} data: "
 
 
 def qualify(spec: Spec, run: Run, reference: Run | None, probe: dict[str, Any] | None = None) -> list[Result]:
@@ -644,9 +682,10 @@ def qualify(spec: Spec, run: Run, reference: Run | None, probe: dict[str, Any] |
     if origin.kind in provenance.NOT_HARDWARE:
         # A fixture was never measured; ranks that shared a GPU measured the protocol, not this
         # machine's fabric; gloo on the CPU measured no GPU at all.
-        why = {provenance.FIXTURE: "a hand-made fixture: never measured",
-               provenance.CPU: "gloo on the CPU: no GPU was measured"}
-        results.append(Result("run", "real hardware", FAIL, why.get(origin.kind) or run.emulation_line() or "emulated"))
+        why = {provenance.FIXTURE: "a hand-made fixture, never measured",
+               provenance.CPU: "gloo on the CPU, no GPU measured"}
+        said = why.get(origin.kind) or (run.emulation_line() or "").removeprefix("emulated: ") or "ranks shared GPUs"
+        results.append(Result("run", "real hardware", FAIL, f"{said}: no check of this run is evidence about a machine"))
     world = run_world_size(run)
     if spec.world_size is not None:
         status = PASS if world == spec.world_size else FAIL
@@ -659,6 +698,8 @@ def qualify(spec: Spec, run: Run, reference: Run | None, probe: dict[str, Any] |
             continue
         if not isinstance(snapshot, dict):
             results.append(Result("fabric", name, WARN, "not probed: run.json has no probe snapshot"))
+        elif not snapshot.get("gpus"):
+            results.append(_no_gpus(name))
         else:
             results.append(check(snapshot))
     results.extend(pcie_box_checks(spec, snapshot))
@@ -668,8 +709,8 @@ def qualify(spec: Spec, run: Run, reference: Run | None, probe: dict[str, Any] |
         results.append(check_hangs(run, spec.backends(), "no_hangs" in spec.checks))
     curves = pick_mode(select(build_curves(run.rows), dtype=spec.dtype), spec.mode)
     where = f"{spec.dtype} {spec.mode if spec.mode != 'auto' else 'graph-or-eager'}"
-    results.extend(check_limit(curves, limit, "latency", where, spec) for limit in spec.latency)
-    results.extend(check_limit(curves, limit, "busbw", where, spec) for limit in spec.busbw)
+    results.extend(check_limit(curves, limit, "latency", where, spec, run.rows) for limit in spec.latency)
+    results.extend(check_limit(curves, limit, "busbw", where, spec, run.rows) for limit in spec.busbw)
     if reference is not None and spec.reference is not None:
         results.extend(check_reference(curves, reference, spec.reference, spec.dtype, spec.mode))
     return not_evidence(results, origin, probe is not None)
@@ -679,7 +720,8 @@ def qualify(spec: Spec, run: Run, reference: Run | None, probe: dict[str, Any] |
 
 def junit_xml(spec: Spec, run: Run, results: list[Result]) -> str:
     suite = ET.Element("testsuite", name=f"commbench qualify: {spec.name}", tests=str(len(results)),
-                       failures=str(sum(r.status == FAIL for r in results)), errors="0", skipped="0")
+                       failures=str(sum(r.status == FAIL for r in results)), errors="0",
+                       skipped=str(sum(r.status == NOT_MEASURED for r in results)))
     properties = ET.SubElement(suite, "properties")
     ET.SubElement(properties, "property", name="run", value=run.info.run_id or str(run.path))
     ET.SubElement(properties, "property", name="provenance", value=provenance.describe(run))
@@ -688,6 +730,8 @@ def junit_xml(spec: Spec, run: Run, results: list[Result]) -> str:
         text = r.detail + (f" [source: {r.source}]" if r.source else "")
         if r.status == FAIL:
             ET.SubElement(case, "failure", message=r.detail, type="FAIL").text = text
+        elif r.status == NOT_MEASURED:
+            ET.SubElement(case, "skipped", message=r.detail).text = text
         else:
             ET.SubElement(case, "system-out").text = f"{r.status}: {text}"
     root = ET.Element("testsuites")
@@ -722,27 +766,29 @@ class QualifyResult:
     spec: str
     spec_path: str
     snapshot: str | None           # --snapshot: the fabric checks read it, not run.json's
-    data: str                      # what data every check read (the provenance kind), on every line
+    data: str                      # what data every check read (the provenance kind)
     checks: tuple[Result, ...]
     passed: int
     warned: int
     failed: int
-    verdict: str
+    not_measured: int              # checks whose data the run never measured: no PASS while there are any
+    verdict: str                   # FAIL, else INCOMPLETE where a check is not measured, else PASS
 
 
 def result_of(spec: Spec, run: Run, checks: list[Result], snapshot: str | None) -> QualifyResult:
-    counts = {s: sum(r.status == s for r in checks) for s in (PASS, WARN, FAIL)}
+    counts = {s: sum(r.status == s for r in checks) for s in (PASS, WARN, FAIL, NOT_MEASURED)}
+    verdict = FAIL if counts[FAIL] else INCOMPLETE if counts[NOT_MEASURED] else PASS
     return QualifyResult(provenance.of(run).to_dict(), provenance.describe(run), run.run_id, spec.name,
                          str(spec.path), snapshot, provenance.of(run).kind, tuple(checks), counts[PASS],
-                         counts[WARN], counts[FAIL], FAIL if counts[FAIL] else PASS)
+                         counts[WARN], counts[FAIL], counts[NOT_MEASURED], verdict)
 
 
 def text(result: QualifyResult, wide: bool) -> str:
-    lines = [result.described,
-             f"qualify {result.run_id} against {result.spec} ({result.spec_path})"
-             + (f"; fabric checks read {result.snapshot}" if result.snapshot else "") + "\n",
-             render.table(["status", "group", "check", "detail", "data"],
-                          [[r.status, r.group, r.name, r.detail, result.data] for r in result.checks], wide=wide)]
+    lines = [render.prose(result.described, wide),
+             render.prose(f"qualify {result.run_id} against {result.spec} ({result.spec_path})"
+                          + (f"; fabric checks read {result.snapshot}" if result.snapshot else ""), wide) + "\n",
+             render.table(["status", "group", "check", "detail"],
+                          [[r.status, r.group, r.name, r.detail] for r in result.checks], wide=wide)]
     commands: dict[str, list[str]] = {}
     for r in result.checks:
         if r.command:
@@ -754,9 +800,20 @@ def text(result: QualifyResult, wide: bool) -> str:
     sources = [(r.name, r.source) for r in result.checks if r.source]
     if sources:
         lines.append("\nwhere the thresholds come from:")
-        lines += [f"  {name}: {source}" for name, source in sources]
-    lines.append(f"\n{result.passed} PASS, {result.warned} WARN, {result.failed} FAIL -> {result.verdict}")
+        lines += [render.prose(f"{name}: {source}", wide, indent="    ", first="  ") for name, source in sources]
+    counts = f"{result.passed} PASS, {result.warned} WARN, {result.failed} FAIL"
+    if result.not_measured:
+        counts += f", {result.not_measured} not measured"
+    lines.append("\n" + render.prose(f"{counts} -> {result.verdict}" + _verdict_said(result), wide))
     return "\n".join(lines)
+
+
+def _verdict_said(result: QualifyResult) -> str:
+    """What checks that were not measured mean for PASS."""
+    if not result.not_measured:
+        return ""
+    return (f": {result.not_measured} check(s) not measured, neither PASS nor FAIL; the verdict is PASS only when "
+            "every check is measured and none fails (exit 1 until then)")
 
 
 def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
@@ -798,5 +855,6 @@ def answer(spec: Spec, run_dir: Path, junit: Path | None = None, wide: bool = Fa
 
 
 def exit_status(result: QualifyResult) -> int:
-    """1 when any check failed (a CI gate), else 0."""
-    return 1 if result.failed else 0
+    """0 on PASS only; 1 when a check failed or was not measured (a CI gate passes on a measured
+    PASS; the verdict, FAIL or INCOMPLETE, tells the two apart)."""
+    return 0 if result.verdict == PASS else 1

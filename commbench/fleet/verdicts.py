@@ -32,7 +32,7 @@ HARDWARE = "hardware_check_failed"
 WORKLOAD = "workload_failed"
 NO_DATA = "no_data"
 REASONS = (THRESHOLD, OUTLIER, HARDWARE, WORKLOAD, NO_DATA)
-_MISSING = ("no trusted", "size not measured", "no bus bandwidth")
+_MISSING = ("measured, no trusted row",)
 
 
 @dataclass
@@ -70,15 +70,21 @@ class NodeVerdict:
 
 def reason_of(result: single.Result) -> str:
     """The fleet reason of a single-run qualify result that is not a PASS."""
+    if result.status == single.NOT_MEASURED:
+        return NO_DATA
     if result.group in ("latency", "busbw", "reference"):
-        return NO_DATA if result.detail.startswith(_MISSING) else THRESHOLD
+        return NO_DATA if any(m in result.detail for m in _MISSING) else THRESHOLD
     if result.group == "correctness":
         return WORKLOAD
     return HARDWARE   # fabric, and the run checks: real hardware, world size
 
 
 def spec_checks(spec: single.Spec, run: FleetRun) -> list[Check]:
-    return [Check(f"spec: {r.group}: {r.name}", r.status, "" if r.status == PASS else reason_of(r), r.detail, r.source)
+    """The spec on one node. A check qualify says is not measured is a FAIL here with the reason
+    no_data: qualify passes only a run whose every check was measured (INCOMPLETE, exit 1,
+    otherwise), and a fleet drains a node it cannot judge the same way."""
+    return [Check(f"spec: {r.group}: {r.name}", FAIL if r.status == single.NOT_MEASURED else r.status,
+                  "" if r.status == PASS else reason_of(r), r.detail, r.source)
             for r in single.qualify(spec, run.run, None)]
 
 

@@ -192,3 +192,21 @@ def test_a_hint_is_told_from_prose_and_a_refused_one_is_caught(tmp_path, monkeyp
         "torchrun --nproc-per-node 8 -m commbench sweep --model glm-5 --tp 4", tmp_path, monkeypatch, capsys)
     assert accepts("commbench recommend --model glm-5", tmp_path, monkeypatch, capsys)
     assert accepts("pip install 'commbench[nosuch]'", tmp_path, monkeypatch, capsys)
+
+
+def test_the_specs_comments_show_commands_that_work(tmp_path, monkeypatch, capsys):
+    """Each spec's comments say how to produce a run for it and qualify that run; each command is
+    accepted as written, with DIR/<run> standing for the folder the sweep writes under --out DIR
+    (a committed run here) and probe.json for the snapshot the probe writes."""
+    workdir = tmp_path / "box"
+    workdir.mkdir()
+    shutil.copy(SNAPSHOT, workdir / "probe.json")
+    run = RUNS / "synthetic-pcie-8gpu"
+    for spec in SPECS:
+        comments = [line.lstrip("#").strip() for line in spec.read_text().splitlines() if line.startswith("#")]
+        found = [c for line in comments for c in commands_in(line)[0]]
+        assert any("sweep --qualify" in c for c in found) and any(c.startswith("commbench qualify") for c in found), \
+            spec.name
+        for command in found:
+            command = command.replace("DIR/<run>", str(run)).replace(f"commbench/specs/{spec.name}", str(spec))
+            assert accepts(command, workdir, monkeypatch, capsys) is None, (spec.name, command)

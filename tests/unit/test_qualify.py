@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from commbench.cli import main as cli
-from commbench.analysis.qualify import FAIL, PASS, WARN, check_acs, check_links, check_p2p, load_spec
+from commbench.analysis.qualify import (FAIL, NOT_MEASURED, PASS, WARN, check_acs, check_links, check_p2p,
+                                       load_spec)
 from commbench.runs import load_run
 
 RUNS = Path(__file__).parents[1] / "data" / "runs"
@@ -61,7 +62,37 @@ def test_busbw_floor_and_interpolated_size(tmp_path, capsys):
     out = capsys.readouterr().out
     assert re.search(r"FAIL +busbw +nccl busbw at 4M +busbw 2.94 GB/s", out)
     assert re.search(r"PASS +busbw +nccl busbw at 3M +interpolated busbw", out)
-    assert "size not measured: nccl (graph) covers 4K-4M" in out
+    # 8M: the run never measured it: neither PASS nor FAIL, and no PASS verdict while it is so
+    assert re.search(r"not measured +latency +nccl latency at 8M +not measured: nccl \(graph\) covers 4K-4M", out)
+    assert "-> FAIL: 1 check(s) not measured, neither PASS nor FAIL" in " ".join(out.split())
+
+
+def test_a_size_the_run_never_measured_is_not_measured_and_the_verdict_is_incomplete(tmp_path, capsys):
+    """No FAIL, one size the run never reached: the verdict is INCOMPLETE, exit 1 (a CI gate passes
+    on a measured PASS only), the check skipped in JUnit; a size whose rows all failed is a FAIL."""
+    spec = _spec(tmp_path, "[[latency]]\nsize = '4K'\nmax_us = 1e6\n[[latency]]\nsize = '8M'\nmax_us = 1e6\n")
+    junit = tmp_path / "q.xml"
+    run = _measured(tmp_path)
+    assert cli(["qualify", "--spec", str(spec), str(run), "--wide", "--junit", str(junit), "--json",
+                str(tmp_path / "q.json")]) == 1
+    out = capsys.readouterr().out
+    assert "-> INCOMPLETE: 1 check(s) not measured, neither PASS nor FAIL; the verdict is PASS only when every " \
+           "check is measured and none fails (exit 1 until then)" in out
+    data = json.loads((tmp_path / "q.json").read_text())
+    assert (data["verdict"], data["failed"], data["not_measured"]) == ("INCOMPLETE", 0, 1)
+    suite = ET.parse(junit).getroot().find("testsuite")
+    assert suite.get("skipped") == "1" and suite.get("failures") == "0"
+    (skipped,) = [c for c in suite.findall("testcase") if c.find("skipped") is not None]
+    assert skipped.get("name") == "nccl latency at 8M"
+    # rows of nccl at 8M that all hung: measured, and failed
+    rows = [json.loads(line) for line in (run / "measurements.jsonl").read_text().splitlines()]
+    hung = {**next(r for r in rows if r["backend"] == "nccl" and r["message_bytes"] == 4 << 20),
+            "message_bytes": 8 << 20, "status": "hang", "latency_us": None, "reason": "timed out"}
+    with (run / "measurements.jsonl").open("a") as f:
+        f.write(json.dumps(hung) + "\n")
+    assert cli(["qualify", "--spec", str(spec), str(run), "--wide"]) == 1
+    assert re.search(r"FAIL +latency +nccl latency at 8M +measured, no trusted row: nccl 8M hang",
+                     capsys.readouterr().out)
 
 
 def test_wrong_and_hung_rows_fail_the_checks_of_their_backend_only(tmp_path, capsys):
@@ -87,11 +118,14 @@ def test_a_fixture_or_an_emulated_run_never_passes_hardware(tmp_path, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("data: fixture: hand-made test data, not a measurement")
     assert not [line for line in lines if re.match(r"PASS +(fabric|latency|busbw|correctness) ", line)]
-    assert re.search(r"FAIL +run +real hardware +a hand-made fixture: never measured", "\n".join(lines))
-    assert re.search(r"WARN +fabric +functional P2P on every pair +not evidence about a machine \(fixture data\): "
+    assert re.search(r"FAIL +run +real hardware +fixture data: a hand-made fixture, never measured: no check of "
+                     r"this run is evidence about a machine", "\n".join(lines))
+    assert re.search(r"WARN +fabric +functional P2P on every pair +fixture data: "
                      r"write-and-verify ok on all 56 directed pairs", "\n".join(lines))
-    assert re.search(r"WARN +latency +nccl latency at 4K +not evidence about a machine \(fixture data\): latency 42 us",
-                     "\n".join(lines))
+    assert re.search(r"WARN +latency +nccl latency at 4K +fixture data: latency 42 us", "\n".join(lines))
+    # every check carries the same prefix, whatever its status
+    table = lines[lines.index("") + 3:lines.index("where the thresholds come from:") - 1]
+    assert table and all(re.match(r"\S+ +\S+ +.+? {2,}fixture data: ", line) for line in table), table
     emulated = next((Path(__file__).parents[2] / "results" / "reference" / "h200-mps-emulated" / "world8"
                      / "allreduce").glob("*/run.json")).parent
     spec.write_text(   # about a kernel the emulated run measured
@@ -100,10 +134,9 @@ def test_a_fixture_or_an_emulated_run_never_passes_hardware(tmp_path, capsys):
     assert cli(["qualify", "--spec", str(spec), str(emulated), "--wide"]) == 1
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("data: emulated: 8 ranks on 1x NVIDIA H200 under MPS")
-    assert re.search(r"FAIL +run +real hardware +emulated: 8 ranks on 1 GPU", "\n".join(lines))
+    assert re.search(r"FAIL +run +real hardware +emulated data: 8 ranks on 1 GPU", "\n".join(lines))
     assert not [line for line in lines if re.match(r"PASS +(fabric|latency|busbw) ", line)]
-    assert re.search(r"WARN +latency +p2p:oneshot latency at 4K +not evidence about a machine \(emulated data\)",
-                     "\n".join(lines))
+    assert re.search(r"WARN +latency +p2p:oneshot latency at 4K +emulated data: ", "\n".join(lines))
 
 
 @pytest.mark.parametrize("body, message", [
@@ -168,8 +201,7 @@ def test_reference_run_and_junit(tmp_path):
     failed = [c for c in suite.findall("testcase") if c.find("failure") is not None]
     assert [c.get("name") for c in failed] == ["real hardware"]
     references = [c for c in suite.findall("testcase") if c.get("classname") == "commbench.qualify.reference"]
-    assert references and all(c.find("system-out").text.startswith("WARN: not evidence about a machine (cpu data)")
-                              for c in references)
+    assert references and all(c.find("system-out").text.startswith("WARN: CPU data: ") for c in references)
     # the two CPU sweeps differ by tens of percent at some sizes (a shared 2-core VM): 5% fails
     assert cli(["qualify", "--spec", str(spec), str(CPU_B), "--reference", str(CPU_A),
                 "--max-slowdown-pct", "5", "--junit", str(junit)]) == 1
@@ -180,15 +212,18 @@ def test_reference_run_and_junit(tmp_path):
     assert failed[0].get("classname") == "commbench.qualify.reference" and "gloo (eager)" in failed[0].get("name")
 
 
-@pytest.mark.parametrize("checks, status", [("", WARN), ("zero_wrong = true\nno_hangs = true\n", FAIL)])
-def test_a_check_that_found_no_rows_is_no_data_never_pass(tmp_path, capsys, checks, status):
+@pytest.mark.parametrize("checks, status", [("", WARN), ("zero_wrong = true\nno_hangs = true\n", NOT_MEASURED)])
+def test_a_check_that_found_no_rows_is_not_measured_never_pass(tmp_path, capsys, checks, status):
     """A CPU run has gloo rows only: an NCCL spec's correctness checks read nothing. That is
-    "no data": a WARN where the check runs by default, a FAIL where the spec asks for it."""
+    "not measured": a WARN where the check runs by default, not measured (no PASS verdict) where
+    the spec asks for it; every check says it is CPU data, and the fabric ones the real cause."""
     spec = tmp_path / "spec.toml"
     spec.write_text(f"[spec]\nname = 't'\nbackend = 'nccl'\n[checks]\n{checks}", encoding="utf-8")
     assert cli(["qualify", "--spec", str(spec), str(CPU_A), "--wide"]) == 1   # CPU data FAILs real hardware
     lines = capsys.readouterr().out.splitlines()
     for check in ("zero #wrong", "no hangs"):
         line = next(l for l in lines if f" {check} " in l)
-        assert line.split()[0] == status and "no data: the run has no rows of nccl" in line
-    assert all(l.rstrip().endswith("cpu") for l in lines if l.split()[:1] in (["PASS"], ["WARN"], ["FAIL"]))
+        assert line.startswith(status) and "CPU data: not measured: the run has no rows of nccl" in line
+    checks_shown = [l for l in lines if l.startswith((PASS, WARN, FAIL, NOT_MEASURED))]
+    assert checks_shown and all(" CPU data: " in l for l in checks_shown)
+    assert all("not probed: the snapshot lists no GPUs" in l for l in checks_shown if " fabric " in l)

@@ -476,3 +476,20 @@ def test_headroom_names_the_fastest_kernel_measured_at_each_size_and_whose_it_is
         assert f"c=1 16K {mark}engx:2shot 6.50 nccl:proto=LL,algo=Ring 54.0 8.31x" in text, command
         assert "engx:2shot (graph): engx 1.0 kernel (JIT); no engine setting selects it" in text, command
         assert "\x07" not in text
+
+
+def test_the_answer_reads_in_one_screen_per_engine(capsys, monkeypatch):
+    """Issue 54: on the PCIe fixture at 100 columns, the full answer for both engines is at most
+    150 lines and --brief at most 25 per engine; a table both engines share is printed once, and a
+    legend explains only the marks its cells have."""
+    monkeypatch.setenv("COLUMNS", "100")
+    assert cli(["recommend", str(SYNTHETIC), "--model", "glm-5"]) == 0
+    full = capsys.readouterr().out
+    assert len(full.splitlines()) <= 150
+    assert full.count("us per allreduce call (fixture") == 1 and "(us per allreduce call: the same as vLLM" in full
+    assert "* a stand-in's cost" not in full and "~ interpolated between measured sizes" in full
+    assert cli(["recommend", str(SYNTHETIC), "--model", "glm-5", "--brief"]) == 0
+    brief = capsys.readouterr().out
+    engines_part = brief.split("\n== ")[1:]
+    assert len(engines_part) == 2 and all(len(part.split("\n\nheadroom")[0].splitlines()) <= 25
+                                          for part in engines_part)
