@@ -11,6 +11,7 @@ import codecs
 import itertools
 import json
 import os
+import shutil
 import stat
 import sys
 import tempfile
@@ -300,3 +301,66 @@ def _write_pieces(target: str | None, pieces: Iterable[str]) -> None:
     with naming(target), open(target, "w", encoding="utf-8") as handle:
         for piece in pieces:
             handle.write(piece)
+
+
+@contextmanager
+def staged_folder(out: Path) -> Iterator[Path]:
+    """A folder to fill beside `out`, moved into `out` when the block ends and removed, with any
+    parent folder made for it, when the block raises: a command that fails leaves nothing behind.
+    Where `out` does not exist the folder is renamed into place; where it does (an --out named
+    again), each file written replaces its namesake there, and a symlink where a file would go is
+    refused before anything moves (commbench writes only its own files)."""
+    made = [p for p in [out.parent, *out.parent.parents] if not p.exists()]
+    try:   # an OSError names its folder: the command says it in one line (make it writable)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
+    except OSError:
+        _discard(None, made)
+        raise
+    try:
+        yield work
+        _check_moves(work, out)
+    except BaseException:
+        _discard(work, made)
+        raise
+    _move_into(work, out)
+
+
+def _check_moves(src: Path, dst: Path) -> None:
+    if not dst.exists() and not dst.is_symlink():
+        return
+    if dst.is_symlink() or not dst.is_dir():
+        raise UsageError(f"{dst}: {'a symlink' if dst.is_symlink() else 'not a directory'}; commbench writes only "
+                         "its own files there")
+    for entry in src.iterdir():
+        target = dst / entry.name
+        if target.is_symlink():
+            raise UsageError(f"{target}: a symlink; commbench writes only its own files there")
+        if entry.is_dir():
+            _check_moves(entry, target)
+        elif target.is_dir():
+            raise UsageError(f"{target}: a directory where commbench writes a file")
+
+
+def _move_into(src: Path, dst: Path) -> None:
+    if not dst.exists():
+        os.replace(src, dst)
+        return
+    for entry in src.iterdir():
+        target = dst / entry.name
+        if entry.is_dir() and target.is_dir():
+            _move_into(entry, target)
+        else:
+            os.replace(entry, target)
+    src.rmdir()
+
+
+def _discard(work: Path | None, made: list[Path]) -> None:
+    """The staged folder, and the parents made for it (innermost first) where nothing else is in them."""
+    if work is not None:
+        shutil.rmtree(work, ignore_errors=True)
+    for folder in made:
+        try:
+            folder.rmdir()
+        except OSError:
+            break

@@ -138,21 +138,16 @@ def _shape_from_args(args: argparse.Namespace) -> Model:
 
 
 def requested(args: argparse.Namespace) -> Model | None:
-    """The model a floor / recommend command asks about (and its --tp checked); None after
-    printing --list-models."""
+    """The model a floor / recommend command asks about (and its --tp checked); None where
+    --list-models asks for the presets instead (the caller prints `described()`)."""
     if args.list_models:
-        print(listing())
         return None
     if args.tp is not None and args.tp <= 0:
         raise UsageError(f"--tp must be a positive number of ranks (got {args.tp})")
     return from_args(args)
 
 
-def listing() -> str:
-    lines = []
-    for model in presets().values():
-        lines.append(f"{model.key:18s} {model.describe()}")
-        lines.append(f"{'':18s} source: {model.source}")
-        if model.note:
-            lines.append(f"{'':18s} note: {model.note}")
-    return "\n".join(lines)
+def described() -> list[tuple[str, list[str]]]:
+    """Each preset: its name, then what it is, its source and its note (--list-models)."""
+    return [(model.key, [model.describe(), f"source: {model.source}", *([f"note: {model.note}"] if model.note else [])])
+            for model in presets().values()]

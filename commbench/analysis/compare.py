@@ -31,7 +31,7 @@ from typing import Any, Iterable, Sequence
 
 from commbench.analysis import plots, provenance, render, results_out
 from commbench.analysis.curves import Curve, CurveKey, build_curves, counterpart, exceeds_spread, variant_label
-from commbench.files import output_folder
+from commbench.files import output_folder, staged_folder
 from commbench.errors import UsageError
 from commbench.results import Measurement, Run
 from commbench.fleet.inputs import load_one
@@ -279,14 +279,20 @@ def text(result: CompareResult, wide: bool) -> str:
 def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     results_out.check_targets(args)
     compared = compute(args)
-    result = compared.result
-    compared.out.mkdir(parents=True, exist_ok=True)
-    if result.all_changes_file is not None and result.all_changes_file != args.json:
-        results_out.write_json(result.all_changes_file, result, stream="changes")
+    result, out = compared.result, compared.out
+
+    # Built beside --out and moved into it at the end: a compare that fails leaves nothing behind.
+    with staged_folder(out) as work:
+        def staged(path: Path) -> Path:
+            return work / path.relative_to(out) if path.is_relative_to(out) else path
+
+        if result.all_changes_file is not None and result.all_changes_file != args.json:
+            results_out.write_json(str(staged(Path(result.all_changes_file))), result, stream="changes")
+        fig = plots.compare_figure(compared.curves_a, compared.curves_b, result.a, result.b,
+                                   f"allreduce latency: A = {result.a} vs B = {result.b}")
+        saved = plots.save(fig, staged(compared.stem))
     print(text(result, args.wide))
-    fig = plots.compare_figure(compared.curves_a, compared.curves_b, result.a, result.b,
-                               f"allreduce latency: A = {result.a} vs B = {result.b}")
-    for path in plots.save(fig, compared.stem):
-        print(f"wrote {path}")
+    for path in saved:
+        print(f"wrote {out / path.relative_to(work)}")
     results_out.write(args, result, f"compare {result.a} vs {result.b}", stream="changes")   # a change at a time
     return 0

@@ -44,7 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the engine(s) to show (default: both)")
     parser.add_argument("--tp", type=int, help="tensor-parallel size (default: the run's world size)")
     parser.add_argument("--mode", choices=(paths.GRAPH, paths.EAGER), default=None,
-                        help="only this mode's defaults (default: both: CUDA graphs and --enforce-eager)")
+                        help="only this mode's defaults (default: both: CUDA graphs and each engine's eager switch, "
+                             + ", ".join(f"{e.name} {e.words.eager}" for e in BY_KEY.values()) + ")")
     parser.add_argument("--model", help="a preset (see `commbench floor --list-models`): default path per decode size")
     parser.add_argument("--arch", metavar="NAME",
                         help="the model's architecture (config.json architectures[0]) where no preset names it")
@@ -58,6 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", metavar="FILE", help="also write the chains (or the --check) as JSON ('-' for "
                                                        "stdout: JSON alone)")
     results_out.add_arguments(parser)
+    render.add_arguments(parser)
 
 
 @dataclass(frozen=True)
@@ -112,23 +114,26 @@ def check(site: str) -> CheckResult:
                                                  for c in checked))
 
 
-def check_text(result: CheckResult) -> list[str]:
+def check_text(result: CheckResult, wide: bool = False) -> list[str]:
+    def item(text: str, depth: int = 1) -> str:
+        return render.prose(text, wide, indent="  " * depth + "  ", first="  " * depth)
+
     out = []
     for c in result.engines:
         gates_differ = sum(1 for g in c.gates if g.differ)
-        out.append(f"{c.name} {c.version} at {result.site}: {c.compared} facts compared with the built-in "
-                   f"{c.built_in} facts, {len(c.differences)} differ; {len(c.gates)} gate functions (its dispatch "
-                   f"order among them) run as the engine's own over {sum(g.compared for g in c.gates)} points, "
-                   f"{gates_differ} differ")
-        out += [f"  {line}" for line in c.differences]
+        out.append(render.prose(f"{c.name} {c.version} at {result.site}: {c.compared} facts compared with the built-in "
+                                f"{c.built_in} facts, {len(c.differences)} differ; {len(c.gates)} gate functions (its "
+                                f"dispatch order among them) run as the engine's own over "
+                                f"{sum(g.compared for g in c.gates)} points, {gates_differ} differ", wide))
+        out += [item(line) for line in c.differences]
         for g in c.gates:
             if g.differ and not g.compared:
-                out.append(f"  gate {g.key}: {g.function} ({g.where}): {g.differences[0]}")
+                out.append(item(f"gate {g.key}: {g.function} ({g.where}): {g.differences[0]}"))
             elif g.differ:
-                out.append(f"  gate {g.key}: {g.function} ({g.where}) differs at {g.differ} of {g.compared} points:")
-                out += [f"    {line}" for line in g.differences]
-        out += [f"  same: {line}" for line in c.same]
-        out += [f"  same: gate {g.key}: {g.function} ({g.where}), {g.compared} points" for g in c.gates
+                out.append(item(f"gate {g.key}: {g.function} ({g.where}) differs at {g.differ} of {g.compared} points:"))
+                out += [item(line, 2) for line in g.differences]
+        out += [item(f"same: {line}") for line in c.same]
+        out += [item(f"same: gate {g.key}: {g.function} ({g.where}), {g.compared} points") for g in c.gates
                 if not g.differ]
     return out
 
@@ -290,46 +295,54 @@ def engine_chain(engine: Engine, facts: FactSet, shown: Shown, model: models.Mod
                        tuple(mode_words(engine, m) for m in modes) if model is not None else (), defaults, note)
 
 
-def _path_lines(i: int, p: ChainPath) -> list[str]:
+def _path_lines(i: int, p: ChainPath, wide: bool) -> list[str]:
+    """One path of the chain: what it is and does here, how to turn it on and off, where its rule
+    comes from; each part wrapped to the width, a launch setting never split (between backticks)."""
+    def part(text: str, first: str = "     ") -> str:
+        return render.prose(text, wide, indent="       ", first=first)
+
     on = "on by default" if p.default_on else "opt-in"
     if p.status is None:
-        return [f"  {i}. {p.title} [{on}]: turn on: {p.turn_on}; turn off: {p.turn_off}", f"     source: {p.source}"]
+        return [part(f"{p.title} [{on}]: turn on: {p.turn_on}; turn off: {p.turn_off}", f"  {i}. "),
+                part(f"source: {p.source}")]
     limit = ("" if p.max_bytes is None else
              f"; takes up to {format_bytes(p.max_bytes)}" + (" inclusive" if p.inclusive else " (exclusive)"))
-    also = (f"; with it: {' '.join(shlex.quote(f) for f in p.also_needs)}" if p.also_needs else
+    also = (f"; with it: {' '.join(f'`{shlex.quote(f)}`' for f in p.also_needs)}" if p.also_needs else
             f"; no launch line moves decode here: {p.no_line}" if p.no_line else "")
-    return [f"  {i}. {p.title} [{on}]: {p.status}: {p.why}{limit}",
-            f"     turn on: {p.turn_on}{also}; turn off: {p.turn_off}", f"     source: {p.source}"]
+    return [part(f"{p.title} [{on}]: {p.status}: {p.why}{limit}", f"  {i}. "),
+            part(f"turn on: {p.turn_on}{also}; turn off: {p.turn_off}"), part(f"source: {p.source}")]
 
 
-def engine_lines(e: EngineChain, result: EnginesResult) -> list[str]:
+def engine_lines(e: EngineChain, result: EnginesResult, wide: bool = False) -> list[str]:
     tp = f", TP {result.tp}" if result.tp else ""
-    lines = [f"== {e.name} {e.version}{tp}: {result.box} ==", f"facts: {e.facts}"]
-    lines += [f"warning: {w}" for w in e.warnings]
+    lines = [render.prose(f"== {e.name} {e.version}{tp}: {result.box} ==", wide),
+             render.prose(f"facts: {e.facts}", wide)]
+    lines += [render.prose(f"warning: {w}", wide) for w in e.warnings]
     if e.logged is not None:
-        lines.append(e.logged)
+        lines.append(render.prose(e.logged, wide))
     if e.mode is None:
         lines.append("dispatch chain, in the order the engine tries each call:")
     else:
-        lines.append(f"dispatch chain at TP {result.tp}, in the order the engine tries each call ({e.mode}):")
+        lines.append(render.prose(f"dispatch chain at TP {result.tp}, in the order the engine tries each call "
+                                  f"({e.mode}):", wide))
     for i, p in enumerate(e.chain, 1):
-        lines += _path_lines(i, p)
+        lines += _path_lines(i, p, wide)
     if e.defaults and result.model is not None:
-        lines.append(f"default path per decode size ({result.model.describe()}):")
+        lines.append(render.prose(f"default path per decode size ({result.model.describe()}):", wide))
         lines.append(render.table(["concurrency", "message", *(f"default ({m})" for m in e.modes)],
                                   [[str(d.concurrency), format_bytes(d.message_bytes), *d.paths] for d in e.defaults],
-                                  right=(0, 1)))
+                                  right=(0, 1), wide=wide))
     if e.note:
-        lines.append(e.note)
+        lines.append(render.prose(e.note, wide))
     return lines
 
 
-def text(result: EnginesResult) -> str:
+def text(result: EnginesResult, wide: bool = False) -> str:
     out: list[str] = []
     for e in result.engines:
         if out:
             out.append("")
-        out += engine_lines(e, result)
+        out += engine_lines(e, result, wide)
     return "\n".join(out)
 
 
@@ -339,12 +352,12 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
         raise UsageError("--check: an empty path; give the folder of an unpacked wheel or a site-packages")
     if args.check is not None:
         checked = check(args.check)
-        print("\n".join(check_text(checked)))
+        print("\n".join(check_text(checked, args.wide)))
         sys.stdout.flush()
         results_out.write(args, checked, f"engines --check {args.check}")
         return DIFFERENT_EXIT if checked.differ else 0
     result = compute(args)
-    print(text(result))
+    print(text(result, args.wide))
     sys.stdout.flush()
     results_out.write(args, result, f"engines {result.box}")
     return 0

@@ -205,7 +205,7 @@ def _engine_what_if(model: Model, c: Configuration, curves: list[Curve], args: a
 
 def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     results_out.check_targets(args)
-    model = models.requested(args)
+    model = question.requested_model(args)
     if model is None:
         return 0
     if (args.run_dir is None) == (args.latency_table is None):

@@ -24,14 +24,17 @@ import argparse
 import hashlib
 import sys
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
+from commbench.analysis import render
 from commbench.analysis.nccl_tests_format import (JSON_RELEASES, PLACEMENTS, SOURCE, NcclTestsOutput, PerIteration,
                                                   Placement, RankLine, ResultRow, nccl_version_text, printed_tolerance,
                                                   read_output, strtol)
 from commbench.errors import UsageError
+from commbench.files import staged_folder
 from commbench.ops import ALLREDUCE
 from commbench.results import (ENV_PREFIXES, NO_WORK, OK, ROWS_FILE, RUN_FILE, WRONG, Lines, Measurement, RunDir,
                                RunInfo, csv_line, json_line, percentile, write_whole)
@@ -350,9 +353,9 @@ def check_results(source: Source) -> None:
     if out.dropped_count:
         named = [f"line {number} ({line!r})" for number, line in out.dropped]
         more = [f"{out.dropped_count - len(named)} more"] if out.dropped_count > len(named) else []
-        print(f"commbench import-nccl-tests: warning: {out.path}: dropped {out.dropped_count} line(s) of the results "
-              f"table that are no result row (a negative size or count?): " + "; ".join(named + more),
-              file=sys.stderr)
+        print(render.prose(f"commbench import-nccl-tests: warning: {out.path}: dropped {out.dropped_count} line(s) of "
+                           "the results table that are no result row (a negative size or count?): "
+                           + "; ".join(named + more), indent="  ", first=""), file=sys.stderr)
 
 
 def _row(ctx: RowContext, result: ResultRow, name: str, p: Placement) -> Measurement:
@@ -649,7 +652,7 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     fresh: list[Source] = []
     for source in sources:
         if source.sha256 in done:
-            print(f"{source.path}: already imported into {args.out} (same content), skipped")
+            print(render.prose(f"{source.path}: already imported into {args.out} (same content), skipped"))
         else:
             fresh.append(source)
             done |= {source.sha256, *source.same_run_sha256}
@@ -657,37 +660,42 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     if not sources:
         if box is not None and existing is not None:   # the runs are in already: record the box alone
             RunDir(args.out).write_info(_with_box(existing, box))
-            print(f"{BOX_NOTE}{box[1]}\nwrote {args.out / RUN_FILE}")
+            print(render.prose(f"{BOX_NOTE}{box[1]}", indent="  ", first="") + f"\nwrote {args.out / RUN_FILE}")
         return 0
     for source in sources:
         if not any(name in result.placements for result in source.output.results for name in PLACEMENTS):
             raise UsageError(f"{source.path}: no out-of-place or in-place results in it")
         check_results(source)
-    _make_dir(args.out)
-    run = RunDir(args.out)
-    if existing is None:   # a new dir: run.json without the imports, so the rows have a home
-        stub = run_info(None, sources, [], Written())
-        run.write_info(replace(stub, run_id=args.out.resolve().name))
-    # Rows first, streamed, the import recorded last: a write cut short leaves rows no record
-    # claims, which the next import of the same file replaces (repair_partial).
-    written = [(source, Written()) for source in sources]
-    run.append_all(_counted_rows(written, settings), with_csv=True)
-    total = Written()
-    for _, summary in written:
-        total.merge(summary)
-    records = [import_record(source, summary, settings) for source, summary in written]
-    info = run_info(existing, sources, records, total)
-    info.run_id = info.run_id or args.out.resolve().name
-    if box is not None:
-        info = _with_box(info, box)
-    if all(s.output.complete for s in sources) and not existing_partial(info):
-        info.finished = time.time()
-    run.write_info(info)
+    # A new dir is built beside its name and moved there at the end: an import that fails leaves
+    # nothing behind. Into an earlier import's dir the rows are appended in place, their record
+    # last, and the next import of a file cut short repairs it (repair_partial).
+    new = existing is None and not args.out.exists()
+    with staged_folder(args.out) if new else nullcontext(args.out) as where:
+        _make_dir(where)
+        run = RunDir(where)
+        if existing is None:   # a new dir: run.json without the imports, so the rows have a home
+            stub = run_info(None, sources, [], Written())
+            run.write_info(replace(stub, run_id=args.out.resolve().name))
+        # Rows first, streamed, the import recorded last: a write cut short leaves rows no record
+        # claims, which the next import of the same file replaces (repair_partial).
+        written = [(source, Written()) for source in sources]
+        run.append_all(_counted_rows(written, settings), with_csv=True)
+        total = Written()
+        for _, summary in written:
+            total.merge(summary)
+        records = [import_record(source, summary, settings) for source, summary in written]
+        info = run_info(existing, sources, records, total)
+        info.run_id = info.run_id or args.out.resolve().name
+        if box is not None:
+            info = _with_box(info, box)
+        if all(s.output.complete for s in sources) and not existing_partial(info):
+            info.finished = time.time()
+        run.write_info(info)
     for source, summary in written:
-        print(describe(source, summary))
+        print(render.prose(describe(source, summary), indent="  ", first=""))
     if box is not None:
-        print(f"{BOX_NOTE}{box[1]}")
-    print(f"wrote {args.out / ROWS_FILE} ({total.rows} rows) and {args.out / RUN_FILE}")
+        print(render.prose(f"{BOX_NOTE}{box[1]}", indent="  ", first=""))
+    print(render.prose(f"wrote {args.out / ROWS_FILE} ({total.rows} rows) and {args.out / RUN_FILE}"))
     return 0
 
 
@@ -719,7 +727,8 @@ def repair_partial(run: RunDir, info: RunInfo, given: set[str]) -> None:
                          "complete it, or import into a new dir")
     kept = [row for row in run.rows() if row.extra.get("source_sha256") in recorded]
     write_whole(run.path / ROWS_FILE, (json_line(r) for r in kept))
-    print(f"{run.path}: removed {len(orphans)} row(s) of an import that did not finish; importing it again")
+    print(render.prose(f"{run.path}: removed {len(orphans)} row(s) of an import that did not finish; importing it "
+                       "again"))
 
 
 def existing_partial(info: RunInfo) -> bool:

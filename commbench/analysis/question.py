@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from commbench import models
-from commbench.analysis import configure, decide, fastest, next_steps
+from commbench.analysis import configure, decide, fastest, next_steps, render
 from commbench.analysis.configure import DECODE, Cell, Configuration, Load
 from commbench.analysis.curves import Curve, decode_curves, run_world_size
 from commbench.analysis.decide import EngineDecision, EngineSources, Headroom, Price, Saving
@@ -56,6 +56,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="tokens each request generates: its decode steps, weighed against its prefill chunk "
                              "when the configuration is chosen on the allreduce time per request (default "
                              f"{configure.DEFAULT_OUTPUT_TOKENS}, the output length of vLLM's own serving benchmark)")
+
+
+def requested_model(args: argparse.Namespace) -> Model | None:
+    """The model floor or recommend asks about; None after printing the presets (--list-models),
+    each folded to the terminal under its name."""
+    model = models.requested(args)
+    if model is None:
+        width = max(len(key) for key, _ in models.described()) + 2
+        print("\n".join(render.prose(part, args.wide, indent=" " * width, first=f"{key:<{width}}" if i == 0
+                                      else " " * width)
+                        for key, parts in models.described() for i, part in enumerate(parts)))
+    return model
 
 
 def from_args(args: argparse.Namespace, model: Model,

@@ -93,7 +93,8 @@ def _legend(key: str, o: OptionRecord) -> str:
     parts = [f"priced by {own}" if own else "",
              (f"stand-in (not the engine's kernel): {stand}" + (", used only where no own kernel was measured"
                                                               if own else "")) if stand else "",
-             f"its launch line adds {' '.join(o.launch_adds)}" if o.launch_adds and not o.not_offered else "",
+             f"its launch line adds {' '.join(f'`{a}`' for a in o.launch_adds)}" if o.launch_adds and not o.not_offered
+             else "",
              f"not offered: {o.not_offered}" if o.not_offered else ""]
     return f"{key} = {o.label}: " + "; ".join(p for p in parts if p)
 
@@ -145,7 +146,7 @@ def _kernel(r: Headroom) -> str:
 
 def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     results_out.check_targets(args)
-    model = models.requested(args)
+    model = question.requested_model(args)
     if model is None:
         return 0
     asked = question.from_args(args, model)

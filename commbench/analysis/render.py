@@ -93,20 +93,23 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Cell]], right: Sequenc
     width = width_now(wide, width)
     widths = column_widths(headers, rows, right, width - COLUMN_GAP * (len(headers) - 1))
     if widths is None:
-        return records(headers, rows, width)
+        return records(headers, rows, width, right)
     return _capture(build(headers, rows, right, widths), width)
 
 
-def records(headers: Sequence[str], rows: Sequence[Sequence[Cell]], width: int) -> str:
+def records(headers: Sequence[str], rows: Sequence[Sequence[Cell]], width: int, right: Sequence[int] = ()) -> str:
     """A table too wide to fold between words, one row at a time: the first cell on its own
-    line, the others as 'header: value' pairs wrapped between words."""
+    line, the others as 'header: value' pairs wrapped between words; a number (a column in
+    `right`) stays on one line with its header."""
     out = []
     for row in rows:
         cells = [_plain(c) for c in row]
         out.append(cells[0])
-        pairs = "; ".join(f"{h}: {c}" for h, c in zip(headers[1:], cells[1:]) if c.strip())
-        out.extend(textwrap.wrap(pairs, width, initial_indent="  ", subsequent_indent="    ",
-                                 break_long_words=False, break_on_hyphens=False))
+        pairs = "; ".join(f"{h}: {c}".replace(" ", _KEPT_SPACE) if i in right else f"{h}: {c}"
+                          for i, (h, c) in enumerate(zip(headers, cells)) if i and c.strip())
+        out.extend(line.replace(_KEPT_SPACE, " ") for line in textwrap.wrap(
+            pairs, width, initial_indent="  ", subsequent_indent="    ", break_long_words=False,
+            break_on_hyphens=False))
     return "\n".join(line.rstrip() for line in out)
 
 

@@ -19,7 +19,7 @@ from commbench.analysis.nccl_loaded import add_nccl, nccl_lines
 from commbench.analysis.curves import (Crossover, Curve, baseline_curve, baseline_name, build_curves, cautions,
                               crossovers, groups, is_failed_check, price, ranking, run_world_size, select)
 from commbench.errors import UsageError
-from commbench.files import output_folder
+from commbench.files import output_folder, staged_folder
 from commbench.ops import ALLREDUCE
 from commbench.results import CRASHED, HANG, OK, WRONG, Measurement, Run, RunDir, RunInfo, describe_setting, write_whole
 from commbench.results.validate import file_stem
@@ -409,18 +409,19 @@ def text(result: ReportResult, wide: bool) -> str:
     lines = [render.prose(result.described, wide),   # says "emulated: ..." for ranks that shared GPUs
              f"run {result.run_id}: {result.statuses}" + (f"; {result.state}" if result.state else "")]
     for section in result.sections:
-        lines.append(f"\n{section.title}: winner per size range (trusted rows only; margins are latency ratios)")
+        lines.append("\n" + render.prose(f"{section.title}: winner per size range (trusted rows only; margins are "
+                                         "latency ratios)", wide))
         headers, rows = crossover_cells(section, result.baseline)
         lines.append(render.table(headers, rows, right=tuple(i for i in (2, 3, 5, 6) if i < len(headers)),
                                   wide=wide))
         lines += [render.prose(f"caution: {line}", wide) for line in section.cautions]
     if result.fused:
-        lines.append(f"\n{COMPARISON_TITLE} ({FUSION_NOTE})")
+        lines.append("\n" + render.prose(f"{COMPARISON_TITLE} ({FUSION_NOTE})", wide))
         lines.append(render.table(COMPARISON_HEADERS, [list(r) for r in result.fused], right=COMPARISON_NUMERIC,
                                   wide=wide))
     if result.nccl:
         lines.append("\nNCCL each variant ran (ncclGetVersion of the library in its process):")
-        lines += [f"  {line}" for line in result.nccl]
+        lines += [render.prose(line, wide, indent="    ", first="  ") for line in result.nccl]
     if result.failed_rows:
         lines.append("\n" + render.prose(
             f"{result.failed_rows} row(s) failed their check (wrong data, hang or crash), excluded from winners: "
@@ -458,31 +459,32 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     facts = RowFacts.of(run.rows)
     curves = build_curves(run.rows)
     baseline = baseline_name(curves, args.baseline)   # a baseline the run lacks: nothing written yet
-    out.mkdir(parents=True, exist_ok=True)
-    plot_dir = RunDir(out).subdir("plots")   # a symlink there is refused, never written through
     world = run_world_size(run)
     sections = build_sections(facts.failed, curves, baseline)
 
     images: dict[str, list[tuple[Path, str]]] = {}
     written: list[Path] = []
-    for dtype in sorted({c.key.dtype for c in curves} | {r.dtype for r in facts.failed}):
-        typed = select(curves, dtype=dtype)
-        failed = [r for r in facts.failed if r.dtype == dtype]
-        where = f"{dtype}, {world} ranks, {provenance.of(run).kind}, {run.info.host or run.path.name}"
-        figs = [("latency", plots.latency_figure(typed, failed, f"allreduce latency vs size ({where})"))]
-        if any(p.busbw_gbps for c in typed for p in c.points):
-            figs.append(("busbw", plots.busbw_figure(typed, f"allreduce bus bandwidth ({where})")))
-        if baseline and len({c.key.variant for c in typed}) > 1:
-            figs.append(("speedup", plots.speedup_figure(typed, baseline, f"speedup over {baseline} ({where})")))
-        for name, fig in figs:
-            paths = plots.save(fig, plot_dir / f"{name}_{file_stem(dtype)}")   # the dtype is data
-            written.extend(paths)
-            images.setdefault(dtype, []).append((paths[0], f"{name} {dtype}"))
-    html_path = out / "report.html"
-    fused = comparison_cells(run.rows)
-    trace = attribute_plots.report_section(args, run, plot_dir)
-    written.extend(path for png, _ in trace[1] for path in (png, png.with_suffix(".svg")))
-    write_html(run, facts, sections, fused, images, baseline, html_path, trace)
+    # Built beside the target and moved into it at the end: a report that fails (a --trace of
+    # another world size) leaves nothing behind.
+    with staged_folder(out) as work:
+        plot_dir = RunDir(work).subdir("plots")
+        for dtype in sorted({c.key.dtype for c in curves} | {r.dtype for r in facts.failed}):
+            typed = select(curves, dtype=dtype)
+            failed = [r for r in facts.failed if r.dtype == dtype]
+            where = f"{dtype}, {world} ranks, {provenance.of(run).kind}, {run.info.host or run.path.name}"
+            figs = [("latency", plots.latency_figure(typed, failed, f"allreduce latency vs size ({where})"))]
+            if any(p.busbw_gbps for c in typed for p in c.points):
+                figs.append(("busbw", plots.busbw_figure(typed, f"allreduce bus bandwidth ({where})")))
+            if baseline and len({c.key.variant for c in typed}) > 1:
+                figs.append(("speedup", plots.speedup_figure(typed, baseline, f"speedup over {baseline} ({where})")))
+            for name, fig in figs:
+                paths = plots.save(fig, plot_dir / f"{name}_{file_stem(dtype)}")   # the dtype is data
+                written.extend(paths)
+                images.setdefault(dtype, []).append((paths[0], f"{name} {dtype}"))
+        fused = comparison_cells(run.rows)
+        trace = attribute_plots.report_section(args, run, plot_dir)
+        written.extend(path for png, _ in trace[1] for path in (png, png.with_suffix(".svg")))
+        write_html(run, facts, sections, fused, images, baseline, work / "report.html", trace)
 
     result = ReportResult(provenance.of(run).to_dict(), provenance.describe(run), run.run_id, facts.status_text,
                           run_state(run.info), baseline,
@@ -492,7 +494,7 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
                                         for r in facts.failed})))
     print(text(result, args.wide))
     results_out.write(args, result, f"report {run.run_id}")
-    print(f"\nwrote {html_path}")
+    print(f"\nwrote {out / 'report.html'}")
     for path in written:
-        print(f"wrote {path}")
+        print(f"wrote {out / path.relative_to(work)}")
     return 0

@@ -1,4 +1,5 @@
-"""`commbench table RUN [RUN ...]`: several runs side by side as one markdown file.
+"""`commbench table RUN [RUN ...]`: several runs side by side, as tables folded to the terminal,
+or as one markdown file (--out FILE.md, or --markdown on standard output).
 
 Made for the same sweep at several world sizes (scripts/mps-reference.sh runs 2, 4 and 8
 ranks): one table per (dtype, mode, world size) of plain allreduce, message size down, backend
@@ -54,6 +55,37 @@ def markdown(table: Table) -> str:
              "|" + "|".join(" --- " for _ in table.headers) + "|"]
     lines.extend("| " + " | ".join(map(md_escape, row)) + " |" for row in table.rows)
     return "\n".join(lines) + "\n"
+
+
+BEST_MARK = "* "   # the terminal's mark for markdown's bold: the fastest correct cell of a size
+
+
+def _terminal_cell(cell: str) -> str:
+    text = clean_text(cell)
+    return BEST_MARK + text[2:-2] if text.startswith("**") and text.endswith("**") else text
+
+
+def render_text(result: TableResult, wide: bool = False) -> str:
+    """The same tables for a terminal: each folded to its width (a row too wide becomes a record),
+    the fastest correct cell of a size marked '*'; every text from a run file cleaned."""
+    out = [render.prose(f"{clean_text(what)}; run{'s' if len(ids) > 1 else ''} {clean_text(', '.join(ids))}",
+                        wide) for what, ids in result.machines.items()]
+    out.append(render.prose("cells: headline latency_us (one timer around the timed pass, slowest rank) / the jitter "
+                            "pass's p50; '*' the fastest correct backend per size; a status (skipped, hang, crashed, "
+                            "wrong, ...) where the row did not measure; markdown: --markdown or --out FILE.md", wide))
+    for table in [*result.allreduce, *([result.fused] if result.fused is not None else [])]:
+        rows = [[_terminal_cell(c) for c in row] for row in table.rows]
+        out += ["", render.table([clean_text(h) for h in table.headers], rows, right=range(1, len(table.headers)),
+                                 title=clean_text(table.title), wide=wide)]
+    if result.fused is not None:
+        out.append(render.prose("saving = unfused - fused per call (positive: fusion is faster); unfused = the run's "
+                                "fastest correct plain allreduce at that size, then torch's add and RMSNorm in the same "
+                                "graph.", wide))
+    if result.refused:
+        out += ["", "measured nothing, and why:"]
+        out += [render.prose(clean_text(line.replace("`", "").replace("\\", "")), wide, indent="    ", first="  - ")
+                for line in result.refused]
+    return "\n".join(out)
 
 
 def _cell(row: Measurement | None, best: bool) -> str:
@@ -228,9 +260,13 @@ class _Rows:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dirs", nargs="+", metavar="RUN",
                         help="results dirs written by commbench sweep, or a fleet (all its runs; FLEET#NODE: one)")
-    parser.add_argument("--out", help="markdown file to write (default: stdout)")
+    parser.add_argument("--out", help="markdown file to write (default: the tables on standard output, folded to the "
+                                      "terminal)")
+    parser.add_argument("--markdown", action="store_true",
+                        help="print the markdown on standard output (one line per table row) instead")
     parser.add_argument("--json", metavar="FILE", help="also write the tables as JSON ('-' for stdout: JSON alone)")
     results_out.add_arguments(parser)
+    render.add_arguments(parser)
 
 
 def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
@@ -243,13 +279,13 @@ def main(args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     if empty:
         raise UsageError(f"{empty[0]}: no measurements yet (measurements.jsonl is empty or missing)")
     result = table_result(runs)
-    to_terminal = args.out is None or args.out == STDOUT
-    text = render_markdown(result, render.terminal_width() if to_terminal else None)
-    if to_terminal:
-        print(text, end="")
-    else:
+    if args.out is not None and args.out != STDOUT:
         with naming(args.out):
-            Path(args.out).write_text(text, encoding="utf-8")
+            Path(args.out).write_text(render_markdown(result), encoding="utf-8")
         print(f"wrote {args.out}")
+    elif args.markdown or args.out == STDOUT:
+        print(render_markdown(result, None if args.wide else render.terminal_width()), end="")
+    else:
+        print(render_text(result, args.wide))
     results_out.write(args, result, "table " + " ".join(args.run_dirs))
     return 0

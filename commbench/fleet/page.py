@@ -17,7 +17,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from commbench.errors import UsageError
-from commbench.files import naming, output_folder
+from commbench.files import naming, output_folder, staged_folder
 from commbench.fleet.inputs import split
 from commbench.fleet.outliers import Rule, shown
 from commbench.fleet.verdicts import FAIL, Comparison, FleetVerdict, NodeVerdict, judge
@@ -134,10 +134,9 @@ def main(args: argparse.Namespace) -> int:
     if not runs:
         raise UsageError(f"{fleet_path}: the fleet holds no readable run")
     verdict = judge(runs, None, Rule())
-    out.mkdir(parents=True, exist_ok=True)
     path = out / PAGE
-    with naming(path):
-        path.write_text(render(verdict, fleet_path), encoding="utf-8")
+    with staged_folder(out) as work, naming(path):   # moved into place at the end: a failure leaves nothing
+        (work / PAGE).write_text(render(verdict, fleet_path), encoding="utf-8")
     print(f"fleet {fleet_path}: {len(verdict.nodes)} run(s), {len(verdict.failed)} FAIL"
           + (": " + ", ".join(n.run.node for n in verdict.failed) if verdict.failed else ""))
     print(f"wrote {path}")

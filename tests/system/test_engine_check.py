@@ -61,7 +61,7 @@ def test_an_edited_gate_in_a_copy_of_the_engine_exits_1_naming_its_file_and_line
     capsys.readouterr()
 
     edited = engine_tree(tmp_path / "edited", 16)     # takes messages at 16 ranks: vLLM refuses them
-    assert cli(["engines", "--check", str(edited), "--json", str(tmp_path / "edited.json")]) == 1
+    assert cli(["engines", "--check", str(edited), "--json", str(tmp_path / "edited.json"), "--wide"]) == 1
     text = capsys.readouterr().out
     differs = _gate(json.loads((tmp_path / "edited.json").read_text()))
     assert differs["differ"] > 0 and differs["where"] == f"{GATE}:{line}"

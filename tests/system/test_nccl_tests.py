@@ -545,7 +545,7 @@ def test_an_import_with_the_boxs_probe_snapshot_reads_the_engines_gates_as_a_swe
     from the box's gates (FlashInfer); without it the box's fabric is unknown."""
     snapshot = SNAPSHOTS / "h200-nvlink-8x.json"
     run = _import(tmp_path, GRAPH8_TXT, extra=["--average", "3", "--snapshot", str(snapshot)])
-    said = capsys.readouterr().out
+    said = " ".join(capsys.readouterr().out.split())   # folded to the terminal
     assert f"box: the box from the probe snapshot {snapshot}" in said
     assert "host names differ (the log: h200-07; the probe: hgx8)" in said
     info = json.loads((run / RUN_FILE).read_text())
@@ -578,3 +578,18 @@ def test_a_snapshot_of_another_box_is_refused_in_one_line(tmp_path, capsys):
                                 "--out", str(tmp_path / "run")])
     assert err.endswith(f"{not_one} is not a commbench topology snapshot")
     assert not (tmp_path / "run").exists()
+
+
+def test_an_import_into_a_new_dir_that_fails_leaves_nothing_behind(tmp_path, monkeypatch, capsys):
+    """The new dir is built beside its name and moved there at the end: a failure after the rows
+    were written (here, recording the import) leaves neither the dir nor a half-built one."""
+    from commbench.analysis import nccl_tests_import
+    from commbench.errors import UsageError
+
+    def refused(*args, **kwargs):
+        raise UsageError("refused while recording the import")
+
+    monkeypatch.setattr(nccl_tests_import, "import_record", refused)
+    assert cli(["import-nccl-tests", str(GRAPH8_TXT), "--average", "3", "--out", str(tmp_path / "new" / "run")]) == 2
+    assert "refused while recording the import" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []

@@ -126,6 +126,32 @@ def test_report_of_a_cpu_sweep_goes_to_a_new_folder_never_into_the_run_dir(tmp_p
     assert sorted(p.name for p in run.iterdir()) == before
 
 
+def test_a_report_or_compare_that_fails_leaves_nothing_behind(tmp_path, monkeypatch, capsys):
+    """A --trace of 2 ranks on an 8-rank run is refused after the plots are drawn: no RUN-report,
+    no half-built folder, no parent made for --out. Named again, an --out that holds a report
+    keeps the files the new one does not write, and a symlink where a file goes is refused."""
+    trace = Path(__file__).parents[1] / "data" / "traces" / "h200-mps" / "p2p-oneshot_lamport-rank0.trace.json.gz"
+    monkeypatch.chdir(tmp_path)
+    assert cli(["report", str(SYNTHETIC), "--trace", str(trace)]) == 2
+    assert cli(["report", str(SYNTHETIC), "--trace", str(trace), "--out", str(tmp_path / "a" / "b")]) == 2
+    assert "world size 8, not TP 2" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+    out = tmp_path / "rep"
+    assert cli(["report", str(SYNTHETIC), "--out", str(out)]) == 0
+    (out / "mine.txt").write_text("kept")
+    assert cli(["report", str(SYNTHETIC), "--out", str(out)]) == 0
+    assert (out / "mine.txt").read_text() == "kept" and (out / "plots" / "latency_bf16.png").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rep"]
+    (out / "report.html").unlink()
+    (out / "report.html").symlink_to(tmp_path / "elsewhere.html")
+    assert cli(["report", str(SYNTHETIC), "--out", str(out)]) == 2
+    assert "a symlink" in capsys.readouterr().err and not (tmp_path / "elsewhere.html").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rep"]
+    assert cli(["compare", str(CPU_A), str(CPU_A.parent / "cpu-gloo-4rank-b"), "--backend-a", "gloo",
+                "--out", str(tmp_path / "cmp")]) == 2   # --backend-a without -b: refused, nothing written
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rep"]
+
+
 def test_report_shows_fused_against_unfused_from_a_recorded_run(tmp_path, capsys):
     (fused_run,) = (Path(__file__).parents[2] / "results" / "reference" / "h200-mps-emulated" / "world2"
                     / "fused-h7168").glob("*/run.json")

@@ -54,7 +54,7 @@ def test_qualify_never_passes_an_emulated_run(emulated, tmp_path, capsys):
     assert cli(["qualify", "--spec", str(SPEC), str(emulated), "--wide"]) == 1
     out = capsys.readouterr().out
     line = next(l for l in out.splitlines() if "real hardware" in l)
-    assert line.startswith("FAIL") and "emulated: 8 ranks on 1 GPU(s)" in line
+    assert line.startswith("FAIL") and "emulated data: 8 ranks on 1 GPU(s)" in line
     assert not [l for l in out.splitlines() if l.startswith("PASS") and " fabric " in l]
 
 

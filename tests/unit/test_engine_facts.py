@@ -163,15 +163,15 @@ def test_engines_command_gives_the_chains_the_source_gives(capsys):
 
 def test_engines_without_a_box_prints_the_chains_with_their_sources(capsys):
     assert cli(["engines", "--engine", "vllm"]) == 0
-    out = capsys.readouterr().out
+    out = " ".join(capsys.readouterr().out.split())   # folded to the terminal
     assert "no box given" in out and "turn off: VLLM_ALLREDUCE_USE_FLASHINFER=0" in out
 
 
 def test_recommend_on_the_pcie_fixture_offers_sglang_pcie_ipc(capsys):
     assert cli(["recommend", str(PCIE_RUN), "--model", "glm-5", "--engine", "sglang", "--wide"]) == 0
     out = capsys.readouterr().out
-    (row,) = [line for line in out.splitlines() if line.startswith("FlashInfer PCIe IPC allreduce")]
-    assert "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1" in row and "available" in row and "not measured" in row
+    (row,) = [line for line in out.splitlines() if line.startswith("  4. FlashInfer PCIe IPC allreduce [")]
+    assert "[opt-in: SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1; not measured]: available here" in row
 
 
 # --- launch lines that do what they claim ----------------------------------------------------
@@ -306,7 +306,7 @@ def test_every_fact_names_its_source(fact):
 
 @pytest.mark.procs     # its custom_all_reduce.py is imported in the gate check's child process
 def test_check_prints_each_difference_and_exits_1(capsys):
-    assert cli(["engines", "--check", str(SRC / "vllm-site")]) == 1
+    assert cli(["engines", "--check", str(SRC / "vllm-site"), "--wide"]) == 1
     out = capsys.readouterr().out
     assert "vLLM 0.34.0 at " in out
     assert ("custom_ar_world_sizes: built in [2, 4, 6, 8, 16]; source [2, 4, 8] "
@@ -326,12 +326,12 @@ def test_check_refuses_what_is_no_engine_with_one_line(site, words, capsys):
 
 def test_engine_site_reads_the_facts_and_says_so(capsys):
     assert cli(["engines", str(SNAPSHOTS / "h200-nvlink-8x.json"), "--engine", "vllm", "--engine-site",
-                str(SRC / "vllm-site")]) == 0
+                str(SRC / "vllm-site"), "--wide"]) == 0
     out = capsys.readouterr().out
     assert f"facts: vLLM 0.34.0 read from {SRC / 'vllm-site'}" in out
     assert "world size 8 is not one of" not in out and "custom_all_reduce.py:5" in out
     assert "dispatch_order not read" in out       # a fact its source does not give: built in, with a warning
-    assert cli(["engines", "--engine", "vllm", "--engine-site", str(SRC / "newer-site")]) == 0
+    assert cli(["engines", "--engine", "vllm", "--engine-site", str(SRC / "newer-site"), "--wide"]) == 0
     out = capsys.readouterr().out
     assert "vLLM 9.9.0 read from" in out or "vLLM 9.9.0" in out
     assert "commbench has no reader checked against it; vLLM 0.34.0 facts built in used" in out
@@ -429,9 +429,9 @@ def test_sglang_pcie_ipc_is_priced_by_flashinfer_rows_where_measured(capsys):
     out = " ".join(capsys.readouterr().out.split())
     # ranks share one GPU: whether the custom allreduce (tried first) takes these sizes cannot be read,
     # so the line turns it off too
-    assert ("turn on: SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1; with it: --enforce-disable-flashinfer-allreduce-fusion "
-            "--disable-custom-all-reduce;" in out)
+    assert ("turn on: SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1; with it: `--enforce-disable-flashinfer-allreduce-fusion` "
+            "`--disable-custom-all-reduce`;" in out)
     assert cli(["engines", str(run), "--model", "llama-3.1-70b", "--engine", "sglang"]) == 0
     out = " ".join(capsys.readouterr().out.split())
     # no FlashInfer routing to turn off for Llama; the custom allreduce (its gate unknown here) still is
-    assert "turn on: SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1; with it: --disable-custom-all-reduce; turn off" in out
+    assert "turn on: SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1; with it: `--disable-custom-all-reduce`; turn off" in out
