@@ -307,7 +307,7 @@ def text(result: FloorResult, wide: bool = False) -> str:
             tables.append(table)
         w = what_ifs.get(e.engine)
         if w is not None:
-            out.append(what_if_text(w.what_if, f"{e.name} ({tag})") if w.what_if
+            out.append(what_if_text(w.what_if, f"{e.name} ({tag})", wide) if w.what_if
                        else render.prose(w.why_not or "", wide))
     if result.headroom:
         out += ["", _table(list(result.headroom), f"headroom ({tag}): the fastest kernel measured here that no "
@@ -321,17 +321,17 @@ def text(result: FloorResult, wide: bool = False) -> str:
 
 def _table_text(result: FloorResult, wide: bool) -> str:
     """A latency table's floor: its rows, and the what-if with --step-ms."""
-    out = [f"data: {result.curve}, not a commbench run: no engine path or provenance to check",
-           f"{result.model.describe()}; TP {result.tp or '?'}", f"source: {result.model.source}", "",
-           _table(list(result.rows), result.curve or "", wide)]
+    out = [render.prose(f"data: {result.curve}, not a commbench run: no engine path or provenance to check", wide),
+           render.prose(f"{result.model.describe()}; TP {result.tp or '?'}", wide),
+           render.prose(f"source: {result.model.source}", wide), "", _table(list(result.rows), result.curve or "", wide)]
     if any(r.latency_us is None for r in result.rows):
         out.append("\nout of range: the curve does not reach that size; sweep it (never extrapolated)")
     if result.what_if is not None:
-        out += ["", what_if_text(result.what_if, "this curve")]
+        out += ["", what_if_text(result.what_if, "this curve", wide)]
     return "\n".join(out)
 
 
-def what_if_text(w: WhatIf, who: str) -> str:
+def what_if_text(w: WhatIf, who: str, wide: bool = False) -> str:
     now_ms = w.current.floor_ms_per_token or 0.0
     lines = [f"{who} what-if: measured step {w.step_ms:.2f} ms at concurrency {w.concurrency} = "
              f"{now_ms:.2f} ms allreduce ({100 * w.comm_fraction:.0f}%, {w.current.backend}) "
@@ -343,4 +343,4 @@ def what_if_text(w: WhatIf, who: str) -> str:
         lines.append(f"with {w.best.backend}: {best_ms:.2f} ms allreduce -> step {w.new_step_ms:.2f} ms, "
                      f"{w.tokens_per_s_new:.1f} tokens/s (now {w.tokens_per_s_now:.1f}, "
                      f"{100 * (w.tokens_per_s_new / w.tokens_per_s_now - 1):+.0f}%)")
-    return "\n".join(lines)
+    return "\n".join(render.prose(line, wide) for line in lines)

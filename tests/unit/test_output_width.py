@@ -38,6 +38,10 @@ COMMANDS: dict[str, tuple[list[str], bool]] = {
     "report": (["report", PCIE, "--out", "{tmp}/report"], True),
     "floor": (["floor", PCIE, "--model", "glm-5", "--concurrency", "1,16,64"], True),
     "floor-list-models": (["floor", "--list-models"], True),
+    "floor-what-if": (["floor", PCIE, "--model", "glm-5", "--engine", "sglang", "--concurrency", "1", "--step-ms",
+                       "17.28"], True),
+    "floor-latency-table": (["floor", "--latency-table", "{tmp}/latency.csv", "--model",
+                             "glm-5", "--concurrency", "1", "--step-ms", "17.28"], True),
     "recommend": (["recommend", PCIE, "--model", "glm-5"], True),
     "recommend-brief": (["recommend", PCIE, "--model", "glm-5", "--brief", "--prefill-tokens", "256"], True),
     "recommend-emulated": (["recommend", str(EMULATED_PCIE), "--model", "glm-5", "--concurrency", "1,16"], True),
@@ -62,6 +66,7 @@ def _output(argv: list[str], columns: int, tmp_path: Path, monkeypatch: pytest.M
             capsys: pytest.CaptureFixture[str]) -> str:
     monkeypatch.setenv("COLUMNS", str(columns))
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "latency.csv").write_text("bytes,latency_us\n4K,20\n16K,40\n64K,90\n")   # floor --latency-table
     argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
     assert cli(argv) in (0, 1), argv     # 1: qualify's verdict
     out = capsys.readouterr()
