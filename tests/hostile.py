@@ -276,8 +276,8 @@ def _security_cases() -> list[Case]:
     for command in ("table", "qualify", "report"):
         out.append(Case("security", f"{command}: terminal escapes in a backend name", terminal(command), no_escape))
 
-    def markdown(root: Path) -> list[str]:
-        return ["table", str(with_row(root, 0, backend="nccl|<script>alert(1)</script>"))]
+    def markdown(root: Path) -> list[str]:   # the markdown (a terminal's text shows the name as text)
+        return ["table", str(with_row(root, 0, backend="nccl|<script>alert(1)</script>")), "--markdown"]
 
     def markdown_clean(result: Result, root: Path) -> None:
         no_traceback(result)

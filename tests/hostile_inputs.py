@@ -331,7 +331,8 @@ def _import_cases() -> list[Case]:
         assert "<b>" not in text and "|x" not in text.replace("\\|", ""), text
         assert "&lt;/b&gt; rm -rf ~" in text, text                   # the newline became a space
     out.append(Case("security", "table: markdown, a pipe and a newline in the run's host",
-                    lambda root: ["table", str(with_info(root, host="evil|x <b>bold</b>\nrm -rf ~"))], host_markup))
+                    lambda root: ["table", str(with_info(root, host="evil|x <b>bold</b>\nrm -rf ~")), "--markdown"],
+                    host_markup))
 
     def env_newline(root: Path) -> list[str]:
         run = copy_run(root)
@@ -388,7 +389,7 @@ def _import_cases() -> list[Case]:
             if row["status"] != "ok":
                 row["reason"] = "why " + markup
         write_rows(run, rows)
-        return ["table", str(run)]
+        return ["table", str(run), "--markdown"]   # the markdown (a terminal's text shows it as text)
 
     def literal_markdown(result: Result, root: Path) -> None:
         no_traceback(result)

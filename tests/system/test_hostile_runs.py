@@ -133,17 +133,28 @@ def test_an_import_cut_short_is_completed_by_the_next(tmp_path: Path, monkeypatc
         real(self, row, sync)
 
     monkeypatch.setattr(RowsWriter, "append", full_disk)
-    cut = _in_process(argv)
+    cut = _in_process(argv)   # into a new dir: built beside it, so a cut leaves nothing behind
     assert cut.code == 1 and "No space left on device" in cut.err and "--resume" not in cut.err, cut.err
-    assert json.loads((out / RUN_FILE).read_text())["imports"] == []   # the import is not recorded as done
+    assert list(tmp_path.iterdir()) == []
+    # into a dir an earlier import made: appended in place, and a cut is repaired by the next
+    other = ["import-nccl-tests", str(log.with_name("h200-8gpu-mpi-eager-periter.txt")), "--average", "1", "--out",
+             str(out)]
+    monkeypatch.setattr(RowsWriter, "append", real)
+    assert _in_process(other).code == 0
+    before = (out / "measurements.jsonl").read_text().count("\n")
+    written.clear()
+    monkeypatch.setattr(RowsWriter, "append", full_disk)
+    cut = _in_process(argv)
+    assert cut.code == 1 and "No space left on device" in cut.err, cut.err
+    assert len(json.loads((out / RUN_FILE).read_text())["imports"]) == 1   # this import is not recorded as done
     monkeypatch.setattr(RowsWriter, "append", real)
     again = _in_process(argv)
     assert again.code == 0, again.err
-    assert "removed 5 row(s) of an import that did not finish" in again.out
+    assert "removed 5 row(s) of an import that did not finish" in " ".join(again.out.split())
     full = _in_process(["import-nccl-tests", str(log), "--average", "3", "--out", str(tmp_path / "whole")])
     assert full.code == 0
     assert (out / "measurements.jsonl").read_text().count("\n") == \
-        (tmp_path / "whole" / "measurements.jsonl").read_text().count("\n")
+        before + (tmp_path / "whole" / "measurements.jsonl").read_text().count("\n")
     assert "already imported" in _in_process(argv).out
 
 
