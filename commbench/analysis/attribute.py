@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import re
 import statistics
-import textwrap
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +22,7 @@ from commbench import engines
 from commbench.analysis import decide, provenance, render, results_out
 from commbench.analysis.attribute_nccl import (HOW_TO_LOG, LogLine, NcclLog, has_nccl, log_lines, log_text,
                                                  read_nccl_logs)
-from commbench.analysis.attribute_floor import WIDTH, FloorLine, floor_lines, floor_text
+from commbench.analysis.attribute_floor import FloorLine, floor_lines, floor_text
 from commbench.analysis.attribution import RULES, RankResult, Step
 from commbench.analysis.skew import CLOCK_MODES, Skew
 from commbench.analysis.skew_text import Spread, skew_json, skew_text, spread_text, spreads
@@ -172,38 +171,40 @@ def details(results: list[RankResult], summaries: list[StepSummary], kernels: li
     for r in results:
         phases = ", ".join(f"{n} {p if p != '-' else 'other'}" for p, n in
                            sorted(Counter(s.phase for s in r.steps).items()))
-        out.append(textwrap.fill(f"rank {r.rank}: {r.rule} rule ({r.rule_detail}): {phases or 'no steps'}; "
-                                 f"{r.outside_kernels} kernels outside steps", WIDTH, subsequent_indent="  "))
+        out.append(render.fill(f"rank {r.rank}: {r.rule} rule ({r.rule_detail}): {phases or 'no steps'}; "
+                               f"{r.outside_kernels} kernels outside steps", wide))
     if apart:
-        out.append(textwrap.fill(apart, WIDTH, subsequent_indent="  "))
+        out.append(render.fill(apart, wide))
     out.append("")
     out.append(render.table(["phase", "steps", "wall_us", "busy_us", "ARs", "AR_us", "p50/call", "p90/call", "share",
                              "overlap_us"],
                             [[s.phase, str(s.steps), fmt_us(s.wall_us), fmt_us(s.busy_us), f"{s.allreduce_calls:g}",
                               fmt_us(s.allreduce_us), fmt_us(s.call_p50_us), fmt_us(s.call_p90_us),
                               f"{100 * s.share:.1f}%", fmt_us(s.overlap_us)] for s in summaries],
-                            right=range(1, 10), wide=wide, width=WIDTH))
-    out.append("(medians over the steps of all ranks; share = allreduce time / step wall; overlap = allreduce\n"
-               " time beside compute on another stream; other = steps not told apart as decode or prefill)")
+                            right=range(1, 10), wide=wide))
+    out.append(render.fill("(medians over the steps of all ranks; share = allreduce time / step wall; overlap = "
+                           "allreduce time beside compute on another stream; other = steps not told apart as decode "
+                           "or prefill)", wide, " "))
     out.append("")
     if kernels:
         out.append(render.table(["library", "kernel", "calls", "/step", "size", "p50_us", "p90_us"],
                                 [[k.library, short_name(k.kernel), str(k.calls), f"{k.per_step:.1f}",
                                   "/".join(format_bytes(b) for b in k.sizes) or "unknown", fmt_us(k.p50_us),
-                                  fmt_us(k.p90_us)] for k in kernels], right=(2, 3, 5, 6), wide=wide, width=WIDTH))
-        out += [textwrap.fill(f"note: {note}", WIDTH, subsequent_indent="  ")
+                                  fmt_us(k.p90_us)] for k in kernels], right=(2, 3, 5, 6), wide=wide))
+        out += [render.fill(f"note: {note}", wide)
                 for note in dict.fromkeys(f"{k.library}: {k.note}" for k in kernels if k.note)]
     else:
         out.append("no allreduce kernel in any step")
     outside = sum(len(r.outside_allreduce) for r in results)
     if outside:
-        out.append(f"{outside} allreduce kernels ran outside the steps (eager work or prefill between replays)")
+        out.append(render.fill(f"{outside} allreduce kernels ran outside the steps (eager work or prefill between "
+                               "replays)", wide))
     unclassified: Counter[str] = Counter()
     for r in results:
         for name, n in r.unclassified.items():
             unclassified[name] += n
-    out += [textwrap.fill(f"unclassified communication (counted neither as compute nor as allreduce): "
-                          f"{short_name(name)} x{n}", WIDTH, subsequent_indent="  ")
+    out += [render.fill(f"unclassified communication (counted neither as compute nor as allreduce): "
+                        f"{short_name(name)} x{n}", wide)
             for name, n in sorted(unclassified.items(), key=lambda kv: -kv[1])]
     return out
 
@@ -263,18 +264,19 @@ def compute(args: argparse.Namespace) -> Attributed:
 def text(found: Attributed, args: argparse.Namespace) -> list[str]:
     """The answer's lines; --plot is drawn where its line goes."""
     result, results, skew = found.result, found.results, found.skew
-    out = [textwrap.fill(result.trace, WIDTH, subsequent_indent="  ")]
+    out = [render.fill(result.trace, args.wide)]
     if result.run is not None:
-        out.append(textwrap.fill(result.run, WIDTH, subsequent_indent="  "))
+        out.append(render.fill(result.run, args.wide))
     if not args.brief:
         out += details(results, list(result.summary), list(result.kernels), result.first_apart, args.wide)
     if found.nccl_log is not None and result.nccl_log is not None:
         out.append("")
-        out += [textwrap.fill(line, WIDTH, subsequent_indent="    " if line.startswith("  ") else "  ",
-                              break_on_hyphens=False) for line in log_text(found.nccl_log, list(result.nccl_log.lines))]
+        out += [render.prose(line.lstrip(), args.wide, indent="    " if line.startswith("  ") else "  ",
+                             first=line[:len(line) - len(line.lstrip())])
+                for line in log_text(found.nccl_log, list(result.nccl_log.lines))]
     elif found.world > 1 and has_nccl(results):   # at world size 1 NCCL chooses no algorithm
-        out.append(textwrap.fill(f"note: NCCL's log tells the protocol: run the engine with {HOW_TO_LOG} and give "
-                                 "its log as --nccl-log", WIDTH, subsequent_indent="  "))
+        out.append(render.fill(f"note: NCCL's log tells the protocol: run the engine with {HOW_TO_LOG} and give "
+                               "its log as --nccl-log", args.wide))
     out.append("")
     if skew is not None:
         out += skew_text(skew, results, args.wide, args.brief)
@@ -291,10 +293,10 @@ def text(found: Attributed, args: argparse.Namespace) -> list[str]:
         out.append("")
         out.append(floor_text(list(result.floor), args.wide, args.brief))
         if args.engine and result.floor and not any(f.alternative for f in result.floor):
-            out.append(textwrap.fill(f"what {engines.ENGINE_NAMES[args.engine]} could take instead: no path it can "
-                                     "take on this box was measured in the run at these sizes (its own kernels or a "
-                                     "library it runs; a stand-in is no price; `commbench recommend` says why per "
-                                     "path)", WIDTH, subsequent_indent="  "))
+            out.append(render.fill(f"what {engines.ENGINE_NAMES[args.engine]} could take instead: no path it can "
+                                   "take on this box was measured in the run at these sizes (its own kernels or a "
+                                   "library it runs; a stand-in is no price; recommend on this run says why per "
+                                   "path)", args.wide))
     return out
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import re
 import statistics
-import textwrap
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Callable
@@ -36,7 +35,6 @@ from commbench.ops import ALLREDUCE
 from commbench.results import Run
 from commbench.units import dtype_name, format_bytes
 
-WIDTH = 100
 
 # (the run's trusted curves for this world size and dtype, message bytes) -> the engine's best path
 Alternative = Callable[[list[Curve], int], "Curve | None"]
@@ -182,48 +180,46 @@ def _priced_table(lines: list[FloorLine], which: str, head: str, word: str, wide
     if not rows:
         return []
     out = [render.table(["library", "size", "/step", "engine_us", head, "d/call", "d/step_us", "d/token_us",
-                         "of step"], rows, right=range(1, 9), wide=wide, width=WIDTH)]
+                         "of step"], rows, right=range(1, 9), wide=wide)]
     for f in lines:
         p = getattr(f, which)
         if p is not None:
-            out.append(textwrap.fill(f"{f.library} at {format_bytes(f.message_bytes or 0)}: {word} {p.variant} "
-                                     f"({p.source}); size from {f.size_from}", WIDTH,
-                                     initial_indent="  ", subsequent_indent="    "))
+            out.append(render.prose(f"{f.library} at {format_bytes(f.message_bytes or 0)}: {word} {p.variant} "
+                                    f"({p.source}); size from {f.size_from}", wide, indent="    ", first="  "))
     return out
 
 
 def floor_text(lines: list[FloorLine], wide: bool = False, brief: bool = False) -> str:
     if not lines:
         return "against the floor: no allreduce calls in the steps"
-    out = ["against the floor: the same library's fastest trusted rows in the run at that size"]
+    out = [render.prose("against the floor: the same library's fastest trusted rows in the run at that size", wide)]
     if not brief:
-        out[0] += "\n(d = engine minus floor: + = the engine pays more; of step = d/step over the median step wall)"
+        out.append(render.fill("(d = engine minus floor: + = the engine pays more; of step = d/step over the median "
+                               "step wall)", wide, " "))
     if not brief and any(f.transfer_p50_us is not None for f in lines):
-        out[0] += ("\n(engine_us = the calls' median transfer: with every rank's trace the wait for the last "
-                   "rank is\n taken out)")
+        out.append(render.fill("(engine_us = the calls' median transfer: with every rank's trace the wait for the last "
+                               "rank is taken out)", wide, " "))
     out += _priced_table(lines, "floor", "floor_us", "floor row", wide)
     for f in lines:
         if f.floor is None:
             size = format_bytes(f.message_bytes) if f.message_bytes is not None else "unknown"
-            out.append(textwrap.fill(f"no floor: {f.library} at {size}: {f.why_no_floor}", WIDTH,
-                                     subsequent_indent="  "))
+            out.append(render.fill(f"no floor: {f.library} at {size}: {f.why_no_floor}", wide))
     for f in lines:
         if f.transfer_p50_us is not None and f.wait_per_step_us is not None:
             size = format_bytes(f.message_bytes) if f.message_bytes is not None else "unknown"
             within = (f"within {f.floor.saving_per_call_us:+.1f} us of the floor" if f.floor is not None
                       else f"{fmt_us(f.transfer_p50_us)} us (no floor: {f.why_no_floor})")
-            out.append(textwrap.fill(f"{f.library} at {size}: the kernel itself is {within}; {f.wait_per_step_us:.1f} "
-                                     f"us per step is skew (the wait for the last rank; calls last "
-                                     f"{fmt_us(f.engine_p50_us)} us at the median)", WIDTH, subsequent_indent="  "))
+            out.append(render.fill(f"{f.library} at {size}: the kernel itself is {within}; {f.wait_per_step_us:.1f} "
+                                   f"us per step is skew (the wait for the last rank; calls last "
+                                   f"{fmt_us(f.engine_p50_us)} us at the median)", wide))
     alternatives = _priced_table(lines, "alternative", "instead_us", "instead:", wide)
     if alternatives:
-        out += ["", "what the engine could take instead, measured in the same run (d = engine minus that path)",
-                *alternatives]
+        out += ["", render.prose("what the engine could take instead, measured in the same run (d = engine minus that "
+                                 "path)", wide), *alternatives]
     fastest_rows = _priced_table(lines, "fastest", "fastest_us", "fastest:", wide)
     if fastest_rows:
-        out += ["", "the fastest kernel measured in the same run at that size, any backend (d = engine minus it)",
-                *fastest_rows]
+        out += ["", render.prose("the fastest kernel measured in the same run at that size, any backend (d = engine "
+                                 "minus it)", wide), *fastest_rows]
         whose = {f.fastest.variant: f.fastest_whose for f in lines if f.fastest is not None and f.fastest_whose}
-        out += [textwrap.fill(f"{variant}: {who}", WIDTH, initial_indent="  ", subsequent_indent="    ")
-                for variant, who in whose.items()]
+        out += [render.prose(f"{variant}: {who}", wide, indent="    ", first="  ") for variant, who in whose.items()]
     return "\n".join(out)

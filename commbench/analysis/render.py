@@ -78,6 +78,11 @@ def prose(text: str, wide: bool = False, width: int | None = None, indent: str =
                                     break_on_hyphens=False)).replace(_KEPT_SPACE, " ") or text
 
 
+def fill(text: str, wide: bool = False, indent: str = "  ") -> str:
+    """A paragraph from the margin, its following lines under `indent`, wrapped as prose()."""
+    return prose(text, wide, indent=indent, first="")
+
+
 def table(headers: Sequence[str], rows: Sequence[Sequence[Cell]], right: Sequence[int] = (),
           title: str | None = None, wide: bool = False, width: int | None = None) -> str:
     """Rows under headers as plain text (no colour codes), lines without trailing spaces.

@@ -3,7 +3,6 @@ one-rank fallback: where wait cannot be separated, the calls' spread and the one
 
 from __future__ import annotations
 
-import textwrap
 from collections import defaultdict
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -17,7 +16,6 @@ from commbench.files import LazyList
 from commbench.results import percentile
 from commbench.units import format_bytes
 
-WIDTH = 100
 # A call lasting over this many times its floor is likely waiting for a late rank.
 LIKELY_WAITING_FACTOR = 2.0
 OWN_FLOOR_PERCENTILE = 10
@@ -25,8 +23,8 @@ RULE = (f"likely waiting = a call over {LIKELY_WAITING_FACTOR:g}x its floor: the
         f"(--run), else the p{OWN_FLOOR_PERCENTILE} of the same kernel and size in this trace")
 
 
-def _fill(text: str, indent: str = "  ") -> str:
-    return textwrap.fill(text, WIDTH, subsequent_indent=indent, break_on_hyphens=False)
+def _fill(text: str, wide: bool, indent: str = "  ") -> str:
+    return render.fill(text, wide, indent)
 
 
 def _cause_text(row: LateRow, notable_us: float) -> str:
@@ -46,26 +44,28 @@ def skew_text(skew: Skew, results: list[RankResult], wide: bool = False, brief: 
     did; `brief` leaves out the explanations in parentheses."""
     if not skew.calls:
         return ["wait and transfer: no allreduce call in the ranks' steps to set side by side"]
-    out = [_fill(skew.clock.text)]
+    out = [_fill(skew.clock.text, wide)]
     if skew.clock.mode == "refused":
         return out
     if skew.world_size and len(skew.ranks) < skew.world_size:
         out.append(_fill(f"note: {len(skew.ranks)} of {skew.world_size} ranks given: the last arrival is the last "
-                         "among those given (a missing rank may be later still)"))
+                         "among those given (a missing rank may be later still)", wide))
     splits = phase_splits(results)
-    out += ["", "waiting or moving: each call's wait for the last rank to arrive, and its transfer after it",
+    out += ["", render.prose("waiting or moving: each call's wait for the last rank to arrive, and its transfer after "
+                             "it", wide),
             render.table(["phase", "steps", "AR_us", "wait_us", "transfer_us", "wait share"],
                          [[p.phase, str(p.steps), fmt_us(p.allreduce_us), fmt_us(p.wait_us), fmt_us(p.transfer_us),
-                           f"{100 * p.wait_share:.0f}%"] for p in splits], right=range(1, 6), wide=wide, width=WIDTH),
-            "(per step, medians over the steps of every rank, each its own; AR = wait + transfer per step)", "",
+                           f"{100 * p.wait_share:.0f}%"] for p in splits], right=range(1, 6), wide=wide),
+            render.prose("(per step, medians over the steps of every rank, each its own; AR = wait + transfer per "
+                         "step)", wide), "",
             render.table(["rank", "last on", "calls", "late by p50_us", f"late >= {skew.notable_us:.0f} us"],
                          [[str(r.rank), f"{100 * r.last_share:.0f}%", str(r.last_calls), fmt_us(r.late_by_p50_us),
-                           str(r.notable_calls)] for r in skew.late], right=range(1, 5), wide=wide, width=WIDTH),
+                           str(r.notable_calls)] for r in skew.late], right=range(1, 5), wide=wide),
             _fill(f"(late rank: the one whose kernel started last; last on = its share of the {len(skew.calls)} "
-                  "matched calls; late by = how much later than the others it arrived: the others' mean wait)")]
+                  "matched calls; late by = how much later than the others it arrived: the others' mean wait)", wide)]
     if brief:
         out = [line for line in out if line and not line.startswith("(")]
-    out += [_fill(_cause_text(r, skew.notable_us)) for r in skew.late if r.causes]
+    out += [_fill(_cause_text(r, skew.notable_us), wide) for r in skew.late if r.causes]
     return out
 
 
@@ -121,7 +121,7 @@ def spreads(results: list[RankResult], floor: list[FloorLine]) -> list[Spread]:
 
 def spread_text(rows: list[Spread], why: str, steps: int, wide: bool = False) -> list[str]:
     out = [_fill(f"wait and transfer: {why}: a call's duration holds its wait for the last rank, which "
-                 "cannot be separated here (give every rank's trace of the group)")]
+                 "cannot be separated here (give every rank's trace of the group)", wide)]
     if not rows:
         return out
     out.append(render.table(["library", "size", "calls", "p10_us", "p50_us", "p90_us", "max_us", "floor_us",
@@ -130,6 +130,6 @@ def spread_text(rows: list[Spread], why: str, steps: int, wide: bool = False) ->
                               str(r.calls), fmt_us(r.p10_us), fmt_us(r.p50_us), fmt_us(r.p90_us), fmt_us(r.max_us),
                               fmt_us(r.floor_us), f"{r.likely_waiting} ({100 * r.likely_waiting / r.calls:.0f}%)",
                               fmt_us(r.above_floor_us / steps if steps else None)] for r in rows],
-                            right=range(2, 10), wide=wide, width=WIDTH))
-    out.append(_fill(f"({RULE}; over floor/step = their time above the floor per step)", " "))
+                            right=range(2, 10), wide=wide))
+    out.append(_fill(f"({RULE}; over floor/step = their time above the floor per step)", wide, " "))
     return out

@@ -31,6 +31,8 @@ WORLD2 = _only_run(REFERENCE / "h200-mps-emulated" / "world2" / "allreduce")
 WORLD8 = _only_run(REFERENCE / "h200-mps-emulated" / "world8" / "allreduce")
 PCIE = str(RUNS / "synthetic-pcie-8gpu")
 CPU_A, CPU_B = str(RUNS / "cpu-gloo-4rank-a"), str(RUNS / "cpu-gloo-4rank-b")
+TRACES = [str(ROOT / "tests" / "data" / "traces" / "h200-mps" / f"p2p-oneshot_lamport-rank{r}.trace.json.gz")
+          for r in (0, 1)]
 # Each command, and whether it takes --wide (one line per table row).
 COMMANDS: dict[str, tuple[list[str], bool]] = {
     "probe-h200": (["probe", "--from", str(SNAPSHOTS / "h200-nvlink-8x.json")], False),
@@ -52,6 +54,9 @@ COMMANDS: dict[str, tuple[list[str], bool]] = {
     "qualify-cpu": (["qualify", "--spec", str(SPEC), CPU_A], True),
     "compare": (["compare", CPU_A, CPU_B, "--out", "{tmp}/compare"], True),
     "table": (["table", WORLD2, WORLD8], True),
+    "attribute": (["attribute", *TRACES, "--run", WORLD2, "--hidden", "4096", "--batch", "8", "--engine", "sglang"],
+                  True),
+    "attribute-one-rank": (["attribute", TRACES[0], "--run", WORLD2, "--hidden", "4096", "--batch", "8"], True),
     "import-nccl-tests": (["import-nccl-tests", str(NCCL_TESTS), "--average", "3", "--out", "{tmp}/import"], False),
 }
 # A word that names something a user copies: a spec, a setting, a flag or a path.
