@@ -23,7 +23,7 @@ from commbench.files import STDOUT, check_file_target, write_json
 from commbench.fleet import exports, sources
 from commbench.fleet.outliers import Rule, shown
 from commbench.fleet.store import FleetDir, first_line, is_fleet, run_key
-from commbench.fleet.verdicts import FAIL, PASS, WARN, FleetVerdict, judge
+from commbench.fleet.verdicts import FAIL, PASS, WARN, FleetVerdict, NodeVerdict, judge
 from commbench.results import write_whole
 from commbench.results.text import clean_text
 from commbench.units import format_bytes
@@ -115,12 +115,13 @@ def _rule(args: argparse.Namespace) -> Rule:
 def print_verdict(verdict: FleetVerdict, fleet: Path, spec: single.Spec | None, wide: bool) -> None:
     runs = len(verdict.nodes)
     about = f"spec {spec.name} ({spec.path})" if spec else "no spec: workload checks and the fleet comparison only"
-    print(f"fleet {fleet}: {runs} run(s) of {len({n.run.node for n in verdict.nodes})} node(s); {about}")
-    print(f"rule: {verdict.rule.text()}")
+    print(render.prose(f"fleet {fleet}: {runs} run(s) of {len({n.run.node for n in verdict.nodes})} node(s); "
+                       f"{about}", wide))
+    print(render.fill(f"rule: {verdict.rule.text()}", wide))
     for group, keys in verdict.groups.items():
-        print(f"group {group}: {len(keys)} run(s)")
+        print(render.fill(f"group {group}: {len(keys)} run(s)", wide))
     if len(verdict.groups) > 1:
-        print(f"note: {len(verdict.groups)} groups; each node is compared with its own group only")
+        print(render.prose(f"note: {len(verdict.groups)} groups; each node is compared with its own group only", wide))
     several = len(verdict.groups) > 1
     headers = ["node", "job", *(["group"] if several else []), "status", "reasons", "checks"]
     rows = []
@@ -132,20 +133,37 @@ def print_verdict(verdict: FleetVerdict, fleet: Path, spec: single.Spec | None, 
     print(render.table(headers, rows, wide=wide))
     if verdict.failed:
         print()
-        for node in verdict.failed:
-            print(exports.node_line(node))
+        print("\n".join(_failures(verdict.failed, wide)))
     out = [c for c in verdict.comparisons if c.out]
     if out:
         print("\noutliers against the group:")
         for c in out:
             where = f" at {format_bytes(c.message_bytes)}" if c.message_bytes is not None else ""
             names = ", ".join(f"{f.name} {shown(f.value, c.unit)}" for f in c.out)
-            print(f"  {c.what}{where}: median {shown(c.median, c.unit)} {c.unit} over {c.nodes} nodes, "
-                  f"limit {shown(c.limit, c.unit)} {c.unit}; out: {names}")
+            print(render.prose(f"{c.what}{where}: median {shown(c.median, c.unit)} {c.unit} over {c.nodes} nodes, "
+                               f"limit {shown(c.limit, c.unit)} {c.unit}; out: {names}", wide, indent="    ",
+                               first="  "))
     counts = {s: sum(n.status == s for n in verdict.nodes) for s in (PASS, WARN, FAIL)}
     failed = ", ".join(n.run.node for n in verdict.failed)
-    print(f"\n{counts[PASS]} PASS, {counts[WARN]} WARN, {counts[FAIL]} FAIL -> "
-          + (f"FAIL: {failed}" if failed else "PASS"))
+    print("\n" + render.prose(f"{counts[PASS]} PASS, {counts[WARN]} WARN, {counts[FAIL]} FAIL -> "
+                              + (f"FAIL: {failed}" if failed else "PASS"), wide))
+
+
+def _failures(nodes: list[NodeVerdict], wide: bool) -> list[str]:
+    """Each failed node's failed checks, said once for the nodes that failed alike: the nodes on
+    one line, then one line per check (reason, check, why), folded to the terminal."""
+    alike: dict[tuple[str, ...], list[NodeVerdict]] = {}
+    for node in nodes:
+        said = tuple(f"{c.reason}: {c.name}: {c.detail}" for c in node.checks if c.status == FAIL)
+        alike.setdefault(said, []).append(node)
+    out = []
+    for said, group in alike.items():
+        jobs = {n.run.job for n in group}
+        who = (", ".join(n.run.node for n in group) + f" (job {group[0].run.job})" if len(jobs) == 1
+               else ", ".join(f"{n.run.node} (job {n.run.job})" for n in group))
+        out.append(render.fill(f"{FAIL} {who}:", wide))
+        out += [render.prose(line, wide, indent="    ", first="  ") for line in said]
+    return out
 
 
 def _write(target: Path | None, flag: str, text: str) -> None:

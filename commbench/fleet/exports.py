@@ -17,7 +17,7 @@ from typing import Any
 from commbench.analysis import provenance
 from commbench.analysis.curves import variant_label
 from commbench.fleet.store import pairs_of
-from commbench.fleet.verdicts import FAIL, REASONS, FleetVerdict, NodeVerdict
+from commbench.fleet.verdicts import FAIL, REASONS, FleetVerdict
 
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 
@@ -110,12 +110,4 @@ def prometheus(verdict: FleetVerdict) -> str:
         if samples[name]:
             lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}", *samples[name]]
     return "\n".join(lines) + "\n"
-
-
-def node_line(node: NodeVerdict) -> str:
-    failed = [c for c in node.checks if c.status == FAIL]
-    if not failed:
-        return f"{node.status} {node.run.node} (job {node.run.job})"
-    return (f"{FAIL} {node.run.node} (job {node.run.job}): " +
-            "; ".join(f"{c.reason}: {c.name}: {c.detail}" for c in failed))
 

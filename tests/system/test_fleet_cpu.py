@@ -98,7 +98,7 @@ def test_fleet_build_and_qualify_name_the_slow_node_only(fleet_root: Path, tmp_p
     assert done.returncode == 1, done.stdout + done.stderr
     text = done.stdout
     assert f"-> FAIL: {SLOW}\n" in text, text
-    assert f"FAIL {SLOW} (job {JOB}): outlier_vs_fleet: fleet: testfaults:slow (eager fp32) latency vs group" in text
+    assert f"FAIL {SLOW} (job {JOB}):\n  outlier_vs_fleet: fleet: testfaults:slow (eager fp32) latency vs group" in text
     assert [line.split()[0] for line in text.splitlines() if line.startswith("FAIL ")] == ["FAIL"]
     verdicts = json.loads(report.read_text())
     assert verdicts["failed_nodes"] == [SLOW]

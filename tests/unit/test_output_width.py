@@ -57,6 +57,7 @@ COMMANDS: dict[str, tuple[list[str], bool]] = {
     "attribute": (["attribute", *TRACES, "--run", WORLD2, "--hidden", "4096", "--batch", "8", "--engine", "sglang"],
                   True),
     "attribute-one-rank": (["attribute", TRACES[0], "--run", WORLD2, "--hidden", "4096", "--batch", "8"], True),
+    "fleet-qualify": (["fleet", "qualify", str(REFERENCE / "cpu-fleet" / "fleet"), "--spec", str(SPEC)], True),
     "import-nccl-tests": (["import-nccl-tests", str(NCCL_TESTS), "--average", "3", "--out", "{tmp}/import"], False),
 }
 # A word that names something a user copies: a spec, a setting, a flag or a path.
