@@ -12,7 +12,7 @@ A block is a marker line naming the exact command, then a ```text fence with its
     ```
 
 Each command runs as `python -m commbench ...` from the repository root with its output piped and
-COLUMNS unset, so at the width a user's pipe gets (render.DEFAULT_WIDTH, 100 columns); it must exit
+COLUMNS unset, so at the width a user's pipe gets (commbench.terminal.DEFAULT_WIDTH, 100 columns); it must exit
 0, or 1 (a FAIL verdict).
 Add a block by writing the marker and an empty fence, then --write.
 """

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from commbench.analysis.render import DEFAULT_WIDTH
+from commbench.terminal import DEFAULT_WIDTH
 
 DATA = [Path(__file__).parent / "data", Path(__file__).parent / "fixtures"]
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import shutil
 import re
 import textwrap
 from typing import Sequence, Union
@@ -17,8 +16,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-# Used when stdout is not a terminal and COLUMNS is unset (a pipe, a file, a CI log).
-DEFAULT_WIDTH = 100
+from commbench.terminal import width as terminal_width
+
 # --wide: wide enough that no realistic table folds.
 WIDE_WIDTH = 10_000
 COLUMN_GAP = 2        # spaces between columns: a right pad and the box's blank separator
@@ -52,11 +51,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The `--wide` flag, the same on every command that prints a table."""
     parser.add_argument("--wide", action="store_true",
                         help="one line per table row, however wide (default: fold to the terminal width)")
-
-
-def terminal_width() -> int:
-    """COLUMNS, else the terminal's width, else DEFAULT_WIDTH."""
-    return shutil.get_terminal_size((DEFAULT_WIDTH, 24)).columns
 
 
 def width_now(wide: bool = False, width: int | None = None) -> int:

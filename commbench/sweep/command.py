@@ -338,7 +338,7 @@ def _sweep(ctx: RunContext, opts: SweepOptions, plan: SweepPlan, variants: list,
                 table.line(f"# {line}")
             table.line(f"# commbench sweep: {ctx.world_size} rank(s) on {ctx.nodes} node(s), "
                        f"{'CUDA' if ctx.is_cuda else 'CPU/gloo'}; results in {run_dir}")
-            for line in header_lines(plan.check):
+            for line in header_lines(plan.check, table.width):
                 table.line(line)
             sink = RowSink(writer, table, flush=run.write_csv,
                            resume_hint=None if opts.run_dir else resume_command(opts.argv, ctx, run_dir))

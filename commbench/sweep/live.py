@@ -1,4 +1,9 @@
-"""Rank 0's live output: an nccl-tests-like line per row, under a progress bar on long runs."""
+"""Rank 0's live output: an nccl-tests-like line per row, under a progress bar on long runs.
+
+A row is one line where the terminal (COLUMNS, else its width, else 100 columns) holds the whole
+nccl-tests-like line, and two where it does not: the size, dtype, mode and backend, then the
+numbers and the status; a status longer than the width folds onto indented lines, and a comment
+line ('# ...') folds under '#'; a '# next:' command stays whole, so it pastes."""
 
 from __future__ import annotations
 
@@ -8,14 +13,16 @@ import textwrap
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from commbench import terminal
 from commbench.results import OK, Measurement, describe_setting, is_checked
 from commbench.sweep.plan import JITTER_CALLS
 
-# Rows fit a 120-column terminal: a status that does not fit goes on to indented lines.
-WIDTH = 120
 CONTINUATION = " " * 8
-HEADER = (f"{'size(B)':>10} {'count':>10} {'type':>4} {'mode':>5}  {'backend':<26} "
-          f"{'time(us)':>9} {'p99(us)':>9} {'algbw':>7} {'busbw':>7} {'#wrong':>6}  status")
+LEAD_HEADER = f"{'size(B)':>10} {'count':>10} {'type':>4} {'mode':>5}  "
+NUMBERS_HEADER = f"{'time(us)':>9} {'p99(us)':>9} {'algbw':>7} {'busbw':>7} {'#wrong':>6}  status"
+HEADER = f"{LEAD_HEADER}{'backend':<26} {NUMBERS_HEADER}"
+# The narrowest terminal that holds a row on one line (its status folded after it): else two lines.
+ONE_LINE = len(HEADER) + 4
 # time and p99 come from two passes over the same calls (sweep/engine.py), so p99 may be below it.
 PASSES_NOTE = ("time: one timer around the timed pass, slowest rank; p99: a timer per call in a separate "
                "jitter pass")
@@ -28,10 +35,21 @@ NAME_WIDTH = 26      # a longer backend name is cut there with '~' and given who
 CHECK_OFF_NOTE = "-c 0: no output is checked (#wrong -, status \"ok, unchecked\"); analysis trusts none of these rows"
 
 
-def header_lines(check: bool) -> list[str]:
-    """The comment lines above the rows."""
+def header_lines(check: bool, width: int | None = None) -> list[str]:
+    """The comment lines above the rows, for a terminal `width` wide (default: this one)."""
+    width = width or terminal.width()
     notes = [PASSES_NOTE, EAGER_TAIL_NOTE, TAIL_NOTE] + ([] if check else [CHECK_OFF_NOTE])
-    return ["#" + HEADER[1:]] + [f"# {note}" for note in notes]
+    head = ["#" + HEADER[1:]] if width >= ONE_LINE else ["#" + LEAD_HEADER[1:] + "backend",
+                                                          "#" + CONTINUATION[1:] + NUMBERS_HEADER]
+    return head + [line for note in notes for line in comment(f"# {note}", width)]
+
+
+def comment(text: str, width: int | None = None) -> list[str]:
+    """A '# ...' line folded under '#' to the width; a '# next:' command stays whole."""
+    if text.startswith("# next: ") or not text.startswith("# "):
+        return [text]
+    return textwrap.wrap(text[2:], (width or terminal.width()) - 2, initial_indent="# ", subsequent_indent="#   ",
+                         break_long_words=False, break_on_hyphens=False) or [text]
 
 
 def _num(value: float | None, width: int, digits: int = 2) -> str:
@@ -43,8 +61,10 @@ def _num(value: float | None, width: int, digits: int = 2) -> str:
     return f"{text:>{width}}"
 
 
-def format_row(row: Measurement) -> str:
-    """One row, nccl-tests-like; lines after the first (a long status) start with CONTINUATION."""
+def format_row(row: Measurement, width: int | None = None) -> str:
+    """One row, nccl-tests-like, for a terminal `width` wide (default: this one); lines after the
+    first (the numbers on a narrow terminal, a long status) start with CONTINUATION."""
+    width = width or terminal.width()
     wrong = "-" if row.wrong_elements is None else str(row.wrong_elements)
     status = row.status if row.status == OK else f"{row.status}: {row.wrong_kind or row.reason or ''}".rstrip(": ")
     if row.status == OK and not is_checked(row):
@@ -54,19 +74,24 @@ def format_row(row: Measurement) -> str:
     if row.unsafe:
         status += f" [unsafe: {row.unsafe}]"
     status += _tail_flag(row)
+    lead = f"{row.message_bytes:>10} {row.count:>10} {row.dtype:>4} {row.mode:>5}  "
+    numbers = (f"{_num(row.latency_us, 9)} {_num(row.jitter_p99_us, 9)} {_num(row.algbw_gbps, 7)} "
+               f"{_num(row.busbw_gbps, 7)} {wrong:>6}  ")
+    if width < ONE_LINE:   # the backend whole on the first line, the numbers and status under it
+        return "\n".join([f"{lead}{row.backend}", *_fold(status, width, CONTINUATION + numbers)])
     if len(row.backend) > NAME_WIDTH:   # every MSCCL++ variant begins alike: a cut name alone prints them the same
         status = f"{row.backend}: {status}"
-    lead = f"{row.message_bytes:>10} {row.count:>10} {row.dtype:>4} {row.mode:>5}  "
     cut = len(row.backend) > NAME_WIDTH
     name = row.backend[:NAME_WIDTH - 1] + "~" if cut else row.backend
-    head = (f"{lead}{name:<{NAME_WIDTH}} "
-            f"{_num(row.latency_us, 9)} {_num(row.jitter_p99_us, 9)} {_num(row.algbw_gbps, 7)} "
-            f"{_num(row.busbw_gbps, 7)} {wrong:>6}  ")
+    head = f"{lead}{name:<{NAME_WIDTH}} {numbers}"
     if cut:   # the status, led by the whole name, on the lines below
-        return "\n".join([head.rstrip(), *textwrap.wrap(status, WIDTH, initial_indent=CONTINUATION,
-                                                        subsequent_indent=CONTINUATION, break_on_hyphens=False)])
-    return "\n".join(textwrap.wrap(status, WIDTH, initial_indent=head, subsequent_indent=CONTINUATION,
-                                   break_on_hyphens=False)) or head.rstrip()
+        return "\n".join([head.rstrip(), *_fold(status, width, CONTINUATION)])
+    return "\n".join(_fold(status, width, head))
+
+
+def _fold(status: str, width: int, first: str) -> list[str]:
+    return textwrap.wrap(status, width, initial_indent=first, subsequent_indent=CONTINUATION,
+                         break_long_words=False, break_on_hyphens=False) or [first.rstrip()]
 
 
 def _tail_flag(row: Measurement) -> str:
@@ -91,6 +116,7 @@ class LiveTable:
         self.enabled = enabled
         # Rows hold text from backends and errors: printed literally (no markup, no :emoji: codes).
         self.console = Console(file=sys.stdout, highlight=False, soft_wrap=True, emoji=False)
+        self.width = terminal.width()   # read once: every row of a run is laid out alike
         self.progress: Progress | None = None
         self._task = None
         if enabled and total_rows > 0 and self.console.is_terminal:
@@ -109,12 +135,12 @@ class LiveTable:
 
     def line(self, text: str) -> None:
         if self.enabled:
-            self.console.print(text, markup=False)
+            self.console.print("\n".join(comment(text, self.width)), markup=False)
 
     def row(self, row: Measurement, advance: int = 1) -> None:
         if not self.enabled:
             return
-        self.console.print(format_row(row), markup=False)
+        self.console.print(format_row(row, self.width), markup=False)
         if self.progress is not None:
             self.progress.advance(self._task, advance)
 

@@ -46,7 +46,7 @@ INSTALLED = {"commbench": "commbench", "backends": "commbench.backends", "topolo
 # their TRACE_KERNELS source, never their modules.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("commbench", "commbench.errors", "commbench.units", "commbench.files", "commbench.json_stream", "commbench.policy",
-              "commbench.launch_env", "commbench.waits", "commbench.ops")),
+              "commbench.launch_env", "commbench.waits", "commbench.ops", "commbench.terminal")),
     ("results", ("commbench.results", "commbench.results.*", "commbench.inflight", "commbench.runs")),
     ("facts", ("commbench.engines", "commbench.engines.*", "commbench.topology", "commbench.topology.*",
                "commbench.models")),
