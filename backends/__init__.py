@@ -1,7 +1,9 @@
 """Backend registry: built-in families plus the ``commbench.backends`` entry-point group.
 
-A new built-in backend is one module in this folder and one line in BUILTIN below. Outside
-packages register a ``BackendFactory`` under the entry-point group ``commbench.backends``:
+A new built-in backend is one module (or folder) in this folder and one line in BUILTIN below; a
+family with flags of its own is a folder whose `flags` module declares them without importing
+torch (`flags_of`). Outside packages register a ``BackendFactory`` under the entry-point group
+``commbench.backends``:
 
     [project.entry-points."commbench.backends"]
     mykernel = "mypkg.commbench_backend:FACTORY"
@@ -14,14 +16,18 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import sys
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import metadata
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-from commbench.backends.base import Backend, BackendFactory, BackendUnavailable, MakeOptions, SweepFacts
+from commbench.backends.factory import BackendFactory, BackendUnavailable, MakeOptions, SweepFacts
 from commbench.errors import UsageError
+
+if TYPE_CHECKING:
+    from commbench.backends.base import Backend
 
 ENTRY_POINT_GROUP = "commbench.backends"
 
@@ -33,7 +39,7 @@ BUILTIN: dict[str, str] = {
     "p2p": "commbench.backends.p2p.variants",
     "symm_mem": "commbench.backends.symm_mem",
     "flashinfer": "commbench.backends.flashinfer.variants",
-    "mscclpp": "commbench.backends.mscclpp",
+    "mscclpp": "commbench.backends.mscclpp.backend",
     "unfused": "commbench.backends.unfused",
     "sglang": "commbench.backends.sglang_custom_ar",
     "vllm": "commbench.backends.vllm_custom_ar",
@@ -192,19 +198,38 @@ def probe_variants(options: Options = Options()) -> list[Backend]:
                     for b in _make(fac, spec, options, skip_if_broken=True)])
 
 
+def flags_of(family: str) -> Callable[[argparse._ArgumentGroup], None] | None:
+    """A family's flags. A built-in family with flags is a folder, and declares them in the
+    `flags` module beside its factory module, which imports no torch: the sweep's parser (and
+    `sweep --help`) loads no family's code. A plug-in's come from its factory."""
+    if family not in BUILTIN:
+        return factory(family).add_arguments
+    package = BUILTIN[family].rpartition(".")[0]
+    if package in ("", __name__):   # a family of one module: no flags of its own
+        return None
+    name = f"{package}.flags"
+    return importlib.import_module(name).add_arguments if importlib.util.find_spec(name) else None
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Every family's own flags, in an argument group named after it; a plug-in whose flags
-    cannot be added (a name another family took, a bug) is left out with one warning."""
-    for fac in usable_factories():
-        if fac.add_arguments is None:
-            continue
-        group = parser.add_argument_group(f"{fac.family} backend")
+    cannot be added (a name another family took, a bug, a plug-in that does not load) is left out
+    with one warning."""
+    for family in families():
         try:
-            fac.add_arguments(group)
+            flags = flags_of(family)
+        except UsageError as exc:
+            _warn_once(str(exc))
+            continue
+        if flags is None:
+            continue
+        group = parser.add_argument_group(f"{family} backend")
+        try:
+            flags(group)
         except Exception as exc:
-            if fac.family in BUILTIN:
+            if family in BUILTIN:
                 raise
-            _warn_once(f"backend plug-in {fac.family!r} could not add its flags: {type(exc).__name__}: {exc}")
+            _warn_once(f"backend plug-in {family!r} could not add its flags: {type(exc).__name__}: {exc}")
 
 
 def read_options(args: argparse.Namespace) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from commbench.waits import waits
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "probe": ("commbench.probe.command",
               "probe the GPUs and the fabric between them: links, P2P, IPC, VMM, multicast, host facts, verdicts"),
-    "sweep": ("commbench.sweep.command",
+    "sweep": ("commbench.sweep.arguments",
               "sweep allreduce sizes x dtypes x eager/graph over every backend that can run here"),
     "report": ("commbench.analysis.report",
                "plots, crossover table, fused vs unfused and a self-contained report.html for one results dir"),

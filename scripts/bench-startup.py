@@ -7,7 +7,8 @@ Runs each command N times (default 5), interleaved with `python -c pass` so that
 same machine load, and prints a markdown table of medians: the command's time, its time over the
 interpreter's start, and the ratio of the two. Targets (issue 32): `--help` and
 `floor --list-models` within 0.5 s of `python -c pass`; report, floor and recommend on the
-committed 8-rank emulated run within 2 s.
+committed 8-rank emulated run within 2 s; (issue 54) `sweep --help`, which imports no torch,
+within 0.3 s.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ def commands(run_dir: Path, out: Path) -> list[tuple[str, list[str], float | Non
     return [
         ("python -c pass", ["-c", "pass"], None),
         ("commbench --help", [*cb, "--help"], 0.5),
+        ("commbench sweep --help", [*cb, "sweep", "--help"], 0.3),
         ("commbench floor --list-models", [*cb, "floor", "--list-models"], 0.5),
         ("commbench report RUN", [*cb, "report", str(run_dir), "--out", str(out)], 2.0),
         (f"commbench floor RUN --model {MODEL}", [*cb, "floor", str(run_dir), "--model", MODEL], 2.0),

@@ -83,7 +83,7 @@ def rows(run_dir: Path) -> list[dict]:
 
 def sweep_args(*argv: str) -> "argparse.Namespace":
     """The sweep's flags parsed as `commbench sweep` parses them."""
-    from commbench.sweep.command import add_arguments
+    from commbench.sweep.arguments import add_arguments
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)

@@ -6,6 +6,7 @@ import argparse
 
 from commbench.backends.base import Backend, BackendFactory
 from commbench.backends.flashinfer.common import DISTRIBUTION, FlashinferMake, FlashinferOptions
+from commbench.backends.flashinfer.flags import add_arguments
 from commbench.backends.flashinfer.pcie import PcieIpcAllreduce
 from commbench.backends.flashinfer.trtllm import MnnvlAllreduce, TrtllmAllreduce, TrtllmFused
 
@@ -33,15 +34,6 @@ def make(variant: str | None, options: FlashinferMake) -> list[Backend]:
 
         raise UsageError(f"flashinfer: unknown variant {variant!r}; choose from {', '.join(VARIANTS)}")
     return [_build(variant, options)]
-
-
-def add_arguments(group: argparse._ArgumentGroup) -> None:
-    group.add_argument("--flashinfer-pcie-tune", choices=("measure", "seed"), default="measure",
-                       help="flashinfer:pcie_ipc: tune every size bucket at setup (measure, the default) or run "
-                            "FlashInfer's untuned seed configurations (seed)")
-    group.add_argument("--flashinfer-pdl", choices=("on", "off"), default="on",
-                       help="flashinfer trtllm and fused variants: launch with programmatic dependent launch "
-                            "(on, the default, as vLLM and SGLang serve) or without it (off), to see what it saves")
 
 
 def read_options(args: argparse.Namespace) -> FlashinferOptions:

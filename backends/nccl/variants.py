@@ -11,6 +11,7 @@ from pathlib import Path
 
 from commbench.backends.base import Backend, BackendFactory, MakeOptions, parse_variant_options
 from commbench.backends.nccl.backend import NcclBackend, nccl_log_dir
+from commbench.backends.nccl.flags import add_arguments
 from commbench.backends.nccl.libs import NcclLibrary, by_label, parse_nccl_libs
 from commbench.topology.nccl_log import ALGORITHMS, PROTOCOLS
 from commbench.backends.nccl.symm import NcclSymmBackend
@@ -25,19 +26,6 @@ def _normalise(values: list[str], allowed: tuple[str, ...], what: str) -> list[s
             raise UsageError(f"unknown NCCL {what} {value!r}: choose from {', '.join(allowed)}")
         out.append(by_lower[value.lower()])
     return out
-
-
-def add_arguments(group: argparse._ArgumentGroup) -> None:
-    group.add_argument("--nccl-proto", help="sweep NCCL protocols, e.g. LL,LL128,Simple (one group per variant)")
-    group.add_argument("--nccl-algo", help="sweep NCCL algorithms, e.g. Ring,Tree")
-    group.add_argument("--nccl-symm", action="store_true",
-                       help="also run nccl:symm: the row's buffers registered as NCCL symmetric windows")
-    group.add_argument("--nccl-lib", action="append", default=[], metavar="[LABEL=]PATH",
-                       help="also run every nccl variant with this libnccl.so.2 (a file, or a folder holding "
-                            "nvidia/nccl/lib/libnccl.so.2), preloaded in a child torchrun of its own, as "
-                            "nccl:...,lib=LABEL (repeatable; needs --nproc N)")
-    group.add_argument("--no-nccl-log", action="store_true",
-                       help="do not record the algorithm/protocol NCCL used (logged only around untimed calls)")
 
 
 @dataclass(frozen=True)

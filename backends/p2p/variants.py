@@ -7,27 +7,10 @@ import argparse
 
 from commbench.backends.base import Backend, BackendFactory, MakeOptions
 from commbench.backends.p2p.backend import REQUIRES, P2PAllreduce
+from commbench.backends.p2p.flags import add_arguments
 from commbench.backends.p2p.fused import P2PFused
-from commbench.backends.p2p.layout import THREADS_PER_BLOCK
 from commbench.backends.p2p.rules import DEFAULT_VARIANTS, FUSED_VARIANTS, VARIANTS, P2POptions
 from commbench.errors import UsageError
-
-
-def add_arguments(group: argparse._ArgumentGroup) -> None:
-    group.add_argument("--p2p-max-bytes", help="largest message for the p2p backends (default 8M)")
-    group.add_argument("--p2p-auto-rule", metavar="RULE",
-                       help="force p2p:auto's choice of kernel by size, e.g. "
-                            "'oneshot_lamport<=256K,twoshot_lamport' (default: measured at setup); a rule that names "
-                            "oneshot_pull asks for reads of peer memory")
-    group.add_argument("--p2p-timeout-ms", type=float,
-                       help="how long a p2p kernel waits for a peer before it gives up (default 5000)")
-    group.add_argument("--p2p-threads", help="threads per p2p block, a multiple of 32 up to "
-                                             f"{THREADS_PER_BLOCK} (default: by size)")
-    group.add_argument("--p2p-vectors-per-thread",
-                       help="16-byte vectors each p2p thread takes before another block is added (default 1)")
-    group.add_argument("--p2p-pdl", choices=("on", "off"),
-                       help="launch the p2p kernels with programmatic dependent launch where every rank can "
-                            "(cuda-python, SM 9.0+; rows say why not) (default on)")
 
 
 def read_options(args: argparse.Namespace) -> P2POptions:

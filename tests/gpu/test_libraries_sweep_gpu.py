@@ -94,7 +94,7 @@ def test_flashinfer_plain_variants_and_tuned_pcie_ipc(tmp_path: Path) -> None:
 
 
 def test_mscclpp_every_variant_is_measured_or_says_why(tmp_path: Path) -> None:
-    from commbench.backends.mscclpp import BUILD_HINT, DEFAULT_ALGORITHMS
+    from commbench.backends.mscclpp.backend import BUILD_HINT, DEFAULT_ALGORITHMS
 
     if importlib.util.find_spec("mscclpp") is None:
         pytest.skip(BUILD_HINT)
@@ -110,7 +110,7 @@ def test_mscclpp_every_variant_is_measured_or_says_why(tmp_path: Path) -> None:
     # The probe's verdict comes first (software, then needs): multicast off or the build's own reason.
     assert all(r["status"] != "ok" for r in rows if "nvls" in r["backend"]), rows
     assert all(r["status"] == "skipped" for r in rows if r["backend"] == "mscclpp:shim"), rows
-    from commbench.backends.mscclpp import bootstrap_reason
+    from commbench.backends.mscclpp.backend import bootstrap_reason
 
     if bootstrap_reason() is None:
         # A build whose bootstrap runs here measures its auto choice at both sizes: an error there

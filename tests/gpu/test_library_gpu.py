@@ -261,7 +261,7 @@ def test_flashinfer_trtllm_and_fused_run_exact_when_installed() -> None:
 def test_mscclpp_runs_or_says_why_when_installed() -> None:
     import importlib.util
 
-    from commbench.backends.mscclpp import BUILD_HINT
+    from commbench.backends.mscclpp.backend import BUILD_HINT
 
     report = _library_report("mscclpp", BUILD_HINT if importlib.util.find_spec("mscclpp") is None else None)
     auto = report["mscclpp:auto"]

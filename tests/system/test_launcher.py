@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from commbench import backends
-from commbench.backends.mscclpp import MscclppOptions
+from commbench.backends.mscclpp.backend import MscclppOptions
 from commbench.errors import UsageError
 from commbench.sweep.launcher import child_arguments, parse_env_settings
 

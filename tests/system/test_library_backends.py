@@ -17,7 +17,7 @@ from commbench import engines
 from commbench.backends import factory
 from commbench.backends.flashinfer import autotune_log, pcie, trtllm, variants
 from commbench.backends.flashinfer import common as fi
-from commbench.backends import mscclpp as mp_backend
+from commbench.backends.mscclpp import backend as mp_backend
 from commbench.backends import symm_mem
 from commbench.backends.base import Backend, BackendUnavailable, Requires, SweepFacts, raise_unless_all_ranks_ok
 from commbench.policy import MULTICAST_POLICY_VARS

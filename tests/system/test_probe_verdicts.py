@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from commbench import backends
-from commbench.backends.mscclpp import MscclppOptions
+from commbench.backends.mscclpp.backend import MscclppOptions
 from commbench.engines.explain import explain
 from commbench.policy import MULTICAST_POLICY_VARS
 from commbench.probe import verdicts

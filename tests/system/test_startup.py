@@ -95,3 +95,26 @@ def test_every_registered_module_is_a_subcommand() -> None:
     for module_name, help_text in cli.SUBCOMMANDS.values():
         module = importlib.import_module(module_name)
         assert callable(module.add_arguments) and callable(module.main) and help_text
+
+
+# `commbench sweep --help` with torch unimportable: the sweep's flags and every family's own.
+SWEEP_HELP = NO_TORCH.split("from commbench.cli import main")[0] + """
+from commbench.cli import main
+try:
+    main(["sweep", "--help"])
+except SystemExit as stop:
+    print(json.dumps([stop.code, "torch" in sys.modules]))
+"""
+
+
+@pytest.mark.procs
+def test_sweep_help_answers_without_torch() -> None:
+    done = subprocess.run([sys.executable, "-c", SWEEP_HELP], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    *help_text, last = done.stdout.strip().splitlines()
+    assert json.loads(last) == [0, False]
+    text = "\n".join(help_text)
+    for family, flag in (("nccl", "--nccl-proto"), ("p2p", "--p2p-max-bytes"), ("flashinfer", "--flashinfer-pdl"),
+                         ("mscclpp", "--mscclpp-nccl-lib")):
+        assert f"{family} backend:" in text and flag in text, family
+    assert "--qualify SPEC.toml" in text and "--nproc NPROC" in text

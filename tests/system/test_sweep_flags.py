@@ -13,7 +13,7 @@ import torch
 from commbench.analysis.curves import is_trusted
 from commbench.results import CHECK_OFF, OK, Measurement
 from commbench.errors import UsageError
-from commbench.sweep.command import add_arguments
+from commbench.sweep.arguments import add_arguments
 from commbench.sweep.nccl_flags import ANSWERS
 from commbench.sweep.live import LiveTable, format_row, header_lines
 from commbench.sweep.plan import build_plan

@@ -14,7 +14,7 @@ from helpers import only_run_dir, rows, run_torchrun
 from commbench.models import DEFAULT_CONCURRENCIES, lookup
 from commbench.analysis.qualify import load_spec
 from commbench.cli import main as cli
-from commbench.sweep.command import add_arguments
+from commbench.sweep.arguments import add_arguments
 from commbench.sweep.plan import build_plan
 
 SPECS = Path(__file__).parents[2] / "commbench" / "specs"

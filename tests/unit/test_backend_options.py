@@ -77,3 +77,13 @@ def test_a_plugin_written_for_the_flat_options_dict_still_reads_it() -> None:
     assert old.get("nothing_like_it", "d") == "d" and old.get("build", "d") == "d"   # fields of neither
     typed = MakeOptions(NcclOptions(protos=("LL",)))
     assert typed.get("protos", "d") == "d" and typed.get("allow_multicast") is False
+
+
+def test_the_flags_the_parser_shows_are_the_ones_each_family_reads() -> None:
+    """The sweep's parser takes a built-in family's flags from its torch-free flags module (no
+    family's code loads for `sweep --help`); its factory declares the same function, so the
+    flags shown and the flags read never part."""
+    with_flags = {family for family in backends.BUILTIN if backends.flags_of(family) is not None}
+    assert with_flags == {"nccl", "p2p", "flashinfer", "mscclpp"}
+    for family in backends.BUILTIN:
+        assert backends.flags_of(family) is backends.factory(family).add_arguments, family

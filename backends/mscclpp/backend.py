@@ -46,6 +46,7 @@ from commbench import engines
 from commbench.backends.base import (Backend, BackendFactory, MakeOptions, ProcessGroupBackend, parse_variant_options,
                                      raise_unless_all_ranks_ok)
 from commbench.backends.nccl.libs import PRELOAD_VAR
+from commbench.backends.mscclpp.flags import add_arguments
 from commbench.policy import multicast_policy_reason
 
 if TYPE_CHECKING:
@@ -399,10 +400,6 @@ class MscclppShim(ProcessGroupBackend):
     def row_fields(self) -> dict[str, Any]:
         return {"extra": {"mscclpp_nccl_lib": self.library,
                           "mscclpp_algorithm": "chosen inside libmscclpp_nccl.so (not reported by the shim)"}}
-
-
-def add_arguments(group: argparse._ArgumentGroup) -> None:
-    group.add_argument("--mscclpp-nccl-lib", help="path to libmscclpp_nccl.so for the mscclpp:shim backend")
 
 
 @dataclass(frozen=True)
