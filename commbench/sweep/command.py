@@ -11,6 +11,7 @@ import json
 import os
 import shlex
 import sys
+import textwrap
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -18,7 +19,7 @@ from typing import Any, Sequence
 
 import torch
 
-from commbench import backends
+from commbench import backends, terminal
 from commbench.backends.base import Backend, SweepFacts, describe
 from commbench.errors import FAILED_EXIT, STOP_EXIT, TERMINATED_EXIT, ResultsUnwritable, Terminated, UsageError
 from commbench.inflight import ENDED, LEFT, PeerWatch, Recorder, recover
@@ -51,10 +52,14 @@ def backend_options(opts: SweepOptions, plan: SweepPlan, run_dir: Path | None) -
 
 
 def _list_backends() -> int:
+    """Each family's summary and example variants, folded to the terminal under its name."""
+    width = terminal.width()
     for fac in backends.usable_factories():
-        print(f"{fac.family:<11} {fac.summary}")
+        print(textwrap.fill(f"{fac.family:<11} {fac.summary}", width, subsequent_indent=" " * 12,
+                            break_long_words=False, break_on_hyphens=False))
         for example in fac.variants_help:
-            print(f"{'':<11}   {example}")
+            print(textwrap.fill(example, width, initial_indent=" " * 14, subsequent_indent=" " * 16,
+                                break_long_words=False, break_on_hyphens=False))
     return 0
 
 

@@ -1,5 +1,6 @@
 """Every text command fits the terminal (issue 54): at 80 and 120 columns no line of any command's
-output on the committed runs and fixtures is wider than COLUMNS, but a command (a paste block, a
+output on the committed runs and fixtures is wider than COLUMNS (the sweep's live rows: in
+tests/system/test_sweep_flags.py), but a command (a paste block, a
 next step on its own line, a command between backticks), which stays whole so it pastes, one word
 longer than the width (a path) and a 'wrote PATH' line; and no identifier (a backend spec, a
 setting, a flag, a path) is split across lines where --wide prints it whole."""
@@ -58,6 +59,7 @@ COMMANDS: dict[str, tuple[list[str], bool]] = {
                   True),
     "attribute-one-rank": (["attribute", TRACES[0], "--run", WORLD2, "--hidden", "4096", "--batch", "8"], True),
     "fleet-qualify": (["fleet", "qualify", str(REFERENCE / "cpu-fleet" / "fleet"), "--spec", str(SPEC)], True),
+    "sweep-list-backends": (["sweep", "--list-backends"], False),
     "import-nccl-tests": (["import-nccl-tests", str(NCCL_TESTS), "--average", "3", "--out", "{tmp}/import"], False),
 }
 # A word that names something a user copies: a spec, a setting, a flag or a path.
