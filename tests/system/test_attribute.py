@@ -91,7 +91,7 @@ def test_a_name_two_libraries_claim_is_ambiguous() -> None:
 
 def test_patterns_are_read_from_module_sources_and_bad_literals_are_skipped() -> None:
     owners = {p.source for p in all_patterns()}
-    assert {"nccl/backend.py", "nccl/symm.py", "symm_mem.py", "p2p/backend.py", "flashinfer/common.py", "mscclpp.py"} <= owners
+    assert {"nccl/backend.py", "nccl/symm.py", "symm_mem.py", "p2p/backend.py", "flashinfer/common.py", "mscclpp/backend.py"} <= owners
     assert literal_patterns("TRACE_KERNELS = ((r'x', 'X', '', ''),)\n", "m.py")[0].library == "X"
     assert literal_patterns("TRACE_KERNELS = compute()\n", "m.py") == []
     assert literal_patterns("TRACE_KERNELS = (('(', 'X', '', ''),)\n", "m.py") == []

@@ -51,8 +51,11 @@ def test_needs_software_settings_and_observations_reach_rows_run_json_and_recomm
     assert recommended.returncode == 0, recommended.stderr
     # Its claim reaches recommend: on a CPU run no engine path runs, so it is headroom, never a setting
     # (and HOOKDEMO_LEVEL is no variable vLLM reads: it would be refused in a paste-ready line).
-    assert ("hookdemo:plain (eager): vLLM 0.34.0: its NCCL (PyNccl) path is off here (no CUDA GPU in this run's "
-            "snapshot)") in recommended.stdout
+    out = recommended.stdout   # the paths' reason once in the path list; the headroom table refers to it
+    assert "]: off here: no CUDA GPU in this run's snapshot" in out
+    assert "7. NCCL (PyNccl) [on by default; measured]: off here: as for vLLM 0.34.0's" in out
+    assert "* hookdemo:plain" in out
+    assert "hookdemo:plain (eager): " in out and "; vLLM 0.34.0: the NCCL (PyNccl) path is off here" in out
     assert "paste-ready" not in recommended.stdout
 
 
