@@ -28,6 +28,11 @@ STDOUT = "-"   # --json - writes to standard output
 MAX_INPUT_BYTES = 1 << 30
 
 
+class NoSuchFile(UsageError):
+    """The input is not there: a reader for which a missing file is an answer (an engine release
+    without that module) catches this, and every other refusal stays bad input."""
+
+
 def open_input(path: Path, what: str) -> BinaryIO:
     """`path` opened for reading when it is a regular file. A directory, a FIFO, a socket or a
     device is refused with one line: a FIFO would block the open (and the read) forever, a
@@ -36,7 +41,7 @@ def open_input(path: Path, what: str) -> BinaryIO:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError:
-        raise UsageError(f"{path}: no such file") from None
+        raise NoSuchFile(f"{path}: no such file") from None
     except OSError as exc:
         raise UsageError(f"{path}: cannot read ({exc.strerror})") from None
     mode = os.fstat(fd).st_mode
@@ -107,26 +112,37 @@ def read_lines(path: Path, what: str, max_bytes: int = MAX_INPUT_BYTES) -> Itera
             offset += len(whole)
 
 
-def text_blocks(path: Path, what: str, block_bytes: int = _LINE_BLOCK_BYTES,
-                max_bytes: int = MAX_INPUT_BYTES) -> Iterator[str]:
-    """The file's text a block at a time (a character cut by a block's end comes with the next),
-    with read_text's checks, each made when its block is reached."""
-    decoder = codecs.getincrementaldecoder("utf-8")()
+def byte_blocks(path: Path, what: str, block_bytes: int = _LINE_BLOCK_BYTES,
+                max_bytes: int = MAX_INPUT_BYTES) -> Iterator[bytes]:
+    """The file's bytes a block at a time, a regular file only (open_input), refused once more
+    than max_bytes have been read: bounded by what is read, not by st_size (a symlink to
+    /dev/zero says 0)."""
     with open_input(path, what) as handle:
         offset = 0
         while block := _read(handle, path, block_bytes):
             if offset + len(block) > max_bytes:
                 raise UsageError(f"{path}: larger than {max_bytes >> 20} MiB, not {what}")
-            if b"\0" in block:
-                _decoded(block, path, what)   # raises: a binary file
-            try:
-                yield decoder.decode(block)
-            except UnicodeDecodeError as exc:
-                raise UsageError(f"{path}: not UTF-8 text (byte {offset + exc.start}), not {what}") from None
+            yield block
             offset += len(block)
-        pending = len(decoder.getstate()[0])   # a character the file ends inside of
-        if pending:
-            raise UsageError(f"{path}: not UTF-8 text (byte {offset - pending}), not {what}")
+
+
+def text_blocks(path: Path, what: str, block_bytes: int = _LINE_BLOCK_BYTES,
+                max_bytes: int = MAX_INPUT_BYTES) -> Iterator[str]:
+    """The file's text a block at a time (a character cut by a block's end comes with the next),
+    with read_text's checks, each made when its block is reached."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    offset = 0
+    for block in byte_blocks(path, what, block_bytes, max_bytes):
+        if b"\0" in block:
+            _decoded(block, path, what)   # raises: a binary file
+        try:
+            yield decoder.decode(block)
+        except UnicodeDecodeError as exc:
+            raise UsageError(f"{path}: not UTF-8 text (byte {offset + exc.start}), not {what}") from None
+        offset += len(block)
+    pending = len(decoder.getstate()[0])   # a character the file ends inside of
+    if pending:
+        raise UsageError(f"{path}: not UTF-8 text (byte {offset - pending}), not {what}")
 
 
 def first_character(path: Path, what: str) -> str:
