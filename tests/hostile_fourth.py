@@ -1,19 +1,22 @@
 """The hostile cases of issue 56 that one command shows: exit codes and words, attribute's clocks,
-sqlite names, dropped kernels and absurd times, built fresh in a tmp dir as tests/hostile.py
-builds its run dirs (nothing hostile is committed). Each case is a hostile.Case of one class.
-Fleets (tests/unit/test_fleet.py), deploy (tests/system/test_deploy.py) and the kills of a
-sweep's processes (tests/system/test_signals.py) are tested beside their code."""
+sqlite names, dropped kernels and absurd times, engine trees and logs read by `engines --check`,
+`--engine-site` and `--engine-log`, built fresh in a tmp dir as tests/hostile.py builds its run
+dirs (nothing hostile is committed). Each case is a hostile.Case of one class. Fleets
+(tests/unit/test_fleet.py), deploy (tests/system/test_deploy.py), the kills of a sweep's processes
+(tests/system/test_signals.py) and the gate check's child (tests/system/test_engine_check.py) are
+tested beside their code."""
 
 from __future__ import annotations
 
 import gzip
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any, Callable
 
 from hostile import TESTS, Case, Result, copy_run, no_traceback, one_line
-from hostile_inputs import _nsys, attribute, dropped, trace_with
+from hostile_inputs import _nsys, attribute, dropped, quick, trace_with
 
 CONSTRUCTED = TESTS / "data" / "traces" / "constructed"
 SWEEP = ["sweep", "--cpu", "--iters", "2", "--warmup", "1", "--no-probe", "--sizes", "4K"]
@@ -151,5 +154,116 @@ def _attribute_cases() -> list[Case]:
     return out
 
 
+# ---------------------------------------------------------------- engine trees and logs
+
+ENGINE_SITE = TESTS / "data" / "engine-src" / "vllm-site"    # a hand-made vLLM 0.34.0 tree (no engine code)
+CUSTOM_AR = "vllm/distributed/device_communicators/custom_all_reduce.py"   # line 5 its world sizes, 7 max_size
+H200_BOX = TESTS / "fixtures" / "snapshots" / "h200-nvlink-8x.json"     # the box whose gates read the facts
+
+
+def _engine_tree(root: Path, edit: Callable[[str], str] = lambda text: text) -> Path:
+    """The hand-made vLLM tree, copied, its custom_all_reduce.py edited."""
+    site = root / "site"
+    shutil.copytree(ENGINE_SITE, site)
+    (site / CUSTOM_AR).write_text(edit((site / CUSTOM_AR).read_text()))
+    return site
+
+
+def _max_size(expression: str) -> Callable[[str], str]:
+    return lambda text: text.replace("max_size=8 * 1024 * 1024", f"max_size={expression}")
+
+
+def _world_sizes(expression: str) -> Callable[[str], str]:
+    return lambda text: text.replace("_SUPPORTED_WORLD_SIZES = [2, 4, 8]", f"_SUPPORTED_WORLD_SIZES = {expression}")
+
+
+def _engine_argv(command: str, site: Path) -> list[str]:
+    return ["engines", "--check", str(site)] if command == "--check" else \
+        ["engines", str(H200_BOX), "--engine", "vllm", "--engine-site", str(site)]
+
+
+def _read_as_before(command: str) -> Callable[[Result, Path], None]:
+    """A constant no fact reads changes nothing: the tree's facts are read (and differ) as before."""
+    def check(result: Result, root: Path) -> None:
+        no_traceback(result)
+        if command == "--check":
+            assert result.code == 1 and "custom_ar_world_sizes: built in [2, 4, 6, 8, 16]; source [2, 4, 8]" \
+                in result.out, (result.code, result.err[-1000:])
+        else:
+            assert result.code == 0 and "facts: vLLM 0.34.0 read from" in result.out, (result.code, result.err[-1000:])
+    return check
+
+
+def _engine_cases() -> list[Case]:
+    out = []
+    # (class, name, edit of custom_all_reduce.py, what its one line says after its file:line)
+    constants = [
+        ("traceback", "max_size = 1 / 0", _max_size("1 / 0"), ":7: CustomAllreduce.__init__.max_size divides by zero"),
+        ("traceback", "max_size = 1e300 ** 2", _max_size("1e300 ** 2"), ":7: CustomAllreduce.__init__.max_size is "
+                                                                      "larger than 2^64"),
+        ("traceback", "max_size an int of 8,192 hex digits", _max_size("0x" + "f" * 8192), ":7: CustomAllreduce"
+                                                                                          ".__init__.max_size is larger"),
+        ("traceback", "max_size NaN (1e999 * 0)", _max_size("1e999 * 0"), ":7: CustomAllreduce.__init__.max_size is "
+                                                                          "inf, not a finite number"),
+        ("traceback", "max_size inf", _max_size("1e999"), ":7: CustomAllreduce.__init__.max_size is inf"),
+        ("traceback", "max_size a string", _max_size("'8M'"), ":7: CustomAllreduce.__init__.max_size is '8M', not a "
+                                                              "whole number >= 0"),
+        ("traceback", "max_size a list", _max_size("[8388608]"), ":7: CustomAllreduce.__init__.max_size is [8388608], "
+                                                                 "not a whole number >= 0"),
+        ("traceback", "_SUPPORTED_WORLD_SIZES = None", _world_sizes("None"),
+         ":5: CustomAllreduce._SUPPORTED_WORLD_SIZES is None, not a list"),
+        ("traceback", "_SUPPORTED_WORLD_SIZES a dict keyed by a list", _world_sizes("{[2]: 4}"),
+         ":5: CustomAllreduce._SUPPORTED_WORLD_SIZES has a list, set or table as a dict key"),
+        ("traceback", "max_size = BAD, BAD = 1 / 0", lambda text: _max_size("BAD")(text) + "BAD = 1 / 0\n",
+         ":7: CustomAllreduce.__init__.max_size uses BAD (line 9), which divides by zero"),
+        ("silent", "max_size True (takes up to TrueB)", _max_size("True"), ":7: CustomAllreduce.__init__.max_size is "
+                                                                           "True, not a whole number >= 0"),
+        ("resource", "max_size chained powers", lambda text: _max_size("D")(text) + "".join(
+            f"{name} = {base} ** 64\n" for name, base in (("A", 10), ("B", "A"), ("C", "B"), ("D", "C"))),
+         ":7: CustomAllreduce.__init__.max_size uses D, from A (line 9), which is larger than 2^64 (10 ** 64)"),
+    ]
+    for command in ("--check", "--engine-site"):
+        for klass, name, edit, said in constants:
+            check = one_line(2, f"{CUSTOM_AR}{said}")
+            out.append(Case(klass, f"engines {command}: {name}",
+                            lambda root, c=command, e=edit: _engine_argv(c, _engine_tree(root, e)),
+                            quick(10, check) if klass == "resource" else check))
+        # a constant that no fact reads was evaluated all the same: a traceback
+        out.append(Case("traceback", f"engines {command}: BAD = 1 / 0 beside the facts",
+                        lambda root, c=command: _engine_argv(c, _engine_tree(root, lambda t: t + "BAD = 1 / 0\n")),
+                        _read_as_before(command), procs=command == "--check"))   # --check runs the gate child
+
+    def fifo(at: str) -> Callable[[Path], list[str]]:
+        def build(root: Path) -> list[str]:
+            site = _engine_tree(root)
+            if at == "--engine-log":
+                os.mkfifo(root / "fifo")
+                return ["engines", "--engine", "vllm", "--engine-log", str(root / "fifo")]
+            (site / at).unlink()
+            os.mkfifo(site / at)
+            return _engine_argv("--check" if at.endswith("METADATA") else "--engine-site", site)
+        return build
+    for at, named in (("vllm/envs.py", "envs.py"), ("vllm-0.34.0.dist-info/METADATA", "METADATA"),
+                      ("--engine-log", "fifo")):
+        out.append(Case("resource", f"engines: a FIFO as {at.split('/')[-1]}", fifo(at), one_line(2, named, "FIFO"),
+                        procs=True, blocks=True))
+
+    def zero(at: str) -> Callable[[Path], list[str]]:
+        def build(root: Path) -> list[str]:
+            site = _engine_tree(root)
+            if at == "--engine-log":
+                (root / "vllm.log").symlink_to("/dev/zero")
+                return ["engines", "--engine", "vllm", "--engine-log", str(root / "vllm.log")]
+            (site / at).unlink(missing_ok=True)
+            (site / at).symlink_to("/dev/zero")
+            return _engine_argv("--check", site)
+        return build
+    for at, named in (("vllm/envs.py", "envs.py"), ("vllm/_C_stable_libtorch.abi3.so", "_C_stable_libtorch.abi3.so"),
+                      ("--engine-log", "vllm.log")):
+        out.append(Case("resource", f"engines: /dev/zero behind a symlink as {at.split('/')[-1]}", zero(at),
+                        quick(10, one_line(2, named, "a device")), procs=True, blocks=True))
+    return out
+
+
 def cases() -> list[Case]:
-    return _exit_cases() + _attribute_cases()
+    return _exit_cases() + _attribute_cases() + _engine_cases()

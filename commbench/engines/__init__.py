@@ -6,7 +6,8 @@
   registry.py         the one list of engines          libs.py   NCCL, FlashInfer, torch symm-mem
   paths.py            the shared path model: which path takes a size under a launch line, and what a
                       line must add for its path to take the sizes it claims (knows no engine)
-  facts.py            a fact, and SourceTree, the one reader of an engine's files (ast, kernel names)
+  facts.py            a fact, and SourceTree, the one reader of an engine's files (ast, kernel names),
+                      bounded: regular files, bytes read, arithmetic  values.py  a fact's kinds
   source.py           installed engine / --engine-site / built in, resolved once per command
   settings.py         what backends declare, paste-ready lines, settings inert on a box
   log.py              an engine's start-up chain       explain.py  the probe's explain section

@@ -6,18 +6,27 @@ of the kernel source or library), never importing the engine (no torch here).
 An engine module (vllm.py, sglang.py) lists its facts built in; `read()` reads them again from
 an installed engine or an unpacked wheel and says where the two differ. `SourceTree` is the one
 reader of an engine's files (the gate check imports through it too). Source files are untrusted
-input: a file or symbol that is missing, or a value the reader cannot evaluate, is a difference
-with its reason, never an exception.
+input: a file or symbol that is missing, or a value that is no literal, is a difference with its
+reason (a release moves and renames things); a file that is no regular file or past its bound, a
+literal whose value would be huge or slow (1 / 0, 1e300 ** 2, chained powers), and a value not of
+the built-in value's kinds (a NaN size, None for a list) are bad input: one line naming the
+file:line (UsageError), never an exception.
 """
 
 from __future__ import annotations
 
 import ast
+import math
 import operator
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
+
+from commbench.engines import values
+from commbench.errors import UsageError
+from commbench.files import NoSuchFile, byte_blocks, read_text
+from commbench.results.text import capped
 
 # How a fact is found in its file.
 LITERAL = "literal"      # NAME, Class.NAME or function.NAME assigned a literal (constants and arithmetic on them)
@@ -86,7 +95,42 @@ class FactSet:
 # --- a small, safe evaluator for literals in engine source ----------------------------------
 
 class Unreadable(ValueError):
-    """The reader cannot take a value out of this source."""
+    """The reader cannot take a value out of this source (no such file, symbol or literal): a real
+    release moves and renames things, so this is a difference (--check) or a warning."""
+
+
+class Refused(Unreadable):
+    """A literal whose value would be huge, slow or no number (1 / 0, 1e300 ** 2, 0x of 8,192
+    digits, chained powers): never computed, and bad input where a fact reads it. Its text is
+    what the value does ("divides by zero"); `origin` the module-level name it was refused at."""
+
+    def __init__(self, why: str, origin: _RefusedName | None = None):
+        super().__init__(why)
+        self.origin = origin
+
+
+MAX_MAGNITUDE = 1 << 64      # a number the evaluator makes: engine constants are sizes, counts, capabilities
+MAX_EVAL_STEPS = 1 << 20     # nodes evaluated and items copied: a file's module constants together, or one fact
+
+
+class _Budget:
+    def __init__(self) -> None:
+        self.left = MAX_EVAL_STEPS
+
+    def spend(self, steps: int = 1) -> None:
+        self.left -= steps
+        if self.left < 0:
+            raise Refused(f"takes more than {MAX_EVAL_STEPS} steps to evaluate")
+
+
+@dataclass(frozen=True)
+class _RefusedName:
+    """A module-level name whose literal was refused: a name or fact that uses it is refused,
+    naming this one, its line and why."""
+
+    name: str
+    line: int
+    why: str
 
 
 _BINOPS: dict[type, Callable[[Any, Any], Any]] = {
@@ -97,49 +141,111 @@ _CONTAINERS = {"frozenset": frozenset, "set": set, "tuple": tuple, "list": list}
 _ENV_WRAPPERS = {"EnvBool", "EnvInt", "EnvStr", "EnvFloat"}
 
 
-def evaluate(node: ast.AST, names: dict[str, Any]) -> Any:
-    """A literal of constants, containers and arithmetic, with names bound at module level."""
+def evaluate(node: ast.AST, names: dict[str, Any], budget: _Budget | None = None) -> Any:
+    """A literal of constants, containers and arithmetic, with names bound at module level.
+    Unreadable where it is no such literal; Refused where its value would be out of bounds."""
+    return _evaluate(node, names, budget or _Budget())
+
+
+def _evaluate(node: ast.AST, names: dict[str, Any], budget: _Budget) -> Any:
+    budget.spend()
     if isinstance(node, ast.Constant):
-        return node.value
+        return _number(node.value) if _is_number(node.value) else node.value
     if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
-        items = [evaluate(e, names) for e in node.elts]
-        return {ast.List: list, ast.Tuple: tuple, ast.Set: set}[type(node)](items)
+        items = [_evaluate(e, names, budget) for e in node.elts]
+        return _made({ast.List: list, ast.Tuple: tuple, ast.Set: set}[type(node)], items)
     if isinstance(node, ast.Dict):
         if any(k is None for k in node.keys):
             raise Unreadable("a dict with ** unpacking")
-        return {evaluate(k, names): evaluate(v, names) for k, v in zip(node.keys, node.values)}  # type: ignore[arg-type]
+        pairs = [(_evaluate(k, names, budget), _evaluate(v, names, budget)) for k, v in zip(node.keys, node.values)]  # type: ignore[arg-type]
+        return _made(dict, pairs)
     if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
-        left, right = evaluate(node.left, names), evaluate(node.right, names)
-        if not all(isinstance(v, (int, float)) for v in (left, right)) or (isinstance(node.op, ast.Pow) and right > 64):
+        left, right = _evaluate(node.left, names, budget), _evaluate(node.right, names, budget)
+        if not (_is_number(left) and _is_number(right)):
             raise Unreadable("arithmetic on something that is not a number")
-        return _BINOPS[type(node.op)](left, right)
+        return _arithmetic(node.op, left, right)
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-        value = evaluate(node.operand, names)
-        if not isinstance(value, (int, float)):
+        value = _evaluate(node.operand, names, budget)
+        if not _is_number(value):
             raise Unreadable("a negated non-number")
         return -value
     if isinstance(node, ast.Name):
-        if node.id in names:
-            return names[node.id]
-        raise Unreadable(f"name {node.id} is not a module-level constant")
+        if node.id not in names:
+            raise Unreadable(f"name {node.id} is not a module-level constant")
+        value = names[node.id]
+        if isinstance(value, _RefusedName):
+            at = f"{value.name} (line {value.line})" if value.name == node.id else \
+                f"{node.id}, from {value.name} (line {value.line})"
+            raise Refused(f"uses {at}, which {value.why}", value)
+        return value
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
         if node.func.id in _CONTAINERS and len(node.args) <= 1 and not node.keywords:
-            return _CONTAINERS[node.func.id](evaluate(node.args[0], names) if node.args else ())
+            given = _evaluate(node.args[0], names, budget) if node.args else ()
+            if not isinstance(given, (list, tuple, set, frozenset, dict, str)):
+                raise Refused(f"calls {node.func.id}() on a {type(given).__name__}, which is no collection")
+            budget.spend(len(given))
+            return _made(_CONTAINERS[node.func.id], given)
         if node.func.id in _ENV_WRAPPERS and node.args:
-            return evaluate(node.args[0], names)
+            return _evaluate(node.args[0], names, budget)
     raise Unreadable(f"{type(node).__name__} is not a literal")
 
 
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _number(value: int | float) -> int | float:
+    """A number within the bounds every value the evaluator makes keeps."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise Refused(f"is {value}, not a finite number")
+    if abs(value) >= MAX_MAGNITUDE:
+        raise Refused("is larger than 2^64, more than any engine constant")
+    return value
+
+
+def _arithmetic(op: ast.operator, left: int | float, right: int | float) -> int | float:
+    """left op right, refused before it is computed where it would be huge or slow (a power, a
+    shift: both operands are already within 2^64, so a product or sum is cheap and checked after)."""
+    if isinstance(op, ast.Pow) and isinstance(left, int) and isinstance(right, int) and right > 0 \
+            and abs(left) > 1 and right * (abs(left).bit_length() - 1) >= 64:
+        raise Refused(f"is larger than 2^64 ({left} ** {right}), more than any engine constant")
+    if isinstance(op, ast.LShift) and not (isinstance(right, int) and 0 <= right < 64):
+        raise Refused(f"shifts by {right}, not 0 to 63 bits")
+    try:
+        result = _BINOPS[type(op)](left, right)
+    except ZeroDivisionError:
+        raise Refused("divides by zero") from None
+    except (OverflowError, ValueError, TypeError) as exc:
+        raise Refused(f"cannot be computed ({type(exc).__name__})") from None
+    if not _is_number(result):      # a negative number to a fractional power is complex
+        raise Refused(f"is {type(result).__name__}, not a real number")
+    return _number(result)
+
+
+def _made(kind: Callable[[Any], Any], items: Any) -> Any:
+    try:
+        return kind(items)
+    except TypeError:               # a list as a dict key or a set member
+        raise Refused(f"has a list, set or table as a {'dict key' if kind is dict else 'set member'}") from None
+
+
 def _module_names(tree: ast.Module) -> dict[str, Any]:
-    """Module-level NAME = literal bindings (MiB = 1024 * 1024), in order."""
+    """Module-level NAME = literal bindings (MiB = 1024 * 1024), in order; a name whose literal
+    was refused is kept as such (a fact that uses it is refused), one that is no literal unbound.
+    One budget for the whole file: `tuple(A)` over and over cannot make it slow."""
     names: dict[str, Any] = {}
+    budget = _Budget()
     for node in tree.body:
         target = _single_target(node)
         if target is not None and isinstance(target, ast.Name) and node.value is not None:  # type: ignore[union-attr]
             try:
-                names[target.id] = evaluate(node.value, names)  # type: ignore[union-attr]
+                names[target.id] = _evaluate(node.value, names, budget)  # type: ignore[union-attr]
+            except Refused as exc:
+                names[target.id] = exc.origin or _RefusedName(target.id, node.lineno, str(exc))
+            except RecursionError:
+                names[target.id] = _RefusedName(target.id, node.lineno, "is nested too deeply to read")
             except Unreadable:
-                pass
+                names.pop(target.id, None)
     return names
 
 
@@ -163,17 +269,19 @@ def _scope(tree: ast.Module, path: list[str]) -> ast.AST:
     return scope
 
 
-def _literal(tree: ast.Module, symbol: str, names: dict[str, Any]) -> tuple[Any, int]:
+# Each finder gives the expression a fact's value is and its line; read_fact evaluates it.
+
+def _literal(tree: ast.Module, symbol: str) -> tuple[ast.expr, int]:
     *path, name = symbol.split(".")
     scope = _scope(tree, path)
     for node in ast.walk(scope):
         target = _single_target(node)
         if isinstance(target, ast.Name) and target.id == name and getattr(node, "value", None) is not None:
-            return evaluate(node.value, names), node.lineno  # type: ignore[attr-defined]
+            return node.value, node.lineno  # type: ignore[attr-defined]
     raise Unreadable(f"no assignment to {symbol}")
 
 
-def _param(tree: ast.Module, symbol: str, names: dict[str, Any]) -> tuple[Any, int]:
+def _param(tree: ast.Module, symbol: str) -> tuple[ast.expr, int]:
     *path, name = symbol.split(".")
     func = _scope(tree, path)
     if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -184,20 +292,20 @@ def _param(tree: ast.Module, symbol: str, names: dict[str, Any]) -> tuple[Any, i
     pairs += [(a, d) for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is not None]
     for arg, default in pairs:
         if arg.arg == name:
-            return evaluate(default, names), default.lineno
+            return default, default.lineno
     raise Unreadable(f"no parameter {name} with a default")
 
 
-def _env(tree: ast.Module, symbol: str, names: dict[str, Any]) -> tuple[Any, int]:
+def _env(tree: ast.Module, symbol: str) -> tuple[ast.expr, int]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "getenv" \
                 and len(node.args) == 2 and isinstance(node.args[0], ast.Constant) and node.args[0].value == symbol:
-            return evaluate(node.args[1], names), node.lineno
+            return node.args[1], node.lineno
         target = _single_target(node)
         value = getattr(node, "value", None)
         if isinstance(target, ast.Name) and target.id == symbol and isinstance(value, ast.Call) \
                 and isinstance(value.func, ast.Name) and value.func.id in _ENV_WRAPPERS:
-            return (evaluate(value.args[0], names) if value.args else None), node.lineno
+            return (value.args[0] if value.args else ast.Constant(None)), node.lineno
     raise Unreadable(f"no default for {symbol}")
 
 
@@ -230,21 +338,23 @@ def release(version: str) -> tuple[int, ...]:
 class SourceTree:
     """The files of one engine release under `root` (an unpacked wheel or site-packages), read
     bounded and at most once each. The one place that reads an engine's files: the facts below
-    and the gate check (gates.py) both read through it."""
+    and the gate check (gates.py) both read through it.
+
+    A file that is not there is Unreadable (a release without that module: a difference); one
+    that is there but is no regular file (a FIFO blocked forever, /dev/zero behind a symlink read
+    without end), is larger than its bound (counted in bytes read), is binary or not UTF-8, or is
+    no Python this interpreter parses, is bad input (UsageError, the file named) as everywhere."""
 
     def __init__(self, root: Path):
         self.root = root
-        self._python: dict[str, tuple[str, ast.Module, dict[str, Any]] | str] = {}
+        self._python: dict[str, tuple[str, ast.Module, dict[str, Any]] | Exception] = {}
 
     def text(self, file: str) -> str:
-        """A source file's text; Unreadable when it is missing, too large or unreadable."""
-        path = self.root / file
+        """A source file's text."""
         try:
-            if path.stat().st_size > MAX_SOURCE_BYTES:
-                raise Unreadable(f"{file} is larger than {MAX_SOURCE_BYTES >> 20} MiB")
-            return path.read_text(encoding="utf-8", errors="replace")
-        except OSError as exc:
-            raise Unreadable(f"{file} cannot be read ({type(exc).__name__})") from None
+            return read_text(self.root / file, "an engine's Python source", MAX_SOURCE_BYTES)
+        except NoSuchFile:
+            raise Unreadable(f"{file} cannot be read (FileNotFoundError)") from None
 
     def python(self, file: str) -> tuple[str, ast.Module, dict[str, Any]]:
         """A Python file's text, tree and module-level constants."""
@@ -253,76 +363,85 @@ class SourceTree:
                 text = self.text(file)
                 tree = ast.parse(text)
                 self._python[file] = (text, tree, _module_names(tree))
-            except Unreadable as exc:
-                self._python[file] = str(exc)
-            except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
-                self._python[file] = f"{file} cannot be read ({type(exc).__name__})"
+            except (Unreadable, UsageError) as exc:
+                self._python[file] = exc
+            except SyntaxError as exc:     # a newer Python's syntax, or an int literal of 8,192 digits
+                self._python[file] = UsageError(f"{self.root / file}:{exc.lineno}: not Python this interpreter "
+                                                f"parses ({capped(exc.msg, 120)})")
+            except (RecursionError, MemoryError) as exc:
+                self._python[file] = UsageError(f"{self.root / file}: nested too deeply to parse "
+                                                f"({type(exc).__name__})")
         entry = self._python[file]
-        if isinstance(entry, str):
-            raise Unreadable(entry)
+        if isinstance(entry, Exception):
+            raise entry
         return entry
 
     def scan(self, file: str, pattern: str) -> tuple[list[str], int | None]:
         """The distinct first groups of `pattern` in a kernel source or compiled library (read
         in chunks, at most MAX_LIBRARY_BYTES), sorted, and the line of the first in a text file."""
-        path = self.root / file
         regex = re.compile(pattern.encode())
         found: set[str] = set()
         first: int | None = None
-        seen = 0
-        tail = b""
+        newlines, tail = 0, b""
         try:
-            with open(path, "rb") as handle:
-                while seen < MAX_LIBRARY_BYTES:
-                    chunk = handle.read(SCAN_CHUNK)
-                    if not chunk:
-                        break
-                    block = tail + chunk
-                    for match in regex.finditer(block):
-                        found.add(match.group(1).decode("ascii", "replace"))
-                        if first is None and not file.endswith(".so"):
-                            first = seen - len(tail) + match.start()
-                    seen += len(chunk)
-                    tail = block[-256:]
-        except OSError as exc:
-            raise Unreadable(f"{file} cannot be read ({type(exc).__name__})") from None
-        if first is None:
-            return sorted(found), None
-        with open(path, "rb") as handle:
-            return sorted(found), handle.read(first).count(b"\n") + 1
+            for chunk in byte_blocks(self.root / file, "an engine's kernel source or library", SCAN_CHUNK,
+                                     MAX_LIBRARY_BYTES):
+                block = tail + chunk
+                for match in regex.finditer(block):
+                    found.add(match.group(1).decode("ascii", "replace"))
+                    if first is None and not file.endswith(".so"):
+                        first = newlines - tail.count(b"\n") + block.count(b"\n", 0, match.start()) + 1
+                newlines += chunk.count(b"\n")
+                tail = block[-256:]
+        except NoSuchFile:
+            raise Unreadable(f"{file} cannot be read (FileNotFoundError)") from None
+        return sorted(found), first
 
 
 def def_line(tree: SourceTree, file: str, dotted: str) -> int | None:
     """The line where `Class.function` (or `function`) is defined in a Python file, or None."""
     try:
         scope = _scope(tree.python(file)[1], dotted.split("."))
-    except (Unreadable, RecursionError):
+    except Unreadable:
         return None
     return getattr(scope, "lineno", None)
 
 
 def read_fact(tree: SourceTree, fact: Fact) -> Fact | str:
-    """`fact` with its value and line as the source under `tree` has them, or why it cannot be read."""
+    """`fact` with its value and line as the source under `tree` has them, or why it cannot be read
+    (Unreadable). A value out of its bounds or not of the built-in value's kinds (values.py) is bad
+    input: UsageError naming the file:line."""
+    line: int | None = None
     try:
         if fact.kind == KERNELS:
-            names, line = tree.scan(fact.file, fact.symbol)
-            if not names:
+            value, line = tree.scan(fact.file, fact.symbol)
+            if not value:
                 raise Unreadable("no kernel of that name in the file")
-            return replace(fact, value=names, line=line)
-        text, module, names_bound = tree.python(fact.file)
-        if fact.kind == LITERAL:
-            value, line = _literal(module, fact.symbol, names_bound)
-        elif fact.kind == PARAM:
-            value, line = _param(module, fact.symbol, names_bound)
-        elif fact.kind == ENV:
-            value, line = _env(module, fact.symbol, names_bound)
-        elif fact.kind == RETURNS:
-            value, line = _returns(module, fact.symbol)
         else:
-            value, line = _text(text, fact.symbol)
-    except (Unreadable, RecursionError) as exc:
-        return str(exc) if isinstance(exc, Unreadable) else "nested too deeply to read"
+            text, module, names = tree.python(fact.file)
+            if fact.kind in (LITERAL, PARAM, ENV):
+                expr, line = {LITERAL: _literal, PARAM: _param, ENV: _env}[fact.kind](module, fact.symbol)
+                value = evaluate(expr, names)
+            elif fact.kind == RETURNS:
+                value, line = _returns(module, fact.symbol)
+            else:
+                value, line = _text(text, fact.symbol)
+    except Refused as exc:
+        raise UsageError(f"{tree.root / fact.file}:{line}: {fact.symbol} {exc}") from None
+    except RecursionError:
+        raise UsageError(f"{tree.root / fact.file}:{line}: {fact.symbol} is nested too deeply to read") from None
+    except Unreadable as exc:
+        return str(exc)
+    wrong = values.problem(value, values.kind_of([fact.value]), _named(fact))
+    if wrong:
+        at = f"{tree.root / fact.file}:{line}" if line else str(tree.root / fact.file)
+        raise UsageError(f"{at}: {wrong} (commbench's fact {fact.key})")
     return replace(fact, value=value, line=line)
+
+
+def _named(fact: Fact) -> str:
+    """How a value's place is named: the symbol where it is one, else the fact."""
+    return fact.symbol if fact.kind in (LITERAL, PARAM, ENV, RETURNS) else fact.key
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,9 @@
 (an Engine's `log_line` and `log_names`: vLLM logs "Using ['FLASHINFER', 'CUSTOM', 'SYMM_MEM',
 'PYNCCL'] all-reduce backends (in dispatch order) for group 'tp:0' ..." for every group; SGLang
 0.5.23 logs no such line on CUDA, so its chain stays the model's).
-The log is untrusted input: read bounded, matched by a strict pattern, names not known are named
-as such, never echoed raw."""
+The log is untrusted input: a regular file only, read bounded by the bytes read (a FIFO blocked
+forever, /dev/zero behind a symlink read 7.6 GB), matched by a strict pattern, names not known are
+named as such, never echoed raw."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 
 from commbench.engines.paths import Engine
 from commbench.errors import UsageError
+from commbench.files import read_lines
 
 MAX_LOG_BYTES = 64 << 20
 
@@ -30,18 +32,24 @@ class Chain:
 
 
 def read_chain(path: str, engine: Engine) -> Chain:
-    """The tensor-parallel group's chain in the engine's log; one line (UsageError) when there is none."""
+    """The tensor-parallel group's chain in the engine's log; one line (UsageError) when there is none.
+    Streamed a block of lines at a time (files.read_lines: a regular file, bounded by the bytes
+    read); only the first line of a tp group and the first of any group are kept."""
+    pattern = re.compile(engine.log_line)
+    first = tp = None
     try:
-        file = Path(path)
-        if file.stat().st_size > MAX_LOG_BYTES:
-            raise UsageError(f"--engine-log {path}: larger than {MAX_LOG_BYTES >> 20} MiB")
-        text = file.read_text(encoding="utf-8", errors="replace")
-    except OSError as exc:
-        raise UsageError(f"--engine-log {path}: cannot be read ({exc.strerror or type(exc).__name__})") from None
-    found = list(re.finditer(engine.log_line, text))
-    if not found:
+        for line in read_lines(Path(path), f"{engine.name}'s start-up log", MAX_LOG_BYTES):
+            found = pattern.search(line)
+            if found:
+                first = first or found
+                if found.group(2).startswith("tp"):
+                    tp = found
+                    break
+    except UsageError as exc:
+        raise UsageError(f"--engine-log {exc}") from None
+    if first is None:
         raise UsageError(f"--engine-log {path}: no \"{engine.log_said}\" line ({engine.name} logs one per group at "
                          "start-up since 2026)")
-    tp = next((m for m in found if m.group(2).startswith("tp")), found[0])
+    tp = tp or first
     names = tuple(re.findall(r"'([A-Z_]+)'", tp.group(1)))
     return Chain(engine.name, tp.group(2), names, tuple(engine.log_names[n] for n in names if n in engine.log_names))

@@ -15,9 +15,10 @@ from commbench.engines.facts import FactSet, SourceTree, read
 from commbench.engines.paths import Engine
 from commbench.engines.registry import BY_KEY, ENGINES
 from commbench.errors import UsageError
+from commbench.files import NoSuchFile, read_lines
 
-VERSION_LINE = re.compile(r"^Version:\s*([0-9][0-9A-Za-z.+-]{0,31})\s*$", re.MULTILINE)
-MAX_METADATA_BYTES = 1 << 20
+VERSION_LINE = re.compile(r"Version:\s*([0-9][0-9A-Za-z.+-]{0,31})\s*")
+MAX_METADATA_BYTES = 1 << 20     # its header, where Version is, is read; the description after it never
 
 
 def package_root(site: Path, engine: str) -> Path | None:
@@ -30,15 +31,19 @@ def package_root(site: Path, engine: str) -> Path | None:
 
 
 def version_at(root: Path, engine: str) -> str | None:
-    """The release of `engine` under root, from its dist-info METADATA (what pip wrote)."""
+    """The release of `engine` under root, from its dist-info METADATA (what pip wrote): its header
+    lines, read up to the blank line that ends them. A METADATA that is not there is skipped; one
+    that is no regular file, binary or past its bound is bad input (UsageError)."""
     for info in sorted(root.glob(f"{engine}-*.dist-info")):
         try:
-            with open(info / "METADATA", encoding="utf-8", errors="replace") as handle:
-                found = VERSION_LINE.search(handle.read(MAX_METADATA_BYTES))
-        except OSError:
+            for line in read_lines(info / "METADATA", "a dist-info METADATA", MAX_METADATA_BYTES):
+                if not line.strip():
+                    break
+                found = VERSION_LINE.fullmatch(line)
+                if found:
+                    return found.group(1)
+        except NoSuchFile:
             continue
-        if found:
-            return found.group(1)
     return None
 
 

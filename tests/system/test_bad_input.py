@@ -237,7 +237,7 @@ BAD_INPUT = [
     (["engines", "--check", "/no/such/site"], "--check: /no/such/site does not exist"),
     (["engines", "--engine-site", "{in}"], "--engine-site: {in} holds no vllm or sglang package"),
     (["engines", "--engine-log", "{in}/engine.log"], "no \"Using [...] all-reduce backends (in dispatch order)"),
-    (["engines", "--engine-log", "{in}/no-such.log"], "--engine-log {in}/no-such.log: cannot be read"),
+    (["engines", "--engine-log", "{in}/no-such.log"], "--engine-log {in}/no-such.log: no such file"),
     (["engines", "{in}/not-utf8.json"], "not-utf8.json"),
     (["engines", "--json", "{in}"], "--json {in}: is a directory"),
     (["engines", "--check", "{in}", "--html", "-"], "--html -: give a file name"),
