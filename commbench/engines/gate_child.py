@@ -1,13 +1,20 @@
 """The gate check's child process (gates.py runs it): imports torch and the engine's functions
-from the wheel under ROOT, runs every probe of ENGINE and prints the answers as one JSON line.
+from the wheel under ROOT, runs the named probes of ENGINE and says, one JSON line each, when each
+starts and its answers.
 
-    python -c "from commbench.engines.gate_child import main; ..." ROOT ENGINE
+    python -c "from commbench.engines.gate_child import main; ..." ROOT ENGINE PROBE...
+
+The lines go out on a copy of the standard output taken at the start; the standard output itself
+then goes to the standard error, so what the engine's code prints never mixes with them (the
+parent keeps only the end of it).
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
+from typing import Any
 
 from commbench.engines.facts import SourceTree
 from commbench.engines.gates import run_probe
@@ -15,15 +22,23 @@ from commbench.engines.registry import BY_KEY
 
 
 def main(argv: list[str]) -> int:
-    root, key = Path(argv[0]), argv[1]
+    root, key, wanted = Path(argv[0]), argv[1], set(argv[2:])
+    channel = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    os.dup2(2, 1)
+
+    def say(message: dict[str, Any]) -> None:
+        channel.write(json.dumps(message) + "\n")
+        channel.flush()
+
     engine = BY_KEY[key]
     try:
         import torch
     except ImportError as exc:
-        print(json.dumps({"error": f"torch cannot be imported here ({exc}): the gates need it for meta tensors"}))
+        say({"error": f"torch cannot be imported here ({exc}): the gates need it for meta tensors"})
         return 0
     tree = SourceTree(root)
-    print(json.dumps({p.key: run_probe(tree, key, p, torch) for p in engine.probes}))
+    for probe in engine.probes:
+        if probe.key in wanted:
+            say({"start": probe.key})
+            say({"key": probe.key, **run_probe(tree, key, probe, torch)})
     return 0
-
-

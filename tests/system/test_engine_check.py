@@ -6,11 +6,15 @@ one gate of vLLM's shape, written for this test (no engine code is committed).""
 from __future__ import annotations
 
 import json
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from commbench.cli import main as cli
+from commbench.engines import gates as gate_run
+from commbench.waits import waits
 
 pytestmark = pytest.mark.procs   # the gate check imports the engine's functions in a child process
 
@@ -67,3 +71,95 @@ def test_an_edited_gate_in_a_copy_of_the_engine_exits_1_naming_its_file_and_line
     assert differs["differ"] > 0 and differs["where"] == f"{GATE}:{line}"
     assert f"gate custom_ar_takes: CustomAllreduce.should_custom_ar ({GATE}:{line}) differs at" in text
     assert "tp=16, nvlink=True" in text and "built in False; vLLM True" in text
+
+
+# --- engine code that hangs, floods, raises or exits in the check's child ------------------------
+
+COMM = "vllm/distributed/device_communicators/"
+# One hostile gate per probe file, in the order vLLM's probes run; hand-written for this test.
+HOSTILE = {
+    COMM + "custom_all_reduce.py": 'raise RuntimeError("\\x1b[2Jthe module raises")\n',
+    COMM + "symm_mem.py": '''class SymmMemCommunicator:
+    def should_use_symm_mem(self, inp):
+        raise RuntimeError("refused")
+''',
+    COMM + "all_reduce_utils.py": '''SYMM_MEM_ALL_REDUCE_MAX_SIZES = {cc: {2: 1, 4: 1, 6: 1, 8: 1} for cc in ("9.0", "10.0", "10.3")}
+
+
+def should_nccl_symm_mem_allreduce(world_size, inp):
+    while True:
+        print("flood " * 10000)
+''',
+    COMM + "flashinfer_all_reduce.py": '''import os
+
+
+def _resolve_fi_ar_backend(group):
+    os._exit(3)
+''',
+}
+
+
+def test_a_gate_that_hangs_floods_raises_or_exits_is_named_in_one_line_each(tmp_path, capsys, monkeypatch):
+    """Each bad gate gets one line naming its function and file:line, within gate_probe_s (1 s
+    here): the flood goes nowhere (of what the child prints only the last 4 KiB is kept), the hung
+    one is ended, and the gates after one that hangs run in a new child (two in all)."""
+    root = engine_tree(tmp_path / "hostile", 8)
+    for file, text in HOSTILE.items():
+        (root / file).write_text(text)
+    monkeypatch.setenv("COMMBENCH_WAITS", "gate_probe_s=1")
+    waits.cache_clear()
+    try:
+        began = time.monotonic()
+        assert cli(["engines", "--check", str(root)]) == 1
+        took = time.monotonic() - began
+    finally:
+        waits.cache_clear()
+    out, err = capsys.readouterr()
+    gates = {line.split(":")[0].strip(): line.strip() for line in out.splitlines() if line.startswith("  gate ")}
+    assert gates["gate custom_ar_takes"].endswith(
+        f"({COMM}custom_all_reduce.py): CustomAllreduce.should_custom_ar cannot be compared (RuntimeError: [2Jthe "
+        "module raises)")      # the escape is gone
+    assert gates["gate symm_mem_takes"].endswith(
+        f"({COMM}symm_mem.py:2): SymmMemCommunicator.should_use_symm_mem cannot be compared (it raises RuntimeError at "
+        "each of the 912 points)")
+    assert gates["gate nccl_symm_takes"].endswith(
+        f"({COMM}all_reduce_utils.py:4): should_nccl_symm_mem_allreduce cannot be compared (gave no answer in 1 s: the "
+        "check ended it)")
+    assert gates["gate flashinfer_backend"].endswith(
+        f"({COMM}flashinfer_all_reduce.py:4): _resolve_fi_ar_backend cannot be compared (the check's process ended "
+        "with exit status 3 before it answered)")
+    assert "flood flood" not in out + err and "\x1b" not in out and took < 60
+
+
+def _talk(code: str, probe_s: float = 30, start_s: float = 30) -> tuple[dict, str | None, str | None]:
+    return gate_run.talk([sys.executable, "-c", code], ["a", "b"], probe_s, start_s)
+
+
+START = 'import sys, os; print(\'{"start": "a"}\', flush=True)\n'
+
+
+@pytest.mark.parametrize("code, running, why", [
+    (START + "while True: sys.stdout.write('x' * 65536)", "a", "printed more than 4 MiB where the check reads its "
+                                                               "answers: the check ended it"),
+    (START + "print('Traceback (most recent call last):', flush=True)", "a",
+     "printed something other than its answers where the check reads them: the check ended it"),
+    (START + "print('\\x1b]0;title\\x07last words', file=sys.stderr, flush=True); os._exit(7)", "a",
+     "the check's process ended with exit status 7 before it answered: ]0;titlelast words"),
+    (START + "import signal; os.kill(os.getpid(), signal.SIGKILL)", "a",
+     "the check's process was killed by SIGKILL before it answered"),
+    (START + "import time; time.sleep(60)", "a", "gave no answer in 0.5 s: the check ended it"),
+    ("import time; time.sleep(60)", None, "the gate check did not start in 0.5 s"),
+    ('print(\'{"error": "torch cannot be imported here"}\')', None, "torch cannot be imported here"),
+])
+def test_what_a_gate_child_says_is_read_bounded_and_checked(code, running, why):
+    answers, stopped, said = _talk(code, probe_s=0.5, start_s=0.5 if running is None and "sleep" in code else 30)
+    assert (answers, stopped, said) == ({}, running, why)
+
+
+def test_a_gate_childs_answers_are_taken_line_by_line():
+    code = START + ('print(\'{"key": "a", "answers": [true, null, 3, "raises X"]}\'); print(\'{"start": "b"}\'); '
+                    'print(\'{"key": "b", "error": "ImportError: no"}\')')
+    assert _talk(code) == ({"a": {"answers": [True, None, 3, "raises X"]}, "b": {"error": "ImportError: no"}}, None,
+                           None)
+    wrong = START + 'print(\'{"key": "a", "answers": [[1]]}\')'     # an answer that is no scalar
+    assert _talk(wrong)[2] == "printed something other than its answers where the check reads them: the check ended it"
