@@ -36,7 +36,10 @@ from commbench.engines.paths import Engine, GateProbe
 from commbench.results.text import capped
 from commbench.waits import waits
 
-CHILD = "import sys; from commbench.engines.gate_child import main; sys.exit(main(sys.argv[1:]))"
+# `python -c` puts the folder it was started in first on sys.path: dropped before any import, so a
+# torch.py or commbench/ there is never imported (-P, which does this, needs Python 3.11).
+CHILD = ("import sys; sys.path[:] = [p for p in sys.path if p not in ('', '.')]; "
+         "from commbench.engines.gate_child import main; sys.exit(main(sys.argv[1:]))")
 CHILD_START_S = 120          # the child's start (torch imported) runs no engine code
 MAX_ANSWER_BYTES = 4 << 20   # what a child says on its answers channel (every probe's answers: about 20 KB)
 STDERR_KEPT = 4096           # the end of what the child printed: its last line says why it stopped

@@ -56,12 +56,19 @@ def _gate(out: dict) -> dict:
     return next(g for g in engine["gates"] if g["key"] == "custom_ar_takes")
 
 
-def test_an_edited_gate_in_a_copy_of_the_engine_exits_1_naming_its_file_and_line(tmp_path, capsys):
+def test_an_edited_gate_in_a_copy_of_the_engine_exits_1_naming_its_file_and_line(tmp_path, capsys, monkeypatch):
     line = SOURCE.splitlines().index("    def should_custom_ar(self, inp):") + 1
     faithful = engine_tree(tmp_path / "faithful", 8)
+    # Run from a folder holding a torch.py of its own: the child imports torch and commbench from
+    # the environment, never from the folder it was started in.
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    (cwd / "torch.py").write_text("open('imported', 'w').close()\nraise SystemExit('a torch.py of the folder')\n")
+    monkeypatch.chdir(cwd)
     cli(["engines", "--check", str(faithful), "--json", str(tmp_path / "faithful.json")])
     same = _gate(json.loads((tmp_path / "faithful.json").read_text()))
     assert same["differ"] == 0 and same["compared"] == 1520 and same["where"] == f"{GATE}:{line}"
+    assert not (cwd / "imported").exists()
     capsys.readouterr()
 
     edited = engine_tree(tmp_path / "edited", 16)     # takes messages at 16 ranks: vLLM refuses them
@@ -110,7 +117,7 @@ def test_a_gate_that_hangs_floods_raises_or_exits_is_named_in_one_line_each(tmp_
     waits.cache_clear()
     try:
         began = time.monotonic()
-        assert cli(["engines", "--check", str(root)]) == 1
+        assert cli(["engines", "--check", str(root), "--wide"]) == 1
         took = time.monotonic() - began
     finally:
         waits.cache_clear()
