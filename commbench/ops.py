@@ -6,3 +6,8 @@ from __future__ import annotations
 
 ALLREDUCE = "allreduce"                            # out = the sum over ranks of x
 FUSED_OP = "allreduce_residual_rmsnorm"            # allreduce, + residual, RMSNorm (one fused kernel)
+
+# Ops whose work depends on the message's shape, not only its bytes (the norm is per token of
+# `hidden` elements): their rows answer a model's question only at its hidden size, matched by
+# tokens and hidden.
+SHAPED_OPS = (FUSED_OP,)

@@ -22,9 +22,9 @@ from typing import Iterable, Iterator, overload
 from commbench.analysis import next_steps
 from commbench.errors import UsageError
 from commbench.models import Model
-from commbench.ops import ALLREDUCE
+from commbench.ops import ALLREDUCE, SHAPED_OPS
 from commbench.results import CRASHED, HANG, OK, WRONG, Cell, Measurement, Run, is_checked
-from commbench.units import format_bytes
+from commbench.units import DTYPE_BYTES, format_bytes
 
 DEFAULT_BASELINE = "nccl"
 # When a run has no NCCL rows (a CPU run), speedups are shown over this backend instead.
@@ -516,17 +516,38 @@ def run_world_size(run: Run) -> int | None:
     return sizes.pop() if len(sizes) == 1 else None
 
 
-def decode_curves(run: Run, tp: int | None, dtype: str, mode: str, model: Model | None = None) -> list[Curve]:
+def of_shape(row: Measurement, hidden: int | None) -> bool:
+    """Whether a decode question at `hidden` can use the row: a plain allreduce at any shape; a
+    shaped op's row (ops.SHAPED_OPS) only at that hidden, its bytes those of its tokens x hidden (a
+    row whose shape and bytes disagree says neither), so that its message size names its tokens."""
+    if row.op not in SHAPED_OPS:
+        return True
+    return (hidden is not None and row.hidden == hidden and row.tokens is not None
+            and row.message_bytes == row.tokens * hidden * DTYPE_BYTES.get(row.dtype, 0))
+
+
+def decode_curves(run: Run, tp: int | None, dtype: str, mode: str, model: Model | None = None,
+                  hidden: int | None = None) -> list[Curve]:
     """Trusted curves of one run for a decode question: the TP size must be the run's world
-    size (latency at 4 ranks says little about 8), the dtype the model's activation dtype."""
+    size (latency at 4 ranks says little about 8), the dtype the model's activation dtype, and a
+    shaped op's rows the model's hidden size (`hidden`, else the model's; neither: none of them)."""
     world = run_world_size(run)
     if tp is not None and world is not None and tp != world:
         sweep = next_steps.sweep_command(model, tp) if model is not None else next_steps.dtype_sweep_command(tp, dtype)
         raise UsageError(f"{run.path}: measured at world size {world}, not TP {tp}; "
                          f"{next_steps.inline(sweep)} on the TP {tp} box answers it")
-    curves = build_curves(r for r in run.rows if tp is None or r.world_size == tp)   # streamed, never held
+    hidden = hidden if hidden is not None else model.hidden if model is not None else None
+    curves = build_curves(r for r in run.rows   # streamed, never held
+                          if (tp is None or r.world_size == tp) and of_shape(r, hidden))
     if not curves:
         statuses = sorted({r.status for r in run.rows})
+        shapes = sorted({r.hidden for r in run.rows if is_trusted(r) and not of_shape(r, hidden)
+                         and isinstance(r.hidden, int)})
+        if shapes:
+            at = ", ".join(map(str, shapes))
+            raise UsageError(f"{run.path}: its trusted rows are of the fused pattern ({', '.join(SHAPED_OPS)}) at "
+                             f"hidden {at}, " + (f"none at the model's hidden {hidden}" if hidden is not None else
+                                                 "and the model's hidden size is not given (--model or --hidden)"))
         raise UsageError(f"{run.path}: no trusted (status ok, #wrong 0) rows to build a curve from "
                          f"(row statuses: {', '.join(statuses) or 'no rows'})")
     typed = select(curves, dtype=dtype)
