@@ -164,6 +164,10 @@ def options(engine: str, states: list[PathState], run: Run, curves: list[Curve],
         state = by_path.get(claim["path"]) if claim else None
         if state is None or state.rule.op != curve.key.op:
             continue
+        if claim.get("stand_in") and state.rule.op != ALLREDUCE:
+            # A fused path is never chosen, only its default priced, by the engine's own kernel: a
+            # stand-in for it is headroom alone (fused_headroom), never part of its option.
+            continue
         slot = (state.path, _setting_key(engine, settings))
         if slot not in found:
             found[slot] = Option(engine, state, settings, engine_paths.move(states, state.path,

@@ -84,7 +84,7 @@ def fastest_by_size(run: Run, curves: list[Curve], model: Model, concurrencies: 
     return tuple(out)
 
 
-def _mode_suffix(labels: list[str]) -> str:
+def mode_suffix(labels: list[str]) -> str:
     """' (graph)' where every curve label ends so: a table says it once, in its title."""
     ends = {label[label.rfind(" ("):] for label in labels if label.endswith(")") and " (" in label}
     return ends.pop() if len(ends) == 1 and all(label.endswith(tuple(ends or {""})) for label in labels) else ""
@@ -101,7 +101,7 @@ def fastest_table(rows: tuple[FastestAt, ...], tag: str, wide: bool = False,
     said = {r.kernel: r.said or r.why for r in rooms}
     saves = {(r.kernel, r.concurrency): r.saving for r in rooms}
     bests = [min(row.engine_paths, key=lambda p: p.latency_us, default=None) for row in rows]
-    suffix = _mode_suffix([row.fastest.curve for row in rows] + [b.curve for b in bests if b is not None])
+    suffix = mode_suffix([row.fastest.curve for row in rows] + [b.curve for b in bests if b is not None])
     table, kernels = [], {}
     for row, best in zip(rows, bests):
         top = row.fastest

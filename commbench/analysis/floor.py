@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import csv
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -27,6 +27,7 @@ from commbench.analysis import configure_text, decide, fastest, provenance, ques
 from commbench.analysis.configure import NCCL_SCOPE, Configuration
 from commbench.analysis.curves import Curve, CurveKey, Point, cautions, price, ranking
 from commbench.analysis.fastest import FastestAt
+from commbench.analysis.decide import Headroom
 from commbench.analysis.question import EngineRecord, FloorRow, priced_row, row
 from commbench.files import read_text
 from commbench.errors import UsageError
@@ -119,6 +120,22 @@ def match_curves(curves: list[Curve], names: list[str]) -> list[Curve]:
 
 
 @dataclass(frozen=True)
+class FusedFloor:
+    """At one decode size where an engine's default is a fused kernel: the floor of that default as
+    its own kernel measured it (None: not measured in this run) and of the fastest stand-in for it,
+    which no engine runs (fused_headroom.py); both times include the norm."""
+
+    default: FloorRow | None
+    stand_in: FloorRow
+    said: str                 # which engines run the fused path by default at this size
+
+
+def fused_floors(model: Model, rooms: tuple[Headroom, ...]) -> tuple[FusedFloor, ...]:
+    return tuple(FusedFloor(priced_row(model, r.concurrency, r.versus) if r.versus else None,
+                            priced_row(model, r.concurrency, r.cost), r.said) for r in rooms)
+
+
+@dataclass(frozen=True)
 class EngineWhatIf:
     """--step-ms for one engine: its measured step with the configuration swapped in, or why none."""
 
@@ -149,6 +166,7 @@ class FloorResult:
     rows: tuple[FloorRow, ...]           # --backend (a run) or the table's curve
     what_if: WhatIf | None               # --latency-table with --step-ms
     cautions: tuple[str, ...]
+    fused_headroom: tuple[FusedFloor, ...] = ()   # per size where an engine's default is a fused kernel
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -241,14 +259,15 @@ def compute(found: question.Answer, asked: question.Question, args: argparse.Nam
                                                                              else (pair.configured,))
                   if r.latency_us is not None]
     shown += [w.what_if.best.backend for w in what_ifs if w.what_if is not None]
-    shown += [r.backend for r in room_rows] + [c.label for c in named]
+    fused = fused_floors(model, found.fused_headroom)
+    shown += [r.backend for r in room_rows] + [f.stand_in.backend for f in fused] + [c.label for c in named]
     by_label = {c.label: c for c in curves}
     warned = cautions(found.run.rows, [by_label[label] for label in dict.fromkeys(shown) if label in by_label])
     return FloorResult(provenance.of(found.run).to_dict(), None, model, model.allreduces_per_token, found.tp,
                        args.step_ms, found.facts, found.box_hint, found.records, tuple(what_ifs),
                        tuple(room_rows),
                        found.fastest,
-                       tuple(args.backend or ()), tuple(named_rows), None, tuple(warned))
+                       tuple(args.backend or ()), tuple(named_rows), None, tuple(warned), fused)
 
 
 def table_result(args: argparse.Namespace, model: Model, concurrencies: list[int]) -> FloorResult:
@@ -313,10 +332,34 @@ def text(result: FloorResult, wide: bool = False) -> str:
         out += ["", _table(list(result.headroom), f"headroom ({tag}): the fastest kernel measured here that no "
                                                   "requested engine takes here, per size; for comparison only", wide)]
     out.append("\n".join(fastest.fastest_table(result.fastest, tag, wide)))
+    fused = _fused_text(result, tag, wide)
+    out += fused[1:] if fused and not out[-1] else fused   # no table of the fastest kernels above: one blank line
     if result.rows:
         out += ["", _table(list(result.rows), f"as measured: {', '.join(result.backends)} ({tag})", wide)]
     out += ["\n" + render.prose(f"caution: {line}", wide) for line in result.cautions]
     return "\n".join(out)
+
+
+def _fused_text(result: FloorResult, tag: str, wide: bool) -> list[str]:
+    """Per size where an engine's default is a fused kernel: that default's floor and the fastest
+    stand-in's, and which engines run it by default where."""
+    if not result.fused_headroom:
+        return []
+    pairs = [(role, r) for f in result.fused_headroom
+             for role, r in (("default", f.default), ("stand-in", f.stand_in)) if r is not None]
+    suffix = fastest.mode_suffix([r.backend for _, r in pairs])   # ' (graph allreduce_residual_rmsnorm)'
+    rows = [replace(r, backend=r.backend.removesuffix(suffix)) for _, r in pairs]
+    defaults: dict[str, list[int]] = {}
+    for f in result.fused_headroom:
+        defaults.setdefault(f.said, []).append(f.stand_in.concurrency)
+    timed = f"; {suffix[2:-1].split()[0]} mode" if suffix else ""
+    title = (f"fused allreduce + residual + RMSNorm ({tag}{timed}): where an engine's default is a fused kernel, "
+             "the floor of that default and of the fastest stand-in measured here, which no engine runs (headroom, "
+             "for comparison only); the norm included, never set against a bare allreduce")
+    return ["", render.prose(title, wide),
+            _table(rows, "", wide, [role for role, _ in pairs]).split("\n", 1)[1],
+            *(render.prose(f"c={', '.join(map(str, sizes))}: {said}", wide, indent="    ", first="  ")
+              for said, sizes in defaults.items())]
 
 
 def _table_text(result: FloorResult, wide: bool) -> str:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from commbench import models
-from commbench.analysis import configure, decide, fastest, next_steps, render
+from commbench.analysis import configure, decide, fastest, fused_headroom, next_steps, render
 from commbench.analysis.configure import DECODE, Cell, Configuration, Load
 from commbench.analysis.curves import Curve, decode_curves, run_world_size
 from commbench.analysis.decide import EngineDecision, EngineSources, Headroom, Price, Saving
@@ -225,6 +225,8 @@ class Answer:
     headroom: list[Headroom]
     facts: tuple[str, ...]              # where each engine's facts and chain come from: the first lines
     fastest: tuple[FastestAt, ...]      # per size, the fastest kernel measured: what headroom is set against
+    # per size where an engine's default is a fused kernel: the fastest stand-in for it (fused_headroom.py)
+    fused_headroom: tuple[Headroom, ...] = ()
 
     @property
     def configurations(self) -> list[Configuration]:
@@ -266,5 +268,6 @@ def answer(q: Question) -> Answer:
     return Answer(q.engines, q.sources, run, curves, tp, decide.data_tag(run), box, box_hint(run, box), decisions,
                   tuple(records), decide.headroom(q.model, run, curves, decisions, q.concurrencies),
                   tuple(decide.source_lines(list(q.engines), q.sources)),
-                  fastest.fastest_by_size(run, curves, q.model, q.concurrencies, decisions))
+                  fastest.fastest_by_size(run, curves, q.model, q.concurrencies, decisions),
+                  tuple(fused_headroom.headroom(q.model, run, curves, decisions, q.concurrencies)))
 

@@ -18,7 +18,8 @@ from typing import Any, Sequence
 
 from commbench import engines
 from commbench import models
-from commbench.analysis import configure_text, decide, fastest, next_steps, provenance, question, render, results_out
+from commbench.analysis import (configure_text, decide, fastest, fused_headroom, next_steps, provenance, question, render,
+                                results_out)
 from commbench.analysis.curves import cautions
 from commbench.analysis.decide import Headroom, Price
 from commbench.analysis.fastest import FastestAt
@@ -121,22 +122,23 @@ def _costs_table(e: EngineRecord, wide: bool) -> str:
                       *(render.prose(line, wide, indent="    ", first="  ") for line in legend)])
 
 
-def _brief_headroom(rooms: tuple[Headroom, ...], tag: str, wide: bool) -> list[str]:
-    """--brief: each kernel no engine can run here, with the most it would save at one size."""
+def _brief_headroom(rooms: tuple[Headroom, ...], fused: tuple[Headroom, ...], tag: str, wide: bool) -> list[str]:
+    """--brief: each kernel no engine can run here, with the most it would save at one size; then
+    each stand-in for an engine's fused default, against that default."""
     best: dict[str, Headroom] = {}
     for r in decide.fastest_headroom(list(rooms)):
         if r.saving is not None and r.saving.per_call_us > 0 and r.saving.beyond_spread is not False:
             if r.kernel not in best or r.saving.per_step_ms > best[r.kernel].saving.per_step_ms:  # type: ignore[union-attr]
                 best[r.kernel] = r
-    if not best:
+    lines = [render.prose(f"{_kernel(r)}: would save {r.saving.per_call_us:.1f} us/call, "  # type: ignore[union-attr]
+                          f"{r.saving.per_step_ms:.2f} ms/step at concurrency {r.concurrency} "  # type: ignore[union-attr]
+                          f"({format_bytes(r.message_bytes)}) vs {r.versus.curve if r.versus else '-'}",
+                          wide, indent="    ", first="  ")
+             for r in best.values()]
+    lines += fused_headroom.brief_lines(fused, wide)
+    if not lines:
         return []
-    lines = ["\n" + render.prose(f"headroom ({tag}; no engine takes these here, for comparison only):", wide)]
-    lines += [render.prose(f"{_kernel(r)}: would save {r.saving.per_call_us:.1f} us/call, "  # type: ignore[union-attr]
-                           f"{r.saving.per_step_ms:.2f} ms/step at concurrency {r.concurrency} "  # type: ignore[union-attr]
-                           f"({format_bytes(r.message_bytes)}) vs {r.versus.curve if r.versus else '-'}",
-                           wide, indent="    ", first="  ")
-              for r in best.values()]
-    return lines
+    return ["\n" + render.prose(f"headroom ({tag}; no engine takes these here, for comparison only):", wide), *lines]
 
 
 def _kernel(r: Headroom) -> str:
@@ -165,12 +167,13 @@ def compute(found: question.Answer, asked: question.Question) -> RecommendResult
     rooms = found.headroom
     shown = [c for d in found.decisions for o in d.options if o.state.available is not False
              for c in o.own + o.stand_ins]
-    warned = cautions(run.rows, shown + [c for c in found.curves if c.label in {r.kernel for r in rooms}])
+    kernels = {r.kernel for r in [*rooms, *found.fused_headroom]}
+    warned = cautions(run.rows, shown + [c for c in found.curves if c.label in kernels])
     inert = engines.inert_settings(found.box)
     return RecommendResult(provenance.of(run).to_dict(), asked.run_dir, asked.model, found.tp, found.facts,
                            found.sources.log_file, found.box_hint, found.records, tuple(rooms), found.fastest,
                            tuple(warned), tuple(r._asdict() for r in inert),
-                           {**found.sources.facts.versions(), "nccl": engines.NCCL_VERSION})
+                           {**found.sources.facts.versions(), "nccl": engines.NCCL_VERSION}, found.fused_headroom)
 
 
 def text(result: RecommendResult, wide: bool = False, brief: bool = False) -> str:
@@ -212,9 +215,13 @@ def text(result: RecommendResult, wide: bool = False, brief: bool = False) -> st
             out.append(_once(trades, i, names, lambda names: configure_text.tradeoff_title(names, tag, c), wide,
                              "trade-offs"))
     if brief:
-        out += _brief_headroom(result.headroom, tag, wide)
+        out += _brief_headroom(result.headroom, result.fused_headroom, tag, wide)
     else:
         out.append("\n".join(fastest.fastest_table(result.fastest, tag, wide, result.headroom)))
+        fused = fused_headroom.table(result.fused_headroom, model, tag, wide)
+        if fused and not out[-1]:   # no table of the fastest kernels above: one blank line, not two
+            fused[0] = fused[0].lstrip("\n")
+        out += fused
     out += ["\n" + render.prose(f"caution: {line}", wide) for line in result.cautions]
     asked = {e.engine for e in result.engines}
     inert = [rule for rule in result.inert_settings
@@ -263,3 +270,5 @@ class RecommendResult:
     cautions: tuple[str, ...]
     inert_settings: tuple[dict[str, Any], ...]    # engines.InertSetting's fields
     engine_versions: dict[str, str]
+    # per size where an engine's default is a fused kernel: the fastest stand-in for it, against that default
+    fused_headroom: tuple[Headroom, ...] = ()

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from commbench.cli import main as cli
+from factories import fused_run
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNS = ROOT / "tests" / "data" / "runs"
@@ -48,6 +49,10 @@ COMMANDS: dict[str, tuple[list[str], bool]] = {
     "recommend": (["recommend", PCIE, "--model", "glm-5"], True),
     "recommend-brief": (["recommend", PCIE, "--model", "glm-5", "--brief", "--prefill-tokens", "256"], True),
     "recommend-emulated": (["recommend", str(EMULATED_PCIE), "--model", "glm-5", "--concurrency", "1,16"], True),
+    "recommend-fused": (["recommend", "{tmp}/fused/run", "--model", "glm-5", "--concurrency", "1,8,64"], True),
+    "recommend-fused-brief": (["recommend", "{tmp}/fused/run", "--model", "glm-5", "--concurrency", "1,8,64",
+                               "--brief"], True),
+    "floor-fused": (["floor", "{tmp}/fused/run", "--model", "glm-5", "--concurrency", "1,8,64"], True),
     "engines": (["engines", PCIE, "--model", "glm-5"], True),
     "engines-emulated": (["engines", WORLD8, "--model", "glm-5"], True),
     "engines-no-box": (["engines"], True),
@@ -64,9 +69,9 @@ COMMANDS: dict[str, tuple[list[str], bool]] = {
 }
 # A word that names something a user copies: a spec, a setting, a flag or a path.
 IDENTIFIER = re.compile(r"^[\w.,:/=+-]*([:/=]|\[|--|[A-Z]+_[A-Z_]+)[\w.,:/=+\[\]-]*$")
-# A command the tool prints on a line of its own: a paste line, a next step.
-COMMAND = re.compile(r"^(?:# next: |\$ )?(?:(?:python3? -m )?commbench |torchrun |export |vllm serve |"
-                     r"python -m sglang|bash scripts/|pip install )")
+# A command the tool prints on a line of its own: a paste line (its engine variables first), a next step.
+COMMAND = re.compile(r"^(?:# next: |\$ )?(?:[A-Z_][A-Z0-9_]*=\S+ )*(?:(?:python3? -m )?commbench |torchrun |export |"
+                     r"vllm serve |python -m sglang|bash scripts/|pip install )")
 BACKTICKED = re.compile(r"`[^`\n]+`")
 
 
@@ -75,6 +80,8 @@ def _output(argv: list[str], columns: int, tmp_path: Path, monkeypatch: pytest.M
     monkeypatch.setenv("COLUMNS", str(columns))
     monkeypatch.chdir(tmp_path)
     (tmp_path / "latency.csv").write_text("bytes,latency_us\n4K,20\n16K,40\n64K,90\n")   # floor --latency-table
+    if any("{tmp}/fused/" in a for a in argv) and not (tmp_path / "fused").exists():
+        fused_run(tmp_path / "fused" / "run")   # the fused headroom's tables (a fixture made here)
     argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
     assert cli(argv) in (0, 1), argv     # 1: qualify's verdict
     out = capsys.readouterr()
@@ -129,5 +136,6 @@ def test_the_check_tells_a_command_from_prose() -> None:
     assert not wider_than("    torchrun --nproc-per-node 8 -m commbench sweep --model glm-5 --tp 8 --prefill-tokens 8", 40)
     assert not wider_than("`commbench engines tests/data/runs/synthetic-pcie-8gpu --engine vllm --tp 8`):", 40)
     assert not wider_than("wrote /a/very/long/path/that/does/not/fit/in/forty/columns.png", 40)
+    assert not wider_than("    SGLANG_OPT_USE_CUSTOM_ALL_REDUCE_V2=1 python -m sglang.launch_server --model-path MODEL", 40)
     assert wider_than("a sentence that goes on for longer than forty columns of text", 40)
     assert wider_than("see `commbench floor --list-models` for a sentence longer than forty columns", 40)
