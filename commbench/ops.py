@@ -11,3 +11,6 @@ FUSED_OP = "allreduce_residual_rmsnorm"            # allreduce, + residual, RMSN
 # `hidden` elements): their rows answer a model's question only at its hidden size, matched by
 # tokens and hidden.
 SHAPED_OPS = (FUSED_OP,)
+
+# How outputs name an op.
+OP_WORDS = {ALLREDUCE: "allreduce", FUSED_OP: "allreduce + residual add + RMSNorm"}

@@ -60,7 +60,7 @@ def backend_facts(names: Iterable[str], world_size: int) -> dict[str, Any]:
     return {b.name: facts_of(b, world_size) for b in backends.expand(list(names), backends.Options(), on_gpu=True)}
 
 
-def graph_trace(path: Path, kernel: str, steps: int = 3, calls: int = 4, rank: int = 0) -> None:
+def graph_trace(path: Path, kernel: str, steps: int = 3, calls: int = 4, rank: int = 0, world_size: int = 2) -> None:
     """A minimal kineto trace: per replay, `calls` x (20 us GEMM, 30 us `kernel`)."""
     events, ts = [], 1000.0
     for corr in range(steps):
@@ -72,7 +72,7 @@ def graph_trace(path: Path, kernel: str, steps: int = 3, calls: int = 4, rank: i
                                "args": {"stream": 7, "correlation": corr, "graph id": 1}})
                 ts += dur + 1
         ts += 1000
-    path.write_text(json.dumps({"distributedInfo": {"rank": rank, "world_size": 2}, "traceEvents": events}))
+    path.write_text(json.dumps({"distributedInfo": {"rank": rank, "world_size": world_size}, "traceEvents": events}))
 
 
 # A hand-made 8-rank run on the recorded H200 NVLink box with GLM-5's decode shapes (hidden 6144,

@@ -70,15 +70,25 @@ FlashinferMake = MakeOptions[FlashinferOptions]   # what make() hands this famil
 
 # Kernel names this family's allreduce leaves in a profiler trace, read by `commbench attribute`
 # with ast, without importing this module (docs/attribute.md): (regex searched in the demangled
-# name, library, regex over this family's run variants that are its floor, note).
-# FlashInfer csrc/ and include/flashinfer/comm/: trtllm_allreduce_fusion.cuh (fusion kernels,
-# template Pattern: 0 plain allreduce, else + residual/RMSNorm), trtllm_moe_allreduce_fusion.cuh,
-# trtllm_mnnvl_allreduce.cuh, trtllm_allreduce.cuh (legacy), flashinfer/comm/pcie_ipc_* (PCIe IPC).
+# name, library, regex over this family's run variants that are its floor, note[, op]).
+# FlashInfer csrc/ and include/flashinfer/comm/: trtllm_allreduce_fusion.cuh (fusion kernels, first
+# template argument AllReduceFusionPattern: 0 plain allreduce, 1 + residual + RMSNorm (the op the
+# fused variants measure, so its own entries), 2 and up + a quantised output; 0.7.4 lines 931-943),
+# trtllm_moe_allreduce_fusion.cuh, trtllm_mnnvl_allreduce.cuh, trtllm_allreduce.cuh (legacy),
+# flashinfer/comm/pcie_ipc_* (PCIe IPC).
 TRACE_KERNELS = (
-    (r"\bflashinfer::trtllm_allreduce_fusion::allreduce_fusion_kernel_oneshot_lamport\b", "FlashInfer TRT-LLM fusion one-shot",
-     r"^flashinfer:trtllm_oneshot$", "a fused pattern also adds the residual and RMSNorm"),
-    (r"\bflashinfer::trtllm_allreduce_fusion::allreduce_fusion_kernel_twoshot_sync\b", "FlashInfer TRT-LLM fusion two-shot",
-     r"^flashinfer:trtllm_twoshot$", "a fused pattern also adds the residual and RMSNorm"),
+    (r"\bflashinfer::trtllm_allreduce_fusion::allreduce_fusion_kernel_oneshot_lamport\b"
+     r"(?!<\((?:\w+::)*AllReduceFusionPattern\)1\b)", "FlashInfer TRT-LLM fusion one-shot",
+     r"^flashinfer:trtllm_oneshot$", "a quantising fused pattern also adds the residual, RMSNorm and the quantisation"),
+    (r"\bflashinfer::trtllm_allreduce_fusion::allreduce_fusion_kernel_twoshot_sync\b"
+     r"(?!<\((?:\w+::)*AllReduceFusionPattern\)1\b)", "FlashInfer TRT-LLM fusion two-shot",
+     r"^flashinfer:trtllm_twoshot$", "a quantising fused pattern also adds the residual, RMSNorm and the quantisation"),
+    (r"\bflashinfer::trtllm_allreduce_fusion::allreduce_fusion_kernel_oneshot_lamport"
+     r"<\((?:\w+::)*AllReduceFusionPattern\)1\b", "FlashInfer allreduce+RMSNorm fusion one-shot",
+     r"^flashinfer:fused_oneshot$", "allreduce + residual add + RMSNorm in one kernel", "allreduce_residual_rmsnorm"),
+    (r"\bflashinfer::trtllm_allreduce_fusion::allreduce_fusion_kernel_twoshot_sync"
+     r"<\((?:\w+::)*AllReduceFusionPattern\)1\b", "FlashInfer allreduce+RMSNorm fusion two-shot",
+     r"^flashinfer:fused_twoshot$", "allreduce + residual add + RMSNorm in one kernel", "allreduce_residual_rmsnorm"),
     (r"\bmoereduce_allreduce_fusion_kernel", "FlashInfer MoE allreduce fusion", "", ""),
     (r"\b(oneshotAllreduceFusionKernel|twoshotAllreduceKernel|rmsNormLamport)\b", "FlashInfer MNNVL",
      r"^flashinfer:mnnvl$", ""),

@@ -125,7 +125,7 @@ if TYPE_CHECKING:
 
 # Kernel names this family's allreduce leaves in a profiler trace, read by `commbench attribute`
 # with ast, without importing this module (docs/attribute.md): (regex searched in the demangled
-# name, library, regex over this family's run variants that are its floor, note).
+# name, library, regex over this family's run variants that are its floor, note[, op]).
 # The kernels of allreduce.cu beside this file (layout.KERNEL_NAMES): no serving engine runs them.
 TRACE_KERNELS = (
     (r"\bp2p_ll_oneshot(_own_slot)?\b", "commbench p2p", r"^p2p:oneshot_lamport$", ""),
@@ -136,7 +136,7 @@ TRACE_KERNELS = (
     (r"\bp2p_oneshot_graph\b", "commbench p2p", r"^p2p:oneshot_graph$", ""),
     (r"\bp2p_twoshot_graph\b", "commbench p2p", r"^p2p:twoshot_graph$", ""),
     (r"\bp2p_fused_(oneshot|twoshot)\b", "commbench p2p", r"^p2p:fused(_oneshot|_twoshot)?$",
-     "allreduce + residual add + RMSNorm in one kernel"),
+     "allreduce + residual add + RMSNorm in one kernel", "allreduce_residual_rmsnorm"),
 )
 
 # CuPy compiles and launches every kernel. cuda-python is no requirement: PDL and the graph kernels'

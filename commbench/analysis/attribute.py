@@ -30,6 +30,7 @@ from commbench.analysis.render import fmt_us
 from commbench.analysis.traces import analyse_traces, cross_rank, first_apart_text, size_hint, trace_provenance
 from commbench.errors import UsageError
 from commbench.files import LazyList
+from commbench.ops import ALLREDUCE
 from commbench.results import Run, percentile
 from commbench.runs import load_run
 from commbench.units import format_bytes, positive_finite
@@ -292,7 +293,8 @@ def text(found: Attributed, args: argparse.Namespace) -> list[str]:
     if result.run is not None:
         out.append("")
         out.append(floor_text(list(result.floor), args.wide, args.brief))
-        if args.engine and result.floor and not any(f.alternative for f in result.floor):
+        plain = [f for f in result.floor if f.op == ALLREDUCE]   # a fused call is offered no bare allreduce
+        if args.engine and plain and not any(f.alternative for f in plain):
             out.append(render.fill(f"what {engines.ENGINE_NAMES[args.engine]} could take instead: no path it can "
                                    "take on this box was measured in the run at these sizes (its own kernels or a "
                                    "library it runs; a stand-in is no price; recommend on this run says why per "

@@ -10,6 +10,13 @@ run's curves and a message size, returns the curve of the path the engine could 
 names the fastest kernel the run measured at that size, any backend, where it is not the floor
 itself, and (given `whose`) whose it is: what headroom is measured against.
 
+A kernel that computes another op than a plain allreduce (its TRACE_KERNELS entry says which:
+FlashInfer's allreduce + residual + RMSNorm fusion) is set only against rows of that op at the
+call's shape (--batch tokens x the hidden of --model or --hidden): its floor is its library's
+fused rows, the fastest beside it the fastest row of that op and shape (commbench's p2p:fused
+where the run has it), and no engine path is offered instead (a fused time includes the norm:
+never against a bare allreduce).
+
 Where every rank's trace was given (commbench.analysis.skew), each call's wait for the last
 rank is known: the price is then set on the transfer alone (the kernel's own time, what a
 faster kernel could save) and the wait is reported apart as skew per step. Per-step figures
@@ -31,7 +38,7 @@ from commbench.analysis.curves import Curve, CurvePrice, decode_curves, price, r
 from commbench.analysis.render import fmt_us
 from commbench.analysis.trace_read import RankTrace
 from commbench.engines.registry import BY_KEY
-from commbench.ops import ALLREDUCE
+from commbench.ops import ALLREDUCE, OP_WORDS, SHAPED_OPS
 from commbench.results import Run
 from commbench.units import dtype_name, format_bytes
 
@@ -73,8 +80,9 @@ class FloorLine:
     alternative: Priced | None = None
     transfer_p50_us: float | None = None   # median transfer, where the wait is known (priced on it)
     wait_per_step_us: float | None = None  # skew: the calls' wait per step (median over the steps)
-    fastest: Priced | None = None    # the run's fastest plain allreduce at this size, any backend (None: the floor)
+    fastest: Priced | None = None    # the run's fastest row of the op at this size, any backend (None: the floor)
     fastest_whose: str = ""
+    op: str = ALLREDUCE              # what the calls' kernel computes: its rows are of that op (and shape)
 
 
 def _priced(curve: Curve, size: int, engine_us: float, per_step: float, batch: int | None,
@@ -93,40 +101,50 @@ def against_floor(steps: list[Step], curves: list[Curve], batch: int | None,
                   ) -> list[FloorLine]:
     if not steps:
         return []
-    groups: dict[tuple[str, str, int | None, str], list[Call]] = defaultdict(list)
+    groups: dict[tuple[str, str, int | None, str, str, int | None], list[Call]] = defaultdict(list)
     for step in steps:
         for call in step.calls:
-            groups[(call.library, call.floor_variants, call.message_bytes, call.size_from)].append(call)
+            groups[(call.library, call.floor_variants, call.message_bytes, call.size_from, call.op,
+                    call.hidden)].append(call)
     step_us = statistics.median(s.wall_us for s in steps)
     out = []
-    for (library, floor_variants, size, size_from), calls in sorted(groups.items(), key=lambda g: -len(g[1])):
+    for (library, floor_variants, size, size_from, op, hidden), calls in sorted(groups.items(),
+                                                                               key=lambda g: -len(g[1])):
         per_step = len(calls) / len(steps)
-        line = FloorLine(library, size, size_from, per_step, statistics.median(c.dur_us for c in calls), None, "")
+        line = FloorLine(library, size, size_from, per_step, statistics.median(c.dur_us for c in calls), None, "",
+                         op=op)
         if all(c.wait_us is not None for c in calls):
             line.transfer_p50_us = statistics.median(c.transfer_us for c in calls)
             mine = {id(c) for c in calls}
             line.wait_per_step_us = statistics.median(sum(c.wait_us or 0.0 for c in s.calls if id(c) in mine)
                                                       for s in steps)
         engine_us = line.engine_p50_us if line.transfer_p50_us is None else line.transfer_p50_us
-        own = [c for c in curves if floor_variants and re.search(floor_variants, c.key.variant)]
+        # a shaped op's rows answer only its shape: the curves hold those of the calls' hidden (floor_lines)
+        shaped = op in SHAPED_OPS
+        same = [c for c in curves if c.key.op == op] if not shaped or hidden is not None else []
+        own = [c for c in same if floor_variants and re.search(floor_variants, c.key.variant)]
         if size is None:
             line.why_no_floor = "message size unknown (give --hidden and --batch, or --model and --batch)"
+        elif shaped and hidden is None:
+            line.why_no_floor = (f"its shape is unknown: it computes {OP_WORDS[op]}, priced only by rows of its tokens "
+                                 "x hidden (give --batch with --model or --hidden)")
         elif not floor_variants:
             line.why_no_floor = "no commbench backend measures this library"
         elif not own:
-            line.why_no_floor = "the run has no trusted rows of this library"
+            line.why_no_floor = ("the run has no trusted rows of this library" if not shaped else
+                                 f"the run has no trusted {OP_WORDS[op]} rows of this library at hidden {hidden}")
         else:
             ranked = ranking(own, size)
             if ranked:
                 line.floor = _priced(ranked[0].curve, size, engine_us, per_step, batch, step_us)
             else:
                 line.why_no_floor = f"size outside the run's measured range ({own[0].range_text()})"
-        if alternative is not None and size is not None:
+        if alternative is not None and size is not None and op == ALLREDUCE:
             curve = alternative(curves, size)
             if curve is not None:
                 line.alternative = _priced(curve, size, engine_us, per_step, batch, step_us)
         if size is not None:
-            ranked = ranking([c for c in curves if c.key.op == ALLREDUCE], size)
+            ranked = ranking(same, size)
             if ranked and (line.floor is None or ranked[0].curve.label != line.floor.variant):
                 line.fastest = _priced(ranked[0].curve, size, engine_us, per_step, batch, step_us)
                 line.fastest_whose = whose(ranked[0].curve) if whose is not None else ""
@@ -142,10 +160,12 @@ def floor_lines(run: Run, ranks: list[tuple[int, RankTrace]], results: list[Rank
     (engine_alternative), adds what the engine could take instead."""
     world = ranks[0][1].world_size or len(ranks)
     dtype_text = dtype_name(dtype) if dtype else "bf16"
-    curves = decode_curves(run, world, dtype_text, "auto")
+    steps = [s for r in results for s in r.steps]
+    # every call sized by --batch x --hidden shares that hidden: the shape a fused call's rows must have
+    hidden = next((c.hidden for s in steps for c in s.calls if c.hidden is not None), None)
+    curves = decode_curves(run, world, dtype_text, "auto", hidden=hidden)
     if alternative is None and engine is not None:
         alternative = engine_alternative(engine, run, world, dtype_text, sources)
-    steps = [s for r in results for s in r.steps]
     decode = [s for s in steps if s.phase == "decode"] or steps
     return against_floor(decode, curves, batch, alternative, lambda curve: fastest.whose(run, curve))
 
@@ -184,7 +204,9 @@ def _priced_table(lines: list[FloorLine], which: str, head: str, word: str, wide
     for f in lines:
         p = getattr(f, which)
         if p is not None:
-            out.append(render.prose(f"{f.library} at {format_bytes(f.message_bytes or 0)}: {word} {p.variant} "
+            said = word if f.op == ALLREDUCE else \
+                f"{word.rstrip(':')} ({OP_WORDS.get(f.op, f.op)} at this shape, the norm included):"
+            out.append(render.prose(f"{f.library} at {format_bytes(f.message_bytes or 0)}: {said} {p.variant} "
                                     f"({p.source}); size from {f.size_from}", wide, indent="    ", first="  "))
     return out
 

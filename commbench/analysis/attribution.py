@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from commbench.analysis.trace_kernels import Classification, classify
 from commbench.analysis.trace_read import HostSpan, Kernel, RankTrace
 from commbench.errors import UsageError
+from commbench.ops import ALLREDUCE
 from commbench.results import percentile
 
 RULES = ("graph", "annotation", "gap")
@@ -68,6 +69,8 @@ class Call:
     in_graph: bool
     message_bytes: int | None = None
     size_from: str = "unknown"      # "recorded" | "--hidden x --batch" | "unknown"
+    op: str = ALLREDUCE             # what the kernel computes (its TRACE_KERNELS entry's op)
+    hidden: int | None = None       # where the size is --batch x --hidden: the shape's hidden
     overlap_us: float = 0.0         # time beside compute kernels on other streams
     wait_us: float | None = None    # for the last rank's arrival, where every rank's trace is given
 
@@ -132,6 +135,7 @@ class SizeHint:
     """--hidden x --batch (x dtype bytes): the size of a call whose trace recorded none."""
     message_bytes: int | None
     text: str
+    hidden: int | None = None       # the shape's hidden, where message_bytes is given
 
 
 def union_length(intervals: list[tuple[float, float]]) -> float:
@@ -314,12 +318,13 @@ def analyse_rank(trace: RankTrace, rank: int, size_hint: SizeHint, rule: str = "
 
     def call_of(k: Kernel) -> Call:
         c = kinds[k.name]
-        call = Call(k.name, c.library, c.floor_variants, c.note, k.ts_us, k.dur_us, k.stream, _replayed(trace, k))
+        call = Call(k.name, c.library, c.floor_variants, c.note, k.ts_us, k.dur_us, k.stream, _replayed(trace, k),
+                    op=c.op)
         recorded = sizes.size(k)
         if recorded is not None:
             call.message_bytes, call.size_from = recorded, "recorded"
         elif size_hint.message_bytes is not None:
-            call.message_bytes, call.size_from = size_hint.message_bytes, size_hint.text
+            call.message_bytes, call.size_from, call.hidden = size_hint.message_bytes, size_hint.text, size_hint.hidden
         return call
 
     steps: list[Step] = []

@@ -4,6 +4,10 @@ Each backend module (built-in or plug-in) may define a module-level literal
 
     TRACE_KERNELS = ((kernel_regex, library, floor_variant_regex, note), ...)
 
+where an entry may add a fifth item, the op its kernel computes (commbench.ops: "allreduce" when
+left out; FlashInfer's fused allreduce + residual + RMSNorm kernels say "allreduce_residual_rmsnorm",
+so that they are set against rows of that op and shape, never against a bare allreduce).
+
 and commbench.engines holds the engines' own kernels the same way. The backend modules import
 torch at the top and the analysis never does, so the literal is read from the module's source
 with ast: the built-in package's folder comes from its import spec (which does not run
@@ -25,6 +29,7 @@ from importlib import metadata
 from pathlib import Path
 
 from commbench import engines
+from commbench.ops import ALLREDUCE, SHAPED_OPS
 
 BACKENDS_PACKAGE = "commbench.backends"
 ENTRY_POINT_GROUP = "commbench.backends"
@@ -42,6 +47,7 @@ class KernelPattern:
     floor_variants: str      # regex over a run's backend names; "" = no commbench backend measures it
     note: str
     source: str              # the module that owns it
+    op: str = ALLREDUCE      # what its kernel computes (commbench.ops)
 
 
 @dataclass(frozen=True)
@@ -50,6 +56,7 @@ class Classification:
     library: str             # who runs it ("" for compute)
     floor_variants: str      # "" when unknown or ambiguous
     note: str
+    op: str = ALLREDUCE      # what the kernel computes; "" where its library's entries disagree
 
 
 def literal_patterns(source_text: str, origin: str) -> list[KernelPattern]:
@@ -70,12 +77,14 @@ def literal_patterns(source_text: str, origin: str) -> list[KernelPattern]:
 
 
 def _pattern(entry: object, origin: str) -> KernelPattern:
-    if not (isinstance(entry, tuple) and len(entry) == 4 and all(isinstance(x, str) for x in entry)):
-        raise ValueError(f"{origin}: {LITERAL_NAME} entries are (regex, library, floor regex, note)")
-    regex, library, floor, note = entry
+    if not (isinstance(entry, tuple) and len(entry) in (4, 5) and all(isinstance(x, str) for x in entry)):
+        raise ValueError(f"{origin}: {LITERAL_NAME} entries are (regex, library, floor regex, note[, op])")
+    regex, library, floor, note, *op = entry
+    if op and op[0] not in (ALLREDUCE, *SHAPED_OPS):
+        raise ValueError(f"{origin}: {LITERAL_NAME}: an entry's op is one of {ALLREDUCE}, {', '.join(SHAPED_OPS)}")
     if floor:
         re.compile(floor)
-    return KernelPattern(re.compile(regex), library, floor, note, origin)
+    return KernelPattern(re.compile(regex), library, floor, note, origin, *op)
 
 
 def _module_files() -> dict[Path, str]:
@@ -115,9 +124,10 @@ def classify(name: str, patterns: tuple[KernelPattern, ...] | None = None) -> Cl
     libraries = list(dict.fromkeys(p.library for p in hits))
     if len(libraries) == 1:
         floors = {p.floor_variants for p in hits}
+        ops = {p.op for p in hits}
         notes = [p.note for p in hits if p.note]
         return Classification("allreduce", libraries[0], floors.pop() if len(floors) == 1 else "",
-                              notes[0] if notes else "")
+                              notes[0] if notes else "", ops.pop() if len(ops) == 1 else "")
     if libraries:
         return Classification("allreduce", "ambiguous: " + " or ".join(libraries), "",
                               "more than one library's kernels carry this name")

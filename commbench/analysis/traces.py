@@ -30,7 +30,7 @@ def size_hint(model_name: str | None, hidden: int | None, batch: int | None, dty
     message_bytes = shape_bytes(1 if batch is None else batch, 1 if hidden is None else hidden,
                                 DTYPE_BYTES[act], "--batch", "--hidden")
     if hidden and batch:
-        return SizeHint(message_bytes, f"{batch} x {hidden} x {act}")
+        return SizeHint(message_bytes, f"{batch} x {hidden} x {act}", hidden)
     return SizeHint(None, "unknown")
 
 

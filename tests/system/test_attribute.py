@@ -17,7 +17,8 @@ from commbench.analysis import attribute, attribute_floor, trace_read, traces
 from commbench.analysis.attribution import SizeHint
 from commbench.analysis.trace_kernels import _pattern, all_patterns, classify, literal_patterns
 from commbench.cli import main as cli_main
-from factories import graph_trace
+from commbench.ops import ALLREDUCE, FUSED_OP
+from factories import STAND_IN_US, fused_run, graph_trace
 from helpers import run_cli
 
 TRACES = Path(__file__).parents[1] / "data" / "traces"
@@ -28,6 +29,11 @@ GLOO = sorted((TRACES / "gloo").glob("*.trace.json.gz"))
 GPU_MANIFEST = TRACES / "h200-mps" / "manifest.json"
 RUN = Path(__file__).parents[2] / "results/reference/h200-mps-emulated/world2/allreduce/20261201-171211-vm"
 VLLM_CA = "vLLM-style custom allreduce (vLLM, SGLang or FlashInfer's port)"
+# FlashInfer's fusion kernel with AllReduceFusionPattern 1: allreduce + residual + RMSNorm, what the
+# engines run by default for decode on an H200 (the first template argument, trtllm_allreduce_fusion.cuh)
+FUSED_KERNEL = ("void flashinfer::trtllm_allreduce_fusion::allreduce_fusion_kernel_oneshot_lamport<"
+                "(flashinfer::trtllm_allreduce_fusion::AllReduceFusionPattern)1, __nv_bfloat16, 8, true, true>"
+                "(flashinfer::trtllm_allreduce_fusion::AllReduceFusionParams<__nv_bfloat16>)")
 NO_HINT = SizeHint(None, "unknown")
 # scripts/construct-traces.py: 4 layers x 2 allreduces of 8 us, 2 GEMMs of 20 us and one
 # attention of 12 us per layer, 1 us apart; 5 decode replays, one eager prefill.
@@ -61,10 +67,20 @@ def attribute_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, 
      "SGLang JIT custom allreduce"),
     ("void mscclpp::collective::allreducePacket<__nv_bfloat16>(...)", "MSCCL++"),
     ("void oneRankReduce<FuncPreMulSum<__nv_bfloat16> >(ncclDevKernelArgs)", "NCCL (one rank)"),
+    (FUSED_KERNEL, "FlashInfer allreduce+RMSNorm fusion one-shot"),
+    ("void flashinfer::trtllm_allreduce_fusion::allreduce_fusion_kernel_twoshot_sync<"
+     "(flashinfer::trtllm_allreduce_fusion::AllReduceFusionPattern)1, __nv_bfloat16, 8, true>(...)",
+     "FlashInfer allreduce+RMSNorm fusion two-shot"),
+    ("void flashinfer::trtllm_allreduce_fusion::allreduce_fusion_kernel_twoshot_sync<"
+     "(flashinfer::trtllm_allreduce_fusion::AllReduceFusionPattern)3, __nv_bfloat16, 8, true>(...)",
+     "FlashInfer TRT-LLM fusion two-shot"),
+    ("void p2p_fused_oneshot<__nv_bfloat16>(FusedParams, uint4 const*)", "commbench p2p"),
 ])
 def test_every_backend_module_names_its_kernels(name: str, library: str) -> None:
     got = classify(name)
     assert (got.kind, got.library) == ("allreduce", library)
+    # FlashInfer's pattern 1 and commbench's fused kernels compute allreduce + residual + RMSNorm
+    assert got.op == (FUSED_OP if "Pattern)1" in name or "p2p_fused" in name else ALLREDUCE)
 
 
 def test_unknown_communication_is_never_compute() -> None:
@@ -96,6 +112,8 @@ def test_patterns_are_read_from_module_sources_and_bad_literals_are_skipped() ->
     assert literal_patterns("TRACE_KERNELS = compute()\n", "m.py") == []
     assert literal_patterns("TRACE_KERNELS = (('(', 'X', '', ''),)\n", "m.py") == []
     assert literal_patterns("def broken(:\n", "m.py") == []
+    assert literal_patterns(f"TRACE_KERNELS = ((r'x', 'X', '', '', {FUSED_OP!r}),)\n", "m.py")[0].op == FUSED_OP
+    assert literal_patterns("TRACE_KERNELS = ((r'x', 'X', '', '', 'allgather'),)\n", "m.py") == []
 
 
 @pytest.mark.procs
@@ -231,8 +249,8 @@ def test_an_engine_aware_choice_plugs_in_as_one_function(tmp_path: Path) -> None
 
 
 @pytest.mark.parametrize("argv, expected", [
-    (["--model", "llama-3.1-70b", "--batch", "4"], SizeHint(4 * 8192 * 2, "4 x 8192 x bf16")),
-    (["--hidden", "4096", "--batch", "2", "--dtype", "fp32"], SizeHint(2 * 4096 * 4, "2 x 4096 x fp32")),
+    (["--model", "llama-3.1-70b", "--batch", "4"], SizeHint(4 * 8192 * 2, "4 x 8192 x bf16", 8192)),
+    (["--hidden", "4096", "--batch", "2", "--dtype", "fp32"], SizeHint(2 * 4096 * 4, "2 x 4096 x fp32", 4096)),
     (["--hidden", "4096"], SizeHint(None, "unknown")),
 ])
 def test_size_hint_from_the_model_or_hidden_and_batch(argv: list[str], expected: SizeHint) -> None:
@@ -507,6 +525,60 @@ def test_the_floor_names_the_fastest_kernel_of_the_run_and_whose_it_is(tmp_path:
     text = " ".join(attribute_floor.floor_text([line]).split())
     assert "the fastest kernel measured in the same run at that size, any backend" in text
     assert f"{top.curve.label}: the p2p backend; stands in for" in text
+
+
+def test_a_fused_kernel_is_set_against_fused_rows_of_its_shape(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """FlashInfer's allreduce + residual + RMSNorm kernel: its floor is its library's fused rows at
+    the calls' shape (8 tokens x 6144), the fastest beside it the fastest fused row there (commbench's
+    p2p:fused), never a bare allreduce, and no engine path is offered instead."""
+    from commbench.runs import load_run
+
+    run = load_run(fused_run(tmp_path / "run"))
+    trace = tmp_path / "t.json"
+    graph_trace(trace, FUSED_KERNEL, world_size=8)
+    ranks, results = traces.analyse_traces([trace], SizeHint(8 * 6144 * 2, "8 x 6144 x bf16", 6144))
+    [line] = attribute_floor.floor_lines(run, ranks, results, None, 8, engine="vllm")
+    assert line.op == FUSED_OP and line.alternative is None
+    assert line.floor.variant == "flashinfer:fused_oneshot (graph allreduce_residual_rmsnorm)"  # type: ignore[union-attr]
+    assert line.floor.latency_us == 11.80  # type: ignore[union-attr]
+    assert line.fastest.variant == "p2p:fused (graph allreduce_residual_rmsnorm)"  # type: ignore[union-attr]
+    # the row claiming 2 tokens carries 8 tokens' bytes at 0.5 us: its shape is not the calls'
+    assert line.fastest.latency_us == STAND_IN_US["p2p:fused"][8]  # type: ignore[union-attr]
+    assert line.fastest.saving_per_call_us == pytest.approx(30.0 - 6.0)
+    code, out, _ = attribute_cli(capsys, str(trace), "--run", str(tmp_path / "run"), "--model", "glm-5", "--batch", "8",
+                                 "--engine", "vllm")
+    text = " ".join(out.split())
+    assert code == 0 and "could take instead" not in text and "instead:" not in text
+    assert ("fastest (allreduce + residual add + RMSNorm at this shape, the norm included): p2p:fused (graph "
+            "allreduce_residual_rmsnorm) (measured); size from 8 x 6144 x bf16") in text
+    # 6 tokens of hidden 7168 have the bytes of 7 of 6144: only the 7168 row answers that shape
+    ranks, results = traces.analyse_traces([trace], SizeHint(6 * 7168 * 2, "6 x 7168 x bf16", 7168))
+    [line] = attribute_floor.floor_lines(run, ranks, results, None, 6)
+    assert line.floor is None and line.fastest.latency_us == 1.0  # type: ignore[union-attr]
+    assert line.why_no_floor == ("the run has no trusted allreduce + residual add + RMSNorm rows of this library at "
+                                 "hidden 7168")
+    # a size the trace recorded, without a shape, prices no fused call
+    from commbench.analysis.attribution import Call, Step
+    from commbench.analysis.curves import decode_curves
+
+    call = Call(FUSED_KERNEL, "FlashInfer allreduce+RMSNorm fusion one-shot", "^flashinfer:fused_oneshot$", "", 0.0,
+                30.0, 7, True, 8 * 6144 * 2, "recorded", FUSED_OP)
+    [line] = attribute_floor.against_floor([Step(0, 0, "decode", 0.0, 50.0, 50.0, [call])],
+                                           decode_curves(run, 8, "bf16", "auto", hidden=6144), 8)
+    assert line.floor is None and line.fastest is None and "its shape is unknown" in line.why_no_floor
+
+
+def test_a_plain_call_is_never_set_against_fused_rows(tmp_path: Path) -> None:
+    from commbench.runs import load_run
+
+    run = load_run(fused_run(tmp_path / "run"))
+    trace = tmp_path / "t.json"
+    graph_trace(trace, FUSED_KERNEL.replace("Pattern)1", "Pattern)0"), world_size=8)
+    ranks, results = traces.analyse_traces([trace], SizeHint(8 * 6144 * 2, "8 x 6144 x bf16", 6144))
+    [line] = attribute_floor.floor_lines(run, ranks, results, None, 8)
+    assert line.op == ALLREDUCE and line.floor.variant == "flashinfer:trtllm_oneshot (graph)"  # type: ignore[union-attr]
+    assert line.fastest.variant == "sglang:auto (graph)"  # type: ignore[union-attr]
 
 
 def test_launches_are_found_by_correlation_in_any_order_and_the_later_of_two_is_kept() -> None:
