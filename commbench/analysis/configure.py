@@ -27,7 +27,7 @@ from commbench.analysis import next_steps
 from commbench.analysis.decide import EngineDecision, Option, Price, priced_under
 from commbench.models import Model
 from commbench.engines import paths as engine_paths
-from commbench.engines.paths import ALLREDUCE, NCCL_PATH
+from commbench.engines.paths import ALLREDUCE, FUSED_OP, NCCL_PATH
 from commbench.errors import UsageError
 from commbench.results.text import clean_text
 from commbench.units import format_bytes
@@ -154,6 +154,9 @@ class Configuration:
     # "engine": the engine's paths on the run's box; "nccl": an nccl-tests import without a probe
     # snapshot, where only NCCL's own settings can be set against each other
     scope: str = "engine"     # ENGINE_SCOPE | NCCL_SCOPE
+    # Configurations the engine can take that this run cannot price, each with why (a line that
+    # turns the engine's fused allreduce+RMSNorm off: the loss of the fusion is not in plain rows)
+    unpriced: tuple[str, ...] = ()
 
     @property
     def losses(self) -> tuple[Cell, ...]:
@@ -234,6 +237,22 @@ def _per_request(model: Model, mix: Mix, saving_ms: float | None, chosen: Candid
     return cost, mix.output_tokens * saving_ms - (cost if weigh_prefill and cost is not None else 0.0)
 
 
+def fusion_lost(d: EngineDecision, option: Option, sizes: list[int]) -> str | None:
+    """Why plain rows cannot price `option`: its launch line turns off a fused allreduce + residual +
+    RMSNorm path the engine takes by default at a size of the mix (SGLang's
+    --enforce-disable-flashinfer-allreduce-fusion, say). Its decoder layers then run the allreduce,
+    the add and the RMSNorm apart: a cost only rows of the whole pattern measure."""
+    by_default = engine_paths.enabled(d.states, engine_paths.Launch())
+    under = engine_paths.enabled(d.states, option.move.launch)
+    for s in d.states:
+        if (s.rule.op == FUSED_OP and s.available is True and s.path in by_default and s.path not in under
+                and any(s.admits(size, by_default) for size in sizes)):
+            return (f"{option.label}: its launch line turns off {s.rule.title}, which the engine runs by default at "
+                    "these decode sizes; the allreduce, residual add and RMSNorm then run apart, a cost plain "
+                    "allreduce rows do not price (fused and unfused:best rows of a model-shape sweep do)")
+    return None
+
+
 def next_command(model: Model, tp: int | None, loads: tuple[Load, ...], prefill_tokens: int) -> str:
     """The one sweep, on the serving box, that measures every size of the mix and the prefill chunk."""
     return next_steps.sweep_command(model, tp, [l.concurrency for l in loads], [prefill_tokens])
@@ -247,7 +266,12 @@ def configure(d: EngineDecision, model: Model, mix: Mix, tp: int | None) -> Conf
     prefill_bytes = model.message_bytes(mix.prefill_tokens)
     weigh = engine.under(None, prefill_bytes) is not None
     candidates: list[tuple[Option | None, Candidate]] = []
+    unpriced: list[str] = []
     for option in [None, *_choosable(d)]:
+        lost = fusion_lost(d, option, sizes) if option is not None else None
+        if lost is not None:
+            unpriced.append(lost)
+            continue
         decode = [engine.under(option, s) for s in sizes]
         prefill = engine.under(option, prefill_bytes)
         if option is not None and option.plain and [*decode, prefill] == [engine.under(None, s) for s in
@@ -266,7 +290,8 @@ def configure(d: EngineDecision, model: Model, mix: Mix, tp: int | None) -> Conf
         return Configuration(d.key, d.name, mix.loads, mix.prefill_tokens, mix.prefill_source, mix.output_tokens,
                              weigh, chosen, option.state.path if option else None,
                              chosen is not None and option is None, *settings, cells, saving, cost, net, table, why,
-                             next_command(model, tp, mix.loads, mix.prefill_tokens) if unmeasured else None)
+                             next_command(model, tp, mix.loads, mix.prefill_tokens) if unmeasured else None,
+                             unpriced=tuple(unpriced))
 
     if base.weighted_step_ms is None:
         missing = [l.concurrency for l, u in zip(mix.loads, base.decode_us) if u is None]

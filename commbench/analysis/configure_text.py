@@ -31,11 +31,13 @@ def block(c: Configuration, tag: str, wide: bool = False, brief: bool = False) -
     paste block, its losses; where nothing can be priced, why and the command that would price it."""
     sweep = (["the sweep that would price it, on the serving box with one GPU per rank:", f"    {c.next_command}"]
              if c.next_command else [])
+    unpriced = [render.prose(f"not priced: {why}", wide, indent="  ") for why in c.unpriced]
     if c.chosen is None:
-        return [render.prose(f"no configuration can be priced from this run ({tag}): {c.why}", wide), *sweep]
+        return [render.prose(f"no configuration can be priced from this run ({tag}): {c.why}", wide), *unpriced,
+                *sweep]
     if c.weighted_saving_ms is None:   # the default is not priced here: the fastest measured, no saving claimed
         return [render.prose(f"no saving can be priced from this run ({tag}): {c.why}. The fastest configuration "
-                             f"measured here: {c.chosen}", wide), *_paste(c, wide), *sweep]
+                             f"measured here: {c.chosen}", wide), *_paste(c, wide), *unpriced, *sweep]
     lines = [render.prose(f"one configuration for {loads_text(c.loads)}; {_request(c, brief)}:", wide)]
     if c.is_default and c.scope == NCCL_SCOPE:
         lines.append(render.prose(f"its NCCL path only (the box is not known): NCCL as it runs by default is the "
@@ -49,7 +51,7 @@ def block(c: Configuration, tag: str, wide: bool = False, brief: bool = False) -
         lines.append(render.prose(f"{scope}{c.chosen} ({tag}):", wide))
         lines += per_request(c, wide)
         lines += _paste(c, wide)
-    lines += _not_chosen(c, wide)
+    lines += _not_chosen(c, wide) + unpriced
     losses = [_said(cell) for cell in c.cells
               if cell.phase == DECODE and (cell.loses or cell.saving_us is None)]
     if not c.is_default:
