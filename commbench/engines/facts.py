@@ -34,7 +34,8 @@ PARAM = "param"          # Class.method.param: a parameter's default value
 ENV = "env"              # an environment variable's default: os.getenv("NAME", default) or NAME = EnvBool(default)
 RETURNS = "returns"      # Class.method: the string constants it returns, in order
 TEXT = "text"            # the file contains this text (value True): behaviour no table states
-KERNELS = "kernels"      # the distinct names a regex (one group) finds in a kernel source or library, sorted
+KERNELS = "kernels"      # the distinct strings a regex (one group) finds in a kernel source or library, sorted:
+                         # kernel names, or what a trace name or a launch takes from a source no ast reads
 
 MAX_SOURCE_BYTES = 4 << 20     # a source file larger than this is not an engine module
 MAX_LIBRARY_BYTES = 512 << 20  # a compiled library scanned for kernel names, read in chunks
@@ -135,7 +136,7 @@ class _RefusedName:
 
 _BINOPS: dict[type, Callable[[Any, Any], Any]] = {
     ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv,
-    ast.Div: operator.truediv, ast.LShift: operator.lshift, ast.Pow: operator.pow}
+    ast.Div: operator.truediv, ast.LShift: operator.lshift, ast.Pow: operator.pow, ast.BitAnd: operator.and_}
 _CONTAINERS = {"frozenset": frozenset, "set": set, "tuple": tuple, "list": list}
 # The engines' typed env wrappers (SGLang environ.py): the first argument is the default.
 _ENV_WRAPPERS = {"EnvBool", "EnvInt", "EnvStr", "EnvFloat"}
@@ -169,6 +170,11 @@ def _evaluate(node: ast.AST, names: dict[str, Any], budget: _Budget) -> Any:
         if not _is_number(value):
             raise Unreadable("a negated non-number")
         return -value
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Invert):   # a mask: ~((1 << 21) - 1)
+        value = _evaluate(node.operand, names, budget)
+        if not (_is_number(value) and isinstance(value, int)):
+            raise Unreadable("~ on something that is not a whole number")
+        return ~value
     if isinstance(node, ast.Name):
         if node.id not in names:
             raise Unreadable(f"name {node.id} is not a module-level constant")
@@ -416,7 +422,7 @@ def read_fact(tree: SourceTree, fact: Fact) -> Fact | str:
         if fact.kind == KERNELS:
             value, line = tree.scan(fact.file, fact.symbol)
             if not value:
-                raise Unreadable("no kernel of that name in the file")
+                raise Unreadable("nothing in the file matches its pattern")
         else:
             text, module, names = tree.python(fact.file)
             if fact.kind in (LITERAL, PARAM, ENV):

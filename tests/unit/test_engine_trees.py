@@ -36,6 +36,7 @@ def test_every_built_in_fact_is_of_its_own_kind(fact):
     ("8 * 1024 * 1024", 8 << 20), ("1 << 20", 1 << 20), ("2 ** 63", 1 << 63), ("0.5 * 4", 2.0), ("-(2 ** 10)", -1024),
     ("frozenset({'a', 'b'})", frozenset({"a", "b"})), ("{(100, 8, 1): 128}", {(100, 8, 1): 128}),
     ("tuple([2, 4])", (2, 4)), ("1 ** (2 ** 62)", 1),
+    ("2147483647 & ~((1 << 21) - 1)", 2145386496),     # FlashInfer's MAX_COMM_SIZE: a mask
 ])
 def test_the_literals_engines_write_are_read(expression, value):
     assert _value(expression) == value
@@ -51,6 +52,7 @@ def test_the_literals_engines_write_are_read(expression, value):
     ("(2 ** 62) * (2 ** 62)", "", "is larger than 2^64"),
     ("1 << 64", "", "shifts by 64, not 0 to 63 bits"),
     ("1 << -1", "", "shifts by -1"),
+    ("1.5 & 3", "", "cannot be computed (TypeError)"),
     ("(-8) ** 0.5", "", "is complex, not a real number"),
     ("0x" + "f" * 8192, "", "is larger than 2^64"),
     ("list(5)", "", "calls list() on a int, which is no collection"),
@@ -65,6 +67,11 @@ def test_a_literal_that_would_be_huge_slow_or_no_number_is_refused_before_it_is_
     with pytest.raises(facts.Refused) as refused:
         _value(expression, before)
     assert str(refused.value).startswith(why), str(refused.value)
+
+
+def test_a_mask_of_no_whole_number_is_unreadable():
+    with pytest.raises(facts.Unreadable, match="~ on something that is not a whole number"):
+        _value("~1.5")
 
 
 def test_a_name_that_is_no_literal_stays_unreadable_and_a_later_one_unbinds_it():
