@@ -38,6 +38,7 @@ import torch
 
 from commbench import engines
 from commbench.backends.base import Backend, MakeOptions, Requires
+from commbench.engines import flashinfer as released   # FlashInfer's facts, checked against its wheel
 
 if TYPE_CHECKING:
     from commbench.runtime.context import RunContext
@@ -45,17 +46,22 @@ if TYPE_CHECKING:
 DISTRIBUTION = "flashinfer-python"
 REQUIRES = Requires(DISTRIBUTION, "flashinfer.comm", "pip install 'commbench[flashinfer]'",
                     min_version=(0, 6), min_version_for="create_allreduce_fusion_workspace")
-TRTLLM_WORLD_SIZES = (2, 4, 8, 16)
-TRTLLM_SM_MAJORS = (9, 10, 12)
-MNNVL_SM_MAJORS = (9, 10)
-PCIE_WORLD_SIZES = (2, 4, 8)    # pcie_ipc_ar._SUPPORTED_WORLD_SIZES
+# What FlashInfer's release states (commbench/engines/flashinfer.py, each with its file; `commbench
+# engines --check` reads them again from a wheel).
+TRTLLM_WORLD_SIZES = released.WORLD_SIZES
+TRTLLM_SM_MAJORS = released.SM_MAJORS
+MNNVL_SM_MAJORS = released.MNNVL_SM_MAJORS
+PCIE_WORLD_SIZES = released.PCIE_IPC_WORLD_SIZES      # pcie_ipc_ar._SUPPORTED_WORLD_SIZES
+PCIE_PACK_BYTES = released.PCIE_IPC_PACK_BYTES        # pcie_ipc_collectives._constants.PACK_BYTES
+BARRIER_FLAGS = released.BARRIER_FLAGS                # trtllm_ar.BarrierFlagCount, for the allocation probe
+MAX_COMM_SIZE = released.MAX_COMM_SIZE                # trtllm_ar.MAX_COMM_SIZE: the Lamport buffer's cap
+K_ALLREDUCE = released.PATTERN_ALLREDUCE              # AllReduceFusionPattern.kAllReduce
+K_AR_RESIDUAL_RMSNORM = released.PATTERN_RESIDUAL_RMSNORM   # AllReduceFusionPattern.kARResidualRMSNorm
 PCIE_DTYPES = (torch.bfloat16, torch.float16)
-PCIE_PACK_BYTES = 16            # pcie_ipc_collectives._constants.PACK_BYTES
 PCIE_TUNE_DIR = "flashinfer-pcie-ipc"   # tune caches, inside the run dir
 PLAIN_HIDDEN = 4096             # elements per token when a plain size is reshaped
 BYTES_PER_ACCESS = 16           # the kernels load 16 bytes per thread: hidden must be a multiple
 WORKSPACE_ROW = 256             # workspace sized as rows of this many elements (only the product counts)
-BARRIER_FLAGS = 256             # trtllm_ar.BarrierFlagCount, for the allocation probe
 
 
 @dataclass(frozen=True)
@@ -71,11 +77,15 @@ FlashinferMake = MakeOptions[FlashinferOptions]   # what make() hands this famil
 # Kernel names this family's allreduce leaves in a profiler trace, read by `commbench attribute`
 # with ast, without importing this module (docs/attribute.md): (regex searched in the demangled
 # name, library, regex over this family's run variants that are its floor, note[, op]).
-# FlashInfer csrc/ and include/flashinfer/comm/: trtllm_allreduce_fusion.cuh (fusion kernels, first
-# template argument AllReduceFusionPattern: 0 plain allreduce, 1 + residual + RMSNorm (the op the
-# fused variants measure, so its own entries), 2 and up + a quantised output; 0.7.4 lines 931-943),
-# trtllm_moe_allreduce_fusion.cuh, trtllm_mnnvl_allreduce.cuh, trtllm_allreduce.cuh (legacy),
-# flashinfer/comm/pcie_ipc_* (PCIe IPC).
+# The names, namespaces and pattern numbers these regexes rely on are FlashInfer facts
+# (commbench/engines/flashinfer.py: fusion_kernels, fusion_namespace, fusion_pattern_argument,
+# fusion_pattern_numbers, mnnvl_kernels, pcie_ipc_namespace, pcie_ipc_kernels), read from the
+# release's kernel sources by `commbench engines --check`; a test classifies every one of them here.
+# The fusion kernels' first template argument is AllReduceFusionPattern: 0 plain allreduce, 1
+# + residual + RMSNorm (the op the fused variants measure, so its own entries), 2 and up + a
+# quantised output. Not among the facts (their entries stay as read at 0.7.4, unchecked): the MoE
+# fusion (trtllm_moe_allreduce_fusion.cuh) and the legacy kernels (trtllm_allreduce.cuh), which
+# neither engine calls (vLLM 0.34.0 and SGLang 0.5.23 call no trtllm_moe_*allreduce_fusion).
 TRACE_KERNELS = (
     (r"\bflashinfer::trtllm_allreduce_fusion::allreduce_fusion_kernel_oneshot_lamport\b"
      r"(?!<\((?:\w+::)*AllReduceFusionPattern\)1\b)", "FlashInfer TRT-LLM fusion one-shot",
@@ -96,9 +106,6 @@ TRACE_KERNELS = (
      "FlashInfer legacy TRT-LLM allreduce", "", ""),
     (r"\bflashinfer::comm::pcie_ipc::", "FlashInfer PCIe IPC", r"^flashinfer:pcie_ipc$", ""),
 )
-MAX_COMM_SIZE = 2147483647 & ~((1 << 21) - 1)   # trtllm_ar.MAX_COMM_SIZE (2145386496): Lamport buffer cap
-K_ALLREDUCE = 0                 # AllReduceFusionPattern.kAllReduce
-K_AR_RESIDUAL_RMSNORM = 1       # AllReduceFusionPattern.kARResidualRMSNorm
 
 
 def plain_shape(count: int) -> tuple[int, int]:

@@ -3,8 +3,9 @@ and the symbol, env var, text or kernel names it is read from), and the reader t
 same value out of an engine's released files with `ast` (or, for kernel names, a bounded scan
 of the kernel source or library), never importing the engine (no torch here).
 
-An engine module (vllm.py, sglang.py) lists its facts built in; `read()` reads them again from
-an installed engine or an unpacked wheel and says where the two differ. `SourceTree` is the one
+An engine module (vllm.py, sglang.py) lists its facts built in, and so does a library the engines
+call whose wheel ships its sources (flashinfer.py, a `Library`); `read()` reads them again from an
+installed package or an unpacked wheel and says where the two differ. `SourceTree` is the one
 reader of an engine's files (the gate check imports through it too). Source files are untrusted
 input: a file or symbol that is missing, or a value that is no literal, is a difference with its
 reason (a release moves and renames things); a file that is no regular file or past its bound, a
@@ -91,6 +92,20 @@ class FactSet:
         if self.origin == "built in":
             return f"{self.name} {self.version} facts built in"
         return f"{self.name} {self.version} facts {self.origin}"
+
+
+@dataclass(frozen=True)
+class Library:
+    """A library the engines' paths run whose wheel ships the sources its facts are read from
+    (FlashInfer): `engines --check` reads them as it reads an engine's. It has no dispatch order
+    or gate functions of its own to run: the engines' gates call it."""
+
+    facts: FactSet               # built in; facts.engine is its package's import name
+    distribution: str            # the name of its dist-info folder: flashinfer_python-0.7.4.dist-info
+
+    @property
+    def key(self) -> str:
+        return self.facts.engine
 
 
 # --- a small, safe evaluator for literals in engine source ----------------------------------

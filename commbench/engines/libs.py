@@ -1,11 +1,14 @@
 """NCCL, FlashInfer and torch symmetric memory: the libraries both engines' paths run, their
-facts with sources and the gates they set whichever engine calls them. No wheel of these ships
-Python that states them, so `commbench engines --check` does not read them: each names the
-release and the file it was read in.
+facts with sources and the gates they set whichever engine calls them. FlashInfer's wheel ships its
+Python and kernel sources: its facts are in flashinfer.py, checked by `commbench engines --check`
+against a release, and the constants here are read from there. NCCL's and torch's are stated with
+the release and file they were read in (no wheel of these ships source that states them, so the
+check does not read them).
 """
 
 from __future__ import annotations
 
+from commbench.engines import flashinfer
 from commbench.engines.paths import SHARED, Gate, size_text
 from commbench.topology.box import Box
 
@@ -15,11 +18,12 @@ NCCL_VERSION = "2.30.7"      # the NCCL whose environment semantics the settings
 NCCL_SYMMETRIC_PCIE_OFF = (2, 29, 2)
 NCCL_SYMMETRIC_SOURCE = "NCCL 2.29.2, commit ebd1e929 (src/sym_kernels.cc)"
 
-# FlashInfer 0.7.4 flashinfer/comm: the trtllm allreduce kernels are built for SM 9.x/10.x/12.x, its
+# FlashInfer (flashinfer.py, checked): the trtllm allreduce kernels are built for SM 9.x/10.x/12.x, its
 # workspace takes 2, 4, 8 or 16 ranks of one node; the PCIe IPC allreduce (PcieIpcAllReduceWorkspace,
-# since 0.7.2) takes 2, 4 or 8 ranks.
-FLASHINFER_WORLD_SIZES = (2, 4, 8, 16)
-FLASHINFER_ARCHS = "FlashInfer's trtllm kernels are built for SM 9.x/10.x/12.x only (not RTX 4090 / L40)"
+# since 0.7.2) takes 2, 4 or 8 ranks (each engine states its own: their facts).
+FLASHINFER_WORLD_SIZES = flashinfer.WORLD_SIZES
+FLASHINFER_ARCHS = (f"FlashInfer's trtllm kernels are built for SM {'/'.join(f'{m}.x' for m in flashinfer.SM_MAJORS)} "
+                    "only (not RTX 4090 / L40)")
 
 
 def nccl_symm_fabric(b: Box) -> Gate | None:

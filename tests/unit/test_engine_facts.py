@@ -16,7 +16,7 @@ from commbench.analysis import decide
 from commbench.analysis.curves import decode_curves
 from commbench.cli import main as cli
 from commbench.engines import facts as facts_
-from commbench.engines import paths, sglang, source, vllm
+from commbench.engines import flashinfer, paths, sglang, source, vllm
 from commbench.engines.paths import Workload
 from commbench.engines.registry import BY_KEY
 from commbench.engines.settings import (CUSTOM_AR, FLASHINFER_AR, FLASHINFER_FUSED, FLASHINFER_PCIE_IPC, MSCCLPP,
@@ -298,10 +298,12 @@ def test_a_path_that_needs_cuda_graphs_says_so_in_the_engines_words_and_the_fuse
 
 # --- the reader, --check, --engine-site --------------------------------------------------------
 
-@pytest.mark.parametrize("fact", vllm.FACTS.facts + sglang.FACTS.facts, ids=lambda f: f.key)
+@pytest.mark.parametrize("fact", vllm.FACTS.facts + sglang.FACTS.facts + flashinfer.FACTS.facts, ids=lambda f: f.key)
 def test_every_fact_names_its_source(fact):
-    kinds = (".so", ".cuh") if fact.kind == facts_.KERNELS else (".py",)
-    assert fact.file.startswith(("vllm/", "sglang/")) and fact.file.endswith(kinds) and fact.symbol
+    # A scan (KERNELS) reads a kernel source or library, or a Python call no ast kind reads
+    # (FlashInfer's jit/comm.py: the architectures a module is built for).
+    kinds = (".so", ".cuh", ".py") if fact.kind == facts_.KERNELS else (".py",)
+    assert fact.file.startswith(("vllm/", "sglang/", "flashinfer/")) and fact.file.endswith(kinds) and fact.symbol
 
 
 @pytest.mark.procs     # its custom_all_reduce.py is imported in the gate check's child process

@@ -15,11 +15,12 @@ from commbench import engines
 from commbench.analysis import decide, question
 from commbench.analysis.curves import build_curves
 from commbench.analysis.trace_kernels import classify
-from commbench.engines import paths, sglang, vllm
+from commbench.engines import flashinfer, paths, sglang, vllm
 from commbench.engines.facts import KERNELS
 from commbench.engines.paths import (CUSTOM_AR, FLASHINFER_AR, FLASHINFER_FUSED, FLASHINFER_PCIE_IPC, NCCL_PATH,
                                      NCCL_SYMM, TORCH_SYMM_MEM, Workload)
 from commbench.engines.registry import BY_KEY, ENGINES
+from commbench.ops import ALLREDUCE, FUSED_OP
 from commbench.results import Run, RunInfo
 from commbench.topology import box as boxes
 from factories import row
@@ -217,6 +218,48 @@ def test_every_engine_kernel_name_is_classified_by_attribute(fact):
         got = classify(f"void sglang::{name}<__nv_bfloat16, 8u, true>(x)" if "all_reduce" in name
                        else f"void vllm::{name}<__nv_bfloat16, 8>(vllm::RankData*)")
         assert got.kind == "allreduce" and "unclassified" not in got.library, (name, got)
+
+
+def _flashinfer_trace_names() -> list[tuple[str, str, str]]:
+    """(demangled name as a trace shows it, library, op) for every FlashInfer kernel-name fact,
+    built from the facts (namespaces, the pattern argument and its numbers) the way the H200 traces
+    name them: void flashinfer::trtllm_allreduce_fusion::allreduce_fusion_kernel_oneshot_lamport<
+    (flashinfer::trtllm_allreduce_fusion::AllReduceFusionPattern)1, __nv_bfloat16, 8, true, true>(...)."""
+    f = flashinfer.FACTS
+    (fusion,), (enum,), (mnnvl,), (pcie,) = (f.value(k) for k in ("fusion_namespace", "fusion_pattern_argument",
+                                                                  "mnnvl_namespace", "pcie_ipc_namespace"))
+    numbers = dict(entry.split(" = ") for entry in f.value("fusion_pattern_numbers"))
+    assert {int(n) for n in numbers.values()} == {f.value("pattern_allreduce"), f.value("pattern_residual_rmsnorm")}
+    out = []
+    for kernel in f.value("fusion_kernels"):
+        stage = "one-shot" if "oneshot" in kernel else "two-shot"
+        for enumerator, library, op in (("kAllReduce", f"FlashInfer TRT-LLM fusion {stage}", ALLREDUCE),
+                                        ("kARResidualRMSNorm", f"FlashInfer allreduce+RMSNorm fusion {stage}",
+                                         FUSED_OP)):
+            out.append((f"void flashinfer::{fusion}::{kernel}<(flashinfer::{fusion}::{enum}){numbers[enumerator]}, "
+                        f"__nv_bfloat16, 8, true, true>(flashinfer::{fusion}::AllReduceFusionParams<__nv_bfloat16>)",
+                        library, op))
+    out += [(f"void flashinfer::{mnnvl}::{kernel}<(unsigned char)8, __nv_bfloat16, true, "
+             f"(flashinfer::{mnnvl}::QuantType)0, float4>(flashinfer::{mnnvl}::AllReduceKernelParams<__nv_bfloat16>)",
+             "FlashInfer MNNVL", ALLREDUCE) for kernel in f.value("mnnvl_kernels")]
+    out += [(f"void flashinfer::comm::{pcie}::{kernel}<__nv_bfloat16, 8, true, false>(flashinfer::comm::{pcie}::"
+             "PushOneshotParamData<__nv_bfloat16>)", "FlashInfer PCIe IPC", ALLREDUCE)
+            for kernel in f.value("pcie_ipc_kernels")]
+    return out
+
+
+@pytest.mark.parametrize("name, library, op", _flashinfer_trace_names(), ids=lambda v: v[:90])
+def test_every_flashinfer_kernel_name_is_classified_by_attribute(name, library, op):
+    """FlashInfer's kernel names are facts read from its kernel sources (flashinfer.py, checked per
+    release): `attribute` names each as that FlashInfer allreduce, the fused pattern as the fused op."""
+    got = classify(name)
+    assert (got.kind, got.library, got.op) == ("allreduce", library, op), name
+
+
+def test_flashinfer_kernel_facts_cover_each_of_its_engine_paths():
+    """Every kernel-name fact of FlashInfer is one the test above builds a trace name from."""
+    kernels = {f.key for f in flashinfer.FACTS.facts if f.kind == KERNELS and f.key.endswith("_kernels")}
+    assert kernels == {"fusion_kernels", "mnnvl_kernels", "pcie_ipc_kernels"}
 
 
 def test_sglang_v2_kernel_names_are_the_wheels():

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from commbench.cli import main as cli
-from commbench.engines import facts, log, sglang, source, values, vllm
+from commbench.engines import facts, flashinfer, log, sglang, source, values, vllm
 from commbench.errors import UsageError
 from commbench.files import NoSuchFile, byte_blocks
 
@@ -27,7 +27,7 @@ def _value(expression: str, before: str = "") -> object:
     return facts.evaluate(ast.parse(expression, mode="eval").body, facts._module_names(module))
 
 
-@pytest.mark.parametrize("fact", vllm.FACTS.facts + sglang.FACTS.facts, ids=lambda f: f.key)
+@pytest.mark.parametrize("fact", vllm.FACTS.facts + sglang.FACTS.facts + flashinfer.FACTS.facts, ids=lambda f: f.key)
 def test_every_built_in_fact_is_of_its_own_kind(fact):
     assert values.problem(fact.value, values.kind_of([fact.value]), fact.key) is None
 
