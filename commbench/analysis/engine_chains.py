@@ -4,7 +4,8 @@ path at every decode size of a model under CUDA graphs and without them (in each
 words: vLLM --enforce-eager, SGLang --disable-decode-cuda-graph), how to turn each path on or off
 and what a launch line adds for it to take the decode sizes, and where each rule comes from.
 `--check PATH` compares every built-in engine fact, gate and the dispatch order with an engine's
-released source (an unpacked wheel or a site-packages folder) instead.
+released source (an unpacked wheel or a site-packages folder) instead, and the facts of the
+libraries the engines call (registry.LIBRARIES) found there.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from commbench.analysis import decide, render, results_out
 from commbench.analysis.curves import run_world_size
 from commbench.engines import check as engine_check
 from commbench.engines import paths, source
-from commbench.engines.facts import FactSet
+from commbench.engines.facts import Difference, FactSet
 from commbench.engines.paths import Engine
 from commbench.engines.registry import BY_KEY
 from commbench.errors import UsageError
@@ -55,7 +56,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--check", metavar="PATH",
                         help="compare every built-in engine fact, gate and the dispatch order with the source under "
                              "PATH (an unpacked wheel or site-packages; the gates are the engine's own functions, "
-                             "imported in a child process); exit 1 when any differ")
+                             "imported in a child process), and the facts of a library the engines call found there "
+                             "(FlashInfer: its kernel names among them); exit 1 when any differ")
     parser.add_argument("--json", metavar="FILE", help="also write the chains (or the --check) as JSON ('-' for "
                                                        "stdout: JSON alone)")
     results_out.add_arguments(parser)
@@ -76,9 +78,10 @@ class GateRecord:
 
 @dataclass(frozen=True)
 class FactsChecked:
-    """One engine's facts, gates and order found under --check's PATH against the built-in ones."""
+    """One engine's (or library's) facts, gates and order found under --check's PATH against the
+    built-in ones; a library has no gates."""
 
-    engine: str
+    engine: str                       # the package: an engine's key, or a library's
     name: str
     version: str
     built_in: str                     # the built-in facts' engine and version
@@ -94,24 +97,29 @@ class CheckResult:
 
     site: str
     engines: tuple[FactsChecked, ...]
+    libraries: tuple[FactsChecked, ...]   # the libraries the engines call (FlashInfer): facts only
     differ: int                       # facts and gates that differ
 
 
+def _facts_checked(key: str, built_in: FactSet, facts: FactSet, differences: list[Difference],
+                   gates: tuple[GateRecord, ...] = ()) -> FactsChecked:
+    differ = {d.fact.key for d in differences}
+    return FactsChecked(key, facts.name, facts.version, f"{built_in.name} {built_in.version}", len(facts.facts),
+                        tuple(d.line() for d in differences),
+                        tuple(f"{fact.key} ({fact.where()})" for fact in facts.facts if fact.key not in differ), gates)
+
+
 def check(site: str) -> CheckResult:
-    results, refusal = engine_check.check(Path(site))
+    engine_checks, library_checks, refusal = engine_check.check(Path(site))
     if refusal:
         raise UsageError(f"--check: {refusal}")
-    checked = []
-    for c in results:
-        differ = {d.fact.key for d in c.differences}
-        gates = tuple(GateRecord(g.key, g.function, g.where, g.compared, g.differ, g.differences) for g in c.gates)
-        checked.append(FactsChecked(c.engine.key, c.facts.name, c.facts.version,
-                                    f"{c.engine.facts.name} {c.engine.facts.version}", len(c.facts.facts),
-                                    tuple(d.line() for d in c.differences),
-                                    tuple(f"{fact.key} ({fact.where()})" for fact in c.facts.facts
-                                          if fact.key not in differ), gates))
-    return CheckResult(site, tuple(checked), sum(len(c.differences) + sum(1 for g in c.gates if g.differ)
-                                                 for c in checked))
+    checked = tuple(_facts_checked(c.engine.key, c.engine.facts, c.facts, c.differences,
+                                   tuple(GateRecord(g.key, g.function, g.where, g.compared, g.differ, g.differences)
+                                         for g in c.gates))
+                    for c in engine_checks)
+    libraries = tuple(_facts_checked(c.library.key, c.library.facts, c.facts, c.differences) for c in library_checks)
+    return CheckResult(site, checked, libraries, sum(len(c.differences) + sum(1 for g in c.gates if g.differ)
+                                                     for c in checked + libraries))
 
 
 def check_text(result: CheckResult, wide: bool = False) -> list[str]:
@@ -119,12 +127,16 @@ def check_text(result: CheckResult, wide: bool = False) -> list[str]:
         return render.prose(text, wide, indent="  " * depth + "  ", first="  " * depth)
 
     out = []
-    for c in result.engines:
-        gates_differ = sum(1 for g in c.gates if g.differ)
-        out.append(render.prose(f"{c.name} {c.version} at {result.site}: {c.compared} facts compared with the built-in "
-                                f"{c.built_in} facts, {len(c.differences)} differ; {len(c.gates)} gate functions (its "
-                                f"dispatch order among them) run as the engine's own over "
-                                f"{sum(g.compared for g in c.gates)} points, {gates_differ} differ", wide))
+    for c, library in [(c, False) for c in result.engines] + [(c, True) for c in result.libraries]:
+        head = (f"{c.name} {c.version} at {result.site}: {c.compared} facts compared with the built-in {c.built_in} "
+                f"facts, {len(c.differences)} differ")
+        if library:
+            out.append(render.prose(f"{head}; a library the engines call: no gate functions or dispatch order of "
+                                    "its own to run", wide))
+        else:
+            out.append(render.prose(f"{head}; {len(c.gates)} gate functions (its dispatch order among them) run as "
+                                    f"the engine's own over {sum(g.compared for g in c.gates)} points, "
+                                    f"{sum(1 for g in c.gates if g.differ)} differ", wide))
         out += [item(line) for line in c.differences]
         for g in c.gates:
             if g.differ and not g.compared:

@@ -3,7 +3,9 @@
   vllm.py, sglang.py  each engine whole: its facts with their sources, its paths in the order its
                       own all_reduce tries them, their gates on a box, its words, its start-up log's
                       names, its prefill default, its inert settings and the gate probes --check runs
-  registry.py         the one list of engines          libs.py   NCCL, FlashInfer, torch symm-mem
+  registry.py         the one list of engines, and of the libraries checked like them
+  libs.py             NCCL, FlashInfer, torch symm-mem: their facts and the gates they set
+  flashinfer.py       FlashInfer's facts (kernel names, pattern numbers, rank counts), checked by --check
   paths.py            the shared path model: which path takes a size under a launch line, and what a
                       line must add for its path to take the sizes it claims (knows no engine)
   facts.py            a fact, and SourceTree, the one reader of an engine's files (ast, kernel names),

@@ -11,9 +11,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from commbench.engines.facts import FactSet, SourceTree, read
+from commbench.engines.facts import FactSet, Library, SourceTree, read
 from commbench.engines.paths import Engine
-from commbench.engines.registry import BY_KEY, ENGINES
+from commbench.engines.registry import BY_KEY, ENGINES, LIBRARIES
 from commbench.errors import UsageError
 from commbench.files import NoSuchFile, read_lines
 
@@ -21,20 +21,22 @@ VERSION_LINE = re.compile(r"Version:\s*([0-9][0-9A-Za-z.+-]{0,31})\s*")
 MAX_METADATA_BYTES = 1 << 20     # its header, where Version is, is read; the description after it never
 
 
-def package_root(site: Path, engine: str) -> Path | None:
-    """The folder holding `engine`'s package: site itself or the folder above a package dir."""
-    if (site / engine / "__init__.py").is_file():
+def package_root(site: Path, package: str) -> Path | None:
+    """The folder holding a package (an engine's or a library's): site itself or the folder above
+    a package dir."""
+    if (site / package / "__init__.py").is_file():
         return site
-    if site.name == engine and (site / "__init__.py").is_file():
+    if site.name == package and (site / "__init__.py").is_file():
         return site.parent
     return None
 
 
-def version_at(root: Path, engine: str) -> str | None:
-    """The release of `engine` under root, from its dist-info METADATA (what pip wrote): its header
-    lines, read up to the blank line that ends them. A METADATA that is not there is skipped; one
-    that is no regular file, binary or past its bound is bad input (UsageError)."""
-    for info in sorted(root.glob(f"{engine}-*.dist-info")):
+def version_at(root: Path, distribution: str) -> str | None:
+    """The release of a distribution under root (an engine's is its key; a library's its
+    `distribution`), from its dist-info METADATA (what pip wrote): its header lines, read up to the
+    blank line that ends them. A METADATA that is not there is skipped; one that is no regular
+    file, binary or past its bound is bad input (UsageError)."""
+    for info in sorted(root.glob(f"{distribution}-*.dist-info")):
         try:
             for line in read_lines(info / "METADATA", "a dist-info METADATA", MAX_METADATA_BYTES):
                 if not line.strip():
@@ -63,13 +65,25 @@ def engines_at(site: Path) -> list[Engine]:
     return [e for e in ENGINES if package_root(site, e.key) is not None]
 
 
-def site_refusal(site: Path) -> str | None:
+def libraries_at(site: Path) -> list[Library]:
+    return [lib for lib in LIBRARIES if package_root(site, lib.key) is not None]
+
+
+def _either(words: list[str]) -> str:
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} or {words[-1]}"
+
+
+def site_refusal(site: Path, libraries: bool = False) -> str | None:
+    """Why `site` is no tree to read: it must hold an engine's package (or, with `libraries`, as
+    `engines --check` reads, a library's)."""
     if not site.exists():
         return f"{site} does not exist"
     if not site.is_dir():
         return f"{site} is not a folder (give a site-packages folder or an unpacked wheel)"
-    if not engines_at(site):
-        return f"{site} holds no vllm or sglang package (give a site-packages folder or an unpacked vLLM/SGLang wheel)"
+    if not engines_at(site) and not (libraries and libraries_at(site)):
+        facts = [e.facts for e in ENGINES] + ([lib.facts for lib in LIBRARIES] if libraries else [])
+        return (f"{site} holds no {_either([f.engine for f in facts])} package (give a site-packages folder or an "
+                f"unpacked {_either([f.name for f in facts])} wheel)")
     return None
 
 

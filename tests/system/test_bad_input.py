@@ -233,7 +233,7 @@ BAD_INPUT = [
      "nan-time.txt: line 19: the out-of-place time is nan, not a positive time"),
     # ---- engines (more in tests/unit/test_engine_facts.py)
     (["engines", "--check", "{in}/a-file"], "--check: {in}/a-file is not a folder"),
-    (["engines", "--check", "{in}"], "holds no vllm or sglang package"),
+    (["engines", "--check", "{in}"], "holds no vllm, sglang or flashinfer package"),
     (["engines", "--check", "/no/such/site"], "--check: /no/such/site does not exist"),
     (["engines", "--engine-site", "{in}"], "--engine-site: {in} holds no vllm or sglang package"),
     (["engines", "--engine-log", "{in}/engine.log"], "no \"Using [...] all-reduce backends (in dispatch order)"),

@@ -1,11 +1,14 @@
 """`commbench engines --check` runs an engine's own gate functions (imported from the release, in a
 child process) over a grid and compares them with commbench's: a gate edited in a copy of the
 engine exits 1 naming the function's file:line. The engine tree is hand-made here, in the test:
-one gate of vLLM's shape, written for this test (no engine code is committed)."""
+one gate of vLLM's shape, written for this test (no engine code is committed). A library the
+engines call (FlashInfer) is checked by its facts alone, its kernel names among them, in-process:
+its tree too is written here, a few lines shaped like the ones its facts read."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -15,8 +18,6 @@ import pytest
 from commbench.cli import main as cli
 from commbench.engines import gates as gate_run
 from commbench.waits import waits
-
-pytestmark = pytest.mark.procs   # the gate check imports the engine's functions in a child process
 
 GATE = "vllm/distributed/device_communicators/custom_all_reduce.py"
 # The custom allreduce's size rule as vLLM 0.34.0 states it (custom_all_reduce.py:500-515: no
@@ -56,6 +57,7 @@ def _gate(out: dict) -> dict:
     return next(g for g in engine["gates"] if g["key"] == "custom_ar_takes")
 
 
+@pytest.mark.procs   # the gate check imports the engine's functions in a child process
 def test_an_edited_gate_in_a_copy_of_the_engine_exits_1_naming_its_file_and_line(tmp_path, capsys, monkeypatch):
     line = SOURCE.splitlines().index("    def should_custom_ar(self, inp):") + 1
     faithful = engine_tree(tmp_path / "faithful", 8)
@@ -106,6 +108,7 @@ def _resolve_fi_ar_backend(group):
 }
 
 
+@pytest.mark.procs
 def test_a_gate_that_hangs_floods_raises_or_exits_is_named_in_one_line_each(tmp_path, capsys, monkeypatch):
     """Each bad gate gets one line naming its function and file:line, within gate_probe_s (1 s
     here): the flood goes nowhere (of what the child prints only the last 4 KiB is kept), the hung
@@ -145,6 +148,7 @@ def _talk(code: str, probe_s: float = 30, start_s: float = 30) -> tuple[dict, st
 START = 'import sys, os; print(\'{"start": "a"}\', flush=True)\n'
 
 
+@pytest.mark.procs
 @pytest.mark.parametrize("code, running, why", [
     (START + "while True: sys.stdout.write('x' * 65536)", "a", "printed more than 4 MiB where the check reads its "
                                                                "answers: the check ended it"),
@@ -163,6 +167,7 @@ def test_what_a_gate_child_says_is_read_bounded_and_checked(code, running, why):
     assert (answers, stopped, said) == ({}, running, why)
 
 
+@pytest.mark.procs
 def test_a_gate_childs_answers_are_taken_line_by_line():
     code = START + ('print(\'{"key": "a", "answers": [true, null, 3, "raises X"]}\'); print(\'{"start": "b"}\'); '
                     'print(\'{"key": "b", "error": "ImportError: no"}\')')
@@ -170,3 +175,109 @@ def test_a_gate_childs_answers_are_taken_line_by_line():
                            None)
     wrong = START + 'print(\'{"key": "a", "answers": [[1]]}\')'     # an answer that is no scalar
     assert _talk(wrong)[2] == "printed something other than its answers where the check reads them: the check ended it"
+
+
+# --- a library: FlashInfer's facts, its kernel names among them ----------------------------------
+
+FI_INCLUDE = "flashinfer/data/include/flashinfer/comm/"
+FUSION = FI_INCLUDE + "trtllm_allreduce_fusion.cuh"
+# The lines FlashInfer 0.7.4's facts are read from (commbench/engines/flashinfer.py), in this
+# test's own words: kernels with empty bodies, the namespaces, the pattern enum, the rank switch.
+FLASHINFER = {
+    FUSION: """namespace flashinfer {
+
+namespace trtllm_allreduce_fusion {
+
+enum class AllReduceFusionPattern : int {
+  kAllReduce = 0,
+  kARResidualRMSNorm = 1,
+};
+
+template <AllReduceFusionPattern Pattern, typename T, int NRanks, bool Fp32Acc>
+__global__ void allreduce_fusion_kernel_oneshot_lamport(Params<T> params) {}
+
+template <AllReduceFusionPattern Pattern, typename T, int NRanks, bool Fp32Acc>
+__global__ void allreduce_fusion_kernel_twoshot_sync(Params<T> params) {}
+
+void dispatch(Params<T> params) {
+  switch (params.nranks) {
+    case 2: DISPATCH_PATTERN(T, 2);
+    case 4: DISPATCH_PATTERN(T, 4);
+    case 8: DISPATCH_PATTERN(T, 8);
+    case 16: DISPATCH_PATTERN(T, 16);
+  }
+}
+}  // namespace trtllm_allreduce_fusion
+}  // namespace flashinfer
+""",
+    FI_INCLUDE + "trtllm_mnnvl_allreduce.cuh": """namespace flashinfer {
+namespace trtllm_mnnvl_allreduce {
+__global__ void __launch_bounds__(1024) oneshotAllreduceFusionKernel(Params<T> params) {}
+__global__ __launch_bounds__(128) void twoshotAllreduceKernel(Params<T> params) {}
+__global__ __launch_bounds__(1024) void rmsNormLamport(Params<T> params) {}
+}
+}
+""",
+    FI_INCLUDE + "pcie_ipc_all_reduce.cuh": "namespace flashinfer {\nnamespace comm {\nnamespace pcie_ipc {\n" + "".join(
+        f"__global__ __launch_bounds__(1024, 1) void {name}(const Params params) {{}}\n"
+        for name in ("ipc_tp2_remote_push_kernel", "ipc_rsag_ring_push_param_kernel", "ipc_rsag_push_param_kernel",
+                     "ipc_topo_rsag8_push_param_kernel", "ipc_topo_rsag8_ring_push_param_kernel",
+                     "ipc_topo_rsag8_block_param_kernel", "push_oneshot_param_kernel")) + "}\n}\n}\n",
+    "flashinfer/comm/trtllm_ar.py": """class AllReduceFusionPattern:
+    kAllReduce = 0
+    kARResidualRMSNorm = 1
+
+
+BarrierFlagCount = 256
+MAX_COMM_SIZE = 2147483647 & ~((1 << 21) - 1)
+""",
+    "flashinfer/comm/pcie_ipc_ar.py": "_SUPPORTED_WORLD_SIZES = (2, 4, 8)\n",
+    "flashinfer/comm/pcie_ipc_collectives/_constants.py": "PACK_BYTES = 16\n",
+    "flashinfer/jit/comm.py": """def gen_trtllm_mnnvl_comm_module():
+    return flags(supported_major_versions=[9, 10])
+
+
+def gen_trtllm_comm_module():
+    return flags(supported_major_versions=[9, 10, 12])
+""",
+}
+
+
+def flashinfer_tree(root: Path) -> Path:
+    for file, text in {"flashinfer/__init__.py": "", **FLASHINFER,
+                       "flashinfer_python-0.7.4.dist-info/METADATA": "Name: flashinfer-python\nVersion: 0.7.4\n"}.items():
+        (root / file).parent.mkdir(parents=True, exist_ok=True)
+        (root / file).write_text(text)
+    return root
+
+
+def test_flashinfer_is_checked_by_its_facts_and_a_renamed_kernel_exits_1_naming_its_file_and_line(tmp_path, capsys):
+    """In-process (no gate child: a library has no gates of its own). A kernel renamed in a copy of
+    the tree is a difference at the line its new name is read at."""
+    faithful = flashinfer_tree(tmp_path / "faithful")
+    oneshot = FLASHINFER[FUSION].splitlines().index("__global__ void allreduce_fusion_kernel_oneshot_lamport("
+                                                    "Params<T> params) {}") + 1
+    assert cli(["engines", "--check", str(faithful), "--json", str(tmp_path / "faithful.json"), "--wide"]) == 0
+    text = capsys.readouterr().out
+    out = json.loads((tmp_path / "faithful.json").read_text())
+    (library,) = out["libraries"]
+    assert out["engines"] == [] and out["differ"] == 0 and library["gates"] == []
+    assert (library["engine"], library["version"], library["differences"]) == ("flashinfer", "0.7.4", [])
+    assert text.splitlines()[0] == (f"FlashInfer 0.7.4 at {faithful}: {library['compared']} facts compared with the "
+                                    "built-in FlashInfer 0.7.4 facts, 0 differ; a library the engines call: no gate "
+                                    "functions or dispatch order of its own to run")
+    assert "0 gate functions" not in text
+    assert f"  same: fusion_kernels ({FUSION}:{oneshot})" in text and "  same: max_comm_size (flashinfer/comm/trtllm_ar.py:7)" \
+        in text and "  same: sm_majors (flashinfer/jit/comm.py:5)" in text
+
+    renamed = tmp_path / "renamed"
+    shutil.copytree(faithful, renamed)
+    fusion = renamed / FUSION
+    fusion.write_text(fusion.read_text().replace("allreduce_fusion_kernel_oneshot_lamport",
+                                                 "allreduce_fusion_kernel_oneshot_push"))
+    assert cli(["engines", "--check", str(renamed), "--wide"]) == 1
+    text = capsys.readouterr().out
+    assert ", 1 differ; a library the engines call" in text.splitlines()[0]
+    assert ("  fusion_kernels: built in ['allreduce_fusion_kernel_oneshot_lamport', "
+            "'allreduce_fusion_kernel_twoshot_sync']; source ['allreduce_fusion_kernel_oneshot_push', "
+            f"'allreduce_fusion_kernel_twoshot_sync'] ({FUSION}:{oneshot})") in text

@@ -318,7 +318,9 @@ def test_check_prints_each_difference_and_exits_1(capsys):
     assert "dispatch_order: built in [" in out and "cannot be read" in out
 
 
-@pytest.mark.parametrize("site, words", [("other-site", "holds no vllm or sglang package"),
+@pytest.mark.parametrize("site, words", [("other-site", "holds no vllm, sglang or flashinfer package (give a "
+                                                        "site-packages folder or an unpacked vLLM, SGLang or FlashInfer "
+                                                        "wheel)"),
                                          ("missing-site", "does not exist"), ("README.md", "is not a folder")])
 def test_check_refuses_what_is_no_engine_with_one_line(site, words, capsys):
     assert cli(["engines", "--check", str(SRC / site)]) == 2
@@ -338,6 +340,17 @@ def test_engine_site_reads_the_facts_and_says_so(capsys):
     assert "vLLM 9.9.0 read from" in out or "vLLM 9.9.0" in out
     assert "commbench has no reader checked against it; vLLM 0.34.0 facts built in used" in out
     assert cli(["engines", "--engine-site", str(SRC / "other-site")]) == 2
+
+
+def test_engine_site_wants_an_engine_where_check_takes_a_library_alone(tmp_path, capsys):
+    """--engine-site gives an engine's facts: a tree of FlashInfer alone is refused there, naming
+    the engines only, though `engines --check` reads it."""
+    (tmp_path / "flashinfer").mkdir()
+    (tmp_path / "flashinfer" / "__init__.py").write_text("")
+    assert cli(["engines", "--engine-site", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert f"--engine-site: {tmp_path} holds no vllm or sglang package (give a site-packages folder or an unpacked " \
+           "vLLM or SGLang wheel)" in err
 
 
 def test_an_installed_engine_is_found_without_importing_it(tmp_path, monkeypatch):

@@ -279,16 +279,17 @@ SHARED = ["commbench/engines/paths.py", "commbench/engines/source.py", "commbenc
 
 @pytest.mark.parametrize("file", SHARED)
 def test_the_shared_machinery_knows_no_engine_by_name(file):
-    """No string literal in the shared modules' code is an engine's key, and none names vLLM or
-    SGLang as a branch would (docstrings and comments may say what the engines are)."""
+    """No string literal in the shared modules' code is an engine's key (or the key of a library
+    checked like one, FlashInfer), and none names vLLM or SGLang as a branch would (docstrings and
+    comments may say what the engines are)."""
     tree = ast.parse((ROOT / file).read_text())
     docstrings = {id(n.body[0].value) for n in ast.walk(tree)
                   if isinstance(n, (ast.Module, ast.FunctionDef, ast.ClassDef)) and n.body
                   and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
     named = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
-             and id(n) not in docstrings and n.value.lower() in ("vllm", "sglang")]
+             and id(n) not in docstrings and n.value.lower() in ("vllm", "sglang", "flashinfer")]
     imports = [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
-               and n.module in ("commbench.engines.vllm", "commbench.engines.sglang")]
+               and n.module in ("commbench.engines.vllm", "commbench.engines.sglang", "commbench.engines.flashinfer")]
     assert not named and not imports, (file, named)
 
 
