@@ -99,7 +99,8 @@ TRACE_KERNELS = (
     (r"\bflashinfer::trtllm_allreduce_fusion::allreduce_fusion_kernel_twoshot_sync"
      r"<\((?:\w+::)*AllReduceFusionPattern\)1\b", "FlashInfer allreduce+RMSNorm fusion two-shot",
      r"^flashinfer:fused_twoshot$", "allreduce + residual add + RMSNorm in one kernel", "allreduce_residual_rmsnorm"),
-    (r"\bmoereduce_allreduce_fusion_kernel", "FlashInfer MoE allreduce fusion", "", ""),
+    (r"\bmoe(?:reduce|finalize)_allreduce_fusion_kernel", "FlashInfer MoE allreduce fusion", "",
+     "the MoE reduction (or finalize) and the residual, RMSNorm and any quantisation in the same kernel"),
     (r"\b(oneshotAllreduceFusionKernel|twoshotAllreduceKernel|rmsNormLamport)\b", "FlashInfer MNNVL",
      r"^flashinfer:mnnvl$", ""),
     (r"\btrtllm_allreduce::\w*(oneShotAllReduceKernel|twoShotAllReduceKernel|lamport_style_one_shot_all_reduce)",

@@ -75,6 +75,11 @@ def attribute_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, 
      "(flashinfer::trtllm_allreduce_fusion::AllReduceFusionPattern)3, __nv_bfloat16, 8, true>(...)",
      "FlashInfer TRT-LLM fusion two-shot"),
     ("void p2p_fused_oneshot<__nv_bfloat16>(FusedParams, uint4 const*)", "commbench p2p"),
+    # trtllm_moe_allreduce_fusion.cuh:944 and :1251 (FlashInfer 0.7.4): both of its kernels
+    ("void flashinfer::trtllm_moe_allreduce_fusion::moereduce_allreduce_fusion_kernel_oneshot_lamport<"
+     "__nv_bfloat16, 8>(...)", "FlashInfer MoE allreduce fusion"),
+    ("void flashinfer::trtllm_moe_allreduce_fusion::moefinalize_allreduce_fusion_kernel_oneshot_lamport<"
+     "__nv_bfloat16, 8>(...)", "FlashInfer MoE allreduce fusion"),
 ])
 def test_every_backend_module_names_its_kernels(name: str, library: str) -> None:
     got = classify(name)
