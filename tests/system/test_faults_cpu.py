@@ -133,7 +133,7 @@ def test_a_crash_of_the_rank_that_writes_rows_under_torchrun_is_named_and_one_re
     assert first.returncode != 0
     run_dir = only_run_dir(tmp_path)
     # Rank 1 speaks for the rank that died; the row waits for the next look at the dir.
-    (line,) = commbench_lines(first.stderr)
+    (line,) = commbench_lines(first.stderr) or [first.stderr[-3000:]]
     assert line.startswith("commbench sweep: testfaults:segv_rank0 crashed (rank 0 died (SIGSEGV) during "
                            "testfaults:segv_rank0 16K fp32 eager); continue without it: torchrun ")
     assert statuses(rows(run_dir)) == {"testfaults:segv_rank0": ["ok"]}
@@ -218,9 +218,7 @@ def test_exit_status_three_means_something_hung_or_crashed_during_this_command(t
     assert line.startswith(head + "rank 0 was in commbench_testbackends.py:") and line.endswith(tail), line
     again = run_cli(args + ["--out", str(tmp_path / "a"), "--resume", str(run_dir)])
     assert again.returncode == 0, again.stderr                       # nothing hung during the resume
-    workers = run_torchrun(2, args + ["--out", str(tmp_path / "b")])
-    assert workers.returncode == 1                                   # torchrun's status for a worker's 3
-    assert "exitcode  : 3" in workers.stderr
+    # Under torchrun the same hang ends the worker with 3: test_sweep_cpu's setup watchdog test.
 
 
 @pytest.mark.slow

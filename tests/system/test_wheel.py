@@ -85,14 +85,16 @@ def installed(tmp_path_factory) -> dict:
     run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "--wheel-dir", str(wheels),
          str(src)], cwd=cwd)
     (wheel,) = wheels.glob("commbench-*.whl")
-    run([sys.executable, "-m", "venv", str(venv)], cwd=cwd)
+    # No pip of its own (ensurepip costs seconds): this environment's pip installs into it (--python).
+    run([sys.executable, "-m", "venv", "--without-pip", str(venv)], cwd=cwd)
     bindir = venv / ("Scripts" if os.name == "nt" else "bin")
     python = bindir / ("python.exe" if os.name == "nt" else "python")
     venv_site = Path(run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                          cwd=cwd).stdout.strip())
     ours = dict.fromkeys([sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]])
     (venv_site / "zz_test_environment.pth").write_text("".join(f"{p}\n" for p in ours), encoding="utf-8")
-    run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)], cwd=cwd)
+    run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", "--no-index", str(wheel)],
+        cwd=cwd)
     return {"wheel": wheel, "python": python, "bin": bindir, "site": venv_site, "cwd": cwd}
 
 
