@@ -40,23 +40,37 @@ import re
 import traceback
 from importlib import metadata
 
-import torch
-import torch.distributed as dist
-
 # The torch-free half of the interface, here too: families and plug-ins import it from this module.
 from commbench.backends.factory import (BackendFactory, BackendUnavailable, MakeOptions, OwnOptions,  # noqa: F401
                                        SweepFacts, chosen_variants, parse_variant_options)
 from commbench.errors import UsageError
 from commbench.ops import ALLREDUCE
 from commbench.results import Measurement
-from commbench.runtime.workload import AllreduceWorkload, Workload
 from commbench.topology.needs import ranks_reason
 
 if TYPE_CHECKING:
+    import torch
+
     from commbench.engines import Settings
     from commbench.runtime.context import RunContext
+    from commbench.runtime.workload import Workload
 
-ALL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+# torch is imported where a rank uses it: the sweep's driver and --help import this module (a
+# plug-in's module imports it for its flags) and never need torch, which costs seconds to start.
+
+
+def all_dtypes() -> tuple[torch.dtype, ...]:
+    """Every dtype the sweep times."""
+    import torch
+
+    return (torch.bfloat16, torch.float16, torch.float32)
+
+
+class _AllDtypes:
+    """Backend.dtypes unless a backend names its own: all_dtypes(), looked up when asked."""
+
+    def __get__(self, obj: object, owner: type) -> tuple[torch.dtype, ...]:
+        return all_dtypes()
 
 @dataclass(frozen=True)
 class Requires:
@@ -129,7 +143,7 @@ class Backend(ABC):
     needs: tuple[str, ...] = ()     # names from topology.needs.NEEDS, checked in its order
     in_place: bool = False          # the sum overwrites the input (torch ProcessGroups)
     op: str = ALLREDUCE            # what one call computes; see commbench.runtime.workload
-    dtypes: tuple[torch.dtype, ...] = ALL_DTYPES
+    dtypes: tuple[torch.dtype, ...] = _AllDtypes()  # type: ignore[assignment]
     min_world_size: int = 1
     max_world_size: int | None = None
     world_sizes: tuple[int, ...] | None = None   # the only sizes it runs at (a kernel built per size), if so
@@ -213,6 +227,8 @@ class Backend(ABC):
                       shape: tuple[int, int] | None, pairs: int) -> Workload:
         """The inputs, calls and check for one row: `pairs` input/output pairs. Plain
         allreduce by default."""
+        from commbench.runtime.workload import AllreduceWorkload
+
         return AllreduceWorkload(self, ctx, count, dtype, pairs)
 
     def process_env(self, allow_multicast: bool) -> dict[str, str] | None:
@@ -317,9 +333,13 @@ class ProcessGroupBackend(Backend):
     in_place = True
 
     def allreduce(self, x: torch.Tensor, out: torch.Tensor) -> None:
+        import torch.distributed as dist
+
         dist.all_reduce(x, group=self.group)
 
     def close(self) -> None:
         if self.group is not None:
+            import torch.distributed as dist
+
             dist.destroy_process_group(self.group)
             self.group = None

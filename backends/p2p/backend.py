@@ -106,7 +106,7 @@ import numpy
 import torch
 
 from commbench import engines
-from commbench.backends.base import ALL_DTYPES, Backend, BackendUnavailable, Requires, voted, voted_gather
+from commbench.backends.base import Backend, BackendUnavailable, Requires, all_dtypes, voted, voted_gather
 from commbench.backends.p2p.kernels import (KERNEL_SOURCE, GraphTable, PdlLauncher, SharedArea, cuda_driver,
                                             cupy_module, kernel_blocks_per_sm, kernel_functions)
 from commbench.backends.p2p.layout import (GRAPH_FALLBACK, MAX_BLOCKS, MAX_RANKS, ONESHOT_GRAPH, THREADS_PER_BLOCK,
@@ -157,7 +157,7 @@ class P2PAllreduce(Backend):
     family = "p2p"
     needs = ("cuda", "node", "p2p", "ipc")
     graph_capturable = True
-    dtypes = ALL_DTYPES
+    dtypes = all_dtypes()
     max_world_size = MAX_RANKS
     requires = REQUIRES
     kernel_source = KERNEL_SOURCE   # a study subclass builds variants of the kernels from a patched copy

@@ -12,14 +12,16 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
-from typing import Any
-
-import torch
-import torch.distributed as dist
+from typing import TYPE_CHECKING, Any
 
 from commbench import engines
 from commbench.backends.base import Backend, BackendFactory, MakeOptions
 from commbench.errors import UsageError
+
+if TYPE_CHECKING:
+    import torch
+
+# torch is imported where a rank uses it: the sweep's driver imports this module for its flag.
 
 VARIANTS = ("plain", "gpu", "missing")
 
@@ -46,9 +48,13 @@ class HookDemo(Backend):
 
     def setup(self, ctx, max_bytes: int, dtype: torch.dtype) -> None:
         if self.group is None:
+            import torch.distributed as dist
+
             self.group = dist.new_group(backend="gloo")
 
     def allreduce(self, x: torch.Tensor, out: torch.Tensor) -> None:
+        import torch.distributed as dist
+
         out.copy_(x)
         dist.all_reduce(out, group=self.group)
 
@@ -62,6 +68,8 @@ class HookDemo(Backend):
 
     def close(self) -> None:
         if self.group is not None:
+            import torch.distributed as dist
+
             dist.destroy_process_group(self.group)
             self.group = None
 

@@ -25,13 +25,16 @@ import os
 import resource
 import signal
 import time
-from typing import Any
-
-import torch
-import torch.distributed as dist
+from typing import TYPE_CHECKING, Any
 
 from commbench.backends.base import Backend, BackendFactory, BackendUnavailable, MakeOptions
 from commbench.errors import UsageError
+
+if TYPE_CHECKING:
+    import torch
+
+# torch is imported where a rank uses it, as the built-in backends do: the sweep's driver and
+# --help import this module (for its flags) and never need torch.
 
 VARIANTS = ("exact", "noop", "one_wrong", "stale", "back_to_back", "wrong_every", "hang_rank1", "setup_fails_rank1",
             "slow_setup", "nodelocal", "solo", "raise_rank1", "raise_setup_rank1", "segv_rank0", "segv_rank1",
@@ -76,6 +79,8 @@ class FaultyBackend(Backend):
         if self.fault == "segv_setup_rank1" and ctx.rank == 1:
             segfault()
         if self.group is None:
+            import torch.distributed as dist
+
             self.group = dist.new_group(backend="gloo")  # collective: every rank reaches it
         if self.fault == "setup_fails_rank1" and ctx.rank == 1:
             raise BackendUnavailable("this rank's workspace allocation failed (deliberate)")
@@ -104,6 +109,8 @@ class FaultyBackend(Backend):
         if self.fault == "back_to_back" and self._previous is not None:
             # The next call reuses what the last one handed back before anyone read it.
             self._previous.zero_()
+        import torch.distributed as dist
+
         total = x.clone()
         dist.all_reduce(total, group=self.group)
         stale = self._previous_sum if self.fault == "stale" and self._previous_sum is not None else None
@@ -117,6 +124,9 @@ class FaultyBackend(Backend):
         return None
 
     def _returned(self, x: torch.Tensor) -> torch.Tensor:
+        import torch
+        import torch.distributed as dist
+
         total = x.clone()
         dist.all_reduce(total, group=self.group)
         if self.fault == "returns_short":
@@ -133,6 +143,8 @@ class FaultyBackend(Backend):
 
     def close(self) -> None:
         if self.group is not None:
+            import torch.distributed as dist
+
             dist.destroy_process_group(self.group)
             self.group = None
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from commbench import cli
+from helpers import child_env
 
 ROOT = Path(__file__).parents[2]
 RUNS = Path(__file__).parents[1] / "data" / "runs"
@@ -108,12 +109,17 @@ except SystemExit as stop:
 
 
 @pytest.mark.procs
-def test_sweep_help_answers_without_torch() -> None:
-    done = subprocess.run([sys.executable, "-c", SWEEP_HELP], capture_output=True, text=True, timeout=60)
+@pytest.mark.parametrize("plugins", [False, True], ids=["built-in", "with plug-ins"])
+def test_sweep_help_answers_without_torch(plugins: bool) -> None:
+    """A plug-in's module is imported for its flags, and with it backends.base, which imports no
+    torch either: the driver of `sweep --nproc` and --help start in a fraction of a second."""
+    env = child_env() if plugins else None   # tests/plugins on PYTHONPATH: testfaults and hookdemo
+    done = subprocess.run([sys.executable, "-c", SWEEP_HELP], capture_output=True, text=True, timeout=60, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     *help_text, last = done.stdout.strip().splitlines()
     assert json.loads(last) == [0, False]
     text = "\n".join(help_text)
+    assert ("--hookdemo-level" in text) is plugins
     for family, flag in (("nccl", "--nccl-proto"), ("p2p", "--p2p-max-bytes"), ("flashinfer", "--flashinfer-pdl"),
                          ("mscclpp", "--mscclpp-nccl-lib")):
         assert f"{family} backend:" in text and flag in text, family
