@@ -126,6 +126,7 @@ def test_report_of_a_cpu_sweep_goes_to_a_new_folder_never_into_the_run_dir(tmp_p
     assert sorted(p.name for p in run.iterdir()) == before
 
 
+@pytest.mark.slow
 def test_a_report_or_compare_that_fails_leaves_nothing_behind(tmp_path, monkeypatch, capsys):
     """A --trace of 2 ranks on an 8-rank run is refused after the plots are drawn: no RUN-report,
     no half-built folder, no parent made for --out. Named again, an --out that holds a report
