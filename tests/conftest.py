@@ -48,17 +48,6 @@ def only_procs_tests_launch_processes(request: pytest.FixtureRequest, monkeypatc
     yield
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The files with the most slow scenarios run first, each file's tests in their order:
-    pytest-xdist's workers (--dist loadfile) take the long files while many remain, and the run
-    ends on short files on both workers, not on one worker finishing a long file alone (seen on
-    CI: the last 2% of the tests took two minutes)."""
-    slow: dict[Path, int] = {}
-    for item in items:
-        slow[item.path] = slow.get(item.path, 0) + (item.get_closest_marker("slow") is not None)
-    items.sort(key=lambda item: -slow[item.path])   # stable: a file's tests stay together, in order
-
-
 SLOW_S = 10.0   # docs/testing.md: a scenario over this on CI's two cores carries @pytest.mark.slow
 _unmarked_s: dict[str, float] = {}
 
