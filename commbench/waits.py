@@ -41,6 +41,9 @@ class Waits:
     # Under torchrun, the ranks other than 0 wait this long after bad input, so that rank 0's line
     # is out before torchrun stops every worker (it does so as soon as the first one exits).
     usage_error_grace_s: float = 2.0
+    # The driver's private MPS daemon: how long its server may take to exit after `quit` before it
+    # is killed (one whose client died mid-kernel ignores quit).
+    mps_server_exit_s: float = 5.0
     # `engines --check`: how long one of an engine's gate functions has for its whole grid in the
     # check's child process (each of the real ones takes under a second); past it the child is
     # ended and the function named.

@@ -20,7 +20,7 @@ PLUGINS = Path(__file__).parent / "plugins"
 # poll_after_s keeps its 2 s: tests with a 1 s row limit expect a rank's own watchdog to fire
 # before it looks at its peers.
 TEST_WAITS = ("poll_s=0.25,peer_wait_s=3,cause_look_s=1.5,hang_look_s=1.5,driver_poll_s=0.2,"
-              "overdue_grace_s=2,kill_wait_s=2,usage_error_grace_s=1")
+              "overdue_grace_s=2,kill_wait_s=2,usage_error_grace_s=1,mps_server_exit_s=0.5")
 
 
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:

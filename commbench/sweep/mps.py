@@ -21,14 +21,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from commbench.runtime.context import MPS_PERCENT_VAR
 from commbench.errors import UsageError
+from commbench.runtime.context import MPS_PERCENT_VAR
+from commbench.waits import waits
 
 CONTROL = "nvidia-cuda-mps-control"
 PIPE_VAR, LOG_VAR = "CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"
 SERVER_COMM = "nvidia-cuda-mps"   # /proc/PID/comm of nvidia-cuda-mps-server (15 characters kept)
 CONTROL_TIMEOUT_S = 30.0
-SERVER_EXIT_S = 5.0               # how long a server may take to exit after quit
 KILLED_EXIT_S = 2.0               # and to be gone after SIGKILL (the kernel ends it asynchronously)
 
 
@@ -98,7 +98,7 @@ class PrivateDaemon:
         listed = self._run([], "get_server_list\n").stdout.split()
         servers = [int(pid) for pid in listed if pid.isdigit()]
         self._run([], "quit\n")
-        _wait_gone(servers, SERVER_EXIT_S)
+        _wait_gone(servers, waits().mps_server_exit_s)
         for pid in servers:
             if _alive_server(pid):
                 os.kill(pid, signal.SIGKILL)

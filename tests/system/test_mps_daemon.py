@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from commbench.sweep import mps
+from commbench.waits import parse_waits
 from helpers import only_run_dir, rows, run_cli
 
 # Logs each request; -d starts a "server" (sleep, under the server's name) that quit leaves running.
@@ -40,7 +41,7 @@ def fake_mps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     log = tmp_path / "mps.log"
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("FAKE_MPS_LOG", str(log))
-    monkeypatch.setattr(mps, "SERVER_EXIT_S", 0.5)
+    monkeypatch.setattr(mps, "waits", lambda: parse_waits("mps_server_exit_s=0.5"))
     return log
 
 
