@@ -182,3 +182,39 @@ def _rank_main(worker: Callable[..., Any], rank: int, world: int, port: int, arg
         results.put((rank, worker(rank, world, *args)))
     except Exception:
         results.put((rank, {"crash": traceback.format_exc()}))
+
+
+# A stand-in nvidia-cuda-mps-control (a real program, and a real server process): it logs each
+# request; -d starts a "server" (sleep, under the server's name) that quit leaves running, as one
+# whose client died mid-kernel does.
+FAKE_MPS_CONTROL = """#!/usr/bin/env bash
+log=$FAKE_MPS_LOG
+if [ "${1:-}" = "-d" ]; then
+  "$(dirname "$0")/nvidia-cuda-mps-server" 300 >/dev/null 2>&1 &
+  echo $! > "$CUDA_MPS_PIPE_DIRECTORY/server.pid"
+  echo "start $CUDA_MPS_PIPE_DIRECTORY $!" >> "$log"
+  exit 0
+fi
+read -r request
+echo "$request $CUDA_MPS_PIPE_DIRECTORY" >> "$log"
+[ "$request" != get_server_list ] || cat "$CUDA_MPS_PIPE_DIRECTORY/server.pid"
+"""
+
+
+def install_fake_mps(folder: Path, control_name: str) -> tuple[Path, Path]:
+    """The stand-in control and server in folder/bin: (the bin folder for PATH, the request log
+    for FAKE_MPS_LOG)."""
+    import stat
+
+    bin_dir = folder / "bin"
+    bin_dir.mkdir(parents=True)
+    control = bin_dir / control_name
+    control.write_text(FAKE_MPS_CONTROL)
+    control.chmod(control.stat().st_mode | stat.S_IEXEC)
+    (bin_dir / "nvidia-cuda-mps-server").symlink_to("/bin/sleep")
+    return bin_dir, folder / "mps.log"
+
+
+def mps_starts(log: Path) -> list[tuple[str, int]]:
+    """(pipe directory, server pid) of every daemon start the stand-in logged, in order."""
+    return [(words[1], int(words[2])) for words in map(str.split, log.read_text().splitlines()) if words[0] == "start"]

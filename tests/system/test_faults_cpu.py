@@ -7,6 +7,7 @@ in one command, by one --resume under torchrun), and no row is lost or written t
 from __future__ import annotations
 
 import json
+import os
 import re
 import resource
 import shlex
@@ -16,7 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from helpers import child_env, only_run_dir, our_frames, python_in_a_clone_named_commbench, rows, run_cli, run_torchrun
+from commbench.sweep import mps
+from helpers import (child_env, install_fake_mps, mps_starts, only_run_dir, our_frames,
+                     python_in_a_clone_named_commbench, rows, run_cli, run_torchrun)
 
 pytestmark = pytest.mark.procs   # every test here launches processes
 
@@ -81,19 +84,32 @@ def test_a_rank_that_raises_in_allreduce_is_an_error_row_and_the_printed_resume_
 
 
 @pytest.mark.slow
-def test_the_driver_survives_crashes_and_a_stranding_setup_and_finishes_every_other_backend(tmp_path: Path) -> None:
-    faulty = ["testfaults:segv_setup_rank1", "testfaults:segv_rank1@16384", "testfaults:raise_setup_rank1"]
-    result = run_cli(["sweep", "--nproc", "2", "--backends", ",".join(faulty + ["testfaults:exact", "gloo"]),
-                      *SIZES, "--out", str(tmp_path)], timeout=600)
-    assert result.returncode == 3, result.stdout + result.stderr   # finished, and something crashed
-    assert result.stdout.count("# driver: resuming without that backend") == 3
-    run_dir = only_run_dir(tmp_path)
+def test_the_driver_survives_crashes_a_stranding_setup_and_a_gil_hang_with_a_fresh_mps_daemon_each_time(
+        tmp_path: Path) -> None:
+    """One driver run (each scenario here costs a child torchrun and its ranks): a rank that dies
+    in setup and in a row, a setup that strands its peer, a rank that hangs holding the GIL; every
+    other backend is measured, and each resumed child gets a fresh private MPS daemon (the
+    stand-in of tests/helpers.py: a server that ignores quit, as one whose client died does)."""
+    faulty = ["testfaults:segv_setup_rank1", "testfaults:segv_rank1@16384", "testfaults:raise_setup_rank1",
+              "testfaults:hang_gil_rank0@16384"]
+    bin_dir, mps_log = install_fake_mps(tmp_path / "mps", mps.CONTROL)
+    result = run_cli(["sweep", "--nproc", "2", "--share-gpus", "--mps", "--backends",
+                      ",".join(faulty + ["testfaults:exact", "gloo"]), *SIZES, "--timeout", "3",
+                      "--out", str(tmp_path / "out")], timeout=600,
+                     env={"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "FAKE_MPS_LOG": str(mps_log)})
+    assert result.returncode == 3, result.stdout + result.stderr   # finished, and something crashed or hung
+    assert result.stdout.count("# driver: resuming without that backend") == 4
+    assert result.stdout.count("# driver: a fresh private MPS daemon for the resumed child") == 4
+    assert len(mps_starts(mps_log)) == 5
+    assert not any(mps._alive_server(pid) for _, pid in mps_starts(mps_log))
+    run_dir = only_run_dir(tmp_path / "out")
     got = rows(run_dir)
     assert statuses(got) == {
         "gloo": ["ok"] * 3,   # a built-in: before every plug-in, though named last
         "testfaults:segv_setup_rank1": ["crashed", "skipped", "skipped"],
         "testfaults:segv_rank1": ["ok", "crashed", "skipped"],
         "testfaults:raise_setup_rank1": ["error", "skipped", "skipped"],
+        "testfaults:hang_gil_rank0": ["ok", "hang", "skipped"],
         "testfaults:exact": ["ok"] * 3}
     assert got[0]["backend"] == "gloo"
     assert_each_cell_once(got)
@@ -106,6 +122,14 @@ def test_the_driver_survives_crashes_and_a_stranding_setup_and_finishes_every_ot
     stranded = by_backend(got, "testfaults:raise_setup_rank1")[0]
     assert stranded["failed_rank"] == 1 and stranded["reason"].startswith(
         "rank 1: setup failed: RuntimeError: deliberate failure in setup on rank 1")
+    hang = by_backend(got, "testfaults:hang_gil_rank0")[1]
+    # Rank 1's watchdog fired while it waited in the collective (in the plug-in's allreduce); rank
+    # 0's never ran: rank 0 is the one named.
+    assert re.fullmatch(r"no progress within 3 s during testfaults:hang_gil_rank0 16K fp32 eager; rank 0 never "
+                        r"reached its own watchdog \(a thread may have held the GIL\); rank 1 waited for it in "
+                        r"distributed_c10d\.py:\d+ in all_reduce <- .* <- commbench_testbackends\.py:\d+ in allreduce",
+                        hang["reason"]), hang["reason"]
+    assert hang["failed_rank"] == 0
     assert not (run_dir / "inflight").exists()
     # report, recommend and qualify show a crash like a hang: red, never a winner, a FAIL of a spec
     # about that backend (a spec about NCCL and the machine says it beside its "no data").
@@ -118,11 +142,13 @@ def test_the_driver_survives_crashes_and_a_stranding_setup_and_finishes_every_ot
     # the CPU run has no NCCL rows: the spec's hang check read nothing ("not measured": the spec
     # names it, so no PASS), and says what it saw outside its backends
     assert re.search(r"not measured +correctness +no hangs +CPU data: not measured: .*outside the spec's backends, "
-                     r"2 hang\(s\) or crash\(es\): testfaults:segv_rank1 16K crashed", qualified.stdout)
+                     r"3 hang\(s\) or crash\(es\): testfaults:hang_gil_rank0 16K hang, testfaults:segv_rank1 16K crashed",
+                     qualified.stdout)
     spec = tmp_path / "faults.toml"
     spec.write_text("[spec]\nname = 'faults'\nbackend = 'testfaults'\n")
     qualified = run_cli(["qualify", "--spec", str(spec), str(run_dir), "--wide"])
-    assert re.search(r"FAIL +correctness +no hangs +CPU data: 2 crash\(es\): testfaults:segv_rank1 16K crashed",
+    assert re.search(r"FAIL +correctness +no hangs +CPU data: 1 hang\(s\), 2 crash\(es\): testfaults:hang_gil_rank0 16K hang, "
+                     r"testfaults:segv_rank1 16K crashed",
                      qualified.stdout)
 
 
@@ -147,24 +173,6 @@ def test_a_crash_of_the_rank_that_writes_rows_under_torchrun_is_named_and_one_re
     got = rows(run_dir)
     assert statuses(got) == {"testfaults:segv_rank0": ["ok", "crashed", "skipped"], "testfaults:exact": ["ok"] * 3}
     assert by_backend(got, "testfaults:segv_rank0")[1]["failed_rank"] == 0
-    assert_each_cell_once(got)
-
-
-@pytest.mark.slow
-def test_a_hang_holding_the_gil_on_rank_0_is_recorded_by_the_driver_which_goes_on(tmp_path: Path) -> None:
-    result = run_cli(["sweep", "--nproc", "2", "--backends", "testfaults:hang_gil_rank0@16384,testfaults:exact",
-                      *SIZES, "--timeout", "3", "--out", str(tmp_path)], timeout=400)
-    assert result.returncode == 3, result.stdout + result.stderr
-    got = rows(only_run_dir(tmp_path))
-    assert statuses(got) == {"testfaults:hang_gil_rank0": ["ok", "hang", "skipped"], "testfaults:exact": ["ok"] * 3}
-    hang = by_backend(got, "testfaults:hang_gil_rank0")[1]
-    # Rank 1's watchdog fired while it waited in the collective (in the plug-in's allreduce); rank
-    # 0's never ran: rank 0 is the one named.
-    assert re.fullmatch(r"no progress within 3 s during testfaults:hang_gil_rank0 16K fp32 eager; rank 0 never "
-                        r"reached its own watchdog \(a thread may have held the GIL\); rank 1 waited for it in "
-                        r"distributed_c10d\.py:\d+ in all_reduce <- .* <- commbench_testbackends\.py:\d+ in allreduce",
-                        hang["reason"]), hang["reason"]
-    assert hang["failed_rank"] == 0
     assert_each_cell_once(got)
 
 
