@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -40,10 +41,14 @@ def run_cli(args: list[str], timeout: float = 120, env: dict[str, str] | None = 
 
 
 def run_torchrun(nproc: int, args: list[str], timeout: float = 180, env: dict[str, str] | None = None,
-                 torchrun_args: list[str] | None = None, python: str = sys.executable) -> subprocess.CompletedProcess:
+                 torchrun_args: list[str] | None = None, python: str = sys.executable,
+                 preexec_fn: Callable[[], None] | None = None) -> subprocess.CompletedProcess:
+    """preexec_fn: run in the child before torchrun starts (a CPU affinity, a file-size limit),
+    which torchrun and its ranks inherit."""
     command = [python, "-m", "torch.distributed.run", *(torchrun_args or ["--standalone"]),
                "--nproc-per-node", str(nproc), "-m", "commbench", *args]
-    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=child_env(env))
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=child_env(env),
+                          preexec_fn=preexec_fn)
 
 
 def python_in_a_clone_named_commbench(tmp_path: Path) -> str:
@@ -204,8 +209,6 @@ echo "$request $CUDA_MPS_PIPE_DIRECTORY" >> "$log"
 def install_fake_mps(folder: Path, control_name: str) -> tuple[Path, Path]:
     """The stand-in control and server in folder/bin: (the bin folder for PATH, the request log
     for FAKE_MPS_LOG)."""
-    import stat
-
     bin_dir = folder / "bin"
     bin_dir.mkdir(parents=True)
     control = bin_dir / control_name

@@ -189,10 +189,7 @@ def test_a_write_error_ends_the_run_with_one_line_and_resume_repairs_the_torn_ro
     args = ["sweep", "--backends", "testfaults:exact", "--sizes", "1K,2K,4K,8K,16K,32K", "--iters", "2",
             "--no-probe", "--out", str(tmp_path / "out")]
     python = python_in_a_clone_named_commbench(tmp_path / "clone")   # torchrun's frames then hold "/commbench/"
-    command = [python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-               "-m", "commbench", *args]
-    full = subprocess.run(command, capture_output=True, text=True, timeout=180, env=child_env(),
-                          preexec_fn=_file_size_limit(4000))
+    full = run_torchrun(2, args, python=python, preexec_fn=_file_size_limit(4000))
     assert full.returncode != 0
     run_dir = only_run_dir(tmp_path / "out")
     (line,) = commbench_lines(full.stderr)   # rank 0's; rank 1 leaves quietly

@@ -33,11 +33,8 @@ def test_default_torchrun_sweep_writes_rows_table_csv_and_run_json(tmp_path: Pat
     # Held to at most two cores (CI has two), the four ranks take turns: what they time is the
     # scheduler, and the sweep says so once, on any machine.
     cores = sorted(os.sched_getaffinity(0))[:2]
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4", "-m",
-               "commbench", "sweep", "--out", str(tmp_path)]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=180,
-                            env=child_env({"COMMBENCH_TEST_KNOB": "recorded"}),
-                            preexec_fn=lambda: os.sched_setaffinity(0, cores))
+    result = run_torchrun(4, ["sweep", "--out", str(tmp_path)], env={"COMMBENCH_TEST_KNOB": "recorded"},
+                          preexec_fn=lambda: os.sched_setaffinity(0, cores))
     assert result.returncode == 0, result.stderr
     assert "no CUDA device: running on the CPU with gloo" in result.stdout
     warning = f"warning: 4 ranks share {len(cores)} CPU core(s) on this host: the latencies are mostly scheduler time"
