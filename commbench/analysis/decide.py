@@ -15,7 +15,7 @@ import argparse
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Iterable, TypeGuard
 
 from commbench import engines
 from commbench.analysis import provenance
@@ -242,6 +242,12 @@ def saving(model: Model, concurrency: int, chosen: Price, default: Price) -> tup
                   exceeds_spread(delta, chosen.point, default.point)), ""
 
 
+def measurable(s: Saving | None) -> TypeGuard[Saving]:
+    """A saving worth printing: the kernel is faster, and not within the p10-p90 spread (a spread
+    the run did not record is said where the saving is shown)."""
+    return s is not None and s.per_call_us > 0 and s.beyond_spread is not False
+
+
 def verdict(s: Saving) -> str:
     if s.beyond_spread is False:
         return f"no measurable difference from {s.versus} (inside the p10-p90 spread)"
@@ -417,6 +423,16 @@ def headroom(model: Model, run: Run, curves: list[Curve], decisions: list[Engine
             gain = saving(model, concurrency, price, versus)[0] if versus else None
             out.append(Headroom(curve.label, why, concurrency, size, price, versus, gain, own, said))
     return out
+
+
+def most_saving(rooms: list[Headroom]) -> list[Headroom]:
+    """Per kernel, its row with the largest measurable saving per step (--brief says one size each)."""
+    best: dict[str, Headroom] = {}
+    for r in rooms:
+        if measurable(r.saving) and (r.kernel not in best
+                                     or r.saving.per_step_ms > best[r.kernel].saving.per_step_ms):  # type: ignore
+            best[r.kernel] = r
+    return list(best.values())
 
 
 def fastest_headroom(rooms: list[Headroom]) -> list[Headroom]:

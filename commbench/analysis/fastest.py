@@ -14,7 +14,7 @@ from typing import Sequence
 
 from commbench import engines
 from commbench.analysis.curves import Curve, ranking
-from commbench.analysis.decide import EngineDecision, Headroom, Price, recorded_settings
+from commbench.analysis.decide import EngineDecision, Headroom, Price, measurable, recorded_settings
 from commbench.models import Model
 from commbench.analysis import render
 from commbench.analysis.render import fmt_num, fmt_us
@@ -114,8 +114,7 @@ def fastest_table(rows: tuple[FastestAt, ...], tag: str, wide: bool = False,
                  fmt_us(best.latency_us) + ("~" if best.interpolated else "") if best else "-",
                  f"{best.latency_us / top.latency_us:.2f}x" if best else "-"]
         if rooms:
-            cells.append(fmt_num(gain.per_step_ms) if gain is not None and gain.per_call_us > 0
-                         and gain.beyond_spread is not False else "-")
+            cells.append(fmt_num(gain.per_step_ms) if measurable(gain) else "-")
         table.append(cells)
     headers = ["size", "fastest measured", "us", "best engine path", "us", "x", *(["saved"] if rooms else [])]
     marks = ("; '*' no requested engine takes it here (headroom, for comparison only), saved: the ms per step a "

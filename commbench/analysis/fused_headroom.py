@@ -13,7 +13,8 @@ from __future__ import annotations
 from commbench import engines
 from commbench.analysis import render
 from commbench.analysis.curves import Curve, ranking
-from commbench.analysis.decide import EngineDecision, Headroom, Price, recorded_settings, saving
+from commbench.analysis.decide import (EngineDecision, Headroom, Price, measurable, most_saving, recorded_settings,
+                                       saving)
 from commbench.analysis.fastest import mode_suffix, whose
 from commbench.analysis.render import fmt_num, fmt_us
 from commbench.engines import paths as engine_paths
@@ -99,8 +100,7 @@ def table(rooms: tuple[Headroom, ...] | list[Headroom], model: Model, tag: str, 
                       v.curve.removesuffix(suffix) if v else "not measured",
                       fmt_us(v.latency_us) + ("~" if v.interpolated else "") if v else "-",
                       f"{v.latency_us / r.cost.latency_us:.2f}x" if v else "-",
-                      fmt_num(gain.per_step_ms) if gain is not None and gain.per_call_us > 0
-                      and gain.beyond_spread is not False else "-"])
+                      fmt_num(gain.per_step_ms) if measurable(gain) else "-"])
     defaults: dict[str, list[int]] = {}
     for r in rooms:
         defaults.setdefault(r.said, []).append(r.concurrency)
@@ -121,14 +121,8 @@ def table(rooms: tuple[Headroom, ...] | list[Headroom], model: Model, tag: str, 
 
 def brief_lines(rooms: tuple[Headroom, ...] | list[Headroom], wide: bool = False) -> list[str]:
     """recommend --brief: each fused stand-in with the most it would save at one size."""
-    best: dict[str, Headroom] = {}
-    for r in rooms:
-        gain = r.saving
-        if gain is not None and gain.per_call_us > 0 and gain.beyond_spread is not False:
-            if r.kernel not in best or gain.per_step_ms > best[r.kernel].saving.per_step_ms:  # type: ignore[union-attr]
-                best[r.kernel] = r
     return [render.prose(f"{r.kernel}: would save {r.saving.per_call_us:.1f} us/call, "  # type: ignore[union-attr]
                          f"{r.saving.per_step_ms:.2f} ms/step at concurrency {r.concurrency} "  # type: ignore[union-attr]
                          f"({format_bytes(r.message_bytes)}) vs {r.versus.curve if r.versus else '-'}, the engines' "
                          "fused default (both times include the norm)", wide, indent="    ", first="  ")
-            for r in best.values()]
+            for r in most_saving(list(rooms))]

@@ -125,16 +125,11 @@ def _costs_table(e: EngineRecord, wide: bool) -> str:
 def _brief_headroom(rooms: tuple[Headroom, ...], fused: tuple[Headroom, ...], tag: str, wide: bool) -> list[str]:
     """--brief: each kernel no engine can run here, with the most it would save at one size; then
     each stand-in for an engine's fused default, against that default."""
-    best: dict[str, Headroom] = {}
-    for r in decide.fastest_headroom(list(rooms)):
-        if r.saving is not None and r.saving.per_call_us > 0 and r.saving.beyond_spread is not False:
-            if r.kernel not in best or r.saving.per_step_ms > best[r.kernel].saving.per_step_ms:  # type: ignore[union-attr]
-                best[r.kernel] = r
     lines = [render.prose(f"{_kernel(r)}: would save {r.saving.per_call_us:.1f} us/call, "  # type: ignore[union-attr]
                           f"{r.saving.per_step_ms:.2f} ms/step at concurrency {r.concurrency} "  # type: ignore[union-attr]
                           f"({format_bytes(r.message_bytes)}) vs {r.versus.curve if r.versus else '-'}",
                           wide, indent="    ", first="  ")
-             for r in best.values()]
+             for r in decide.most_saving(decide.fastest_headroom(list(rooms)))]
     lines += fused_headroom.brief_lines(fused, wide)
     if not lines:
         return []
