@@ -77,7 +77,8 @@ class Child:
         self._lines: queue.Queue[str | None] = queue.Queue()
         self._stderr: list[str] = []
         threading.Thread(target=self._pump_stdout, daemon=True).start()
-        threading.Thread(target=self._pump_stderr, daemon=True).start()
+        self._stderr_pump = threading.Thread(target=self._pump_stderr, daemon=True)
+        self._stderr_pump.start()
 
     def _pump_stdout(self) -> None:
         assert self.proc.stdout is not None
@@ -116,6 +117,8 @@ class Child:
         except subprocess.TimeoutExpired:
             self._kill()
             result.returncode = self.proc.wait()
+        # The child's last words (a traceback) may still be in the pipe when it has exited.
+        self._stderr_pump.join(timeout=2)
         result.elapsed_s = time.monotonic() - self.started
         result.stderr_tail = "".join(self._stderr)
         return result
