@@ -10,9 +10,8 @@ must leave no `error` or `hang` row; then `recommend`, `floor`, `engines`, `repo
 printed. GLM-5 at 8 ranks is the seeds' journey (7 of its 9 `unfused:best` rows were errors at
 3f4adff); two other presets run at 4 and 2 ranks. `sweep --qualify` gives its verdict and JUnit.
 
-The sweeps start their own MPS daemon (`--mps`), as a user's would: run this file with
-`COMMBENCH_GPU_TEST_MPS=0 bash tests/gpu/run.sh tests/gpu/test_journeys_gpu.py` so that run.sh
-starts none beside it.
+The sweeps start their own MPS daemon (`--mps`), as a user's would, so `tests/gpu/run.sh` runs
+this file with no daemon of its own beside it (named alone, or last in the whole suite).
 """
 
 from __future__ import annotations
