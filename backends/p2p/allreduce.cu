@@ -538,6 +538,25 @@ __global__ void __launch_bounds__(512) p2p_ll_oneshot_own_slot(const __grid_cons
   ll_oneshot<DT, N, true>(L, in, out, units);
 }
 
+// The Lamport two-shots' first step: push each peer's slice of my input into its scatter buffer, then
+// empty my scatter buffer's parts of the previous call (no slice is longer than ceil(units / N)).
+// Returns the previous call's unit count, for the caller to empty its gather area by its own rule.
+template <int N>
+__device__ __forceinline__ u32 ll_scatter_push(const Layout& L, Ctrl* c, const uint4* __restrict__ in, u32 units,
+                                               u32 rank, u32 cur, u32 prev, u32 first, u32 stride) {
+  const u64 slice = L.slice_bytes, scatter = (u64)N * slice;
+#pragma unroll
+  for (int k = 1; k < N; ++k) {
+    const u32 p = (rank + k) % N;
+    const u32 lo = slice_start<N>(units, p), len = slice_start<N>(units, p + 1) - lo;
+    uint4* dst = (uint4*)(L.ll_rs[p] + cur * scatter + rank * slice);
+    for (u32 j = first; j < len; j += stride) store_volatile4(dst + j, ll_map(in[lo + j]));
+  }
+  const u32 prev_units = load_volatile(&c->ll2_units[prev]);
+  ll_clear<N>((char*)L.ll_rs[rank] + prev * scatter, slice, (prev_units + N - 1) / N, rank, first, stride);
+  return prev_units;
+}
+
 // Two-shot: (1) push each peer's slice of my input into its scatter buffer; (2) reduce my slice
 // as it lands, write it to my output and push it into every peer's gather buffer; (3) take the
 // other slices from my gather buffer as they land. Both buffers empty their previous call's part.
@@ -551,16 +570,7 @@ __global__ void __launch_bounds__(512) p2p_ll_twoshot(const __grid_constant__ La
   if (!call.failed) {
     const u32 rank = (u32)L.rank, cur = call.count % LL_BUFFERS, prev = (call.count + 2) % LL_BUFFERS;
     const u64 slice = L.slice_bytes, scatter = (u64)N * slice, slot = L.slot_bytes;
-#pragma unroll
-    for (int k = 1; k < N; ++k) {
-      const u32 p = (rank + k) % N;
-      const u32 lo = slice_start<N>(units, p), len = slice_start<N>(units, p + 1) - lo;
-      uint4* dst = (uint4*)(L.ll_rs[p] + cur * scatter + rank * slice);
-      for (u32 j = first; j < len; j += stride) store_volatile4(dst + j, ll_map(in[lo + j]));
-    }
-    // Empty the previous call's parts: no slice is longer than ceil(units / N).
-    const u32 prev_units = load_volatile(&c->ll2_units[prev]);
-    ll_clear<N>((char*)L.ll_rs[rank] + prev * scatter, slice, (prev_units + N - 1) / N, rank, first, stride);
+    const u32 prev_units = ll_scatter_push<N>(L, c, in, units, rank, cur, prev, first, stride);
     {
       // The gather buffer is one area indexed by unit: empty all of the previous message.
       uint4* gathered = (uint4*)(L.ll_ag[rank] + prev * slot);
@@ -1048,15 +1058,7 @@ __global__ void __launch_bounds__(512) p2p_fused_twoshot(const __grid_constant__
   const u64 slice = L.slice_bytes, scatter = (u64)N * slice, slot = L.slot_bytes;
   const u32 units = A.tokens * A.row_units;
   const uint4* in = (const uint4*)A.in;
-#pragma unroll
-  for (int k = 1; k < N; ++k) {
-    const u32 p = (rank + k) % N;
-    const u32 lo = slice_start<N>(units, p), len = slice_start<N>(units, p + 1) - lo;
-    uint4* dst = (uint4*)(L.ll_rs[p] + cur * scatter + rank * slice);
-    for (u32 j = first; j < len; j += stride) store_volatile4(dst + j, ll_map(in[lo + j]));
-  }
-  const u32 prev_units = load_volatile(&c->ll2_units[prev]);
-  ll_clear<N>((char*)L.ll_rs[rank] + prev * scatter, slice, (prev_units + N - 1) / N, rank, first, stride);
+  ll_scatter_push<N>(L, c, in, units, rank, cur, prev, first, stride);
   const u32 lo = slice_start<N>(units, rank), len = slice_start<N>(units, rank + 1) - lo;
   const char* mine = (const char*)L.ll_rs[rank] + cur * scatter;
   bool ok = true;
