@@ -50,6 +50,7 @@ import torch.multiprocessing as mp
 from commbench.backends.base import MakeOptions
 from commbench.backends.fused import RMS_EPS, TOLERANCE, check_fused, reference_residual_rmsnorm, rms_gamma
 from commbench.backends.p2p.backend import P2PAllreduce
+from commbench.backends.p2p.layout import VECTOR_BYTES, fused_dims
 from commbench.backends.p2p.variants import make
 from commbench.backends.p2p.kernels import P2PTimeoutError
 from commbench.backends.p2p.layout import GRAPH_FALLBACK, LaunchShape
@@ -314,6 +315,11 @@ def _fused_cases(ctx: RunContext, backend: P2PAllreduce, tokens: int, hidden: in
     return outcomes
 
 
+def _capped_dims(backend: P2PAllreduce, most_blocks: int, tokens: int, hidden: int, dtype: torch.dtype) -> Any:
+    cap_blocks, sms = backend._grids[dtype]
+    return fused_dims(tokens, hidden * dtype.itemsize // VECTOR_BYTES, min(cap_blocks, most_blocks), min(sms, most_blocks))
+
+
 def fused_worker(ctx: RunContext, args: argparse.Namespace) -> dict[str, Any]:
     cases: list[str] = []
     failed: list[str] = []
@@ -322,6 +328,8 @@ def fused_worker(ctx: RunContext, args: argparse.Namespace) -> dict[str, Any]:
     refused: list[str] = []
     for variant in FUSED_VARIANTS:
         backend = _backend(variant, {"p2p_max_bytes": FUSED_MAX_BYTES}, ctx, args.p2p_pdl)
+        if args.fused_blocks:   # a residency study: fewer blocks than the launch rule gives
+            backend.dims = partial(_capped_dims, backend, args.fused_blocks)  # type: ignore[method-assign]
         try:
             for dtype in DTYPES:
                 backend.setup(ctx, FUSED_MAX_BYTES, dtype)
@@ -334,7 +342,12 @@ def fused_worker(ctx: RunContext, args: argparse.Namespace) -> dict[str, Any]:
                         refused.append(f"{name}: {reason}")
                         continue
                     kernels.add(backend.algorithm_for(tokens * hidden * dtype.itemsize, dtype))
-                    for mode, (wrong, kind) in _fused_cases(ctx, backend, tokens, hidden, dtype):
+                    dims = backend.dims(tokens, hidden, dtype)
+                    try:
+                        outcomes = _fused_cases(ctx, backend, tokens, hidden, dtype)
+                    except Exception as exc:   # a timeout or an error: name the case it stopped, and its launch
+                        raise RuntimeError(f"{name} ({dims}; grid cap and SMs {backend._grids[dtype]}): {exc}") from exc
+                    for mode, (wrong, kind) in outcomes:
                         cases.append(f"{name} {mode}")
                         if wrong:
                             failed.append(f"{name} {mode}: {wrong} wrong ({kind})")
@@ -668,6 +681,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", default=TUNE_SIZES, help=f"tune mode: message sizes (default {TUNE_SIZES})")
     parser.add_argument("--kernel-source", metavar="FILE.cu",
                         help="build the kernels from this variant of backends/p2p/allreduce.cu (default: that file)")
+    parser.add_argument("--fused-blocks", type=int, default=0, metavar="N",
+                        help="fused mode: launch the fused kernels with at most N blocks (a study of residency under "
+                             "MPS; default: the backend's launch rule)")
     parser.add_argument("--no-sm-limit", action="store_true",
                         help=f"under an MPS daemon, run the ranks without {MPS_PERCENT_VAR}")
     args = parser.parse_args(argv)
