@@ -22,8 +22,9 @@ def read_options(args: argparse.Namespace) -> P2POptions:
 
 def make(variant: str | None, options: MakeOptions[P2POptions]) -> list[Backend]:
     opts = options.own
-    # p2p:fused runs only when named: not among the defaults until its checks have passed on a GPU
-    # (tests/gpu/test_p2p_gpu.py; not yet run). Then, on model shapes (options.sweep.hidden), as
+    # p2p:fused runs only when named: not among the defaults until its checks pass on a GPU at every
+    # world size (tests/gpu/test_p2p_gpu.py: 2 and 4 ranks pass; 8 ranks under MPS SM shares hang
+    # in the two-shot, docs/backends.md). Then, on model shapes (options.sweep.hidden), as
     # flashinfer's fused variants are.
     names = DEFAULT_VARIANTS if variant is None else (variant.strip(),)
     for name in names:

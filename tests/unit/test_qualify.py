@@ -227,3 +227,16 @@ def test_a_check_that_found_no_rows_is_not_measured_never_pass(tmp_path, capsys,
     checks_shown = [l for l in lines if l.startswith((PASS, WARN, FAIL, NOT_MEASURED))]
     assert checks_shown and all(" CPU data: " in l for l in checks_shown)
     assert all("not probed: the snapshot lists no GPUs" in l for l in checks_shown if " fabric " in l)
+
+
+def test_no_hangs_is_never_passed_on_rows_that_did_not_run(tmp_path, capsys):
+    """A backend whose every row was skipped (NCCL refuses two ranks on one GPU; FlashInfer's fused
+    kernels without multicast here) never called anything: "no hangs" has nothing to show, so it is
+    not measured where the spec asks for it, never a PASS counting the skipped rows."""
+    spec = tmp_path / "spec.toml"
+    spec.write_text("[spec]\nname = 't'\nworld_size = 8\nbackend = 'flashinfer:fused_oneshot'\n"
+                    "[checks]\nno_hangs = true\nzero_wrong = false\n", encoding="utf-8")
+    assert cli(["qualify", "--spec", str(spec), str(_measured(tmp_path)), "--wide"]) == 1
+    line = next(l for l in capsys.readouterr().out.splitlines() if " no hangs " in l)
+    assert line.startswith(NOT_MEASURED), line
+    assert "1 of its rows did not run (skipped, or no work)" in line
