@@ -37,7 +37,7 @@ from commbench.analysis.curves import (INTERPOLATED, Curve, build_curves, exceed
 from commbench.errors import UsageError
 from commbench.files import check_file_target, read_text
 from commbench.ops import ALLREDUCE
-from commbench.results import CRASHED, ERROR, HANG, NO_WORK, SKIPPED, Measurement, Run
+from commbench.results import CRASHED, ERROR, HANG, SKIPPED, Measurement, Run
 from commbench.results.validate import SPEC_MAX_BYTES, loads_toml
 from commbench.runs import load_run
 from commbench.topology import islands, nccl_checks
@@ -529,13 +529,13 @@ def check_hangs(run: Run, scope: set[str], required: bool = False) -> Result:
     """A hang or a crash (a rank's process died) FAILs: neither may happen while serving."""
     hung: list[Measurement] = []
     errors: list[Measurement] = []
-    rows = not_run = 0
+    rows = skipped = 0
     for r in run.rows:   # one pass (see check_wrong)
         own = in_scope(r.backend, scope)
         # Only a row that ran can show that nothing hung: a skipped row never called the backend.
-        ran = r.status not in (SKIPPED, NO_WORK)
+        ran = r.status != SKIPPED
         rows += own and ran
-        not_run += own and not ran
+        skipped += own and not ran
         if r.status in (HANG, CRASHED):
             hung.append(r)
         elif r.status == ERROR and own:
@@ -549,7 +549,7 @@ def check_hangs(run: Run, scope: set[str], required: bool = False) -> Result:
                if hung else "")
     if not rows:
         return no_data("no hangs", scope, required,
-                       (f"; {not_run} of its rows did not run (skipped, or no work)" if not_run else "") + outside)
+                       (f"; {skipped} of its rows were skipped" if skipped else "") + outside)
     if errors:
         return Result("correctness", "no hangs", WARN, f"no hangs, but {len(errors)} row(s) raised errors: "
                       + ", ".join(sorted({f'{r.backend}: {r.reason}' for r in errors})[:3]) + outside)
