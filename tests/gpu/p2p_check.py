@@ -50,10 +50,9 @@ import torch.multiprocessing as mp
 from commbench.backends.base import MakeOptions
 from commbench.backends.fused import RMS_EPS, TOLERANCE, check_fused, reference_residual_rmsnorm, rms_gamma
 from commbench.backends.p2p.backend import P2PAllreduce
-from commbench.backends.p2p.layout import VECTOR_BYTES, fused_dims
 from commbench.backends.p2p.variants import make
 from commbench.backends.p2p.kernels import P2PTimeoutError
-from commbench.backends.p2p.layout import GRAPH_FALLBACK, LaunchShape
+from commbench.backends.p2p.layout import GRAPH_FALLBACK, VECTOR_BYTES, LaunchShape, fused_dims
 from commbench.backends.p2p.rules import FLOOR_VARIANTS, KERNEL_VARIANT, P2POptions
 from commbench.runtime.context import MPS_PERCENT_VAR, RunContext, init_context, shutdown
 from commbench.sweep.mps import client_env
@@ -317,7 +316,8 @@ def _fused_cases(ctx: RunContext, backend: P2PAllreduce, tokens: int, hidden: in
 
 def _capped_dims(backend: P2PAllreduce, most_blocks: int, tokens: int, hidden: int, dtype: torch.dtype) -> Any:
     cap_blocks, sms = backend._grids[dtype]
-    return fused_dims(tokens, hidden * dtype.itemsize // VECTOR_BYTES, min(cap_blocks, most_blocks), min(sms, most_blocks))
+    return fused_dims(tokens, hidden * dtype.itemsize // VECTOR_BYTES, min(cap_blocks, most_blocks),
+                      min(sms, most_blocks))
 
 
 def fused_worker(ctx: RunContext, args: argparse.Namespace) -> dict[str, Any]:

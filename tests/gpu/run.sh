@@ -54,18 +54,19 @@ trap stop_mps EXIT
 # The journeys' sweeps start their own MPS daemon (`--mps`, as a user's would), so they run with
 # none of ours beside it: named alone, with MPS off; in the whole suite, last, after ours has stopped.
 journeys=tests/gpu/test_journeys_gpu.py
+pytest=(python3 -m pytest -q -rs -p no:cacheprovider)
 # Arguments go to pytest; when the first names a test file or node, only what they name runs.
 if [ $# -gt 0 ] && [ -e "${1%%::*}" ]; then
   [ "${1%%::*}" = "$journeys" ] || start_mps
-  python3 -m pytest -q -rs -p no:cacheprovider "$@" 2>&1 | tee "$logs/pytest.log"
+  "${pytest[@]}" "$@" 2>&1 | tee "$logs/pytest.log"
   exit "${PIPESTATUS[0]}"
 fi
 start_mps
-python3 -m pytest tests/gpu --ignore "$journeys" -q -rs -p no:cacheprovider "$@" 2>&1 | tee "$logs/pytest.log"
+"${pytest[@]}" tests/gpu --ignore "$journeys" "$@" 2>&1 | tee "$logs/pytest.log"
 status=${PIPESTATUS[0]}
 stop_mps
 echo "# the journeys, with no MPS daemon of ours: their sweeps start their own" | tee -a "$logs/gpu.txt"
-python3 -m pytest "$journeys" -q -rs -p no:cacheprovider "$@" 2>&1 | tee "$logs/pytest-journeys.log"
+"${pytest[@]}" "$journeys" "$@" 2>&1 | tee "$logs/pytest-journeys.log"
 journeys_status=${PIPESTATUS[0]}
 [ "$journeys_status" -eq 5 ] && journeys_status=0   # pytest's "nothing selected": arguments that name no journey
 [ "$status" -ne 0 ] && exit "$status"
